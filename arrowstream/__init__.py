@@ -1,0 +1,42 @@
+"""arrowstream: columnar data into PyTorch, read once, resumed exactly.
+
+Example:
+    >>> from arrowstream import StructuredDataset
+    >>> loader, dataset = StructuredDataset.create_dataloader(  # doctest: +SKIP
+    ...     path="data/", batch_size=1024, num_workers=4, shuffle=True, seed=0)
+"""
+
+from __future__ import annotations
+
+from . import errors
+from .dataset import StructuredDataset
+from .errors import (
+    ArrowStreamError,
+    CorruptFileError,
+    DatasetNotFoundError,
+    EmptyDatasetError,
+    NullValueError,
+    SchemaMismatchError,
+    StateError,
+    StateMismatchError,
+    StateVersionError,
+)
+from .loader import ArrowStreamDataLoader
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArrowStreamDataLoader",
+    "ArrowStreamError",
+    "CorruptFileError",
+    "DatasetNotFoundError",
+    "EmptyDatasetError",
+    "NullValueError",
+    "SchemaMismatchError",
+    "StateError",
+    "StateMismatchError",
+    "StateVersionError",
+    "StructuredDataset",
+    "__version__",
+    "errors",
+]

@@ -1,0 +1,128 @@
+"""Output conversion: one Arrow record batch to the user's batch type, one call per column.
+
+| output_format | numeric and bool columns | fixed-size lists of numbers | other columns |
+| --- | --- | --- | --- |
+| ``torch`` | 1-D tensor (zero-copy without nulls) | 2-D tensor | Python list |
+| ``numpy`` | 1-D ndarray (zero-copy without nulls) | 2-D ndarray | Python list |
+| ``arrow`` | the ``pyarrow.RecordBatch`` itself, every type, zero-copy | | |
+| ``dict`` | Python lists, ``None`` for nulls | | |
+
+Null policy: a null in a numeric, bool or fixed-size-list column of a ``torch``/``numpy``
+batch raises :class:`~arrowstream.errors.NullValueError` naming the column, unless
+``fill_nulls`` gives a value for it (``fill_nulls=0`` for every column, or a dict by column).
+No null ever becomes an arbitrary number.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import NullValueError
+
+OUTPUT_FORMATS = ("torch", "numpy", "arrow", "dict")
+
+Converter = Callable[[pa.RecordBatch], Any]
+
+
+def _is_number(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+
+def column_kind(t: pa.DataType) -> str:
+    """``"array"`` (1-D), ``"matrix"`` (fixed-size list of numbers) or ``"list"`` (Python objects)."""
+    if _is_number(t):
+        return "array"
+    if pa.types.is_fixed_size_list(t) and _is_number(t.value_type):
+        return "matrix"
+    return "list"
+
+
+def _fill_value(fill_nulls: Any, name: str) -> Any:
+    if isinstance(fill_nulls, Mapping):
+        return fill_nulls.get(name)
+    return fill_nulls
+
+
+def _no_nulls(column: pa.Array, name: str, fill: Any) -> pa.Array:
+    if column.null_count == 0:
+        return column
+    if fill is None:
+        raise NullValueError(
+            f"column {name!r} has {column.null_count} null(s) in this batch and cannot become a "
+            f"tensor; pass fill_nulls={{{name!r}: value}} (or fill_nulls=value for all columns), "
+            f"drop the rows with filter=pc.field({name!r}).is_valid(), or use output_format='arrow'")
+    return pc.fill_null(column, pa.scalar(fill, type=column.type))
+
+
+def _to_numpy(column: pa.Array, kind: str, name: str, fill: Any) -> Any:
+    if kind == "list":
+        return column.to_pylist()
+    if kind == "array":
+        return _no_nulls(column, name, fill).to_numpy(zero_copy_only=False)
+    column = _no_nulls(column, name, fill)
+    values = _no_nulls(column.flatten(), name, fill).to_numpy(zero_copy_only=False)
+    return values.reshape(len(column), column.type.list_size)
+
+
+def make_converter(output_format: str, schema: pa.Schema, fill_nulls: Any = None) -> Converter:
+    """A function that turns a record batch of ``schema`` into the ``output_format`` batch."""
+    if output_format == "arrow":
+        return _identity
+    if output_format == "dict":
+        return _to_pydict
+    plan = [(name, column_kind(schema.field(name).type), _fill_value(fill_nulls, name))
+            for name in schema.names]
+    if output_format == "numpy":
+        def to_numpy(batch: pa.RecordBatch) -> dict[str, Any]:
+            return {name: _to_numpy(batch.column(i), kind, name, fill)
+                    for i, (name, kind, fill) in enumerate(plan)}
+        return to_numpy
+
+    import torch
+
+    def to_torch(batch: pa.RecordBatch) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for i, (name, kind, fill) in enumerate(plan):
+            value = _to_numpy(batch.column(i), kind, name, fill)
+            out[name] = value if kind == "list" else _tensor(value)
+        return out
+    return to_torch
+
+
+_warned = False
+
+
+def _tensor(array: np.ndarray) -> Any:
+    """``torch.from_numpy``, sharing the Arrow buffer; read-only buffers are fine here.
+
+    torch warns once per process that a read-only array makes a tensor that must not be
+    written; the batch owns its buffer alone, so the first conversion silences that warning.
+    """
+    import torch
+
+    global _warned
+    if _warned:
+        return torch.from_numpy(array)
+    _warned = True
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not writable.*")
+        return torch.from_numpy(array)
+
+
+def _identity(batch: pa.RecordBatch) -> pa.RecordBatch:
+    return batch
+
+
+def _to_pydict(batch: pa.RecordBatch) -> dict[str, list[Any]]:
+    return batch.to_pydict()
+
+
+def passthrough_collate(batch: Any) -> Any:
+    """The loader's default ``collate_fn``: batches arrive assembled, nothing to collate."""
+    return batch

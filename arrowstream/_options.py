@@ -1,0 +1,133 @@
+"""Validation of the dataset's arguments, each error naming the argument and the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ._convert import OUTPUT_FORMATS
+from ._planning import fingerprint
+from .errors import ArgumentTypeError, InvalidArgumentError, NotSupportedYetError
+
+FORMATS = ("parquet", "orc", "arrow", "csv", "jsonl", "json")
+SUPPORTED_FORMATS = ("parquet",)
+
+
+@dataclass(frozen=True)
+class Options:
+    """The validated knobs of a dataset."""
+
+    format: str
+    batch_size: int
+    shuffle: bool
+    seed: int
+    shuffle_buffer_size: int
+    interleave: int
+    columns: tuple[str, ...] | None
+    filter: pc.Expression | None
+    output_format: str
+    transform: Callable[[Any], Any] | None
+    drop_last: bool
+    split_bytes: int | None
+    fill_nulls: Any
+
+    def state_options(self) -> dict[str, Any]:
+        """The options that decide which rows come in which batch: they must match on resume."""
+        return {
+            "format": self.format,
+            "batch_size": self.batch_size,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "shuffle_buffer_size": self.shuffle_buffer_size,
+            "interleave": self.interleave,
+            "drop_last": self.drop_last,
+            "split_bytes": self.split_bytes,
+            "columns": None if self.columns is None else fingerprint(list(self.columns))[:16],
+            "filter": None if self.filter is None else fingerprint(str(self.filter))[:16],
+        }
+
+
+def _int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ArgumentTypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise InvalidArgumentError(f"{name}: must be >= {minimum}, got {value}")
+    return value
+
+
+def _bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ArgumentTypeError(f"{name}: expected True or False, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _filter(value: Any) -> pc.Expression | None:
+    if value is None or isinstance(value, pc.Expression):
+        return value
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        try:
+            return pq.filters_to_expression(value)
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgumentError(f"filter: cannot read {value!r} as DNF filters ({exc})") from None
+    raise ArgumentTypeError(
+        f"filter: expected a pyarrow.compute.Expression such as pc.field('x') > 0 (or DNF tuples), "
+        f"got {type(value).__name__}")
+
+
+def _columns(value: Any) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise ArgumentTypeError(f"columns: expected a list of column names, got {type(value).__name__} {value!r}")
+    if not value:
+        raise InvalidArgumentError("columns: the list is empty; pass None to read every column")
+    if not all(isinstance(c, str) for c in value):
+        raise ArgumentTypeError(f"columns: every name must be a str, got {value!r}")
+    if len(set(value)) != len(value):
+        raise InvalidArgumentError(f"columns: names repeat in {value!r}")
+    return tuple(value)
+
+
+def validate_options(*, format: str, batch_size: int, shuffle: bool, seed: int, shuffle_buffer_size: int,
+                     interleave: int, columns: Any, filter: Any, output_format: str, transform: Any,
+                     drop_last: bool, split_bytes: int | None, fill_nulls: Any) -> Options:
+    """Check every argument; raise an arrowstream error naming the first bad one."""
+    if format not in FORMATS:
+        raise InvalidArgumentError(f"format: unknown format {format!r}; use one of {list(FORMATS)}")
+    if format not in SUPPORTED_FORMATS:
+        raise NotSupportedYetError(
+            f"format: {format!r} is planned but not in this release; it reads {list(SUPPORTED_FORMATS)}")
+    if output_format not in OUTPUT_FORMATS:
+        raise InvalidArgumentError(
+            f"output_format: unknown output format {output_format!r}; use one of {list(OUTPUT_FORMATS)}")
+    _int("shuffle_buffer_size", shuffle_buffer_size, 0)
+    _int("interleave", interleave, 1)
+    if shuffle_buffer_size or interleave != 1:
+        raise NotSupportedYetError(
+            "shuffle_buffer_size/interleave: record-level shuffle and interleaving are planned but not in "
+            "this release; leave shuffle_buffer_size=0 and interleave=1 (split-level shuffle=True works)")
+    if transform is not None and not callable(transform):
+        raise ArgumentTypeError(f"transform: expected a callable, got {type(transform).__name__}")
+    if split_bytes is not None:
+        _int("split_bytes", split_bytes, 1)
+    if fill_nulls is not None and not isinstance(fill_nulls, (int, float, bool, Mapping)):
+        raise ArgumentTypeError(f"fill_nulls: expected a number or a dict of column -> number, got {fill_nulls!r}")
+    return Options(
+        format=format,
+        batch_size=_int("batch_size", batch_size, 1),
+        shuffle=_bool("shuffle", shuffle),
+        seed=_int("seed", seed, 0),
+        shuffle_buffer_size=shuffle_buffer_size,
+        interleave=interleave,
+        columns=_columns(columns),
+        filter=_filter(filter),
+        output_format=output_format,
+        transform=transform,
+        drop_last=_bool("drop_last", drop_last),
+        split_bytes=split_bytes,
+        fill_nulls=fill_nulls,
+    )

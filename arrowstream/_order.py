@@ -1,0 +1,82 @@
+"""Epoch order and slot assignment: pure functions of (plan, seed, epoch, topology), no I/O.
+
+A *slot* is one (rank, worker) pair: ``slot_index = rank * workers_per_rank + worker_id``.
+Every split of an epoch goes to exactly one slot.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from ._hashing import derive_seed, permutation
+
+_ORDER_DOMAIN = 0x5350_4C49  # "SPLI": keeps split-order seeds apart from other uses of the seed
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One reader of the data: a worker of a rank."""
+
+    rank: int
+    world_size: int
+    worker_id: int
+    num_workers: int
+
+    @property
+    def workers_per_rank(self) -> int:
+        return max(self.num_workers, 1)
+
+    @property
+    def num_slots(self) -> int:
+        return self.world_size * self.workers_per_rank
+
+    @property
+    def index(self) -> int:
+        return self.rank * self.workers_per_rank + self.worker_id
+
+
+def epoch_order(num_splits: int, *, shuffle: bool, seed: int, epoch: int) -> npt.NDArray[np.int64]:
+    """The order of splits in an epoch: natural without shuffle, else a seeded permutation."""
+    if not shuffle:
+        return np.arange(num_splits, dtype=np.int64)
+    return permutation(num_splits, derive_seed(_ORDER_DOMAIN, seed, epoch))
+
+
+def assign_lpt(weights: Sequence[int] | npt.NDArray[np.int64], num_slots: int) -> list[list[int]]:
+    """Longest-processing-time assignment of items (in their given order) to slots.
+
+    Items are taken heaviest first (ties keep the given order) and each goes to the slot
+    with the least load (ties to the lowest slot). Each slot's items come back in the given
+    order, so the epoch order survives inside a slot. Deterministic and pure.
+    """
+    w = np.asarray(weights, dtype=np.int64)
+    by_weight = np.argsort(-w, kind="stable")
+    heap = [(0, slot) for slot in range(num_slots)]
+    owned: list[list[int]] = [[] for _ in range(num_slots)]
+    for position in by_weight.tolist():
+        load, slot = heapq.heappop(heap)
+        owned[slot].append(position)
+        heapq.heappush(heap, (load + int(w[position]), slot))
+    for items in owned:
+        items.sort()
+    return owned
+
+
+def slot_split_ids(split_rows: Sequence[int] | npt.NDArray[np.int64], slot: Slot, *,
+                   shuffle: bool, seed: int, epoch: int) -> list[int]:
+    """The split ids (indices into the plan) that ``slot`` reads in ``epoch``, in reading order."""
+    rows = np.asarray(split_rows, dtype=np.int64)
+    order = epoch_order(len(rows), shuffle=shuffle, seed=seed, epoch=epoch)
+    owned = assign_lpt(rows[order], slot.num_slots)[slot.index]
+    return order[owned].tolist()
+
+
+def slot_row_counts(split_rows: Sequence[int] | npt.NDArray[np.int64], num_slots: int) -> list[int]:
+    """Rows per slot; the same in every epoch, because LPT loads do not depend on tie order."""
+    rows = np.asarray(split_rows, dtype=np.int64)
+    return [int(rows[items].sum()) for items in assign_lpt(rows, num_slots)]

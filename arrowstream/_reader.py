@@ -1,0 +1,136 @@
+"""The per-worker Parquet reader: rows of one split from a source offset, as Arrow pieces.
+
+All I/O of a worker happens here. A piece remembers where its rows came from in the split
+(*source offsets*), so the stream above can name the exact position after any row, also when
+a filter drops rows. Transient storage errors re-open the file and continue after the last
+piece handed out: nothing is lost or repeated.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ._planning import Plan, Split
+from ._storage import Storage, is_transient, logger, wrap_read_error
+
+_ROW_INDEX = "__arrowstream_source_offset"
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Consecutive output rows of one split, with their source offsets inside the split."""
+
+    batch: pa.RecordBatch
+    position: int                           # index of the split in the slot's reading order
+    start: int                              # source offset of the first row (no filter)
+    end: int                                # source offset just past the rows this piece covers
+    offsets: npt.NDArray[np.int64] | None   # source offset of each row, when a filter dropped rows
+
+    @property
+    def num_rows(self) -> int:
+        return self.batch.num_rows
+
+    def offset_of(self, row: int) -> int:
+        """Source offset of output row ``row`` of this piece (``row < num_rows``)."""
+        return int(self.offsets[row]) if self.offsets is not None else self.start + row
+
+    def tail(self, row: int) -> Piece:
+        """The rows from ``row`` on, zero-copy."""
+        offsets = self.offsets[row:] if self.offsets is not None else None
+        return Piece(self.batch.slice(row), self.position, self.offset_of(row), self.end, offsets)
+
+
+class SplitReader:
+    """Reads splits of one plan for one worker; keeps the current file open between splits."""
+
+    def __init__(self, plan: Plan, storage: Storage, read_batch_rows: int, use_threads: bool) -> None:
+        self._plan = plan
+        self._storage = storage
+        self._read_batch_rows = read_batch_rows
+        self._use_threads = use_threads
+        self._output_columns = plan.schema.names
+        self._open_index = -1
+        self._open_file: pq.ParquetFile | None = None
+
+    def close(self) -> None:
+        if self._open_file is not None:
+            self._open_file.close()
+        self._open_file, self._open_index = None, -1
+
+    def _file(self, file_index: int) -> pq.ParquetFile:
+        if file_index != self._open_index:
+            self.close()
+            footer = self._plan.files[file_index]
+            self._open_file = self._storage.open_parquet(footer.entry.path, footer.metadata)
+            self._open_index = file_index
+        assert self._open_file is not None
+        return self._open_file
+
+    def read(self, split: Split, position: int, offset: int) -> Iterator[Piece]:
+        """Pieces of ``split`` from source ``offset`` to its end, retrying transient errors."""
+        attempt = 0
+        while offset < split.num_rows:
+            try:
+                for piece in self._read_once(split, position, offset):
+                    offset = piece.end
+                    attempt = 0
+                    yield piece
+                return
+            except Exception as exc:  # noqa: BLE001 - classified below
+                self.close()
+                url = self._plan.url(split.file_index)
+                if is_transient(exc) and attempt < self._storage.retry.attempts - 1:
+                    logger.warning("transient error reading %s at row %d (attempt %d): %s",
+                                   url, offset, attempt + 1, type(exc).__name__)
+                    time.sleep(self._storage.retry.delay(attempt))
+                    attempt += 1
+                    continue
+                raise wrap_read_error(exc, url) from exc
+
+    def _read_once(self, split: Split, position: int, offset: int) -> Iterator[Piece]:
+        footer = self._plan.files[split.file_index]
+        begin = split.row_start + offset          # row inside the span of the split's row groups
+        end = split.row_start + split.num_rows
+        groups: list[int] = []
+        span_row = 0                              # span row of the first row of groups[0]
+        cursor = 0
+        for rg in range(split.row_group_start, split.row_group_stop):
+            rows = footer.row_group_rows[rg]
+            if cursor + rows > begin and cursor < end:
+                if not groups:
+                    span_row = cursor
+                groups.append(rg)
+            cursor += rows
+        if not groups:
+            return
+        batches = self._file(split.file_index).iter_batches(
+            batch_size=self._read_batch_rows, row_groups=groups, columns=self._plan.read_columns,
+            use_threads=self._use_threads)
+        for batch in batches:
+            lo = max(begin - span_row, 0)
+            hi = min(end - span_row, batch.num_rows)
+            if hi > lo:
+                yield self._piece(batch.slice(lo, hi - lo), position,
+                                  span_row + lo - split.row_start)
+            span_row += batch.num_rows
+            if span_row >= end:
+                break
+
+    def _piece(self, batch: pa.RecordBatch, position: int, start: int) -> Piece:
+        end = start + batch.num_rows
+        filter = self._plan.filter
+        if filter is None:
+            if batch.schema.names != self._output_columns:
+                batch = batch.select(self._output_columns)
+            return Piece(batch, position, start, end, None)
+        indexed = batch.append_column(_ROW_INDEX, pa.array(np.arange(start, end, dtype=np.int64)))
+        kept = indexed.filter(filter)
+        offsets = kept.column(_ROW_INDEX).to_numpy()
+        return Piece(kept.select(self._output_columns), position, start, end, offsets)

@@ -1,0 +1,140 @@
+"""The checkpoint state: versioned, JSON-only, small; migrations from every older version.
+
+A worker's state is its cursor in a pure pipeline (plan -> epoch order -> slot -> rows):
+the split it is in (``split_index``, in its reading order) and the source row offset inside
+that split. Orders and assignments are recomputed on load, never stored; no rows, buffers,
+paths or credentials are stored. See ``docs/state-format.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ._order import Slot
+from .errors import StateError, StateMismatchError, StateVersionError
+
+STATE_VERSION = 1
+WORKER_KIND = "arrowstream.worker"
+LOADER_KIND = "arrowstream.loader"
+
+# version n -> version n + 1; each step takes and returns a plain dict
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+
+@dataclass(frozen=True)
+class DataIdentity:
+    """What the state remembers of the data: enough to refuse other data, nothing more."""
+
+    fingerprint: str
+    num_files: int
+    num_rows: int
+
+
+@dataclass(frozen=True)
+class WorkerState:
+    """One worker's position in one epoch."""
+
+    data: DataIdentity
+    options: dict[str, Any]
+    epoch: int
+    slot: Slot
+    split_index: int
+    row_offset: int
+    rows: int
+    batches: int
+    rows_dropped: int
+    epoch_complete: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": WORKER_KIND,
+            "version": STATE_VERSION,
+            "data": {"fingerprint": self.data.fingerprint, "num_files": self.data.num_files,
+                     "num_rows": self.data.num_rows},
+            "options": dict(self.options),
+            "epoch": self.epoch,
+            "slot": {"rank": self.slot.rank, "world_size": self.slot.world_size,
+                     "worker_id": self.slot.worker_id, "num_workers": self.slot.num_workers},
+            "cursor": {"split_index": self.split_index, "row_offset": self.row_offset},
+            "counters": {"rows": self.rows, "batches": self.batches, "rows_dropped": self.rows_dropped},
+            "epoch_complete": self.epoch_complete,
+        }
+
+    @classmethod
+    def from_dict(cls, state: Any) -> WorkerState:
+        state = upgrade(state, WORKER_KIND)
+        try:
+            data, slot, cursor, counters = state["data"], state["slot"], state["cursor"], state["counters"]
+            return cls(
+                data=DataIdentity(str(data["fingerprint"]), int(data["num_files"]), int(data["num_rows"])),
+                options=dict(state["options"]),
+                epoch=int(state["epoch"]),
+                slot=Slot(int(slot["rank"]), int(slot["world_size"]), int(slot["worker_id"]),
+                          int(slot["num_workers"])),
+                split_index=int(cursor["split_index"]),
+                row_offset=int(cursor["row_offset"]),
+                rows=int(counters["rows"]),
+                batches=int(counters["batches"]),
+                rows_dropped=int(counters["rows_dropped"]),
+                epoch_complete=bool(state["epoch_complete"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateError(
+                f"the arrowstream worker state is missing or has a malformed field ({exc!r}); "
+                "pass the dict returned by loader.state_dict() unchanged") from None
+
+
+def upgrade(state: Any, kind: str) -> dict[str, Any]:
+    """Check the kind and version of a state dict and migrate it to :data:`STATE_VERSION`."""
+    if not isinstance(state, dict):
+        raise StateError(f"expected an arrowstream state dict, got {type(state).__name__}; "
+                         "pass the dict returned by loader.state_dict()")
+    if state.get("kind") != kind:
+        raise StateError(f"expected a state of kind {kind!r}, got kind {state.get('kind')!r}; "
+                         "pass the dict returned by loader.state_dict() unchanged")
+    version = state.get("version")
+    if not isinstance(version, int) or version < 1:
+        raise StateVersionError(f"the state has no valid format version (got {version!r}); "
+                                "it was not written by arrowstream")
+    if version > STATE_VERSION:
+        raise StateVersionError(
+            f"the state has format version {version}, newer than this arrowstream reads "
+            f"(up to {STATE_VERSION}); upgrade arrowstream to load it")
+    while version < STATE_VERSION:
+        state = MIGRATIONS[version](state)
+        version += 1
+        state["version"] = version
+    return state
+
+
+def check_compatible(saved: WorkerState, data: DataIdentity, options: dict[str, Any]) -> None:
+    """Refuse a state taken on other data or with other stream options (saved vs current)."""
+    if saved.data.fingerprint != data.fingerprint:
+        raise StateMismatchError(
+            f"checkpoint was taken on {saved.data.num_files} file(s) with {saved.data.num_rows} rows "
+            f"(fingerprint {saved.data.fingerprint[:12]}), this dataset has {data.num_files} file(s) "
+            f"with {data.num_rows} rows (fingerprint {data.fingerprint[:12]}); the files, their sizes "
+            "or modification times differ. Point the dataset at the same data, or start without "
+            "loading the checkpoint")
+    differing = sorted(k for k in set(saved.options) | set(options) if saved.options.get(k) != options.get(k))
+    if differing:
+        pairs = ", ".join(f"{k}: saved {saved.options.get(k)!r} vs current {options.get(k)!r}" for k in differing)
+        raise StateMismatchError(
+            f"checkpoint was taken with other stream options ({pairs}); build the dataset with the "
+            "saved options to resume, or start without loading the checkpoint")
+
+
+def check_slot(saved: WorkerState, slot: Slot) -> None:
+    """Refuse a state of another worker or topology (elastic resume is not part of v1)."""
+    if (saved.slot.world_size, saved.slot.num_workers) != (slot.world_size, slot.num_workers):
+        raise StateMismatchError(
+            f"checkpoint was taken with world_size={saved.slot.world_size}, "
+            f"num_workers={saved.slot.num_workers}, this loader runs world_size={slot.world_size}, "
+            f"num_workers={slot.num_workers}; resume with the saved topology")
+    if (saved.slot.rank, saved.slot.worker_id) != (slot.rank, slot.worker_id):
+        raise StateMismatchError(
+            f"this state belongs to rank {saved.slot.rank} worker {saved.slot.worker_id}, but was "
+            f"loaded into rank {slot.rank} worker {slot.worker_id}; load the whole loader state "
+            "with loader.load_state_dict()")

@@ -1,0 +1,150 @@
+"""Filesystem access: one fsspec filesystem per process, retries of transient errors.
+
+The :class:`Storage` object travels to workers by pickle. It carries the protocol and the
+``storage_options`` (credentials included), never an open filesystem: each process opens its
+own, which is what keeps fork, spawn and forkserver workers from sharing an event loop or a
+socket with the parent (DESIGN guarantee 12). ``storage_options`` never appear in a repr, a
+log line, an error message or a checkpoint state.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import random
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import fsspec
+import pyarrow.parquet as pq
+
+from .errors import FileReadError, MissingDependencyError
+
+logger = logging.getLogger("arrowstream")
+
+T = TypeVar("T")
+
+_LOCAL_PROTOCOLS = frozenset({"file", "local"})
+_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure",
+           "abfss": "azure", "adl": "azure"}
+_TRANSIENT_ERRNOS = frozenset({errno.ECONNRESET, errno.ECONNABORTED, errno.ECONNREFUSED,
+                               errno.ETIMEDOUT, errno.EAGAIN, errno.EPIPE, errno.EIO})
+_TRANSIENT_MARKERS = ("slowdown", "throttl", "timeout", "timed out", "connection reset",
+                      "503", "500 ", "502", "504", "service unavailable", "internal error",
+                      "temporarily", "too many requests", "429")
+
+
+def display_url(protocol: str, path: str) -> str:
+    """The name a user recognizes for ``path``: ``s3://bucket/key`` or a local path."""
+    return path if protocol in _LOCAL_PROTOCOLS else f"{protocol}://{path}"
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for storage errors worth retrying: resets, timeouts, throttling, 5xx."""
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
+        return False
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, OSError) and any(marker in text for marker in _TRANSIENT_MARKERS)
+
+
+class RetryPolicy:
+    """Exponential backoff with full jitter for transient storage errors."""
+
+    def __init__(self, attempts: int = 5, base_delay: float = 0.05, max_delay: float = 2.0) -> None:
+        self.attempts = attempts
+        self.base_delay = base_delay
+        self.max_delay = max_delay
+
+    def delay(self, attempt: int) -> float:
+        return random.uniform(0.0, min(self.max_delay, self.base_delay * 2**attempt))
+
+    def call(self, fn: Callable[[], T], what: str) -> T:
+        """Run ``fn``; retry it on transient errors; wrap the final failure with ``what``."""
+        for attempt in range(self.attempts):
+            try:
+                return fn()
+            except Exception as exc:  # noqa: BLE001 - classified just below
+                if not is_transient(exc) or attempt == self.attempts - 1:
+                    raise
+                logger.warning("transient error on %s (attempt %d/%d): %s",
+                               what, attempt + 1, self.attempts, type(exc).__name__)
+                time.sleep(self.delay(attempt))
+        raise AssertionError("unreachable")
+
+
+class Storage:
+    """The filesystem of a dataset: protocol and options, opened lazily once per process."""
+
+    def __init__(self, protocol: str, storage_options: dict[str, Any] | None = None,
+                 retry: RetryPolicy | None = None) -> None:
+        self.protocol = protocol
+        self._options = dict(storage_options or {})
+        self.retry = retry or RetryPolicy()
+        self._fs: fsspec.AbstractFileSystem | None = None
+        self._pid = -1
+
+    @property
+    def is_local(self) -> bool:
+        return self.protocol in _LOCAL_PROTOCOLS
+
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        if self._fs is None or self._pid != os.getpid():
+            self._fs = open_filesystem(self.protocol, self._options, fresh=self._fs is not None)
+            self._pid = os.getpid()
+        return self._fs
+
+    def open_parquet(self, path: str, metadata: pq.FileMetaData | None = None) -> pq.ParquetFile:
+        """Open one Parquet file for reading, reusing footer ``metadata`` read at planning."""
+        if self.is_local:
+            return pq.ParquetFile(path, metadata=metadata)
+        handle = self.fs.open(path, "rb")
+        return pq.ParquetFile(handle, metadata=metadata)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_fs"] = None
+        state["_pid"] = -1
+        return state
+
+    def __repr__(self) -> str:
+        return f"Storage(protocol={self.protocol!r}, storage_options=<{len(self._options)} hidden>)"
+
+
+def open_filesystem(protocol: str, options: dict[str, Any], fresh: bool = False) -> fsspec.AbstractFileSystem:
+    """``fsspec.filesystem`` with a clear error when the backend's extra is missing."""
+    try:
+        return fsspec.filesystem(protocol, skip_instance_cache=fresh, **options)
+    except ImportError as exc:
+        extra = _EXTRAS.get(protocol)
+        hint = f'pip install "arrowstream[{extra}]"' if extra else f"install the fsspec backend for {protocol!r}"
+        raise MissingDependencyError(
+            f"reading {protocol}:// URLs needs a package that is not installed ({exc}); {hint}") from None
+    except ValueError as exc:
+        if "Protocol not known" in str(exc):
+            from .errors import InvalidArgumentError
+            raise InvalidArgumentError(
+                f"path: unknown URL scheme {protocol!r}; use a local path or an fsspec URL "
+                "such as s3://, gs://, az:// or memory://") from None
+        raise
+
+
+def wrap_read_error(exc: BaseException, url: str) -> BaseException:
+    """Turn a low-level read failure into an arrowstream error that names the file."""
+    from .errors import CorruptFileError
+
+    if isinstance(exc, PermissionError):
+        return FileReadError(f"{url}: permission denied ({exc}); check the credentials or file mode")
+    if isinstance(exc, FileNotFoundError):
+        return FileReadError(f"{url}: the file disappeared after planning ({exc}); "
+                             "the dataset changed while it was read: rebuild the dataset")
+    if isinstance(exc, OSError) and is_transient(exc):
+        return FileReadError(f"{url}: storage kept failing after retries ({type(exc).__name__}: {exc})")
+    return CorruptFileError(f"{url}: not a readable Parquet file ({type(exc).__name__}: {exc}); "
+                            "remove or rewrite the file, or leave it out of `path`")

@@ -1,0 +1,282 @@
+"""``StructuredDataset``: a planned, resumable stream of Arrow batches for ``StatefulDataLoader``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from ._convert import make_converter
+from ._discovery import discover_files
+from ._options import Options, validate_options
+from ._order import Slot, slot_row_counts, slot_split_ids
+from ._planning import Plan, plan_parquet
+from ._reader import SplitReader
+from ._state import DataIdentity, WorkerState, check_compatible, check_slot
+from ._storage import Storage
+from ._stream import EpochStream
+from ._topology import resolve_topology
+from .errors import ArgumentTypeError, InvalidArgumentError, StateMismatchError
+
+if TYPE_CHECKING:
+    from .loader import ArrowStreamDataLoader
+
+READ_BATCH_ROWS = 65536
+
+
+class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
+    """Batches of a tabular dataset, read once per epoch, resumable mid-epoch.
+
+    Files are listed and their footers read once, here in the constructor; the rows are cut
+    into splits (row-group ranges) that are handed to the (rank, worker) slots of the loader
+    by longest-processing-time scheduling. Each worker reads only its own splits and yields
+    whole batches of ``batch_size`` rows. Use :meth:`create_dataloader` for the loader, or hand
+    the dataset to your own ``StatefulDataLoader(dataset, batch_size=None, num_workers=N)``.
+
+    Args:
+        path: A directory (read recursively), a glob, one file, or a list of them; local or any
+            fsspec URL (``s3://``, ``gs://``, ``az://``, ``memory://``).
+        format: ``"parquet"`` (other formats are planned).
+        batch_size: Rows per yielded batch.
+        shuffle: Shuffle the split order, seeded by ``seed`` and the epoch (:meth:`set_epoch`).
+        seed: The shuffle seed.
+        columns: Columns to read (projection); all when ``None``.
+        filter: A ``pyarrow.compute`` expression (or DNF tuples); row groups whose statistics
+            exclude it are never read, and the rest are filtered row by row.
+        output_format: ``"torch"``, ``"numpy"``, ``"arrow"`` or ``"dict"``.
+        transform: A callable applied to each batch inside the worker.
+        drop_last: Drop each worker's last short batch of an epoch (the count is kept).
+        split_bytes: Target split size in uncompressed bytes; ``None`` makes one split per row
+            group. Splits never cut a row group unless there are fewer splits than slots.
+        fill_nulls: Value (or dict by column) that replaces nulls of numeric columns in
+            ``torch``/``numpy`` batches; without it such a null raises ``NullValueError``.
+        storage_options: fsspec options (credentials); never written into state or logs.
+
+    Example:
+        >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
+        >>> folder = tempfile.mkdtemp()
+        >>> pq.write_table(pa.table({"x": list(range(10))}), os.path.join(folder, "part.parquet"))
+        >>> dataset = arrowstream.StructuredDataset(folder, batch_size=4)
+        >>> [len(batch["x"]) for batch in dataset]
+        [4, 4, 2]
+    """
+
+    def __init__(self, path: Any, format: str = "parquet", batch_size: int = 1024, *,
+                 shuffle: bool = False, seed: int = 0, shuffle_buffer_size: int = 0, interleave: int = 1,
+                 columns: list[str] | None = None, filter: Any = None, output_format: str = "torch",
+                 transform: Callable[[Any], Any] | None = None, drop_last: bool = False,
+                 split_bytes: int | None = None, fill_nulls: Any = None,
+                 storage_options: dict[str, Any] | None = None, accelerator: Any = None,
+                 rank: int | None = None, world_size: int | None = None, even_batches: bool = True) -> None:
+        super().__init__()
+        self._options: Options = validate_options(
+            format=format, batch_size=batch_size, shuffle=shuffle, seed=seed,
+            shuffle_buffer_size=shuffle_buffer_size, interleave=interleave, columns=columns, filter=filter,
+            output_format=output_format, transform=transform, drop_last=drop_last, split_bytes=split_bytes,
+            fill_nulls=fill_nulls)
+        if storage_options is not None and not isinstance(storage_options, dict):
+            raise ArgumentTypeError(f"storage_options: expected a dict, got {type(storage_options).__name__}")
+        self._rank, self._world_size = resolve_topology(rank, world_size, accelerator)
+        self._even_batches = even_batches
+        protocol, entries = discover_files(path, storage_options)
+        self._storage = Storage(protocol, storage_options)
+        self._plan: Plan = plan_parquet(
+            self._storage, entries, columns=list(self._options.columns) if self._options.columns else None,
+            filter=self._options.filter, split_bytes=self._options.split_bytes)
+        self._data = DataIdentity(self._plan.data_fingerprint, len(self._plan.files), self._plan.num_rows)
+        self._state_options = self._options.state_options()
+        self._epoch_cell = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self._pending: WorkerState | None = None
+        self._active: _EpochIterator | None = None
+        self._reader: SplitReader | None = None
+        self._convert: Callable[[Any], Any] | None = None
+
+    # -- the loader ---------------------------------------------------------------------------
+
+    @classmethod
+    def create_dataloader(cls, path: Any, format: str = "parquet", batch_size: int = 1024, *,
+                          num_workers: int = 0, **kwargs: Any) -> tuple[ArrowStreamDataLoader, StructuredDataset]:
+        """Build the dataset and its ``StatefulDataLoader``; returns ``(loader, dataset)``.
+
+        Dataset keywords are those of :class:`StructuredDataset`; every other keyword
+        (``persistent_workers``, ``pin_memory``, ``prefetch_factor``, ``multiprocessing_context``,
+        ``collate_fn``, ``snapshot_every_n_steps`` ...) goes to the loader.
+
+        Example:
+            >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
+            >>> folder = tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"x": list(range(10))}), os.path.join(folder, "part.parquet"))
+            >>> loader, dataset = arrowstream.StructuredDataset.create_dataloader(
+            ...     path=folder, batch_size=4, shuffle=True, seed=0)
+            >>> dataset.set_epoch(0)
+            >>> sum(len(batch["x"]) for batch in loader)
+            10
+        """
+        from .loader import build_dataloader
+
+        return build_dataloader(cls, path=path, format=format, batch_size=batch_size,
+                                num_workers=num_workers, **kwargs)
+
+    # -- epochs -------------------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch_cell[0])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch to read next; with ``shuffle=True`` each epoch has its own order.
+
+        Call it before iterating the loader each epoch. It reaches persistent workers too.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise InvalidArgumentError(f"set_epoch: epoch must be an int >= 0, got {epoch!r}")
+        self._epoch_cell[0] = epoch
+
+    # -- facts from the plan ------------------------------------------------------------------
+
+    @property
+    def num_rows(self) -> int:
+        """Rows in the dataset before the filter."""
+        return self._plan.num_rows
+
+    @property
+    def num_files(self) -> int:
+        return len(self._plan.files)
+
+    @property
+    def batch_size(self) -> int:
+        return self._options.batch_size
+
+    @property
+    def output_format(self) -> str:
+        return self._options.output_format
+
+    def num_splits(self, num_workers: int = 0) -> int:
+        """Splits of an epoch when read by ``num_workers`` workers per rank."""
+        return len(self._plan.splits_for(self._world_size * max(num_workers, 1)))
+
+    def slot_rows(self, num_workers: int = 0) -> list[int]:
+        """Rows (before the filter) each slot reads per epoch, for every (rank, worker) slot."""
+        num_slots = self._world_size * max(num_workers, 1)
+        return slot_row_counts([s.num_rows for s in self._plan.splits_for(num_slots)], num_slots)
+
+    def num_batches(self, num_workers: int = 0) -> int:
+        """Exact batches per epoch on this rank; ``TypeError`` when a filter makes it unknowable."""
+        if self._options.filter is not None:
+            raise TypeError("the number of batches is unknown before reading: the filter decides "
+                            "how many rows each worker yields")
+        per_rank = max(num_workers, 1)
+        rows = self.slot_rows(num_workers)[self._rank * per_rank:(self._rank + 1) * per_rank]
+        size = self._options.batch_size
+        if self._options.drop_last:
+            return sum(r // size for r in rows)
+        return sum(-(-r // size) for r in rows)
+
+    # -- iteration ----------------------------------------------------------------------------
+
+    def _slot(self) -> Slot:
+        info = get_worker_info()
+        if info is None:
+            return Slot(self._rank, self._world_size, 0, 0)
+        return Slot(self._rank, self._world_size, info.id, info.num_workers)
+
+    def __iter__(self) -> _EpochIterator:
+        pending, self._pending = self._pending, None
+        self._active = _EpochIterator(self, self._slot(), pending)
+        return self._active
+
+    def _open(self, slot: Slot, pending: WorkerState | None) -> EpochStream:
+        epoch = self.epoch
+        if pending is not None:
+            check_slot(pending, slot)
+            if pending.epoch == epoch:
+                return self._stream(slot, epoch, pending)
+            if not (pending.epoch_complete and epoch > pending.epoch):
+                raise StateMismatchError(
+                    f"the checkpoint is in epoch {pending.epoch} "
+                    f"({'complete' if pending.epoch_complete else 'mid-epoch'}) but the dataset is set to "
+                    f"epoch {epoch}; call dataset.set_epoch({pending.epoch}) before iterating to finish the "
+                    "saved epoch, or start without loading the checkpoint")
+        return self._stream(slot, epoch, None)
+
+    def _stream(self, slot: Slot, epoch: int, start: WorkerState | None) -> EpochStream:
+        if self._reader is None:
+            self._reader = SplitReader(self._plan, self._storage, max(self._options.batch_size, READ_BATCH_ROWS),
+                                       use_threads=get_worker_info() is None)
+            converter = make_converter(self._options.output_format, self._plan.schema, self._options.fill_nulls)
+            transform = self._options.transform
+            self._convert = converter if transform is None else (lambda batch: transform(converter(batch)))
+        splits = self._plan.splits_for(slot.num_slots)
+        ids = slot_split_ids([s.num_rows for s in splits], slot, shuffle=self._options.shuffle,
+                             seed=self._options.seed, epoch=epoch)
+        assert self._convert is not None
+        return EpochStream(reader=self._reader, splits=[splits[i] for i in ids],
+                           batch_size=self._options.batch_size, drop_last=self._options.drop_last,
+                           convert=self._convert, data=self._data, options=self._state_options,
+                           epoch=epoch, slot=slot, start=start)
+
+    # -- state --------------------------------------------------------------------------------
+
+    def _initial_state(self, slot: Slot) -> WorkerState:
+        return WorkerState(self._data, self._state_options, self.epoch, slot, 0, 0, 0, 0, 0, False)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This worker's position: a small JSON dict (see docs/state-format.md)."""
+        if self._active is not None:
+            return self._active.state().to_dict()
+        if self._pending is not None:
+            return self._pending.to_dict()
+        return self._initial_state(self._slot()).to_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from a worker state: the next iteration continues right after it."""
+        saved = WorkerState.from_dict(state_dict)
+        check_compatible(saved, self._data, self._state_options)
+        self._pending = saved
+        self._active = None
+
+    def check_state(self, state_dict: dict[str, Any]) -> WorkerState:
+        """Parse and check a worker state against this dataset without loading it."""
+        saved = WorkerState.from_dict(state_dict)
+        check_compatible(saved, self._data, self._state_options)
+        return saved
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update(_pending=None, _active=None, _reader=None, _convert=None)
+        return state
+
+    def __repr__(self) -> str:
+        return (f"StructuredDataset(format={self._options.format!r}, files={len(self._plan.files)}, "
+                f"rows={self._plan.num_rows}, splits={len(self._plan.splits)}, "
+                f"batch_size={self._options.batch_size}, shuffle={self._options.shuffle}, "
+                f"epoch={self.epoch}, storage={self._storage!r}, pid={os.getpid()})")
+
+
+class _EpochIterator:
+    """What ``iter(dataset)`` returns: binds the epoch on the first batch, so a ``set_epoch``
+    between ``iter()`` and the first ``next()`` (persistent workers, early ``state_dict``) counts."""
+
+    def __init__(self, dataset: StructuredDataset, slot: Slot, pending: WorkerState | None) -> None:
+        self._dataset = dataset
+        self._slot = slot
+        self._pending = pending
+        self._stream: EpochStream | None = None
+
+    def __iter__(self) -> _EpochIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self._stream is None:
+            self._stream = self._dataset._open(self._slot, self._pending)
+        return next(self._stream)
+
+    def state(self) -> WorkerState:
+        if self._stream is not None:
+            return self._stream.state()
+        if self._pending is not None:
+            return self._pending
+        return self._dataset._initial_state(self._slot)

@@ -1,0 +1,81 @@
+"""The arrowstream error hierarchy.
+
+Every error subclasses :class:`ArrowStreamError` and the builtin it refines, so
+``except ValueError`` or ``except FileNotFoundError`` keeps working.
+"""
+
+from __future__ import annotations
+
+
+class ArrowStreamError(Exception):
+    """Base class of every error raised by arrowstream."""
+
+
+class InvalidArgumentError(ArrowStreamError, ValueError):
+    """An argument has a value arrowstream cannot work with."""
+
+
+class ArgumentTypeError(ArrowStreamError, TypeError):
+    """An argument has the wrong type."""
+
+
+class DatasetNotFoundError(ArrowStreamError, FileNotFoundError):
+    """A path given to the dataset does not exist."""
+
+
+class EmptyDatasetError(ArrowStreamError, ValueError):
+    """The dataset holds no files or no rows."""
+
+
+class CorruptFileError(ArrowStreamError, ValueError):
+    """A file is not a readable file of the expected format."""
+
+
+class FileReadError(ArrowStreamError, OSError):
+    """A file could not be read (permissions, or storage errors that outlasted retries)."""
+
+
+class SchemaMismatchError(ArrowStreamError, ValueError):
+    """Files of one dataset disagree on their columns or types."""
+
+
+class NullValueError(ArrowStreamError, ValueError):
+    """A numeric column holds nulls and no fill value was given for it."""
+
+
+class StateError(ArrowStreamError, ValueError):
+    """A checkpoint state is malformed or cannot be used."""
+
+
+class StateVersionError(StateError):
+    """A checkpoint state has a format version this arrowstream cannot read."""
+
+
+class StateMismatchError(StateError):
+    """A checkpoint state was taken on other data, options or topology."""
+
+
+class NotSupportedYetError(ArrowStreamError, NotImplementedError):
+    """A documented option whose implementation has not landed yet."""
+
+
+class MissingDependencyError(ArrowStreamError, ImportError):
+    """An optional dependency is needed and not installed."""
+
+
+__all__ = [
+    "ArgumentTypeError",
+    "ArrowStreamError",
+    "CorruptFileError",
+    "DatasetNotFoundError",
+    "EmptyDatasetError",
+    "FileReadError",
+    "InvalidArgumentError",
+    "MissingDependencyError",
+    "NotSupportedYetError",
+    "NullValueError",
+    "SchemaMismatchError",
+    "StateError",
+    "StateMismatchError",
+    "StateVersionError",
+]

@@ -1,0 +1,138 @@
+"""``ArrowStreamDataLoader``: a ``StatefulDataLoader`` that checks, wraps and repairs its state.
+
+A plain ``StatefulDataLoader`` over a :class:`~arrowstream.StructuredDataset` already resumes
+exactly; this subclass adds what a production loop needs on top:
+
+* ``state_dict()`` wraps torchdata's state with a kind, a format version and the topology;
+* ``load_state_dict()`` checks the state in the main process (data fingerprint, options,
+  num_workers) and raises a clear error before any worker starts; it restores the saved
+  epoch on the dataset; and a state taken after an epoch ended resumes as "that epoch is
+  done" instead of replaying it;
+* ``len(loader)`` is the exact number of batches per epoch when row counts are known.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import warnings
+from typing import Any
+
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from ._convert import passthrough_collate
+from ._state import LOADER_KIND, STATE_VERSION, WorkerState, upgrade
+from .errors import ArgumentTypeError, InvalidArgumentError, StateError, StateMismatchError
+
+_SNAPSHOT = "_snapshot"
+_WORKER_SNAPSHOTS = "_worker_snapshots"
+_MAIN_SNAPSHOT = "_main_snapshot"
+_DATASET_STATE = "dataset_state"
+_FINISHED = "_iterator_finished"
+
+
+def _worker_states(inner: dict[str, Any]) -> list[dict[str, Any] | None]:
+    """The dataset states inside torchdata's state, one per worker (one for num_workers=0)."""
+    if _SNAPSHOT in inner:
+        snapshots = inner[_SNAPSHOT][_WORKER_SNAPSHOTS]
+        return [snapshots[key].get(_DATASET_STATE) for key in sorted(snapshots, key=lambda k: int(k.split("_")[-1]))]
+    return [inner.get(_DATASET_STATE)]
+
+
+def _saved_num_workers(inner: dict[str, Any]) -> int:
+    if _SNAPSHOT in inner:
+        return int(inner[_SNAPSHOT][_MAIN_SNAPSHOT]["_num_workers"])
+    return 0
+
+
+class ArrowStreamDataLoader(StatefulDataLoader):
+    """The loader :meth:`StructuredDataset.create_dataloader` returns; see the module docstring."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, deprecated in torch 2.13
+            warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
+            super().__init__(*args, **kwargs)
+
+    def __len__(self) -> int:
+        return int(self.dataset.num_batches(self.num_workers))
+
+    def state_dict(self) -> dict[str, Any]:
+        """A JSON-able dict: ``json.dumps`` and ``torch.save`` both work."""
+        from . import __version__
+
+        return {
+            "kind": LOADER_KIND,
+            "version": STATE_VERSION,
+            "arrowstream_version": __version__,
+            "num_workers": self.num_workers,
+            "dataloader": super().state_dict(),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`; the next batch is the one after the saved one."""
+        if state_dict == {}:
+            super().load_state_dict({})
+            return
+        if isinstance(state_dict, dict) and state_dict.get("kind") == LOADER_KIND:
+            inner = upgrade(copy.deepcopy(state_dict), LOADER_KIND)["dataloader"]
+        elif isinstance(state_dict, dict) and (_SNAPSHOT in state_dict or _DATASET_STATE in state_dict):
+            inner = copy.deepcopy(state_dict)  # a plain StatefulDataLoader's state
+        else:
+            raise StateError("load_state_dict: expected the dict returned by loader.state_dict(), got "
+                             f"{type(state_dict).__name__} with keys {sorted(state_dict)[:5] if isinstance(state_dict, dict) else '-'}")
+        saved_workers = _saved_num_workers(inner)
+        if saved_workers != self.num_workers:
+            raise StateMismatchError(
+                f"checkpoint was taken with num_workers={saved_workers}, this loader has "
+                f"num_workers={self.num_workers}; build the loader with num_workers={saved_workers} to resume")
+        saved = [self.dataset.check_state(s) for s in _worker_states(inner) if s is not None]
+        if saved:
+            self.dataset.set_epoch(max(s.epoch for s in saved))
+        if inner.get(_FINISHED):
+            self._mark_epoch_complete(inner)
+        super().load_state_dict(inner)
+
+    @staticmethod
+    def _mark_epoch_complete(inner: dict[str, Any]) -> None:
+        """A state taken after the epoch ended: every worker is done with that epoch.
+
+        torchdata would replay the epoch from the start; marking the workers complete makes
+        the saved epoch yield nothing more and the next epoch start whole.
+        """
+        def complete(state: dict[str, Any] | None) -> dict[str, Any] | None:
+            if state is None:
+                return None
+            worker = WorkerState.from_dict(state).to_dict()
+            worker["epoch_complete"] = True
+            return worker
+
+        if _SNAPSHOT in inner:
+            for snapshot in inner[_SNAPSHOT][_WORKER_SNAPSHOTS].values():
+                snapshot[_DATASET_STATE] = complete(snapshot.get(_DATASET_STATE))
+            inner["_steps_since_snapshot"] = 0
+        else:
+            inner[_DATASET_STATE] = complete(inner.get(_DATASET_STATE))
+        inner[_FINISHED] = False
+
+
+_RESERVED = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
+
+
+def build_dataloader(dataset_cls: type, *, path: Any, format: str, batch_size: int, num_workers: int,
+                     **kwargs: Any) -> tuple[ArrowStreamDataLoader, Any]:
+    """Split keywords between the dataset and the loader, build both."""
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int):
+        raise ArgumentTypeError(f"num_workers: expected an int, got {type(num_workers).__name__}")
+    if num_workers < 0:
+        raise InvalidArgumentError(f"num_workers: must be >= 0, got {num_workers}")
+    dataset_params = set(inspect.signature(dataset_cls.__init__).parameters) - {"self"}
+    dataset_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in dataset_params}
+    loader_params = set(inspect.signature(StatefulDataLoader.__init__).parameters) - {"self", "dataset"}
+    unknown = sorted(set(kwargs) - loader_params)
+    if unknown:
+        raise ArgumentTypeError(f"create_dataloader: unknown keyword(s) {unknown}; dataset keywords are "
+                                f"{sorted(dataset_params)}, loader keywords {sorted(loader_params - set(_RESERVED))}")
+    dataset = dataset_cls(path, format, batch_size, **dataset_kwargs)
+    kwargs.setdefault("collate_fn", passthrough_collate)
+    loader = ArrowStreamDataLoader(dataset, batch_size=None, num_workers=num_workers, **kwargs)
+    return loader, dataset

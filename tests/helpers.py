@@ -1,0 +1,123 @@
+"""Test helpers: deterministic datasets, batch fingerprints, the resume harness."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from arrowstream import StructuredDataset
+
+
+def make_table(start: int, rows: int, seed: int = 0) -> pa.Table:
+    """Rows with a unique ``id``; numeric, string and fixed-size list columns."""
+    rng = np.random.default_rng(seed + start)
+    ids = np.arange(start, start + rows, dtype=np.int64)
+    return pa.table({
+        "id": ids,
+        "x": rng.standard_normal(rows).astype(np.float32),
+        "label": (ids % 7).astype(np.int8),
+        "flag": ids % 2 == 0,
+        "name": [f"row-{i}" for i in ids],
+        "vec": pa.FixedSizeListArray.from_arrays(pa.array(rng.standard_normal(rows * 3).astype(np.float32)), 3),
+    })
+
+
+def write_dataset(folder: Path | str, layout: list[tuple[int, int]], seed: int = 0) -> str:
+    """Write one Parquet file per ``(rows, row_group_size)``; ids run on across files."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    start = 0
+    for index, (rows, group) in enumerate(layout):
+        pq.write_table(make_table(start, rows, seed), folder / f"part-{index:03d}.parquet", row_group_size=group)
+        start += rows
+    return str(folder)
+
+
+def batch_key(batch: Any) -> tuple[Any, ...]:
+    """A byte-exact, comparable fingerprint of a batch of any output format."""
+    if isinstance(batch, pa.RecordBatch):
+        return ("arrow", batch.schema.to_string(), tuple(c.to_pylist().__repr__() for c in batch.columns))
+    out = []
+    for name, value in batch.items():
+        if isinstance(value, torch.Tensor):
+            out.append((name, str(value.dtype), tuple(value.shape), value.numpy().tobytes()))
+        elif isinstance(value, np.ndarray):
+            out.append((name, str(value.dtype), value.shape, value.tobytes()))
+        else:
+            out.append((name, repr(value)))
+    return tuple(out)
+
+
+def ids_of(batch: Any) -> list[int]:
+    value = batch["id"] if not isinstance(batch, pa.RecordBatch) else batch.column("id")
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, pa.Array):
+        return value.to_pylist()
+    return list(value)
+
+
+def json_roundtrip(state: Any) -> Any:
+    return json.loads(json.dumps(state))
+
+
+def make_loader(path: str, num_workers: int, **kwargs: Any):
+    return StructuredDataset.create_dataloader(path=path, num_workers=num_workers, **kwargs)
+
+
+def run_epochs(loader, dataset, epochs: Iterable[int], checkpoints: dict[str, Any] | None = None,
+               mid: int = 1) -> list[tuple[int, tuple[Any, ...], list[int]]]:
+    """Iterate whole epochs; record (epoch, key, ids) per batch and states at named points.
+
+    Each checkpoint is ``(state, batches before it, epoch to restart the canonical loop at)``.
+    Points: ``start`` (before any batch), ``first`` (after batch 1), ``mid`` (after batch
+    ``mid``), ``last`` (after the final batch, taken inside the loop), ``after`` (after the loop
+    ended), all in the first epoch; ``next`` (after ``mid`` batches of the second epoch).
+    """
+    out: list[tuple[int, tuple[Any, ...], list[int]]] = []
+    epochs = list(epochs)
+    for e_index, epoch in enumerate(epochs):
+        dataset.set_epoch(epoch)
+        record = checkpoints is not None and e_index < 2
+        if record and e_index == 0:
+            checkpoints["start"] = (json_roundtrip(loader.state_dict()), len(out), epoch)
+        for step, batch in enumerate(loader):
+            out.append((epoch, batch_key(batch), ids_of(batch)))
+            if not record:
+                continue
+            if e_index == 0:
+                checkpoints["last"] = (json_roundtrip(loader.state_dict()), len(out), epoch)
+                if step == 0:
+                    checkpoints["first"] = checkpoints["last"]
+                if step + 1 == mid:
+                    checkpoints["mid"] = checkpoints["last"]
+            elif step + 1 == mid:
+                checkpoints["next"] = (json_roundtrip(loader.state_dict()), len(out), epoch)
+        if record and e_index == 0:
+            checkpoints["after"] = (json_roundtrip(loader.state_dict()), len(out), epoch)
+    return out
+
+
+def resume_epochs(loader, dataset, state: Any, start_epoch: int, last_epoch: int) -> list[tuple[int, tuple[Any, ...], list[int]]]:
+    """The canonical loop of DESIGN.md from a checkpoint: load, then epochs start..last."""
+    loader.load_state_dict(state)
+    out = []
+    for epoch in range(start_epoch, last_epoch + 1):
+        dataset.set_epoch(epoch)
+        for batch in loader:
+            out.append((epoch, batch_key(batch), ids_of(batch)))
+    return out
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0")
