@@ -52,6 +52,8 @@ def _fill_value(fill_nulls: Any, name: str) -> Any:
 def _no_nulls(column: pa.Array, name: str, fill: Any) -> pa.Array:
     if column.null_count == 0:
         return column
+    if fill is not None and pa.types.is_fixed_size_list(column.type):
+        return pc.fill_null(column, pa.scalar([fill] * column.type.list_size, type=column.type))
     if fill is None:
         raise NullValueError(
             f"column {name!r} has {column.null_count} null(s) in this batch and cannot become a "

@@ -199,36 +199,37 @@ def _base_splits(footers: Sequence[FileFooter], split_bytes: int | None) -> list
     return splits
 
 
-def _halve(split: Split, footer: FileFooter) -> tuple[Split, Split]:
-    if split.row_group_stop - split.row_group_start > 1:
-        middle = (split.row_group_start + split.row_group_stop) // 2
-        left_groups = range(split.row_group_start, middle)
-        right_groups = range(middle, split.row_group_stop)
-        left_rows = sum(footer.row_group_rows[i] for i in left_groups)
-        left_bytes = sum(footer.row_group_bytes[i] for i in left_groups)
-        return (Split(split.file_index, split.row_group_start, middle, 0, left_rows, left_bytes),
-                Split(split.file_index, middle, split.row_group_stop, 0, split.num_rows - left_rows,
-                      split.num_bytes - left_bytes))
-    half = split.num_rows // 2
-    left_bytes = split.num_bytes * half // max(split.num_rows, 1)
-    return (Split(split.file_index, split.row_group_start, split.row_group_stop, split.row_start, half, left_bytes),
-            Split(split.file_index, split.row_group_start, split.row_group_stop, split.row_start + half,
-                  split.num_rows - half, split.num_bytes - left_bytes))
+def _single_row_groups(split: Split, footer: FileFooter) -> list[Split]:
+    if split.row_group_stop - split.row_group_start == 1:
+        return [split]
+    return [Split(split.file_index, rg, rg + 1, 0, footer.row_group_rows[rg], footer.row_group_bytes[rg])
+            for rg in range(split.row_group_start, split.row_group_stop)]
+
+
+def _row_ranges(split: Split, pieces: int) -> list[Split]:
+    base, extra = divmod(split.num_rows, pieces)
+    out, start = [], split.row_start
+    for k in range(pieces):
+        rows = base + (1 if k < extra else 0)
+        out.append(Split(split.file_index, split.row_group_start, split.row_group_stop, start, rows,
+                         split.num_bytes * rows // max(split.num_rows, 1)))
+        start += rows
+    return out
 
 
 def refine_splits(splits: Sequence[Split], num_slots: int, footers: Sequence[FileFooter]) -> list[Split]:
-    """Cut the largest split in two (by row groups, then by rows) until every slot can get one.
+    """Make at least ``num_slots`` splits when the rows allow, so that no worker idles.
 
-    Pure and deterministic: the result depends only on the splits and ``num_slots``.
+    First whole row groups come apart; if that is not enough, row groups are cut into
+    near-equal row ranges of about ``total_rows // num_slots`` rows. Pure and deterministic.
     """
-    out = list(splits)
-    while 0 < len(out) < num_slots:
-        largest = max(range(len(out)), key=lambda i: (out[i].num_rows, -i))
-        if out[largest].num_rows < 2:
-            break
-        left, right = _halve(out[largest], footers[out[largest].file_index])
-        out[largest:largest + 1] = [left, right]
-    return out
+    if len(splits) >= num_slots:
+        return list(splits)
+    singles = [s for split in splits for s in _single_row_groups(split, footers[split.file_index])]
+    if len(singles) >= num_slots:
+        return singles
+    target = max(sum(s.num_rows for s in singles) // num_slots, 1)
+    return [piece for s in singles for piece in _row_ranges(s, -(-s.num_rows // target))]
 
 
 def fingerprint(payload: Any) -> str:

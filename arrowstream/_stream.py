@@ -18,6 +18,7 @@ from ._order import Slot
 from ._planning import Split
 from ._reader import Piece, SplitReader
 from ._state import DataIdentity, WorkerState
+from ._storage import logger
 
 
 class EpochStream:
@@ -91,8 +92,10 @@ class EpochStream:
         return parts[0] if len(parts) == 1 else pa.concat_batches(parts)
 
     def _finish(self) -> None:
-        if self._drop_last:
+        if self._drop_last and self._buffered:
             self._rows_dropped += self._buffered
+            logger.info("drop_last: rank %d worker %d dropped its last %d row(s) of epoch %d",
+                        self._slot.rank, self._slot.worker_id, self._buffered, self._epoch)
         self._pieces.clear()
         self._buffered = 0
         self._reading = None

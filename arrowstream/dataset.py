@@ -163,13 +163,25 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         num_slots = self._world_size * max(num_workers, 1)
         return slot_row_counts([s.num_rows for s in self._plan.splits_for(num_slots)], num_slots)
 
+    def rows_dropped_per_epoch(self, num_workers: int = 0) -> int:
+        """Rows ``drop_last`` drops each epoch on this rank (each worker's short last batch)."""
+        if not self._options.drop_last:
+            return 0
+        if self._options.filter is not None:
+            raise TypeError("the rows drop_last drops are unknown before reading: the filter decides "
+                            "how many rows each worker yields; workers log what they drop")
+        return sum(r % self._options.batch_size for r in self._rank_rows(num_workers))
+
+    def _rank_rows(self, num_workers: int) -> list[int]:
+        per_rank = max(num_workers, 1)
+        return self.slot_rows(num_workers)[self._rank * per_rank:(self._rank + 1) * per_rank]
+
     def num_batches(self, num_workers: int = 0) -> int:
         """Exact batches per epoch on this rank; ``TypeError`` when a filter makes it unknowable."""
         if self._options.filter is not None:
             raise TypeError("the number of batches is unknown before reading: the filter decides "
                             "how many rows each worker yields")
-        per_rank = max(num_workers, 1)
-        rows = self.slot_rows(num_workers)[self._rank * per_rank:(self._rank + 1) * per_rank]
+        rows = self._rank_rows(num_workers)
         size = self._options.batch_size
         if self._options.drop_last:
             return sum(r // size for r in rows)
