@@ -38,7 +38,7 @@ _TRANSIENT_MARKERS = ("slowdown", "throttl", "timeout", "timed out", "connection
 
 def display_url(protocol: str, path: str) -> str:
     """The name a user recognizes for ``path``: ``s3://bucket/key`` or a local path."""
-    return path if protocol in _LOCAL_PROTOCOLS else f"{protocol}://{path}"
+    return path if protocol in _LOCAL_PROTOCOLS else f"{protocol}://{path.lstrip('/')}"
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -1,0 +1,99 @@
+"""Write the golden state files of the current state format version.
+
+Run once per released state version, commit the output, and never edit it afterwards:
+``python tests/golden/make_golden.py``. The data fixture (``data/``, two tiny Parquet files)
+is committed too, because a state is only valid on the exact files it was taken on; the test
+restores the files' modification times from ``data/mtimes.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(HERE, "data")
+MTIME = 1_790_000_000  # whole seconds: every filesystem keeps them exactly
+
+CASES = [
+    {"name": "workers2-shuffle-mid", "num_workers": 2, "options": {"batch_size": 16, "shuffle": True, "seed": 1},
+     "epochs": [0, 1], "point": ("mid", 0, 5)},
+    {"name": "workers0-ordered-mid", "num_workers": 0, "options": {"batch_size": 16}, "epochs": [0, 1],
+     "point": ("mid", 0, 3)},
+    {"name": "workers2-shuffle-after-loop", "num_workers": 2, "options": {"batch_size": 16, "shuffle": True, "seed": 1},
+     "epochs": [0, 1], "point": ("after", 0, 0)},
+    {"name": "workers1-shuffle-next-epoch", "num_workers": 1, "options": {"batch_size": 16, "shuffle": True, "seed": 3},
+     "epochs": [0, 1, 2], "point": ("mid", 1, 2)},
+]
+
+
+def write_data() -> None:
+    if os.path.isdir(DATA):
+        return
+    os.makedirs(DATA)
+    start = 0
+    for index, rows in enumerate([70, 50]):
+        ids = np.arange(start, start + rows, dtype=np.int64)
+        table = pa.table({"id": ids, "x": (ids * 0.5).astype(np.float32)})
+        pq.write_table(table, os.path.join(DATA, f"part-{index}.parquet"), row_group_size=20)
+        start += rows
+    with open(os.path.join(DATA, "mtimes.json"), "w") as f:
+        json.dump({name: MTIME for name in sorted(os.listdir(DATA)) if name.endswith(".parquet")}, f)
+
+
+def prepare_copy(target: str) -> str:
+    """Copy the fixture data to ``target`` with its recorded modification times."""
+    shutil.copytree(DATA, target, ignore=shutil.ignore_patterns("*.json"))
+    with open(os.path.join(DATA, "mtimes.json")) as f:
+        for name, mtime in json.load(f).items():
+            os.utime(os.path.join(target, name), (mtime, mtime))
+    return target
+
+
+def capture(case: dict, path: str) -> dict:
+    from arrowstream import StructuredDataset
+
+    loader, dataset = StructuredDataset.create_dataloader(path=path, num_workers=case["num_workers"],
+                                                          **case["options"])
+    kind, at_epoch, at_step = case["point"]
+    consumed, state, all_ids = 0, None, []
+    for epoch in case["epochs"]:
+        dataset.set_epoch(epoch)
+        for step, batch in enumerate(loader):
+            all_ids.append(batch["id"].tolist())
+            consumed += 1
+            if kind == "mid" and epoch == at_epoch and step + 1 == at_step:
+                state, before = json.loads(json.dumps(loader.state_dict())), consumed
+        if kind == "after" and epoch == at_epoch:
+            state, before = json.loads(json.dumps(loader.state_dict())), consumed
+    assert state is not None
+    return {"state": state, "consumed": before, "epoch": at_epoch, "continuation_ids": all_ids[before:]}
+
+
+def main() -> None:
+    from arrowstream._state import STATE_VERSION
+
+    write_data()
+    out_dir = os.path.join(HERE, f"v{STATE_VERSION}")
+    if os.path.isdir(out_dir) and "--force" not in sys.argv:
+        sys.exit(f"{out_dir} exists; golden files are never rewritten")
+    os.makedirs(out_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = prepare_copy(os.path.join(tmp, "data"))
+        for case in CASES:
+            record = {key: case[key] for key in ("num_workers", "options", "epochs")}
+            record.update(capture(case, path))
+            with open(os.path.join(out_dir, f"{case['name']}.json"), "w") as f:
+                json.dump(record, f, indent=1, sort_keys=True)
+                f.write("\n")
+
+
+if __name__ == "__main__":
+    main()

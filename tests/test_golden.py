@@ -1,0 +1,38 @@
+"""Golden state files: every released state format version keeps loading, forever (guarantee 8)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+
+import pytest
+from helpers import ids_of, make_loader
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
+sys.path.insert(0, GOLDEN)
+
+from make_golden import prepare_copy  # noqa: E402
+
+FILES = sorted(glob.glob(os.path.join(GOLDEN, "v*", "*.json")))
+
+
+def test_there_is_a_golden_file_for_the_current_version():
+    from arrowstream._state import STATE_VERSION
+
+    assert any(f"{os.sep}v{STATE_VERSION}{os.sep}" in f for f in FILES)
+
+
+@pytest.mark.parametrize("golden_file", FILES, ids=[os.path.relpath(f, GOLDEN) for f in FILES])
+def test_golden_state_resumes_to_the_recorded_batches(tmp_path, golden_file):
+    with open(golden_file) as f:
+        golden = json.load(f)
+    path = prepare_copy(str(tmp_path / "data"))
+    loader, dataset = make_loader(path, golden["num_workers"], **golden["options"])
+    loader.load_state_dict(golden["state"])
+    resumed = []
+    for epoch in range(golden["epoch"], golden["epochs"][-1] + 1):
+        dataset.set_epoch(epoch)
+        resumed += [ids_of(batch) for batch in loader]
+    assert resumed == golden["continuation_ids"]

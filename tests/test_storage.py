@@ -1,0 +1,136 @@
+"""Retries of transient storage errors and cheap resume (guarantees 5 and 11).
+
+The faults come from a filesystem that wraps in-memory files and fails reads on a fixed
+schedule: a local disk or a loopback server cannot produce connection resets on demand.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+
+import fsspec
+import pyarrow.parquet as pq
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+from helpers import make_loader, make_table, run_epochs
+
+from arrowstream import StructuredDataset, errors
+
+
+class _FlakyFile(io.BytesIO):
+    reads = 0
+    fail_every = 0  # 0: never fail; n: every n-th read raises a connection reset
+
+    def _maybe_fail(self):
+        cls = type(self)
+        cls.reads += 1
+        if cls.fail_every and cls.reads % cls.fail_every == 0:
+            raise ConnectionResetError(104, "Connection reset by peer")
+
+    def read(self, *args):
+        self._maybe_fail()
+        return super().read(*args)
+
+    def readinto(self, buffer):
+        self._maybe_fail()
+        return super().readinto(buffer)
+
+
+class _FlakyFileSystem(MemoryFileSystem):
+    protocol = "flaky"
+    store: dict = {}
+    pseudo_dirs = [""]
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        return super()._strip_protocol(path.removeprefix("flaky://"))
+
+    def _open(self, path, mode="rb", **kwargs):
+        if "r" not in mode:
+            return super()._open(path, mode, **kwargs)
+        return _FlakyFile(self.cat_file(path))
+
+
+@pytest.fixture
+def flaky_dataset():
+    fsspec.register_implementation("flaky", _FlakyFileSystem, clobber=True)
+    fs = _FlakyFileSystem()
+    start = 0
+    for i, rows in enumerate([900, 1300]):
+        with fs.open(f"/flaky-ds/part-{i}.parquet", "wb") as f:
+            pq.write_table(make_table(start, rows), f, row_group_size=200)
+        start += rows
+    _FlakyFile.fail_every = 0
+    yield "flaky://flaky-ds"
+    _FlakyFile.fail_every = 0
+    fs.rm("/flaky-ds", recursive=True)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_transient_errors_are_retried_without_loss_or_repeat(flaky_dataset, num_workers, caplog):
+    reference_loader, reference = make_loader(flaky_dataset, num_workers, batch_size=70, shuffle=True)
+    expected = [ids for _, _, ids in run_epochs(reference_loader, reference, [0])]
+    _FlakyFile.fail_every = 5
+    caplog.set_level(logging.WARNING, logger="arrowstream")
+    loader, dataset = make_loader(flaky_dataset, num_workers, batch_size=70, shuffle=True)
+    got = [ids for _, _, ids in run_epochs(loader, dataset, [0])]
+    assert got == expected
+    assert sorted(i for ids in got for i in ids) == list(range(2200))
+    if num_workers == 0:
+        assert "transient error" in caplog.text
+
+
+def test_errors_that_outlast_retries_name_the_file(flaky_dataset):
+    dataset = StructuredDataset(flaky_dataset, batch_size=100)
+    dataset._storage.retry.base_delay = 0.001
+    _FlakyFile.fail_every = 1
+    with pytest.raises(errors.FileReadError, match=r"flaky://flaky-ds/part-0\.parquet.*kept failing") as info:
+        list(dataset)
+    assert isinstance(info.value, OSError)
+
+
+@pytest.mark.parametrize("fraction", [0.05, 0.9])
+def test_resume_reads_at_most_one_row_group_it_does_not_yield(tmp_path, monkeypatch, fraction):
+    folder = tmp_path / "d"
+    folder.mkdir()
+    pq.write_table(make_table(0, 20_000), folder / "a.parquet", row_group_size=1000)
+    options = dict(batch_size=128, split_bytes=10**9)  # one split per file: the worst case for skipping
+    dataset = StructuredDataset(folder, **options)
+    it = iter(dataset)
+    for _ in range(int(fraction * 20_000 / 128)):
+        next(it)
+    state = dataset.state_dict()
+
+    decoded = []
+    original = pq.ParquetFile.iter_batches
+
+    def counting(self, *args, **kwargs):
+        for batch in original(self, *args, **kwargs):
+            decoded.append(batch.num_rows)
+            yield batch
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", counting)
+    resumed = StructuredDataset(folder, **options)
+    resumed.load_state_dict(state)
+    yielded = sum(len(b["id"]) for b in resumed)
+    assert yielded == 20_000 - state["counters"]["rows"]
+    assert sum(decoded) - yielded < 1000  # less than one row group re-read
+
+
+def test_worker_processes_open_their_own_filesystem(tmp_path):
+    """The parent's fsspec instance is never used in a worker (fork safety)."""
+    from helpers import write_dataset
+
+    folder = write_dataset(tmp_path / "d", [(300, 100)])
+    loader, dataset = make_loader(folder, 2, batch_size=50, output_format="dict",
+                                  transform=_record_storage_pid)
+    parent_fs = dataset._storage.fs
+    pids = {b["pid"] for b in loader}
+    assert len(pids) == 2 and parent_fs is dataset._storage.fs
+
+
+def _record_storage_pid(batch):
+    import os
+
+    return {"pid": os.getpid()}
