@@ -31,7 +31,7 @@ Converter = Callable[[pa.RecordBatch], Any]
 
 
 def _is_number(t: pa.DataType) -> bool:
-    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+    return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t))
 
 
 def column_kind(t: pa.DataType) -> str:
@@ -86,8 +86,6 @@ def make_converter(output_format: str, schema: pa.Schema, fill_nulls: Any = None
                     for i, (name, kind, fill) in enumerate(plan)}
         return to_numpy
 
-    import torch
-
     def to_torch(batch: pa.RecordBatch) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for i, (name, kind, fill) in enumerate(plan):
@@ -122,7 +120,7 @@ def _identity(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def _to_pydict(batch: pa.RecordBatch) -> dict[str, list[Any]]:
-    return batch.to_pydict()
+    return dict(batch.to_pydict())
 
 
 def passthrough_collate(batch: Any) -> Any:

@@ -78,7 +78,7 @@ def run_phase(args: argparse.Namespace) -> int:
             prediction = model(batch["features"]).squeeze(1)
             loss = torch.nn.functional.mse_loss(prediction, batch["target"])
             optimizer.zero_grad()
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             optimizer.step()
             seen.append([epoch, batch["id"].tolist()])
             rows += len(batch["id"])

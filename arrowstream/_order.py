@@ -73,7 +73,7 @@ def slot_split_ids(split_rows: Sequence[int] | npt.NDArray[np.int64], slot: Slot
     rows = np.asarray(split_rows, dtype=np.int64)
     order = epoch_order(len(rows), shuffle=shuffle, seed=seed, epoch=epoch)
     owned = assign_lpt(rows[order], slot.num_slots)[slot.index]
-    return order[owned].tolist()
+    return [int(i) for i in order[owned]]
 
 
 def slot_row_counts(split_rows: Sequence[int] | npt.NDArray[np.int64], num_slots: int) -> list[int]:

@@ -169,33 +169,32 @@ def _check_schemas(footers: Sequence[FileFooter], protocol: str, required: list[
                     "rewrite the files with one type, or leave the column out of `columns`")
 
 
+def _runs(footer: FileFooter, split_bytes: int | None) -> list[list[int]]:
+    """Kept row groups in runs of neighbours whose bytes fit ``split_bytes`` (one each when None)."""
+    runs: list[list[int]] = []
+    run_bytes = 0
+    for rg in footer.kept_row_groups:
+        if footer.row_group_rows[rg] == 0:
+            continue
+        size = footer.row_group_bytes[rg]
+        joins = (split_bytes is not None and runs and runs[-1][-1] == rg - 1
+                 and run_bytes + size <= split_bytes)
+        if joins:
+            runs[-1].append(rg)
+            run_bytes += size
+        else:
+            runs.append([rg])
+            run_bytes = size
+    return runs
+
+
 def _base_splits(footers: Sequence[FileFooter], split_bytes: int | None) -> list[Split]:
     splits: list[Split] = []
     for file_index, footer in enumerate(footers):
-        run: list[int] = []
-
-        def close_run() -> None:
-            if run:
-                rows = sum(footer.row_group_rows[i] for i in run)
-                size = sum(footer.row_group_bytes[i] for i in run)
-                splits.append(Split(file_index, run[0], run[-1] + 1, 0, rows, size))
-                run.clear()
-
-        previous = -2
-        run_bytes = 0
-        for rg in footer.kept_row_groups:
-            if footer.row_group_rows[rg] == 0:
-                continue
-            size = footer.row_group_bytes[rg]
-            contiguous = rg == previous + 1
-            fits = split_bytes is not None and run_bytes + size <= split_bytes
-            if not (run and contiguous and fits):
-                close_run()
-                run_bytes = 0
-            run.append(rg)
-            run_bytes += size
-            previous = rg
-        close_run()
+        for run in _runs(footer, split_bytes):
+            rows = sum(footer.row_group_rows[i] for i in run)
+            size = sum(footer.row_group_bytes[i] for i in run)
+            splits.append(Split(file_index, run[0], run[-1] + 1, 0, rows, size))
     return splits
 
 

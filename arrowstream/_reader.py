@@ -35,7 +35,7 @@ class Piece:
 
     @property
     def num_rows(self) -> int:
-        return self.batch.num_rows
+        return int(self.batch.num_rows)
 
     def offset_of(self, row: int) -> int:
         """Source offset of output row ``row`` of this piece (``row < num_rows``)."""
@@ -83,7 +83,7 @@ class SplitReader:
                     attempt = 0
                     yield piece
                 return
-            except Exception as exc:  # noqa: BLE001 - classified below
+            except Exception as exc:
                 self.close()
                 url = self._plan.url(split.file_index)
                 if is_transient(exc) and attempt < self._storage.retry.attempts - 1:

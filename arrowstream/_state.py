@@ -106,7 +106,7 @@ def upgrade(state: Any, kind: str) -> dict[str, Any]:
         state = MIGRATIONS[version](state)
         version += 1
         state["version"] = version
-    return state
+    return dict(state)
 
 
 def check_compatible(saved: WorkerState, data: DataIdentity, options: dict[str, Any]) -> None:

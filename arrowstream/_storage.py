@@ -69,7 +69,7 @@ class RetryPolicy:
         for attempt in range(self.attempts):
             try:
                 return fn()
-            except Exception as exc:  # noqa: BLE001 - classified just below
+            except Exception as exc:
                 if not is_transient(exc) or attempt == self.attempts - 1:
                     raise
                 logger.warning("transient error on %s (attempt %d/%d): %s",

@@ -88,7 +88,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             filter=self._options.filter, split_bytes=self._options.split_bytes)
         self._data = DataIdentity(self._plan.data_fingerprint, len(self._plan.files), self._plan.num_rows)
         self._state_options = self._options.state_options()
-        self._epoch_cell = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self._epoch_cell = torch.zeros(1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         self._pending: WorkerState | None = None
         self._active: _EpochIterator | None = None
         self._reader: SplitReader | None = None

@@ -45,7 +45,7 @@ def _saved_num_workers(inner: dict[str, Any]) -> int:
     return 0
 
 
-class ArrowStreamDataLoader(StatefulDataLoader):
+class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
     """The loader :meth:`StructuredDataset.create_dataloader` returns; see the module docstring."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -125,7 +125,7 @@ def build_dataloader(dataset_cls: type, *, path: Any, format: str, batch_size: i
         raise ArgumentTypeError(f"num_workers: expected an int, got {type(num_workers).__name__}")
     if num_workers < 0:
         raise InvalidArgumentError(f"num_workers: must be >= 0, got {num_workers}")
-    dataset_params = set(inspect.signature(dataset_cls.__init__).parameters) - {"self"}
+    dataset_params = set(inspect.signature(dataset_cls).parameters)
     dataset_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in dataset_params}
     loader_params = set(inspect.signature(StatefulDataLoader.__init__).parameters) - {"self", "dataset"}
     unknown = sorted(set(kwargs) - loader_params)

@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from helpers import write_dataset  # noqa: E402
+from helpers import write_dataset
 
 
 @pytest.fixture

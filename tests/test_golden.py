@@ -13,7 +13,7 @@ from helpers import ids_of, make_loader
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 sys.path.insert(0, GOLDEN)
 
-from make_golden import prepare_copy  # noqa: E402
+from make_golden import prepare_copy
 
 FILES = sorted(glob.glob(os.path.join(GOLDEN, "v*", "*.json")))
 

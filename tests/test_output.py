@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import logging
-
 import pytest
 import torch
 from helpers import ids_of, make_loader, run_epochs
@@ -116,7 +116,7 @@ def test_dnf_filter_is_accepted(small_dataset):
 
 
 def test_filter_resume_is_exact(uneven_dataset):
-    options = dict(batch_size=33, filter=pc.field("label") != 2, shuffle=True)
+    options = {"batch_size": 33, "filter": pc.field("label") != 2, "shuffle": True}
     loader, dataset = make_loader(uneven_dataset, 2, **options)
     checkpoints: dict = {}
     reference = run_epochs(loader, dataset, [0, 1], checkpoints, mid=9)

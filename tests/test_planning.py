@@ -8,10 +8,9 @@ import fsspec
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import pytest
+from helpers import make_table, write_dataset
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from helpers import make_table, write_dataset
 
 from arrowstream import StructuredDataset
 from arrowstream._discovery import discover_files

@@ -36,7 +36,7 @@ def check_exactly_once(batches, num_rows):
 
 @pytest.mark.parametrize(("num_workers", "shuffle", "persistent"), CONFIGS)
 def test_resume_matrix(uneven_dataset, num_workers, shuffle, persistent):
-    options = dict(batch_size=64, shuffle=shuffle, seed=7)
+    options = {"batch_size": 64, "shuffle": shuffle, "seed": 7}
     if persistent:
         options["persistent_workers"] = True
     loader, dataset = make_loader(uneven_dataset, num_workers, **options)

@@ -95,7 +95,7 @@ def test_resume_reads_at_most_one_row_group_it_does_not_yield(tmp_path, monkeypa
     folder = tmp_path / "d"
     folder.mkdir()
     pq.write_table(make_table(0, 20_000), folder / "a.parquet", row_group_size=1000)
-    options = dict(batch_size=128, split_bytes=10**9)  # one split per file: the worst case for skipping
+    options = {"batch_size": 128, "split_bytes": 10**9}  # one split per file: the worst case for skipping
     dataset = StructuredDataset(folder, **options)
     it = iter(dataset)
     for _ in range(int(fraction * 20_000 / 128)):
