@@ -72,10 +72,13 @@ def _to_numpy(column: pa.Array, kind: str, name: str, fill: Any) -> Any:
     return values.reshape(len(column), column.type.list_size)
 
 
-def make_converter(output_format: str, schema: pa.Schema, fill_nulls: Any = None) -> Converter:
-    """A function that turns a record batch of ``schema`` into the ``output_format`` batch."""
+def make_converter(output_format: str, schema: pa.Schema, fill_nulls: Any = None, in_worker: bool = False) -> Converter:
+    """A function that turns a record batch of ``schema`` into the ``output_format`` batch.
+
+    ``in_worker``: the batch will be pickled to another process, so it must own its buffers.
+    """
     if output_format == "arrow":
-        return _identity
+        return compact if in_worker else _identity
     if output_format == "dict":
         return _to_pydict
     plan = [(name, column_kind(schema.field(name).type), _fill_value(fill_nulls, name))
@@ -117,6 +120,15 @@ def _tensor(array: np.ndarray) -> Any:
 
 def _identity(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch
+
+
+def compact(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A copy of ``batch`` that owns exactly its rows.
+
+    A zero-copy slice keeps its parent's whole buffers alive, and pickling it (worker to
+    trainer) sends them all: for a 1,024-row slice of a 65,536-row read, 64 times the data.
+    """
+    return pa.concat_batches([batch, batch.slice(0, 0)])
 
 
 def _to_pydict(batch: pa.RecordBatch) -> dict[str, list[Any]]:

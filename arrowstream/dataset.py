@@ -216,9 +216,11 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
 
     def _stream(self, slot: Slot, epoch: int, start: WorkerState | None) -> EpochStream:
         if self._reader is None:
+            in_worker = get_worker_info() is not None
             self._reader = SplitReader(self._plan, self._storage, max(self._options.batch_size, READ_BATCH_ROWS),
-                                       use_threads=get_worker_info() is None)
-            converter = make_converter(self._options.output_format, self._plan.schema, self._options.fill_nulls)
+                                       use_threads=not in_worker)
+            converter = make_converter(self._options.output_format, self._plan.schema, self._options.fill_nulls,
+                                       in_worker=in_worker)
             transform = self._options.transform
             self._convert = converter if transform is None else (lambda batch: transform(converter(batch)))
         splits = self._plan.splits_for(slot.num_slots)

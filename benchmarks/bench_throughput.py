@@ -15,7 +15,8 @@ What it does, in one process (plus the loader's workers):
    groups of 65,536 rows, snappy) into a temporary folder under ``benchmarks/data/``
    (git-ignored, deleted at the end);
 2. times one epoch, ``batch_size=1024``, of the raw pyarrow loop
-   (``ParquetFile.iter_batches`` + ``torch.from_numpy`` per column) and of arrowstream with
+   (``ParquetFile.iter_batches`` + ``torch.from_numpy`` per column), of a reference pyarrow
+   loop that reads 65,536-row batches like arrowstream and slices them, and of arrowstream with
    ``num_workers=0`` and ``2`` (``output_format="torch"``, ``shuffle=False``): loader
    construction, time to first batch, rows/s over the whole epoch and after the first batch;
 3. times the first batch after a resume from a checkpoint taken at 5% and at 90% of the
@@ -25,7 +26,7 @@ What it does, in one process (plus the loader's workers):
 
 The files are read from the page cache (they were just written), so this measures decoding,
 conversion and loader overhead, not the disk. Measurements are interleaved across repeats
-(raw, workers=0, workers=2, raw, ...) after one untimed warm-up round, so that a noisy
+(raw, reference, workers=0, workers=2, raw, ...) after one untimed warm-up round, so that a noisy
 neighbour slows every variant alike.
 """
 
@@ -65,8 +66,8 @@ RESULTS = HERE / "results"
 
 FLOAT_COLUMNS = [f"f{i}" for i in range(8)]
 ID_COLUMN = "id"  # int64, the global row number: identifies a batch after a resume
-INT_COLUMNS = [ID_COLUMN, "user"]
-LABEL_COLUMN = "label"
+USER_COLUMN = "user"  # int64, random
+LABEL_COLUMN = "label"  # int8
 
 RAW = "raw pyarrow"
 SLICED = f"pyarrow, {READ_BATCH_ROWS:,}-row reads sliced (reference)"
@@ -124,7 +125,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, Path | None, bool
 def make_table(rng: np.random.Generator, start: int, rows: int) -> pa.Table:
     columns: dict[str, Any] = {name: rng.standard_normal(rows, dtype=np.float32) for name in FLOAT_COLUMNS}
     columns[ID_COLUMN] = np.arange(start, start + rows, dtype=np.int64)
-    columns["user"] = rng.integers(0, 1 << 40, size=rows, dtype=np.int64)
+    columns[USER_COLUMN] = rng.integers(0, 1 << 40, size=rows, dtype=np.int64)
     columns[LABEL_COLUMN] = rng.integers(0, 10, size=rows, dtype=np.int8)
     return pa.table(columns)
 
@@ -313,7 +314,7 @@ def time_resume(folder: Path, config: Config, num_workers: int, checkpoint: Chec
 
 
 def run_resume(folder: Path, config: Config) -> dict[int, list[tuple[Checkpoint, list[Resume]]]]:
-    """Per num_workers: each checkpoint with ``repeats`` timed resumes (interleaved)."""
+    """Per num_workers: each checkpoint with ``resume_repeats`` timed resumes (interleaved)."""
     out: dict[int, list[tuple[Checkpoint, list[Resume]]]] = {}
     for num_workers in config.worker_counts:
         checkpoints = take_checkpoints(folder, config, num_workers)

@@ -145,3 +145,15 @@ def _double_ids(batch):
 def test_collate_fn_may_be_overridden(small_dataset):
     loader, _ = make_loader(small_dataset, 0, batch_size=100, collate_fn=lambda b: len(b["id"]))
     assert list(loader) == [100, 100, 100, 100]
+
+
+def test_arrow_batches_from_workers_carry_only_their_rows():
+    """A slice pickled to the trainer must not drag its 65,536-row parent along."""
+    import pickle
+
+    parent = pa.record_batch({"x": np.arange(65536, dtype=np.float64)})
+    piece = parent.slice(1024, 1024)
+    compacted = make_converter("arrow", parent.schema, in_worker=True)(piece)
+    assert compacted.equals(piece)
+    assert len(pickle.dumps(compacted)) < 2 * 1024 * 8
+    assert len(pickle.dumps(piece)) > 30 * 1024 * 8  # why it matters

@@ -82,3 +82,17 @@ def test_saved_after_loop_with_next_epoch_number(uneven_dataset):
                                               persistent_workers=True)
     resumed = resume_epochs(fresh_loader, fresh_dataset, state, epoch + 1, 1)
     assert [k for _, k, _ in resumed] == [k for _, k, _ in reference[consumed:]]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_with_sparse_snapshots(uneven_dataset, num_workers):
+    """snapshot_every_n_steps > 1: torchdata replays the batches since the last snapshot."""
+    options = dict(batch_size=64, shuffle=True, seed=1, snapshot_every_n_steps=5)
+    loader, dataset = make_loader(uneven_dataset, num_workers, **options)
+    checkpoints: dict = {}
+    reference = run_epochs(loader, dataset, EPOCHS[:2], checkpoints, mid=13)
+    for point in POINTS:
+        state, consumed, epoch = checkpoints[point]
+        fresh_loader, fresh_dataset = make_loader(uneven_dataset, num_workers, **options)
+        resumed = resume_epochs(fresh_loader, fresh_dataset, state, epoch, 1)
+        assert [k for _, k, _ in resumed] == [k for _, k, _ in reference[consumed:]], point
