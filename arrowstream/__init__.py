@@ -11,10 +11,15 @@ from __future__ import annotations
 from . import errors
 from .dataset import StructuredDataset
 from .errors import (
+    ArgumentTypeError,
     ArrowStreamError,
     CorruptFileError,
     DatasetNotFoundError,
     EmptyDatasetError,
+    FileReadError,
+    InvalidArgumentError,
+    MissingDependencyError,
+    NotSupportedYetError,
     NullValueError,
     SchemaMismatchError,
     StateError,
@@ -26,11 +31,16 @@ from .loader import ArrowStreamDataLoader
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArgumentTypeError",
     "ArrowStreamDataLoader",
     "ArrowStreamError",
     "CorruptFileError",
     "DatasetNotFoundError",
     "EmptyDatasetError",
+    "FileReadError",
+    "InvalidArgumentError",
+    "MissingDependencyError",
+    "NotSupportedYetError",
     "NullValueError",
     "SchemaMismatchError",
     "StateError",

@@ -9,7 +9,7 @@
 
 Null policy: a null in a numeric, bool or fixed-size-list column of a ``torch``/``numpy``
 batch raises :class:`~arrowstream.errors.NullValueError` naming the column, unless
-``fill_nulls`` gives a value for it (``fill_nulls=0`` for every column, or a dict by column).
+``fill_nulls`` gives a value for it (a dict by column, or one value for every column it suits).
 No null ever becomes an arbitrary number.
 """
 
@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import NullValueError
+from .errors import InvalidArgumentError, NullValueError
 
 OUTPUT_FORMATS = ("torch", "numpy", "arrow", "dict")
 
@@ -43,10 +43,51 @@ def column_kind(t: pa.DataType) -> str:
     return "list"
 
 
-def _fill_value(fill_nulls: Any, name: str) -> Any:
-    if isinstance(fill_nulls, Mapping):
-        return fill_nulls.get(name)
-    return fill_nulls
+def _accepts(value_type: pa.DataType, value: Any) -> bool:
+    if pa.types.is_boolean(value_type):
+        return isinstance(value, bool)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return bool(pa.types.is_floating(value_type)) or isinstance(value, int)
+
+
+def resolve_fill_nulls(fill_nulls: Any, schema: pa.Schema) -> dict[str, Any]:
+    """Fill value by column, checked against the column types before any worker starts.
+
+    A dict names its columns, and each value must suit its column (an int for int columns,
+    a bool for bool columns). A single value fills every column it suits: ``0`` the int and
+    float columns, ``float("nan")`` the float columns, ``False`` the bool columns.
+    """
+    if fill_nulls is None:
+        return {}
+    resolved: dict[str, Any] = {}
+    if not isinstance(fill_nulls, Mapping):
+        for name in schema.names:
+            field_type = schema.field(name).type
+            kind = column_kind(field_type)
+            value_type = field_type.value_type if kind == "matrix" else field_type
+            if kind != "list" and _accepts(value_type, fill_nulls):
+                resolved[name] = fill_nulls
+        return resolved
+    unknown = [name for name in fill_nulls if name not in schema.names]
+    if unknown:
+        raise InvalidArgumentError(f"fill_nulls: {unknown} are not output columns; the columns are {schema.names}")
+    for name, value in fill_nulls.items():
+        field_type = schema.field(name).type
+        kind = column_kind(field_type)
+        if kind == "list":
+            raise InvalidArgumentError(f"fill_nulls: column {name!r} is {field_type}; fill values apply to "
+                                       "numeric, bool and fixed-size-list columns (others keep None)")
+        value_type = field_type.value_type if kind == "matrix" else field_type
+        if not _accepts(value_type, value):
+            hint = "an int (a float would be truncated)" if pa.types.is_integer(value_type) else "a value of its type"
+            raise InvalidArgumentError(f"fill_nulls: column {name!r} is {field_type}, got {value!r}; give {hint}")
+        try:
+            pa.scalar(value, type=value_type)
+        except (pa.ArrowException, OverflowError) as exc:
+            raise InvalidArgumentError(f"fill_nulls: {value!r} does not fit column {name!r} ({field_type}): {exc}") from None
+        resolved[name] = value
+    return resolved
 
 
 def _no_nulls(column: pa.Array, name: str, fill: Any) -> pa.Array:
@@ -72,7 +113,8 @@ def _to_numpy(column: pa.Array, kind: str, name: str, fill: Any) -> Any:
     return values.reshape(len(column), column.type.list_size)
 
 
-def make_converter(output_format: str, schema: pa.Schema, fill_nulls: Any = None, in_worker: bool = False) -> Converter:
+def make_converter(output_format: str, schema: pa.Schema, fill_nulls: Mapping[str, Any] | None = None,
+                   in_worker: bool = False) -> Converter:
     """A function that turns a record batch of ``schema`` into the ``output_format`` batch.
 
     ``in_worker``: the batch will be pickled to another process, so it must own its buffers.
@@ -81,8 +123,8 @@ def make_converter(output_format: str, schema: pa.Schema, fill_nulls: Any = None
         return compact if in_worker else _identity
     if output_format == "dict":
         return _to_pydict
-    plan = [(name, column_kind(schema.field(name).type), _fill_value(fill_nulls, name))
-            for name in schema.names]
+    fills = fill_nulls or {}
+    plan = [(name, column_kind(schema.field(name).type), fills.get(name)) for name in schema.names]
     if output_format == "numpy":
         def to_numpy(batch: pa.RecordBatch) -> dict[str, Any]:
             return {name: _to_numpy(batch.column(i), kind, name, fill)

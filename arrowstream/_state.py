@@ -19,8 +19,8 @@ STATE_VERSION = 1
 WORKER_KIND = "arrowstream.worker"
 LOADER_KIND = "arrowstream.loader"
 
-# version n -> version n + 1; each step takes and returns a plain dict
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+# (kind, n) -> the step from version n to n + 1 of that kind; each takes and returns a plain dict
+MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {}
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def upgrade(state: Any, kind: str) -> dict[str, Any]:
             f"the state has format version {version}, newer than this arrowstream reads "
             f"(up to {STATE_VERSION}); upgrade arrowstream to load it")
     while version < STATE_VERSION:
-        state = MIGRATIONS[version](state)
+        state = MIGRATIONS[(kind, version)](state)
         version += 1
         state["version"] = version
     return dict(state)

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ._convert import make_converter
+from ._convert import make_converter, resolve_fill_nulls
 from ._discovery import discover_files
 from ._options import Options, validate_options
 from ._order import Slot, slot_row_counts, slot_split_ids
-from ._planning import Plan, plan_parquet
+from ._planning import Plan, Split, plan_parquet
 from ._reader import SplitReader
 from ._state import DataIdentity, WorkerState, check_compatible, check_slot
 from ._storage import Storage
@@ -51,8 +51,10 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         drop_last: Drop each worker's last short batch of an epoch (the count is kept).
         split_bytes: Target split size in uncompressed bytes; ``None`` makes one split per row
             group. Splits never cut a row group unless there are fewer splits than slots.
-        fill_nulls: Value (or dict by column) that replaces nulls of numeric columns in
-            ``torch``/``numpy`` batches; without it such a null raises ``NullValueError``.
+        fill_nulls: Value that replaces nulls of numeric, bool and fixed-size-list columns in
+            ``torch``/``numpy`` batches: a dict by column, or one value for every column whose
+            type it suits (``0``: int and float columns). Without it such a null raises
+            ``NullValueError``; fill values a column cannot hold raise at construction.
         storage_options: fsspec options (credentials); never written into state or logs.
 
     Example:
@@ -86,6 +88,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._plan: Plan = plan_parquet(
             self._storage, entries, columns=list(self._options.columns) if self._options.columns else None,
             filter=self._options.filter, split_bytes=self._options.split_bytes)
+        self._fill_nulls = resolve_fill_nulls(self._options.fill_nulls, self._plan.schema)
         self._data = DataIdentity(self._plan.data_fingerprint, len(self._plan.files), self._plan.num_rows)
         self._state_options = self._options.state_options()
         self._epoch_cell = torch.zeros(1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
@@ -206,7 +209,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             check_slot(pending, slot)
             if pending.epoch == epoch:
                 return self._stream(slot, epoch, pending)
-            if not (pending.epoch_complete and epoch > pending.epoch):
+            if not (epoch > pending.epoch and self._nothing_left(pending, slot)):
                 raise StateMismatchError(
                     f"the checkpoint is in epoch {pending.epoch} "
                     f"({'complete' if pending.epoch_complete else 'mid-epoch'}) but the dataset is set to "
@@ -214,20 +217,35 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                     "saved epoch, or start without loading the checkpoint")
         return self._stream(slot, epoch, None)
 
+    def _slot_splits(self, slot: Slot, epoch: int) -> list[Split]:
+        splits = self._plan.splits_for(slot.num_slots)
+        ids = slot_split_ids([s.num_rows for s in splits], slot, shuffle=self._options.shuffle,
+                             seed=self._options.seed, epoch=epoch)
+        return [splits[i] for i in ids]
+
+    def _nothing_left(self, state: WorkerState, slot: Slot) -> bool:
+        """True when a worker state has handed out every row of its epoch it ever will."""
+        if state.epoch_complete:
+            return True
+        splits = self._slot_splits(slot, state.epoch)
+        if state.split_index >= len(splits):
+            return True
+        if not self._options.drop_last or self._options.filter is not None:
+            return False
+        left = sum(s.num_rows for s in splits[state.split_index:]) - state.row_offset
+        return left < self._options.batch_size  # drop_last drops them
+
     def _stream(self, slot: Slot, epoch: int, start: WorkerState | None) -> EpochStream:
         if self._reader is None:
             in_worker = get_worker_info() is not None
             self._reader = SplitReader(self._plan, self._storage, max(self._options.batch_size, READ_BATCH_ROWS),
                                        use_threads=not in_worker)
-            converter = make_converter(self._options.output_format, self._plan.schema, self._options.fill_nulls,
+            converter = make_converter(self._options.output_format, self._plan.schema, self._fill_nulls,
                                        in_worker=in_worker)
             transform = self._options.transform
             self._convert = converter if transform is None else (lambda batch: transform(converter(batch)))
-        splits = self._plan.splits_for(slot.num_slots)
-        ids = slot_split_ids([s.num_rows for s in splits], slot, shuffle=self._options.shuffle,
-                             seed=self._options.seed, epoch=epoch)
         assert self._convert is not None
-        return EpochStream(reader=self._reader, splits=[splits[i] for i in ids],
+        return EpochStream(reader=self._reader, splits=self._slot_splits(slot, epoch),
                            batch_size=self._options.batch_size, drop_last=self._options.drop_last,
                            convert=self._convert, data=self._data, options=self._state_options,
                            epoch=epoch, slot=slot, start=start)

@@ -230,3 +230,16 @@ def test_errors_never_show_credentials(tmp_path):
     dataset._storage._options["token"] = secret
     assert secret not in repr(dataset)
     assert secret not in json.dumps(dataset.state_dict())
+
+
+@pytest.mark.parametrize(("fill", "pattern"), [
+    ({"id": 1.5}, r"column 'id' is int64, got 1.5; give an int"),
+    ({"id": float("nan")}, r"column 'id' is int64"),
+    ({"flag": 0}, r"column 'flag' is bool, got 0; give a value of its type"),
+    ({"name": 0}, r"column 'name' is string"),
+    ({"nope": 0}, r"\['nope'\] are not output columns"),
+    ({"label": 1000}, r"1000 does not fit column 'label' \(int8\)"),
+])
+def test_fill_values_the_column_cannot_hold(small_dataset, fill, pattern):
+    with pytest.raises(errors.InvalidArgumentError, match=pattern):
+        StructuredDataset(small_dataset, fill_nulls=fill)

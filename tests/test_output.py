@@ -64,6 +64,16 @@ def test_nulls_raise_unless_filled(tmp_path):
     assert torch.isnan(filled["x"][2])
     assert filled["vec"].tolist() == [[1.0, 2.0], [0.0, 0.0], [5.0, 6.0]]
     assert next(iter(StructuredDataset(tmp_path, batch_size=3, output_format="dict")))["id"] == [1, None, 3]
+    # a single value fills the columns it suits: 0 the numbers, not the bool column
+    table = table.append_column("flag", pa.array([True, None, False]))
+    pq.write_table(table, tmp_path / "n.parquet")
+    with pytest.raises(NullValueError, match="'flag'"):
+        next(iter(StructuredDataset(tmp_path, batch_size=3, fill_nulls=0)))
+    both = next(iter(StructuredDataset(tmp_path, batch_size=3, fill_nulls={"id": 0, "x": 0.0, "vec": 0.0,
+                                                                            "flag": False})))
+    assert both["flag"].tolist() == [True, False, False]
+    only_numbers = next(iter(StructuredDataset(tmp_path, batch_size=3, columns=["id", "x", "vec"], fill_nulls=0)))
+    assert only_numbers["id"].tolist() == [1, 0, 3]
     arrow = next(iter(StructuredDataset(tmp_path, batch_size=3, output_format="arrow")))
     assert arrow.column("x").null_count == 1
 

@@ -96,3 +96,16 @@ def test_resume_with_sparse_snapshots(uneven_dataset, num_workers):
         fresh_loader, fresh_dataset = make_loader(uneven_dataset, num_workers, **options)
         resumed = resume_epochs(fresh_loader, fresh_dataset, state, epoch, 1)
         assert [k for _, k, _ in resumed] == [k for _, k, _ in reference[consumed:]], point
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_last_batch_state_stored_with_next_epoch_number(uneven_dataset, drop_last):
+    """Saved inside the loop after the final batch, stored as epoch + 1: the next epoch is whole."""
+    options = dict(batch_size=64, shuffle=True, drop_last=drop_last)
+    loader, dataset = make_loader(uneven_dataset, 2, **options)
+    checkpoints: dict = {}
+    reference = run_epochs(loader, dataset, [0, 1], checkpoints, mid=5)
+    state, consumed, epoch = checkpoints["last"]
+    fresh_loader, fresh_dataset = make_loader(uneven_dataset, 2, **options)
+    resumed = resume_epochs(fresh_loader, fresh_dataset, state, epoch + 1, 1)
+    assert [k for _, k, _ in resumed] == [k for _, k, _ in reference[consumed:]]
