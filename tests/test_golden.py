@@ -36,3 +36,22 @@ def test_golden_state_resumes_to_the_recorded_batches(tmp_path, golden_file):
         dataset.set_epoch(epoch)
         resumed += [ids_of(batch) for batch in loader]
     assert resumed == golden["continuation_ids"]
+
+
+def test_older_versions_are_migrated_step_by_step(monkeypatch):
+    """The migration path a v2 release will use: v1 dicts pass through MIGRATIONS[(kind, 1)]."""
+    from arrowstream import _state
+
+    with open(os.path.join(GOLDEN, "v1", "workers0-ordered-mid.json")) as f:
+        worker = json.load(f)["state"]["dataloader"]["dataset_state"]
+
+    def to_v2(state):
+        state = dict(state)
+        state["cursor"] = dict(state["cursor"], migrated=True)
+        return state
+
+    monkeypatch.setattr(_state, "STATE_VERSION", 2)
+    monkeypatch.setitem(_state.MIGRATIONS, (_state.WORKER_KIND, 1), to_v2)
+    upgraded = _state.upgrade(dict(worker), _state.WORKER_KIND)
+    assert upgraded["version"] == 2 and upgraded["cursor"]["migrated"] is True
+    assert _state.WorkerState.from_dict(worker).split_index == worker["cursor"]["split_index"]
