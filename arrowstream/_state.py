@@ -15,12 +15,27 @@ from typing import Any
 from ._order import Slot
 from .errors import StateError, StateMismatchError, StateVersionError
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 WORKER_KIND = "arrowstream.worker"
 LOADER_KIND = "arrowstream.loader"
 
+
+
+def _loader_v1_to_v2(state: dict[str, Any]) -> dict[str, Any]:
+    """v2 adds ``batches_per_transfer``; v1 loaders sent one batch per message."""
+    return {**state, "batches_per_transfer": 1}
+
+
+def _worker_v1_to_v2(state: dict[str, Any]) -> dict[str, Any]:
+    """The worker state did not change in v2."""
+    return dict(state)
+
+
 # (kind, n) -> the step from version n to n + 1 of that kind; each takes and returns a plain dict
-MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {}
+MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
+    (LOADER_KIND, 1): _loader_v1_to_v2,
+    (WORKER_KIND, 1): _worker_v1_to_v2,
+}
 
 
 @dataclass(frozen=True)

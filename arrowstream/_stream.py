@@ -19,6 +19,7 @@ from ._planning import Split
 from ._reader import Piece, SplitReader
 from ._state import DataIdentity, WorkerState
 from ._storage import logger
+from ._transport import Position
 
 
 class EpochStream:
@@ -117,6 +118,13 @@ class EpochStream:
         self._rows += batch.num_rows
         self._batches += 1
         return self._convert(batch)
+
+    @property
+    def batches(self) -> int:
+        return self._batches
+
+    def position(self) -> Position:
+        return Position(self._cursor[0], self._cursor[1], self._rows, self._batches, self._rows_dropped)
 
     def state(self) -> WorkerState:
         return WorkerState(

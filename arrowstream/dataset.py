@@ -18,6 +18,7 @@ from ._reader import SplitReader
 from ._state import DataIdentity, WorkerState, check_compatible, check_slot
 from ._storage import Storage
 from ._stream import EpochStream
+from ._transport import Chunk
 from ._topology import resolve_topology
 from .errors import ArgumentTypeError, InvalidArgumentError, StateMismatchError
 
@@ -95,6 +96,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._pending: WorkerState | None = None
         self._active: _EpochIterator | None = None
         self._reader: SplitReader | None = None
+        self._batches_per_transfer = 1  # set by ArrowStreamDataLoader for worker processes
         self._convert: Callable[[Any], Any] | None = None
 
     # -- the loader ---------------------------------------------------------------------------
@@ -217,6 +219,10 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                     "saved epoch, or start without loading the checkpoint")
         return self._stream(slot, epoch, None)
 
+    def _numpy_as_torch(self, in_worker: bool) -> bool:
+        return (in_worker and self._batches_per_transfer > 1 and self._options.transform is None
+                and self._options.output_format == "torch")
+
     def _slot_splits(self, slot: Slot, epoch: int) -> list[Split]:
         splits = self._plan.splits_for(slot.num_slots)
         ids = slot_split_ids([s.num_rows for s in splits], slot, shuffle=self._options.shuffle,
@@ -240,8 +246,10 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             in_worker = get_worker_info() is not None
             self._reader = SplitReader(self._plan, self._storage, max(self._options.batch_size, READ_BATCH_ROWS),
                                        use_threads=not in_worker)
-            converter = make_converter(self._options.output_format, self._plan.schema, self._fill_nulls,
-                                       in_worker=in_worker)
+            output_format = self._options.output_format
+            if self._numpy_as_torch(in_worker):  # the trainer side makes the tensors (see _transport)
+                output_format = "numpy"
+            converter = make_converter(output_format, self._plan.schema, self._fill_nulls, in_worker=in_worker)
             transform = self._options.transform
             self._convert = converter if transform is None else (lambda batch: transform(converter(batch)))
         assert self._convert is not None
@@ -304,7 +312,24 @@ class _EpochIterator:
     def __next__(self) -> Any:
         if self._stream is None:
             self._stream = self._dataset._open(self._slot, self._pending)
-        return next(self._stream)
+        per_transfer = self._dataset._batches_per_transfer
+        if per_transfer == 1 or self._slot.num_workers == 0:
+            return next(self._stream)
+        return self._next_chunk(self._stream, per_transfer)
+
+    def _next_chunk(self, stream: EpochStream, per_transfer: int) -> Chunk:
+        """Up to ``per_transfer`` batches, ending where the worker's batch count is a multiple of it,
+        so chunk boundaries do not move when a checkpoint falls inside a chunk."""
+        batches, positions = [], []
+        for batch in stream:
+            batches.append(batch)
+            positions.append(stream.position())
+            if stream.batches % per_transfer == 0:
+                break
+        if not batches:
+            raise StopIteration
+        return Chunk(self._slot.worker_id, batches, positions,
+                     numpy_as_torch=self._dataset._numpy_as_torch(in_worker=True))
 
     def state(self) -> WorkerState:
         if self._stream is not None:

@@ -22,6 +22,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ._convert import passthrough_collate
 from ._state import LOADER_KIND, STATE_VERSION, WorkerState, upgrade
+from ._storage import logger
+from ._transport import Chunk
 from .errors import ArgumentTypeError, InvalidArgumentError, StateError, StateMismatchError
 
 _SNAPSHOT = "_snapshot"
@@ -29,6 +31,7 @@ _WORKER_SNAPSHOTS = "_worker_snapshots"
 _MAIN_SNAPSHOT = "_main_snapshot"
 _DATASET_STATE = "dataset_state"
 _FINISHED = "_iterator_finished"
+DEFAULT_BATCHES_PER_TRANSFER = 8
 
 
 def _worker_states(inner: dict[str, Any]) -> list[dict[str, Any] | None]:
@@ -46,12 +49,40 @@ def _saved_num_workers(inner: dict[str, Any]) -> int:
 
 
 class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
-    """The loader :meth:`StructuredDataset.create_dataloader` returns; see the module docstring."""
+    """The loader :meth:`StructuredDataset.create_dataloader` returns; see the module docstring.
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    Args:
+        batches_per_transfer: With workers, how many consecutive batches of one worker travel
+            to the trainer in one message (see ``arrowstream._transport``). More amortizes the
+            loader's per-message cost; fewer interleaves workers more finely. It shapes the
+            order of batches, so a resumed loader takes the value of its checkpoint. Worker
+            processes only; 1 with ``num_workers=0`` or ``snapshot_every_n_steps != 1``.
+    """
+
+    def __init__(self, dataset: Any, *args: Any, batches_per_transfer: int = DEFAULT_BATCHES_PER_TRANSFER,
+                 **kwargs: Any) -> None:
         with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, deprecated in torch 2.13
             warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
-            super().__init__(*args, **kwargs)
+            super().__init__(dataset, *args, **kwargs)
+        if isinstance(batches_per_transfer, bool) or not isinstance(batches_per_transfer, int) \
+                or batches_per_transfer < 1:
+            raise InvalidArgumentError(f"batches_per_transfer: expected an int >= 1, got {batches_per_transfer!r}")
+        if self.num_workers == 0 or self.snapshot_every_n_steps != 1:
+            batches_per_transfer = 1
+        self._set_batches_per_transfer(batches_per_transfer)
+        self._batch_iterator: _BatchIterator | None = None
+
+    def _set_batches_per_transfer(self, value: int) -> None:
+        self.batches_per_transfer = value
+        self.dataset._batches_per_transfer = value
+
+    def __iter__(self) -> Any:
+        inner = super().__iter__()
+        if self.batches_per_transfer == 1:
+            self._batch_iterator = None
+            return inner
+        self._batch_iterator = _BatchIterator(inner)
+        return self._batch_iterator
 
     def __len__(self) -> int:
         return int(self.dataset.num_batches(self.num_workers))
@@ -60,12 +91,16 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         """A JSON-able dict: ``json.dumps`` and ``torch.save`` both work."""
         from . import __version__
 
+        inner = super().state_dict()
+        if self._batch_iterator is not None and self._batch_iterator.inside_chunk:
+            inner = _rewind_into_chunk(inner, self._batch_iterator, self.num_workers)
         return {
             "kind": LOADER_KIND,
             "version": STATE_VERSION,
             "arrowstream_version": __version__,
             "num_workers": self.num_workers,
-            "dataloader": super().state_dict(),
+            "batches_per_transfer": self.batches_per_transfer,
+            "dataloader": inner,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -74,9 +109,10 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             super().load_state_dict({})
             return
         if isinstance(state_dict, dict) and state_dict.get("kind") == LOADER_KIND:
-            inner = upgrade(copy.deepcopy(state_dict), LOADER_KIND)["dataloader"]
+            outer = upgrade(copy.deepcopy(state_dict), LOADER_KIND)
+            inner, per_transfer = outer["dataloader"], int(outer["batches_per_transfer"])
         elif isinstance(state_dict, dict) and (_SNAPSHOT in state_dict or _DATASET_STATE in state_dict):
-            inner = copy.deepcopy(state_dict)  # a plain StatefulDataLoader's state
+            inner, per_transfer = copy.deepcopy(state_dict), 1  # a plain StatefulDataLoader's state
         else:
             raise StateError("load_state_dict: expected the dict returned by loader.state_dict(), got "
                              f"{type(state_dict).__name__} with keys {sorted(state_dict)[:5] if isinstance(state_dict, dict) else '-'}")
@@ -90,6 +126,11 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             self.dataset.set_epoch(max(s.epoch for s in saved))
         if inner.get(_FINISHED):
             self._mark_epoch_complete(inner)
+        if per_transfer != self.batches_per_transfer and self.num_workers > 0:
+            logger.info("batches_per_transfer follows the checkpoint: %d (was %d)", per_transfer,
+                        self.batches_per_transfer)
+            self._set_batches_per_transfer(per_transfer)
+        self._batch_iterator = None
         super().load_state_dict(inner)
 
     @staticmethod
@@ -115,6 +156,56 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         inner[_FINISHED] = False
 
 
+class _BatchIterator:
+    """Yields the batches of the chunks a worker loader delivers, one by one."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.chunk: Chunk | None = None
+        self.taken = 0
+        self._pending: list[Any] = []
+
+    @property
+    def inside_chunk(self) -> bool:
+        return self.chunk is not None and 0 < self.taken < len(self.chunk)
+
+    def __iter__(self) -> _BatchIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self.taken == len(self._pending):
+            item = next(self._inner)
+            if not isinstance(item, Chunk):  # e.g. a dataset that is not chunked
+                self.chunk, self._pending, self.taken = None, [], 0
+                return item
+            self.chunk, self._pending, self.taken = item, item.batches(), 0
+        batch = self._pending[self.taken]
+        self._pending[self.taken] = None
+        self.taken += 1
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+
+def _rewind_into_chunk(inner: dict[str, Any], batches: _BatchIterator, num_workers: int) -> dict[str, Any]:
+    """torchdata's state stands after the whole chunk; move it back to the last batch handed out.
+
+    The chunk's worker gets the cursor it had after that batch, and the round robin points at
+    that worker again, so the rest of the chunk is the next thing the resumed loader yields.
+    """
+    assert batches.chunk is not None
+    state = copy.deepcopy(inner)
+    snapshot = state[_SNAPSHOT]
+    worker = snapshot[_WORKER_SNAPSHOTS][f"worker_{batches.chunk.worker_id}"][_DATASET_STATE]
+    position = batches.chunk.positions[batches.taken - 1]
+    worker["cursor"] = {"split_index": position.split_index, "row_offset": position.row_offset}
+    worker["counters"] = {"rows": position.rows, "batches": position.batches, "rows_dropped": position.rows_dropped}
+    worker["epoch_complete"] = False
+    snapshot["_last_yielded_worker_id"] = (batches.chunk.worker_id - 1) % num_workers
+    return state
+
+
 _RESERVED = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
 
 
@@ -127,7 +218,8 @@ def build_dataloader(dataset_cls: type, *, path: Any, format: str, batch_size: i
         raise InvalidArgumentError(f"num_workers: must be >= 0, got {num_workers}")
     dataset_params = set(inspect.signature(dataset_cls).parameters)
     dataset_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in dataset_params}
-    loader_params = set(inspect.signature(StatefulDataLoader.__init__).parameters) - {"self", "dataset"}
+    loader_params = (set(inspect.signature(StatefulDataLoader.__init__).parameters) - {"self", "dataset"}) | {
+        "batches_per_transfer"}
     unknown = sorted(set(kwargs) - loader_params)
     if unknown:
         raise ArgumentTypeError(f"create_dataloader: unknown keyword(s) {unknown}; dataset keywords are "

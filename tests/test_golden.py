@@ -38,20 +38,14 @@ def test_golden_state_resumes_to_the_recorded_batches(tmp_path, golden_file):
     assert resumed == golden["continuation_ids"]
 
 
-def test_older_versions_are_migrated_step_by_step(monkeypatch):
-    """The migration path a v2 release will use: v1 dicts pass through MIGRATIONS[(kind, 1)]."""
+def test_v1_states_migrate_to_v2():
+    """v2 added batches_per_transfer to the loader state; a v1 loader sent one batch per message."""
     from arrowstream import _state
 
-    with open(os.path.join(GOLDEN, "v1", "workers0-ordered-mid.json")) as f:
-        worker = json.load(f)["state"]["dataloader"]["dataset_state"]
-
-    def to_v2(state):
-        state = dict(state)
-        state["cursor"] = dict(state["cursor"], migrated=True)
-        return state
-
-    monkeypatch.setattr(_state, "STATE_VERSION", 2)
-    monkeypatch.setitem(_state.MIGRATIONS, (_state.WORKER_KIND, 1), to_v2)
-    upgraded = _state.upgrade(dict(worker), _state.WORKER_KIND)
-    assert upgraded["version"] == 2 and upgraded["cursor"]["migrated"] is True
-    assert _state.WorkerState.from_dict(worker).split_index == worker["cursor"]["split_index"]
+    with open(os.path.join(GOLDEN, "v1", "workers2-shuffle-mid.json")) as f:
+        loader_state = json.load(f)["state"]
+    upgraded = _state.upgrade(loader_state, _state.LOADER_KIND)
+    assert upgraded["version"] == _state.STATE_VERSION
+    assert upgraded["batches_per_transfer"] == 1
+    worker = loader_state["dataloader"]["_snapshot"]["_worker_snapshots"]["worker_0"]["dataset_state"]
+    assert _state.upgrade(worker, _state.WORKER_KIND)["cursor"] == worker["cursor"]

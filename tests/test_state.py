@@ -9,6 +9,7 @@ from helpers import make_loader, make_table, resume_epochs, run_epochs
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from arrowstream import StructuredDataset
+from arrowstream._state import STATE_VERSION
 
 
 def _only_json_types(value):
@@ -31,9 +32,10 @@ def _state_after(path, batches, num_workers=2, **kwargs):
 def test_state_is_json_types_and_versioned(uneven_dataset):
     state = _state_after(uneven_dataset, 5)
     assert _only_json_types(state)
-    assert state["kind"] == "arrowstream.loader" and state["version"] == 1
+    assert state["kind"] == "arrowstream.loader" and state["version"] == STATE_VERSION
+    assert state["batches_per_transfer"] == 8
     worker = state["dataloader"]["_snapshot"]["_worker_snapshots"]["worker_0"]["dataset_state"]
-    assert worker["kind"] == "arrowstream.worker" and worker["version"] == 1
+    assert worker["kind"] == "arrowstream.worker" and worker["version"] == STATE_VERSION
     assert set(worker) == {"kind", "version", "data", "options", "epoch", "slot", "cursor", "counters",
                            "epoch_complete"}
 

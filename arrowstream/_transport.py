@@ -1,0 +1,140 @@
+"""Worker-to-trainer transport: several batches per message, numbers in one buffer.
+
+A ``StatefulDataLoader`` pays a fixed cost per item a worker sends (a queue round trip and a
+state snapshot, about 0.2 ms here), and torch's default transport of a tensor passes one file
+descriptor per tensor over a fresh socket (about 0.5 ms each). A 1,024-row batch of eleven
+numeric columns would spend several milliseconds in transit for a fraction of that in decoding.
+
+A :class:`Chunk` carries up to ``k`` consecutive batches of one worker. Every tensor and numeric
+ndarray of every batch is copied once into one contiguous byte buffer; on arrival, the batches are
+rebuilt as zero-copy views of that buffer. Other values (string lists, Arrow batches) travel by
+pickle as they are. The buffer goes by value through the loader's queue, not through shared
+memory, so a killed worker or trainer leaves nothing behind.
+
+Each batch also carries its worker's cursor, so the loader can checkpoint in the middle of a chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+# (batch index, key, "torch" | "numpy", dtype, shape, byte offset)
+_Entry = tuple[int, str, str, np.dtype[Any], tuple[int, ...], int]
+
+
+@dataclass(frozen=True)
+class Position:
+    """A worker's cursor and counters right after one batch of a chunk."""
+
+    split_index: int
+    row_offset: int
+    rows: int
+    batches: int
+    rows_dropped: int
+
+
+_TORCH_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+                 torch.float32, torch.float64, torch.uint16, torch.uint32, torch.uint64}
+
+
+def _packable(value: Any, numpy_as_torch: bool) -> tuple[np.ndarray, str] | None:
+    """The array to copy into the chunk buffer and how to hand it back, or None to pickle ``value``."""
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "biuf" or value.dtype.byteorder == ">":
+            return None
+        return np.ascontiguousarray(value), "torch" if numpy_as_torch else "numpy"
+    if isinstance(value, torch.Tensor):
+        if value.device.type != "cpu" or value.requires_grad or value.dtype not in _TORCH_DTYPES:
+            return None
+        return value.contiguous().numpy(), "torch"
+    return None
+
+
+class Chunk:
+    """Consecutive batches of one worker, packed for one trip through the loader's queue.
+
+    ``numpy_as_torch``: the worker left numeric columns as ndarrays, and the trainer side
+    turns them into tensors (``torch.from_numpy``, no copy), which saves a round trip.
+    """
+
+    def __init__(self, worker_id: int, batches: list[Any], positions: list[Position],
+                 numpy_as_torch: bool = False) -> None:
+        self.worker_id = worker_id
+        self.positions = positions
+        self._numpy_as_torch = numpy_as_torch
+        self._batches: list[Any] | None = batches
+        self._packed: tuple[list[_Entry], np.ndarray, list[Any]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def _pack(self) -> tuple[list[_Entry], np.ndarray, list[Any]]:
+        assert self._batches is not None
+        found: list[tuple[int, str, str, np.ndarray]] = []
+        skeletons: list[Any] = []
+        for index, batch in enumerate(self._batches):
+            if not isinstance(batch, dict):
+                skeletons.append(batch)
+                continue
+            skeleton = {}
+            for key, value in batch.items():
+                packable = _packable(value, self._numpy_as_torch)
+                if packable is None:
+                    skeleton[key] = value
+                else:
+                    found.append((index, key, packable[1], packable[0]))
+            skeletons.append(skeleton)
+        # widest items first: every offset is then a multiple of its array's item size
+        found.sort(key=lambda item: -item[3].dtype.itemsize)
+        entries: list[_Entry] = []
+        offset = 0
+        for index, key, kind, array in found:
+            entries.append((index, key, kind, array.dtype, array.shape, offset))
+            offset += array.nbytes
+        if found:
+            buffer = np.concatenate([array.reshape(-1).view(np.uint8) for *_, array in found])
+        else:
+            buffer = np.empty(0, dtype=np.uint8)
+        return entries, buffer, skeletons
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        entries, buffer, skeletons = self._packed or self._pack()
+        return _rebuild, (self.worker_id, self.positions, entries, buffer, skeletons)
+
+    def batches(self) -> list[Any]:
+        """The batches, rebuilt as views of the received buffer."""
+        if self._batches is None:
+            assert self._packed is not None
+            self._batches = _unpack(*self._packed)
+        return self._batches
+
+    def pin_memory(self) -> Chunk:
+        """Called by the loader's pin-memory thread: one pinned copy of the buffer for all batches."""
+        if self._packed is None:
+            return self
+        entries, buffer, skeletons = self._packed
+        pinned = torch.from_numpy(buffer).pin_memory().numpy()
+        return _rebuild(self.worker_id, self.positions, entries, pinned, skeletons)
+
+
+def _unpack(entries: list[_Entry], buffer: np.ndarray, skeletons: list[Any]) -> list[Any]:
+    batches = [dict(s) if isinstance(s, dict) else s for s in skeletons]
+    for index, key, kind, dtype, shape, offset in entries:
+        count = 1
+        for dim in shape:
+            count *= dim
+        array = buffer[offset:offset + count * dtype.itemsize].view(dtype).reshape(shape)
+        batches[index][key] = torch.from_numpy(array) if kind == "torch" else array
+    return batches
+
+
+def _rebuild(worker_id: int, positions: list[Position], entries: list[_Entry], buffer: np.ndarray,
+             skeletons: list[Any]) -> Chunk:
+    chunk = Chunk(worker_id, [], positions)
+    chunk._batches = None
+    chunk._packed = (entries, buffer, skeletons)
+    return chunk
