@@ -83,9 +83,8 @@ class Chunk:
             skeleton = {}
             for key, value in batch.items():
                 packable = _packable(value, self._numpy_as_torch)
-                if packable is None:
-                    skeleton[key] = value
-                else:
+                skeleton[key] = value if packable is None else None  # keeps the key order
+                if packable is not None:
                     found.append((index, key, packable[1], packable[0]))
             skeletons.append(skeleton)
         # widest items first: every offset is then a multiple of its array's item size

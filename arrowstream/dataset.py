@@ -19,6 +19,7 @@ from ._state import DataIdentity, WorkerState, check_compatible, check_slot
 from ._storage import Storage
 from ._stream import EpochStream
 from ._transport import Chunk
+from ._watchdog import watch_trainer
 from ._topology import resolve_topology
 from .errors import ArgumentTypeError, InvalidArgumentError, StateMismatchError
 
@@ -97,6 +98,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._active: _EpochIterator | None = None
         self._reader: SplitReader | None = None
         self._batches_per_transfer = 1  # set by ArrowStreamDataLoader for worker processes
+        self._trainer_pid = os.getpid()
         self._convert: Callable[[Any], Any] | None = None
 
     # -- the loader ---------------------------------------------------------------------------
@@ -244,6 +246,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
     def _stream(self, slot: Slot, epoch: int, start: WorkerState | None) -> EpochStream:
         if self._reader is None:
             in_worker = get_worker_info() is not None
+            if in_worker:
+                watch_trainer(self._trainer_pid)
             self._reader = SplitReader(self._plan, self._storage, max(self._options.batch_size, READ_BATCH_ROWS),
                                        use_threads=not in_worker)
             output_format = self._options.output_format
@@ -286,7 +290,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_pending=None, _active=None, _reader=None, _convert=None)
+        state.update(_pending=None, _active=None, _reader=None, _convert=None, _trainer_pid=os.getpid())
         return state
 
     def __repr__(self) -> str:

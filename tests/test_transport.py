@@ -1,0 +1,185 @@
+"""Worker-to-trainer transport: same values as num_workers=0, and nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from helpers import batch_key, make_loader, resume_epochs, run_epochs
+
+from arrowstream._transport import Chunk, Position
+
+HERE = os.path.dirname(__file__)
+
+
+def _sorted_keys(loader):
+    return sorted((batch_key(b) for b in loader), key=repr)
+
+
+@pytest.mark.parametrize("output_format", ["torch", "numpy", "arrow", "dict"])
+def test_workers_deliver_the_same_batches_as_the_main_process(uneven_dataset, output_format):
+    options = dict(batch_size=100, output_format=output_format)
+    in_process, _ = make_loader(uneven_dataset, 0, **options)
+    with_workers, _ = make_loader(uneven_dataset, 2, **options)
+    assert with_workers.batches_per_transfer == 8
+    # same split assignment per worker slot is not comparable across num_workers; compare as sets
+    # of rows keyed by id, with every column's values and dtype
+    assert _rows(in_process, output_format) == _rows(with_workers, output_format)
+
+
+def _rows(loader, output_format):
+    rows = {}
+    for batch in loader:
+        if isinstance(batch, pa.RecordBatch):
+            batch = {name: batch.column(name).to_pylist() for name in batch.schema.names}
+        for i, row_id in enumerate(list(batch["id"])):
+            row = []
+            for name, value in batch.items():
+                item = value[i]
+                if isinstance(item, torch.Tensor):
+                    item = (str(item.dtype), tuple(item.shape), item.numpy().tobytes())
+                elif isinstance(item, np.ndarray | np.generic):
+                    item = (str(item.dtype), np.shape(item), np.asarray(item).tobytes())
+                row.append((name, repr(item) if not isinstance(item, tuple) else item))
+            rows[int(row_id)] = row
+    return rows
+
+
+def test_dtypes_and_shapes_survive_the_transport(small_dataset):
+    loader, _ = make_loader(small_dataset, 2, batch_size=50)
+    batch = next(iter(loader))
+    assert batch["id"].dtype == torch.int64 and batch["id"].shape == (50,)
+    assert batch["label"].dtype == torch.int8 and batch["flag"].dtype == torch.bool
+    assert batch["vec"].dtype == torch.float32 and batch["vec"].shape == (50, 3)
+    assert isinstance(batch["name"], list) and batch["name"][0].startswith("row-")
+
+
+def test_transform_output_is_packed_generically(small_dataset):
+    loader, _ = make_loader(small_dataset, 2, batch_size=40, transform=_featurize)
+    batches = list(loader)
+    assert all(b["features"].shape == (40, 4) and b["features"].dtype == torch.float64 for b in batches)
+    assert all(isinstance(b["ids"], np.ndarray) for b in batches)
+    assert sorted(i for b in batches for i in b["ids"].tolist()) == list(range(400))
+
+
+def _featurize(batch):
+    features = torch.cat([batch["vec"].double(), batch["x"].double().unsqueeze(1)], dim=1)
+    return {"features": features, "ids": batch["id"].numpy().copy(), "names": batch["name"]}
+
+
+def test_chunk_round_trip_is_exact_and_views_share_one_buffer():
+    batches = [{"a": torch.arange(5, dtype=torch.int16), "b": np.linspace(0, 1, 5), "c": ["x"] * 5,
+                "m": torch.ones(5, 3, dtype=torch.float32), "t": torch.tensor([True, False, True, True, False])}
+               for _ in range(3)]
+    positions = [Position(0, i, 5 * (i + 1), i + 1, 0) for i in range(3)]
+    received = pickle.loads(pickle.dumps(Chunk(1, batches, positions)))
+    assert received.worker_id == 1 and received.positions == positions
+    out = received.batches()
+    for sent, got in zip(batches, out):
+        assert torch.equal(sent["a"], got["a"]) and got["a"].dtype == torch.int16
+        assert np.array_equal(sent["b"], got["b"]) and isinstance(got["b"], np.ndarray)
+        assert got["c"] == sent["c"] and torch.equal(sent["m"], got["m"]) and torch.equal(sent["t"], got["t"])
+    pointers = sorted(got["a"].data_ptr() for got in out)
+    assert pointers == [pointers[0], pointers[0] + 10, pointers[0] + 20]  # side by side in one buffer
+
+
+def test_checkpoints_inside_a_chunk_resume_exactly(uneven_dataset):
+    options = dict(batch_size=32, shuffle=True, batches_per_transfer=5)
+    loader, dataset = make_loader(uneven_dataset, 3, **options)
+    checkpoints: dict = {}
+    reference = run_epochs(loader, dataset, [0, 1], checkpoints, mid=7)  # 7 = 5 + 2: inside a chunk
+    for point in ("first", "mid", "next"):
+        state, consumed, epoch = checkpoints[point]
+        fresh, fresh_dataset = make_loader(uneven_dataset, 3, **options)
+        resumed = resume_epochs(fresh, fresh_dataset, state, epoch, 1)
+        assert [k for _, k, _ in resumed] == [k for _, k, _ in reference[consumed:]], point
+
+
+def test_a_resumed_loader_adopts_the_checkpoints_transfer_size(uneven_dataset):
+    loader, dataset = make_loader(uneven_dataset, 2, batch_size=32, batches_per_transfer=3)
+    checkpoints: dict = {}
+    reference = run_epochs(loader, dataset, [0], checkpoints, mid=4)
+    state, consumed, epoch = checkpoints["mid"]
+    fresh, fresh_dataset = make_loader(uneven_dataset, 2, batch_size=32)  # default 8
+    resumed = resume_epochs(fresh, fresh_dataset, state, epoch, 0)
+    assert fresh.batches_per_transfer == 3
+    assert [k for _, k, _ in resumed] == [k for _, k, _ in reference[consumed:]]
+
+
+def _shm_entries():
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def _open_fds():
+    return len(os.listdir(f"/proc/{os.getpid()}/fd"))
+
+
+def test_nothing_left_behind_after_a_normal_end_and_a_break(uneven_dataset):
+    before_shm, before_fds = _shm_entries(), _open_fds()
+    for _ in range(3):
+        loader, _ = make_loader(uneven_dataset, 2, batch_size=64)
+        assert sum(len(b["id"]) for b in loader) == 3130
+        loader, _ = make_loader(uneven_dataset, 2, batch_size=64)
+        for step, _ in enumerate(loader):
+            if step == 5:
+                break
+        del loader
+    time.sleep(0.5)
+    assert _shm_entries() <= before_shm
+    assert _open_fds() <= before_fds + 4
+
+
+def test_a_killed_worker_raises_and_the_next_run_works(uneven_dataset):
+    before_shm = _shm_entries()
+    loader, _ = make_loader(uneven_dataset, 2, batch_size=16)
+    it = iter(loader)
+    next(it)
+    os.kill(loader._iterator._workers[0].pid, signal.SIGKILL)
+    with pytest.raises(RuntimeError, match="(?i)worker"):
+        for _ in it:
+            pass
+    del it, loader
+    fresh, _ = make_loader(uneven_dataset, 2, batch_size=16)
+    assert sum(len(b["id"]) for b in fresh) == 3130
+    assert _shm_entries() <= before_shm
+
+
+def test_a_killed_trainer_leaves_no_workers_and_no_shared_memory(uneven_dataset, tmp_path):
+    before_shm = _shm_entries()
+    pid_file = tmp_path / "pids.json"
+    trainer = subprocess.Popen([sys.executable, os.path.join(HERE, "trainer_child.py"), uneven_dataset,
+                                str(pid_file)], cwd=HERE)
+    deadline = time.time() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.time() < deadline and trainer.poll() is None
+        time.sleep(0.05)
+    workers = json.loads(pid_file.read_text())
+    trainer.send_signal(signal.SIGKILL)
+    trainer.wait(timeout=30)
+    try:
+        deadline = time.time() + 20
+        while any(_alive(pid) for pid in workers):
+            assert time.time() < deadline, "workers outlived their killed trainer"
+            time.sleep(0.1)
+    finally:
+        for pid in workers:  # never leave processes behind, even when the test fails
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert _shm_entries() <= before_shm
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
