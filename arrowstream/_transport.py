@@ -16,11 +16,15 @@ Each batch also carries its worker's cursor, so the loader can checkpoint in the
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
+
+from . import _ring
 
 # (batch index, key, "torch" | "numpy", dtype, shape, byte offset)
 _Entry = tuple[int, str, str, np.dtype[Any], tuple[int, ...], int]
@@ -72,7 +76,13 @@ class Chunk:
     def __len__(self) -> int:
         return len(self.positions)
 
-    def _pack(self) -> tuple[list[_Entry], np.ndarray, list[Any]]:
+    def map_batches(self, fn: Any) -> Chunk:
+        """The same chunk with ``fn`` applied to each batch (in the worker, before packing)."""
+        assert self._batches is not None, "map_batches runs before the chunk is sent"
+        return Chunk(self.worker_id, [fn(b) for b in self._batches], self.positions, self._numpy_as_torch)
+
+    def _layout(self) -> tuple[list[_Entry], list[np.ndarray], list[Any], int]:
+        """Entries, the byte views to pack in order, skeletons with the rest, and the total size."""
         assert self._batches is not None
         found: list[tuple[int, str, str, np.ndarray]] = []
         skeletons: list[Any] = []
@@ -94,15 +104,24 @@ class Chunk:
         for index, key, kind, array in found:
             entries.append((index, key, kind, array.dtype, array.shape, offset))
             offset += array.nbytes
-        if found:
-            buffer = np.concatenate([array.reshape(-1).view(np.uint8) for *_, array in found])
-        else:
-            buffer = np.empty(0, dtype=np.uint8)
-        return entries, buffer, skeletons
+        return entries, [array.reshape(-1).view(np.uint8) for *_, array in found], skeletons, offset
 
     def __reduce__(self) -> tuple[Any, ...]:
-        entries, buffer, skeletons = self._packed or self._pack()
-        return _rebuild, (self.worker_id, self.positions, entries, buffer, skeletons)
+        """Runs in the worker's queue feeder thread: pack into a ring slot, or by value."""
+        if self._packed is not None:
+            return _rebuild, (self.worker_id, self.positions, *self._packed)
+        entries, parts, skeletons, nbytes = self._layout()
+        # rings only from loader workers, whose chunks are pickled by the loader's queue alone
+        ring = _ring.worker_ring(nbytes) if parts and get_worker_info() is not None else None
+        slot = ring.claim(nbytes) if ring is not None else None
+        if ring is None or slot is None:
+            buffer = np.concatenate(parts) if parts else np.empty(0, dtype=np.uint8)
+            return _rebuild, (self.worker_id, self.positions, entries, buffer, skeletons)
+        np.concatenate(parts, out=ring.view(slot, nbytes))
+        tensor = None if ring.announced else _ring.describe(ring)
+        ring.announced = True
+        return _rebuild_from_ring, (self.worker_id, self.positions, entries, skeletons, ring.id, os.getpid(),
+                                    tensor, slot, ring.slot_bytes, nbytes)
 
     def batches(self) -> list[Any]:
         """The batches, rebuilt as views of the received buffer."""
@@ -115,9 +134,11 @@ class Chunk:
         """Called by the loader's pin-memory thread: one pinned copy of the buffer for all batches."""
         if self._packed is None:
             return self
+        from torch.utils.data._utils.pin_memory import pin_memory
+
         entries, buffer, skeletons = self._packed
         pinned = torch.from_numpy(buffer).pin_memory().numpy()
-        return _rebuild(self.worker_id, self.positions, entries, pinned, skeletons)
+        return _rebuild(self.worker_id, self.positions, entries, pinned, pin_memory(skeletons))
 
 
 def _unpack(entries: list[_Entry], buffer: np.ndarray, skeletons: list[Any]) -> list[Any]:
@@ -129,6 +150,14 @@ def _unpack(entries: list[_Entry], buffer: np.ndarray, skeletons: list[Any]) -> 
         array = buffer[offset:offset + count * dtype.itemsize].view(dtype).reshape(shape)
         batches[index][key] = torch.from_numpy(array) if kind == "torch" else array
     return batches
+
+
+def _rebuild_from_ring(worker_id: int, positions: list[Position], entries: list[_Entry], skeletons: list[Any],
+                       ring_id: int, owner_pid: int, tensor: torch.Tensor | None, slot: int, slot_bytes: int,
+                       nbytes: int) -> Chunk:
+    if tensor is not None:
+        _ring.register(ring_id, owner_pid, tensor)
+    return _rebuild(worker_id, positions, entries, _ring.take(ring_id, slot, slot_bytes, nbytes), skeletons)
 
 
 def _rebuild(worker_id: int, positions: list[Position], entries: list[_Entry], buffer: np.ndarray,

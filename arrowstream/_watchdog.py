@@ -15,20 +15,14 @@ import time
 _started_in: int | None = None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def watch_trainer(interval: float = 0.5) -> None:
+    """Start (once per process) a daemon thread that ends this worker when its parent is gone.
 
-
-def watch_trainer(trainer_pid: int, interval: float = 0.5) -> None:
-    """Start (once per process) a daemon thread that exits this process when ``trainer_pid`` dies."""
+    The parent is the trainer for fork and spawn workers, and for forkserver workers the fork
+    server, which exits when the trainer does; either way the worker is re-parented then.
+    """
     global _started_in
-    if _started_in == os.getpid() or trainer_pid == os.getpid():
+    if _started_in == os.getpid():
         return
     _started_in = os.getpid()
     parent = os.getppid()
@@ -36,7 +30,7 @@ def watch_trainer(trainer_pid: int, interval: float = 0.5) -> None:
     def watch() -> None:
         while True:
             time.sleep(interval)
-            if os.getppid() != parent or not _alive(trainer_pid):
+            if os.getppid() != parent:
                 os._exit(1)
 
     threading.Thread(target=watch, name="arrowstream-trainer-watchdog", daemon=True).start()

@@ -98,7 +98,6 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._active: _EpochIterator | None = None
         self._reader: SplitReader | None = None
         self._batches_per_transfer = 1  # set by ArrowStreamDataLoader for worker processes
-        self._trainer_pid = os.getpid()
         self._convert: Callable[[Any], Any] | None = None
 
     # -- the loader ---------------------------------------------------------------------------
@@ -247,7 +246,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         if self._reader is None:
             in_worker = get_worker_info() is not None
             if in_worker:
-                watch_trainer(self._trainer_pid)
+                watch_trainer()
             self._reader = SplitReader(self._plan, self._storage, max(self._options.batch_size, READ_BATCH_ROWS),
                                        use_threads=not in_worker)
             output_format = self._options.output_format
@@ -290,7 +289,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_pending=None, _active=None, _reader=None, _convert=None, _trainer_pid=os.getpid())
+        state.update(_pending=None, _active=None, _reader=None, _convert=None)
         return state
 
     def __repr__(self) -> str:

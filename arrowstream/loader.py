@@ -61,6 +61,9 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
 
     def __init__(self, dataset: Any, *args: Any, batches_per_transfer: int = DEFAULT_BATCHES_PER_TRANSFER,
                  **kwargs: Any) -> None:
+        collate_fn = kwargs.get("collate_fn")
+        if collate_fn is not None and collate_fn is not passthrough_collate:
+            kwargs["collate_fn"] = PerBatchCollate(collate_fn)  # a chunk's batches, one by one
         with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, deprecated in torch 2.13
             warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
             super().__init__(dataset, *args, **kwargs)
@@ -126,6 +129,11 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             self.dataset.set_epoch(max(s.epoch for s in saved))
         if inner.get(_FINISHED):
             self._mark_epoch_complete(inner)
+        if per_transfer > 1 and self.snapshot_every_n_steps != 1:
+            raise StateMismatchError(
+                f"checkpoint was taken with batches_per_transfer={per_transfer}, which needs "
+                f"snapshot_every_n_steps=1; this loader has snapshot_every_n_steps={self.snapshot_every_n_steps}. "
+                "Build the loader with snapshot_every_n_steps=1 to resume")
         if per_transfer != self.batches_per_transfer and self.num_workers > 0:
             logger.info("batches_per_transfer follows the checkpoint: %d (was %d)", per_transfer,
                         self.batches_per_transfer)
@@ -154,6 +162,18 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         else:
             inner[_DATASET_STATE] = complete(inner.get(_DATASET_STATE))
         inner[_FINISHED] = False
+
+
+class PerBatchCollate:
+    """A user's ``collate_fn``, applied in the worker to each batch of a chunk."""
+
+    def __init__(self, collate_fn: Any) -> None:
+        self.collate_fn = collate_fn
+
+    def __call__(self, item: Any) -> Any:
+        if isinstance(item, Chunk):
+            return item.map_batches(self.collate_fn)
+        return self.collate_fn(item)
 
 
 class _BatchIterator:

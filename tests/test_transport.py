@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from multiprocessing.reduction import ForkingPickler
 
 import numpy as np
 import pyarrow as pa
@@ -183,3 +184,71 @@ def _alive(pid):
             return f.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_ring_and_by_value_transports_agree(uneven_dataset, monkeypatch):
+    monkeypatch.setenv("ARROWSTREAM_SHM_RING", "0")
+    by_value, _ = make_loader(uneven_dataset, 2, batch_size=100, shuffle=True)
+    expected = [batch_key(b) for b in by_value]
+    monkeypatch.setenv("ARROWSTREAM_SHM_RING", "1")
+    through_ring, _ = make_loader(uneven_dataset, 2, batch_size=100, shuffle=True)
+    assert [batch_key(b) for b in through_ring] == expected
+
+
+def test_ring_slots_are_claimed_freed_and_never_waited_for():
+    from arrowstream import _ring
+
+    ring = _ring.Ring(slot_bytes=4096, num_slots=2)
+    _ring.register(ring.id, os.getpid(), ring.tensor)
+    assert ring.claim(5000) is None  # too big for a slot: the chunk goes by value
+    first, second = ring.claim(100), ring.claim(100)
+    assert {first, second} == {0, 1}
+    assert ring.claim(100) is None  # all busy: by value, no waiting
+    ring.view(first, 3)[:] = [7, 8, 9]
+    assert _ring.take(ring.id, first, ring.slot_bytes, 3).tolist() == [7, 8, 9]
+    assert ring.claim(100) == first  # freed by the trainer side
+
+
+def test_chunks_that_do_not_fit_a_slot_go_by_value(uneven_dataset):
+    """Every fifth batch grows 40 times: those chunks overflow the ring's slots and go by value."""
+    loader, _ = make_loader(uneven_dataset, 2, batch_size=50, batches_per_transfer=2, transform=_sometimes_big)
+    got = {}
+    for batch in loader:
+        for row_id, extra in zip(batch["id"].tolist(), batch["extra"].reshape(len(batch["id"]), -1)):
+            got[row_id] = extra
+    assert sorted(got) == list(range(3130))
+    assert all(np.array_equal(extra, np.full(extra.shape, row_id)) for row_id, extra in got.items())
+    assert {extra.shape[0] for extra in got.values()} == {1, 40}
+
+
+def _sometimes_big(batch):
+    width = 40 if int(batch["id"][0]) // 50 % 5 == 0 else 1
+    batch["extra"] = np.repeat(batch["id"].numpy(), width * 100).reshape(-1, width * 100)[:, ::100].copy()
+    return batch
+
+
+def test_a_users_collate_fn_sees_batches_not_chunks(small_dataset):
+    loader, _ = make_loader(small_dataset, 2, batch_size=25, collate_fn=_count_rows)
+    counts = list(loader)
+    assert counts == [{"rows": 25}] * 16
+
+
+def _count_rows(batch):
+    return {"rows": len(batch["id"])}
+
+
+def test_chunked_checkpoint_needs_snapshots_every_step(uneven_dataset):
+    from arrowstream import StateMismatchError
+
+    state = _checkpoint_after(uneven_dataset, 3)
+    loader, _ = make_loader(uneven_dataset, 2, batch_size=32, snapshot_every_n_steps=4)
+    with pytest.raises(StateMismatchError, match="batches_per_transfer=8.*snapshot_every_n_steps=1"):
+        loader.load_state_dict(state)
+
+
+def _checkpoint_after(path, batches):
+    loader, dataset = make_loader(path, 2, batch_size=32)
+    it = iter(loader)
+    for _ in range(batches):
+        next(it)
+    return loader.state_dict()

@@ -1,0 +1,118 @@
+"""A per-worker ring of shared-memory slots for chunk buffers.
+
+Through the loader's pipe, a chunk buffer is copied five times (pack, pickle, pipe in, pipe
+out, unpickle) and the pipe's small capacity makes the trainer wait on many reads. With a ring,
+the worker packs straight into a slot and only a small descriptor travels; the trainer copies
+the slot out once and frees it.
+
+The ring is a torch shared-memory tensor. Under torch's default ``file_descriptor`` sharing
+strategy its segment is unlinked as soon as it exists, so it lives only as long as a process
+maps it: a killed worker or trainer leaves nothing in ``/dev/shm``. The tensor travels to the
+trainer once, with the worker's first chunk; later chunks name it by id.
+
+The first ``num_slots`` bytes are flags: 1 while a slot holds a chunk in transit, 0 when the
+trainer has copied it out. Only the worker's queue feeder thread claims slots and only the
+trainer frees them. When no slot is free or a chunk does not fit, the chunk goes by value:
+the worker never waits on the trainer.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+NUM_SLOTS = 6
+MAX_RING_BYTES = 256 << 20
+_HEADER = 64
+
+
+class Ring:
+    """The worker's side: claims slots and writes chunk buffers into them."""
+
+    def __init__(self, slot_bytes: int, num_slots: int = NUM_SLOTS) -> None:
+        self.id = random.getrandbits(62)
+        self.num_slots = num_slots
+        self.slot_bytes = slot_bytes
+        self.tensor = torch.empty(_HEADER + num_slots * slot_bytes, dtype=torch.uint8).share_memory_()
+        self.array = self.tensor.numpy()
+        self.array[:num_slots] = 0
+        self.announced = False
+
+    def claim(self, nbytes: int) -> int | None:
+        """A free slot for ``nbytes``, marked busy; None when none is free or it does not fit."""
+        if nbytes > self.slot_bytes:
+            return None
+        for slot in range(self.num_slots):
+            if self.array[slot] == 0:
+                self.array[slot] = 1
+                return slot
+        return None
+
+    def view(self, slot: int, nbytes: int) -> np.ndarray:
+        start = _HEADER + slot * self.slot_bytes
+        return self.array[start:start + nbytes]
+
+
+_ring: Ring | None = None
+_ring_pid = -1
+
+
+def worker_ring(nbytes: int) -> Ring | None:
+    """This worker's ring, sized on first use for chunks of about ``nbytes``.
+
+    ``ARROWSTREAM_SHM_RING=0`` in the environment turns rings off (every chunk by value), for
+    benchmarks and for platforms without shared memory.
+    """
+    global _ring, _ring_pid
+    if _ring_pid != os.getpid():
+        _ring, _ring_pid = None, os.getpid()
+        if os.environ.get("ARROWSTREAM_SHM_RING", "1") == "0":
+            return None
+        slot_bytes = -(-max(nbytes + nbytes // 4, 1 << 16) // 4096) * 4096
+        if slot_bytes * NUM_SLOTS <= MAX_RING_BYTES:
+            _ring = Ring(slot_bytes)
+    return _ring
+
+
+# the trainer's side: rings by id, as numpy views of the received tensors
+_known: dict[int, tuple[int, torch.Tensor, np.ndarray]] = {}
+
+
+def register(ring_id: int, owner_pid: int, tensor: torch.Tensor) -> None:
+    """Keep a worker's ring, forgetting rings of workers that have exited."""
+    for known_id, (pid, _, _) in list(_known.items()):
+        if not _pid_alive(pid):
+            del _known[known_id]
+    _known[ring_id] = (owner_pid, tensor, tensor.numpy())
+
+
+def take(ring_id: int, slot: int, slot_bytes: int, nbytes: int) -> np.ndarray:
+    """Copy a slot's buffer out and free the slot."""
+    try:
+        array = _known[ring_id][2]
+    except KeyError:
+        raise RuntimeError(f"arrowstream transport: a chunk names ring {ring_id}, which this process never "
+                           "received; this is a bug, please report it") from None
+    start = _HEADER + slot * slot_bytes
+    out = array[start:start + nbytes].copy()
+    array[slot] = 0
+    return out
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def describe(ring: Ring) -> Any:
+    """What the first chunk of a ring carries so the trainer can map it."""
+    return ring.tensor
