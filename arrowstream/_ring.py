@@ -37,7 +37,8 @@ class Ring:
         self.id = random.getrandbits(62)
         self.num_slots = num_slots
         self.slot_bytes = slot_bytes
-        self.tensor = torch.empty(_HEADER + num_slots * slot_bytes, dtype=torch.uint8).share_memory_()
+        self.tensor = torch.empty(_HEADER + num_slots * slot_bytes, dtype=torch.uint8)
+        self.tensor.share_memory_()  # type: ignore[no-untyped-call]
         self.array = self.tensor.numpy()
         self.array[:num_slots] = 0
         self.announced = False
@@ -54,7 +55,8 @@ class Ring:
 
     def view(self, slot: int, nbytes: int) -> np.ndarray:
         start = _HEADER + slot * self.slot_bytes
-        return self.array[start:start + nbytes]
+        view: np.ndarray = self.array[start:start + nbytes]
+        return view
 
 
 _ring: Ring | None = None

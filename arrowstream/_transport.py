@@ -138,7 +138,8 @@ class Chunk:
 
         entries, buffer, skeletons = self._packed
         pinned = torch.from_numpy(buffer).pin_memory().numpy()
-        return _rebuild(self.worker_id, self.positions, entries, pinned, pin_memory(skeletons))
+        return _rebuild(self.worker_id, self.positions, entries, pinned,
+                        pin_memory(skeletons))  # type: ignore[no-untyped-call]
 
 
 def _unpack(entries: list[_Entry], buffer: np.ndarray, skeletons: list[Any]) -> list[Any]:
