@@ -252,3 +252,17 @@ def _checkpoint_after(path, batches):
     for _ in range(batches):
         next(it)
     return loader.state_dict()
+
+
+@pytest.mark.parametrize("prefetch_factor", [1, 6])
+def test_prefetch_factor_with_chunks(uneven_dataset, prefetch_factor):
+    """More chunks in flight than ring slots: the overflow goes by value, nothing is lost."""
+    options = dict(batch_size=16, prefetch_factor=prefetch_factor, batches_per_transfer=2, shuffle=True)
+    loader, dataset = make_loader(uneven_dataset, 2, **options)
+    checkpoints: dict = {}
+    reference = run_epochs(loader, dataset, [0, 1], checkpoints, mid=33)
+    assert sorted(i for e, _, ids in reference if e == 0 for i in ids) == list(range(3130))
+    state, consumed, epoch = checkpoints["mid"]
+    fresh, fresh_dataset = make_loader(uneven_dataset, 2, **options)
+    resumed = resume_epochs(fresh, fresh_dataset, state, epoch, 1)
+    assert [k for _, k, _ in resumed] == [k for _, k, _ in reference[consumed:]]
