@@ -59,8 +59,8 @@ class EpochStream:
             return position + 1, 0
         return position, offset
 
-    def _fill(self) -> None:
-        while self._buffered < self._batch_size and self._reading is not None:
+    def _fill(self, rows: int) -> None:
+        while self._buffered < rows and self._reading is not None:
             piece = next(self._reading, None)
             if piece is None:
                 self._reading = None
@@ -107,17 +107,41 @@ class EpochStream:
     def __iter__(self) -> EpochStream:
         return self
 
-    def __next__(self) -> Any:
+    def _next_record(self) -> pa.RecordBatch:
+        """The next batch as Arrow, before conversion."""
         if self._complete:
             raise StopIteration
-        self._fill()
+        self._fill(self._batch_size)
         if self._buffered == 0 or (self._drop_last and self._buffered < self._batch_size):
             self._finish()
             raise StopIteration
         batch = self._take(min(self._batch_size, self._buffered))
         self._rows += batch.num_rows
         self._batches += 1
-        return self._convert(batch)
+        return batch
+
+    def __next__(self) -> Any:
+        return self._convert(self._next_record())
+
+    def next_span(self, max_batches: int) -> tuple[pa.RecordBatch, list[int], list[Position]]:
+        """Up to ``max_batches`` next batches as one Arrow record batch, unconverted, with the
+        row count of each batch and the position after it. The batches are exactly those
+        ``next()`` would give; taking them together lets the caller convert each column once."""
+        if self._complete:
+            raise StopIteration
+        self._fill(self._batch_size * max_batches)
+        parts: list[pa.RecordBatch] = []
+        positions: list[Position] = []
+        while len(parts) < max_batches:
+            try:
+                parts.append(self._next_record())
+            except StopIteration:
+                break
+            positions.append(self.position())
+        if not parts:
+            raise StopIteration
+        span = parts[0] if len(parts) == 1 else pa.concat_batches(parts)
+        return span, [p.num_rows for p in parts], positions
 
     @property
     def batches(self) -> int:

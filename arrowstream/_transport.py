@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 from torch.utils.data import get_worker_info
 
@@ -66,9 +67,10 @@ class Chunk:
     """
 
     def __init__(self, worker_id: int, batches: list[Any], positions: list[Position],
-                 numpy_as_torch: bool = False) -> None:
+                 numpy_as_torch: bool = False, sizes: list[int] | None = None) -> None:
         self.worker_id = worker_id
         self.positions = positions
+        self.sizes = sizes  # set: ``batches`` is one span of these many rows per batch
         self._numpy_as_torch = numpy_as_torch
         self._batches: list[Any] | None = batches
         self._packed: tuple[list[_Entry], np.ndarray, list[Any]] | None = None
@@ -79,7 +81,8 @@ class Chunk:
     def map_batches(self, fn: Any) -> Chunk:
         """The same chunk with ``fn`` applied to each batch (in the worker, before packing)."""
         assert self._batches is not None, "map_batches runs before the chunk is sent"
-        return Chunk(self.worker_id, [fn(b) for b in self._batches], self.positions, self._numpy_as_torch)
+        batches = _split(self._batches[0], self.sizes) if self.sizes is not None else self._batches
+        return Chunk(self.worker_id, [fn(b) for b in batches], self.positions, self._numpy_as_torch)
 
     def _layout(self) -> tuple[list[_Entry], list[np.ndarray], list[Any], int]:
         """Entries, the byte views to pack in order, skeletons with the rest, and the total size."""
@@ -109,25 +112,27 @@ class Chunk:
     def __reduce__(self) -> tuple[Any, ...]:
         """Runs in the worker's queue feeder thread: pack into a ring slot, or by value."""
         if self._packed is not None:
-            return _rebuild, (self.worker_id, self.positions, *self._packed)
+            return _rebuild, (self.worker_id, self.positions, *self._packed, self.sizes)
         entries, parts, skeletons, nbytes = self._layout()
         # rings only from loader workers, whose chunks are pickled by the loader's queue alone
         ring = _ring.worker_ring(nbytes) if parts and get_worker_info() is not None else None
         slot = ring.claim(nbytes) if ring is not None else None
         if ring is None or slot is None:
             buffer = np.concatenate(parts) if parts else np.empty(0, dtype=np.uint8)
-            return _rebuild, (self.worker_id, self.positions, entries, buffer, skeletons)
+            return _rebuild, (self.worker_id, self.positions, entries, buffer, skeletons, self.sizes)
         np.concatenate(parts, out=ring.view(slot, nbytes))
         tensor = None if ring.announced else _ring.describe(ring)
         ring.announced = True
         return _rebuild_from_ring, (self.worker_id, self.positions, entries, skeletons, ring.id, os.getpid(),
-                                    tensor, slot, ring.slot_bytes, nbytes)
+                                    tensor, slot, ring.slot_bytes, nbytes, self.sizes)
 
     def batches(self) -> list[Any]:
         """The batches, rebuilt as views of the received buffer."""
         if self._batches is None:
             assert self._packed is not None
             self._batches = _unpack(*self._packed)
+        if self.sizes is not None:
+            self._batches, self.sizes = _split(self._batches[0], self.sizes), None
         return self._batches
 
     def pin_memory(self) -> Chunk:
@@ -139,7 +144,7 @@ class Chunk:
         entries, buffer, skeletons = self._packed
         pinned = torch.from_numpy(buffer).pin_memory().numpy()
         return _rebuild(self.worker_id, self.positions, entries, pinned,
-                        pin_memory(skeletons))  # type: ignore[no-untyped-call]
+                        pin_memory(skeletons), self.sizes)  # type: ignore[no-untyped-call]
 
 
 def _unpack(entries: list[_Entry], buffer: np.ndarray, skeletons: list[Any]) -> list[Any]:
@@ -153,17 +158,29 @@ def _unpack(entries: list[_Entry], buffer: np.ndarray, skeletons: list[Any]) -> 
     return batches
 
 
+def _split(span: Any, sizes: list[int]) -> list[Any]:
+    """Batches of ``sizes`` rows out of one span: zero-copy slices of its columns."""
+    out, start = [], 0
+    for size in sizes:
+        if isinstance(span, pa.RecordBatch):
+            out.append(span.slice(start, size))
+        else:
+            out.append({key: value[start:start + size] for key, value in span.items()})
+        start += size
+    return out
+
+
 def _rebuild_from_ring(worker_id: int, positions: list[Position], entries: list[_Entry], skeletons: list[Any],
                        ring_id: int, owner_pid: int, tensor: torch.Tensor | None, slot: int, slot_bytes: int,
-                       nbytes: int) -> Chunk:
+                       nbytes: int, sizes: list[int] | None) -> Chunk:
     if tensor is not None:
         _ring.register(ring_id, owner_pid, tensor)
-    return _rebuild(worker_id, positions, entries, _ring.take(ring_id, slot, slot_bytes, nbytes), skeletons)
+    return _rebuild(worker_id, positions, entries, _ring.take(ring_id, slot, slot_bytes, nbytes), skeletons, sizes)
 
 
 def _rebuild(worker_id: int, positions: list[Position], entries: list[_Entry], buffer: np.ndarray,
-             skeletons: list[Any]) -> Chunk:
-    chunk = Chunk(worker_id, [], positions)
+             skeletons: list[Any], sizes: list[int] | None = None) -> Chunk:
+    chunk = Chunk(worker_id, [], positions, sizes=sizes)
     chunk._batches = None
     chunk._packed = (entries, buffer, skeletons)
     return chunk
