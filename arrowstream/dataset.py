@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -97,6 +98,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._pending: WorkerState | None = None
         self._active: _EpochIterator | None = None
         self._reader: SplitReader | None = None
+        self._span_convert: Callable[[Any], Any] | None = None
         self._batches_per_transfer = 1  # set by ArrowStreamDataLoader for worker processes
         self._convert: Callable[[Any], Any] | None = None
 
@@ -247,6 +249,9 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             in_worker = get_worker_info() is not None
             if in_worker:
                 watch_trainer()
+                # the heap inherited from the trainer (torch, pyarrow, ...) never becomes garbage here;
+                # freezing it keeps the collector from walking it for every batch of Python objects
+                gc.freeze()
             self._reader = SplitReader(self._plan, self._storage, max(self._options.batch_size, READ_BATCH_ROWS),
                                        use_threads=not in_worker)
             output_format = self._options.output_format
@@ -255,6 +260,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             converter = make_converter(output_format, self._plan.schema, self._fill_nulls, in_worker=in_worker)
             transform = self._options.transform
             self._convert = converter if transform is None else (lambda batch: transform(converter(batch)))
+            self._span_convert = make_converter(output_format, self._plan.schema, self._fill_nulls,
+                                                in_worker=in_worker, objects_later=True)
         assert self._convert is not None
         return EpochStream(reader=self._reader, splits=self._slot_splits(slot, epoch),
                            batch_size=self._options.batch_size, drop_last=self._options.drop_last,
@@ -289,7 +296,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_pending=None, _active=None, _reader=None, _convert=None)
+        state.update(_pending=None, _active=None, _reader=None, _convert=None, _span_convert=None)
         return state
 
     def __repr__(self) -> str:
@@ -330,9 +337,11 @@ class _EpochIterator:
         numpy_as_torch = self._dataset._numpy_as_torch(in_worker=True)
         if self._dataset._options.transform is None:
             span, sizes, positions = stream.next_span(per_transfer - stream.batches % per_transfer)
-            assert self._dataset._convert is not None
-            return Chunk(self._slot.worker_id, [self._dataset._convert(span)], positions,
-                         numpy_as_torch=numpy_as_torch, sizes=sizes)
+            assert self._dataset._span_convert is not None
+            output_format = self._dataset._options.output_format
+            return Chunk(self._slot.worker_id, [self._dataset._span_convert(span)], positions,
+                         numpy_as_torch=numpy_as_torch, sizes=sizes,
+                         objects=output_format if output_format in ("torch", "numpy", "dict") else None)
         batches, positions = [], []
         for batch in stream:
             batches.append(batch)

@@ -202,7 +202,8 @@ class _BatchIterator:
         batch = self._pending[self.taken]
         self._pending[self.taken] = None
         self.taken += 1
-        return batch
+        assert self.chunk is not None
+        return self.chunk.finish(batch)
 
     def __len__(self) -> int:
         return len(self._inner)
