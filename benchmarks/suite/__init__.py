@@ -1,0 +1,1 @@
+"""The benchmark suite behind ``benchmarks/bench_suite.py`` (issue #3, point 3)."""

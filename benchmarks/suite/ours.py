@@ -1,0 +1,102 @@
+"""arrowstream, one measurement per process (run by the main venv's python).
+
+``--mode epoch``: ``StructuredDataset.create_dataloader(path=files, batch_size, num_workers,
+shuffle=False, output_format="torch")``, ``set_epoch(0)``, one epoch. The clock starts before
+``create_dataloader``, so the first batch includes planning (footers) and worker start-up.
+
+``--mode resume``: iterate the epoch up to ``--resume-at`` (0.9) of its batches, take
+``loader.state_dict()``, note the id of the batch that follows, stop that loader; then time a
+fresh ``create_dataloader`` + ``load_state_dict(state)`` + ``iter()`` + ``next()``, and check
+that the batch it yields is the one that followed the checkpoint.
+
+    python -m suite.ours --mode epoch --num-workers 2 --files data/part-*.parquet
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+from typing import Any
+
+import arrowstream
+from arrowstream import StructuredDataset
+
+from .common import adapter_args, first_id, run_main, time_epoch
+
+
+def source_hash() -> str:
+    """A short hash of the arrowstream sources this process imported (the package may change
+    between runs while the suite runs; the report flags that)."""
+    digest = hashlib.sha1()
+    for path in sorted(Path(arrowstream.__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:10]
+
+
+def build(files: list[str], batch_size: int, num_workers: int) -> tuple[Any, StructuredDataset]:
+    loader, dataset = StructuredDataset.create_dataloader(path=files, batch_size=batch_size, num_workers=num_workers,
+                                                          shuffle=False, output_format="torch")
+    return loader, dataset
+
+
+def shutdown(iterator: Any) -> None:
+    stop = getattr(iterator, "_shutdown_workers", None)
+    if stop is not None:
+        stop()
+
+
+def epoch(files: list[str], batch_size: int, num_workers: int, max_rows: int | None,
+          max_seconds: float | None) -> dict[str, Any]:
+    holder: dict[str, Any] = {}
+
+    def make() -> Any:
+        loader, dataset = build(files, batch_size, num_workers)
+        dataset.set_epoch(0)
+        holder["dataset"] = dataset
+        return iter(loader)
+
+    result = time_epoch(make, max_rows, max_seconds)
+    expected = holder["dataset"].num_rows
+    if result["complete"] and result["rows"] != expected:
+        raise RuntimeError(f"arrowstream yielded {result['rows']} rows, the dataset holds {expected}")
+    return result
+
+
+def resume(files: list[str], batch_size: int, num_workers: int, at: float) -> dict[str, Any]:
+    loader, dataset = build(files, batch_size, num_workers)
+    dataset.set_epoch(0)
+    total = len(loader)
+    before = max(1, int(total * at))
+    iterator = iter(loader)
+    for _ in range(before):
+        next(iterator)
+    state = loader.state_dict()
+    expected = first_id(next(iterator))
+    shutdown(iterator)
+    del iterator, loader, dataset
+
+    start = time.perf_counter()
+    fresh, _ = build(files, batch_size, num_workers)
+    fresh.load_state_dict(state)
+    loaded = time.perf_counter()
+    iterator = iter(fresh)
+    batch = next(iterator)
+    end = time.perf_counter()
+    shutdown(iterator)
+    return {"resume_first_s": end - start, "resume_build_load_s": loaded - start, "batches_before": before,
+            "batches_total": total, "exact": first_id(batch) == expected}
+
+
+def main() -> dict[str, Any]:
+    args = adapter_args(__doc__.split("\n")[0])
+    files = [str(f) for f in args.files]
+    if args.mode == "resume":
+        result = resume(files, args.batch_size, args.num_workers, args.resume_at)
+    else:
+        result = epoch(files, args.batch_size, args.num_workers, args.max_rows, args.max_seconds)
+    return {**result, "version": arrowstream.__version__, "source": source_hash()}
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,1 @@
+"""Adapter scripts, one per peer library, each run by the python of that peer's own venv."""
