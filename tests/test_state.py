@@ -33,7 +33,7 @@ def test_state_is_json_types_and_versioned(uneven_dataset):
     state = _state_after(uneven_dataset, 5)
     assert _only_json_types(state)
     assert state["kind"] == "arrowstream.loader" and state["version"] == STATE_VERSION
-    assert state["batches_per_transfer"] == 8
+    assert state["batches_per_transfer"] == 16  # 16384 rows // batch_size 8, capped at 16
     worker = state["dataloader"]["_snapshot"]["_worker_snapshots"]["worker_0"]["dataset_state"]
     assert worker["kind"] == "arrowstream.worker" and worker["version"] == STATE_VERSION
     assert set(worker) == {"kind", "version", "data", "options", "epoch", "slot", "cursor", "counters",

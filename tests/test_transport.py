@@ -31,7 +31,7 @@ def test_workers_deliver_the_same_batches_as_the_main_process(uneven_dataset, ou
     options = dict(batch_size=100, output_format=output_format)
     in_process, _ = make_loader(uneven_dataset, 0, **options)
     with_workers, _ = make_loader(uneven_dataset, 2, **options)
-    assert with_workers.batches_per_transfer == 8
+    assert with_workers.batches_per_transfer == 16  # 16384 // 100 rows, capped at 16
     # same split assignment per worker slot is not comparable across num_workers; compare as sets
     # of rows keyed by id, with every column's values and dtype
     assert _rows(in_process, output_format) == _rows(with_workers, output_format)
@@ -110,7 +110,7 @@ def test_a_resumed_loader_adopts_the_checkpoints_transfer_size(uneven_dataset):
     checkpoints: dict = {}
     reference = run_epochs(loader, dataset, [0], checkpoints, mid=4)
     state, consumed, epoch = checkpoints["mid"]
-    fresh, fresh_dataset = make_loader(uneven_dataset, 2, batch_size=32)  # default 8
+    fresh, fresh_dataset = make_loader(uneven_dataset, 2, batch_size=32)  # default 16
     resumed = resume_epochs(fresh, fresh_dataset, state, epoch, 0)
     assert fresh.batches_per_transfer == 3
     assert [k for _, k, _ in resumed] == [k for _, k, _ in reference[consumed:]]
@@ -242,7 +242,7 @@ def test_chunked_checkpoint_needs_snapshots_every_step(uneven_dataset):
 
     state = _checkpoint_after(uneven_dataset, 3)
     loader, _ = make_loader(uneven_dataset, 2, batch_size=32, snapshot_every_n_steps=4)
-    with pytest.raises(StateMismatchError, match="batches_per_transfer=8.*snapshot_every_n_steps=1"):
+    with pytest.raises(StateMismatchError, match="batches_per_transfer=16.*snapshot_every_n_steps=1"):
         loader.load_state_dict(state)
 
 
