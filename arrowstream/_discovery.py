@@ -11,7 +11,7 @@ from typing import Any
 import fsspec
 from fsspec.core import url_to_fs
 
-from ._storage import display_url, open_filesystem
+from ._storage import open_filesystem
 from .errors import ArgumentTypeError, DatasetNotFoundError, EmptyDatasetError, FileReadError, InvalidArgumentError
 
 _GLOB_CHARS = frozenset("*?[")
@@ -117,7 +117,3 @@ def discover_files(path: Any, storage_options: dict[str, Any] | None) -> tuple[s
                for p in paths]
     return protocol, entries
 
-
-def describe(protocol: str, entry: FileEntry) -> str:
-    """The URL of a file as the user would write it, for error messages."""
-    return display_url(protocol, entry.path)

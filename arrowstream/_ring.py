@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import random
-from typing import Any
 
 import numpy as np
 import torch
@@ -114,7 +113,3 @@ def _pid_alive(pid: int) -> bool:
         return True
     return True
 
-
-def describe(ring: Ring) -> Any:
-    """What the first chunk of a ring carries so the trainer can map it."""
-    return ring.tensor

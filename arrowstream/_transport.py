@@ -128,7 +128,7 @@ class Chunk:
             return _rebuild, (self.worker_id, self.positions, entries, np.concatenate(parts), skeleton_offset,
                               self.sizes, self.objects)
         np.concatenate(parts, out=ring.view(slot, nbytes))
-        tensor = None if ring.announced else _ring.describe(ring)
+        tensor = None if ring.announced else ring.tensor
         ring.announced = True
         return _rebuild_from_ring, (self.worker_id, self.positions, entries, skeleton_offset, ring.id, os.getpid(),
                                     tensor, slot, ring.slot_bytes, nbytes, self.sizes, self.objects)

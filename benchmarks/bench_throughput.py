@@ -59,6 +59,7 @@ import torch
 import arrowstream
 from arrowstream import StructuredDataset
 from arrowstream.dataset import READ_BATCH_ROWS
+from suite.common import cpu_model  # benchmarks/ is on sys.path when run as a script
 
 HERE = Path(__file__).resolve().parent
 DATA_ROOT = HERE / "data"
@@ -427,16 +428,6 @@ def mrows(value: float) -> str:
 
 def ms(value: float) -> str:
     return f"{value * 1e3:.1f}"
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def environment() -> list[tuple[str, str]]:

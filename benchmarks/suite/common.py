@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import resource
 import sys
 import time
@@ -76,6 +77,52 @@ def time_epoch(make_iterator: Callable[[], Iterator[Any]], max_rows: int | None 
     steady = (rows - first_rows) / (total_s - first_s) if total_s > first_s and rows > first_rows else None
     return {"first_s": first_s, "total_s": total_s, "rows": rows, "batches": batches,
             "first_rows": first_rows, "complete": complete, "epoch_rps": rows / total_s, "steady_rps": steady}
+
+
+def time_resume(make_loader: Callable[[], Any], at: float, stop: Callable[[Any], None] | None = None,
+                before_fresh: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Iterate ``at`` of an epoch, take ``state_dict()``, stop; then time a fresh loader's
+    ``load_state_dict`` and first batch, and check it is the batch that followed the checkpoint.
+
+    ``make_loader`` builds a loader with ``len``, ``state_dict`` and ``load_state_dict``;
+    ``stop`` ends an iterator's workers; ``before_fresh`` cleans up between the two loaders.
+    """
+    loader = make_loader()
+    total = len(loader)
+    before = max(1, int(total * at))
+    iterator = iter(loader)
+    for _ in range(before):
+        next(iterator)
+    state = loader.state_dict()
+    expected = first_id(next(iterator))
+    if stop is not None:
+        stop(iterator)
+    del iterator, loader
+    if before_fresh is not None:
+        before_fresh()
+
+    start = time.perf_counter()
+    fresh = make_loader()
+    fresh.load_state_dict(state)
+    loaded = time.perf_counter()
+    iterator = iter(fresh)
+    batch = next(iterator)
+    end = time.perf_counter()
+    if stop is not None:
+        stop(iterator)
+    return {"resume_first_s": end - start, "resume_build_load_s": loaded - start, "batches_before": before,
+            "batches_total": total, "exact": first_id(batch) == expected, "resume_first_id": first_id(batch),
+            "expected_id": expected}
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def rusage_kib() -> dict[str, int]:

@@ -15,14 +15,13 @@ that the batch it yields is the one that followed the checkpoint.
 from __future__ import annotations
 
 import hashlib
-import time
 from pathlib import Path
 from typing import Any
 
 import arrowstream
 from arrowstream import StructuredDataset
 
-from .common import adapter_args, first_id, run_main, time_epoch
+from .common import adapter_args, run_main, time_epoch, time_resume
 
 
 def source_hash() -> str:
@@ -64,28 +63,12 @@ def epoch(files: list[str], batch_size: int, num_workers: int, max_rows: int | N
 
 
 def resume(files: list[str], batch_size: int, num_workers: int, at: float) -> dict[str, Any]:
-    loader, dataset = build(files, batch_size, num_workers)
-    dataset.set_epoch(0)
-    total = len(loader)
-    before = max(1, int(total * at))
-    iterator = iter(loader)
-    for _ in range(before):
-        next(iterator)
-    state = loader.state_dict()
-    expected = first_id(next(iterator))
-    shutdown(iterator)
-    del iterator, loader, dataset
+    def make() -> Any:
+        loader, dataset = build(files, batch_size, num_workers)
+        dataset.set_epoch(0)
+        return loader
 
-    start = time.perf_counter()
-    fresh, _ = build(files, batch_size, num_workers)
-    fresh.load_state_dict(state)
-    loaded = time.perf_counter()
-    iterator = iter(fresh)
-    batch = next(iterator)
-    end = time.perf_counter()
-    shutdown(iterator)
-    return {"resume_first_s": end - start, "resume_build_load_s": loaded - start, "batches_before": before,
-            "batches_total": total, "exact": first_id(batch) == expected}
+    return time_resume(make, at, stop=shutdown)
 
 
 def main() -> dict[str, Any]:

@@ -8,9 +8,9 @@ import platform
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from .common import cpu_model
 from .measure import Entry, Settings
 from .runner import Outcome
 from .tables import Table
@@ -344,16 +344,6 @@ def reading(by_table: dict[str, list[Entry]]) -> str:
 
 
 # -- the document ---------------------------------------------------------------------------
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def machine() -> str:

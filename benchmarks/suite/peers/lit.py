@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 import torch
 from litdata import StreamingDataLoader, StreamingDataset
 
-from suite.common import adapter_args, first_id, run_main, time_epoch
+from suite.common import adapter_args, run_main, time_epoch, time_resume
 
 
 def rows_of(path: str) -> Iterator[dict[str, Any]]:
@@ -78,23 +78,7 @@ def build(folder: Path, batch_size: int, num_workers: int) -> Any:
 
 
 def resume(folder: Path, batch_size: int, num_workers: int, at: float) -> dict[str, Any]:
-    loader = build(folder, batch_size, num_workers)
-    total = len(loader)
-    before = max(1, int(total * at))
-    iterator = iter(loader)
-    for _ in range(before):
-        next(iterator)
-    state = loader.state_dict()
-    expected = first_id(next(iterator))
-    del iterator, loader
-
-    start = time.perf_counter()
-    fresh = build(folder, batch_size, num_workers)
-    fresh.load_state_dict(state)
-    batch = next(iter(fresh))
-    end = time.perf_counter()
-    return {"resume_first_s": end - start, "batches_before": before, "batches_total": total,
-            "exact": first_id(batch) == expected, "resume_first_id": first_id(batch), "expected_id": expected}
+    return time_resume(lambda: build(folder, batch_size, num_workers), at)
 
 
 def main() -> dict[str, Any]:

@@ -64,7 +64,7 @@ import torch
 from streaming import MDSWriter, StreamingDataLoader, StreamingDataset
 from streaming.base.util import clean_stale_shared_memory
 
-from suite.common import adapter_args, first_id, run_main, time_epoch
+from suite.common import adapter_args, run_main, time_epoch, time_resume
 
 
 def mds_encoding(t: pa.DataType) -> str:
@@ -121,25 +121,8 @@ def build(local: Path, batch_size: int, num_workers: int) -> tuple[Any, Any]:
 
 
 def resume(local: Path, batch_size: int, num_workers: int, at: float) -> dict[str, Any]:
-    loader, dataset = build(local, batch_size, num_workers)
-    total = len(loader)
-    before = max(1, int(total * at))
-    iterator = iter(loader)
-    for _ in range(before):
-        next(iterator)
-    state = loader.state_dict()
-    expected = first_id(next(iterator))
-    iterator.close()
-    del iterator, loader, dataset
-    clean_stale_shared_memory()
-
-    start = time.perf_counter()
-    fresh, _ = build(local, batch_size, num_workers)
-    fresh.load_state_dict(state)
-    batch = next(iter(fresh))
-    end = time.perf_counter()
-    return {"resume_first_s": end - start, "batches_before": before, "batches_total": total,
-            "exact": first_id(batch) == expected, "resume_first_id": first_id(batch), "expected_id": expected}
+    return time_resume(lambda: build(local, batch_size, num_workers)[0], at, stop=lambda it: it.close(),
+                       before_fresh=clean_stale_shared_memory)
 
 
 def main() -> dict[str, Any]:
