@@ -104,12 +104,6 @@ def validate_options(*, format: str, batch_size: int, shuffle: bool, seed: int, 
     if output_format not in OUTPUT_FORMATS:
         raise InvalidArgumentError(
             f"output_format: unknown output format {output_format!r}; use one of {list(OUTPUT_FORMATS)}")
-    _int("shuffle_buffer_size", shuffle_buffer_size, 0)
-    _int("interleave", interleave, 1)
-    if shuffle_buffer_size or interleave != 1:
-        raise NotSupportedYetError(
-            "shuffle_buffer_size/interleave: record-level shuffle and interleaving are planned but not in "
-            "this release; leave shuffle_buffer_size=0 and interleave=1 (split-level shuffle=True works)")
     if transform is not None and not callable(transform):
         raise ArgumentTypeError(f"transform: expected a callable, got {type(transform).__name__}")
     if split_bytes is not None:
@@ -121,8 +115,8 @@ def validate_options(*, format: str, batch_size: int, shuffle: bool, seed: int, 
         batch_size=_int("batch_size", batch_size, 1),
         shuffle=_bool("shuffle", shuffle),
         seed=_int("seed", seed, 0),
-        shuffle_buffer_size=shuffle_buffer_size,
-        interleave=interleave,
+        shuffle_buffer_size=_int("shuffle_buffer_size", shuffle_buffer_size, 0),
+        interleave=_int("interleave", interleave, 1),
         columns=_columns(columns),
         filter=_filter(filter),
         output_format=output_format,

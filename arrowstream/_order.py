@@ -80,3 +80,12 @@ def slot_row_counts(split_rows: Sequence[int] | npt.NDArray[np.int64], num_slots
     """Rows per slot; the same in every epoch, because LPT loads do not depend on tie order."""
     rows = np.asarray(split_rows, dtype=np.int64)
     return [int(rows[items].sum()) for items in assign_lpt(rows, num_slots)]
+
+
+_WINDOW_DOMAIN = 0x5749_4E44  # "WIND": seeds of the shuffle buffer's windows
+
+
+def window_seed(seed: int, epoch: int, slot: Slot, window: int) -> int:
+    """The seed of shuffle window ``window`` of ``slot`` in ``epoch``."""
+    return derive_seed(_WINDOW_DOMAIN, seed, epoch, slot.rank, slot.world_size, slot.worker_id, slot.num_workers,
+                       window)

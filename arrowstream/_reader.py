@@ -41,6 +41,11 @@ class Piece:
         """Source offset of output row ``row`` of this piece (``row < num_rows``)."""
         return int(self.offsets[row]) if self.offsets is not None else self.start + row
 
+    def head(self, row: int) -> Piece:
+        """The first ``row`` rows (``row < num_rows``), zero-copy."""
+        offsets = self.offsets[:row] if self.offsets is not None else None
+        return Piece(self.batch.slice(0, row), self.position, self.start, self.offset_of(row), offsets)
+
     def tail(self, row: int) -> Piece:
         """The rows from ``row`` on, zero-copy."""
         offsets = self.offsets[row:] if self.offsets is not None else None

@@ -1,8 +1,8 @@
 """The checkpoint state: versioned, JSON-only, small; migrations from every older version.
 
-A worker's state is its cursor in a pure pipeline (plan -> epoch order -> slot -> rows):
-the split it is in (``split_index``, in its reading order) and the source row offset inside
-that split. Orders and assignments are recomputed on load, never stored; no rows, buffers,
+A worker's state is its cursor in a pure pipeline (plan -> epoch order -> slot -> interleaved
+rows -> shuffle windows): the splits it has open, in its reading order, with the source row offset
+inside each, and how far into the current shuffle window it is (see :mod:`arrowstream._cursor`). Orders and assignments are recomputed on load, never stored; no rows, buffers,
 paths or credentials are stored. See ``docs/state-format.md``.
 """
 
@@ -12,10 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ._cursor import Cursor
 from ._order import Slot
 from .errors import StateError, StateMismatchError, StateVersionError
 
-STATE_VERSION = 2
+STATE_VERSION = 3
 WORKER_KIND = "arrowstream.worker"
 LOADER_KIND = "arrowstream.loader"
 
@@ -31,10 +32,26 @@ def _worker_v1_to_v2(state: dict[str, Any]) -> dict[str, Any]:
     return dict(state)
 
 
+def _loader_v2_to_v3(state: dict[str, Any]) -> dict[str, Any]:
+    """The loader state did not change in v3."""
+    return dict(state)
+
+
+def _worker_v2_to_v3(state: dict[str, Any]) -> dict[str, Any]:
+    """v3 keeps a cursor per open split (interleave) and the shuffle window; v2 read one split
+    at a time and had no shuffle buffer."""
+    cursor = state["cursor"]
+    split_index, row_offset = int(cursor["split_index"]), int(cursor["row_offset"])
+    return {**state, "cursor": {"lanes": [[split_index, row_offset]], "next_split": split_index + 1, "turn": 0,
+                                "block_rows": 0, "window": 0, "window_rows": 0}}
+
+
 # (kind, n) -> the step from version n to n + 1 of that kind; each takes and returns a plain dict
 MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
     (LOADER_KIND, 1): _loader_v1_to_v2,
     (WORKER_KIND, 1): _worker_v1_to_v2,
+    (LOADER_KIND, 2): _loader_v2_to_v3,
+    (WORKER_KIND, 2): _worker_v2_to_v3,
 }
 
 
@@ -55,8 +72,7 @@ class WorkerState:
     options: dict[str, Any]
     epoch: int
     slot: Slot
-    split_index: int
-    row_offset: int
+    cursor: Cursor
     rows: int
     batches: int
     rows_dropped: int
@@ -72,7 +88,7 @@ class WorkerState:
             "epoch": self.epoch,
             "slot": {"rank": self.slot.rank, "world_size": self.slot.world_size,
                      "worker_id": self.slot.worker_id, "num_workers": self.slot.num_workers},
-            "cursor": {"split_index": self.split_index, "row_offset": self.row_offset},
+            "cursor": self.cursor.to_dict(),
             "counters": {"rows": self.rows, "batches": self.batches, "rows_dropped": self.rows_dropped},
             "epoch_complete": self.epoch_complete,
         }
@@ -88,8 +104,7 @@ class WorkerState:
                 epoch=int(state["epoch"]),
                 slot=Slot(int(slot["rank"]), int(slot["world_size"]), int(slot["worker_id"]),
                           int(slot["num_workers"])),
-                split_index=int(cursor["split_index"]),
-                row_offset=int(cursor["row_offset"]),
+                cursor=Cursor.from_dict(cursor),
                 rows=int(counters["rows"]),
                 batches=int(counters["batches"]),
                 rows_dropped=int(counters["rows_dropped"]),

@@ -1,35 +1,49 @@
-"""One worker's epoch: splits read in order, rows assembled into full batches, a cursor kept.
+"""One worker's epoch: its rows (interleaved, shuffled) assembled into full batches, a cursor kept.
 
-The cursor is the source position just past the last row handed out: (position of the split
-in this slot's reading order, source row offset inside the split). Batches hold exactly
-``batch_size`` rows across split and file boundaries; only the last one of an epoch may be
-short, and ``drop_last`` drops it (and counts what it dropped).
+Batches hold exactly ``batch_size`` rows across split and file boundaries; only the last one of
+an epoch may be short, and ``drop_last`` drops it (and counts what it dropped). The cursor is
+the position just past the last row handed out (see :mod:`arrowstream._cursor`).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
 
+from ._cursor import Cursor, Run
+from ._interleave import PieceReader, block_rows_for, interleaved_runs
 from ._order import Slot
 from ._planning import Split
-from ._reader import Piece, SplitReader
 from ._state import DataIdentity, WorkerState
 from ._storage import logger
 from ._transport import Position
+from ._window import windowed_runs
+
+
+def open_runs(readers: Sequence[PieceReader], splits: Sequence[Split], *, batch_size: int, interleave: int,
+              buffer_rows: int, window_seed: Callable[[int], int], start: Cursor) -> Iterator[Run]:
+    """A worker's rows from ``start`` on: ``interleave`` splits at a time, shuffled by windows of
+    ``buffer_rows`` rows when it is above 0. A pure function of the rows each split yields."""
+    block_rows = block_rows_for(batch_size, interleave)
+
+    def source(cursor: Cursor) -> Iterator[Run]:
+        return interleaved_runs(readers, splits, block_rows, cursor)
+
+    if buffer_rows == 0:
+        return source(start)
+    return windowed_runs(source, buffer_rows, window_seed, start)
 
 
 class EpochStream:
     """Batches of one slot in one epoch, from a cursor on; :meth:`state` is where it stands."""
 
-    def __init__(self, *, reader: SplitReader, splits: list[Split], batch_size: int, drop_last: bool,
-                 convert: Callable[[pa.RecordBatch], Any], data: DataIdentity, options: dict[str, Any],
-                 epoch: int, slot: Slot, start: WorkerState | None = None) -> None:
-        self._reader = reader
-        self._splits = splits
+    def __init__(self, *, runs: Callable[[Cursor], Iterator[Run]], num_splits: int, batch_size: int,
+                 drop_last: bool, convert: Callable[[pa.RecordBatch], Any], data: DataIdentity,
+                 options: dict[str, Any], epoch: int, slot: Slot, start: WorkerState) -> None:
+        self._num_splits = num_splits
         self._batch_size = batch_size
         self._drop_last = drop_last
         self._convert = convert
@@ -37,59 +51,41 @@ class EpochStream:
         self._options = options
         self._epoch = epoch
         self._slot = slot
-        self._pieces: deque[Piece] = deque()
+        self._held: deque[Run] = deque()
         self._buffered = 0
-        if start is None:
-            self._cursor = (0, 0)
-            self._rows = self._batches = self._rows_dropped = 0
-            self._complete = False
-        else:
-            self._cursor = (start.split_index, start.row_offset)
-            self._rows, self._batches, self._rows_dropped = start.rows, start.batches, start.rows_dropped
-            self._complete = start.epoch_complete
-        self._reading: Iterator[Piece] | None = None if self._complete else self._read_from(*self._cursor)
-
-    def _read_from(self, position: int, offset: int) -> Iterator[Piece]:
-        for index in range(position, len(self._splits)):
-            yield from self._reader.read(self._splits[index], index, offset)
-            offset = 0
-
-    def _normalized(self, position: int, offset: int) -> tuple[int, int]:
-        if position < len(self._splits) and offset >= self._splits[position].num_rows:
-            return position + 1, 0
-        return position, offset
+        self._cursor = start.cursor
+        self._rows, self._batches, self._rows_dropped = start.rows, start.batches, start.rows_dropped
+        self._complete = start.epoch_complete
+        self._reading: Iterator[Run] | None = None if self._complete else runs(self._cursor)
 
     def _fill(self, rows: int) -> None:
         while self._buffered < rows and self._reading is not None:
-            piece = next(self._reading, None)
-            if piece is None:
+            run = next(self._reading, None)
+            if run is None:
                 self._reading = None
-                self._reader.close()
-            elif piece.num_rows == 0:
-                if not self._pieces:  # nothing held back: the filtered-out rows are behind us
-                    self._cursor = self._normalized(piece.position, piece.end)
+            elif run.num_rows == 0:
+                if not self._held:  # nothing held back: the filtered-out rows are behind us
+                    self._cursor = run.after(0)
             else:
-                self._pieces.append(piece)
-                self._buffered += piece.num_rows
+                self._held.append(run)
+                self._buffered += run.num_rows
 
     def _take(self, num_rows: int) -> pa.RecordBatch:
         parts: list[pa.RecordBatch] = []
         remaining = num_rows
-        cursor = self._cursor
         while remaining:
-            piece = self._pieces[0]
-            if piece.num_rows <= remaining:
-                self._pieces.popleft()
-                parts.append(piece.batch)
-                remaining -= piece.num_rows
-                cursor = (piece.position, piece.end)
+            run = self._held[0]
+            if run.num_rows <= remaining:
+                self._held.popleft()
+                parts.append(run.batch)
+                remaining -= run.num_rows
+                last, taken = run, run.num_rows
             else:
-                parts.append(piece.batch.slice(0, remaining))
-                self._pieces[0] = piece.tail(remaining)
-                cursor = (piece.position, piece.offset_of(remaining))
-                remaining = 0
+                parts.append(run.batch.slice(0, remaining))
+                self._held[0] = run.tail(remaining)
+                last, taken, remaining = run, remaining, 0
         self._buffered -= num_rows
-        self._cursor = self._normalized(*cursor)
+        self._cursor = last.after(taken)
         return parts[0] if len(parts) == 1 else pa.concat_batches(parts)
 
     def _finish(self) -> None:
@@ -97,11 +93,10 @@ class EpochStream:
             self._rows_dropped += self._buffered
             logger.info("drop_last: rank %d worker %d dropped its last %d row(s) of epoch %d",
                         self._slot.rank, self._slot.worker_id, self._buffered, self._epoch)
-        self._pieces.clear()
+        self._held.clear()
         self._buffered = 0
         self._reading = None
-        self._reader.close()
-        self._cursor = (len(self._splits), 0)
+        self._cursor = Cursor.end(self._num_splits)
         self._complete = True
 
     def __iter__(self) -> EpochStream:
@@ -148,10 +143,10 @@ class EpochStream:
         return self._batches
 
     def position(self) -> Position:
-        return Position(self._cursor[0], self._cursor[1], self._rows, self._batches, self._rows_dropped)
+        return Position(self._cursor, self._rows, self._batches, self._rows_dropped)
 
     def state(self) -> WorkerState:
         return WorkerState(
             data=self._data, options=self._options, epoch=self._epoch, slot=self._slot,
-            split_index=self._cursor[0], row_offset=self._cursor[1], rows=self._rows,
+            cursor=self._cursor, rows=self._rows,
             batches=self._batches, rows_dropped=self._rows_dropped, epoch_complete=self._complete)

@@ -28,6 +28,7 @@ from torch.utils.data import get_worker_info
 
 from . import _ring
 from ._convert import GcPaused, finish_objects
+from ._cursor import Cursor
 
 # (batch index, key, "torch" | "numpy", dtype, shape, byte offset)
 _Entry = tuple[int, str, str, np.dtype[Any], tuple[int, ...], int]
@@ -37,8 +38,7 @@ _Entry = tuple[int, str, str, np.dtype[Any], tuple[int, ...], int]
 class Position:
     """A worker's cursor and counters right after one batch of a chunk."""
 
-    split_index: int
-    row_offset: int
+    cursor: Cursor
     rows: int
     batches: int
     rows_dropped: int

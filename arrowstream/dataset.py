@@ -2,26 +2,28 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ._convert import make_converter, resolve_fill_nulls
+from ._cursor import Cursor, Run
 from ._discovery import discover_files
 from ._options import Options, validate_options
-from ._order import Slot, slot_row_counts, slot_split_ids
+from ._order import Slot, slot_row_counts, slot_split_ids, window_seed
 from ._planning import Plan, Split, plan_parquet
 from ._reader import SplitReader
 from ._state import DataIdentity, WorkerState, check_compatible, check_slot
 from ._storage import Storage
-from ._stream import EpochStream
+from ._stream import EpochStream, open_runs
+from ._topology import resolve_topology
 from ._transport import Chunk
 from ._watchdog import watch_trainer
-from ._topology import resolve_topology
 from .errors import ArgumentTypeError, InvalidArgumentError, StateMismatchError
 
 if TYPE_CHECKING:
@@ -97,7 +99,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._epoch_cell = torch.zeros(1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         self._pending: WorkerState | None = None
         self._active: _EpochIterator | None = None
-        self._reader: SplitReader | None = None
+        self._readers: list[SplitReader] = []
         self._span_convert: Callable[[Any], Any] | None = None
         self._batches_per_transfer = 1  # set by ArrowStreamDataLoader for worker processes
         self._convert: Callable[[Any], Any] | None = None
@@ -237,41 +239,61 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         if state.epoch_complete:
             return True
         splits = self._slot_splits(slot, state.epoch)
-        if state.split_index >= len(splits):
+        cursor = state.cursor
+        if (cursor.window_rows == 0 and cursor.next_split >= len(splits)
+                and all(position >= len(splits) or offset >= splits[position].num_rows
+                        for position, offset in cursor.lanes)):
             return True
         if not self._options.drop_last or self._options.filter is not None:
             return False
-        left = sum(s.num_rows for s in splits[state.split_index:]) - state.row_offset
+        left = sum(s.num_rows for s in splits) - state.rows - state.rows_dropped
         return left < self._options.batch_size  # drop_last drops them
 
+    def _prepare(self) -> None:
+        """Set up this process's readers and converters, once."""
+        in_worker = get_worker_info() is not None
+        if in_worker:
+            watch_trainer()
+            # the heap inherited from the trainer (torch, pyarrow, ...) never becomes garbage here;
+            # freezing it keeps the collector from walking it for every batch of Python objects
+            gc.freeze()
+        read_rows = max(self._options.batch_size, READ_BATCH_ROWS)
+        self._readers = [SplitReader(self._plan, self._storage, read_rows, use_threads=not in_worker)
+                         for _ in range(self._options.interleave)]
+        output_format = self._options.output_format
+        if self._numpy_as_torch(in_worker):  # the trainer side makes the tensors (see _transport)
+            output_format = "numpy"
+        converter = make_converter(output_format, self._plan.schema, self._fill_nulls, in_worker=in_worker)
+        transform = self._options.transform
+        self._convert = converter if transform is None else (lambda batch: transform(converter(batch)))
+        self._span_convert = make_converter(output_format, self._plan.schema, self._fill_nulls,
+                                            in_worker=in_worker, objects_later=True)
+
     def _stream(self, slot: Slot, epoch: int, start: WorkerState | None) -> EpochStream:
-        if self._reader is None:
-            in_worker = get_worker_info() is not None
-            if in_worker:
-                watch_trainer()
-                # the heap inherited from the trainer (torch, pyarrow, ...) never becomes garbage here;
-                # freezing it keeps the collector from walking it for every batch of Python objects
-                gc.freeze()
-            self._reader = SplitReader(self._plan, self._storage, max(self._options.batch_size, READ_BATCH_ROWS),
-                                       use_threads=not in_worker)
-            output_format = self._options.output_format
-            if self._numpy_as_torch(in_worker):  # the trainer side makes the tensors (see _transport)
-                output_format = "numpy"
-            converter = make_converter(output_format, self._plan.schema, self._fill_nulls, in_worker=in_worker)
-            transform = self._options.transform
-            self._convert = converter if transform is None else (lambda batch: transform(converter(batch)))
-            self._span_convert = make_converter(output_format, self._plan.schema, self._fill_nulls,
-                                                in_worker=in_worker, objects_later=True)
+        if not self._readers:
+            self._prepare()
         assert self._convert is not None
-        return EpochStream(reader=self._reader, splits=self._slot_splits(slot, epoch),
-                           batch_size=self._options.batch_size, drop_last=self._options.drop_last,
-                           convert=self._convert, data=self._data, options=self._state_options,
-                           epoch=epoch, slot=slot, start=start)
+        splits = self._slot_splits(slot, epoch)
+        options = self._options
+
+        def runs(cursor: Cursor) -> Iterator[Run]:
+            return open_runs(self._readers, splits, batch_size=options.batch_size, interleave=options.interleave,
+                             buffer_rows=options.shuffle_buffer_size,
+                             window_seed=functools.partial(window_seed, options.seed, epoch, slot), start=cursor)
+
+        return EpochStream(runs=runs, num_splits=len(splits), batch_size=options.batch_size,
+                           drop_last=options.drop_last, convert=self._convert, data=self._data,
+                           options=self._state_options, epoch=epoch, slot=slot,
+                           start=start or self._initial_state(slot, epoch, len(splits)))
 
     # -- state --------------------------------------------------------------------------------
 
-    def _initial_state(self, slot: Slot) -> WorkerState:
-        return WorkerState(self._data, self._state_options, self.epoch, slot, 0, 0, 0, 0, 0, False)
+    def _initial_state(self, slot: Slot, epoch: int | None = None, num_splits: int | None = None) -> WorkerState:
+        epoch = self.epoch if epoch is None else epoch
+        if num_splits is None:
+            num_splits = len(self._slot_splits(slot, epoch))
+        cursor = Cursor.start(num_splits, self._options.interleave)
+        return WorkerState(self._data, self._state_options, epoch, slot, cursor, 0, 0, 0, False)
 
     def state_dict(self) -> dict[str, Any]:
         """This worker's position: a small JSON dict (see docs/state-format.md)."""
@@ -296,7 +318,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_pending=None, _active=None, _reader=None, _convert=None, _span_convert=None)
+        state.update(_pending=None, _active=None, _readers=[], _convert=None, _span_convert=None)
         return state
 
     def __repr__(self) -> str:

@@ -228,7 +228,7 @@ def _rewind_into_chunk(inner: dict[str, Any], batches: _BatchIterator, num_worke
     snapshot = state[_SNAPSHOT]
     worker = snapshot[_WORKER_SNAPSHOTS][f"worker_{batches.chunk.worker_id}"][_DATASET_STATE]
     position = batches.chunk.positions[batches.taken - 1]
-    worker["cursor"] = {"split_index": position.split_index, "row_offset": position.row_offset}
+    worker["cursor"] = position.cursor.to_dict()
     worker["counters"] = {"rows": position.rows, "batches": position.batches, "rows_dropped": position.rows_dropped}
     worker["epoch_complete"] = False
     snapshot["_last_yielded_worker_id"] = (batches.chunk.worker_id - 1) % num_workers

@@ -55,11 +55,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from suite.common import cpu_model  # benchmarks/ is on sys.path when run as a script
 
 import arrowstream
 from arrowstream import StructuredDataset
 from arrowstream.dataset import READ_BATCH_ROWS
-from suite.common import cpu_model  # benchmarks/ is on sys.path when run as a script
 
 HERE = Path(__file__).resolve().parent
 DATA_ROOT = HERE / "data"

@@ -38,8 +38,13 @@ def test_golden_state_resumes_to_the_recorded_batches(tmp_path, golden_file):
     assert resumed == golden["continuation_ids"]
 
 
-def test_v1_states_migrate_to_v2():
-    """v2 added batches_per_transfer to the loader state; a v1 loader sent one batch per message."""
+def _worker_state(loader_state):
+    return loader_state["dataloader"]["_snapshot"]["_worker_snapshots"]["worker_0"]["dataset_state"]
+
+
+def test_v1_states_migrate_step_by_step():
+    """v2 added batches_per_transfer to the loader state (a v1 loader sent one batch per message);
+    v3 turned the worker's (split_index, row_offset) into one lane of the interleaved cursor."""
     from arrowstream import _state
 
     with open(os.path.join(GOLDEN, "v1", "workers2-shuffle-mid.json")) as f:
@@ -47,5 +52,10 @@ def test_v1_states_migrate_to_v2():
     upgraded = _state.upgrade(loader_state, _state.LOADER_KIND)
     assert upgraded["version"] == _state.STATE_VERSION
     assert upgraded["batches_per_transfer"] == 1
-    worker = loader_state["dataloader"]["_snapshot"]["_worker_snapshots"]["worker_0"]["dataset_state"]
-    assert _state.upgrade(worker, _state.WORKER_KIND)["cursor"] == worker["cursor"]
+    worker = _worker_state(loader_state)
+    v2 = _state.MIGRATIONS[(_state.WORKER_KIND, 1)](worker)
+    assert v2["cursor"] == worker["cursor"]
+    v3 = _state.MIGRATIONS[(_state.WORKER_KIND, 2)](v2)
+    old = worker["cursor"]
+    assert v3["cursor"] == {"lanes": [[old["split_index"], old["row_offset"]]], "next_split": old["split_index"] + 1,
+                            "turn": 0, "block_rows": 0, "window": 0, "window_rows": 0}

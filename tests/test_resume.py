@@ -1,6 +1,7 @@
 """Exact resume (DESIGN guarantee 4): the resume matrix of the foundation.
 
-For each loader configuration one uninterrupted run over three epochs records every batch
+For each loader configuration (workers, split shuffle, persistent workers, shuffle buffer,
+interleave) one uninterrupted run over three epochs records every batch
 and the state at six points (before the first batch, after it, mid-epoch, after the last
 batch inside the loop, after the loop ended, mid next epoch). A fresh loader with the same
 arguments loads each state (through JSON) and runs the canonical loop: its batches must equal
@@ -18,11 +19,22 @@ from helpers import make_loader, resume_epochs, run_epochs
 EPOCHS = [0, 1, 2]
 POINTS = ["start", "first", "mid", "last", "after", "next"]
 
+# the uneven dataset's splits are row groups of 120 to 400 rows: a buffer of 100 rows is smaller
+# than any of them, one of 700 spans several
+ROWS = [(0, 1), (0, 3), (100, 1), (100, 3), (700, 1), (700, 3)]
+
+
+def _config(nw, shuffle, persistent, buffer, interleave):
+    name = (f"workers{nw}-{'shuffle' if shuffle else 'ordered'}{'-persistent' if persistent else ''}"
+            f"{f'-buffer{buffer}' if buffer else ''}{f'-interleave{interleave}' if interleave > 1 else ''}")
+    return pytest.param(nw, shuffle, persistent, buffer, interleave, id=name)
+
+
 CONFIGS = [
-    pytest.param(nw, shuffle, persistent, id=f"workers{nw}-{'shuffle' if shuffle else 'ordered'}"
-                 f"{'-persistent' if persistent else ''}")
+    _config(nw, shuffle, persistent, buffer, interleave)
+    for buffer, interleave in ROWS
     for nw in (0, 1, 2, 3)
-    for shuffle in (False, True)
+    for shuffle in ((False, True) if (buffer, interleave) == (0, 1) else (True,))
     for persistent in ((False, True) if nw else (False,))
 ]
 
@@ -34,9 +46,10 @@ def check_exactly_once(batches, num_rows):
         assert max(counts.values()) == 1, f"epoch {epoch} repeats rows"
 
 
-@pytest.mark.parametrize(("num_workers", "shuffle", "persistent"), CONFIGS)
-def test_resume_matrix(uneven_dataset, num_workers, shuffle, persistent):
-    options = {"batch_size": 64, "shuffle": shuffle, "seed": 7}
+@pytest.mark.parametrize(("num_workers", "shuffle", "persistent", "buffer", "interleave"), CONFIGS)
+def test_resume_matrix(uneven_dataset, num_workers, shuffle, persistent, buffer, interleave):
+    options = {"batch_size": 64, "shuffle": shuffle, "seed": 7, "shuffle_buffer_size": buffer,
+               "interleave": interleave}
     if persistent:
         options["persistent_workers"] = True
     loader, dataset = make_loader(uneven_dataset, num_workers, **options)
@@ -87,7 +100,7 @@ def test_saved_after_loop_with_next_epoch_number(uneven_dataset):
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_resume_with_sparse_snapshots(uneven_dataset, num_workers):
     """snapshot_every_n_steps > 1: torchdata replays the batches since the last snapshot."""
-    options = dict(batch_size=64, shuffle=True, seed=1, snapshot_every_n_steps=5)
+    options = {"batch_size": 64, "shuffle": True, "seed": 1, "snapshot_every_n_steps": 5}
     loader, dataset = make_loader(uneven_dataset, num_workers, **options)
     checkpoints: dict = {}
     reference = run_epochs(loader, dataset, EPOCHS[:2], checkpoints, mid=13)
@@ -101,7 +114,7 @@ def test_resume_with_sparse_snapshots(uneven_dataset, num_workers):
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_last_batch_state_stored_with_next_epoch_number(uneven_dataset, drop_last):
     """Saved inside the loop after the final batch, stored as epoch + 1: the next epoch is whole."""
-    options = dict(batch_size=64, shuffle=True, drop_last=drop_last)
+    options = {"batch_size": 64, "shuffle": True, "drop_last": drop_last}
     loader, dataset = make_loader(uneven_dataset, 2, **options)
     checkpoints: dict = {}
     reference = run_epochs(loader, dataset, [0, 1], checkpoints, mid=5)

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from multiprocessing.reduction import ForkingPickler
 
 import numpy as np
 import pyarrow as pa
@@ -17,6 +16,7 @@ import pytest
 import torch
 from helpers import batch_key, make_loader, resume_epochs, run_epochs
 
+from arrowstream._cursor import Cursor
 from arrowstream._transport import Chunk, Position
 
 HERE = os.path.dirname(__file__)
@@ -28,7 +28,7 @@ def _sorted_keys(loader):
 
 @pytest.mark.parametrize("output_format", ["torch", "numpy", "arrow", "dict"])
 def test_workers_deliver_the_same_batches_as_the_main_process(uneven_dataset, output_format):
-    options = dict(batch_size=100, output_format=output_format)
+    options = {"batch_size": 100, "output_format": output_format}
     in_process, _ = make_loader(uneven_dataset, 0, **options)
     with_workers, _ = make_loader(uneven_dataset, 2, **options)
     assert with_workers.batches_per_transfer == 16  # 16384 // 100 rows, capped at 16
@@ -81,7 +81,7 @@ def test_chunk_round_trip_is_exact_and_views_share_one_buffer():
     batches = [{"a": torch.arange(5, dtype=torch.int16), "b": np.linspace(0, 1, 5), "c": ["x"] * 5,
                 "m": torch.ones(5, 3, dtype=torch.float32), "t": torch.tensor([True, False, True, True, False])}
                for _ in range(3)]
-    positions = [Position(0, i, 5 * (i + 1), i + 1, 0) for i in range(3)]
+    positions = [Position(Cursor(((0, i),), 1), 5 * (i + 1), i + 1, 0) for i in range(3)]
     received = pickle.loads(pickle.dumps(Chunk(1, batches, positions)))
     assert received.worker_id == 1 and received.positions == positions
     out = received.batches()
@@ -94,7 +94,7 @@ def test_chunk_round_trip_is_exact_and_views_share_one_buffer():
 
 
 def test_checkpoints_inside_a_chunk_resume_exactly(uneven_dataset):
-    options = dict(batch_size=32, shuffle=True, batches_per_transfer=5)
+    options = {"batch_size": 32, "shuffle": True, "batches_per_transfer": 5}
     loader, dataset = make_loader(uneven_dataset, 3, **options)
     checkpoints: dict = {}
     reference = run_epochs(loader, dataset, [0, 1], checkpoints, mid=7)  # 7 = 5 + 2: inside a chunk
@@ -247,7 +247,7 @@ def test_chunked_checkpoint_needs_snapshots_every_step(uneven_dataset):
 
 
 def _checkpoint_after(path, batches):
-    loader, dataset = make_loader(path, 2, batch_size=32)
+    loader, _dataset = make_loader(path, 2, batch_size=32)
     it = iter(loader)
     for _ in range(batches):
         next(it)
@@ -257,7 +257,7 @@ def _checkpoint_after(path, batches):
 @pytest.mark.parametrize("prefetch_factor", [1, 6])
 def test_prefetch_factor_with_chunks(uneven_dataset, prefetch_factor):
     """More chunks in flight than ring slots: the overflow goes by value, nothing is lost."""
-    options = dict(batch_size=16, prefetch_factor=prefetch_factor, batches_per_transfer=2, shuffle=True)
+    options = {"batch_size": 16, "prefetch_factor": prefetch_factor, "batches_per_transfer": 2, "shuffle": True}
     loader, dataset = make_loader(uneven_dataset, 2, **options)
     checkpoints: dict = {}
     reference = run_epochs(loader, dataset, [0, 1], checkpoints, mid=33)

@@ -31,6 +31,13 @@ CASES = [
      "epochs": [0, 1], "point": ("after", 0, 0)},
     {"name": "workers1-shuffle-next-epoch", "num_workers": 1, "options": {"batch_size": 16, "shuffle": True, "seed": 3},
      "epochs": [0, 1, 2], "point": ("mid", 1, 2)},
+    # from v3 on: record-level shuffle buffer and interleave
+    {"name": "workers2-buffer-interleave-mid", "num_workers": 2,
+     "options": {"batch_size": 16, "shuffle": True, "seed": 1, "shuffle_buffer_size": 30, "interleave": 2},
+     "epochs": [0, 1], "point": ("mid", 0, 3)},
+    {"name": "workers0-buffer-interleave-mid", "num_workers": 0,
+     "options": {"batch_size": 16, "shuffle_buffer_size": 25, "interleave": 3}, "epochs": [0, 1],
+     "point": ("mid", 0, 4)},
 ]
 
 
