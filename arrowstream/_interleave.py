@@ -13,7 +13,6 @@ With ``K = 1`` there is one lane and no blocks: the splits are read one after th
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -37,13 +36,15 @@ class _Turn:
     next_split: int
     turn: int
     block_rows: int
-    block_size: int
+    block_size: int | None    # None: one lane, no rotation
 
 
 def _after(before: _Turn, piece: Piece, rows: int) -> Cursor:
     """The cursor once the first ``rows`` rows of ``piece`` (lane ``before.turn``) are handed out."""
     lanes = list(before.lanes)
     lanes[before.turn] = (piece.position, piece.offset_of(rows) if rows < piece.num_rows else piece.end)
+    if before.block_size is None:
+        return Cursor(tuple(lanes), before.next_split)
     turn, taken = before.turn, before.block_rows + rows
     if taken >= before.block_size:
         turn, taken = (turn + 1) % len(lanes), 0
@@ -70,7 +71,6 @@ def interleaved_runs(readers: Sequence[PieceReader], splits: Sequence[Split], bl
     source rows a filter dropped, so the cursor can move past them.
     """
     num_splits = len(splits)
-    block_size = block_rows or sys.maxsize
     lanes = [_Lane(position, offset, readers[k]) for k, (position, offset) in enumerate(start.lanes)]
     next_split, turn, taken = min(start.next_split, num_splits), start.turn, start.block_rows
     while lanes:
@@ -89,16 +89,17 @@ def interleaved_runs(readers: Sequence[PieceReader], splits: Sequence[Split], bl
                 lane.reader.close()
                 turn, taken = (turn % len(lanes) if lanes else 0), 0
             continue
-        if piece.num_rows > block_size - taken:
-            lane.rest = piece.tail(block_size - taken)
-            piece = piece.head(block_size - taken)
+        if block_rows is not None and piece.num_rows > block_rows - taken:
+            lane.rest = piece.tail(block_rows - taken)
+            piece = piece.head(block_rows - taken)
         before = _Turn(tuple((other.position, other.offset) for other in lanes), next_split, turn, taken,
-                       block_size)
+                       block_rows)
         yield Run(piece.batch, functools.partial(_after, before, piece))
         lane.offset = piece.end
-        taken += piece.num_rows
-        if taken >= block_size:
-            turn, taken = (turn + 1) % len(lanes), 0
+        if block_rows is not None:
+            taken += piece.num_rows
+            if taken >= block_rows:
+                turn, taken = (turn + 1) % len(lanes), 0
 
 
 def block_rows_for(batch_size: int, interleave: int) -> int | None:

@@ -48,6 +48,14 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         batch_size: Rows per yielded batch.
         shuffle: Shuffle the split order, seeded by ``seed`` and the epoch (:meth:`set_epoch`).
         seed: The shuffle seed.
+        shuffle_buffer_size: Rows; above 0, each worker also shuffles its rows, window by window:
+            every ``shuffle_buffer_size`` consecutive rows of its stream are handed out in a seeded
+            random order (``seed``, epoch, worker, window). Memory grows with it (about twice the
+            buffer's rows while a window is shuffled); a resume re-reads at most one window. It
+            works with ``shuffle=False`` too (rows shuffled, splits in order). See docs/shuffle.md.
+        interleave: Splits each worker reads at a time; above 1, rows come from them in rotation,
+            ``ceil(batch_size / interleave)`` rows per turn, so a batch mixes ``interleave`` splits
+            (files, with ``shuffle=True``). Each open split keeps its file open.
         columns: Columns to read (projection); all when ``None``.
         filter: A ``pyarrow.compute`` expression (or DNF tuples); row groups whose statistics
             exclude it are never read, and the rest are filtered row by row.
@@ -69,6 +77,9 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         >>> dataset = arrowstream.StructuredDataset(folder, batch_size=4)
         >>> [len(batch["x"]) for batch in dataset]
         [4, 4, 2]
+        >>> shuffled = arrowstream.StructuredDataset(folder, batch_size=4, shuffle_buffer_size=10)
+        >>> sorted(int(x) for batch in shuffled for x in batch["x"]) == list(range(10))
+        True
     """
 
     def __init__(self, path: Any, format: str = "parquet", batch_size: int = 1024, *,

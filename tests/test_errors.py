@@ -193,6 +193,17 @@ def test_state_with_other_options(small_dataset):
         loader.load_state_dict(state)
 
 
+def test_state_with_another_shuffle_buffer_or_interleave(small_dataset):
+    """Both decide the order of rows: a state resumes only with the sizes it was taken with."""
+    state = _mid_state(small_dataset, shuffle_buffer_size=50, interleave=2)
+    loader, _ = make_loader(small_dataset, 2, batch_size=32, shuffle_buffer_size=60, interleave=2)
+    with pytest.raises(errors.StateMismatchError, match="shuffle_buffer_size: saved 50 vs current 60"):
+        loader.load_state_dict(state)
+    loader, _ = make_loader(small_dataset, 2, batch_size=32, shuffle_buffer_size=50)
+    with pytest.raises(errors.StateMismatchError, match="interleave: saved 2 vs current 1"):
+        loader.load_state_dict(state)
+
+
 def test_state_with_other_num_workers(small_dataset):
     state = _mid_state(small_dataset, num_workers=2)
     loader, _ = make_loader(small_dataset, 3, batch_size=32)

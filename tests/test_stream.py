@@ -205,3 +205,16 @@ def test_windows_are_seeded_by_epoch(seed, epoch):
     a, _ = run_all(splits, lambda: IntReader(50), seed=seed, epoch=epoch, **args)
     assert a == run_all(splits, lambda: IntReader(50), seed=seed, epoch=epoch, **args)[0]
     assert a != run_all(splits, lambda: IntReader(50), seed=seed, epoch=epoch + 1, **args)[0]
+
+
+@settings(max_examples=100, deadline=None)
+@given(layouts)
+def test_one_lane_cursors_are_a_split_and_an_offset(layout):
+    """With interleave=1 the cursor is what a version 2 state held: one (split, offset), no rotation."""
+    splits = make_splits(layout["sizes"])
+    _, states = run_all(splits, lambda: IntReader(layout["piece_rows"], layout["drop"]),
+                        **{**stream_args(layout), "interleave": 1})
+    for state in states:
+        cursor = state.cursor
+        assert len(cursor.lanes) <= 1 and (cursor.turn, cursor.block_rows) == (0, 0)
+        assert not cursor.lanes or cursor.next_split == cursor.lanes[0][0] + 1
