@@ -20,13 +20,15 @@ from ._planning import Split
 from ._state import DataIdentity, WorkerState
 from ._storage import logger
 from ._transport import Position
-from ._window import windowed_runs
+from ._window import RUN_ROWS, windowed_runs
 
 
 def open_runs(readers: Sequence[PieceReader], splits: Sequence[Split], *, batch_size: int, interleave: int,
-              buffer_rows: int, window_seed: Callable[[int], int], start: Cursor) -> Iterator[Run]:
+              buffer_rows: int, window_seed: Callable[[int], int], start: Cursor,
+              run_rows: int = RUN_ROWS) -> Iterator[Run]:
     """A worker's rows from ``start`` on: ``interleave`` splits at a time, shuffled by windows of
-    ``buffer_rows`` rows when it is above 0. A pure function of the rows each split yields."""
+    ``buffer_rows`` rows when it is above 0. A pure function of the rows each split yields;
+    ``run_rows`` (how many shuffled rows are gathered at a time) changes nothing but memory."""
     block_rows = block_rows_for(batch_size, interleave)
 
     def source(cursor: Cursor) -> Iterator[Run]:
@@ -34,7 +36,7 @@ def open_runs(readers: Sequence[PieceReader], splits: Sequence[Split], *, batch_
 
     if buffer_rows == 0:
         return source(start)
-    return windowed_runs(source, buffer_rows, window_seed, start)
+    return windowed_runs(source, buffer_rows, window_seed, start, run_rows)
 
 
 class EpochStream:

@@ -8,6 +8,9 @@ place in it, and the quality is the same late in the epoch as early.
 Unlike a reservoir buffer, whose contents depend on every draw before, a window is rebuilt from
 its start: the cursor keeps where the window starts in the stream and how many of its rows were
 handed out, so a resume re-reads at most one window and never stores a row.
+
+A window's rows stay as they were read (slices of the reader's batches) and are gathered into
+shuffled order a run at a time, so memory holds about one window plus a run.
 """
 
 from __future__ import annotations
@@ -16,10 +19,14 @@ import dataclasses
 import functools
 from collections.abc import Callable, Iterator
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from ._cursor import Cursor, Run
 from ._hashing import permutation
+
+RUN_ROWS = 16_384  # rows of a window copied into shuffled order at a time
 
 
 def _after(begin: Cursor, end: Cursor, window: int, size: int, rows: int) -> Cursor:
@@ -28,9 +35,40 @@ def _after(begin: Cursor, end: Cursor, window: int, size: int, rows: int) -> Cur
     return dataclasses.replace(end, window=window + 1, window_rows=0)
 
 
+def _fill(runs: Iterator[Run], held: Run | None, buffer_rows: int,
+          begin: Cursor) -> tuple[pa.Table | None, Cursor, Run | None]:
+    """The next window's rows in stream order (no copy), the cursor after them, and the rest of
+    the run that did not fit; ``None`` rows when the stream is done."""
+    parts: list[pa.RecordBatch] = []
+    size, end = 0, begin
+    while size < buffer_rows:
+        run = held or next(runs, None)
+        held = None
+        if run is None:
+            break
+        if run.num_rows > buffer_rows - size:
+            held = run.tail(buffer_rows - size)
+            run = run.head(buffer_rows - size)
+        if run.num_rows:
+            parts.append(run.batch)
+            size += run.num_rows
+        end = run.after(run.num_rows)
+    return (pa.Table.from_batches(parts) if parts else None), end, held
+
+
+def _shuffled(rows: pa.Table, order: npt.NDArray[np.int64], after: Callable[[int], Cursor], skip: int,
+              run_rows: int) -> Iterator[Run]:
+    """The window's rows in ``order``, copied ``run_rows`` at a time as they are needed, so a
+    window is in memory about once (its rows as read) plus the run being handed out."""
+    for start in range(skip - skip % run_rows, len(order), run_rows):
+        chunks = rows.take(order[start:start + run_rows]).to_batches()
+        run = Run(chunks[0] if len(chunks) == 1 else pa.concat_batches(chunks), after, start)
+        yield run.tail(skip - start) if start < skip else run
+
+
 def windowed_runs(source: Callable[[Cursor], Iterator[Run]], buffer_rows: int, window_seed: Callable[[int], int],
-                  start: Cursor) -> Iterator[Run]:
-    """The rows of ``source`` from ``start`` on, shuffled window by window (one run per window).
+                  start: Cursor, run_rows: int = RUN_ROWS) -> Iterator[Run]:
+    """The rows of ``source`` from ``start`` on, shuffled window by window.
 
     ``source(cursor)`` gives the unshuffled stream from a cursor; ``window_seed(w)`` the seed of
     window ``w``; ``start.window_rows`` rows of the first window were already handed out.
@@ -40,26 +78,10 @@ def windowed_runs(source: Callable[[Cursor], Iterator[Run]], buffer_rows: int, w
     runs = source(begin)
     held: Run | None = None
     while True:
-        parts: list[pa.RecordBatch] = []
-        size, end = 0, begin
-        while size < buffer_rows:
-            run = held or next(runs, None)
-            held = None
-            if run is None:
-                break
-            if run.num_rows > buffer_rows - size:
-                held = run.tail(buffer_rows - size)
-                run = run.head(buffer_rows - size)
-            if run.num_rows:
-                parts.append(run.batch)
-                size += run.num_rows
-            end = run.after(run.num_rows)
-        if size == 0:
+        rows, end, held = _fill(runs, held, buffer_rows, begin)
+        if rows is None:
             return
-        # one table, one chunk per column: its take is faster than a record batch's here
-        taken = pa.Table.from_batches(parts).combine_chunks().take(permutation(size, window_seed(window)))
-        del parts
-        chunks = taken.to_batches()
-        shuffled = chunks[0] if len(chunks) == 1 else pa.concat_batches(chunks)
-        yield Run(shuffled, functools.partial(_after, begin, end, window, size)).tail(skip)
+        after = functools.partial(_after, begin, end, window, rows.num_rows)
+        yield from _shuffled(rows, permutation(rows.num_rows, window_seed(window)), after, skip, run_rows)
+        del rows
         window, skip, begin = window + 1, 0, end

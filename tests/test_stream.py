@@ -59,14 +59,15 @@ def make_splits(sizes):
 
 
 def open_stream(splits, reader_factory, *, batch_size, interleave, buffer_rows, drop_last=False, start=None,
-                seed=0, epoch=0):
+                seed=0, epoch=0, run_rows=16_384):
     readers = [reader_factory() for _ in range(interleave)]
     if start is None:
         start = WorkerState(DATA, {}, epoch, SLOT, Cursor.start(len(splits), interleave), 0, 0, 0, False)
 
     def runs(cursor):
         return open_runs(readers, splits, batch_size=batch_size, interleave=interleave, buffer_rows=buffer_rows,
-                         window_seed=functools.partial(window_seed, seed, epoch, SLOT), start=cursor)
+                         window_seed=functools.partial(window_seed, seed, epoch, SLOT), start=cursor,
+                         run_rows=run_rows)
 
     stream = EpochStream(runs=runs, num_splits=len(splits), batch_size=batch_size, drop_last=drop_last,
                          convert=lambda batch: batch.column("id").to_pylist(), data=DATA, options={},
@@ -92,6 +93,7 @@ layouts = st.fixed_dictionaries({
     "drop": st.sampled_from([None, 3, 2]),
     "drop_last": st.booleans(),
     "piece_rows": st.integers(1, 90),
+    "run_rows": st.sampled_from([1, 5, 64, 16_384]),
 })
 
 
@@ -101,7 +103,7 @@ def kept_ids(sizes, drop):
 
 
 def stream_args(layout):
-    return {k: layout[k] for k in ("batch_size", "interleave", "buffer_rows", "drop_last")}
+    return {k: layout[k] for k in ("batch_size", "interleave", "buffer_rows", "drop_last", "run_rows")}
 
 
 @settings(max_examples=300, deadline=None)
@@ -123,11 +125,12 @@ def test_every_epoch_is_a_permutation_in_full_batches(layout):
 
 
 @settings(max_examples=200, deadline=None)
-@given(layouts, st.integers(1, 90))
-def test_order_does_not_depend_on_how_the_reader_cuts_its_reads(layout, other_piece_rows):
+@given(layouts, st.integers(1, 90), st.sampled_from([1, 3, 16_384]))
+def test_order_does_not_depend_on_how_reads_and_shuffled_runs_are_cut(layout, other_piece_rows, other_run_rows):
     splits = make_splits(layout["sizes"])
     a, _ = run_all(splits, lambda: IntReader(layout["piece_rows"], layout["drop"]), **stream_args(layout))
-    b, _ = run_all(splits, lambda: IntReader(other_piece_rows, layout["drop"]), **stream_args(layout))
+    b, _ = run_all(splits, lambda: IntReader(other_piece_rows, layout["drop"]),
+                   **{**stream_args(layout), "run_rows": other_run_rows})
     assert a == b
 
 
