@@ -10,7 +10,9 @@ its start: the cursor keeps where the window starts in the stream and how many o
 handed out, so a resume re-reads at most one window and never stores a row.
 
 A window's rows stay as they were read (slices of the reader's batches) and are gathered into
-shuffled order a run at a time, so memory holds about one window plus a run.
+shuffled order a run at a time, so memory holds about one window plus a run. When the window
+came in many small pieces (interleave hands out small blocks), it is first copied into one piece,
+which is faster to gather from and holds two windows for a moment.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ._cursor import Cursor, Run
 from ._hashing import permutation
 
 RUN_ROWS = 16_384  # rows of a window copied into shuffled order at a time
+SMALL_PART_ROWS = 4_096  # a window read in pieces this small on average is copied into one first
 
 
 def _after(begin: Cursor, end: Cursor, window: int, size: int, rows: int) -> Cursor:
@@ -53,7 +56,13 @@ def _fill(runs: Iterator[Run], held: Run | None, buffer_rows: int,
             parts.append(run.batch)
             size += run.num_rows
         end = run.after(run.num_rows)
-    return (pa.Table.from_batches(parts) if parts else None), end, held
+    if not parts:
+        return None, end, held
+    rows = pa.Table.from_batches(parts)
+    if len(parts) * SMALL_PART_ROWS > size:
+        # gathering from many small pieces (interleave's blocks) is slow: one copy first is faster
+        rows = rows.combine_chunks()
+    return rows, end, held
 
 
 def _shuffled(rows: pa.Table, order: npt.NDArray[np.int64], after: Callable[[int], Cursor], skip: int,
