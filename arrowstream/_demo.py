@@ -1,7 +1,8 @@
 """``arrowstream demo``: train, crash mid-epoch, resume in a fresh process, prove exactly-once.
 
 1. write a Parquet dataset (a linear regression problem) to a local folder;
-2. train a tiny model through the loader (2 workers, shuffle) in a child process, save a
+2. train a tiny model through the loader (2 workers; split shuffle, two splits read at a time
+   and a record-level shuffle buffer of four row groups) in a child process, save a
    checkpoint with ``torch.save`` after part of epoch 0, and stop there;
 3. resume from the checkpoint in a second, fresh child process and train to the end;
 4. check that each epoch saw every row exactly once, and that the resumed run's batches are
@@ -26,6 +27,8 @@ import pyarrow.parquet as pq
 
 NUM_FEATURES = 8
 NUM_FILES = 8
+ROW_GROUP_ROWS = 5_000
+SHUFFLE: dict[str, Any] = {"shuffle": True, "seed": 0, "shuffle_buffer_size": 4 * ROW_GROUP_ROWS, "interleave": 2}
 
 
 def write_dataset(folder: str, rows: int, seed: int = 0) -> None:
@@ -42,7 +45,7 @@ def write_dataset(folder: str, rows: int, seed: int = 0) -> None:
             "features": pa.FixedSizeListArray.from_arrays(pa.array(features.reshape(-1)), NUM_FEATURES),
             "target": target.astype(np.float32),
         })
-        pq.write_table(table, os.path.join(folder, f"part-{index:02d}.parquet"), row_group_size=5_000)
+        pq.write_table(table, os.path.join(folder, f"part-{index:02d}.parquet"), row_group_size=ROW_GROUP_ROWS)
         start += count
 
 
@@ -50,7 +53,7 @@ def _loader(args: argparse.Namespace, data: str) -> Any:
     from . import StructuredDataset
 
     return StructuredDataset.create_dataloader(path=data, batch_size=args.batch_size, num_workers=args.workers,
-                                               shuffle=True, seed=0, persistent_workers=args.workers > 0)
+                                               persistent_workers=args.workers > 0, **SHUFFLE)
 
 
 def run_phase(args: argparse.Namespace) -> int:
@@ -119,7 +122,8 @@ def run_demo(args: argparse.Namespace) -> int:
     common = ["--dir", args.dir, "--rows", str(args.rows), "--workers", str(args.workers),
               "--batch-size", str(args.batch_size), "--epochs", str(args.epochs), "--stop-at", str(args.stop_at)]
     for phase in ("train", "resume"):
-        print(f"- {phase}: fresh process, {args.workers} workers, shuffle=True", flush=True)
+        knobs = ", ".join(f"{k}={v}" for k, v in SHUFFLE.items())
+        print(f"- {phase}: fresh process, {args.workers} workers, {knobs}", flush=True)
         subprocess.run([sys.executable, "-m", "arrowstream", "demo", "--phase", phase, *common], check=True)
     with open(os.path.join(args.dir, "train.json")) as f:
         first = json.load(f)
