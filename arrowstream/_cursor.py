@@ -10,7 +10,7 @@ cursor.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,17 +21,18 @@ import pyarrow as pa
 class Cursor:
     """The position just past the last row handed out, in one worker's epoch.
 
-    With a shuffle buffer, ``lanes``/``next_split``/``turn``/``block_rows`` are where the
-    current window starts in the interleaved stream, and ``window_rows`` of it (in shuffled
-    order) were handed out; without one, they are the position itself and the window fields are 0.
+    With a shuffle buffer, ``lanes``/``next_split_index``/``turn_index``/``block_offset`` are
+    where the current window starts in the interleaved stream, and ``window_offset`` rows of it
+    (in shuffled order) were handed out; without one, they are the position itself and the
+    window fields are 0.
     """
 
     lanes: tuple[tuple[int, int], ...]   # (split index in reading order, source row offset) per open split
-    next_split: int                      # the split the next lane to run dry opens
-    turn: int = 0                        # the lane whose block comes next
-    block_rows: int = 0                  # rows of that block already taken
-    window: int = 0                      # the shuffle window, counted from the start of the epoch
-    window_rows: int = 0                 # rows of that window already handed out
+    next_split_index: int                # the split the next lane to run dry opens
+    turn_index: int = 0                  # the lane whose block comes next
+    block_offset: int = 0                # rows of that block already handed out
+    window_index: int = 0                # the shuffle window, counted from the start of the epoch
+    window_offset: int = 0               # rows of that window already handed out
 
     @classmethod
     def start(cls, num_splits: int, num_lanes: int) -> Cursor:
@@ -41,19 +42,27 @@ class Cursor:
 
     @classmethod
     def end(cls, num_splits: int) -> Cursor:
+        """Past the last row of an epoch of ``num_splits`` splits."""
         return cls((), num_splits)
 
+    def at_end(self, split_rows: Sequence[int]) -> bool:
+        """True when no row is left after this cursor in an epoch of splits of ``split_rows`` rows
+        (counted before the filter: with one, rows the filter drops may be all that is left)."""
+        num_splits = len(split_rows)
+        return (self.window_offset == 0 and self.next_split_index >= num_splits
+                and all(index >= num_splits or offset >= split_rows[index] for index, offset in self.lanes))
+
     def to_dict(self) -> dict[str, Any]:
-        return {"lanes": [list(lane) for lane in self.lanes], "next_split": self.next_split,
-                "turn": self.turn, "block_rows": self.block_rows, "window": self.window,
-                "window_rows": self.window_rows}
+        return {"lanes": [list(lane) for lane in self.lanes], "next_split_index": self.next_split_index,
+                "turn_index": self.turn_index, "block_offset": self.block_offset,
+                "window_index": self.window_index, "window_offset": self.window_offset}
 
     @classmethod
     def from_dict(cls, cursor: dict[str, Any]) -> Cursor:
         """Parse the ``cursor`` of a worker state; ``KeyError``/``TypeError``/``ValueError`` if malformed."""
         lanes = tuple((int(index), int(offset)) for index, offset in cursor["lanes"])
-        return cls(lanes, int(cursor["next_split"]), int(cursor["turn"]), int(cursor["block_rows"]),
-                   int(cursor["window"]), int(cursor["window_rows"]))
+        return cls(lanes, int(cursor["next_split_index"]), int(cursor["turn_index"]), int(cursor["block_offset"]),
+                   int(cursor["window_index"]), int(cursor["window_offset"]))
 
 
 class Run:
@@ -71,9 +80,11 @@ class Run:
         return int(self.batch.num_rows)
 
     def after(self, rows: int) -> Cursor:
+        """The cursor once the first ``rows`` rows of this run are handed out."""
         return self._after(self._base + rows)
 
     def head(self, rows: int) -> Run:
+        """The first ``rows`` rows, zero-copy."""
         return Run(self.batch.slice(0, rows), self._after, self._base)
 
     def tail(self, rows: int) -> Run:

@@ -1,7 +1,7 @@
 """A worker's splits read ``K`` at a time, their rows handed out in rotation, a block per turn.
 
 The splits of a worker (in its reading order) are read by up to ``K`` *lanes*. On its turn a
-lane hands out a block of ``block_rows`` rows and the turn passes to the next lane. A lane whose
+lane hands out a block of ``block_size`` rows and the turn passes to the next lane. A lane whose
 split runs dry opens the next split nobody has opened yet, in the middle of a block if need be;
 with none left, it leaves the rotation. Every decision depends only on how many rows each split
 yields, never on how the reader cut them into pieces, so the order is a pure function of the
@@ -23,6 +23,8 @@ from ._reader import Piece
 
 
 class PieceReader(Protocol):
+    """What a lane reads with: :class:`~arrowstream._reader.SplitReader`, or a test's reader."""
+
     def read(self, split: Split, position: int, offset: int) -> Iterator[Piece]: ...
 
     def close(self) -> None: ...
@@ -33,25 +35,27 @@ class _Turn:
     """The rotation just before a piece of lane ``turn`` is handed out."""
 
     lanes: tuple[tuple[int, int], ...]
-    next_split: int
-    turn: int
-    block_rows: int
+    next_split_index: int
+    turn_index: int
+    block_offset: int         # rows of the current block already handed out
     block_size: int | None    # None: one lane, no rotation
 
 
-def _after(before: _Turn, piece: Piece, rows: int) -> Cursor:
-    """The cursor once the first ``rows`` rows of ``piece`` (lane ``before.turn``) are handed out."""
+def _cursor_after_piece(before: _Turn, piece: Piece, rows: int) -> Cursor:
+    """The cursor once the first ``rows`` rows of ``piece`` (lane ``before.turn_index``) are handed out."""
     lanes = list(before.lanes)
-    lanes[before.turn] = (piece.position, piece.offset_of(rows) if rows < piece.num_rows else piece.end)
+    lanes[before.turn_index] = (piece.position, piece.offset_of(rows) if rows < piece.num_rows else piece.end)
     if before.block_size is None:
-        return Cursor(tuple(lanes), before.next_split)
-    turn, taken = before.turn, before.block_rows + rows
+        return Cursor(tuple(lanes), before.next_split_index)
+    turn, taken = before.turn_index, before.block_offset + rows
     if taken >= before.block_size:
         turn, taken = (turn + 1) % len(lanes), 0
-    return Cursor(tuple(lanes), before.next_split, turn, taken)
+    return Cursor(tuple(lanes), before.next_split_index, turn, taken)
 
 
 class _Lane:
+    """One open split of the rotation and where its reading stands."""
+
     __slots__ = ("offset", "pieces", "position", "reader", "rest")
 
     def __init__(self, position: int, offset: int, reader: PieceReader) -> None:
@@ -62,17 +66,17 @@ class _Lane:
         self.rest: Piece | None = None      # the part of a piece that did not fit the last block
 
 
-def interleaved_runs(readers: Sequence[PieceReader], splits: Sequence[Split], block_rows: int | None,
+def interleave_runs(readers: Sequence[PieceReader], splits: Sequence[Split], block_size: int | None,
                      start: Cursor) -> Iterator[Run]:
     """The rows of ``splits`` from ``start`` on, read by ``len(start.lanes)`` lanes in rotation.
 
-    ``readers`` has one reader per lane (each keeps its own file open); ``block_rows`` is the
+    ``readers`` has one reader per lane (each keeps its own file open); ``block_size`` is the
     block a lane hands out per turn, ``None`` for no rotation (one lane). Runs with no rows mark
     source rows a filter dropped, so the cursor can move past them.
     """
     num_splits = len(splits)
     lanes = [_Lane(position, offset, readers[k]) for k, (position, offset) in enumerate(start.lanes)]
-    next_split, turn, taken = min(start.next_split, num_splits), start.turn, start.block_rows
+    next_split, turn, taken = min(start.next_split_index, num_splits), start.turn_index, start.block_offset
     while lanes:
         lane = lanes[turn]
         if lane.pieces is None:
@@ -89,19 +93,19 @@ def interleaved_runs(readers: Sequence[PieceReader], splits: Sequence[Split], bl
                 lane.reader.close()
                 turn, taken = (turn % len(lanes) if lanes else 0), 0
             continue
-        if block_rows is not None and piece.num_rows > block_rows - taken:
-            lane.rest = piece.tail(block_rows - taken)
-            piece = piece.head(block_rows - taken)
+        if block_size is not None and piece.num_rows > block_size - taken:
+            lane.rest = piece.tail(block_size - taken)
+            piece = piece.head(block_size - taken)
         before = _Turn(tuple((other.position, other.offset) for other in lanes), next_split, turn, taken,
-                       block_rows)
-        yield Run(piece.batch, functools.partial(_after, before, piece))
+                       block_size)
+        yield Run(piece.batch, functools.partial(_cursor_after_piece, before, piece))
         lane.offset = piece.end
-        if block_rows is not None:
+        if block_size is not None:
             taken += piece.num_rows
-            if taken >= block_rows:
+            if taken >= block_size:
                 turn, taken = (turn + 1) % len(lanes), 0
 
 
-def block_rows_for(batch_size: int, interleave: int) -> int | None:
+def block_size_for(batch_size: int, interleave: int) -> int | None:
     """Rows a lane hands out per turn: a batch holds about equal parts of ``interleave`` splits."""
     return None if interleave == 1 else -(-batch_size // interleave)

@@ -2,7 +2,8 @@
 
 A worker's state is its cursor in a pure pipeline (plan -> epoch order -> slot -> interleaved
 rows -> shuffle windows): the splits it has open, in its reading order, with the source row offset
-inside each, and how far into the current shuffle window it is (see :mod:`arrowstream._cursor`). Orders and assignments are recomputed on load, never stored; no rows, buffers,
+inside each, and how far into the current shuffle window it is (see :mod:`arrowstream._cursor`).
+Orders and assignments are recomputed on load, never stored; no rows, buffers,
 paths or credentials are stored. See ``docs/state-format.md``.
 """
 
@@ -42,8 +43,8 @@ def _worker_v2_to_v3(state: dict[str, Any]) -> dict[str, Any]:
     at a time and had no shuffle buffer."""
     cursor = state["cursor"]
     split_index, row_offset = int(cursor["split_index"]), int(cursor["row_offset"])
-    return {**state, "cursor": {"lanes": [[split_index, row_offset]], "next_split": split_index + 1, "turn": 0,
-                                "block_rows": 0, "window": 0, "window_rows": 0}}
+    return {**state, "cursor": {"lanes": [[split_index, row_offset]], "next_split_index": split_index + 1,
+                                "turn_index": 0, "block_offset": 0, "window_index": 0, "window_offset": 0}}
 
 
 # (kind, n) -> the step from version n to n + 1 of that kind; each takes and returns a plain dict

@@ -14,13 +14,13 @@ from typing import Any
 import pyarrow as pa
 
 from ._cursor import Cursor, Run
-from ._interleave import PieceReader, block_rows_for, interleaved_runs
+from ._interleave import PieceReader, block_size_for, interleave_runs
 from ._order import Slot
 from ._planning import Split
 from ._state import DataIdentity, WorkerState
 from ._storage import logger
 from ._transport import Position
-from ._window import RUN_ROWS, windowed_runs
+from ._window import RUN_ROWS, shuffle_windows
 
 
 def open_runs(readers: Sequence[PieceReader], splits: Sequence[Split], *, batch_size: int, interleave: int,
@@ -29,14 +29,14 @@ def open_runs(readers: Sequence[PieceReader], splits: Sequence[Split], *, batch_
     """A worker's rows from ``start`` on: ``interleave`` splits at a time, shuffled by windows of
     ``buffer_rows`` rows when it is above 0. A pure function of the rows each split yields;
     ``run_rows`` (how many shuffled rows are gathered at a time) changes nothing but memory."""
-    block_rows = block_rows_for(batch_size, interleave)
+    block_size = block_size_for(batch_size, interleave)
 
     def source(cursor: Cursor) -> Iterator[Run]:
-        return interleaved_runs(readers, splits, block_rows, cursor)
+        return interleave_runs(readers, splits, block_size, cursor)
 
     if buffer_rows == 0:
         return source(start)
-    return windowed_runs(source, buffer_rows, window_seed, start, run_rows)
+    return shuffle_windows(source, buffer_rows, window_seed, start, run_rows)
 
 
 class EpochStream:
@@ -139,6 +139,13 @@ class EpochStream:
             raise StopIteration
         span = parts[0] if len(parts) == 1 else pa.concat_batches(parts)
         return span, [p.num_rows for p in parts], positions
+
+    def holds(self, rows: int) -> bool:
+        """Whether at least ``rows`` rows are left in the epoch (reads ahead as far as needed)."""
+        if self._complete:
+            return False
+        self._fill(rows)
+        return self._buffered >= rows
 
     @property
     def batches(self) -> int:

@@ -32,10 +32,11 @@ RUN_ROWS = 16_384  # rows of a window copied into shuffled order at a time
 SMALL_PART_ROWS = 4_096  # a window read in pieces this small on average is copied into one first
 
 
-def _after(begin: Cursor, end: Cursor, window: int, size: int, rows: int) -> Cursor:
+def _cursor_after_rows(begin: Cursor, end: Cursor, window: int, size: int, rows: int) -> Cursor:
+    """The cursor once ``rows`` of window ``window`` (``size`` rows, from ``begin`` to ``end``) are out."""
     if rows < size:
-        return dataclasses.replace(begin, window=window, window_rows=rows)
-    return dataclasses.replace(end, window=window + 1, window_rows=0)
+        return dataclasses.replace(begin, window_index=window, window_offset=rows)
+    return dataclasses.replace(end, window_index=window + 1, window_offset=0)
 
 
 def _fill(runs: Iterator[Run], held: Run | None, buffer_rows: int,
@@ -75,22 +76,22 @@ def _shuffled(rows: pa.Table, order: npt.NDArray[np.int64], after: Callable[[int
         yield run.tail(skip - start) if start < skip else run
 
 
-def windowed_runs(source: Callable[[Cursor], Iterator[Run]], buffer_rows: int, window_seed: Callable[[int], int],
+def shuffle_windows(source: Callable[[Cursor], Iterator[Run]], buffer_rows: int, window_seed: Callable[[int], int],
                   start: Cursor, run_rows: int = RUN_ROWS) -> Iterator[Run]:
     """The rows of ``source`` from ``start`` on, shuffled window by window.
 
     ``source(cursor)`` gives the unshuffled stream from a cursor; ``window_seed(w)`` the seed of
-    window ``w``; ``start.window_rows`` rows of the first window were already handed out.
+    window ``w``; ``start.window_offset`` rows of the first window were already handed out.
     """
-    window, skip = start.window, start.window_rows
-    begin = dataclasses.replace(start, window=0, window_rows=0)
+    window, skip = start.window_index, start.window_offset
+    begin = dataclasses.replace(start, window_index=0, window_offset=0)
     runs = source(begin)
     held: Run | None = None
     while True:
         rows, end, held = _fill(runs, held, buffer_rows, begin)
         if rows is None:
             return
-        after = functools.partial(_after, begin, end, window, rows.num_rows)
+        after = functools.partial(_cursor_after_rows, begin, end, window, rows.num_rows)
         yield from _shuffled(rows, permutation(rows.num_rows, window_seed(window)), after, skip, run_rows)
         del rows
         window, skip, begin = window + 1, 0, end

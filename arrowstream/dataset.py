@@ -250,15 +250,13 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         if state.epoch_complete:
             return True
         splits = self._slot_splits(slot, state.epoch)
-        cursor = state.cursor
-        if (cursor.window_rows == 0 and cursor.next_split >= len(splits)
-                and all(position >= len(splits) or offset >= splits[position].num_rows
-                        for position, offset in cursor.lanes)):
+        if state.cursor.at_end([s.num_rows for s in splits]):
             return True
-        if not self._options.drop_last or self._options.filter is not None:
-            return False
-        left = sum(s.num_rows for s in splits) - state.rows - state.rows_dropped
-        return left < self._options.batch_size  # drop_last drops them
+        wanted = self._options.batch_size if self._options.drop_last else 1  # fewer rows than that: none
+        if self._options.filter is None:
+            return sum(s.num_rows for s in splits) - state.rows - state.rows_dropped < wanted
+        # the filter decides what is left: look ahead from the cursor (the rows a resumed run reads first)
+        return not self._stream(slot, state.epoch, state).holds(wanted)
 
     def _prepare(self) -> None:
         """Set up this process's readers and converters, once."""

@@ -57,5 +57,6 @@ def test_v1_states_migrate_step_by_step():
     assert v2["cursor"] == worker["cursor"]
     v3 = _state.MIGRATIONS[(_state.WORKER_KIND, 2)](v2)
     old = worker["cursor"]
-    assert v3["cursor"] == {"lanes": [[old["split_index"], old["row_offset"]]], "next_split": old["split_index"] + 1,
-                            "turn": 0, "block_rows": 0, "window": 0, "window_rows": 0}
+    assert v3["cursor"] == {"lanes": [[old["split_index"], old["row_offset"]]],
+                            "next_split_index": old["split_index"] + 1, "turn_index": 0, "block_offset": 0,
+                            "window_index": 0, "window_offset": 0}

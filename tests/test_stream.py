@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arrowstream._cursor import Cursor
-from arrowstream._interleave import block_rows_for
+from arrowstream._interleave import block_size_for
 from arrowstream._order import Slot, window_seed
 from arrowstream._planning import Split
 from arrowstream._reader import Piece
@@ -195,7 +195,7 @@ def test_interleave_rotates_blocks_of_open_splits(sizes, interleave, batch_size)
         finished[row // ROWS_PER_SPLIT] = position
     for position in range(len(out)):
         assert sum(started[s] <= position <= finished[s] for s in started) <= interleave
-    block = block_rows_for(batch_size, interleave)
+    block = block_size_for(batch_size, interleave)
     assert block is not None
     if len(sizes) >= interleave and min(sizes[:interleave]) >= block:
         assert [i // ROWS_PER_SPLIT for i in out[:block * interleave:block]] == list(range(interleave))
@@ -219,5 +219,36 @@ def test_one_lane_cursors_are_a_split_and_an_offset(layout):
                         **{**stream_args(layout), "interleave": 1})
     for state in states:
         cursor = state.cursor
-        assert len(cursor.lanes) <= 1 and (cursor.turn, cursor.block_rows) == (0, 0)
-        assert not cursor.lanes or cursor.next_split == cursor.lanes[0][0] + 1
+        assert len(cursor.lanes) <= 1 and (cursor.turn_index, cursor.block_offset) == (0, 0)
+        assert not cursor.lanes or cursor.next_split_index == cursor.lanes[0][0] + 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(layouts)
+def test_a_cursor_is_at_the_end_exactly_when_no_row_follows(layout):
+    """``Cursor.at_end`` never claims the end while rows follow; without a filter (which may drop
+    every row that is left) it sees the end as soon as the last row is handed out."""
+    splits = make_splits(layout["sizes"])
+    args = {**stream_args(layout), "drop_last": False}
+    batches, states = run_all(splits, lambda: IntReader(layout["piece_rows"], layout["drop"]), **args)
+    for k, state in enumerate(states):
+        at_end = state.cursor.at_end(layout["sizes"])
+        rows_after = sum(len(batch) for batch in batches[k + 1:])
+        assert not (at_end and rows_after)
+        if layout["drop"] is None and rows_after == 0:
+            assert at_end
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(0, 9000), min_size=1, max_size=4), st.sampled_from([4096, 5000, 12_000]),
+       st.integers(1, 3), st.data())
+def test_windows_of_large_pieces_replay_exactly(sizes, buffer_rows, interleave, data):
+    """Reads of thousands of rows take the window path that gathers from the pieces as read."""
+    splits = make_splits(sizes)
+    args = {"batch_size": 1000, "interleave": interleave, "buffer_rows": buffer_rows, "run_rows": 3000}
+    batches, states = run_all(splits, lambda: IntReader(8192), **args)
+    assert sorted(i for batch in batches for i in batch) == kept_ids(sizes, None)
+    if batches:
+        k = data.draw(st.integers(0, len(batches) - 1), label="batches before the checkpoint")
+        resumed, _ = open_stream(splits, lambda: IntReader(700), start=states[k], **args)
+        assert list(resumed) == batches[k + 1:]
