@@ -49,7 +49,8 @@ class Cursor:
         """True when no row is left after this cursor in an epoch of splits of ``split_rows`` rows
         (counted before the filter: with one, rows the filter drops may be all that is left)."""
         num_splits = len(split_rows)
-        return (self.window_offset == 0 and self.next_split_index >= num_splits
+        return (self.window_offset == 0
+                and all(split_rows[index] == 0 for index in range(self.next_split_index, num_splits))
                 and all(index >= num_splits or offset >= split_rows[index] for index, offset in self.lanes))
 
     def to_dict(self) -> dict[str, Any]:

@@ -6,8 +6,15 @@ import os
 import sys
 
 import pytest
+from hypothesis import settings
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+# seeded randomness only: property tests draw the same examples on every run (and in CI);
+# HYPOTHESIS_PROFILE=explore draws new ones, to hunt for bugs locally
+settings.register_profile("seeded", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "seeded"))
 
 from helpers import write_dataset
 
