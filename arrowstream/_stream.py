@@ -29,20 +29,16 @@ def open_runs(readers: Sequence[PieceReader], splits: Sequence[Split], *, batch_
     """A worker's rows from ``start`` on: ``interleave`` splits at a time, shuffled by windows of
     ``buffer_rows`` rows when it is above 0. A pure function of the rows each split yields;
     ``run_rows`` (how many shuffled rows are gathered at a time) changes nothing but memory."""
-    block_size = block_size_for(batch_size, interleave)
-
-    def source(cursor: Cursor) -> Iterator[Run]:
-        return interleave_runs(readers, splits, block_size, cursor)
-
+    runs = interleave_runs(readers, splits, block_size_for(batch_size, interleave), start)
     if buffer_rows == 0:
-        return source(start)
-    return shuffle_windows(source, buffer_rows, window_seed, start, run_rows)
+        return runs
+    return shuffle_windows(runs, buffer_rows, window_seed, start, run_rows)
 
 
 class EpochStream:
     """Batches of one slot in one epoch, from a cursor on; :meth:`state` is where it stands."""
 
-    def __init__(self, *, runs: Callable[[Cursor], Iterator[Run]], num_splits: int, batch_size: int,
+    def __init__(self, *, runs: Iterator[Run], num_splits: int, batch_size: int,
                  drop_last: bool, convert: Callable[[pa.RecordBatch], Any], data: DataIdentity,
                  options: dict[str, Any], epoch: int, slot: Slot, start: WorkerState) -> None:
         self._num_splits = num_splits
@@ -58,7 +54,7 @@ class EpochStream:
         self._cursor = start.cursor
         self._rows, self._batches, self._rows_dropped = start.rows, start.batches, start.rows_dropped
         self._complete = start.epoch_complete
-        self._reading: Iterator[Run] | None = None if self._complete else runs(self._cursor)
+        self._reading: Iterator[Run] | None = None if self._complete else runs
 
     def _fill(self, rows: int) -> None:
         while self._buffered < rows and self._reading is not None:

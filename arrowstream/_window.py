@@ -76,16 +76,14 @@ def _shuffled(rows: pa.Table, order: npt.NDArray[np.int64], after: Callable[[int
         yield run.tail(skip - start) if start < skip else run
 
 
-def shuffle_windows(source: Callable[[Cursor], Iterator[Run]], buffer_rows: int, window_seed: Callable[[int], int],
-                  start: Cursor, run_rows: int = RUN_ROWS) -> Iterator[Run]:
-    """The rows of ``source`` from ``start`` on, shuffled window by window.
+def shuffle_windows(runs: Iterator[Run], buffer_rows: int, window_seed: Callable[[int], int], start: Cursor,
+                    run_rows: int = RUN_ROWS) -> Iterator[Run]:
+    """The rows of ``runs`` (the unshuffled stream from ``start``), shuffled window by window.
 
-    ``source(cursor)`` gives the unshuffled stream from a cursor; ``window_seed(w)`` the seed of
-    window ``w``; ``start.window_offset`` rows of the first window were already handed out.
+    ``window_seed(w)`` is the seed of window ``w``; ``start.window_offset`` rows of the first
+    window were already handed out.
     """
-    window, skip = start.window_index, start.window_offset
-    begin = dataclasses.replace(start, window_index=0, window_offset=0)
-    runs = source(begin)
+    window, skip, begin = start.window_index, start.window_offset, start
     held: Run | None = None
     while True:
         rows, end, held = _fill(runs, held, buffer_rows, begin)

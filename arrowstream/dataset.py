@@ -5,14 +5,14 @@ from __future__ import annotations
 import functools
 import gc
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ._convert import make_converter, resolve_fill_nulls
-from ._cursor import Cursor, Run
+from ._cursor import Cursor
 from ._discovery import discover_files
 from ._options import Options, validate_options
 from ._order import Slot, slot_row_counts, slot_split_ids, window_seed
@@ -286,16 +286,13 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         assert self._convert is not None
         splits = self._slot_splits(slot, epoch)
         options = self._options
-
-        def runs(cursor: Cursor) -> Iterator[Run]:
-            return open_runs(self._readers, splits, batch_size=options.batch_size, interleave=options.interleave,
-                             buffer_rows=options.shuffle_buffer_size,
-                             window_seed=functools.partial(window_seed, options.seed, epoch, slot), start=cursor)
-
+        start = start or self._initial_state(slot, epoch, len(splits))
+        runs = open_runs(self._readers, splits, batch_size=options.batch_size, interleave=options.interleave,
+                         buffer_rows=options.shuffle_buffer_size, start=start.cursor,
+                         window_seed=functools.partial(window_seed, options.seed, epoch, slot))
         return EpochStream(runs=runs, num_splits=len(splits), batch_size=options.batch_size,
                            drop_last=options.drop_last, convert=self._convert, data=self._data,
-                           options=self._state_options, epoch=epoch, slot=slot,
-                           start=start or self._initial_state(slot, epoch, len(splits)))
+                           options=self._state_options, epoch=epoch, slot=slot, start=start)
 
     # -- state --------------------------------------------------------------------------------
 

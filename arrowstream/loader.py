@@ -14,6 +14,7 @@ exactly; this subclass adds what a production loop needs on top:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import warnings
 from typing import Any
@@ -226,11 +227,11 @@ def _rewind_into_chunk(inner: dict[str, Any], batches: _BatchIterator, num_worke
     assert batches.chunk is not None
     state = copy.deepcopy(inner)
     snapshot = state[_SNAPSHOT]
-    worker = snapshot[_WORKER_SNAPSHOTS][f"worker_{batches.chunk.worker_id}"][_DATASET_STATE]
+    worker = snapshot[_WORKER_SNAPSHOTS][f"worker_{batches.chunk.worker_id}"]
     position = batches.chunk.positions[batches.taken - 1]
-    worker["cursor"] = position.cursor.to_dict()
-    worker["counters"] = {"rows": position.rows, "batches": position.batches, "rows_dropped": position.rows_dropped}
-    worker["epoch_complete"] = False
+    worker[_DATASET_STATE] = dataclasses.replace(
+        WorkerState.from_dict(worker[_DATASET_STATE]), cursor=position.cursor, rows=position.rows,
+        batches=position.batches, rows_dropped=position.rows_dropped, epoch_complete=False).to_dict()
     snapshot["_last_yielded_worker_id"] = (batches.chunk.worker_id - 1) % num_workers
     return state
 

@@ -64,10 +64,9 @@ def open_stream(splits, reader_factory, *, batch_size, interleave, buffer_rows, 
     if start is None:
         start = WorkerState(DATA, {}, epoch, SLOT, Cursor.start(len(splits), interleave), 0, 0, 0, False)
 
-    def runs(cursor):
-        return open_runs(readers, splits, batch_size=batch_size, interleave=interleave, buffer_rows=buffer_rows,
-                         window_seed=functools.partial(window_seed, seed, epoch, SLOT), start=cursor,
-                         run_rows=run_rows)
+    runs = open_runs(readers, splits, batch_size=batch_size, interleave=interleave, buffer_rows=buffer_rows,
+                     window_seed=functools.partial(window_seed, seed, epoch, SLOT), start=start.cursor,
+                     run_rows=run_rows)
 
     stream = EpochStream(runs=runs, num_splits=len(splits), batch_size=batch_size, drop_last=drop_last,
                          convert=lambda batch: batch.column("id").to_pylist(), data=DATA, options={},
