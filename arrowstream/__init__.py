@@ -9,6 +9,7 @@ Example:
 from __future__ import annotations
 
 from . import errors
+from ._checkpoint import gather_state_dict, merge_state_dicts
 from .dataset import StructuredDataset
 from .errors import (
     ArgumentTypeError,
@@ -25,6 +26,7 @@ from .errors import (
     StateError,
     StateMismatchError,
     StateVersionError,
+    TopologyError,
 )
 from .loader import ArrowStreamDataLoader
 
@@ -47,6 +49,9 @@ __all__ = [
     "StateMismatchError",
     "StateVersionError",
     "StructuredDataset",
+    "TopologyError",
     "__version__",
     "errors",
+    "gather_state_dict",
+    "merge_state_dicts",
 ]

@@ -89,3 +89,38 @@ def window_seed(seed: int, epoch: int, slot: Slot, window: int) -> int:
     """The seed of shuffle window ``window`` of ``slot`` in ``epoch``."""
     return derive_seed(_WINDOW_DOMAIN, seed, epoch, slot.rank, slot.world_size, slot.worker_id, slot.num_workers,
                        window)
+
+
+def natural_batches(rows: int, batch_size: int, drop_last: bool) -> int:
+    """Batches a slot yields from ``rows`` rows: full ones, and a short last one unless ``drop_last``."""
+    return rows // batch_size if drop_last else -(-rows // batch_size)
+
+
+def even_batch_limits(slot_rows: Sequence[int], world_size: int, batch_size: int, drop_last: bool) -> list[int]:
+    """Batches each slot may yield so that every rank yields the same number (``even_batches``).
+
+    ``slot_rows`` lists the rows of every slot, rank by rank. Each rank keeps as many batches as
+    the poorest rank has; a richer rank gives up its surplus one batch at a time from the worker
+    with the most batches left (ties: the highest worker), so its workers stay balanced and
+    the batches given up are the last ones of their workers. A worker whose count is cut yields
+    only full batches. Pure: the limits follow from row counts alone.
+    """
+    per_rank = len(slot_rows) // world_size
+    natural = [natural_batches(r, batch_size, drop_last) for r in slot_rows]
+    target = min(sum(natural[r * per_rank:(r + 1) * per_rank]) for r in range(world_size))
+    limits = list(natural)
+    for rank in range(world_size):
+        heap = [(-natural[i], -i) for i in range(rank * per_rank, (rank + 1) * per_rank)]
+        heapq.heapify(heap)
+        for _ in range(sum(natural[rank * per_rank:(rank + 1) * per_rank]) - target):
+            count, neg_slot = heapq.heappop(heap)
+            limits[-neg_slot] -= 1
+            heapq.heappush(heap, (count + 1, neg_slot))
+    return limits
+
+
+def rows_yielded(rows: int, limit: int, batch_size: int, drop_last: bool) -> int:
+    """Rows a slot of ``rows`` rows yields when it stops after ``limit`` batches."""
+    if limit < natural_batches(rows, batch_size, drop_last):
+        return limit * batch_size
+    return rows - rows % batch_size if drop_last else rows

@@ -17,10 +17,10 @@ from ._cursor import Cursor
 from ._order import Slot
 from .errors import StateError, StateMismatchError, StateVersionError
 
-STATE_VERSION = 3
+STATE_VERSION = 4
 WORKER_KIND = "arrowstream.worker"
 LOADER_KIND = "arrowstream.loader"
-
+CHECKPOINT_KIND = "arrowstream.checkpoint"  # every rank's loader state, merged
 
 
 def _loader_v1_to_v2(state: dict[str, Any]) -> dict[str, Any]:
@@ -47,12 +47,24 @@ def _worker_v2_to_v3(state: dict[str, Any]) -> dict[str, Any]:
                                 "turn_index": 0, "block_offset": 0, "window_index": 0, "window_offset": 0}}
 
 
+def _loader_v3_to_v4(state: dict[str, Any]) -> dict[str, Any]:
+    """v4 names the loader's rank and world size; v3 loaders ran on one rank."""
+    return {**state, "rank": 0, "world_size": 1}
+
+
+def _worker_v3_to_v4(state: dict[str, Any]) -> dict[str, Any]:
+    """v4 keeps ``even_batches`` among the stream options; v3 ran on one rank, where it is off."""
+    return {**state, "options": {**state["options"], "even_batches": False}}
+
+
 # (kind, n) -> the step from version n to n + 1 of that kind; each takes and returns a plain dict
 MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
     (LOADER_KIND, 1): _loader_v1_to_v2,
     (WORKER_KIND, 1): _worker_v1_to_v2,
     (LOADER_KIND, 2): _loader_v2_to_v3,
     (WORKER_KIND, 2): _worker_v2_to_v3,
+    (LOADER_KIND, 3): _loader_v3_to_v4,
+    (WORKER_KIND, 3): _worker_v3_to_v4,
 }
 
 

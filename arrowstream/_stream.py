@@ -39,11 +39,12 @@ class EpochStream:
     """Batches of one slot in one epoch, from a cursor on; :meth:`state` is where it stands."""
 
     def __init__(self, *, runs: Iterator[Run], num_splits: int, batch_size: int,
-                 drop_last: bool, convert: Callable[[pa.RecordBatch], Any], data: DataIdentity,
+                 drop_last: bool, max_batches: int | None = None, convert: Callable[[pa.RecordBatch], Any], data: DataIdentity,
                  options: dict[str, Any], epoch: int, slot: Slot, start: WorkerState) -> None:
         self._num_splits = num_splits
         self._batch_size = batch_size
         self._drop_last = drop_last
+        self._max_batches = max_batches
         self._convert = convert
         self._data = data
         self._options = options
@@ -87,7 +88,11 @@ class EpochStream:
         return parts[0] if len(parts) == 1 else pa.concat_batches(parts)
 
     def _finish(self) -> None:
-        if self._drop_last and self._buffered:
+        if self._max_batches is not None and self._batches >= self._max_batches:
+            logger.info("even_batches: rank %d worker %d stops after %d batch(es) of epoch %d; the rest of its "
+                        "rows are trimmed this epoch", self._slot.rank, self._slot.worker_id, self._batches,
+                        self._epoch)
+        elif self._drop_last and self._buffered:
             self._rows_dropped += self._buffered
             logger.info("drop_last: rank %d worker %d dropped its last %d row(s) of epoch %d",
                         self._slot.rank, self._slot.worker_id, self._buffered, self._epoch)
@@ -103,6 +108,9 @@ class EpochStream:
     def _next_record(self) -> pa.RecordBatch:
         """The next batch as Arrow, before conversion."""
         if self._complete:
+            raise StopIteration
+        if self._max_batches is not None and self._batches >= self._max_batches:
+            self._finish()
             raise StopIteration
         self._fill(self._batch_size)
         if self._buffered == 0 or (self._drop_last and self._buffered < self._batch_size):
@@ -122,6 +130,8 @@ class EpochStream:
         ``next()`` would give; taking them together lets the caller convert each column once."""
         if self._complete:
             raise StopIteration
+        if self._max_batches is not None:  # never read rows that even_batches trims
+            max_batches = max(1, min(max_batches, self._max_batches - self._batches))
         self._fill(self._batch_size * max_batches)
         parts: list[pa.RecordBatch] = []
         positions: list[Position] = []

@@ -1,29 +1,126 @@
-"""Where this process stands among ranks: explicit, Accelerate, torch.distributed, Horovod."""
+"""Where this process stands among ranks: explicit, Accelerate, torch.distributed, Horovod.
+
+The first source that is set decides; every other source that is set must agree with it, so a
+``rank=local_rank`` typo or a launcher that was not initialised never makes two ranks read the
+same rows. ``group_size`` > 1 makes consecutive ranks one group that reads the same data (tensor
+or sequence parallel replicas): the data-parallel coordinates are ``rank // group_size`` of
+``world_size // group_size``.
+"""
 
 from __future__ import annotations
 
+import os
+import sys
+from dataclasses import dataclass
 from typing import Any
 
-from .errors import InvalidArgumentError, NotSupportedYetError
+from .errors import ArgumentTypeError, InvalidArgumentError, TopologyError
 
 
-def resolve_topology(rank: int | None, world_size: int | None, accelerator: Any) -> tuple[int, int]:
-    """``(rank, world_size)``; this release reads on one rank and refuses more, clearly."""
+@dataclass(frozen=True)
+class Topology:
+    """This process's rank among ``world_size`` processes, and what data it reads."""
+
+    rank: int
+    world_size: int
+    source: str
+    group_size: int = 1
+
+    @property
+    def data_rank(self) -> int:
+        """The rank's place among readers of distinct data (its group's index)."""
+        return self.rank // self.group_size
+
+    @property
+    def data_world_size(self) -> int:
+        """How many groups read distinct data."""
+        return self.world_size // self.group_size
+
+
+def _accelerate(accelerator: Any) -> tuple[int, int]:
+    try:
+        return int(accelerator.process_index), int(accelerator.num_processes)
+    except AttributeError:
+        raise ArgumentTypeError(
+            f"accelerator: expected an accelerate.Accelerator (with process_index and num_processes), got "
+            f"{type(accelerator).__name__}") from None
+
+
+def _torch_distributed() -> tuple[int, int] | None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+def _horovod() -> tuple[int, int] | None:
+    """Horovod's rank and size, if the user's process imported and initialised it (never imported here)."""
+    hvd = sys.modules.get("horovod.torch")
+    if hvd is None:
+        return None
+    try:
+        if not hvd.is_initialized():
+            return None
+        return int(hvd.rank()), int(hvd.size())
+    except (AttributeError, ValueError):
+        return None
+
+
+def _int_or_none(name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ArgumentTypeError(f"{name}: expected an int or None, got {type(value).__name__} {value!r}")
+    return value
+
+
+def resolve_topology(rank: Any = None, world_size: Any = None, accelerator: Any = None,
+                     group_size: Any = 1) -> Topology:
+    """This process's :class:`Topology`, from the first source that is set.
+
+    Sources in order: explicit ``rank``/``world_size``; ``accelerator``; an initialised
+    ``torch.distributed`` (torchrun, DeepSpeed); Horovod (``horovod.torch``, once initialised).
+    Any later source that is set must agree, else :class:`~arrowstream.TopologyError`.
+
+    Example:
+        >>> resolve_topology(rank=1, world_size=4)
+        Topology(rank=1, world_size=4, source='explicit', group_size=1)
+    """
+    rank, world_size = _int_or_none("rank", rank), _int_or_none("world_size", world_size)
     if (rank is None) != (world_size is None):
         raise InvalidArgumentError(f"rank/world_size: pass both or neither (got rank={rank}, world_size={world_size})")
-    if rank is None or world_size is None:
-        rank, world_size = 0, 1
-        if accelerator is not None:
-            rank, world_size = int(accelerator.process_index), int(accelerator.num_processes)
-        else:
-            import torch.distributed as dist
-
-            if dist.is_available() and dist.is_initialized():
-                rank, world_size = dist.get_rank(), dist.get_world_size()
+    found: list[tuple[str, tuple[int, int]]] = []
+    if rank is not None and world_size is not None:
+        found.append(("explicit rank/world_size", (rank, world_size)))
+    if accelerator is not None:
+        found.append(("accelerator", _accelerate(accelerator)))
+    for name, probe in (("torch.distributed", _torch_distributed), ("horovod", _horovod)):
+        values = probe()
+        if values is not None:
+            found.append((name, values))
+    if not found:
+        launched = os.environ.get("WORLD_SIZE", "1")
+        if launched.isdigit() and int(launched) > 1:
+            raise TopologyError(
+                f"this process was launched as one of WORLD_SIZE={launched} processes (RANK="
+                f"{os.environ.get('RANK', '?')}), but torch.distributed is not initialised and no rank was "
+                "given: every rank would read every row. Call torch.distributed.init_process_group() before "
+                "building the dataset, or pass rank= and world_size= (or accelerator=)")
+        found.append(("single process", (0, 1)))
+    source, (rank, world_size) = found[0]
+    for other, values in found[1:]:
+        if values != (rank, world_size):
+            raise TopologyError(
+                f"rank/world_size disagree: {source} says rank {rank} of {world_size}, {other} says rank "
+                f"{values[0]} of {values[1]}; pass the global rank and world size (not a local rank), or leave "
+                "rank/world_size unset to take them from the launcher")
     if world_size < 1 or not 0 <= rank < world_size:
-        raise InvalidArgumentError(f"rank/world_size: need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-    if world_size > 1:
-        raise NotSupportedYetError(
-            f"world_size={world_size}: rank-aware reading is planned but not in this release; every rank "
-            "would read the whole dataset, so arrowstream refuses instead of duplicating data")
-    return rank, world_size
+        raise InvalidArgumentError(f"rank/world_size: need 0 <= rank < world_size, got rank={rank}, "
+                                   f"world_size={world_size} (from {source})")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise InvalidArgumentError(f"group_size: expected an int >= 1, got {group_size!r}")
+    if world_size % group_size:
+        raise InvalidArgumentError(f"group_size: {group_size} does not divide world_size={world_size}; groups "
+                                   "are consecutive ranks that read the same data")
+    return Topology(rank, world_size, source.split()[0], group_size)

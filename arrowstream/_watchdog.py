@@ -8,7 +8,9 @@ looks every half second and ends the worker at once when the trainer is gone.
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
 import threading
 import time
 
@@ -25,6 +27,9 @@ def watch_trainer(interval: float = 0.5) -> None:
     if _started_in == os.getpid():
         return
     _started_in = os.getpid()
+    if os.environ.get("ARROWSTREAM_STACKS_ON_SIGUSR1") == "1":
+        # for hunting hangs (the test suite sets it): ``kill -USR1 <worker>`` prints every thread's stack
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     parent = os.getppid()
 
     def watch() -> None:

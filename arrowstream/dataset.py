@@ -15,7 +15,15 @@ from ._convert import make_converter, resolve_fill_nulls
 from ._cursor import Cursor
 from ._discovery import discover_files
 from ._options import Options, validate_options
-from ._order import Slot, slot_row_counts, slot_split_ids, window_seed
+from ._order import (
+    Slot,
+    even_batch_limits,
+    natural_batches,
+    rows_yielded,
+    slot_row_counts,
+    slot_split_ids,
+    window_seed,
+)
 from ._planning import Plan, Split, plan_parquet
 from ._reader import SplitReader
 from ._state import DataIdentity, WorkerState, check_compatible, check_slot
@@ -88,7 +96,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                  transform: Callable[[Any], Any] | None = None, drop_last: bool = False,
                  split_bytes: int | None = None, fill_nulls: Any = None,
                  storage_options: dict[str, Any] | None = None, accelerator: Any = None,
-                 rank: int | None = None, world_size: int | None = None, even_batches: bool = True) -> None:
+                 rank: int | None = None, world_size: int | None = None, even_batches: bool = True,
+                 group_size: int = 1) -> None:
         super().__init__()
         self._options: Options = validate_options(
             format=format, batch_size=batch_size, shuffle=shuffle, seed=seed,
@@ -97,8 +106,18 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             fill_nulls=fill_nulls)
         if storage_options is not None and not isinstance(storage_options, dict):
             raise ArgumentTypeError(f"storage_options: expected a dict, got {type(storage_options).__name__}")
-        self._rank, self._world_size = resolve_topology(rank, world_size, accelerator)
-        self._even_batches = even_batches
+        self._topology = resolve_topology(rank, world_size, accelerator, group_size)
+        self._rank, self._world_size = self._topology.data_rank, self._topology.data_world_size
+        if not isinstance(even_batches, bool):
+            raise ArgumentTypeError(f"even_batches: expected True or False, got {type(even_batches).__name__}")
+        # with one reader of distinct data there is nothing to even out
+        self._even_batches = even_batches and self._world_size > 1
+        if self._even_batches and self._options.filter is not None:
+            raise InvalidArgumentError(
+                f"even_batches: with world_size={self._world_size} and a filter, the batches each rank yields "
+                "are unknown before reading, so they cannot be evened out from metadata. Pass "
+                "even_batches=False and keep ranks in step yourself (torch.distributed.algorithms.Join), "
+                "or filter in transform= instead")
         protocol, entries = discover_files(path, storage_options)
         self._storage = Storage(protocol, storage_options)
         self._plan: Plan = plan_parquet(
@@ -106,7 +125,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             filter=self._options.filter, split_bytes=self._options.split_bytes)
         self._fill_nulls = resolve_fill_nulls(self._options.fill_nulls, self._plan.schema)
         self._data = DataIdentity(self._plan.data_fingerprint, len(self._plan.files), self._plan.num_rows)
-        self._state_options = self._options.state_options()
+        self._state_options = {**self._options.state_options(), "even_batches": self._even_batches}
         self._epoch_cell = torch.zeros(1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         self._pending: WorkerState | None = None
         self._active: _EpochIterator | None = None
@@ -159,6 +178,16 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
     # -- facts from the plan ------------------------------------------------------------------
 
     @property
+    def rank(self) -> int:
+        """This rank's place among the ranks that read distinct data (its group's, with ``group_size``)."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """How many ranks read distinct data (groups, with ``group_size``)."""
+        return self._world_size
+
+    @property
     def num_rows(self) -> int:
         """Rows in the dataset before the filter."""
         return self._plan.num_rows
@@ -184,29 +213,59 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         num_slots = self._world_size * max(num_workers, 1)
         return slot_row_counts([s.num_rows for s in self._plan.splits_for(num_slots)], num_slots)
 
+    def batch_limits(self, num_workers: int = 0) -> list[int] | None:
+        """Batches each slot may yield per epoch under ``even_batches`` (every slot of every rank);
+        ``None`` when the batches are not evened out (one rank, or ``even_batches=False``)."""
+        if not self._even_batches:
+            return None
+        return even_batch_limits(self.slot_rows(num_workers), self._world_size, self._options.batch_size,
+                                 self._options.drop_last)
+
+    def _rank_slots(self, values: list[int], num_workers: int) -> list[int]:
+        per_rank = max(num_workers, 1)
+        return values[self._rank * per_rank:(self._rank + 1) * per_rank]
+
+    def _rank_rows(self, num_workers: int) -> list[int]:
+        return self._rank_slots(self.slot_rows(num_workers), num_workers)
+
+    def _rank_yields(self, num_workers: int) -> list[tuple[int, int, int]]:
+        """Per worker of this rank: (rows, batches it yields, rows it yields)."""
+        size, drop_last = self._options.batch_size, self._options.drop_last
+        rows = self._rank_rows(num_workers)
+        limits = self.batch_limits(num_workers)
+        out = []
+        for index, r in enumerate(rows):
+            limit = natural_batches(r, size, drop_last) if limits is None else self._rank_slots(limits, num_workers)[index]
+            out.append((r, limit, rows_yielded(r, limit, size, drop_last)))
+        return out
+
+    def _check_known(self, what: str) -> None:
+        if self._options.filter is not None:
+            raise TypeError(f"the {what} unknown before reading: the filter decides how many rows each worker "
+                            "yields")
+
     def rows_dropped_per_epoch(self, num_workers: int = 0) -> int:
         """Rows ``drop_last`` drops each epoch on this rank (each worker's short last batch)."""
         if not self._options.drop_last:
             return 0
-        if self._options.filter is not None:
-            raise TypeError("the rows drop_last drops are unknown before reading: the filter decides "
-                            "how many rows each worker yields; workers log what they drop")
-        return sum(r % self._options.batch_size for r in self._rank_rows(num_workers))
+        self._check_known("rows drop_last drops are")
+        size = self._options.batch_size
+        return sum(r % size for r, limit, _ in self._rank_yields(num_workers) if limit == r // size)
 
-    def _rank_rows(self, num_workers: int) -> list[int]:
-        per_rank = max(num_workers, 1)
-        return self.slot_rows(num_workers)[self._rank * per_rank:(self._rank + 1) * per_rank]
+    def rows_trimmed_per_epoch(self, num_workers: int = 0) -> int:
+        """Rows ``even_batches`` leaves out each epoch on this rank, so that every rank yields
+        the same number of batches (the last rows of the workers with the most batches)."""
+        if not self._even_batches:
+            return 0
+        size, drop_last = self._options.batch_size, self._options.drop_last
+        return sum(r - kept for r, limit, kept in self._rank_yields(num_workers)
+                   if limit < natural_batches(r, size, drop_last))
 
     def num_batches(self, num_workers: int = 0) -> int:
-        """Exact batches per epoch on this rank; ``TypeError`` when a filter makes it unknowable."""
-        if self._options.filter is not None:
-            raise TypeError("the number of batches is unknown before reading: the filter decides "
-                            "how many rows each worker yields")
-        rows = self._rank_rows(num_workers)
-        size = self._options.batch_size
-        if self._options.drop_last:
-            return sum(r // size for r in rows)
-        return sum(-(-r // size) for r in rows)
+        """Exact batches per epoch on this rank; ``TypeError`` when a filter makes it unknowable.
+        With ``even_batches`` (the default on more than one rank) every rank has the same number."""
+        self._check_known("number of batches is")
+        return sum(limit for _, limit, _ in self._rank_yields(num_workers))
 
     # -- iteration ----------------------------------------------------------------------------
 
@@ -252,11 +311,18 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         splits = self._slot_splits(slot, state.epoch)
         if state.cursor.at_end([s.num_rows for s in splits]):
             return True
+        limit = self._batch_limit(slot)
+        if limit is not None and state.batches >= limit:
+            return True
         wanted = self._options.batch_size if self._options.drop_last else 1  # fewer rows than that: none
         if self._options.filter is None:
             return sum(s.num_rows for s in splits) - state.rows - state.rows_dropped < wanted
         # the filter decides what is left: look ahead from the cursor (the rows a resumed run reads first)
         return not self._stream(slot, state.epoch, state).holds(wanted)
+
+    def _batch_limit(self, slot: Slot) -> int | None:
+        limits = self.batch_limits(slot.num_workers)
+        return None if limits is None else limits[slot.index]
 
     def _prepare(self) -> None:
         """Set up this process's readers and converters, once."""
@@ -291,7 +357,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                          buffer_rows=options.shuffle_buffer_size, start=start.cursor,
                          window_seed=functools.partial(window_seed, options.seed, epoch, slot))
         return EpochStream(runs=runs, num_splits=len(splits), batch_size=options.batch_size,
-                           drop_last=options.drop_last, convert=self._convert, data=self._data,
+                           drop_last=options.drop_last, max_batches=self._batch_limit(slot),
+                           convert=self._convert, data=self._data,
                            options=self._state_options, epoch=epoch, slot=slot, start=start)
 
     # -- state --------------------------------------------------------------------------------

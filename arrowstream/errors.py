@@ -55,6 +55,10 @@ class StateMismatchError(StateError):
     """A checkpoint state was taken on other data, options or topology."""
 
 
+class TopologyError(ArrowStreamError, RuntimeError):
+    """The sources of rank and world size (explicit, Accelerate, torch.distributed, Horovod) disagree."""
+
+
 class NotSupportedYetError(ArrowStreamError, NotImplementedError):
     """A documented option whose implementation has not landed yet."""
 
@@ -78,4 +82,5 @@ __all__ = [
     "StateError",
     "StateMismatchError",
     "StateVersionError",
+    "TopologyError",
 ]

@@ -21,8 +21,9 @@ from typing import Any
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from ._checkpoint import rank_state
 from ._convert import passthrough_collate
-from ._state import LOADER_KIND, STATE_VERSION, WorkerState, upgrade
+from ._state import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, WorkerState, upgrade
 from ._storage import logger
 from ._transport import Chunk
 from .errors import ArgumentTypeError, InvalidArgumentError, StateError, StateMismatchError
@@ -110,6 +111,8 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             "kind": LOADER_KIND,
             "version": STATE_VERSION,
             "arrowstream_version": __version__,
+            "rank": self.dataset.rank,
+            "world_size": self.dataset.world_size,
             "num_workers": self.num_workers,
             "batches_per_transfer": self.batches_per_transfer,
             "dataloader": inner,
@@ -120,9 +123,18 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         if state_dict == {}:
             super().load_state_dict({})
             return
+        if isinstance(state_dict, dict) and state_dict.get("kind") == CHECKPOINT_KIND:
+            state_dict = rank_state(state_dict, self.dataset.rank, self.dataset.world_size)
         if isinstance(state_dict, dict) and state_dict.get("kind") == LOADER_KIND:
             outer = upgrade(copy.deepcopy(state_dict), LOADER_KIND)
             inner, per_transfer = outer["dataloader"], int(outer["batches_per_transfer"])
+            saved_topology, topology = (outer["rank"], outer["world_size"]), (self.dataset.rank, self.dataset.world_size)
+            if saved_topology != topology:
+                raise StateMismatchError(
+                    f"this loader state belongs to rank {saved_topology[0]} of {saved_topology[1]}, this loader is "
+                    f"rank {topology[0]} of {topology[1]}; merge every rank's state with "
+                    "arrowstream.gather_state_dict(loader) (or merge_state_dicts) and load the merged checkpoint "
+                    "on every rank")
         elif isinstance(state_dict, dict) and (_SNAPSHOT in state_dict or _DATASET_STATE in state_dict):
             inner, per_transfer = copy.deepcopy(state_dict), 1  # a plain StatefulDataLoader's state
         else:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
 import sys
+import threading
 
 import pytest
 from hypothesis import settings
@@ -17,6 +20,54 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "seeded"))
 
 from helpers import write_dataset
+
+# a test about to hit its timeout first makes every process below it print its stacks (workers
+# register the signal when this is set), so a hang in CI shows where each worker stood
+os.environ["ARROWSTREAM_STACKS_ON_SIGUSR1"] = "1"
+STACKS_BEFORE_TIMEOUT_S = 30
+
+
+def _descendants(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+    return [d for c in children for d in (c, *_descendants(c))]
+
+
+def _catches_sigusr1(pid: int) -> bool:
+    """Whether ``pid`` handles SIGUSR1 (a worker that registered it); others would die of it."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            caught = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(caught >> (signal.SIGUSR1 - 1) & 1)
+
+
+def _print_stacks() -> None:
+    faulthandler.dump_traceback(all_threads=True)
+    for pid in _descendants(os.getpid()):
+        if _catches_sigusr1(pid):
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except OSError:
+                pass
+
+
+@pytest.fixture(autouse=True)
+def _stacks_before_timeout(request):
+    marker = request.node.get_closest_marker("timeout")
+    timeout = float(marker.args[0]) if marker and marker.args else float(request.config.getini("timeout") or 0)
+    if timeout <= STACKS_BEFORE_TIMEOUT_S or not sys.platform.startswith("linux"):
+        yield
+        return
+    timer = threading.Timer(timeout - STACKS_BEFORE_TIMEOUT_S, _print_stacks)
+    timer.daemon = True
+    timer.start()
+    yield
+    timer.cancel()
 
 
 @pytest.fixture

@@ -110,7 +110,12 @@ def test_schemas_that_disagree(tmp_path):
     ({"storage_options": "key=1"}, errors.ArgumentTypeError, "storage_options: expected a dict"),
     ({"rank": 0}, errors.InvalidArgumentError, "rank/world_size: pass both"),
     ({"rank": 2, "world_size": 2}, errors.InvalidArgumentError, "need 0 <= rank < world_size"),
-    ({"rank": 1, "world_size": 2}, errors.NotSupportedYetError, "world_size=2"),
+    ({"rank": 1.0, "world_size": 2}, errors.ArgumentTypeError, "rank: expected an int"),
+    ({"rank": 1, "world_size": 4, "group_size": 3}, errors.InvalidArgumentError, "group_size: 3 does not divide"),
+    ({"rank": 1, "world_size": 2, "even_batches": "yes"}, errors.ArgumentTypeError, "even_batches: expected"),
+    ({"rank": 1, "world_size": 2, "filter": pc.field("id") > 3}, errors.InvalidArgumentError,
+     "even_batches: with world_size=2 and a filter"),
+    ({"accelerator": object()}, errors.ArgumentTypeError, "accelerator: expected an accelerate.Accelerator"),
 ])
 def test_bad_arguments(small_dataset, kwargs, error, pattern):
     with pytest.raises(error, match=pattern):

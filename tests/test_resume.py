@@ -47,26 +47,52 @@ def check_exactly_once(batches, num_rows):
         assert max(counts.values()) == 1, f"epoch {epoch} repeats rows"
 
 
+def check_resume(path, num_workers, options, rows_of_epoch, mid=17):
+    """The reference run's states at every point resume to exactly its continuation."""
+    loader, dataset = make_loader(path, num_workers, **options)
+    checkpoints: dict = {}
+    reference = run_epochs(loader, dataset, EPOCHS, checkpoints, mid=mid)
+    rows_of_epoch(reference, dataset)
+    first_epoch_batches = sum(1 for e, _, _ in reference if e == 0)
+    assert first_epoch_batches == len(loader)
+
+    for point in POINTS:
+        state, consumed, epoch = checkpoints[point]
+        fresh_loader, fresh_dataset = make_loader(path, num_workers, **options)
+        resumed = resume_epochs(fresh_loader, fresh_dataset, state, epoch, EPOCHS[-1])
+        expected = reference[consumed:]
+        assert [k for _, k, _ in resumed] == [k for _, k, _ in expected], f"resume at {point!r} diverged"
+        assert [e for e, _, _ in resumed] == [e for e, _, _ in expected], f"resume at {point!r}: epochs differ"
+
+
 @pytest.mark.parametrize(("num_workers", "shuffle", "persistent", "buffer", "interleave"), CONFIGS)
 def test_resume_matrix(uneven_dataset, num_workers, shuffle, persistent, buffer, interleave):
     options = {"batch_size": 64, "shuffle": shuffle, "seed": 7, "shuffle_buffer_size": buffer,
                "interleave": interleave}
     if persistent:
         options["persistent_workers"] = True
-    loader, dataset = make_loader(uneven_dataset, num_workers, **options)
-    checkpoints: dict = {}
-    reference = run_epochs(loader, dataset, EPOCHS, checkpoints, mid=17)
-    check_exactly_once(reference, dataset.num_rows)
-    first_epoch_batches = sum(1 for e, _, _ in reference if e == 0)
-    assert first_epoch_batches == len(loader)
+    check_resume(uneven_dataset, num_workers, options, lambda batches, dataset: check_exactly_once(
+        batches, dataset.num_rows))
 
-    for point in POINTS:
-        state, consumed, epoch = checkpoints[point]
-        fresh_loader, fresh_dataset = make_loader(uneven_dataset, num_workers, **options)
-        resumed = resume_epochs(fresh_loader, fresh_dataset, state, epoch, EPOCHS[-1])
-        expected = reference[consumed:]
-        assert [k for _, k, _ in resumed] == [k for _, k, _ in expected], f"resume at {point!r} diverged"
-        assert [e for e, _, _ in resumed] == [e for e, _, _ in expected], f"resume at {point!r}: epochs differ"
+
+@pytest.mark.parametrize(("num_workers", "rank"), [(0, 0), (0, 2), (2, 1), (2, 2)])
+def test_resume_one_rank_of_three_with_even_batches(uneven_dataset, num_workers, rank):
+    """A rank whose workers stop early (even_batches trims them) resumes exactly too; the
+    ranks' rows are disjoint and each epoch reads every row of the rank once."""
+    options = {"batch_size": 64, "shuffle": True, "seed": 7, "shuffle_buffer_size": 100, "interleave": 2,
+               "rank": rank, "world_size": 3}
+
+    def rows_of_epoch(batches, dataset):
+        trimmed = dataset.rows_trimmed_per_epoch(num_workers)
+        for epoch in EPOCHS:
+            ids = [i for e, _, b in batches if e == epoch for i in b]
+            assert len(ids) == len(set(ids)) == sum(dataset.slot_rows(num_workers)[
+                rank * max(num_workers, 1):(rank + 1) * max(num_workers, 1)]) - trimmed
+
+    check_resume(uneven_dataset, num_workers, options, rows_of_epoch, mid=7)
+    trims = [make_loader(uneven_dataset, num_workers, **{**options, "rank": r})[1].rows_trimmed_per_epoch(num_workers)
+             for r in range(3)]
+    assert any(trims), "the layout makes some rank trim"
 
 
 def test_epochs_differ_with_shuffle(uneven_dataset):

@@ -38,6 +38,14 @@ CASES = [
     {"name": "workers0-buffer-interleave-mid", "num_workers": 0,
      "options": {"batch_size": 16, "shuffle_buffer_size": 25, "interleave": 3}, "epochs": [0, 1],
      "point": ("mid", 0, 4)},
+    # from v4 on: ranks (even_batches trims rank 0 to rank 1's batch count) and merged checkpoints
+    {"name": "rank1of2-workers2-shuffle-mid", "num_workers": 2,
+     "options": {"batch_size": 16, "shuffle": True, "seed": 2, "rank": 1, "world_size": 2},
+     "epochs": [0, 1], "point": ("mid", 0, 2)},
+    {"name": "merged-rank1of2-workers1-mid", "num_workers": 1, "merge_ranks": 2,
+     "options": {"batch_size": 8, "shuffle": True, "seed": 4, "rank": 1, "world_size": 2,
+                 "shuffle_buffer_size": 20},
+     "epochs": [0, 1], "point": ("mid", 0, 3)},
 ]
 
 
@@ -65,10 +73,19 @@ def prepare_copy(target: str) -> str:
 
 
 def capture(case: dict, path: str) -> dict:
-    from arrowstream import StructuredDataset
+    from arrowstream import StructuredDataset, merge_state_dicts
 
     loader, dataset = StructuredDataset.create_dataloader(path=path, num_workers=case["num_workers"],
                                                           **case["options"])
+    if case.get("merge_ranks"):
+        # every rank's state at the same step, merged; the recorded continuation is the case's rank's
+        record = capture({**case, "merge_ranks": 0}, path)
+        states = []
+        for rank in range(case["merge_ranks"]):
+            options = {**case["options"], "rank": rank}
+            states.append(capture({**case, "options": options, "merge_ranks": 0}, path)["state"])
+        record["state"] = json.loads(json.dumps(merge_state_dicts(states)))
+        return record
     kind, at_epoch, at_step = case["point"]
     consumed, state, all_ids = 0, None, []
     for epoch in case["epochs"]:

@@ -1,0 +1,111 @@
+"""One rank of a torchrun test: scenarios from a JSON spec, results as JSON, one file per rank.
+
+Each scenario builds a loader whose rank and world size come from the initialised process group,
+reads whole epochs and records every batch's ids. With ``"ddp": true`` every batch also trains a
+DistributedDataParallel model (gloo): an uneven batch count would hang its gradient all-reduce,
+and the process group's timeout turns such a hang into an error. With ``"checkpoint"`` it also
+gathers every rank's state mid-epoch, and a fresh loader resumes from the merged checkpoint.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import types
+
+import torch
+import torch.distributed as dist
+from helpers import ids_of, make_loader
+
+import arrowstream
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict) -> None:
+    x = batch["x"].reshape(-1, 1)
+    loss = model(x).square().mean()
+    optimizer.zero_grad()
+    loss.backward()  # DDP all-reduces the gradients here: every rank must take this step
+    optimizer.step()
+
+
+def run(scenario: dict) -> dict:
+    if scenario.get("expect_error"):
+        try:
+            make_loader(scenario["path"], scenario["num_workers"], **scenario.get("options", {}))
+        except arrowstream.ArrowStreamError as exc:
+            return {"error": type(exc).__name__, "message": str(exc)}
+        return {"error": None}
+    loader, dataset = make_loader(scenario["path"], scenario["num_workers"], **scenario.get("options", {}))
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1)) if scenario.get("ddp") else None
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01) if model is not None else None
+    checkpoint = scenario.get("checkpoint")
+    out: dict = {"rank": int(os.environ["RANK"]), "len": len(loader), "epochs": {}, "merged": None,
+                 "rows_trimmed": dataset.rows_trimmed_per_epoch(scenario["num_workers"]),
+                 "data_rank": dataset.rank, "data_world_size": dataset.world_size}
+    for epoch in scenario["epochs"]:
+        dataset.set_epoch(epoch)
+        batches = []
+        for step, batch in enumerate(loader):
+            batches.append(ids_of(batch))
+            if model is not None:
+                train_step(model, optimizer, batch)
+            if checkpoint and epoch == checkpoint["epoch"] and step + 1 == checkpoint["step"]:
+                out["merged"] = json.loads(json.dumps(arrowstream.gather_state_dict(loader)))
+        out["epochs"][str(epoch)] = batches
+    if checkpoint:
+        fresh, fresh_dataset = make_loader(scenario["path"], checkpoint.get("num_workers", scenario["num_workers"]),
+                                           **scenario.get("options", {}))
+        fresh.load_state_dict(out["merged"])
+        resumed = {}
+        for epoch in range(checkpoint["epoch"], scenario["epochs"][-1] + 1):
+            fresh_dataset.set_epoch(epoch)
+            resumed[str(epoch)] = [ids_of(batch) for batch in fresh]
+        out["resumed"] = resumed
+    return out
+
+
+def horovod_substitute() -> None:
+    """Horovod 0.28 (the last release) does not build against torch 2.13, so this stands in for
+    ``horovod.torch`` after ``hvd.init()``: the three calls arrowstream makes, answered from the
+    rank and world size torchrun gave this process."""
+    module = types.ModuleType("horovod.torch")
+    module.is_initialized = lambda: True  # type: ignore[attr-defined]
+    module.rank = lambda: int(os.environ["RANK"])  # type: ignore[attr-defined]
+    module.size = lambda: int(os.environ["WORLD_SIZE"])  # type: ignore[attr-defined]
+    sys.modules["horovod.torch"] = module
+
+
+def init(spec: dict) -> None:
+    """The process group, started the way the spec's launcher does it."""
+    timeout = datetime.timedelta(seconds=spec.get("timeout_s", 60))
+    if spec.get("launcher") == "horovod":
+        horovod_substitute()
+        return
+    if spec.get("launcher") == "deepspeed":
+        import deepspeed
+        import deepspeed.ops
+
+        # the shared-memory all-reduce kernel is compiled on first use (a minute of g++); gloo does the job here
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        deepspeed.init_distributed(dist_backend="gloo", timeout=timeout)
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
+
+
+if __name__ == "__main__":
+    spec_file, out_dir = sys.argv[1:3]
+    with open(spec_file) as f:
+        spec = json.load(f)
+    init(spec)
+    if not dist.is_initialized():  # Horovod alone: no torch.distributed
+        results = {scenario["name"]: run(scenario) for scenario in spec["scenarios"]}
+    else:
+        try:
+            results = {scenario["name"]: run(scenario) for scenario in spec["scenarios"]}
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+    with open(os.path.join(out_dir, f"rank{int(os.environ['RANK'])}.json"), "w") as f:
+        json.dump(results, f)
