@@ -49,15 +49,18 @@ def merge_state_dicts(states: list[dict[str, Any]]) -> dict[str, Any]:
     if not isinstance(states, (list, tuple)) or not states:
         raise StateError(f"merge_state_dicts: expected a non-empty list of loader.state_dict() results, got {states!r:.80}")
     by_rank: dict[int, dict[str, Any]] = {}
+    first = upgrade(states[0], LOADER_KIND)
     for index, state in enumerate(states):
         state = upgrade(state, LOADER_KIND)
         rank, world_size = int(state["rank"]), int(state["world_size"])
-        first = upgrade(states[0], LOADER_KIND)
         for key in ("world_size", "num_workers", "batches_per_transfer"):
             if state[key] != first[key]:
                 raise StateMismatchError(
                     f"merge_state_dicts: state {index} has {key}={state[key]}, state 0 has {key}={first[key]}; "
                     "merge the states of one training run, taken at the same step")
+        if not 0 <= rank < world_size:
+            raise StateError(f"merge_state_dicts: state {index} says rank {rank} of world_size={world_size}; pass "
+                             "the dicts returned by loader.state_dict() unchanged")
         if rank in by_rank:
             if _reading_position(by_rank[rank]) != _reading_position(state):
                 raise StateMismatchError(
@@ -77,18 +80,6 @@ def merge_state_dicts(states: list[dict[str, Any]]) -> dict[str, Any]:
         "num_workers": int(first["num_workers"]),
         "ranks": [by_rank[rank] for rank in range(world_size)],
     }
-
-
-def rank_state(checkpoint: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
-    """The loader state of ``rank`` in a merged checkpoint taken with ``world_size`` ranks."""
-    checkpoint = upgrade(checkpoint, CHECKPOINT_KIND)
-    saved = int(checkpoint["world_size"])
-    if saved != world_size:
-        raise StateMismatchError(
-            f"the checkpoint was taken with world_size={saved}, this loader runs world_size={world_size}; "
-            "resume with the saved number of ranks (a re-plan across another world size is not in this release)")
-    state: dict[str, Any] = checkpoint["ranks"][rank]
-    return state
 
 
 def gather_state_dict(loader: Any) -> dict[str, Any]:

@@ -24,7 +24,9 @@ class Cursor:
     With a shuffle buffer, ``lanes``/``next_split_index``/``turn_index``/``block_offset`` are
     where the current window starts in the interleaved stream, and ``window_offset`` rows of it
     (in shuffled order) were handed out; without one, they are the position itself and the
-    window fields are 0.
+    window fields are 0. In an epoch re-planned for a new topology (elastic resume), a worker
+    first reads the rest of old workers' shuffle windows (``replay_index``/``replay_offset``),
+    then its splits; the replay fields are 0 in every other epoch.
     """
 
     lanes: tuple[tuple[int, int], ...]   # (split index in reading order, source row offset) per open split
@@ -33,6 +35,8 @@ class Cursor:
     block_offset: int = 0                # rows of that block already handed out
     window_index: int = 0                # the shuffle window, counted from the start of the epoch
     window_offset: int = 0               # rows of that window already handed out
+    replay_index: int = 0                # elastic epoch: the replayed window of the old topology being read
+    replay_offset: int = 0               # rows of that replay already handed out
 
     @classmethod
     def start(cls, num_splits: int, num_lanes: int) -> Cursor:
@@ -56,14 +60,16 @@ class Cursor:
     def to_dict(self) -> dict[str, Any]:
         return {"lanes": [list(lane) for lane in self.lanes], "next_split_index": self.next_split_index,
                 "turn_index": self.turn_index, "block_offset": self.block_offset,
-                "window_index": self.window_index, "window_offset": self.window_offset}
+                "window_index": self.window_index, "window_offset": self.window_offset,
+                "replay_index": self.replay_index, "replay_offset": self.replay_offset}
 
     @classmethod
     def from_dict(cls, cursor: dict[str, Any]) -> Cursor:
         """Parse the ``cursor`` of a worker state; ``KeyError``/``TypeError``/``ValueError`` if malformed."""
         lanes = tuple((int(index), int(offset)) for index, offset in cursor["lanes"])
         return cls(lanes, int(cursor["next_split_index"]), int(cursor["turn_index"]), int(cursor["block_offset"]),
-                   int(cursor["window_index"]), int(cursor["window_offset"]))
+                   int(cursor["window_index"]), int(cursor["window_offset"]), int(cursor["replay_index"]),
+                   int(cursor["replay_offset"]))
 
 
 class Run:

@@ -53,8 +53,10 @@ def _loader_v3_to_v4(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _worker_v3_to_v4(state: dict[str, Any]) -> dict[str, Any]:
-    """v4 keeps ``even_batches`` among the stream options; v3 ran on one rank, where it is off."""
-    return {**state, "options": {**state["options"], "even_batches": False}}
+    """v4 keeps ``even_batches`` among the stream options (v3 ran on one rank, where it is off),
+    and can be in an epoch re-planned for another topology (``elastic``, replays in the cursor)."""
+    return {**state, "options": {**state["options"], "even_batches": False},
+            "cursor": {**state["cursor"], "replay_index": 0, "replay_offset": 0}, "elastic": None}
 
 
 # (kind, n) -> the step from version n to n + 1 of that kind; each takes and returns a plain dict
@@ -78,6 +80,30 @@ class DataIdentity:
 
 
 @dataclass(frozen=True)
+class ElasticSource:
+    """Where every worker of the old topology stood when an epoch was re-planned for a new one.
+
+    ``cursors`` has one entry per old (rank, worker) slot, in slot order: its cursor in
+    ``epoch``, or ``None`` when it had nothing left. The new workers' share of the rest of the
+    epoch is a pure function of this (see :mod:`arrowstream._elastic`).
+    """
+
+    epoch: int
+    world_size: int
+    num_workers: int
+    cursors: tuple[Cursor | None, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "world_size": self.world_size, "num_workers": self.num_workers,
+                "cursors": [None if c is None else c.to_dict() for c in self.cursors]}
+
+    @classmethod
+    def from_dict(cls, source: dict[str, Any]) -> ElasticSource:
+        return cls(int(source["epoch"]), int(source["world_size"]), int(source["num_workers"]),
+                   tuple(None if c is None else Cursor.from_dict(c) for c in source["cursors"]))
+
+
+@dataclass(frozen=True)
 class WorkerState:
     """One worker's position in one epoch."""
 
@@ -90,6 +116,7 @@ class WorkerState:
     batches: int
     rows_dropped: int
     epoch_complete: bool
+    elastic: ElasticSource | None = None  # set in an epoch re-planned for another topology
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -104,6 +131,7 @@ class WorkerState:
             "cursor": self.cursor.to_dict(),
             "counters": {"rows": self.rows, "batches": self.batches, "rows_dropped": self.rows_dropped},
             "epoch_complete": self.epoch_complete,
+            "elastic": None if self.elastic is None else self.elastic.to_dict(),
         }
 
     @classmethod
@@ -122,6 +150,7 @@ class WorkerState:
                 batches=int(counters["batches"]),
                 rows_dropped=int(counters["rows_dropped"]),
                 epoch_complete=bool(state["epoch_complete"]),
+                elastic=None if state["elastic"] is None else ElasticSource.from_dict(state["elastic"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(
@@ -146,6 +175,9 @@ def upgrade(state: Any, kind: str) -> dict[str, Any]:
             f"the state has format version {version}, newer than this arrowstream reads "
             f"(up to {STATE_VERSION}); upgrade arrowstream to load it")
     while version < STATE_VERSION:
+        if (kind, version) not in MIGRATIONS:
+            raise StateVersionError(f"a state of kind {kind!r} has version {version}, but that kind exists from a later "
+                                    "version on; it was not written by arrowstream")
         state = MIGRATIONS[(kind, version)](state)
         version += 1
         state["version"] = version
@@ -170,7 +202,7 @@ def check_compatible(saved: WorkerState, data: DataIdentity, options: dict[str, 
 
 
 def check_slot(saved: WorkerState, slot: Slot) -> None:
-    """Refuse a state of another worker or topology (elastic resume is not part of v1)."""
+    """Refuse a worker state of another worker or topology (the loader re-plans those: elastic resume)."""
     if (saved.slot.world_size, saved.slot.num_workers) != (slot.world_size, slot.num_workers):
         raise StateMismatchError(
             f"checkpoint was taken with world_size={saved.slot.world_size}, "

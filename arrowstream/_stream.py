@@ -38,10 +38,11 @@ def open_runs(readers: Sequence[PieceReader], splits: Sequence[Split], *, batch_
 class EpochStream:
     """Batches of one slot in one epoch, from a cursor on; :meth:`state` is where it stands."""
 
-    def __init__(self, *, runs: Iterator[Run], num_splits: int, batch_size: int,
+    def __init__(self, *, runs: Iterator[Run], end: Cursor, batch_size: int,
                  drop_last: bool, max_batches: int | None = None, convert: Callable[[pa.RecordBatch], Any], data: DataIdentity,
                  options: dict[str, Any], epoch: int, slot: Slot, start: WorkerState) -> None:
-        self._num_splits = num_splits
+        self._end = end
+        self._elastic = start.elastic
         self._batch_size = batch_size
         self._drop_last = drop_last
         self._max_batches = max_batches
@@ -99,7 +100,7 @@ class EpochStream:
         self._held.clear()
         self._buffered = 0
         self._reading = None
-        self._cursor = Cursor.end(self._num_splits)
+        self._cursor = self._end
         self._complete = True
 
     def __iter__(self) -> EpochStream:
@@ -164,4 +165,5 @@ class EpochStream:
         return WorkerState(
             data=self._data, options=self._options, epoch=self._epoch, slot=self._slot,
             cursor=self._cursor, rows=self._rows,
-            batches=self._batches, rows_dropped=self._rows_dropped, epoch_complete=self._complete)
+            batches=self._batches, rows_dropped=self._rows_dropped, epoch_complete=self._complete,
+            elastic=self._elastic)

@@ -5,15 +5,16 @@ from __future__ import annotations
 import functools
 import gc
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ._convert import make_converter, resolve_fill_nulls
-from ._cursor import Cursor
+from ._cursor import Cursor, Run
 from ._discovery import discover_files
+from ._elastic import Share, assign_shares, remaining_items, share_runs
 from ._options import Options, validate_options
 from ._order import (
     Slot,
@@ -26,7 +27,7 @@ from ._order import (
 )
 from ._planning import Plan, Split, plan_parquet
 from ._reader import SplitReader
-from ._state import DataIdentity, WorkerState, check_compatible, check_slot
+from ._state import DataIdentity, ElasticSource, WorkerState, check_compatible, check_slot
 from ._storage import Storage
 from ._stream import EpochStream, open_runs
 from ._topology import resolve_topology
@@ -133,6 +134,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._span_convert: Callable[[Any], Any] | None = None
         self._batches_per_transfer = 1  # set by ArrowStreamDataLoader for worker processes
         self._convert: Callable[[Any], Any] | None = None
+        self._elastic: ElasticSource | None = None  # set by the loader: the epoch to re-plan for this topology
+        self._shares: dict[tuple[ElasticSource, int], tuple[list[Share], list[int] | None]] = {}
 
     # -- the loader ---------------------------------------------------------------------------
 
@@ -229,13 +232,21 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         return self._rank_slots(self.slot_rows(num_workers), num_workers)
 
     def _rank_yields(self, num_workers: int) -> list[tuple[int, int, int]]:
-        """Per worker of this rank: (rows, batches it yields, rows it yields)."""
+        """Per worker of this rank: (rows, batches it yields, rows it yields), this epoch."""
         size, drop_last = self._options.batch_size, self._options.drop_last
-        rows = self._rank_rows(num_workers)
-        limits = self.batch_limits(num_workers)
+        source = self._elastic_source(self.epoch)
+        if source is None:
+            rows = self._rank_rows(num_workers)
+            all_limits = self.batch_limits(num_workers)
+            limits = None if all_limits is None else self._rank_slots(all_limits, num_workers)
+        else:  # an epoch re-planned for this topology: the shares of this rank's workers
+            shares = [self._share(source, Slot(self._rank, self._world_size, w, num_workers))
+                      for w in range(max(num_workers, 1))]
+            rows = [share.num_rows for share, _ in shares]
+            limits = None if not self._even_batches else [limit or 0 for _, limit in shares]
         out = []
         for index, r in enumerate(rows):
-            limit = natural_batches(r, size, drop_last) if limits is None else self._rank_slots(limits, num_workers)[index]
+            limit = natural_batches(r, size, drop_last) if limits is None else limits[index]
             out.append((r, limit, rows_yielded(r, limit, size, drop_last)))
         return out
 
@@ -308,6 +319,11 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         """True when a worker state has handed out every row of its epoch it ever will."""
         if state.epoch_complete:
             return True
+        if state.elastic is not None:
+            share, limit = self._share(state.elastic, slot)
+            return ((limit is not None and state.batches >= limit)
+                    or (state.cursor.replay_index >= len(share.replays)
+                        and state.cursor.at_end([s.num_rows for s in share.splits])))
         splits = self._slot_splits(slot, state.epoch)
         if state.cursor.at_end([s.num_rows for s in splits]):
             return True
@@ -319,6 +335,24 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             return sum(s.num_rows for s in splits) - state.rows - state.rows_dropped < wanted
         # the filter decides what is left: look ahead from the cursor (the rows a resumed run reads first)
         return not self._stream(slot, state.epoch, state).holds(wanted)
+
+    def _elastic_source(self, epoch: int) -> ElasticSource | None:
+        return self._elastic if self._elastic is not None and self._elastic.epoch == epoch else None
+
+    def _share(self, source: ElasticSource, slot: Slot) -> tuple[Share, int | None]:
+        """This slot's part of an epoch re-planned for the current topology, and its batch limit."""
+        key = (source, slot.num_slots)
+        if key not in self._shares:
+            options = self._options
+            replays, ranges = remaining_items(
+                self._plan, source, shuffle=options.shuffle, seed=options.seed, batch_size=options.batch_size,
+                interleave=options.interleave, buffer_rows=options.shuffle_buffer_size)
+            shares = assign_shares(replays, ranges, slot.num_slots)
+            limits = (even_batch_limits([s.num_rows for s in shares], slot.world_size, options.batch_size,
+                                        options.drop_last) if self._even_batches else None)
+            self._shares[key] = (shares, limits)
+        shares, limits = self._shares[key]
+        return shares[slot.index], None if limits is None else limits[slot.index]
 
     def _batch_limit(self, slot: Slot) -> int | None:
         limits = self.batch_limits(slot.num_workers)
@@ -350,25 +384,36 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         if not self._readers:
             self._prepare()
         assert self._convert is not None
-        splits = self._slot_splits(slot, epoch)
         options = self._options
-        start = start or self._initial_state(slot, epoch, len(splits))
-        runs = open_runs(self._readers, splits, batch_size=options.batch_size, interleave=options.interleave,
-                         buffer_rows=options.shuffle_buffer_size, start=start.cursor,
-                         window_seed=functools.partial(window_seed, options.seed, epoch, slot))
-        return EpochStream(runs=runs, num_splits=len(splits), batch_size=options.batch_size,
-                           drop_last=options.drop_last, max_batches=self._batch_limit(slot),
-                           convert=self._convert, data=self._data,
+        start = start or self._initial_state(slot, epoch)
+        runs: Iterator[Run]
+        if start.elastic is not None:  # the rest of an epoch of another topology
+            share, limit = self._share(start.elastic, slot)
+            runs = share_runs(self._readers, share, seed=options.seed, epoch=epoch, slot=slot,
+                              batch_size=options.batch_size, interleave=options.interleave,
+                              buffer_rows=options.shuffle_buffer_size, start=start.cursor)
+            end = Cursor((), len(share.splits), replay_index=len(share.replays))
+        else:
+            splits = self._slot_splits(slot, epoch)
+            runs = open_runs(self._readers, splits, batch_size=options.batch_size, interleave=options.interleave,
+                             buffer_rows=options.shuffle_buffer_size, start=start.cursor,
+                             window_seed=functools.partial(window_seed, options.seed, epoch, slot))
+            end, limit = Cursor.end(len(splits)), self._batch_limit(slot)
+        return EpochStream(runs=runs, end=end, batch_size=options.batch_size, drop_last=options.drop_last,
+                           max_batches=limit, convert=self._convert, data=self._data,
                            options=self._state_options, epoch=epoch, slot=slot, start=start)
 
     # -- state --------------------------------------------------------------------------------
 
-    def _initial_state(self, slot: Slot, epoch: int | None = None, num_splits: int | None = None) -> WorkerState:
+    def _initial_state(self, slot: Slot, epoch: int | None = None) -> WorkerState:
         epoch = self.epoch if epoch is None else epoch
-        if num_splits is None:
-            num_splits = len(self._slot_splits(slot, epoch))
-        cursor = Cursor.start(num_splits, self._options.interleave)
-        return WorkerState(self._data, self._state_options, epoch, slot, cursor, 0, 0, 0, False)
+        source = self._elastic_source(epoch)
+        if source is not None:
+            share, _ = self._share(source, slot)
+            cursor = Cursor.start(len(share.splits), self._options.interleave)
+        else:
+            cursor = Cursor.start(len(self._slot_splits(slot, epoch)), self._options.interleave)
+        return WorkerState(self._data, self._state_options, epoch, slot, cursor, 0, 0, 0, False, source)
 
     def state_dict(self) -> dict[str, Any]:
         """This worker's position: a small JSON dict (see docs/state-format.md)."""
@@ -385,11 +430,43 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._pending = saved
         self._active = None
 
-    def check_state(self, state_dict: dict[str, Any]) -> WorkerState:
-        """Parse and check a worker state against this dataset without loading it."""
+    def check_state(self, state_dict: dict[str, Any], elastic: bool = False) -> WorkerState:
+        """Parse and check a worker state against this dataset without loading it; ``elastic``:
+        for another topology, where ``even_batches`` may differ (it is on with several ranks only)."""
         saved = WorkerState.from_dict(state_dict)
-        check_compatible(saved, self._data, self._state_options)
+        options = self._state_options
+        if elastic:
+            options = {**options, "even_batches": saved.options.get("even_batches")}
+        check_compatible(saved, self._data, options)
         return saved
+
+    def begin_elastic_epoch(self, epoch: int, world_size: int, num_workers: int,
+                            saved: list[tuple[WorkerState, bool]]) -> None:
+        """Re-plan the rest of ``epoch`` from the states of every old (rank, worker) slot, in slot
+        order (each with whether its loader had finished the epoch), for this topology."""
+        old_limits = None
+        if saved and saved[0][0].options.get("even_batches"):
+            old_slots = world_size * max(num_workers, 1)
+            rows = slot_row_counts([s.num_rows for s in self._plan.splits_for(old_slots)], old_slots)
+            old_limits = even_batch_limits(rows, world_size, self._options.batch_size, self._options.drop_last)
+        cursors: list[Cursor | None] = []
+        for index, (state, finished) in enumerate(saved):
+            if state.epoch < epoch:  # it had not started the epoch: all of its share is left
+                slot = Slot(index // max(num_workers, 1), world_size, index % max(num_workers, 1), num_workers)
+                cursors.append(Cursor.start(len(self._slot_splits(slot, epoch)), self._options.interleave))
+            elif finished or state.epoch_complete or (old_limits is not None and state.batches >= old_limits[index]):
+                cursors.append(None)
+            else:
+                cursors.append(state.cursor)
+        inside_windows = [i for i, c in enumerate(cursors) if c is not None and c.window_offset]
+        if inside_windows and self._options.filter is not None:
+            rank, worker = divmod(inside_windows[0], max(num_workers, 1))
+            raise StateMismatchError(
+                f"elastic resume: the checkpoint's rank {rank} worker {worker} stood inside a shuffle window, and "
+                "with a filter the rows of a window are unknown before reading, so they cannot be re-planned; "
+                f"resume with world_size={world_size}, num_workers={num_workers} until the epoch ends, then change")
+        self._elastic = ElasticSource(epoch, world_size, num_workers, tuple(cursors))
+        self._pending, self._active = None, None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

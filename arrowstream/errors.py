@@ -56,7 +56,9 @@ class StateMismatchError(StateError):
 
 
 class TopologyError(ArrowStreamError, RuntimeError):
-    """The sources of rank and world size (explicit, Accelerate, torch.distributed, Horovod) disagree."""
+    """Rank and world size cannot be known for sure: their sources (explicit, Accelerate,
+    torch.distributed, Horovod) disagree, a launcher started several processes but none is set
+    up, or a collective was called without torch.distributed."""
 
 
 class NotSupportedYetError(ArrowStreamError, NotImplementedError):

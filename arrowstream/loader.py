@@ -21,7 +21,6 @@ from typing import Any
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from ._checkpoint import rank_state
 from ._convert import passthrough_collate
 from ._state import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, WorkerState, upgrade
 from ._storage import logger
@@ -124,17 +123,31 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             super().load_state_dict({})
             return
         if isinstance(state_dict, dict) and state_dict.get("kind") == CHECKPOINT_KIND:
-            state_dict = rank_state(state_dict, self.dataset.rank, self.dataset.world_size)
+            checkpoint = upgrade(copy.deepcopy(state_dict), CHECKPOINT_KIND)
+            if (checkpoint["world_size"], checkpoint["num_workers"]) != (self.dataset.world_size, self.num_workers):
+                self._load_elastic([upgrade(s, LOADER_KIND) for s in checkpoint["ranks"]])
+                return
+            state_dict = checkpoint["ranks"][self.dataset.rank]
         if isinstance(state_dict, dict) and state_dict.get("kind") == LOADER_KIND:
             outer = upgrade(copy.deepcopy(state_dict), LOADER_KIND)
             inner, per_transfer = outer["dataloader"], int(outer["batches_per_transfer"])
-            saved_topology, topology = (outer["rank"], outer["world_size"]), (self.dataset.rank, self.dataset.world_size)
-            if saved_topology != topology:
+            saved_topology = (outer["rank"], outer["world_size"], outer["num_workers"])
+            topology = (self.dataset.rank, self.dataset.world_size, self.num_workers)
+            if saved_topology != topology and saved_topology[1] == 1:  # one rank's state is all of it
+                self._load_elastic([outer])
+                return
+            if saved_topology[:2] != topology[:2]:
                 raise StateMismatchError(
                     f"this loader state belongs to rank {saved_topology[0]} of {saved_topology[1]}, this loader is "
                     f"rank {topology[0]} of {topology[1]}; merge every rank's state with "
                     "arrowstream.gather_state_dict(loader) (or merge_state_dicts) and load the merged checkpoint "
                     "on every rank")
+            if saved_topology[2] != topology[2]:
+                raise StateMismatchError(
+                    f"checkpoint was taken with num_workers={saved_topology[2]}, this loader has "
+                    f"num_workers={topology[2]}; with world_size={topology[1]}, re-planning the epoch for other "
+                    "workers needs every rank's state: load the checkpoint of arrowstream.gather_state_dict(loader) "
+                    f"(or merge_state_dicts), or build the loader with num_workers={saved_topology[2]}")
         elif isinstance(state_dict, dict) and (_SNAPSHOT in state_dict or _DATASET_STATE in state_dict):
             inner, per_transfer = copy.deepcopy(state_dict), 1  # a plain StatefulDataLoader's state
         else:
@@ -161,6 +174,38 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             self._set_batches_per_transfer(per_transfer)
         self._batch_iterator = None
         super().load_state_dict(inner)
+
+    def _load_elastic(self, outers: list[dict[str, Any]]) -> None:
+        """Resume every old rank's states with this loader's topology: the rest of the saved
+        epoch is re-planned over the new (rank, worker) slots (see ``arrowstream._elastic``)."""
+        old_world, old_workers = int(outers[0]["world_size"]), int(outers[0]["num_workers"])
+        slots: list[tuple[WorkerState, bool]] = []
+        for outer in outers:
+            inner = outer["dataloader"]
+            for state in _worker_states(inner):
+                if state is None:
+                    raise StateError("load_state_dict: a worker of the checkpoint has no state; pass the dict "
+                                     "returned by loader.state_dict() (or gather_state_dict) unchanged")
+                slots.append((self.dataset.check_state(state, elastic=True), bool(inner.get(_FINISHED))))
+        if len(slots) != old_world * max(old_workers, 1):
+            raise StateError(f"load_state_dict: the checkpoint holds {len(slots)} worker state(s), expected "
+                             f"{old_world * max(old_workers, 1)} for world_size={old_world}, num_workers={old_workers}")
+        for saved, _ in slots:
+            if saved.elastic is not None:
+                raise StateMismatchError(
+                    f"the checkpoint was taken in epoch {saved.epoch}, itself re-planned from world_size="
+                    f"{saved.elastic.world_size}, num_workers={saved.elastic.num_workers} to world_size={old_world}, "
+                    f"num_workers={old_workers}; resume it with world_size={old_world}, num_workers={old_workers} "
+                    "(another topology works again from the next epoch's checkpoints)")
+        epoch = max(saved.epoch for saved, _ in slots)
+        self.dataset.set_epoch(epoch)
+        self.dataset.begin_elastic_epoch(epoch, old_world, old_workers,
+                                         [(saved, finished) for saved, finished in slots])
+        logger.info("elastic resume: the rest of epoch %d, saved with world_size=%d, num_workers=%d, is "
+                    "re-planned for world_size=%d, num_workers=%d", epoch, old_world, old_workers,
+                    self.dataset.world_size, self.num_workers)
+        self._batch_iterator = None
+        super().load_state_dict({})
 
     @staticmethod
     def _mark_epoch_complete(inner: dict[str, Any]) -> None:

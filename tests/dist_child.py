@@ -38,6 +38,21 @@ def run(scenario: dict) -> dict:
             return {"error": type(exc).__name__, "message": str(exc)}
         return {"error": None}
     loader, dataset = make_loader(scenario["path"], scenario["num_workers"], **scenario.get("options", {}))
+    if "save_at" in scenario:  # stop mid-epoch 0 and save every rank's state in one file
+        dataset.set_epoch(0)
+        before = []
+        for step, batch in enumerate(loader):
+            before.append(ids_of(batch))
+            if step + 1 == scenario["save_at"]:
+                break
+        merged = arrowstream.gather_state_dict(loader)
+        if dist.get_rank() == 0:
+            with open(scenario["checkpoint_file"], "w") as f:
+                json.dump(merged, f)
+        return {"before": before}
+    if "load_from" in scenario:
+        with open(scenario["load_from"]) as f:
+            loader.load_state_dict(json.load(f))
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1)) if scenario.get("ddp") else None
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01) if model is not None else None
     checkpoint = scenario.get("checkpoint")
@@ -46,6 +61,8 @@ def run(scenario: dict) -> dict:
                  "data_rank": dataset.rank, "data_world_size": dataset.world_size}
     for epoch in scenario["epochs"]:
         dataset.set_epoch(epoch)
+        out.setdefault("lens", {})[str(epoch)] = len(loader)  # an epoch re-planned by elastic resume has its own
+        out.setdefault("trimmed", {})[str(epoch)] = dataset.rows_trimmed_per_epoch(scenario["num_workers"])
         batches = []
         for step, batch in enumerate(loader):
             batches.append(ids_of(batch))

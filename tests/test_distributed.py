@@ -55,12 +55,12 @@ def check_epoch(per_rank: list[dict], name: str, epoch: str, num_rows: int) -> N
     results = [r[name] for r in per_rank]
     counts = Counter(i for r in results for batch in r["epochs"][epoch] for i in batch)
     assert max(counts.values()) == 1, f"{name}: a row was read twice in epoch {epoch}"
-    trimmed = sum(r["rows_trimmed"] for r in results)
+    trimmed = sum(r["trimmed"][epoch] for r in results)
     assert len(counts) + trimmed == num_rows, f"{name}: rows missing beyond the {trimmed} trimmed"
     assert set(counts) <= set(range(num_rows))
     batches = [len(r["epochs"][epoch]) for r in results]
     assert len(set(batches)) == 1, f"{name}: ranks yield {batches} batches in epoch {epoch}"
-    assert batches[0] == results[0]["len"], f"{name}: len(loader) is {results[0]['len']}, not {batches[0]}"
+    assert batches[0] == results[0]["lens"][epoch], f"{name}: len(loader) is {results[0]['lens'][epoch]}, not {batches[0]}"
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
@@ -172,9 +172,17 @@ def test_merge_state_dicts_checks_every_rank(small_dataset):
     loader.load_state_dict(merged)
     with pytest.raises(errors.StateMismatchError, match="belongs to rank 0 of 2, this loader is rank 1 of 2"):
         loader.load_state_dict(state(0))
+    # another world size re-plans the epoch (elastic resume, tested across torchrun below); one rank's
+    # state of several cannot, and says what to load instead
     wider, _ = make_loader(small_dataset, 1, batch_size=16, rank=1, world_size=3)
-    with pytest.raises(errors.StateMismatchError, match="taken with world_size=2, this loader runs world_size=3"):
-        wider.load_state_dict(merged)
+    wider.load_state_dict(merged)
+    expected = len(wider)
+    assert expected > 0 and len(list(wider)) == expected
+    with pytest.raises(errors.StateMismatchError, match="belongs to rank 1 of 2, this loader is rank 1 of 3"):
+        wider.load_state_dict(state(1))
+    other_workers, _ = make_loader(small_dataset, 2, batch_size=16, rank=1, world_size=2)
+    with pytest.raises(errors.StateMismatchError, match="re-planning the epoch for other workers needs every rank"):
+        other_workers.load_state_dict(state(1))
 
 
 def test_rank_sources_must_agree(small_dataset, monkeypatch):
@@ -239,3 +247,27 @@ def test_horovod_ranks_through_a_substitute(tmp_path):
     assert [r["horovod"]["data_rank"] for r in per_rank] == [0, 1, 2]
     check_epoch(per_rank, "horovod", "0", sum(rows for rows, _ in SKEWED))
     assert [r["horovod-disagrees"]["error"] for r in per_rank] == [None, "TopologyError", "TopologyError"]
+
+
+@pytest.mark.parametrize(("old", "new"), [(2, 3), (4, 2)])
+def test_elastic_resume_across_world_sizes(tmp_path, old, new):
+    """A checkpoint of ``old`` ranks (merged by gather_state_dict) resumes on ``new`` ranks: the rest
+    of the epoch is re-planned, every row comes once, ranks stay even (DDP on every batch)."""
+    skewed = write_dataset(tmp_path / "skewed", SKEWED)
+    options = {"batch_size": 50, "shuffle": True, "seed": 5, "shuffle_buffer_size": 200, "interleave": 2}
+    checkpoint_file = str(tmp_path / "merged.json")
+    save = [{"name": "save", "path": skewed, "num_workers": 1, "options": options, "save_at": 6,
+             "checkpoint_file": checkpoint_file}]
+    saved = torchrun(old, {"scenarios": save}, tmp_path)
+    load = [{"name": "load", "path": skewed, "num_workers": 2, "options": options, "load_from": checkpoint_file,
+             "epochs": [0, 1], "ddp": True}]
+    resumed = torchrun(new, {"scenarios": load}, tmp_path)
+    num_rows = sum(rows for rows, _ in SKEWED)
+    before = Counter(i for r in saved for b in r["save"]["before"] for i in b)
+    after = Counter(i for r in resumed for b in r["load"]["epochs"]["0"] for i in b)
+    assert max((before + after).values()) == 1, "a row came twice in the re-planned epoch"
+    trimmed = sum(r["load"]["trimmed"]["0"] for r in resumed)
+    assert len(before) + len(after) + trimmed == num_rows
+    counts = [len(r["load"]["epochs"]["0"]) for r in resumed]
+    assert len(set(counts)) == 1 and counts[0] == resumed[0]["load"]["lens"]["0"]
+    check_epoch(resumed, "load", "1", num_rows)

@@ -37,7 +37,7 @@ def test_state_is_json_types_and_versioned(uneven_dataset):
     worker = state["dataloader"]["_snapshot"]["_worker_snapshots"]["worker_0"]["dataset_state"]
     assert worker["kind"] == "arrowstream.worker" and worker["version"] == STATE_VERSION
     assert set(worker) == {"kind", "version", "data", "options", "epoch", "slot", "cursor", "counters",
-                           "epoch_complete"}
+                           "epoch_complete", "elastic"}
 
 
 def test_state_holds_no_paths_and_no_credentials(uneven_dataset):

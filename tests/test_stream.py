@@ -68,7 +68,7 @@ def open_stream(splits, reader_factory, *, batch_size, interleave, buffer_rows, 
                      window_seed=functools.partial(window_seed, seed, epoch, SLOT), start=start.cursor,
                      run_rows=run_rows)
 
-    stream = EpochStream(runs=runs, num_splits=len(splits), batch_size=batch_size, drop_last=drop_last,
+    stream = EpochStream(runs=runs, end=Cursor.end(len(splits)), batch_size=batch_size, drop_last=drop_last,
                          convert=lambda batch: batch.column("id").to_pylist(), data=DATA, options={},
                          epoch=epoch, slot=SLOT, start=start)
     return stream, readers

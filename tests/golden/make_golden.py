@@ -46,6 +46,10 @@ CASES = [
      "options": {"batch_size": 8, "shuffle": True, "seed": 4, "rank": 1, "world_size": 2,
                  "shuffle_buffer_size": 20},
      "epochs": [0, 1], "point": ("mid", 0, 3)},
+    # a state inside an epoch re-planned from 2 workers to 3 (elastic resume)
+    {"name": "elastic-workers3-from-workers2-mid", "num_workers": 3, "elastic_from": (2, 2),
+     "options": {"batch_size": 8, "shuffle": True, "seed": 6, "shuffle_buffer_size": 12, "interleave": 2},
+     "epochs": [0, 1], "point": ("mid", 0, 2)},
 ]
 
 
@@ -77,6 +81,14 @@ def capture(case: dict, path: str) -> dict:
 
     loader, dataset = StructuredDataset.create_dataloader(path=path, num_workers=case["num_workers"],
                                                           **case["options"])
+    if case.get("elastic_from"):  # start from a state of another number of workers, after some batches
+        old_workers, steps = case["elastic_from"]
+        old, old_dataset = StructuredDataset.create_dataloader(path=path, num_workers=old_workers, **case["options"])
+        old_dataset.set_epoch(0)
+        for step, _ in enumerate(old):
+            if step + 1 == steps:
+                break
+        loader.load_state_dict(json.loads(json.dumps(old.state_dict())))
     if case.get("merge_ranks"):
         # every rank's state at the same step, merged; the recorded continuation is the case's rank's
         record = capture({**case, "merge_ranks": 0}, path)

@@ -1,0 +1,180 @@
+"""Elastic resume: the rest of an epoch, re-planned over another (world_size, num_workers).
+
+From the cursors of every old worker (an :class:`~arrowstream._state.ElasticSource`), the rows
+not yet handed out are cut into *items*:
+
+* a **replay** for each old worker that was inside a shuffle window: the rest of that window,
+  read again the way the old worker read it (its splits, its window seed) and handed out in its
+  shuffled order from where it stood; its size and where the window ends follow from row counts;
+* a **range** for each open split after that (the rows past its cursor) and every split the old
+  worker had not opened: a :class:`~arrowstream._planning.Split` like any other.
+
+Items go to the new (rank, worker) slots by longest-processing-time on rows (ranges are halved
+while there are fewer items than slots). A new worker reads its replays first, then its ranges
+through the usual pipeline (interleave, shuffle windows of its own). Every row left is read by
+exactly one new worker, and the plan is a pure function of the source, so a checkpoint taken in
+the re-planned epoch resumes exactly with the new topology.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from ._cursor import Cursor, Run
+from ._interleave import PieceReader, block_size_for, interleave_runs
+from ._order import Slot, assign_lpt, slot_split_ids, window_seed
+from ._planning import Plan, Split
+from ._reader import Piece
+from ._state import ElasticSource
+from ._stream import open_runs
+
+
+@dataclass(frozen=True)
+class Replay:
+    """The rest of an old worker's shuffle window: ``rows`` rows from ``start`` in its stream."""
+
+    slot: Slot
+    splits: tuple[Split, ...]
+    start: Cursor
+    rows: int
+
+
+@dataclass(frozen=True)
+class Share:
+    """What one new slot reads in the re-planned epoch."""
+
+    replays: tuple[Replay, ...]
+    splits: tuple[Split, ...]
+
+    @property
+    def num_rows(self) -> int:
+        return sum(r.rows for r in self.replays) + sum(s.num_rows for s in self.splits)
+
+
+class _CountReader:
+    """Reads row counts, not rows: one column-less piece per split, for planning."""
+
+    def read(self, split: Split, position: int, offset: int) -> Iterator[Piece]:
+        if offset < split.num_rows:
+            batch = pa.RecordBatch.from_arrays([pa.nulls(split.num_rows - offset)], names=["n"])
+            yield Piece(batch, position, offset, split.num_rows, None)
+
+    def close(self) -> None:
+        pass
+
+
+def _window_end(splits: Sequence[Split], start: Cursor, block_size: int | None, lanes: int,
+                buffer_rows: int) -> tuple[int, Cursor]:
+    """The rows of the window that starts at ``start`` and the stream cursor past it."""
+    begin = dataclasses.replace(start, window_index=0, window_offset=0)
+    size = 0
+    for run in interleave_runs([_CountReader() for _ in range(lanes)], splits, block_size, begin):
+        if size + run.num_rows >= buffer_rows:
+            return buffer_rows, run.after(buffer_rows - size)
+        size += run.num_rows
+    return size, Cursor.end(len(splits))
+
+
+def _rest(split: Split, offset: int) -> Split:
+    """The rows of ``split`` from source offset ``offset`` on."""
+    rows = split.num_rows - offset
+    return dataclasses.replace(split, row_start=split.row_start + offset, num_rows=rows,
+                               num_bytes=split.num_bytes * rows // max(split.num_rows, 1))
+
+
+def _halve(split: Split) -> tuple[Split, Split]:
+    first = split.num_rows // 2
+    return (dataclasses.replace(split, num_rows=first, num_bytes=split.num_bytes // 2),
+            _rest(split, first))
+
+
+def remaining_items(plan: Plan, source: ElasticSource, *, shuffle: bool, seed: int, batch_size: int,
+                    interleave: int, buffer_rows: int) -> tuple[list[Replay], list[Split]]:
+    """Every row of ``source.epoch`` the old workers had not handed out, as replays and ranges.
+
+    A shuffle window's extent follows from row counts, which a filter makes unknown before
+    reading: the loader refuses a source with a worker inside a window and a filter.
+    """
+    old_slots = source.world_size * max(source.num_workers, 1)
+    splits = plan.splits_for(old_slots)
+    rows = [s.num_rows for s in splits]
+    block_size = block_size_for(batch_size, interleave)
+    replays: list[Replay] = []
+    ranges: list[Split] = []
+    for index, cursor in enumerate(source.cursors):
+        if cursor is None:
+            continue
+        rank, worker = divmod(index, max(source.num_workers, 1))
+        slot = Slot(rank, source.world_size, worker, source.num_workers)
+        mine = [splits[i] for i in slot_split_ids(rows, slot, shuffle=shuffle, seed=seed, epoch=source.epoch)]
+        end = cursor
+        if buffer_rows and cursor.window_offset:
+            size, end = _window_end(mine, cursor, block_size, interleave, buffer_rows)
+            if size > cursor.window_offset:
+                replays.append(Replay(slot, tuple(mine), cursor, size - cursor.window_offset))
+        for position, offset in end.lanes:
+            if position < len(mine) and offset < mine[position].num_rows:
+                ranges.append(_rest(mine[position], offset))
+        ranges.extend(s for s in mine[end.next_split_index:] if s.num_rows)
+    return replays, ranges
+
+
+def assign_shares(replays: list[Replay], ranges: list[Split], num_slots: int) -> list[Share]:
+    """The items over ``num_slots`` new slots by LPT on rows (deterministic, order kept per slot)."""
+    ranges = list(ranges)
+    while ranges and len(replays) + len(ranges) < num_slots:
+        largest = max(range(len(ranges)), key=lambda i: (ranges[i].num_rows, -i))
+        if ranges[largest].num_rows < 2:
+            break
+        ranges[largest:largest + 1] = _halve(ranges[largest])
+    weights = [r.rows for r in replays] + [s.num_rows for s in ranges]
+    shares = []
+    for owned in assign_lpt(weights, num_slots):
+        shares.append(Share(tuple(replays[i] for i in owned if i < len(replays)),
+                            tuple(ranges[i - len(replays)] for i in owned if i >= len(replays))))
+    return shares
+
+
+def _replay_cursor(after_replays: Cursor, index: int, taken: int, rows: int, more: int) -> Cursor:
+    """The cursor once ``taken + more`` rows of replay ``index`` (``rows`` rows) are handed out."""
+    done = taken + more
+    if done >= rows:
+        return dataclasses.replace(after_replays, replay_index=index + 1, replay_offset=0)
+    return dataclasses.replace(after_replays, replay_index=index, replay_offset=done)
+
+
+def _with_replay_index(run: Run, index: int) -> Run:
+    return Run(run.batch, lambda rows: dataclasses.replace(run.after(rows), replay_index=index, replay_offset=0))
+
+
+def share_runs(readers: Sequence[PieceReader], share: Share, *, seed: int, epoch: int, slot: Slot,
+               batch_size: int, interleave: int, buffer_rows: int, start: Cursor) -> Iterator[Run]:
+    """A new worker's rows in the re-planned epoch, from ``start``: replays, then its splits."""
+    first_split = Cursor.start(len(share.splits), interleave)
+    for index in range(start.replay_index, len(share.replays)):
+        replay = share.replays[index]
+        skip = start.replay_offset if index == start.replay_index else 0
+        old_start = dataclasses.replace(replay.start, window_offset=replay.start.window_offset + skip)
+        runs = open_runs(readers, replay.splits, batch_size=batch_size, interleave=interleave,
+                         buffer_rows=buffer_rows, start=old_start,
+                         window_seed=functools.partial(window_seed, seed, epoch, replay.slot))
+        taken = skip
+        for run in runs:
+            if taken >= replay.rows:
+                break
+            run = run.head(min(run.num_rows, replay.rows - taken))
+            yield Run(run.batch, functools.partial(_replay_cursor, first_split, index, taken, replay.rows))
+            taken += run.num_rows
+        for reader in readers:
+            reader.close()
+    replays = len(share.replays)
+    base = start if start.replay_index >= replays else dataclasses.replace(first_split, replay_index=replays)
+    seeds: Callable[[int], int] = functools.partial(window_seed, seed, epoch, slot)
+    for run in open_runs(readers, share.splits, batch_size=batch_size, interleave=interleave,
+                         buffer_rows=buffer_rows, window_seed=seeds, start=base):
+        yield _with_replay_index(run, replays)
