@@ -161,6 +161,8 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         saved = [self.dataset.check_state(s) for s in _worker_states(inner) if s is not None]
         if saved:
             self.dataset.set_epoch(max(s.epoch for s in saved))
+        # inside an epoch re-planned for this topology: the counts of that epoch (len, trimmed rows)
+        self.dataset._elastic = next((s.elastic for s in saved if s.elastic is not None), None)
         if inner.get(_FINISHED):
             self._mark_epoch_complete(inner)
         if per_transfer > 1 and self.snapshot_every_n_steps != 1:

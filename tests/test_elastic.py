@@ -78,8 +78,12 @@ def test_checkpoint_inside_the_replanned_epoch_resumes_exactly(uneven_dataset, o
             if epoch == 0 and step == 6:
                 inner_state, consumed = json_roundtrip(loader.state_dict()), len(reference)
     fresh, fresh_dataset = make_loader(uneven_dataset, new, **options)
+    fresh.load_state_dict(inner_state)
+    replanned_len = len(fresh)  # the re-planned epoch's count, also in a fresh process
+    fresh, fresh_dataset = make_loader(uneven_dataset, new, **options)
     resumed = resume_epochs(fresh, fresh_dataset, inner_state, 0, 1)
     assert [ids for _, _, ids in resumed] == reference[consumed:]
+    assert replanned_len == sum(1 for e, _, _ in resumed if e == 0) + 7
     # and another topology inside a re-planned epoch is refused, clearly
     other, _ = make_loader(uneven_dataset, 1, **options)
     with pytest.raises(errors.StateMismatchError, match=f"itself re-planned from world_size=1, num_workers={old}"):
