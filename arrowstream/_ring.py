@@ -19,7 +19,6 @@ the worker never waits on the trainer.
 from __future__ import annotations
 
 import os
-import random
 
 import numpy as np
 import torch
@@ -33,7 +32,9 @@ class Ring:
     """The worker's side: claims slots and writes chunk buffers into them."""
 
     def __init__(self, slot_bytes: int, num_slots: int = NUM_SLOTS) -> None:
-        self.id = random.getrandbits(62)
+        # not ``random``: torchdata seeds it per worker from a base seed that a resumed loader
+        # restores, so a resumed worker would take the id of the ring of the run it resumes
+        self.id = int.from_bytes(os.urandom(8), "little") >> 2
         self.num_slots = num_slots
         self.slot_bytes = slot_bytes
         self.tensor = torch.empty(_HEADER + num_slots * slot_bytes, dtype=torch.uint8)
