@@ -51,7 +51,7 @@ class Options:
         }
 
 
-def _int(name: str, value: Any, minimum: int) -> int:
+def check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ArgumentTypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
     if value < minimum:
@@ -59,7 +59,7 @@ def _int(name: str, value: Any, minimum: int) -> int:
     return value
 
 
-def _bool(name: str, value: Any) -> bool:
+def check_bool(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ArgumentTypeError(f"{name}: expected True or False, got {type(value).__name__} {value!r}")
     return value
@@ -107,21 +107,21 @@ def validate_options(*, format: str, batch_size: int, shuffle: bool, seed: int, 
     if transform is not None and not callable(transform):
         raise ArgumentTypeError(f"transform: expected a callable, got {type(transform).__name__}")
     if split_bytes is not None:
-        _int("split_bytes", split_bytes, 1)
+        check_int("split_bytes", split_bytes, 1)
     if fill_nulls is not None and not isinstance(fill_nulls, (int, float, bool, Mapping)):
         raise ArgumentTypeError(f"fill_nulls: expected a number or a dict of column -> number, got {fill_nulls!r}")
     return Options(
         format=format,
-        batch_size=_int("batch_size", batch_size, 1),
-        shuffle=_bool("shuffle", shuffle),
-        seed=_int("seed", seed, 0),
-        shuffle_buffer_size=_int("shuffle_buffer_size", shuffle_buffer_size, 0),
-        interleave=_int("interleave", interleave, 1),
+        batch_size=check_int("batch_size", batch_size, 1),
+        shuffle=check_bool("shuffle", shuffle),
+        seed=check_int("seed", seed, 0),
+        shuffle_buffer_size=check_int("shuffle_buffer_size", shuffle_buffer_size, 0),
+        interleave=check_int("interleave", interleave, 1),
         columns=_columns(columns),
         filter=_filter(filter),
         output_format=output_format,
         transform=transform,
-        drop_last=_bool("drop_last", drop_last),
+        drop_last=check_bool("drop_last", drop_last),
         split_bytes=split_bytes,
         fill_nulls=fill_nulls,
     )

@@ -132,11 +132,11 @@ class EpochStream:
         if self._complete:
             raise StopIteration
         if self._max_batches is not None:  # never read rows that even_batches trims
-            max_batches = max(1, min(max_batches, self._max_batches - self._batches))
-        self._fill(self._batch_size * max_batches)
+            max_batches = min(max_batches, self._max_batches - self._batches)
+        self._fill(self._batch_size * max(max_batches, 0))
         parts: list[pa.RecordBatch] = []
         positions: list[Position] = []
-        while len(parts) < max_batches:
+        while len(parts) < max(max_batches, 1):  # at the limit, the first next() ends the epoch
             try:
                 parts.append(self._next_record())
             except StopIteration:

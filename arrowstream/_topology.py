@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from ._options import check_int
 from .errors import ArgumentTypeError, InvalidArgumentError, TopologyError
 
 
@@ -67,14 +68,6 @@ def _horovod() -> tuple[int, int] | None:
         return None
 
 
-def _int_or_none(name: str, value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ArgumentTypeError(f"{name}: expected an int or None, got {type(value).__name__} {value!r}")
-    return value
-
-
 def resolve_topology(rank: Any = None, world_size: Any = None, accelerator: Any = None,
                      group_size: Any = 1) -> Topology:
     """This process's :class:`Topology`, from the first source that is set.
@@ -87,7 +80,8 @@ def resolve_topology(rank: Any = None, world_size: Any = None, accelerator: Any 
         >>> resolve_topology(rank=1, world_size=4)
         Topology(rank=1, world_size=4, source='explicit', group_size=1)
     """
-    rank, world_size = _int_or_none("rank", rank), _int_or_none("world_size", world_size)
+    rank = None if rank is None else check_int("rank", rank, 0)
+    world_size = None if world_size is None else check_int("world_size", world_size, 1)
     if (rank is None) != (world_size is None):
         raise InvalidArgumentError(f"rank/world_size: pass both or neither (got rank={rank}, world_size={world_size})")
     found: list[tuple[str, tuple[int, int]]] = []
@@ -118,9 +112,7 @@ def resolve_topology(rank: Any = None, world_size: Any = None, accelerator: Any 
     if world_size < 1 or not 0 <= rank < world_size:
         raise InvalidArgumentError(f"rank/world_size: need 0 <= rank < world_size, got rank={rank}, "
                                    f"world_size={world_size} (from {source})")
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-        raise InvalidArgumentError(f"group_size: expected an int >= 1, got {group_size!r}")
-    if world_size % group_size:
+    if world_size % check_int("group_size", group_size, 1):
         raise InvalidArgumentError(f"group_size: {group_size} does not divide world_size={world_size}; groups "
                                    "are consecutive ranks that read the same data")
     return Topology(rank, world_size, source.split()[0], group_size)

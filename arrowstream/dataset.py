@@ -15,7 +15,7 @@ from ._convert import make_converter, resolve_fill_nulls
 from ._cursor import Cursor, Run
 from ._discovery import discover_files
 from ._elastic import Share, assign_shares, remaining_items, share_runs
-from ._options import Options, validate_options
+from ._options import Options, check_bool, validate_options
 from ._order import (
     Slot,
     even_batch_limits,
@@ -109,10 +109,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             raise ArgumentTypeError(f"storage_options: expected a dict, got {type(storage_options).__name__}")
         self._topology = resolve_topology(rank, world_size, accelerator, group_size)
         self._rank, self._world_size = self._topology.data_rank, self._topology.data_world_size
-        if not isinstance(even_batches, bool):
-            raise ArgumentTypeError(f"even_batches: expected True or False, got {type(even_batches).__name__}")
         # with one reader of distinct data there is nothing to even out
-        self._even_batches = even_batches and self._world_size > 1
+        self._even_batches = check_bool("even_batches", even_batches) and self._world_size > 1
         if self._even_batches and self._options.filter is not None:
             raise InvalidArgumentError(
                 f"even_batches: with world_size={self._world_size} and a filter, the batches each rank yields "
