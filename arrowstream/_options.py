@@ -14,7 +14,7 @@ from ._planning import fingerprint
 from .errors import ArgumentTypeError, InvalidArgumentError, NotSupportedYetError
 
 FORMATS = ("parquet", "orc", "arrow", "csv", "jsonl", "json")
-SUPPORTED_FORMATS = ("parquet",)
+SUPPORTED_FORMATS = ("parquet", "orc", "arrow")
 
 
 @dataclass(frozen=True)

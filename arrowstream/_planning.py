@@ -1,8 +1,8 @@
-"""Planning: read Parquet footers once, in the main process, and cut the data into splits.
+"""Planning: read every file's metadata once, in the main process, and cut the data into splits.
 
-A split is a contiguous range of rows of one file that never cuts a row group unless the
-plan has fewer splits than slots (then single row groups are cut into row ranges, so no
-worker idles). Everything after :func:`plan_parquet` is pure and cheap to recompute.
+A split is a contiguous range of rows of one file that never cuts a unit (Parquet row group,
+ORC stripe, IPC record batch) unless the plan has fewer splits than slots (then single units
+are cut into row ranges, so no worker idles). Everything after :func:`plan_files` is pure and cheap to recompute.
 """
 
 from __future__ import annotations
@@ -16,11 +16,9 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
-import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from ._discovery import FileEntry
+from ._formats import FileFooter, FileFormat
 from ._storage import Storage, display_url, wrap_read_error
 from .errors import EmptyDatasetError, InvalidArgumentError, SchemaMismatchError
 
@@ -30,26 +28,15 @@ _SHIPPED_METADATA_BYTES = 64 << 20  # footers travel to workers below this total
 
 @dataclass(frozen=True, slots=True)
 class Split:
-    """Rows ``[row_start, row_start + num_rows)`` of the row groups ``[row_group_start, row_group_stop)``."""
+    """Rows ``[row_start, row_start + num_rows)`` of the units ``[unit_start, unit_stop)`` of one file
+    (row groups, stripes, record batches); ``row_start`` counts from the first row of ``unit_start``."""
 
     file_index: int
-    row_group_start: int
-    row_group_stop: int
+    unit_start: int
+    unit_stop: int
     row_start: int
     num_rows: int
     num_bytes: int
-
-
-@dataclass(frozen=True)
-class FileFooter:
-    """What planning learned from one file's footer."""
-
-    entry: FileEntry
-    schema: pa.Schema
-    row_group_rows: tuple[int, ...]
-    row_group_bytes: tuple[int, ...]
-    kept_row_groups: tuple[int, ...]
-    metadata: pq.FileMetaData | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -78,46 +65,19 @@ class Plan:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_refined"] = {}
-        shipped = sum(f.metadata.serialized_size for f in self.files if f.metadata is not None)
-        if shipped > _SHIPPED_METADATA_BYTES:
-            state["files"] = [FileFooter(f.entry, f.schema, f.row_group_rows, f.row_group_bytes,
-                                         f.kept_row_groups) for f in self.files]
+        if sum(f.handle_bytes for f in self.files) > _SHIPPED_METADATA_BYTES:
+            state["files"] = [f.without_handle() for f in self.files]
         return state
 
 
-def _pyarrow_filesystem(storage: Storage) -> pafs.FileSystem:
-    if storage.is_local:
-        return pafs.LocalFileSystem()
-    return pafs.PyFileSystem(pafs.FSSpecHandler(storage.fs))
-
-
-def _read_footer(storage: Storage, filesystem: pafs.FileSystem, entry: FileEntry,
-                 filter: pc.Expression | None, filter_columns: list[str] | None) -> FileFooter:
-    """Read one footer; prune row groups by statistics when the file has the filter's columns.
-
-    With ``filter_columns=None`` (the first file) the filter is validated against this file.
-    """
+def _read_footer(storage: Storage, file_format: FileFormat, entry: FileEntry, filter: pc.Expression | None,
+                 filter_columns: list[str]) -> FileFooter:
+    """Read one file's metadata, retrying transient errors; name the file when it cannot be read."""
     url = display_url(storage.protocol, entry.path)
-
-    def read() -> FileFooter:
-        fragment = ds.ParquetFileFormat().make_fragment(entry.path, filesystem=filesystem)
-        metadata = fragment.metadata
-        schema = fragment.physical_schema
-        rows = tuple(metadata.row_group(i).num_rows for i in range(metadata.num_row_groups))
-        sizes = tuple(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
-        kept: tuple[int, ...] = tuple(range(len(rows)))
-        if filter is not None:
-            needed = filter_columns if filter_columns is not None else check_filter(filter, schema, url)
-            if all(name in schema.names for name in needed):  # else the schema check reports it
-                kept = tuple(f.row_groups[0].id for f in fragment.split_by_row_group(filter, schema=schema))
-        return FileFooter(entry, schema, rows, sizes, kept, metadata)
-
     try:
-        return storage.retry.call(read, url)
-    except InvalidArgumentError:
-        raise
+        return storage.retry.call(lambda: file_format.inspect(storage, entry, filter, filter_columns), url)
     except (OSError, pa.ArrowException, ValueError) as exc:
-        raise wrap_read_error(exc, url) from exc
+        raise wrap_read_error(exc, url, file_format.label) from exc
 
 
 def _referenced(filter: pc.Expression, schema: pa.Schema) -> list[str]:
@@ -173,10 +133,10 @@ def _runs(footer: FileFooter, split_bytes: int | None) -> list[list[int]]:
     """Kept row groups in runs of neighbours whose bytes fit ``split_bytes`` (one each when None)."""
     runs: list[list[int]] = []
     run_bytes = 0
-    for rg in footer.kept_row_groups:
-        if footer.row_group_rows[rg] == 0:
+    for rg in footer.kept_units:
+        if footer.unit_rows[rg] == 0:
             continue
-        size = footer.row_group_bytes[rg]
+        size = footer.unit_bytes[rg]
         joins = (split_bytes is not None and runs and runs[-1][-1] == rg - 1
                  and run_bytes + size <= split_bytes)
         if joins:
@@ -192,17 +152,17 @@ def _base_splits(footers: Sequence[FileFooter], split_bytes: int | None) -> list
     splits: list[Split] = []
     for file_index, footer in enumerate(footers):
         for run in _runs(footer, split_bytes):
-            rows = sum(footer.row_group_rows[i] for i in run)
-            size = sum(footer.row_group_bytes[i] for i in run)
+            rows = sum(footer.unit_rows[i] for i in run)
+            size = sum(footer.unit_bytes[i] for i in run)
             splits.append(Split(file_index, run[0], run[-1] + 1, 0, rows, size))
     return splits
 
 
-def _single_row_groups(split: Split, footer: FileFooter) -> list[Split]:
-    if split.row_group_stop - split.row_group_start == 1:
+def _single_units(split: Split, footer: FileFooter) -> list[Split]:
+    if split.unit_stop - split.unit_start == 1:
         return [split]
-    return [Split(split.file_index, rg, rg + 1, 0, footer.row_group_rows[rg], footer.row_group_bytes[rg])
-            for rg in range(split.row_group_start, split.row_group_stop)]
+    return [Split(split.file_index, rg, rg + 1, 0, footer.unit_rows[rg], footer.unit_bytes[rg])
+            for rg in range(split.unit_start, split.unit_stop)]
 
 
 def _row_ranges(split: Split, pieces: int) -> list[Split]:
@@ -210,7 +170,7 @@ def _row_ranges(split: Split, pieces: int) -> list[Split]:
     out, start = [], split.row_start
     for k in range(pieces):
         rows = base + (1 if k < extra else 0)
-        out.append(Split(split.file_index, split.row_group_start, split.row_group_stop, start, rows,
+        out.append(Split(split.file_index, split.unit_start, split.unit_stop, start, rows,
                          split.num_bytes * rows // max(split.num_rows, 1)))
         start += rows
     return out
@@ -224,7 +184,7 @@ def refine_splits(splits: Sequence[Split], num_slots: int, footers: Sequence[Fil
     """
     if len(splits) >= num_slots:
         return list(splits)
-    singles = [s for split in splits for s in _single_row_groups(split, footers[split.file_index])]
+    singles = [s for split in splits for s in _single_units(split, footers[split.file_index])]
     if len(singles) >= num_slots:
         return singles
     target = max(sum(s.num_rows for s in singles) // num_slots, 1)
@@ -237,13 +197,14 @@ def fingerprint(payload: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def plan_parquet(storage: Storage, entries: Sequence[FileEntry], *, columns: list[str] | None,
-                 filter: pc.Expression | None, split_bytes: int | None) -> Plan:
-    """Read every footer once (concurrently) and build the plan of the dataset."""
-    filesystem = _pyarrow_filesystem(storage)
-    first = _read_footer(storage, filesystem, entries[0], filter, None)
+def plan_files(storage: Storage, entries: Sequence[FileEntry], file_format: FileFormat, *,
+               columns: list[str] | None, filter: pc.Expression | None, split_bytes: int | None) -> Plan:
+    """Read every file's metadata once (concurrently) and build the plan of the dataset."""
     first_url = display_url(storage.protocol, entries[0].path)
-    filter_columns = _referenced(filter, first.schema) if filter is not None else []
+    first = _read_footer(storage, file_format, entries[0], None, [])
+    filter_columns = check_filter(filter, first.schema, first_url) if filter is not None else []
+    if filter is not None:  # now that the filter is known to fit, prune the first file too
+        first = _read_footer(storage, file_format, entries[0], filter, filter_columns)
     if columns is not None:
         unknown = [c for c in columns if c not in first.schema.names]
         if unknown:
@@ -252,16 +213,24 @@ def plan_parquet(storage: Storage, entries: Sequence[FileEntry], *, columns: lis
     rest = entries[1:]
     if len(rest) > 1:
         with ThreadPoolExecutor(max_workers=min(MAX_PLANNING_THREADS, len(rest))) as pool:
-            others = list(pool.map(lambda e: _read_footer(storage, filesystem, e, filter, filter_columns), rest))
+            others = list(pool.map(lambda e: _read_footer(storage, file_format, e, filter, filter_columns), rest))
     else:
-        others = [_read_footer(storage, filesystem, e, filter, filter_columns) for e in rest]
+        others = [_read_footer(storage, file_format, e, filter, filter_columns) for e in rest]
     footers = [first, *others]
 
     output_columns = list(columns) if columns is not None else list(first.schema.names)
     read_columns = output_columns + [c for c in filter_columns if c not in output_columns]
     _check_schemas(footers, storage.protocol, read_columns, all_columns=columns is None)
+    schema = pa.schema([first.schema.field(c) for c in output_columns])
+    return build_plan(storage.protocol, footers, schema, read_columns, filter, split_bytes,
+                      identity={"schema": [[fld.name, str(fld.type)] for fld in first.schema]})
 
-    num_rows = sum(sum(f.row_group_rows) for f in footers)
+
+def build_plan(protocol: str, footers: list[FileFooter], schema: pa.Schema, read_columns: list[str],
+               filter: pc.Expression | None, split_bytes: int | None, identity: dict[str, Any]) -> Plan:
+    """The plan of checked footers; ``identity`` joins the files in the data fingerprint."""
+    first_url = display_url(protocol, footers[0].entry.path)
+    num_rows = sum(sum(f.unit_rows) for f in footers)
     if num_rows == 0:
         raise EmptyDatasetError(
             f"path: the {len(footers)} file(s) starting with {first_url} hold no rows; "
@@ -272,9 +241,7 @@ def plan_parquet(storage: Storage, entries: Sequence[FileEntry], *, columns: lis
             f"filter: {filter} excludes every row group of the {len(footers)} file(s) by their "
             "statistics, so an epoch would be empty; loosen the filter or check the data")
     data_fingerprint = fingerprint({
-        "files": [[f.entry.name, f.entry.size, f.entry.tag, list(f.row_group_rows)] for f in footers],
-        "schema": [[fld.name, str(fld.type)] for fld in first.schema],
+        "files": [[f.entry.name, f.entry.size, f.entry.tag, list(f.unit_rows)] for f in footers],
+        **identity,
     })
-    schema = pa.schema([first.schema.field(c) for c in output_columns])
-    return Plan(storage.protocol, footers, splits, schema, read_columns, filter, data_fingerprint, num_rows)
-
+    return Plan(protocol, footers, splits, schema, read_columns, filter, data_fingerprint, num_rows)

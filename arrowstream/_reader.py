@@ -1,4 +1,4 @@
-"""The per-worker Parquet reader: rows of one split from a source offset, as Arrow pieces.
+"""The per-worker reader: rows of one split from a source offset, as Arrow pieces, in any format.
 
 All I/O of a worker happens here. A piece remembers where its rows came from in the split
 (*source offsets*), so the stream above can name the exact position after any row, also when
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from ._formats import UnitFile, get_format
 from ._planning import Plan, Split
 from ._storage import Storage, is_transient, logger, wrap_read_error
 
@@ -62,18 +62,18 @@ class SplitReader:
         self._use_threads = use_threads
         self._output_columns = plan.schema.names
         self._open_index = -1
-        self._open_file: pq.ParquetFile | None = None
+        self._open_file: UnitFile | None = None
 
     def close(self) -> None:
         if self._open_file is not None:
             self._open_file.close()
         self._open_file, self._open_index = None, -1
 
-    def _file(self, file_index: int) -> pq.ParquetFile:
+    def _file(self, file_index: int) -> UnitFile:
         if file_index != self._open_index:
             self.close()
             footer = self._plan.files[file_index]
-            self._open_file = self._storage.open_parquet(footer.entry.path, footer.metadata)
+            self._open_file = get_format(footer.format).open(self._storage, footer)
             self._open_index = file_index
         assert self._open_file is not None
         return self._open_file
@@ -97,27 +97,27 @@ class SplitReader:
                     time.sleep(self._storage.retry.delay(attempt))
                     attempt += 1
                     continue
-                raise wrap_read_error(exc, url) from exc
+                label = get_format(self._plan.files[split.file_index].format).label
+                raise wrap_read_error(exc, url, label) from exc
 
     def _read_once(self, split: Split, position: int, offset: int) -> Iterator[Piece]:
         footer = self._plan.files[split.file_index]
-        begin = split.row_start + offset          # row inside the span of the split's row groups
+        begin = split.row_start + offset          # row inside the span of the split's units
         end = split.row_start + split.num_rows
-        groups: list[int] = []
-        span_row = 0                              # span row of the first row of groups[0]
+        units: list[int] = []
+        span_row = 0                              # span row of the first row of units[0]
         cursor = 0
-        for rg in range(split.row_group_start, split.row_group_stop):
-            rows = footer.row_group_rows[rg]
+        for unit in range(split.unit_start, split.unit_stop):
+            rows = footer.unit_rows[unit]
             if cursor + rows > begin and cursor < end:
-                if not groups:
+                if not units:
                     span_row = cursor
-                groups.append(rg)
+                units.append(unit)
             cursor += rows
-        if not groups:
+        if not units:
             return
-        batches = self._file(split.file_index).iter_batches(
-            batch_size=self._read_batch_rows, row_groups=groups, columns=self._plan.read_columns,
-            use_threads=self._use_threads)
+        batches = self._file(split.file_index).read_units(
+            units, self._plan.read_columns, self._read_batch_rows, self._use_threads)
         for batch in batches:
             lo = max(begin - span_row, 0)
             hi = min(end - span_row, batch.num_rows)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import fsspec
-import pyarrow.parquet as pq
+import pyarrow as pa
 
 from .errors import FileReadError, MissingDependencyError
 
@@ -100,12 +100,11 @@ class Storage:
             self._pid = os.getpid()
         return self._fs
 
-    def open_parquet(self, path: str, metadata: pq.FileMetaData | None = None) -> pq.ParquetFile:
-        """Open one Parquet file for reading, reusing footer ``metadata`` read at planning."""
+    def open_input(self, path: str, memory_map: bool = False) -> pa.NativeFile:
+        """Open one file for random-access reading (memory-mapped when local and asked for)."""
         if self.is_local:
-            return pq.ParquetFile(path, metadata=metadata)
-        handle = self.fs.open(path, "rb")
-        return pq.ParquetFile(handle, metadata=metadata)
+            return pa.memory_map(path) if memory_map else pa.OSFile(path)
+        return pa.PythonFile(self.fs.open(path, "rb"), mode="r")
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -135,7 +134,7 @@ def open_filesystem(protocol: str, options: dict[str, Any], fresh: bool = False)
         raise
 
 
-def wrap_read_error(exc: BaseException, url: str) -> BaseException:
+def wrap_read_error(exc: BaseException, url: str, label: str = "Parquet") -> BaseException:
     """Turn a low-level read failure into an arrowstream error that names the file."""
     from .errors import CorruptFileError
 
@@ -146,5 +145,5 @@ def wrap_read_error(exc: BaseException, url: str) -> BaseException:
                              "the dataset changed while it was read: rebuild the dataset")
     if isinstance(exc, OSError) and is_transient(exc):
         return FileReadError(f"{url}: storage kept failing after retries ({type(exc).__name__}: {exc})")
-    return CorruptFileError(f"{url}: not a readable Parquet file ({type(exc).__name__}: {exc}); "
+    return CorruptFileError(f"{url}: not a readable {label} file ({type(exc).__name__}: {exc}); "
                             "remove or rewrite the file, or leave it out of `path`")

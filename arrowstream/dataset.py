@@ -15,6 +15,7 @@ from ._convert import make_converter, resolve_fill_nulls
 from ._cursor import Cursor, Run
 from ._discovery import discover_files
 from ._elastic import Share, assign_shares, remaining_items, share_runs
+from ._formats import get_format
 from ._options import Options, check_bool, validate_options
 from ._order import (
     Slot,
@@ -25,7 +26,7 @@ from ._order import (
     slot_split_ids,
     window_seed,
 )
-from ._planning import Plan, Split, plan_parquet
+from ._planning import Plan, Split, plan_files
 from ._reader import SplitReader
 from ._state import DataIdentity, ElasticSource, WorkerState, check_compatible, check_slot
 from ._storage import Storage
@@ -53,7 +54,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
     Args:
         path: A directory (read recursively), a glob, one file, or a list of them; local or any
             fsspec URL (``s3://``, ``gs://``, ``az://``, ``memory://``).
-        format: ``"parquet"`` (other formats are planned).
+        format: ``"parquet"`` (row groups are the units of splits), ``"orc"`` (stripes) or
+            ``"arrow"`` (Arrow IPC / Feather v2 files; record batches, memory-mapped when local).
         batch_size: Rows per yielded batch.
         shuffle: Shuffle the split order, seeded by ``seed`` and the epoch (:meth:`set_epoch`).
         seed: The shuffle seed.
@@ -119,8 +121,9 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                 "or filter in transform= instead")
         protocol, entries = discover_files(path, storage_options)
         self._storage = Storage(protocol, storage_options)
-        self._plan: Plan = plan_parquet(
-            self._storage, entries, columns=list(self._options.columns) if self._options.columns else None,
+        columns = list(self._options.columns) if self._options.columns else None
+        self._plan: Plan = plan_files(
+            self._storage, entries, get_format(self._options.format), columns=columns,
             filter=self._options.filter, split_bytes=self._options.split_bytes)
         self._fill_nulls = resolve_fill_nulls(self._options.fill_nulls, self._plan.schema)
         self._data = DataIdentity(self._plan.data_fingerprint, len(self._plan.files), self._plan.num_rows)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,9 @@ import pyarrow.parquet as pq
 import torch
 
 from arrowstream import StructuredDataset
+
+EPOCHS = [0, 1, 2]
+POINTS = ["start", "first", "mid", "last", "after", "next"]
 
 
 def make_table(start: int, rows: int, seed: int = 0) -> pa.Table:
@@ -121,3 +125,33 @@ def resume_epochs(loader, dataset, state: Any, start_epoch: int, last_epoch: int
 
 def env_flag(name: str) -> bool:
     return os.environ.get(name, "") not in ("", "0")
+
+
+def check_exactly_once(batches, num_rows):
+    for epoch in {e for e, _, _ in batches}:
+        counts = Counter(i for e, _, ids in batches if e == epoch for i in ids)
+        assert sorted(counts) == list(range(num_rows)), f"epoch {epoch} misses or invents rows"
+        assert max(counts.values()) == 1, f"epoch {epoch} repeats rows"
+
+
+def check_resume(path, num_workers, options, rows_of_epoch, mid=17, factory=make_loader):
+    """The reference run's states at every point resume to exactly its continuation.
+
+    ``factory(path, num_workers, **options)`` builds ``(loader, dataset)``; by default a
+    ``StructuredDataset`` loader of the files at ``path``.
+    """
+    loader, dataset = factory(path, num_workers, **options)
+    checkpoints: dict = {}
+    reference = run_epochs(loader, dataset, EPOCHS, checkpoints, mid=mid)
+    rows_of_epoch(reference, dataset)
+    first_epoch_batches = sum(1 for e, _, _ in reference if e == 0)
+    if options.get("filter") is None:
+        assert first_epoch_batches == len(loader)
+
+    for point in POINTS:
+        state, consumed, epoch = checkpoints[point]
+        fresh_loader, fresh_dataset = factory(path, num_workers, **options)
+        resumed = resume_epochs(fresh_loader, fresh_dataset, state, epoch, EPOCHS[-1])
+        expected = reference[consumed:]
+        assert [k for _, k, _ in resumed] == [k for _, k, _ in expected], f"resume at {point!r} diverged"
+        assert [e for e, _, _ in resumed] == [e for e, _, _ in expected], f"resume at {point!r}: epochs differ"

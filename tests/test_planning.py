@@ -74,9 +74,9 @@ def test_fewer_splits_than_slots_are_cut_to_row_ranges(tmp_path):
 
 def test_refine_splits_is_exact_and_deterministic():
     from arrowstream._discovery import FileEntry
-    from arrowstream._planning import FileFooter
+    from arrowstream._formats import FileFooter
 
-    footer = FileFooter(FileEntry("p", "p", 1, ""), pa.schema([]), (5, 7, 1), (50, 70, 10), (0, 1, 2))
+    footer = FileFooter(FileEntry("p", "p", 1, ""), "parquet", pa.schema([]), (5, 7, 1), (50, 70, 10), (0, 1, 2))
     splits = [Split(0, 0, 3, 0, 13, 130)]
     refined = refine_splits(splits, 5, [footer])
     assert len(refined) >= 5
@@ -85,7 +85,7 @@ def test_refine_splits_is_exact_and_deterministic():
     # the row ranges tile the row groups without overlap
     covered = []
     for s in refined:
-        base = sum(footer.row_group_rows[: s.row_group_start])
+        base = sum(footer.unit_rows[: s.unit_start])
         covered += list(range(base + s.row_start, base + s.row_start + s.num_rows))
     assert covered == list(range(13))
 
@@ -94,15 +94,15 @@ def test_refine_splits_is_exact_and_deterministic():
 @given(st.lists(st.integers(0, 50), min_size=1, max_size=6), st.integers(1, 40))
 def test_refine_covers_every_row_once_and_feeds_every_slot(group_rows, num_slots):
     from arrowstream._discovery import FileEntry
-    from arrowstream._planning import FileFooter
+    from arrowstream._formats import FileFooter
 
-    footer = FileFooter(FileEntry("p", "p", 1, ""), pa.schema([]), tuple(group_rows),
+    footer = FileFooter(FileEntry("p", "p", 1, ""), "parquet", pa.schema([]), tuple(group_rows),
                         tuple(10 * r for r in group_rows), tuple(range(len(group_rows))))
     splits = _base_splits([footer], split_bytes=10**9)
     refined = refine_splits(splits, num_slots, [footer])
     covered = []
     for s in refined:
-        base = sum(group_rows[: s.row_group_start])
+        base = sum(group_rows[: s.unit_start])
         covered += list(range(base + s.row_start, base + s.row_start + s.num_rows))
     assert covered == list(range(sum(group_rows)))
     assert len(refined) >= min(num_slots, sum(group_rows))

@@ -11,14 +11,9 @@ row exactly once.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pyarrow.compute as pc
 import pytest
-from helpers import make_loader, resume_epochs, run_epochs
-
-EPOCHS = [0, 1, 2]
-POINTS = ["start", "first", "mid", "last", "after", "next"]
+from helpers import EPOCHS, POINTS, check_exactly_once, check_resume, make_loader, resume_epochs, run_epochs
 
 # the uneven dataset's splits are row groups of 120 to 400 rows: a buffer of 100 rows is smaller
 # than any of them, one of 700 spans several
@@ -38,31 +33,6 @@ CONFIGS = [
     for shuffle in ((False, True) if (buffer, interleave) == (0, 1) else (True,))
     for persistent in ((False, True) if nw else (False,))
 ]
-
-
-def check_exactly_once(batches, num_rows):
-    for epoch in {e for e, _, _ in batches}:
-        counts = Counter(i for e, _, ids in batches if e == epoch for i in ids)
-        assert sorted(counts) == list(range(num_rows)), f"epoch {epoch} misses or invents rows"
-        assert max(counts.values()) == 1, f"epoch {epoch} repeats rows"
-
-
-def check_resume(path, num_workers, options, rows_of_epoch, mid=17):
-    """The reference run's states at every point resume to exactly its continuation."""
-    loader, dataset = make_loader(path, num_workers, **options)
-    checkpoints: dict = {}
-    reference = run_epochs(loader, dataset, EPOCHS, checkpoints, mid=mid)
-    rows_of_epoch(reference, dataset)
-    first_epoch_batches = sum(1 for e, _, _ in reference if e == 0)
-    assert first_epoch_batches == len(loader)
-
-    for point in POINTS:
-        state, consumed, epoch = checkpoints[point]
-        fresh_loader, fresh_dataset = make_loader(path, num_workers, **options)
-        resumed = resume_epochs(fresh_loader, fresh_dataset, state, epoch, EPOCHS[-1])
-        expected = reference[consumed:]
-        assert [k for _, k, _ in resumed] == [k for _, k, _ in expected], f"resume at {point!r} diverged"
-        assert [e for e, _, _ in resumed] == [e for e, _, _ in expected], f"resume at {point!r}: epochs differ"
 
 
 @pytest.mark.parametrize(("num_workers", "shuffle", "persistent", "buffer", "interleave"), CONFIGS)

@@ -1,0 +1,22 @@
+"""File formats behind one reader contract (see :mod:`arrowstream._formats._base`)."""
+
+from __future__ import annotations
+
+from ._base import FileFooter, FileFormat, UnitFile
+from .ipc import IPC
+from .orc import ORC
+from .parquet import PARQUET
+
+FILE_FORMATS: dict[str, FileFormat] = {f.name: f for f in (PARQUET, ORC, IPC)}
+
+
+def register_format(file_format: FileFormat) -> None:
+    """Make a format known to planning and readers by its name (Iceberg's wrapper uses it)."""
+    FILE_FORMATS[file_format.name] = file_format
+
+
+def get_format(name: str) -> FileFormat:
+    return FILE_FORMATS[name]
+
+
+__all__ = ["FILE_FORMATS", "FileFooter", "FileFormat", "UnitFile", "get_format", "register_format"]

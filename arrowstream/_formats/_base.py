@@ -1,0 +1,84 @@
+"""The reader contract: what a file format tells planning, and how a worker reads from it.
+
+A format cuts each file into *units* (Parquet row groups, ORC stripes, IPC record batches) whose
+row and byte counts come from metadata alone. Splits are runs of units; a worker reads a run of
+units of one file as consecutive Arrow batches, projecting columns. Everything else (row offsets,
+filters, shuffles, resume) is format-free and lives above this contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .._discovery import FileEntry
+from .._storage import Storage
+
+
+@dataclass(frozen=True)
+class FileFooter:
+    """What planning learned from one file's metadata.
+
+    ``unit_rows`` and ``unit_bytes`` count the rows a reader yields from each unit (after any
+    deleted rows are taken out) and its size; ``kept_units`` are the units a filter may match.
+    ``handle`` is format data that saves a worker from reading the metadata again (a Parquet
+    ``FileMetaData``); ``extra`` is what a wrapping format needs (Iceberg: deletes, projection).
+    """
+
+    entry: FileEntry
+    format: str
+    schema: pa.Schema
+    unit_rows: tuple[int, ...]
+    unit_bytes: tuple[int, ...]
+    kept_units: tuple[int, ...]
+    handle: Any = field(default=None, compare=False)
+    extra: Any = field(default=None, compare=False)
+
+    def without_handle(self) -> FileFooter:
+        return FileFooter(self.entry, self.format, self.schema, self.unit_rows, self.unit_bytes,
+                          self.kept_units, None, self.extra)
+
+    @property
+    def handle_bytes(self) -> int:
+        """Bytes the handle adds to a pickled plan."""
+        size = getattr(self.handle, "serialized_size", 0)
+        return int(size) if isinstance(size, int) else 0
+
+
+class UnitFile(Protocol):
+    """One open file in a worker."""
+
+    def read_units(self, units: Sequence[int], columns: list[str], batch_rows: int,
+                   use_threads: bool) -> Iterator[pa.RecordBatch]:
+        """The rows of ``units`` (ascending, consecutive), in order, in batches of at most
+        ``batch_rows`` rows, with (at least) ``columns``."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+class FileFormat(Protocol):
+    """A file format: metadata in the main process, units in the workers."""
+
+    name: str
+    label: str  # how errors name it: "Parquet", "ORC", ...
+
+    def inspect(self, storage: Storage, entry: FileEntry, filter: pc.Expression | None,
+                filter_columns: list[str]) -> FileFooter:
+        """Read the metadata of one file; prune units that ``filter`` excludes when it can."""
+        ...
+
+    def open(self, storage: Storage, footer: FileFooter) -> UnitFile:
+        """Open a planned file for reading its units."""
+        ...
+
+
+def sliced(batch: pa.RecordBatch, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """``batch`` in zero-copy slices of at most ``batch_rows`` rows."""
+    for start in range(0, batch.num_rows, batch_rows):
+        yield batch.slice(start, batch_rows)

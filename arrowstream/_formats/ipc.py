@@ -1,0 +1,140 @@
+"""Arrow IPC files (Feather v2): record batches are the units; local files are memory-mapped.
+
+pyarrow reads a record batch by index but gives its row count only by reading it, body and all.
+Planning reads the file footer (the list of record-batch blocks) and each batch's message header
+instead: a few flatbuffer fields, read here directly, so no column data is read to plan.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyarrow import ipc
+
+from .._discovery import FileEntry
+from .._storage import Storage
+from ._base import FileFooter, sliced
+
+_MAGIC = b"ARROW1"
+_FOOTER_SCHEMA, _FOOTER_RECORD_BATCHES = 1, 3   # Footer table fields (File.fbs)
+_MESSAGE_HEADER_TYPE, _MESSAGE_HEADER, _MESSAGE_BODY_LENGTH = 1, 2, 3   # Message fields (Message.fbs)
+_RECORD_BATCH = 3                               # MessageHeader union: RecordBatch
+_BATCH_LENGTH = 0                               # RecordBatch.length
+_BLOCK = struct.Struct("<qi4xq")                # Block: offset, metaDataLength, bodyLength
+
+
+class _Table:
+    """A flatbuffer table: scalar fields and offsets by field index."""
+
+    def __init__(self, buf: bytes, pos: int) -> None:
+        self.buf, self.pos = buf, pos
+        self._vtable = pos - struct.unpack_from("<i", buf, pos)[0]
+        self._vtable_size = struct.unpack_from("<H", buf, self._vtable)[0]
+
+    def _field(self, index: int) -> int:
+        entry = 4 + 2 * index
+        if entry >= self._vtable_size:
+            return 0
+        return int(struct.unpack_from("<H", self.buf, self._vtable + entry)[0])
+
+    def scalar(self, index: int, fmt: str) -> int:
+        offset = self._field(index)
+        return int(struct.unpack_from(fmt, self.buf, self.pos + offset)[0]) if offset else 0
+
+    def ref(self, index: int) -> int | None:
+        """Position of what an offset field points to (a table or a vector)."""
+        offset = self._field(index)
+        if not offset:
+            return None
+        at = self.pos + offset
+        return at + int(struct.unpack_from("<I", self.buf, at)[0])
+
+
+def _root(buf: bytes) -> _Table:
+    return _Table(buf, struct.unpack_from("<I", buf, 0)[0])
+
+
+def record_batch_blocks(footer: bytes) -> list[tuple[int, int, int]]:
+    """(offset, metadata length, body length) of every record batch, from the footer flatbuffer."""
+    vector = _root(footer).ref(_FOOTER_RECORD_BATCHES)
+    if vector is None:
+        return []
+    count = struct.unpack_from("<I", footer, vector)[0]
+    return [_BLOCK.unpack_from(footer, vector + 4 + i * _BLOCK.size) for i in range(count)]
+
+
+def message_rows(metadata: bytes) -> int:
+    """Rows of the record batch whose encapsulated message header is ``metadata``."""
+    start = 8 if metadata[:4] == b"\xff\xff\xff\xff" else 4   # continuation marker since format 0.15
+    message = _root(metadata[start:])
+    if message.scalar(_MESSAGE_HEADER_TYPE, "<B") != _RECORD_BATCH:
+        raise ValueError("a record-batch block of the footer does not hold a record batch")
+    header = message.ref(_MESSAGE_HEADER)
+    if header is None:
+        raise ValueError("a record-batch message has no header")
+    return _Table(message.buf, header).scalar(_BATCH_LENGTH, "<q")
+
+
+def batch_sizes(source: pa.NativeFile) -> list[tuple[int, int]]:
+    """(rows, body bytes) of every record batch of an IPC file, reading only metadata."""
+    size = source.size()
+    source.seek(size - 10)
+    tail = source.read(10)
+    if tail[4:] != _MAGIC:
+        raise ValueError("not an Arrow IPC file (no ARROW1 magic at its end)")
+    footer_length = struct.unpack("<i", tail[:4])[0]
+    source.seek(size - 10 - footer_length)
+    footer = source.read(footer_length)
+    out = []
+    for offset, metadata_length, body_length in record_batch_blocks(footer):
+        source.seek(offset)
+        out.append((message_rows(source.read(metadata_length)), body_length))
+    return out
+
+
+class IpcFile:
+    """An open IPC file; local files are memory-mapped, so a batch is read without a copy."""
+
+    def __init__(self, storage: Storage, footer: FileFooter) -> None:
+        self._source = storage.open_input(footer.entry.path, memory_map=True)
+        self._schema = footer.schema
+        self._readers: dict[tuple[str, ...], ipc.RecordBatchFileReader] = {}
+
+    def _reader(self, columns: list[str]) -> ipc.RecordBatchFileReader:
+        key = tuple(columns)
+        if key not in self._readers:
+            fields = sorted(self._schema.get_field_index(name) for name in columns)
+            self._readers[key] = ipc.open_file(self._source, options=ipc.IpcReadOptions(included_fields=fields))
+        return self._readers[key]
+
+    def read_units(self, units: Sequence[int], columns: list[str], batch_rows: int,
+                   use_threads: bool) -> Iterator[pa.RecordBatch]:
+        reader = self._reader(columns)
+        for index in units:
+            yield from sliced(reader.get_batch(index), batch_rows)
+
+    def close(self) -> None:
+        self._readers.clear()
+        self._source.close()
+
+
+class IpcFormat:
+    name = "arrow"
+    label = "Arrow IPC"
+
+    def inspect(self, storage: Storage, entry: FileEntry, filter: pc.Expression | None,
+                filter_columns: list[str]) -> FileFooter:
+        with storage.open_input(entry.path) as source:
+            schema = ipc.open_file(source).schema
+            batches = batch_sizes(source)
+        return FileFooter(entry, self.name, schema, tuple(r for r, _ in batches), tuple(b for _, b in batches),
+                          tuple(range(len(batches))))
+
+    def open(self, storage: Storage, footer: FileFooter) -> IpcFile:
+        return IpcFile(storage, footer)
+
+
+IPC = IpcFormat()

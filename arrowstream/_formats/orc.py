@@ -1,0 +1,107 @@
+"""ORC: stripes are the units.
+
+pyarrow reads a stripe by index but does not say how many rows each stripe holds, so the stripe
+list comes from the file tail ORC keeps (``FileTail`` protobuf: the footer's ``StripeInformation``
+entries, already decompressed by the ORC library). A dozen lines of protobuf decoding read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyarrow import orc
+
+from .._discovery import FileEntry
+from .._storage import Storage
+from ._base import FileFooter, sliced
+
+# field numbers in orc_proto.proto
+_TAIL_FOOTER = 2          # FileTail.footer
+_FOOTER_STRIPES = 3       # Footer.stripes
+_STRIPE_INDEX_LENGTH, _STRIPE_DATA_LENGTH, _STRIPE_FOOTER_LENGTH, _STRIPE_ROWS = 2, 3, 4, 5
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def proto_fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
+    """(field number, value) of a protobuf message: ints for varints and fixed, bytes for the rest."""
+    pos = 0
+    while pos < len(data):
+        key, pos = _varint(data, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(data, pos)
+            yield number, value
+        elif wire == 2:
+            length, pos = _varint(data, pos)
+            yield number, data[pos:pos + length]
+            pos += length
+        elif wire in (1, 5):
+            width = 8 if wire == 1 else 4
+            yield number, int.from_bytes(data[pos:pos + width], "little")
+            pos += width
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+
+
+def stripe_sizes(tail: bytes) -> list[tuple[int, int]]:
+    """(rows, bytes on disk) of every stripe, from an ORC ``serialized_file_tail``."""
+    footer = next((v for n, v in proto_fields(tail) if n == _TAIL_FOOTER), b"")
+    assert isinstance(footer, bytes)
+    stripes = []
+    for number, value in proto_fields(footer):
+        if number == _FOOTER_STRIPES and isinstance(value, bytes):
+            info = {n: v for n, v in proto_fields(value) if isinstance(v, int)}
+            size = sum(info.get(n, 0) for n in (_STRIPE_INDEX_LENGTH, _STRIPE_DATA_LENGTH, _STRIPE_FOOTER_LENGTH))
+            stripes.append((info.get(_STRIPE_ROWS, 0), size))
+    return stripes
+
+
+class OrcFile:
+    """An open ORC file; reads stripe after stripe (one stripe in memory at a time)."""
+
+    def __init__(self, storage: Storage, footer: FileFooter) -> None:
+        self._source = storage.open_input(footer.entry.path)
+        self._file = orc.ORCFile(self._source)
+
+    def read_units(self, units: Sequence[int], columns: list[str], batch_rows: int,
+                   use_threads: bool) -> Iterator[pa.RecordBatch]:
+        for stripe in units:
+            yield from sliced(self._file.read_stripe(stripe, columns=columns), batch_rows)
+
+    def close(self) -> None:
+        self._source.close()
+
+
+class OrcFormat:
+    name = "orc"
+    label = "ORC"
+
+    def inspect(self, storage: Storage, entry: FileEntry, filter: pc.Expression | None,
+                filter_columns: list[str]) -> FileFooter:
+        with storage.open_input(entry.path) as source:
+            reader = orc.ORCFile(source)
+            stripes = stripe_sizes(reader.reader.serialized_file_tail())
+            if sum(rows for rows, _ in stripes) != reader.nrows or len(stripes) != reader.nstripes:
+                raise ValueError(f"the stripe list of the file tail ({len(stripes)} stripes) disagrees with the "
+                                 f"footer ({reader.nstripes} stripes, {reader.nrows} rows)")
+            rows = tuple(r for r, _ in stripes)
+            return FileFooter(entry, self.name, reader.schema, rows, tuple(b for _, b in stripes),
+                              tuple(range(len(stripes))))
+
+    def open(self, storage: Storage, footer: FileFooter) -> OrcFile:
+        return OrcFile(storage, footer)
+
+
+ORC = OrcFormat()

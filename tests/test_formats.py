@@ -1,0 +1,263 @@
+"""The reader contract: one suite that every format passes (Parquet, ORC, Arrow IPC here; Iceberg
+in tests/test_iceberg.py subclasses it).
+
+A format subclass says how to write a table into files of many units (row groups, stripes,
+record batches), how its own reader reads a file back, and how to build a loader on what it
+wrote. The contract: units come from metadata and cover every row; every row is yielded exactly
+once per epoch, with workers, shuffles and interleave; a state taken mid-unit resumes exactly;
+projection and filters give what the format's own reader gives; an empty file is no split, an
+empty dataset and a corrupt file are clear errors that name the file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from helpers import check_exactly_once, check_resume, make_loader, make_table
+from pyarrow import ipc, orc
+
+from arrowstream import StructuredDataset, errors
+
+ROWS_PER_FILE = [700, 1, 1300, 450]   # uneven files, one of a single row
+UNIT_ROWS = 150                       # rows per row group / stripe / record batch
+
+
+def table_of(start: int, rows: int) -> pa.Table:
+    """The contract's table: every column type the formats share (ORC has no fixed-size lists)."""
+    schema = make_table(0, 1).drop_columns(["vec"]).schema
+    return make_table(start, rows).drop_columns(["vec"]).cast(schema)
+
+
+def arrow_batches(loader: Any, dataset: Any, epoch: int = 0) -> pa.Table:
+    dataset.set_epoch(epoch)
+    return pa.Table.from_batches(list(loader))
+
+
+class ReaderContract:
+    """What every format passes. Subclasses set ``format`` and the hooks below."""
+
+    format: ClassVar[str]
+
+    # -- hooks ---------------------------------------------------------------------------------
+
+    def write_file(self, path: Path, table: pa.Table, unit_rows: int) -> None:
+        raise NotImplementedError
+
+    def read_file(self, path: Path) -> pa.Table:
+        """The file as the format's own pyarrow reader returns it."""
+        raise NotImplementedError
+
+    def source(self, tmp_path: Path, tables: list[pa.Table], unit_rows: int = UNIT_ROWS) -> Any:
+        """Write ``tables`` (one file each) and return what the factory reads."""
+        folder = tmp_path / "data"
+        folder.mkdir()
+        for index, table in enumerate(tables):
+            self.write_file(folder / f"part-{index:03d}.{self.format}", table, unit_rows)
+        return str(folder)
+
+    def factory(self, source: Any, num_workers: int, **options: Any) -> tuple[Any, Any]:
+        return make_loader(source, num_workers, format=self.format, **options)
+
+    def expected(self, source: Any) -> pa.Table:
+        """Every row of the source, as its own reader returns them."""
+        files = sorted(Path(source).iterdir())
+        return pa.concat_tables([self.read_file(f) for f in files])
+
+    def corrupt(self, source: Any) -> str:
+        """Break one data file of ``source``; return the name an error must mention."""
+        victim = min(Path(source).iterdir())
+        victim.write_bytes(b"this is not a data file at all, " * 8)
+        return victim.name
+
+    # -- the contract --------------------------------------------------------------------------
+
+    @pytest.fixture
+    def data(self, tmp_path):
+        tables, start = [], 0
+        for rows in ROWS_PER_FILE:
+            tables.append(table_of(start, rows))
+            start += rows
+        return self.source(tmp_path, tables)
+
+    def test_units_come_from_metadata_and_cover_every_row(self, data):
+        _, dataset = self.factory(data, 0, batch_size=100)
+        plan = dataset._plan
+        assert plan.num_rows == sum(ROWS_PER_FILE)
+        assert [sum(f.unit_rows) for f in plan.files] == ROWS_PER_FILE
+        assert max(max(f.unit_rows) for f in plan.files) <= UNIT_ROWS
+        assert len(plan.splits) == sum(-(-rows // UNIT_ROWS) for rows in ROWS_PER_FILE)
+        assert dataset.num_batches() == -(-sum(ROWS_PER_FILE) // 100)
+
+    def test_values_equal_the_formats_own_reader(self, data):
+        loader, dataset = self.factory(data, 0, batch_size=128, output_format="arrow")
+        got = arrow_batches(loader, dataset)
+        expected = self.expected(data)
+        assert got.num_rows == expected.num_rows
+        assert got.sort_by("id").equals(expected.sort_by("id"))
+
+    @pytest.mark.parametrize("num_workers", [0, 2])
+    def test_exactly_once_and_exact_resume_mid_unit(self, data, num_workers):
+        # batches of 64 rows end inside units of 150; a shuffle buffer and interleave mix units
+        options = {"batch_size": 64, "shuffle": True, "seed": 5, "shuffle_buffer_size": 200, "interleave": 2}
+
+        def rows_of_epoch(batches, dataset):
+            check_exactly_once(batches, sum(ROWS_PER_FILE))
+
+        check_resume(data, num_workers, options, rows_of_epoch, mid=5, factory=self.factory)
+
+    def test_splits_spread_over_workers(self, data):
+        _, dataset = self.factory(data, 2, batch_size=64)
+        rows = dataset.slot_rows(2)
+        assert sum(rows) == sum(ROWS_PER_FILE) and min(rows) > 0
+
+    def test_projection(self, data):
+        loader, dataset = self.factory(data, 0, batch_size=100, columns=["name", "id"], output_format="arrow")
+        got = arrow_batches(loader, dataset)
+        assert got.column_names == ["name", "id"]
+        assert got.sort_by("id").equals(self.expected(data).select(["name", "id"]).sort_by("id"))
+
+    @pytest.mark.parametrize("num_workers", [0, 2])
+    def test_filter_with_resume(self, data, num_workers):
+        filter = (pc.field("label") == 3) | (pc.field("x") > 1.0)
+        expected = self.expected(data).filter(filter).select(["id", "x"])
+        options = {"batch_size": 32, "shuffle": True, "seed": 1, "columns": ["id", "x"], "filter": filter}
+        loader, dataset = self.factory(data, num_workers, output_format="arrow", **options)
+        got = arrow_batches(loader, dataset)
+        assert got.column_names == ["id", "x"]
+        assert got.sort_by("id").equals(expected.sort_by("id"))
+
+        def rows_of_epoch(batches, dataset):
+            for epoch in {e for e, _, _ in batches}:
+                ids = sorted(i for e, _, batch_ids in batches if e == epoch for i in batch_ids)
+                assert ids == sorted(expected.column("id").to_pylist())
+
+        check_resume(data, num_workers, options, rows_of_epoch, mid=3, factory=self.factory)
+
+    def test_empty_file_is_no_split(self, tmp_path):
+        source = self.source(tmp_path, [table_of(0, 300), table_of(300, 0), table_of(300, 200)])
+        loader, dataset = self.factory(source, 0, batch_size=100)
+        assert dataset.num_rows == 500
+        assert sorted(i for batch in loader for i in batch["id"].tolist()) == list(range(500))
+
+    def test_only_empty_files_is_a_clear_error(self, tmp_path):
+        source = self.source(tmp_path, [table_of(0, 0)])
+        with pytest.raises(errors.EmptyDatasetError, match="no rows"):
+            self.factory(source, 0)
+
+    def test_corrupt_file_is_named(self, data):
+        name = self.corrupt(data)
+        with pytest.raises(errors.CorruptFileError, match=name) as info:
+            self.factory(data, 0)
+        assert isinstance(info.value, ValueError)
+
+
+class FileFormatContract(ReaderContract):
+    """File formats also check that files agree on their schema."""
+
+    def test_schemas_that_disagree_are_refused(self, tmp_path):
+        other = table_of(100, 100).cast(table_of(0, 1).schema.set(0, pa.field("id", pa.float64())))
+        source = self.source(tmp_path, [table_of(0, 100), other])
+        with pytest.raises(errors.SchemaMismatchError, match="part-001"):
+            self.factory(source, 0, columns=["id"])
+
+
+class TestParquet(FileFormatContract):
+    format = "parquet"
+
+    def write_file(self, path, table, unit_rows):
+        pq.write_table(table, path, row_group_size=unit_rows)
+
+    def read_file(self, path):
+        return pq.read_table(path)
+
+
+class TestOrc(FileFormatContract):
+    format = "orc"
+
+    def write_file(self, path, table, unit_rows):
+        # a stripe closes after each write batch once it passes stripe_size: one stripe per batch
+        orc.write_table(table, path, stripe_size=1, batch_size=unit_rows)
+
+    def read_file(self, path):
+        return orc.read_table(path)
+
+
+class TestArrowIpc(FileFormatContract):
+    format = "arrow"
+
+    def write_file(self, path, table, unit_rows):
+        with ipc.new_file(path, table.schema) as writer:
+            writer.write_table(table, max_chunksize=unit_rows)
+
+    def read_file(self, path):
+        with pa.memory_map(str(path)) as source:
+            return ipc.open_file(source).read_all()
+
+
+# -- format specifics --------------------------------------------------------------------------
+
+def test_orc_file_of_many_stripes_over_two_workers_resumes_mid_stripe(tmp_path):
+    """One ORC file, 40 stripes of 250 rows, read by 2 workers; states inside stripes resume exactly."""
+    path = tmp_path / "one.orc"
+    orc.write_table(table_of(0, 10_000), path, stripe_size=1, batch_size=250)
+    _, dataset = make_loader(str(path), 2, format="orc", batch_size=100)
+    assert len(dataset._plan.splits) == 40
+    assert dataset.slot_rows(2) == [5_000, 5_000]
+    options = {"format": "orc", "batch_size": 96, "shuffle": True, "seed": 2}   # 96 does not divide 250
+
+    def rows_of_epoch(batches, dataset):
+        check_exactly_once(batches, 10_000)
+
+    check_resume(str(path), 2, options, rows_of_epoch, mid=7)
+
+
+def test_orc_stripe_list_matches_pyarrow_for_every_compression(tmp_path):
+    from arrowstream._formats.orc import stripe_sizes
+
+    for compression in ("uncompressed", "zlib", "snappy", "zstd", "lz4"):
+        path = tmp_path / f"{compression}.orc"
+        orc.write_table(table_of(0, 5_000), path, stripe_size=1, batch_size=700, compression=compression)
+        reader = orc.ORCFile(path)
+        stripes = stripe_sizes(reader.reader.serialized_file_tail())
+        assert [rows for rows, _ in stripes] == [reader.read_stripe(i).num_rows for i in range(reader.nstripes)]
+        assert sum(size for _, size in stripes) <= os.path.getsize(path)
+
+
+def test_ipc_batches_are_planned_without_reading_column_data(tmp_path):
+    """Planning reads the footer and the message headers: a small fraction of the file."""
+    from arrowstream._formats.ipc import batch_sizes
+
+    path = tmp_path / "big.arrow"
+    table = table_of(0, 200_000)
+    with ipc.new_file(path, table.schema) as writer:
+        writer.write_table(table, max_chunksize=7_000)
+
+    with open(path, "rb") as raw:
+        read = 0
+        original = raw.read
+
+        def counted(size=-1):
+            nonlocal read
+            data = original(size)
+            read += len(data)
+            return data
+
+        raw.read = counted  # type: ignore[method-assign]
+        sizes = batch_sizes(pa.PythonFile(raw, mode="r"))
+    assert [rows for rows, _ in sizes] == [b.num_rows for b in table.to_batches(max_chunksize=7_000)]
+    assert read < os.path.getsize(path) / 100
+
+
+def test_ipc_stream_format_is_refused_clearly(tmp_path):
+    path = tmp_path / "stream.arrow"
+    table = table_of(0, 10)
+    with ipc.new_stream(path, table.schema) as writer:
+        writer.write_table(table)
+    with pytest.raises(errors.CorruptFileError, match="stream.arrow"):
+        StructuredDataset(str(path), format="arrow")
