@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from . import errors
 from ._checkpoint import gather_state_dict, merge_state_dicts
+from ._iceberg import default_catalog_config as iceberg_catalog_config
 from .dataset import StructuredDataset
 from .errors import (
     ArgumentTypeError,
@@ -28,6 +29,7 @@ from .errors import (
     StateVersionError,
     TopologyError,
 )
+from .iceberg import IcebergDataset
 from .loader import ArrowStreamDataLoader
 
 __version__ = "0.1.0"
@@ -40,6 +42,7 @@ __all__ = [
     "DatasetNotFoundError",
     "EmptyDatasetError",
     "FileReadError",
+    "IcebergDataset",
     "InvalidArgumentError",
     "MissingDependencyError",
     "NotSupportedYetError",
@@ -53,5 +56,6 @@ __all__ = [
     "__version__",
     "errors",
     "gather_state_dict",
+    "iceberg_catalog_config",
     "merge_state_dicts",
 ]

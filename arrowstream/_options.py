@@ -13,8 +13,8 @@ from ._convert import OUTPUT_FORMATS
 from ._planning import fingerprint
 from .errors import ArgumentTypeError, InvalidArgumentError, NotSupportedYetError
 
-FORMATS = ("parquet", "orc", "arrow", "csv", "jsonl", "json")
-SUPPORTED_FORMATS = ("parquet", "orc", "arrow")
+FORMATS = ("parquet", "orc", "arrow", "csv", "jsonl", "json", "iceberg")  # iceberg: IcebergDataset's own
+SUPPORTED_FORMATS = ("parquet", "orc", "arrow", "iceberg")
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ class Plan:
         return state
 
 
-def _read_footer(storage: Storage, file_format: FileFormat, entry: FileEntry, filter: pc.Expression | None,
+def read_footer(storage: Storage, file_format: FileFormat, entry: FileEntry, filter: pc.Expression | None,
                  filter_columns: list[str]) -> FileFooter:
     """Read one file's metadata, retrying transient errors; name the file when it cannot be read."""
     url = display_url(storage.protocol, entry.path)
@@ -201,10 +201,10 @@ def plan_files(storage: Storage, entries: Sequence[FileEntry], file_format: File
                columns: list[str] | None, filter: pc.Expression | None, split_bytes: int | None) -> Plan:
     """Read every file's metadata once (concurrently) and build the plan of the dataset."""
     first_url = display_url(storage.protocol, entries[0].path)
-    first = _read_footer(storage, file_format, entries[0], None, [])
+    first = read_footer(storage, file_format, entries[0], None, [])
     filter_columns = check_filter(filter, first.schema, first_url) if filter is not None else []
     if filter is not None:  # now that the filter is known to fit, prune the first file too
-        first = _read_footer(storage, file_format, entries[0], filter, filter_columns)
+        first = read_footer(storage, file_format, entries[0], filter, filter_columns)
     if columns is not None:
         unknown = [c for c in columns if c not in first.schema.names]
         if unknown:
@@ -213,9 +213,9 @@ def plan_files(storage: Storage, entries: Sequence[FileEntry], file_format: File
     rest = entries[1:]
     if len(rest) > 1:
         with ThreadPoolExecutor(max_workers=min(MAX_PLANNING_THREADS, len(rest))) as pool:
-            others = list(pool.map(lambda e: _read_footer(storage, file_format, e, filter, filter_columns), rest))
+            others = list(pool.map(lambda e: read_footer(storage, file_format, e, filter, filter_columns), rest))
     else:
-        others = [_read_footer(storage, file_format, e, filter, filter_columns) for e in rest]
+        others = [read_footer(storage, file_format, e, filter, filter_columns) for e in rest]
     footers = [first, *others]
 
     output_columns = list(columns) if columns is not None else list(first.schema.names)

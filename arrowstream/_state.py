@@ -17,7 +17,7 @@ from ._cursor import Cursor
 from ._order import Slot
 from .errors import StateError, StateMismatchError, StateVersionError
 
-STATE_VERSION = 4
+STATE_VERSION = 5
 WORKER_KIND = "arrowstream.worker"
 LOADER_KIND = "arrowstream.loader"
 CHECKPOINT_KIND = "arrowstream.checkpoint"  # every rank's loader state, merged
@@ -59,6 +59,22 @@ def _worker_v3_to_v4(state: dict[str, Any]) -> dict[str, Any]:
             "cursor": {**state["cursor"], "replay_index": 0, "replay_offset": 0}, "elastic": None}
 
 
+def _loader_v4_to_v5(state: dict[str, Any]) -> dict[str, Any]:
+    """The loader state did not change in v5."""
+    return dict(state)
+
+
+def _worker_v4_to_v5(state: dict[str, Any]) -> dict[str, Any]:
+    """v5 names the Iceberg snapshot the data was read from and its schema (``data.snapshot_id``,
+    ``data.schema_id``); files have none."""
+    return {**state, "data": {**state["data"], "snapshot_id": None, "schema_id": None}}
+
+
+def _checkpoint_v4_to_v5(state: dict[str, Any]) -> dict[str, Any]:
+    """The merged checkpoint did not change in v5 (its rank states migrate on their own)."""
+    return dict(state)
+
+
 # (kind, n) -> the step from version n to n + 1 of that kind; each takes and returns a plain dict
 MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
     (LOADER_KIND, 1): _loader_v1_to_v2,
@@ -67,6 +83,9 @@ MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = 
     (WORKER_KIND, 2): _worker_v2_to_v3,
     (LOADER_KIND, 3): _loader_v3_to_v4,
     (WORKER_KIND, 3): _worker_v3_to_v4,
+    (LOADER_KIND, 4): _loader_v4_to_v5,
+    (WORKER_KIND, 4): _worker_v4_to_v5,
+    (CHECKPOINT_KIND, 4): _checkpoint_v4_to_v5,
 }
 
 
@@ -77,6 +96,8 @@ class DataIdentity:
     fingerprint: str
     num_files: int
     num_rows: int
+    snapshot_id: int | None = None  # the Iceberg snapshot read, and the schema it is read in; None for files
+    schema_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -123,7 +144,8 @@ class WorkerState:
             "kind": WORKER_KIND,
             "version": STATE_VERSION,
             "data": {"fingerprint": self.data.fingerprint, "num_files": self.data.num_files,
-                     "num_rows": self.data.num_rows},
+                     "num_rows": self.data.num_rows, "snapshot_id": self.data.snapshot_id,
+                     "schema_id": self.data.schema_id},
             "options": dict(self.options),
             "epoch": self.epoch,
             "slot": {"rank": self.slot.rank, "world_size": self.slot.world_size,
@@ -140,7 +162,8 @@ class WorkerState:
         try:
             data, slot, cursor, counters = state["data"], state["slot"], state["cursor"], state["counters"]
             return cls(
-                data=DataIdentity(str(data["fingerprint"]), int(data["num_files"]), int(data["num_rows"])),
+                data=DataIdentity(str(data["fingerprint"]), int(data["num_files"]), int(data["num_rows"]),
+                                  _optional_int(data["snapshot_id"]), _optional_int(data["schema_id"])),
                 options=dict(state["options"]),
                 epoch=int(state["epoch"]),
                 slot=Slot(int(slot["rank"]), int(slot["world_size"]), int(slot["worker_id"]),
@@ -156,6 +179,10 @@ class WorkerState:
             raise StateError(
                 f"the arrowstream worker state is missing or has a malformed field ({exc!r}); "
                 "pass the dict returned by loader.state_dict() unchanged") from None
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def upgrade(state: Any, kind: str) -> dict[str, Any]:
@@ -186,6 +213,11 @@ def upgrade(state: Any, kind: str) -> dict[str, Any]:
 
 def check_compatible(saved: WorkerState, data: DataIdentity, options: dict[str, Any]) -> None:
     """Refuse a state taken on other data or with other stream options (saved vs current)."""
+    if (saved.data.snapshot_id, saved.data.schema_id) != (data.snapshot_id, data.schema_id):
+        raise StateMismatchError(
+            f"checkpoint was taken on snapshot {saved.data.snapshot_id} (schema {saved.data.schema_id}) of the "
+            f"table, this dataset reads snapshot {data.snapshot_id} (schema {data.schema_id}); build the dataset with snapshot_id={saved.data.snapshot_id} (or None, and the "
+            "checkpoint's snapshot is followed), or start without loading the checkpoint")
     if saved.data.fingerprint != data.fingerprint:
         raise StateMismatchError(
             f"checkpoint was taken on {saved.data.num_files} file(s) with {saved.data.num_rows} rows "

@@ -38,7 +38,9 @@ _TRANSIENT_MARKERS = ("slowdown", "throttl", "timeout", "timed out", "connection
 
 def display_url(protocol: str, path: str) -> str:
     """The name a user recognizes for ``path``: ``s3://bucket/key`` or a local path."""
-    return path if protocol in _LOCAL_PROTOCOLS else f"{protocol}://{path.lstrip('/')}"
+    if protocol in _LOCAL_PROTOCOLS or "://" in path:  # local, or a full URL already (Iceberg data files)
+        return path
+    return f"{protocol}://{path.lstrip('/')}"
 
 
 def is_transient(exc: BaseException) -> bool:

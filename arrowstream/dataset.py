@@ -102,6 +102,9 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                  rank: int | None = None, world_size: int | None = None, even_batches: bool = True,
                  group_size: int = 1) -> None:
         super().__init__()
+        if format == "iceberg" and type(self)._make_plan is StructuredDataset._make_plan:
+            raise InvalidArgumentError("format: Iceberg tables are read by arrowstream.IcebergDataset(table=..., "
+                                       "catalog_config=...), not from a path")
         self._options: Options = validate_options(
             format=format, batch_size=batch_size, shuffle=shuffle, seed=seed,
             shuffle_buffer_size=shuffle_buffer_size, interleave=interleave, columns=columns, filter=filter,
@@ -119,14 +122,6 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                 "are unknown before reading, so they cannot be evened out from metadata. Pass "
                 "even_batches=False and keep ranks in step yourself (torch.distributed.algorithms.Join), "
                 "or filter in transform= instead")
-        protocol, entries = discover_files(path, storage_options)
-        self._storage = Storage(protocol, storage_options)
-        columns = list(self._options.columns) if self._options.columns else None
-        self._plan: Plan = plan_files(
-            self._storage, entries, get_format(self._options.format), columns=columns,
-            filter=self._options.filter, split_bytes=self._options.split_bytes)
-        self._fill_nulls = resolve_fill_nulls(self._options.fill_nulls, self._plan.schema)
-        self._data = DataIdentity(self._plan.data_fingerprint, len(self._plan.files), self._plan.num_rows)
         self._state_options = {**self._options.state_options(), "even_batches": self._even_batches}
         self._epoch_cell = torch.zeros(1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         self._pending: WorkerState | None = None
@@ -137,6 +132,27 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._convert: Callable[[Any], Any] | None = None
         self._elastic: ElasticSource | None = None  # set by the loader: the epoch to re-plan for this topology
         self._shares: dict[tuple[ElasticSource, int], tuple[list[Share], list[int] | None]] = {}
+        self._use_plan(*self._make_plan(path, storage_options))
+
+    def _make_plan(self, path: Any, storage_options: dict[str, Any] | None) -> tuple[Storage, Plan, tuple[int, int] | None]:
+        """List the files and read their metadata: the storage, the plan and the snapshot it pins."""
+        protocol, entries = discover_files(path, storage_options)
+        storage = Storage(protocol, storage_options)
+        columns = list(self._options.columns) if self._options.columns else None
+        plan = plan_files(storage, entries, get_format(self._options.format), columns=columns,
+                          filter=self._options.filter, split_bytes=self._options.split_bytes)
+        return storage, plan, None
+
+    def _use_plan(self, storage: Storage, plan: Plan, snapshot: tuple[int, int] | None) -> None:
+        self._storage, self._plan = storage, plan
+        self._fill_nulls = resolve_fill_nulls(self._options.fill_nulls, plan.schema)
+        snapshot_id, schema_id = snapshot if snapshot is not None else (None, None)
+        self._data = DataIdentity(plan.data_fingerprint, len(plan.files), plan.num_rows, snapshot_id, schema_id)
+        self._readers = []
+        self._shares = {}
+
+    def _follow_snapshot(self, saved: WorkerState) -> None:
+        """Make the dataset read what a loaded state was taken on (Iceberg: its pinned snapshot)."""
 
     # -- the loader ---------------------------------------------------------------------------
 
@@ -161,7 +177,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         """
         from .loader import build_dataloader
 
-        return build_dataloader(cls, path=path, format=format, batch_size=batch_size,
+        return build_dataloader(cls, dataset_args={"path": path, "format": format, "batch_size": batch_size},
                                 num_workers=num_workers, **kwargs)
 
     # -- epochs -------------------------------------------------------------------------------
@@ -427,6 +443,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from a worker state: the next iteration continues right after it."""
         saved = WorkerState.from_dict(state_dict)
+        self._follow_snapshot(saved)
         check_compatible(saved, self._data, self._state_options)
         self._pending = saved
         self._active = None
@@ -435,6 +452,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         """Parse and check a worker state against this dataset without loading it; ``elastic``:
         for another topology, where ``even_batches`` may differ (it is on with several ranks only)."""
         saved = WorkerState.from_dict(state_dict)
+        self._follow_snapshot(saved)
         options = self._state_options
         if elastic:
             options = {**options, "even_batches": saved.options.get("even_batches")}

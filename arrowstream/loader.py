@@ -298,14 +298,26 @@ def _rewind_into_chunk(inner: dict[str, Any], batches: _BatchIterator, num_worke
 _RESERVED = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
 
 
-def build_dataloader(dataset_cls: type, *, path: Any, format: str, batch_size: int, num_workers: int,
+def _dataset_keywords(dataset_cls: type) -> set[str]:
+    """Keyword names of the dataset class and of the arrowstream classes it extends."""
+    names: set[str] = set()
+    for klass in dataset_cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or not klass.__module__.startswith("arrowstream"):
+            continue
+        names |= {p.name for p in inspect.signature(init).parameters.values()
+                  if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)} - {"self"}
+    return names
+
+
+def build_dataloader(dataset_cls: type, *, dataset_args: dict[str, Any], num_workers: int,
                      **kwargs: Any) -> tuple[ArrowStreamDataLoader, Any]:
     """Split keywords between the dataset and the loader, build both."""
     if isinstance(num_workers, bool) or not isinstance(num_workers, int):
         raise ArgumentTypeError(f"num_workers: expected an int, got {type(num_workers).__name__}")
     if num_workers < 0:
         raise InvalidArgumentError(f"num_workers: must be >= 0, got {num_workers}")
-    dataset_params = set(inspect.signature(dataset_cls).parameters)
+    dataset_params = _dataset_keywords(dataset_cls)
     dataset_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in dataset_params}
     loader_params = (set(inspect.signature(StatefulDataLoader.__init__).parameters) - {"self", "dataset"}) | {
         "batches_per_transfer"}
@@ -313,7 +325,7 @@ def build_dataloader(dataset_cls: type, *, path: Any, format: str, batch_size: i
     if unknown:
         raise ArgumentTypeError(f"create_dataloader: unknown keyword(s) {unknown}; dataset keywords are "
                                 f"{sorted(dataset_params)}, loader keywords {sorted(loader_params - set(_RESERVED))}")
-    dataset = dataset_cls(path, format, batch_size, **dataset_kwargs)
+    dataset = dataset_cls(**dataset_args, **dataset_kwargs)
     kwargs.setdefault("collate_fn", passthrough_collate)
     loader = ArrowStreamDataLoader(dataset, batch_size=None, num_workers=num_workers, **kwargs)
     return loader, dataset

@@ -69,6 +69,10 @@ class ReaderContract:
         files = sorted(Path(source).iterdir())
         return pa.concat_tables([self.read_file(f) for f in files])
 
+    def filter_options(self, columns: list[str]) -> dict[str, Any]:
+        """Options that select ``columns`` of the rows where ``label == 3 or x > 1.0``."""
+        return {"columns": columns, "filter": (pc.field("label") == 3) | (pc.field("x") > 1.0)}
+
     def corrupt(self, source: Any) -> str:
         """Break one data file of ``source``; return the name an error must mention."""
         victim = min(Path(source).iterdir())
@@ -89,7 +93,7 @@ class ReaderContract:
         _, dataset = self.factory(data, 0, batch_size=100)
         plan = dataset._plan
         assert plan.num_rows == sum(ROWS_PER_FILE)
-        assert [sum(f.unit_rows) for f in plan.files] == ROWS_PER_FILE
+        assert sorted(sum(f.unit_rows) for f in plan.files) == sorted(ROWS_PER_FILE)
         assert max(max(f.unit_rows) for f in plan.files) <= UNIT_ROWS
         assert len(plan.splits) == sum(-(-rows // UNIT_ROWS) for rows in ROWS_PER_FILE)
         assert dataset.num_batches() == -(-sum(ROWS_PER_FILE) // 100)
@@ -126,7 +130,7 @@ class ReaderContract:
     def test_filter_with_resume(self, data, num_workers):
         filter = (pc.field("label") == 3) | (pc.field("x") > 1.0)
         expected = self.expected(data).filter(filter).select(["id", "x"])
-        options = {"batch_size": 32, "shuffle": True, "seed": 1, "columns": ["id", "x"], "filter": filter}
+        options = {"batch_size": 32, "shuffle": True, "seed": 1, **self.filter_options(["id", "x"])}
         loader, dataset = self.factory(data, num_workers, output_format="arrow", **options)
         got = arrow_batches(loader, dataset)
         assert got.column_names == ["id", "x"]

@@ -1,0 +1,387 @@
+"""Iceberg: a pinned snapshot's scan tasks become splits of row groups or stripes.
+
+Planning (main process) asks pyiceberg for the scan tasks of one snapshot (``plan_files``, with
+the row filter pushed down to manifests and file statistics), reads each data file's footer
+(Parquet row groups, ORC stripes) and its positional deletes, and counts the rows each unit
+keeps after the deletes. Workers read units of a data file with the ``iceberg`` format below:
+the inner format reads the file's physical columns, the deletes are taken out by position, and
+pyiceberg's own projection (by field id: renamed, added, dropped and promoted columns, partition
+values) turns the batch into the snapshot's schema. The rest of arrowstream sees plain splits.
+
+pyiceberg's projection helpers are private (``pyiceberg.io.pyarrow``); they are used here and
+nowhere else, and the supported pyiceberg versions are pinned in ``pyproject.toml``.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ._discovery import FileEntry
+from ._formats import FileFooter, UnitFile, get_format, register_format
+from ._planning import MAX_PLANNING_THREADS, Plan, build_plan, read_footer
+from ._storage import Storage
+from .errors import (
+    DatasetNotFoundError,
+    EmptyDatasetError,
+    InvalidArgumentError,
+    MissingDependencyError,
+    NotSupportedYetError,
+    StateMismatchError,
+)
+
+
+def import_pyiceberg() -> None:
+    try:
+        import pyiceberg  # noqa: F401
+    except ImportError:
+        raise MissingDependencyError(
+            'reading Iceberg tables needs pyiceberg, which is not installed; pip install "arrowstream[iceberg]"'
+        ) from None
+
+
+def default_catalog_config(root: str = ".") -> dict[str, str]:
+    """pyiceberg's SQL catalog on SQLite with a local warehouse, both under ``root`` (created if missing)."""
+    root = os.path.abspath(root)
+    os.makedirs(root, exist_ok=True)
+    return {"type": "sql", "uri": f"sqlite:///{os.path.join(root, 'catalog.db')}",
+            "warehouse": f"file://{os.path.join(root, 'warehouse')}"}
+
+
+class IcebergStorage(Storage):
+    """Data files are opened through the table's own pyiceberg ``FileIO``, one per process.
+
+    Its properties (credentials included) travel to workers by pickle, like ``storage_options``,
+    and never appear in a state, a repr or a log line.
+    """
+
+    def __init__(self, io_properties: dict[str, str], location: str) -> None:
+        super().__init__("iceberg")
+        self._io_properties = dict(io_properties)
+        self._location = location
+        self._io: Any = None
+        self._io_pid = -1
+
+    @property
+    def is_local(self) -> bool:
+        return False
+
+    def _file_io(self) -> Any:
+        if self._io is None or self._io_pid != os.getpid():
+            from pyiceberg.io import load_file_io
+
+            self._io, self._io_pid = load_file_io(self._io_properties, self._location), os.getpid()
+        return self._io
+
+    def open_input(self, path: str, memory_map: bool = False) -> pa.NativeFile:
+        handle: pa.NativeFile = self._file_io().new_input(path).open()
+        return handle
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.update(_io=None, _io_pid=-1)
+        return state
+
+    def __repr__(self) -> str:
+        return f"IcebergStorage(io_properties=<{len(self._io_properties)} hidden>)"
+
+
+@dataclass(frozen=True)
+class DataFileSpec:
+    """How a worker turns one data file's units into rows of the snapshot's schema."""
+
+    inner: FileFooter                        # the file as its own format planned it (raw unit rows)
+    deleted: npt.NDArray[np.int64] | None    # file positions of deleted rows, sorted
+    physical_columns: list[str]
+    file_schema: Any                         # pyiceberg Schema of the columns read from the file
+    requested: Any                           # pyiceberg Schema the batches are projected to
+    missing: dict[int, Any]                  # values of projected columns the file lacks (partitions)
+    downcast_ns: bool
+    arrow_schema: pa.Schema
+
+
+def kept_rows(unit_rows: Sequence[int], deleted: npt.NDArray[np.int64] | None) -> tuple[int, ...]:
+    """Rows each unit keeps once the deleted positions are taken out."""
+    if deleted is None:
+        return tuple(unit_rows)
+    bounds = np.concatenate([[0], np.cumsum(unit_rows, dtype=np.int64)])
+    removed = np.diff(np.searchsorted(deleted, bounds))
+    return tuple(int(rows - gone) for rows, gone in zip(unit_rows, removed, strict=True))
+
+
+class IcebergFile:
+    """Units of one data file, deletes applied, projected by field id."""
+
+    def __init__(self, storage: Storage, spec: DataFileSpec) -> None:
+        self._spec = spec
+        self._inner: UnitFile = get_format(spec.inner.format).open(storage, spec.inner)
+
+    def read_units(self, units: Sequence[int], columns: list[str], batch_rows: int,
+                   use_threads: bool) -> Iterator[pa.RecordBatch]:
+        from pyiceberg.io.pyarrow import _to_requested_schema
+
+        spec = self._spec
+        position = sum(spec.inner.unit_rows[:units[0]]) if units else 0
+        for batch in self._inner.read_units(units, spec.physical_columns, batch_rows, use_threads):
+            rows = batch.num_rows
+            if spec.deleted is not None:
+                lo, hi = np.searchsorted(spec.deleted, [position, position + rows])
+                if hi > lo:
+                    mask = np.ones(rows, dtype=bool)
+                    mask[spec.deleted[lo:hi] - position] = False
+                    batch = batch.filter(pa.array(mask))
+            position += rows
+            if batch.num_rows == 0:
+                continue
+            out = _to_requested_schema(spec.requested, spec.file_schema, batch, downcast_ns_timestamp_to_us=spec.downcast_ns,
+                                       projected_missing_fields=spec.missing, allow_timestamp_tz_mismatch=True)
+            if out.schema != spec.arrow_schema:
+                out = out.cast(spec.arrow_schema)
+            yield out
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class IcebergFormat:
+    """The format of Iceberg data files as planned by :func:`plan_iceberg`."""
+
+    name = "iceberg"
+    label = "Iceberg data"
+
+    def inspect(self, storage: Storage, entry: FileEntry, filter: pc.Expression | None,
+                filter_columns: list[str]) -> FileFooter:
+        raise TypeError("Iceberg data files are planned from the table's scan tasks, not inspected one by one")
+
+    def open(self, storage: Storage, footer: FileFooter) -> IcebergFile:
+        return IcebergFile(storage, footer.extra)
+
+
+register_format(IcebergFormat())
+
+
+@dataclass
+class IcebergSource:
+    """The table, the pinned snapshot and what to read of it."""
+
+    table_name: str
+    table: Any
+    snapshot_id: int
+    schema_id: int            # the schema the rows are read in
+    row_filter: Any           # a pyiceberg BooleanExpression
+    selected_fields: tuple[str, ...]
+    arrow_filter: pc.Expression | None
+    output_columns: list[str]
+
+
+def load_table(table_name: str, catalog_config: dict[str, Any] | None) -> Any:
+    import_pyiceberg()
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.exceptions import NoSuchTableError
+
+    if not isinstance(table_name, str) or not table_name:
+        raise InvalidArgumentError(f"table: expected a table identifier such as 'db.events', got {table_name!r}")
+    config = dict(catalog_config if catalog_config is not None else default_catalog_config())
+    name = str(config.pop("name", "default"))
+    try:
+        catalog = load_catalog(name, **config)
+    except (ValueError, ImportError) as exc:
+        raise InvalidArgumentError(
+            f"catalog_config: pyiceberg cannot load catalog {name!r} of type {config.get('type')!r} ({exc}); "
+            "see pyiceberg's catalog configuration (sql, rest, glue, hive)") from None
+    try:
+        return catalog.load_table(table_name)
+    except NoSuchTableError:
+        raise DatasetNotFoundError(
+            f"table: {table_name!r} does not exist in catalog {name!r}; check the identifier (namespace.table) "
+            "and catalog_config") from None
+
+
+def open_source(table: Any, table_name: str, snapshot_id: int | None, row_filter: Any,
+                selected_fields: Sequence[str] | None, schema_id: int | None = None) -> IcebergSource:
+    """Pin the snapshot and the schema, bind the filter and the projection.
+
+    As in pyiceberg: the current snapshot is read in the table's current schema, an explicit
+    ``snapshot_id`` in the schema of that snapshot; ``schema_id`` (from a checkpoint) overrides both.
+    """
+    from pyiceberg.expressions import AlwaysTrue, BooleanExpression
+    from pyiceberg.expressions.parser import parse
+    from pyparsing import ParseBaseException
+
+    metadata = table.metadata
+    if snapshot_id is None:
+        current = table.current_snapshot()
+        if current is None:
+            raise EmptyDatasetError(f"table: {table_name!r} has no snapshot yet (no rows were ever committed); "
+                                    "append data to it first")
+        snapshot_id = int(current.snapshot_id)
+        default_schema = metadata.current_schema_id
+    else:
+        snapshot = table.snapshot_by_id(snapshot_id)
+        if snapshot is None:
+            known = [s.snapshot_id for s in table.snapshots()][-5:]
+            raise StateMismatchError(
+                f"snapshot_id: {table_name!r} has no snapshot {snapshot_id} (expired or never existed; latest ones: "
+                f"{known}); pass one of its snapshots, or None for the latest")
+        default_schema = snapshot.schema_id if snapshot.schema_id is not None else metadata.current_schema_id
+    schema_id = default_schema if schema_id is None else schema_id
+    if row_filter is None:
+        row_filter = AlwaysTrue()
+    elif isinstance(row_filter, str):
+        try:
+            row_filter = parse(row_filter)
+        except (ParseBaseException, ValueError) as exc:
+            raise InvalidArgumentError(f"row_filter: cannot parse {row_filter!r} ({exc})") from None
+    elif not isinstance(row_filter, BooleanExpression):
+        raise InvalidArgumentError(
+            f"row_filter: expected a pyiceberg expression or a string such as \"id > 10\", got {type(row_filter).__name__}")
+    fields = ("*",) if selected_fields is None else tuple(selected_fields)
+    if not fields or not all(isinstance(f, str) for f in fields):
+        raise InvalidArgumentError(f"selected_fields: expected a non-empty list of column names, got {selected_fields!r}")
+    source = IcebergSource(table_name, table, snapshot_id, schema_id, row_filter, fields, None, [])
+    try:
+        projected = _projected(source)
+    except ValueError as exc:
+        raise InvalidArgumentError(f"selected_fields: {exc} (table {table_name!r}); pick columns of the table") from None
+    try:
+        source.arrow_filter = _arrow_filter(source, _requested_schema(source))
+    except ValueError as exc:
+        raise InvalidArgumentError(f"row_filter: {exc} (table {table_name!r}); filter on columns of the table") from None
+    names = [field.name for field in projected.fields]
+    # the columns in the order asked for, like `columns=` of file datasets (nested selections: schema order)
+    source.output_columns = list(fields) if sorted(fields) == sorted(names) else names
+    return source
+
+
+def _schema(source: IcebergSource) -> Any:
+    schema = next((s for s in source.table.metadata.schemas if s.schema_id == source.schema_id), None)
+    if schema is None:
+        raise StateMismatchError(f"table: {source.table_name!r} has no schema {source.schema_id} any more; "
+                                 "start without loading the checkpoint")
+    return schema
+
+
+def _projected(source: IcebergSource) -> Any:
+    schema = _schema(source)
+    return schema if "*" in source.selected_fields else schema.select(*source.selected_fields, case_sensitive=True)
+
+
+def _requested_schema(source: IcebergSource) -> Any:
+    """The columns to read: the selected ones and those the filter needs."""
+    from pyiceberg.expressions.visitors import bind, extract_field_ids
+
+    full = _schema(source)
+    if "*" in source.selected_fields:
+        return full
+    filter_ids = extract_field_ids(bind(full, source.row_filter, case_sensitive=True))
+    extra = [full.find_column_name(i) for i in sorted(filter_ids)]
+    names = list(source.selected_fields) + [n for n in extra if n is not None and n not in source.selected_fields]
+    return full.select(*names, case_sensitive=True)
+
+
+def _arrow_filter(source: IcebergSource, requested: Any) -> pc.Expression | None:
+    from pyiceberg.expressions import AlwaysTrue
+    from pyiceberg.expressions.visitors import bind
+    from pyiceberg.io.pyarrow import expression_to_pyarrow
+
+    if source.row_filter == AlwaysTrue():
+        return None
+    expression: pc.Expression = expression_to_pyarrow(bind(requested, source.row_filter, case_sensitive=True))
+    return expression
+
+
+def _deleted_positions(chunks: list[Any] | None) -> npt.NDArray[np.int64] | None:
+    if not chunks:
+        return None
+    positions = np.concatenate([np.asarray(c.to_numpy(), dtype=np.int64) for c in chunks])
+    return np.unique(positions) if positions.size else None
+
+
+def plan_iceberg(source: IcebergSource, split_bytes: int | None) -> tuple[IcebergStorage, Plan]:
+    """The plan of the pinned snapshot: one file per scan task, its row groups or stripes as units."""
+    from pyiceberg.io.pyarrow import (
+        _get_column_projection_values,
+        _read_all_delete_files,
+        _to_requested_schema,
+        pyarrow_to_schema,
+    )
+    from pyiceberg.manifest import FileFormat
+    from pyiceberg.schema import prune_columns
+    from pyiceberg.types import ListType, MapType
+
+    table = source.table
+    metadata = table.metadata
+    scan = table.scan(row_filter=source.row_filter, selected_fields=source.selected_fields,
+                      snapshot_id=source.snapshot_id)
+    try:
+        tasks = list(scan.plan_files())
+    except ValueError as exc:
+        if "equality deletes" in str(exc):
+            raise NotSupportedYetError(
+                f"table: {source.table_name!r} snapshot {source.snapshot_id} has equality delete files, which "
+                "arrowstream (like pyiceberg) cannot apply yet; rewrite the table's data files (compaction) "
+                "or read a snapshot from before the deletes") from None
+        raise
+    storage = IcebergStorage(dict(table.io.properties), metadata.location)
+    requested = _requested_schema(source)
+    if not tasks:
+        raise EmptyDatasetError(
+            f"table: {source.table_name!r} snapshot {source.snapshot_id} has no data file that may match "
+            f"row_filter {source.row_filter}; loosen the filter or check the table")
+    deletes = _read_all_delete_files(table.io, tasks)
+    table_schema = metadata.schema()
+    name_mapping = metadata.name_mapping()
+    downcast_ns = metadata.format_version <= 2
+    read_ids = {i for i in requested.field_ids if not isinstance(requested.find_type(i), (MapType, ListType))}
+
+    def plan_task(task: Any) -> FileFooter:
+        data_file = task.file
+        formats = {FileFormat.PARQUET: "parquet", FileFormat.ORC: "orc"}
+        if data_file.file_format not in formats:
+            raise NotSupportedYetError(f"{data_file.file_path}: Iceberg data files in {data_file.file_format} are not "
+                                       "read yet (Parquet and ORC are)")
+        path = data_file.file_path
+        entry = FileEntry(path, _relative(path, metadata.location), int(data_file.file_size_in_bytes), "")
+        inner = read_footer(storage, get_format(formats[data_file.file_format]), entry, None, []).without_handle()
+        file_schema = pyarrow_to_schema(inner.schema, name_mapping, downcast_ns_timestamp_to_us=downcast_ns,
+                                        format_version=metadata.format_version)
+        file_project = prune_columns(file_schema, read_ids, select_full_types=False)
+        missing = _get_column_projection_values(data_file, requested, table_schema,
+                                                metadata.specs().get(data_file.spec_id), file_schema.field_ids)
+        deleted = _deleted_positions(deletes.get(path))
+        physical = pa.schema([inner.schema.field(c.name) for c in file_project.columns])
+        out_schema = _to_requested_schema(requested, file_project, pa.RecordBatch.from_pylist([], schema=physical),
+                                          downcast_ns_timestamp_to_us=downcast_ns, projected_missing_fields=missing,
+                                          allow_timestamp_tz_mismatch=True).schema
+        spec = DataFileSpec(inner, deleted, [c.name for c in file_project.columns], file_project, requested,
+                            dict(missing), downcast_ns, out_schema)
+        return FileFooter(entry, "iceberg", inner.schema, kept_rows(inner.unit_rows, deleted), inner.unit_bytes,
+                          inner.kept_units, None, spec)
+
+    with ThreadPoolExecutor(max_workers=min(MAX_PLANNING_THREADS, len(tasks))) as pool:
+        footers = list(pool.map(plan_task, tasks))
+    footers.sort(key=lambda f: f.entry.name)
+    # files written by different writers may differ in physical types (string / large_string): one schema
+    arrow_schema = footers[0].extra.arrow_schema
+    footers = [replace(f, extra=replace(f.extra, arrow_schema=arrow_schema)) for f in footers]
+    schema = pa.schema([arrow_schema.field(c) for c in source.output_columns])
+    plan = build_plan(storage.protocol, footers, schema, list(arrow_schema.names), source.arrow_filter, split_bytes,
+                      identity={"table": str(metadata.table_uuid), "snapshot_id": source.snapshot_id,
+                                "schema_id": source.schema_id,
+                                "schema": [[f.name, str(f.type)] for f in arrow_schema]})
+    return storage, plan
+
+
+def _relative(path: str, location: str) -> str:
+    """A data file's name relative to the table location (no machine-local absolute path)."""
+    prefix = location.rstrip("/") + "/"
+    return path[len(prefix):] if path.startswith(prefix) else posixpath.basename(path)

@@ -1,0 +1,305 @@
+"""Iceberg tables: the reader contract, and results equal to pyiceberg's own ``scan().to_arrow()``.
+
+Every table lives in pyiceberg's SQL catalog on SQLite with a warehouse under ``tmp_path``.
+Positional delete files and ORC data files, which pyiceberg does not write, are written by
+``iceberg_tables`` through pyiceberg's manifest and snapshot classes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from helpers import check_resume, ids_of
+from iceberg_tables import add_position_deletes, append_orc, data_files, make_catalog
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.typedef import Record
+from pyiceberg.types import LongType, StringType
+from test_formats import UNIT_ROWS, ReaderContract
+
+from arrowstream import IcebergDataset, errors
+from arrowstream.loader import _worker_states
+
+ROW_GROUP_LIMIT = {"write.parquet.row-group-limit": str(UNIT_ROWS)}
+
+
+class TestIcebergContract(ReaderContract):
+    """The reader contract on an Iceberg table: one append (one data file) per table."""
+
+    format = "iceberg"
+
+    def source(self, tmp_path: Path, tables: list[pa.Table], unit_rows: int = UNIT_ROWS) -> Any:
+        catalog, config = make_catalog(str(tmp_path / "iceberg"))
+        table = catalog.create_table("db.contract", schema=tables[0].schema,
+                                     properties={"write.parquet.row-group-limit": str(unit_rows)})
+        for data in tables:
+            if data.num_rows:
+                table.append(data)
+        return {"config": config, "table": table}
+
+    def factory(self, source: Any, num_workers: int, **options: Any) -> tuple[Any, Any]:
+        if "columns" in options:
+            options["selected_fields"] = options.pop("columns")
+        return IcebergDataset.create_dataloader(table="db.contract", catalog_config=source["config"],
+                                                num_workers=num_workers, **options)
+
+    def expected(self, source: Any) -> pa.Table:
+        return source["table"].refresh().scan().to_arrow()
+
+    def filter_options(self, columns: list[str]) -> dict[str, Any]:
+        return {"selected_fields": columns, "row_filter": "label = 3 or x > 1.0"}
+
+    def corrupt(self, source: Any) -> str:
+        victim = data_files(source["table"])[0].removeprefix("file://")
+        Path(victim).write_bytes(b"this is not a data file at all, " * 8)
+        return Path(victim).name
+
+
+# -- results equal pyiceberg's -----------------------------------------------------------------
+
+def rows(start: int, count: int, seed: int = 0) -> pa.Table:
+    rng = np.random.default_rng(seed + start)
+    return pa.table({"id": pa.array(np.arange(start, start + count), pa.int64()),
+                     "score": pa.array(rng.random(count), pa.float64()),
+                     "name": pa.array([f"row-{i}" for i in range(start, start + count)], pa.string())})
+
+
+@pytest.fixture
+def catalog(tmp_path):
+    return make_catalog(str(tmp_path / "iceberg"))
+
+
+def read_all(config: dict[str, str], table: str = "db.events", num_workers: int = 0, **options: Any) -> pa.Table:
+    loader, dataset = IcebergDataset.create_dataloader(table=table, catalog_config=config, batch_size=128,
+                                                       num_workers=num_workers, output_format="arrow", **options)
+    dataset.set_epoch(0)
+    return pa.Table.from_batches(list(loader))
+
+
+def assert_same_rows(got: pa.Table, expected: pa.Table) -> None:
+    assert sorted(got.column_names) == sorted(expected.column_names)
+    expected = expected.select(got.column_names)
+    assert got.num_rows == expected.num_rows
+    assert got.sort_by("id").equals(expected.sort_by("id"))
+
+
+def events(catalog_and_config, appends=((0, 1000), (1000, 700), (1700, 300))):
+    catalog, _ = catalog_and_config
+    table = catalog.create_table("db.events", schema=rows(0, 1).schema, properties=ROW_GROUP_LIMIT)
+    for start, count in appends:
+        table.append(rows(start, count))
+    return table
+
+
+def test_appends_and_a_delete_equal_pyiceberg(catalog):
+    table = events(catalog)
+    table.delete("id >= 900 and id < 1100")   # pyiceberg rewrites the files (copy-on-write)
+    table = table.refresh()
+    assert_same_rows(read_all(catalog[1]), table.scan().to_arrow())
+    assert read_all(catalog[1]).num_rows == 1800
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_row_filter_and_projection_equal_pyiceberg(catalog, num_workers):
+    table = events(catalog)
+    got = read_all(catalog[1], num_workers=num_workers, row_filter="score > 0.7 and id < 1500",
+                   selected_fields=["name", "id"])
+    expected = table.scan(row_filter="score > 0.7 and id < 1500", selected_fields=("name", "id")).to_arrow()
+    assert_same_rows(got, expected)
+    assert got.column_names == ["name", "id"]
+
+
+def test_row_filter_prunes_data_files(catalog):
+    events(catalog)
+    _, dataset = IcebergDataset.create_dataloader(table="db.events", catalog_config=catalog[1], row_filter="id >= 1700")
+    assert dataset.num_files == 1   # pyiceberg's manifest statistics keep only the third append
+
+
+def test_evolved_schema_is_read_by_field_id(catalog):
+    table = events(catalog, appends=((0, 600),))
+    with table.update_schema() as update:
+        update.rename_column("score", "quality")
+        update.add_column("extra", LongType())
+    table = table.refresh()
+    table.append(pa.table({"id": pa.array(np.arange(600, 900), pa.int64()),
+                           "quality": pa.array(np.linspace(0, 1, 300), pa.float64()),
+                           "name": pa.array([f"row-{i}" for i in range(600, 900)], pa.string()),
+                           "extra": pa.array(np.arange(300), pa.int64())}))
+    with table.update_schema() as update:
+        update.delete_column("name")
+    table = table.refresh()
+    got = read_all(catalog[1])
+    assert got.column_names == ["id", "quality", "extra"]
+    assert_same_rows(got, table.scan().to_arrow())
+    assert got.sort_by("id").column("extra").null_count == 600   # old files lack the added column
+    # the old snapshot is read in its own schema, as pyiceberg does
+    first = table.snapshots()[0].snapshot_id
+    assert_same_rows(read_all(catalog[1], snapshot_id=first), table.scan(snapshot_id=first).to_arrow())
+
+
+def files_by_rows(table) -> dict[int, str]:
+    return {task.file.record_count: task.file.file_path for task in table.scan().plan_files()}
+
+
+@pytest.fixture
+def with_deletes(catalog):
+    table = events(catalog)
+    files = files_by_rows(table)
+    deletes = {files[1000]: [0, 1, 149, 150, 151, 640, 999], files[700]: list(range(100, 260)) + [699]}
+    return add_position_deletes(table, deletes), 2000 - 7 - 161
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_positional_deletes_are_applied(catalog, with_deletes, num_workers):
+    table, remaining = with_deletes
+    assert any(task.delete_files for task in table.scan().plan_files())
+    got = read_all(catalog[1], num_workers=num_workers)
+    assert got.num_rows == remaining
+    assert_same_rows(got, table.scan().to_arrow())
+
+
+def test_positional_deletes_are_counted_from_metadata_and_resume_exactly(catalog, with_deletes):
+    table, remaining = with_deletes
+    kept = set(table.scan().to_arrow().column("id").to_pylist())
+    _, dataset = IcebergDataset.create_dataloader(table="db.events", catalog_config=catalog[1], batch_size=64)
+    assert dataset._plan.num_rows == remaining
+    assert dataset.num_batches() == -(-remaining // 64)   # exact without reading: deletes are known at planning
+
+    def factory(source, num_workers, **options):
+        return IcebergDataset.create_dataloader(table="db.events", catalog_config=catalog[1],
+                                                num_workers=num_workers, **options)
+
+    def rows_of_epoch(batches, dataset):
+        for epoch in {e for e, _, _ in batches}:
+            ids = [i for e, _, batch_ids in batches if e == epoch for i in batch_ids]
+            assert sorted(ids) == sorted(kept)
+
+    options = {"batch_size": 64, "shuffle": True, "seed": 3, "shuffle_buffer_size": 100}
+    check_resume(None, 2, options, rows_of_epoch, mid=4, factory=factory)
+
+
+def test_orc_backed_table_equals_pyiceberg(catalog):
+    catalog_, config = catalog
+    table = catalog_.create_table("db.orc_events", schema=rows(0, 1).schema)
+    table = append_orc(table, rows(0, 3000), stripe_rows=250)
+    table = append_orc(table, rows(3000, 500), stripe_rows=100)
+    assert {task.file.file_format for task in table.scan().plan_files()} == {FileFormat.ORC}
+    _, dataset = IcebergDataset.create_dataloader(table="db.orc_events", catalog_config=config, batch_size=100)
+    assert len(dataset._plan.splits) == 3000 // 250 + 500 // 100   # one split per stripe
+    with table.update_schema() as update:
+        update.rename_column("score", "quality")
+        update.add_column("note", StringType())
+    table = add_position_deletes(table.refresh(), {files_by_rows(table)[3000]: [3, 4, 5, 2999]})
+    for num_workers in (0, 2):
+        got = read_all(config, table="db.orc_events", num_workers=num_workers)
+        assert_same_rows(got, table.scan().to_arrow())
+    assert got.num_rows == 3496 and got.column_names == ["id", "quality", "name", "note"]
+
+
+# -- the pinned snapshot -----------------------------------------------------------------------
+
+def test_resume_continues_on_the_pinned_snapshot_after_an_append(catalog):
+    table = events(catalog)
+    options = {"batch_size": 50, "shuffle": True, "seed": 9, "shuffle_buffer_size": 120}
+    loader, dataset = IcebergDataset.create_dataloader(table="db.events", catalog_config=catalog[1],
+                                                       num_workers=2, **options)
+    pinned = dataset.snapshot_id
+    reference, state = [], None
+    for epoch in (0, 1):
+        dataset.set_epoch(epoch)
+        for step, batch in enumerate(loader):
+            reference.append(ids_of(batch))
+            if epoch == 0 and step == 6:
+                state, consumed = json.loads(json.dumps(loader.state_dict())), len(reference)
+    worker_states = _worker_states(state["dataloader"])
+    assert {s["data"]["snapshot_id"] for s in worker_states} == {pinned}
+
+    table.append(rows(2000, 500))          # the table moves on
+    fresh_loader, fresh_dataset = IcebergDataset.create_dataloader(table="db.events", catalog_config=catalog[1],
+                                                                   num_workers=2, **options)
+    assert fresh_dataset.snapshot_id != pinned
+    fresh_loader.load_state_dict(state)
+    assert fresh_dataset.snapshot_id == pinned
+    resumed = []
+    for epoch in (0, 1):
+        fresh_dataset.set_epoch(epoch)
+        resumed.extend(ids_of(batch) for batch in fresh_loader)
+    assert resumed == reference[consumed:]
+
+    # a dataset pinned to the new snapshot refuses the old state, naming both
+    _, latest = IcebergDataset.create_dataloader(table="db.events", catalog_config=catalog[1], num_workers=2,
+                                                 snapshot_id=table.refresh().current_snapshot().snapshot_id, **options)
+    with pytest.raises(errors.StateMismatchError, match=str(pinned)):
+        latest.load_state_dict(worker_states[0])
+
+
+def test_resume_refuses_an_expired_snapshot(catalog):
+    table = events(catalog)
+    loader, dataset = IcebergDataset.create_dataloader(table="db.events", catalog_config=catalog[1], batch_size=100)
+    dataset.set_epoch(0)
+    iterator = iter(loader)
+    next(iterator)
+    state = json.loads(json.dumps(loader.state_dict()))
+    pinned = dataset.snapshot_id
+    table.append(rows(2000, 100))
+    table = table.refresh()
+    table.maintenance.expire_snapshots().by_id(pinned).commit()
+    fresh_loader, _ = IcebergDataset.create_dataloader(table="db.events", catalog_config=catalog[1], batch_size=100)
+    with pytest.raises(errors.StateMismatchError, match=f"snapshot {pinned}.*expired"):
+        fresh_loader.load_state_dict(state)
+
+
+def test_state_holds_no_paths_or_catalog_settings(catalog, tmp_path):
+    events(catalog)
+    loader, dataset = IcebergDataset.create_dataloader(table="db.events", catalog_config=catalog[1], num_workers=2)
+    dataset.set_epoch(0)
+    next(iter(loader))
+    text = json.dumps(loader.state_dict())
+    assert str(tmp_path) not in text and "sqlite" not in text and "warehouse" not in text
+    assert str(tmp_path) not in repr(dataset) and str(tmp_path) not in repr(dataset._storage)
+
+
+# -- clear errors ------------------------------------------------------------------------------
+
+def test_equality_deletes_are_refused_clearly(catalog, tmp_path):
+    from iceberg_tables import _AppendDeleteFiles, _local
+    from pyiceberg.table.snapshots import Operation
+
+    table = events(catalog, appends=((0, 100),))
+    path = f"{table.metadata.location}/data/eq-deletes.parquet"
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": pa.array([5], pa.int64())}), _local(path))
+    delete_file = DataFile.from_args(
+        content=DataFileContent.EQUALITY_DELETES, file_path=path, file_format=FileFormat.PARQUET, partition=Record(),
+        record_count=1, file_size_in_bytes=Path(_local(path)).stat().st_size, spec_id=0, equality_ids=[1],
+        key_metadata=None, sort_order_id=None)
+    with table.transaction() as tx:
+        producer = _AppendDeleteFiles(operation=Operation.DELETE, transaction=tx, io=table.io)
+        producer.append_data_file(delete_file)
+        producer.commit()
+    with pytest.raises(errors.NotSupportedYetError, match="equality delete"):
+        IcebergDataset("db.events", catalog_config=catalog[1])
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    ({"table": "db.missing"}, errors.DatasetNotFoundError, "db.missing"),
+    ({"table": "db.events", "row_filter": "nope > 1"}, errors.InvalidArgumentError, "row_filter"),
+    ({"table": "db.events", "selected_fields": ["nope"]}, errors.InvalidArgumentError, "selected_fields"),
+    ({"table": "db.events", "snapshot_id": 12345}, errors.StateMismatchError, "no snapshot 12345"),
+    ({"table": "db.events", "columns": ["id"]}, errors.InvalidArgumentError, "selected_fields"),
+])
+def test_bad_arguments(catalog, kwargs, error, match):
+    events(catalog, appends=((0, 10),))
+    with pytest.raises(error, match=match):
+        IcebergDataset(catalog_config=catalog[1], **kwargs)
+
+
+def test_table_without_snapshot_is_empty(catalog):
+    catalog[0].create_table("db.empty", schema=rows(0, 1).schema)
+    with pytest.raises(errors.EmptyDatasetError, match="no rows"):
+        IcebergDataset("db.empty", catalog_config=catalog[1])
