@@ -1,12 +1,16 @@
 """``arrowstream demo``: train, crash mid-epoch, resume in a fresh process, prove exactly-once.
 
-1. write a Parquet dataset (a linear regression problem) to a local folder;
+1. write a Parquet dataset (a linear regression problem) to a local folder; with ``--iceberg``,
+   append it to an Iceberg table instead (pyiceberg's SQL catalog on SQLite, local warehouse);
 2. train a tiny model through the loader (2 workers; split shuffle, two splits read at a time
    and a record-level shuffle buffer of four row groups) in a child process, save a
    checkpoint with ``torch.save`` after part of epoch 0, and stop there;
 3. resume from the checkpoint in a second, fresh child process and train to the end;
 4. check that each epoch saw every row exactly once, and that the resumed run's batches are
    exactly those an uninterrupted run yields after the checkpoint.
+
+With ``--iceberg`` the table moves on while the job is down (more rows are appended): the resumed
+run continues on the snapshot its checkpoint pinned, so the epoch still holds each row once.
 """
 
 from __future__ import annotations
@@ -31,29 +35,83 @@ ROW_GROUP_ROWS = 5_000
 SHUFFLE: dict[str, Any] = {"shuffle": True, "seed": 0, "shuffle_buffer_size": 4 * ROW_GROUP_ROWS, "interleave": 2}
 
 
-def write_dataset(folder: str, rows: int, seed: int = 0) -> None:
+def _tables(rows: int, seed: int, flat: bool) -> list[pa.Table]:
+    """The regression rows, one table per file; ``flat``: features as columns f0..f7 (Iceberg has no
+    fixed-size lists)."""
     rng = np.random.default_rng(seed)
     weights = rng.standard_normal(NUM_FEATURES).astype(np.float32)
-    os.makedirs(folder, exist_ok=True)
-    start = 0
+    tables, start = [], 0
     for index in range(NUM_FILES):
         count = rows // NUM_FILES + (1 if index < rows % NUM_FILES else 0)
         features = rng.standard_normal((count, NUM_FEATURES)).astype(np.float32)
         target = features @ weights + 0.1 * rng.standard_normal(count).astype(np.float32)
-        table = pa.table({
-            "id": np.arange(start, start + count, dtype=np.int64),
-            "features": pa.FixedSizeListArray.from_arrays(pa.array(features.reshape(-1)), NUM_FEATURES),
-            "target": target.astype(np.float32),
-        })
-        pq.write_table(table, os.path.join(folder, f"part-{index:02d}.parquet"), row_group_size=ROW_GROUP_ROWS)
+        columns: dict[str, Any] = {"id": np.arange(start, start + count, dtype=np.int64)}
+        if flat:
+            columns.update({f"f{i}": features[:, i] for i in range(NUM_FEATURES)})
+        else:
+            columns["features"] = pa.FixedSizeListArray.from_arrays(pa.array(features.reshape(-1)), NUM_FEATURES)
+        columns["target"] = target.astype(np.float32)
+        tables.append(pa.table(columns))
         start += count
+    return tables
 
 
-def _loader(args: argparse.Namespace, data: str) -> Any:
-    from . import StructuredDataset
+def write_dataset(folder: str, rows: int, seed: int = 0) -> None:
+    os.makedirs(folder, exist_ok=True)
+    for index, table in enumerate(_tables(rows, seed, flat=False)):
+        pq.write_table(table, os.path.join(folder, f"part-{index:02d}.parquet"), row_group_size=ROW_GROUP_ROWS)
 
-    return StructuredDataset.create_dataloader(path=data, batch_size=args.batch_size, num_workers=args.workers,
-                                               persistent_workers=args.workers > 0, **SHUFFLE)
+
+def _catalog(root: str) -> tuple[Any, dict[str, str]]:
+    from pyiceberg.catalog import load_catalog
+
+    from ._iceberg import default_catalog_config, import_pyiceberg
+
+    import_pyiceberg()
+    config = default_catalog_config(root)
+    return load_catalog("default", **config), config
+
+
+def write_table(root: str, rows: int, seed: int = 0) -> None:
+    """Append the rows to ``demo.regression``, one append (snapshot, data file) per file of the Parquet demo."""
+    catalog, _ = _catalog(root)
+    catalog.create_namespace_if_not_exists("demo")
+    tables = _tables(rows, seed, flat=True)
+    table = catalog.create_table("demo.regression", schema=tables[0].schema,
+                                 properties={"write.parquet.row-group-limit": str(ROW_GROUP_ROWS)})
+    for part in tables:
+        table.append(part)
+
+
+def append_more(root: str, rows: int, extra: int) -> tuple[int, int]:
+    """Append ``extra`` rows (ids from ``rows`` on); returns the snapshot ids before and after."""
+    catalog, _ = _catalog(root)
+    table = catalog.load_table("demo.regression")
+    before = table.current_snapshot().snapshot_id
+    more = pa.concat_tables(_tables(extra, seed=1, flat=True))
+    more = more.set_column(0, "id", pa.array(np.arange(rows, rows + more.num_rows, dtype=np.int64)))
+    table.append(more)
+    return before, table.refresh().current_snapshot().snapshot_id
+
+
+def _loader(args: argparse.Namespace, data: str, snapshot_id: int | None = None) -> Any:
+    from . import IcebergDataset, StructuredDataset
+
+    common = {"batch_size": args.batch_size, "num_workers": args.workers,
+              "persistent_workers": args.workers > 0, **SHUFFLE}
+    if args.iceberg:
+        _, config = _catalog(data)
+        return IcebergDataset.create_dataloader(table="demo.regression", catalog_config=config,
+                                                snapshot_id=snapshot_id, **common)
+    return StructuredDataset.create_dataloader(path=data, **common)
+
+
+def _features(batch: dict[str, Any]) -> Any:
+    import torch
+
+    if "features" in batch:
+        return batch["features"]
+    return torch.stack([batch[f"f{i}"] for i in range(NUM_FEATURES)], dim=1)
 
 
 def run_phase(args: argparse.Namespace) -> int:
@@ -78,7 +136,7 @@ def run_phase(args: argparse.Namespace) -> int:
     for epoch in range(start_epoch, args.epochs):
         dataset.set_epoch(epoch)
         for step, batch in enumerate(loader):
-            prediction = model(batch["features"]).squeeze(1)
+            prediction = model(_features(batch)).squeeze(1)
             loss = torch.nn.functional.mse_loss(prediction, batch["target"])
             optimizer.zero_grad()
             loss.backward()  # type: ignore[no-untyped-call]
@@ -89,7 +147,8 @@ def run_phase(args: argparse.Namespace) -> int:
                 print(f"  [{args.phase}] epoch {epoch} step {step:4d}/{len(loader)}  loss {loss.item():.4f}", flush=True)
             if stop_after is not None and step + 1 == stop_after:
                 torch.save({"loader": loader.state_dict(), "model": model.state_dict(),
-                            "optimizer": optimizer.state_dict(), "epoch": epoch}, checkpoint)
+                            "optimizer": optimizer.state_dict(), "epoch": epoch,
+                            "snapshot_id": getattr(dataset, "snapshot_id", None)}, checkpoint)
                 print(f"  [{args.phase}] checkpoint saved after {step + 1} batches of epoch {epoch}; "
                       "stopping as if the job crashed", flush=True)
                 return _report(args, seen, rows, began)
@@ -103,8 +162,8 @@ def _report(args: argparse.Namespace, seen: list[Any], rows: int, began: float) 
     return 0
 
 
-def _reference(args: argparse.Namespace, data: str) -> list[list[Any]]:
-    loader, dataset = _loader(args, data)
+def _reference(args: argparse.Namespace, data: str, snapshot_id: int | None) -> list[list[Any]]:
+    loader, dataset = _loader(args, data, snapshot_id)
     out = []
     for epoch in range(args.epochs):
         dataset.set_epoch(epoch)
@@ -117,20 +176,33 @@ def run_demo(args: argparse.Namespace) -> int:
     owned = args.dir is None
     args.dir = args.dir or tempfile.mkdtemp(prefix="arrowstream-demo-")
     data = os.path.join(args.dir, "data")
-    print(f"arrowstream demo: {args.rows:,} rows in {NUM_FILES} Parquet files under {data}")
-    write_dataset(data, args.rows)
+    if args.iceberg:
+        print(f"arrowstream demo: {args.rows:,} rows in {NUM_FILES} appends to the Iceberg table demo.regression "
+              f"(SQLite catalog and warehouse under {data})")
+        write_table(data, args.rows)
+    else:
+        print(f"arrowstream demo: {args.rows:,} rows in {NUM_FILES} Parquet files under {data}")
+        write_dataset(data, args.rows)
     common = ["--dir", args.dir, "--rows", str(args.rows), "--workers", str(args.workers),
-              "--batch-size", str(args.batch_size), "--epochs", str(args.epochs), "--stop-at", str(args.stop_at)]
+              "--batch-size", str(args.batch_size), "--epochs", str(args.epochs), "--stop-at", str(args.stop_at),
+              *(["--iceberg"] if args.iceberg else [])]
     for phase in ("train", "resume"):
         knobs = ", ".join(f"{k}={v}" for k, v in SHUFFLE.items())
         print(f"- {phase}: fresh process, {args.workers} workers, {knobs}", flush=True)
         subprocess.run([sys.executable, "-m", "arrowstream", "demo", "--phase", phase, *common], check=True)
+        if args.iceberg and phase == "train":
+            before, after = append_more(data, args.rows, extra=args.rows // 4)
+            print(f"- while the job is down the table moves on: {args.rows // 4:,} rows appended, "
+                  f"snapshot {before} -> {after}; the checkpoint pinned {before}", flush=True)
     with open(os.path.join(args.dir, "train.json")) as f:
         first = json.load(f)
     with open(os.path.join(args.dir, "resume.json")) as f:
         second = json.load(f)
     print("- checking against an uninterrupted run ...", flush=True)
-    reference = _reference(args, data)
+    import torch
+
+    pinned = torch.load(os.path.join(args.dir, "checkpoint.pt"), weights_only=True)["snapshot_id"]
+    reference = _reference(args, data, pinned)
     ok = True
     for epoch in range(args.epochs):
         counts = Counter(i for e, ids in first["batches"] + second["batches"] if e == epoch for i in ids)

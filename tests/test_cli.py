@@ -43,3 +43,16 @@ def test_demo_fails_loudly_when_the_checkpoint_is_wrong(tmp_path, monkeypatch):
     monkeypatch.setattr(_demo, "run_phase", skip_one_batch)
     monkeypatch.setattr(_demo.subprocess, "run", run_in_process)
     assert main(["demo", "--rows", "5000", "--batch-size", "256", "--workers", "0", "--dir", str(tmp_path)]) == 1
+
+
+def test_demo_on_an_iceberg_table_resumes_on_the_pinned_snapshot(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "arrowstream", "demo", "--iceberg", "--rows", "30000", "--batch-size", "256",
+         "--dir", str(tmp_path)], capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "Iceberg table demo.regression" in out
+    assert "the table moves on: 7,500 rows appended" in out
+    assert out.count("every row exactly once") == 2          # of the 30,000 rows of the pinned snapshot
+    assert "resumed batches equal the uninterrupted run" in out
+    assert (tmp_path / "data" / "catalog.db").exists()
