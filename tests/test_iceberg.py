@@ -303,3 +303,38 @@ def test_table_without_snapshot_is_empty(catalog):
     catalog[0].create_table("db.empty", schema=rows(0, 1).schema)
     with pytest.raises(errors.EmptyDatasetError, match="no rows"):
         IcebergDataset("db.empty", catalog_config=catalog[1])
+
+
+def test_partitioned_table_equals_pyiceberg(catalog):
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.schema import Schema
+    from pyiceberg.transforms import IdentityTransform
+    from pyiceberg.types import IntegerType, NestedField, TimestampType
+
+    schema = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "label", IntegerType(), required=False),
+                    NestedField(3, "at", TimestampType(), required=False), NestedField(4, "region", StringType(),
+                                                                                      required=False))
+    spec = PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "label"),
+                         PartitionField(4, 1001, IdentityTransform(), "region"))
+    table = catalog[0].create_table("db.parted", schema=schema, partition_spec=spec, properties=ROW_GROUP_LIMIT)
+    count = 1200
+    start = np.datetime64("2026-01-01T00:00:00", "us")
+    table.append(pa.table({"id": pa.array(np.arange(count), pa.int64()),
+                           "label": pa.array(np.arange(count) % 3, pa.int32()),
+                           "at": pa.array(start + np.arange(count) * np.timedelta64(3600, "s"), pa.timestamp("us")),
+                           "region": pa.array(["eu", "us"] * (count // 2), pa.string())}))
+    table = table.refresh()
+    assert len(list(table.scan().plan_files())) == 6     # one data file per (label, region)
+    for options in ({}, {"row_filter": "label = 1"}, {"selected_fields": ["at", "id"], "row_filter": "region = 'eu'"}):
+        expected = table.scan(**{k: tuple(v) if k == "selected_fields" else v for k, v in options.items()}).to_arrow()
+        for num_workers in (0, 2):
+            assert_same_rows(read_all(catalog[1], table="db.parted", num_workers=num_workers, **options), expected)
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_workers_started_by_spawn_and_forkserver_read_the_table(catalog, with_deletes, context):
+    """The catalog connection stays in the main process; each worker opens the table's FileIO itself."""
+    table, remaining = with_deletes
+    got = read_all(catalog[1], num_workers=2, multiprocessing_context=context)
+    assert got.num_rows == remaining
+    assert_same_rows(got, table.scan().to_arrow())
