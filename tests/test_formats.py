@@ -120,6 +120,15 @@ class ReaderContract:
         rows = dataset.slot_rows(2)
         assert sum(rows) == sum(ROWS_PER_FILE) and min(rows) > 0
 
+    def test_one_unit_is_cut_into_row_ranges_for_three_workers(self, tmp_path):
+        source = self.source(tmp_path, [table_of(0, 100)], unit_rows=100)
+        loader, dataset = self.factory(source, 3, batch_size=16)
+        rows = dataset.slot_rows(3)
+        assert sum(rows) == 100 and min(rows) > 0     # every worker reads part of the one unit
+        dataset.set_epoch(0)
+        ids = [i for batch in loader for i in batch["id"].tolist()]
+        assert sorted(ids) == list(range(100))
+
     def test_projection(self, data):
         loader, dataset = self.factory(data, 0, batch_size=100, columns=["name", "id"], output_format="arrow")
         got = arrow_batches(loader, dataset)
