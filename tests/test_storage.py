@@ -82,6 +82,43 @@ def test_transient_errors_are_retried_without_loss_or_repeat(flaky_dataset, num_
         assert "transient error" in caplog.text
 
 
+@pytest.mark.parametrize("file_format", ["orc", "arrow"])
+def test_orc_and_ipc_through_fsspec_retry_without_loss_or_repeat(file_format):
+    """Not local: files are read through fsspec file objects, and resets are retried in place."""
+    from pyarrow import ipc, orc
+
+    fsspec.register_implementation("flaky", _FlakyFileSystem, clobber=True)
+    fs = _FlakyFileSystem()
+    start = 0
+    for i, rows in enumerate([900, 1300]):
+        table = make_table(start, rows).drop_columns(["vec"])
+        with fs.open(f"/flaky-{file_format}/part-{i}.{file_format}", "wb") as f:
+            if file_format == "orc":
+                orc.write_table(table, f, stripe_size=1, batch_size=200)
+            else:
+                with ipc.new_file(f, table.schema) as writer:
+                    writer.write_table(table, max_chunksize=200)
+        start += rows
+    try:
+        _FlakyFile.fail_every = 0
+        reference_loader, reference = make_loader(f"flaky://flaky-{file_format}", 0, format=file_format,
+                                                  batch_size=70, shuffle=True)
+        assert len(reference._plan.splits) == 5 + 7
+        expected = [ids for _, _, ids in run_epochs(reference_loader, reference, [0])]
+        loader, dataset = make_loader(f"flaky://flaky-{file_format}", 0, format=file_format, batch_size=70,
+                                      shuffle=True)
+        dataset._storage.retry.base_delay = 0.001
+        _FlakyFile.reads, _FlakyFile.fail_every = 0, 13  # from the first read of a row on
+        got = [ids for _, _, ids in run_epochs(loader, dataset, [0])]
+        injected = _FlakyFile.reads // 13
+    finally:
+        _FlakyFile.fail_every = 0
+        fs.rm(f"/flaky-{file_format}", recursive=True)
+    assert injected >= 3
+    assert got == expected
+    assert sorted(i for ids in got for i in ids) == list(range(2200))
+
+
 def test_errors_that_outlast_retries_name_the_file(flaky_dataset):
     dataset = StructuredDataset(flaky_dataset, batch_size=100)
     dataset._storage.retry.base_delay = 0.001
