@@ -274,3 +274,17 @@ def test_ipc_stream_format_is_refused_clearly(tmp_path):
         writer.write_table(table)
     with pytest.raises(errors.CorruptFileError, match="stream.arrow"):
         StructuredDataset(str(path), format="arrow")
+
+
+def test_ipc_batches_of_a_local_file_point_into_the_memory_map(tmp_path):
+    """Reading a projected local IPC file allocates no copy of the column data."""
+    path = tmp_path / "mapped.arrow"
+    table = table_of(0, 100_000).select(["id", "x", "label"])
+    with ipc.new_file(path, table.schema) as writer:
+        writer.write_table(table, max_chunksize=25_000)
+    dataset = StructuredDataset(str(path), format="arrow", batch_size=25_000, columns=["x", "id"],
+                                output_format="arrow")
+    before = pa.total_allocated_bytes()
+    batches = list(dataset)
+    assert sum(b.num_rows for b in batches) == 100_000 and batches[0].column_names == ["x", "id"]
+    assert pa.total_allocated_bytes() - before < 100_000    # the rows themselves are 1.2 MB

@@ -96,25 +96,32 @@ def batch_sizes(source: pa.NativeFile) -> list[tuple[int, int]]:
 
 
 class IpcFile:
-    """An open IPC file; local files are memory-mapped, so a batch is read without a copy."""
+    """An open IPC file. Local files are memory-mapped and batches point into the map (columns are
+    selected afterwards: pyarrow copies a batch read with ``included_fields``); remote files read only
+    the buffers of the selected columns."""
 
     def __init__(self, storage: Storage, footer: FileFooter) -> None:
+        self._mapped = storage.is_local
         self._source = storage.open_input(footer.entry.path, memory_map=True)
         self._schema = footer.schema
         self._readers: dict[tuple[str, ...], ipc.RecordBatchFileReader] = {}
 
     def _reader(self, columns: list[str]) -> ipc.RecordBatchFileReader:
-        key = tuple(columns)
+        key = () if self._mapped else tuple(columns)
         if key not in self._readers:
             fields = sorted(self._schema.get_field_index(name) for name in columns)
-            self._readers[key] = ipc.open_file(self._source, options=ipc.IpcReadOptions(included_fields=fields))
+            options = None if self._mapped else ipc.IpcReadOptions(included_fields=fields)
+            self._readers[key] = ipc.open_file(self._source, options=options)
         return self._readers[key]
 
     def read_units(self, units: Sequence[int], columns: list[str], batch_rows: int,
                    use_threads: bool) -> Iterator[pa.RecordBatch]:
         reader = self._reader(columns)
         for index in units:
-            yield from sliced(reader.get_batch(index), batch_rows)
+            batch = reader.get_batch(index)
+            if self._mapped:
+                batch = batch.select(columns)
+            yield from sliced(batch, batch_rows)
 
     def close(self) -> None:
         self._readers.clear()
