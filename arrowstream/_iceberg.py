@@ -229,7 +229,7 @@ def open_source(table: Any, table_name: str, snapshot_id: int | None, row_filter
         snapshot = table.snapshot_by_id(snapshot_id)
         if snapshot is None:
             known = [s.snapshot_id for s in table.snapshots()][-5:]
-            raise StateMismatchError(
+            raise InvalidArgumentError(
                 f"snapshot_id: {table_name!r} has no snapshot {snapshot_id} (expired or never existed; latest ones: "
                 f"{known}); pass one of its snapshots, or None for the latest")
         default_schema = snapshot.schema_id if snapshot.schema_id is not None else metadata.current_schema_id

@@ -97,10 +97,12 @@ def validate_options(*, format: str, batch_size: int, shuffle: bool, seed: int, 
                      drop_last: bool, split_bytes: int | None, fill_nulls: Any) -> Options:
     """Check every argument; raise an arrowstream error naming the first bad one."""
     if format not in FORMATS:
-        raise InvalidArgumentError(f"format: unknown format {format!r}; use one of {list(FORMATS)}")
+        raise InvalidArgumentError(
+            f"format: unknown format {format!r}; use one of {[f for f in FORMATS if f != 'iceberg']}")
     if format not in SUPPORTED_FORMATS:
         raise NotSupportedYetError(
-            f"format: {format!r} is planned but not in this release; it reads {list(SUPPORTED_FORMATS)}")
+            f"format: {format!r} is planned but not in this release; it reads "
+            f"{[f for f in SUPPORTED_FORMATS if f != 'iceberg']} (and Iceberg tables through IcebergDataset)")
     if output_format not in OUTPUT_FORMATS:
         raise InvalidArgumentError(
             f"output_format: unknown output format {output_format!r}; use one of {list(OUTPUT_FORMATS)}")

@@ -213,6 +213,11 @@ def upgrade(state: Any, kind: str) -> dict[str, Any]:
 
 def check_compatible(saved: WorkerState, data: DataIdentity, options: dict[str, Any]) -> None:
     """Refuse a state taken on other data or with other stream options (saved vs current)."""
+    if (saved.data.snapshot_id is None) != (data.snapshot_id is None):
+        kinds = ("files", "an Iceberg table")
+        raise StateMismatchError(
+            f"checkpoint was taken on {kinds[saved.data.snapshot_id is not None]}, this dataset reads "
+            f"{kinds[data.snapshot_id is not None]}; load it into the kind of dataset it was taken with")
     if (saved.data.snapshot_id, saved.data.schema_id) != (data.snapshot_id, data.schema_id):
         raise StateMismatchError(
             f"checkpoint was taken on snapshot {saved.data.snapshot_id} (schema {saved.data.schema_id}) of the "

@@ -73,8 +73,10 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         output_format: ``"torch"``, ``"numpy"``, ``"arrow"`` or ``"dict"``.
         transform: A callable applied to each batch inside the worker.
         drop_last: Drop each worker's last short batch of an epoch (the count is kept).
-        split_bytes: Target split size in uncompressed bytes; ``None`` makes one split per row
-            group. Splits never cut a row group unless there are fewer splits than slots.
+        split_bytes: Target split size in bytes (Parquet: uncompressed row-group bytes; ORC: stripe
+            bytes on disk; IPC: record-batch bodies as stored); ``None`` makes one split per unit
+            (row group, stripe, record batch). Splits never cut a unit unless there are fewer
+            splits than slots. See docs/formats.md.
         fill_nulls: Value that replaces nulls of numeric, bool and fixed-size-list columns in
             ``torch``/``numpy`` batches: a dict by column, or one value for every column whose
             type it suits (``0``: int and float columns). Without it such a null raises
@@ -118,7 +120,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._even_batches = check_bool("even_batches", even_batches) and self._world_size > 1
         if self._even_batches and self._options.filter is not None:
             raise InvalidArgumentError(
-                f"even_batches: with world_size={self._world_size} and a filter, the batches each rank yields "
+                f"even_batches: with world_size={self._world_size} and a filter (filter= or row_filter=), the batches each rank yields "
                 "are unknown before reading, so they cannot be evened out from metadata. Pass "
                 "even_batches=False and keep ranks in step yourself (torch.distributed.algorithms.Join), "
                 "or filter in transform= instead")

@@ -54,10 +54,11 @@ class IcebergDataset(StructuredDataset):
     def __init__(self, table: str, catalog_config: dict[str, Any] | None = None, snapshot_id: int | None = None,
                  row_filter: Any = None, selected_fields: Sequence[str] | None = None, batch_size: int = 1024,
                  **kwargs: Any) -> None:
-        for name in ("path", "format", "columns", "filter"):
+        for name in ("path", "format", "columns", "filter", "storage_options"):
             if name in kwargs:
-                other = {"columns": "selected_fields", "filter": "row_filter"}.get(name)
-                hint = f"use {other}=" if other else "the table decides it"
+                hint = {"columns": "use selected_fields=", "filter": "use row_filter=",
+                        "storage_options": "put the FileIO properties (s3.access-key-id, ...) into catalog_config, "
+                                           "which pyiceberg hands to the table's FileIO"}.get(name, "the table decides it")
                 raise InvalidArgumentError(f"{name}: IcebergDataset does not take {name}=; {hint}")
         if snapshot_id is not None and (isinstance(snapshot_id, bool) or not isinstance(snapshot_id, int)):
             raise InvalidArgumentError(f"snapshot_id: expected an int or None, got {snapshot_id!r}")

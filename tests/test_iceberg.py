@@ -290,8 +290,9 @@ def test_equality_deletes_are_refused_clearly(catalog, tmp_path):
     ({"table": "db.missing"}, errors.DatasetNotFoundError, "db.missing"),
     ({"table": "db.events", "row_filter": "nope > 1"}, errors.InvalidArgumentError, "row_filter"),
     ({"table": "db.events", "selected_fields": ["nope"]}, errors.InvalidArgumentError, "selected_fields"),
-    ({"table": "db.events", "snapshot_id": 12345}, errors.StateMismatchError, "no snapshot 12345"),
+    ({"table": "db.events", "snapshot_id": 12345}, errors.InvalidArgumentError, "no snapshot 12345"),
     ({"table": "db.events", "columns": ["id"]}, errors.InvalidArgumentError, "selected_fields"),
+    ({"table": "db.events", "storage_options": {"key": "x"}}, errors.InvalidArgumentError, "catalog_config"),
 ])
 def test_bad_arguments(catalog, kwargs, error, match):
     events(catalog, appends=((0, 10),))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pyarrow.parquet as pq
+import pytest
 from helpers import make_loader, make_table, resume_epochs, run_epochs
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -81,3 +82,30 @@ def test_dataset_in_a_users_own_stateful_dataloader(uneven_dataset):
         fresh, fresh_dataset = plain(persistent)
         resumed = resume_epochs(fresh, fresh_dataset, state, epoch + 1, 1)
         assert [k for _, k, _ in resumed] == [k for _, k, _ in reference[consumed:]]
+
+
+def test_v4_worker_state_migrates_to_v5_without_a_snapshot():
+    from arrowstream._state import WORKER_KIND, upgrade
+
+    v4 = {"kind": WORKER_KIND, "version": 4, "data": {"fingerprint": "f" * 32, "num_files": 2, "num_rows": 10},
+          "options": {}, "epoch": 0, "slot": {"rank": 0, "world_size": 1, "worker_id": 0, "num_workers": 0},
+          "cursor": {}, "counters": {}, "epoch_complete": False, "elastic": None}
+    v5 = upgrade(v4, WORKER_KIND)
+    assert v5["version"] == 5
+    assert v5["data"] == {**v4["data"], "snapshot_id": None, "schema_id": None}
+
+
+def test_a_file_state_is_refused_by_an_iceberg_dataset_and_the_reverse(uneven_dataset, tmp_path):
+    import pyarrow as pa
+    from iceberg_tables import make_catalog
+
+    from arrowstream import IcebergDataset, errors
+
+    catalog, config = make_catalog(str(tmp_path / "iceberg"))
+    catalog.create_table("db.t", schema=pa.schema([("id", pa.int64())])).append(pa.table({"id": [1, 2, 3]}))
+    table_state = json.loads(json.dumps(IcebergDataset("db.t", catalog_config=config).state_dict()))
+    file_state = json.loads(json.dumps(StructuredDataset(uneven_dataset).state_dict()))
+    with pytest.raises(errors.StateMismatchError, match="taken on an Iceberg table, this dataset reads files"):
+        StructuredDataset(uneven_dataset).load_state_dict(table_state)
+    with pytest.raises(errors.StateMismatchError, match="taken on files, this dataset reads an Iceberg table"):
+        IcebergDataset("db.t", catalog_config=config).load_state_dict(file_state)

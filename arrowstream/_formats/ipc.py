@@ -135,6 +135,10 @@ class IpcFormat:
     def inspect(self, storage: Storage, entry: FileEntry, filter: pc.Expression | None,
                 filter_columns: list[str]) -> FileFooter:
         with storage.open_input(entry.path) as source:
+            if source.read(4) == b"\xff\xff\xff\xff":
+                raise ValueError("this is an Arrow IPC *stream*, which has no footer to plan from; rewrite it as an "
+                                 "IPC file (pyarrow.ipc.new_file, or feather.write_feather(..., version=2))")
+            source.seek(0)
             schema = ipc.open_file(source).schema
             batches = batch_sizes(source)
         return FileFooter(entry, self.name, schema, tuple(r for r, _ in batches), tuple(b for _, b in batches),
