@@ -11,6 +11,7 @@ from typing import Any
 import fsspec
 from fsspec.core import url_to_fs
 
+from ._failures import is_missing, is_permission
 from ._storage import open_filesystem
 from .errors import ArgumentTypeError, DatasetNotFoundError, EmptyDatasetError, FileReadError, InvalidArgumentError
 
@@ -65,10 +66,13 @@ def _list_one(fs: fsspec.AbstractFileSystem, protocol: str, url: str, path: str)
         return files
     try:
         info = fs.info(path)
-    except FileNotFoundError:
-        raise DatasetNotFoundError(f"path: {url!r} does not exist; check the path and the storage_options") from None
-    except PermissionError as exc:
-        raise FileReadError(f"path: {url!r} cannot be read ({exc}); check permissions or credentials") from None
+    except Exception as exc:  # backends raise their own types: classified below, never swallowed
+        if is_missing(exc):
+            raise DatasetNotFoundError(f"path: {url!r} does not exist; check the path and the storage_options") from None
+        if is_permission(exc):
+            raise FileReadError(f"path: {url!r} cannot be read ({type(exc).__name__}: {exc}); check permissions or "
+                                "credentials") from None
+        raise FileReadError(f"path: {url!r} cannot be listed ({type(exc).__name__}: {exc})") from exc
     if info.get("type") == "directory":
         found = fs.find(path, detail=True, withdirs=False)
         root = path.rstrip("/")

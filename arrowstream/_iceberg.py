@@ -75,6 +75,11 @@ class IcebergStorage(Storage):
     def is_local(self) -> bool:
         return False
 
+    @property
+    def prefetcher(self) -> None:
+        """None: data files are read through pyiceberg's FileIO, which buffers on its own."""
+        return None
+
     def _file_io(self) -> Any:
         if self._io is None or self._io_pid != os.getpid():
             from pyiceberg.io import load_file_io
@@ -82,8 +87,8 @@ class IcebergStorage(Storage):
             self._io, self._io_pid = load_file_io(self._io_properties, self._location), os.getpid()
         return self._io
 
-    def open_input(self, path: str, memory_map: bool = False) -> pa.NativeFile:
-        handle: pa.NativeFile = self._file_io().new_input(path).open()
+    def open_input(self, entry: FileEntry, memory_map: bool = False) -> pa.NativeFile:
+        handle: pa.NativeFile = self._file_io().new_input(entry.path).open()
         return handle
 
     def __getstate__(self) -> dict[str, Any]:
@@ -164,6 +169,10 @@ class IcebergFormat:
 
     def open(self, storage: Storage, footer: FileFooter) -> IcebergFile:
         return IcebergFile(storage, footer.extra)
+
+    def byte_ranges(self, footer: FileFooter, units: Sequence[int], columns: list[str]) -> list[tuple[int, int]]:
+        """None: data files are read through pyiceberg's FileIO, which has its own buffering."""
+        return []
 
 
 register_format(IcebergFormat())

@@ -18,9 +18,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ._discovery import FileEntry
+from ._failures import wrap_read_error
 from ._formats import FileFooter, FileFormat
-from ._storage import Storage, display_url, wrap_read_error
-from .errors import EmptyDatasetError, InvalidArgumentError, SchemaMismatchError
+from ._storage import Storage, display_url
+from .errors import ArrowStreamError, EmptyDatasetError, InvalidArgumentError, SchemaMismatchError
 
 MAX_PLANNING_THREADS = 32
 _SHIPPED_METADATA_BYTES = 64 << 20  # footers travel to workers below this total size
@@ -76,7 +77,9 @@ def read_footer(storage: Storage, file_format: FileFormat, entry: FileEntry, fil
     url = display_url(storage.protocol, entry.path)
     try:
         return storage.retry.call(lambda: file_format.inspect(storage, entry, filter, filter_columns), url)
-    except (OSError, pa.ArrowException, ValueError) as exc:
+    except ArrowStreamError:
+        raise
+    except Exception as exc:  # backends raise their own types (Azure's HttpResponseError): classified
         raise wrap_read_error(exc, url, file_format.label) from exc
 
 

@@ -9,16 +9,18 @@ piece handed out: nothing is lost or repeated.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from ._failures import is_transient, wrap_read_error
 from ._formats import UnitFile, get_format
 from ._planning import Plan, Split
-from ._storage import Storage, is_transient, logger, wrap_read_error
+from ._prefetch import Prefetcher
+from ._storage import Storage, logger
 
 _ROW_INDEX = "__arrowstream_source_offset"
 
@@ -52,12 +54,46 @@ class Piece:
         return Piece(self.batch.slice(row), self.position, self.offset_of(row), self.end, offsets)
 
 
+class ReadAhead:
+    """Tells the storage's prefetcher which byte ranges the splits being read and the next ones need.
+
+    One per process, shared by the interleaved readers: when the split at ``position`` of the
+    slot's reading order starts, it and the ``depth`` splits after it are fetched (coalesced,
+    concurrently); a split's bytes are released when it has been read.
+    """
+
+    def __init__(self, plan: Plan, prefetcher: Prefetcher, depth: int) -> None:
+        self._plan, self._prefetcher, self._depth = plan, prefetcher, depth
+        self._order: Sequence[Split] = ()
+        self._token = 0
+
+    def begin(self, order: Sequence[Split]) -> None:
+        """A new reading order (an epoch of this slot); drops what was fetched for the last one."""
+        for position in range(len(self._order)):
+            self._prefetcher.release((self._token, position))
+        self._token += 1
+        self._order = order
+
+    def started(self, position: int) -> None:
+        for ahead in range(position, min(len(self._order), position + 1 + self._depth)):
+            split = self._order[ahead]
+            footer = self._plan.files[split.file_index]
+            units = list(range(split.unit_start, split.unit_stop))
+            ranges = get_format(footer.format).byte_ranges(footer, units, self._plan.read_columns)
+            self._prefetcher.schedule((self._token, ahead), footer.entry.path, ranges)
+
+    def finished(self, position: int) -> None:
+        self._prefetcher.release((self._token, position))
+
+
 class SplitReader:
     """Reads splits of one plan for one worker; keeps the current file open between splits."""
 
-    def __init__(self, plan: Plan, storage: Storage, read_batch_rows: int, use_threads: bool) -> None:
+    def __init__(self, plan: Plan, storage: Storage, read_batch_rows: int, use_threads: bool,
+                 read_ahead: ReadAhead | None = None) -> None:
         self._plan = plan
         self._storage = storage
+        self._read_ahead = read_ahead
         self._read_batch_rows = read_batch_rows
         self._use_threads = use_threads
         self._output_columns = plan.schema.names
@@ -80,6 +116,15 @@ class SplitReader:
 
     def read(self, split: Split, position: int, offset: int) -> Iterator[Piece]:
         """Pieces of ``split`` from source ``offset`` to its end, retrying transient errors."""
+        if self._read_ahead is not None:
+            self._read_ahead.started(position)
+        try:
+            yield from self._read_retrying(split, position, offset)
+        finally:
+            if self._read_ahead is not None:
+                self._read_ahead.finished(position)
+
+    def _read_retrying(self, split: Split, position: int, offset: int) -> Iterator[Piece]:
         attempt = 0
         while offset < split.num_rows:
             try:

@@ -9,18 +9,22 @@ log line, an error message or a checkpoint state.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import random
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import fsspec
 import pyarrow as pa
 
-from .errors import FileReadError, MissingDependencyError
+from ._failures import is_transient
+from ._prefetch import PartsFile, Prefetcher
+from .errors import MissingDependencyError
+
+if TYPE_CHECKING:
+    from ._discovery import FileEntry
 
 logger = logging.getLogger("arrowstream")
 
@@ -29,30 +33,11 @@ T = TypeVar("T")
 _LOCAL_PROTOCOLS = frozenset({"file", "local"})
 _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure",
            "abfss": "azure", "adl": "azure"}
-_TRANSIENT_ERRNOS = frozenset({errno.ECONNRESET, errno.ECONNABORTED, errno.ECONNREFUSED,
-                               errno.ETIMEDOUT, errno.EAGAIN, errno.EPIPE, errno.EIO})
-_TRANSIENT_MARKERS = ("slowdown", "throttl", "timeout", "timed out", "connection reset",
-                      "503", "500 ", "502", "504", "service unavailable", "internal error",
-                      "temporarily", "too many requests", "429")
-
-
 def display_url(protocol: str, path: str) -> str:
     """The name a user recognizes for ``path``: ``s3://bucket/key`` or a local path."""
     if protocol in _LOCAL_PROTOCOLS or "://" in path:  # local, or a full URL already (Iceberg data files)
         return path
     return f"{protocol}://{path.lstrip('/')}"
-
-
-def is_transient(exc: BaseException) -> bool:
-    """True for storage errors worth retrying: resets, timeouts, throttling, 5xx."""
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
-        return False
-    if isinstance(exc, (ConnectionError, TimeoutError)):
-        return True
-    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
-        return True
-    text = str(exc).lower()
-    return isinstance(exc, OSError) and any(marker in text for marker in _TRANSIENT_MARKERS)
 
 
 class RetryPolicy:
@@ -90,6 +75,9 @@ class Storage:
         self.retry = retry or RetryPolicy()
         self._fs: fsspec.AbstractFileSystem | None = None
         self._pid = -1
+        self.read_ahead = 0        # splits fetched ahead by each worker (remote storage); set by the dataset
+        self._prefetcher: Prefetcher | None = None
+        self._prefetcher_pid = -1
 
     @property
     def is_local(self) -> bool:
@@ -102,16 +90,34 @@ class Storage:
             self._pid = os.getpid()
         return self._fs
 
-    def open_input(self, path: str, memory_map: bool = False) -> pa.NativeFile:
-        """Open one file for random-access reading (memory-mapped when local and asked for)."""
+    def open_input(self, entry: FileEntry, memory_map: bool = False) -> pa.NativeFile:
+        """Open one file for random-access reading (memory-mapped when local and asked for).
+
+        The size known from the listing is passed on, which saves object stores a HEAD request
+        per open: a remote file is opened with one request for the bytes it reads.
+        """
         if self.is_local:
-            return pa.memory_map(path) if memory_map else pa.OSFile(path)
-        return pa.PythonFile(self.fs.open(path, "rb"), mode="r")
+            return pa.memory_map(entry.path) if memory_map else pa.OSFile(entry.path)
+        if entry.size > 0:
+            return pa.PythonFile(PartsFile(self.fs, entry.path, entry.size, self.prefetcher), mode="r")
+        return pa.PythonFile(self.fs.open(entry.path, "rb"), mode="r")
+
+    @property
+    def prefetcher(self) -> Prefetcher | None:
+        """This process's read-ahead of remote splits (``read_ahead`` splits deep), if any."""
+        if self.is_local or self.read_ahead == 0:
+            return None
+        if self._prefetcher is None or self._prefetcher_pid != os.getpid():
+            self._prefetcher = Prefetcher(self.fs, self.read_ahead)
+            self._prefetcher_pid = os.getpid()
+        return self._prefetcher
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_fs"] = None
         state["_pid"] = -1
+        state["_prefetcher"] = None
+        state["_prefetcher_pid"] = -1
         return state
 
     def __repr__(self) -> str:
@@ -134,18 +140,3 @@ def open_filesystem(protocol: str, options: dict[str, Any], fresh: bool = False)
                 f"path: unknown URL scheme {protocol!r}; use a local path or an fsspec URL "
                 "such as s3://, gs://, az:// or memory://") from None
         raise
-
-
-def wrap_read_error(exc: BaseException, url: str, label: str = "Parquet") -> BaseException:
-    """Turn a low-level read failure into an arrowstream error that names the file."""
-    from .errors import CorruptFileError
-
-    if isinstance(exc, PermissionError):
-        return FileReadError(f"{url}: permission denied ({exc}); check the credentials or file mode")
-    if isinstance(exc, FileNotFoundError):
-        return FileReadError(f"{url}: the file disappeared after planning ({exc}); "
-                             "the dataset changed while it was read: rebuild the dataset")
-    if isinstance(exc, OSError) and is_transient(exc):
-        return FileReadError(f"{url}: storage kept failing after retries ({type(exc).__name__}: {exc})")
-    return CorruptFileError(f"{url}: not a readable {label} file ({type(exc).__name__}: {exc}); "
-                            "remove or rewrite the file, or leave it out of `path`")

@@ -16,7 +16,7 @@ from ._cursor import Cursor, Run
 from ._discovery import discover_files
 from ._elastic import Share, assign_shares, remaining_items, share_runs
 from ._formats import get_format
-from ._options import Options, check_bool, validate_options
+from ._options import Options, check_bool, check_int, validate_options
 from ._order import (
     Slot,
     even_batch_limits,
@@ -27,7 +27,7 @@ from ._order import (
     window_seed,
 )
 from ._planning import Plan, Split, plan_files
-from ._reader import SplitReader
+from ._reader import ReadAhead, SplitReader
 from ._state import DataIdentity, ElasticSource, WorkerState, check_compatible, check_slot
 from ._storage import Storage
 from ._stream import EpochStream, open_runs
@@ -82,6 +82,10 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             type it suits (``0``: int and float columns). Without it such a null raises
             ``NullValueError``; fill values a column cannot hold raise at construction.
         storage_options: fsspec options (credentials); never written into state or logs.
+        read_ahead: On object stores, how many splits after the ones being read each worker
+            fetches in the background (coalesced byte ranges, concurrently); ``0`` turns
+            read-ahead off. Memory: about that many splits' compressed bytes per worker, plus
+            the splits being read. Local files are read directly.
 
     Example:
         >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
@@ -102,7 +106,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                  split_bytes: int | None = None, fill_nulls: Any = None,
                  storage_options: dict[str, Any] | None = None, accelerator: Any = None,
                  rank: int | None = None, world_size: int | None = None, even_batches: bool = True,
-                 group_size: int = 1) -> None:
+                 group_size: int = 1, read_ahead: int = 1) -> None:
         super().__init__()
         if format == "iceberg" and type(self)._make_plan is StructuredDataset._make_plan:
             raise InvalidArgumentError("format: Iceberg tables are read by arrowstream.IcebergDataset(table=..., "
@@ -125,10 +129,12 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                 "even_batches=False and keep ranks in step yourself (torch.distributed.algorithms.Join), "
                 "or filter in transform= instead")
         self._state_options = {**self._options.state_options(), "even_batches": self._even_batches}
+        self._read_ahead_depth = check_int("read_ahead", read_ahead, 0)
         self._epoch_cell = torch.zeros(1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         self._pending: WorkerState | None = None
         self._active: _EpochIterator | None = None
         self._readers: list[SplitReader] = []
+        self._read_ahead: ReadAhead | None = None
         self._span_convert: Callable[[Any], Any] | None = None
         self._batches_per_transfer = 1  # set by ArrowStreamDataLoader for worker processes
         self._convert: Callable[[Any], Any] | None = None
@@ -146,11 +152,12 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         return storage, plan, None
 
     def _use_plan(self, storage: Storage, plan: Plan, snapshot: tuple[int, int] | None) -> None:
+        storage.read_ahead = self._read_ahead_depth
         self._storage, self._plan = storage, plan
         self._fill_nulls = resolve_fill_nulls(self._options.fill_nulls, plan.schema)
         snapshot_id, schema_id = snapshot if snapshot is not None else (None, None)
         self._data = DataIdentity(plan.data_fingerprint, len(plan.files), plan.num_rows, snapshot_id, schema_id)
-        self._readers = []
+        self._readers, self._read_ahead = [], None
         self._shares = {}
 
     def _follow_snapshot(self, saved: WorkerState) -> None:
@@ -388,8 +395,10 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         # one reader per interleaved split, each with a full read size: smaller reads of side-by-side
         # splits would save a little memory but decode about 20% slower
         read_rows = max(self._options.batch_size, READ_BATCH_ROWS)
-        self._readers = [SplitReader(self._plan, self._storage, read_rows, use_threads=not in_worker)
-                         for _ in range(self._options.interleave)]
+        prefetcher = self._storage.prefetcher
+        self._read_ahead = None if prefetcher is None else ReadAhead(self._plan, prefetcher, self._storage.read_ahead)
+        self._readers = [SplitReader(self._plan, self._storage, read_rows, use_threads=not in_worker,
+                                     read_ahead=self._read_ahead) for _ in range(self._options.interleave)]
         output_format = self._options.output_format
         if self._numpy_as_torch(in_worker):  # the trainer side makes the tensors (see _transport)
             output_format = "numpy"
@@ -412,8 +421,12 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                               batch_size=options.batch_size, interleave=options.interleave,
                               buffer_rows=options.shuffle_buffer_size, start=start.cursor)
             end = Cursor((), len(share.splits), replay_index=len(share.replays))
+            if self._read_ahead is not None:  # replays and ranges of another topology: no read-ahead
+                self._read_ahead.begin(())
         else:
             splits = self._slot_splits(slot, epoch)
+            if self._read_ahead is not None:
+                self._read_ahead.begin(splits)
             runs = open_runs(self._readers, splits, batch_size=options.batch_size, interleave=options.interleave,
                              buffer_rows=options.shuffle_buffer_size, start=start.cursor,
                              window_seed=functools.partial(window_seed, options.seed, epoch, slot))
@@ -491,7 +504,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_pending=None, _active=None, _readers=[], _convert=None, _span_convert=None)
+        state.update(_pending=None, _active=None, _readers=[], _read_ahead=None, _convert=None, _span_convert=None)
         return state
 
     def __repr__(self) -> str:

@@ -20,6 +20,7 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "seeded"))
 
 from helpers import write_dataset
+from servers import azure_server, gcs_server, s3_server, server_process_groups  # noqa: F401 (fixtures)
 
 # a test about to hit its timeout first makes every process below it print its stacks (workers
 # register the signal when this is set), so a hang in CI shows where each worker stood
@@ -46,10 +47,18 @@ def _catches_sigusr1(pid: int) -> bool:
     return bool(caught >> (signal.SIGUSR1 - 1) & 1)
 
 
+def _group(pid: int) -> int:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return -1
+
+
 def _print_stacks() -> None:
     faulthandler.dump_traceback(all_threads=True)
+    servers = server_process_groups()
     for pid in _descendants(os.getpid()):
-        if _catches_sigusr1(pid):
+        if _catches_sigusr1(pid) and _group(pid) not in servers:
             try:
                 os.kill(pid, signal.SIGUSR1)
             except OSError:

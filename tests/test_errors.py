@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import fsspec
@@ -144,7 +145,7 @@ def test_mixed_filesystems(small_dataset):
 
 
 class _DenyingFileSystem(MemoryFileSystem):
-    """Faults a local root cannot produce: permission denied on open."""
+    """Faults a local root cannot produce: permission denied on every read (open or ranged)."""
 
     protocol = "denying"
 
@@ -157,11 +158,16 @@ class _DenyingFileSystem(MemoryFileSystem):
             raise PermissionError(13, "Permission denied", path)
         return super()._open(path, mode, **kwargs)
 
+    def cat_file(self, path, start=None, end=None, **kwargs):
+        raise PermissionError(13, "Permission denied", path)
+
 
 def test_permission_denied_names_the_file():
     fsspec.register_implementation("denying", _DenyingFileSystem, clobber=True)
     fs = _DenyingFileSystem()
-    fs.pipe("/deny/a.parquet", b"PAR1")
+    buffer = io.BytesIO()
+    pq.write_table(make_table(0, 10), buffer)
+    fs.pipe("/deny/a.parquet", buffer.getvalue())
     with pytest.raises(errors.FileReadError, match=r"denying://.*a\.parquet.*permission denied") as info:
         StructuredDataset("denying://deny")
     assert isinstance(info.value, OSError)

@@ -45,6 +45,8 @@ class FileFooter:
     @property
     def handle_bytes(self) -> int:
         """Bytes the handle adds to a pickled plan."""
+        if isinstance(self.handle, tuple):  # byte ranges of units
+            return 16 * len(self.handle)
         size = getattr(self.handle, "serialized_size", 0)
         return int(size) if isinstance(size, int) else 0
 
@@ -75,6 +77,11 @@ class FileFormat(Protocol):
 
     def open(self, storage: Storage, footer: FileFooter) -> UnitFile:
         """Open a planned file for reading its units."""
+        ...
+
+    def byte_ranges(self, footer: FileFooter, units: Sequence[int], columns: list[str]) -> list[tuple[int, int]]:
+        """The ``[start, end)`` byte ranges reading ``units`` with ``columns`` needs, from the planned
+        metadata (for read-ahead); empty when the metadata did not travel with the plan."""
         ...
 
 

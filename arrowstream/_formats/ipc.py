@@ -80,6 +80,11 @@ def message_rows(metadata: bytes) -> int:
 
 def batch_sizes(source: pa.NativeFile) -> list[tuple[int, int]]:
     """(rows, body bytes) of every record batch of an IPC file, reading only metadata."""
+    return [(rows, body) for rows, _, body in batch_list(source)]
+
+
+def batch_list(source: pa.NativeFile) -> list[tuple[int, tuple[int, int], int]]:
+    """(rows, byte range of the whole message, body bytes) of every record batch of an IPC file."""
     size = source.size()
     source.seek(size - 10)
     tail = source.read(10)
@@ -91,7 +96,8 @@ def batch_sizes(source: pa.NativeFile) -> list[tuple[int, int]]:
     out = []
     for offset, metadata_length, body_length in record_batch_blocks(footer):
         source.seek(offset)
-        out.append((message_rows(source.read(metadata_length)), body_length))
+        out.append((message_rows(source.read(metadata_length)),
+                    (offset, offset + metadata_length + body_length), body_length))
     return out
 
 
@@ -102,7 +108,7 @@ class IpcFile:
 
     def __init__(self, storage: Storage, footer: FileFooter) -> None:
         self._mapped = storage.is_local
-        self._source = storage.open_input(footer.entry.path, memory_map=True)
+        self._source = storage.open_input(footer.entry, memory_map=True)
         self._schema = footer.schema
         self._readers: dict[tuple[str, ...], ipc.RecordBatchFileReader] = {}
 
@@ -134,18 +140,22 @@ class IpcFormat:
 
     def inspect(self, storage: Storage, entry: FileEntry, filter: pc.Expression | None,
                 filter_columns: list[str]) -> FileFooter:
-        with storage.open_input(entry.path) as source:
+        with storage.open_input(entry) as source:
             if source.read(4) == b"\xff\xff\xff\xff":
                 raise ValueError("this is an Arrow IPC *stream*, which has no footer to plan from; rewrite it as an "
                                  "IPC file (pyarrow.ipc.new_file, or feather.write_feather(..., version=2))")
             source.seek(0)
             schema = ipc.open_file(source).schema
-            batches = batch_sizes(source)
-        return FileFooter(entry, self.name, schema, tuple(r for r, _ in batches), tuple(b for _, b in batches),
-                          tuple(range(len(batches))))
+            batches = batch_list(source)
+        return FileFooter(entry, self.name, schema, tuple(r for r, _, _ in batches), tuple(b for _, _, b in batches),
+                          tuple(range(len(batches))), tuple(span for _, span, _ in batches))
 
     def open(self, storage: Storage, footer: FileFooter) -> IpcFile:
         return IpcFile(storage, footer)
+
+    def byte_ranges(self, footer: FileFooter, units: Sequence[int], columns: list[str]) -> list[tuple[int, int]]:
+        """The whole record-batch messages (a remote read then takes the columns' buffers from them)."""
+        return [footer.handle[unit] for unit in units] if footer.handle else []
 
 
 IPC = IpcFormat()

@@ -20,7 +20,7 @@ from ._base import FileFooter, sliced
 # field numbers in orc_proto.proto
 _TAIL_FOOTER = 2          # FileTail.footer
 _FOOTER_STRIPES = 3       # Footer.stripes
-_STRIPE_INDEX_LENGTH, _STRIPE_DATA_LENGTH, _STRIPE_FOOTER_LENGTH, _STRIPE_ROWS = 2, 3, 4, 5
+_STRIPE_OFFSET, _STRIPE_INDEX_LENGTH, _STRIPE_DATA_LENGTH, _STRIPE_FOOTER_LENGTH, _STRIPE_ROWS = 1, 2, 3, 4, 5
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -57,6 +57,11 @@ def proto_fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
 
 def stripe_sizes(tail: bytes) -> list[tuple[int, int]]:
     """(rows, bytes on disk) of every stripe, from an ORC ``serialized_file_tail``."""
+    return [(rows, size) for rows, _, size in stripe_list(tail)]
+
+
+def stripe_list(tail: bytes) -> list[tuple[int, int, int]]:
+    """(rows, offset, bytes on disk) of every stripe, from an ORC ``serialized_file_tail``."""
     footer = next((v for n, v in proto_fields(tail) if n == _TAIL_FOOTER), b"")
     assert isinstance(footer, bytes)
     stripes = []
@@ -64,7 +69,7 @@ def stripe_sizes(tail: bytes) -> list[tuple[int, int]]:
         if number == _FOOTER_STRIPES and isinstance(value, bytes):
             info = {n: v for n, v in proto_fields(value) if isinstance(v, int)}
             size = sum(info.get(n, 0) for n in (_STRIPE_INDEX_LENGTH, _STRIPE_DATA_LENGTH, _STRIPE_FOOTER_LENGTH))
-            stripes.append((info.get(_STRIPE_ROWS, 0), size))
+            stripes.append((info.get(_STRIPE_ROWS, 0), info.get(_STRIPE_OFFSET, 0), size))
     return stripes
 
 
@@ -72,7 +77,7 @@ class OrcFile:
     """An open ORC file; reads stripe after stripe (one stripe in memory at a time)."""
 
     def __init__(self, storage: Storage, footer: FileFooter) -> None:
-        self._source = storage.open_input(footer.entry.path)
+        self._source = storage.open_input(footer.entry)
         self._file = orc.ORCFile(self._source)
 
     def read_units(self, units: Sequence[int], columns: list[str], batch_rows: int,
@@ -90,18 +95,22 @@ class OrcFormat:
 
     def inspect(self, storage: Storage, entry: FileEntry, filter: pc.Expression | None,
                 filter_columns: list[str]) -> FileFooter:
-        with storage.open_input(entry.path) as source:
+        with storage.open_input(entry) as source:
             reader = orc.ORCFile(source)
-            stripes = stripe_sizes(reader.reader.serialized_file_tail())
-            if sum(rows for rows, _ in stripes) != reader.nrows or len(stripes) != reader.nstripes:
+            stripes = stripe_list(reader.reader.serialized_file_tail())
+            if sum(rows for rows, _, _ in stripes) != reader.nrows or len(stripes) != reader.nstripes:
                 raise ValueError(f"the stripe list of the file tail ({len(stripes)} stripes) disagrees with the "
                                  f"footer ({reader.nstripes} stripes, {reader.nrows} rows)")
-            rows = tuple(r for r, _ in stripes)
-            return FileFooter(entry, self.name, reader.schema, rows, tuple(b for _, b in stripes),
-                              tuple(range(len(stripes))))
+            rows = tuple(r for r, _, _ in stripes)
+            return FileFooter(entry, self.name, reader.schema, rows, tuple(b for _, _, b in stripes),
+                              tuple(range(len(stripes))), tuple((o, o + b) for _, o, b in stripes))
 
     def open(self, storage: Storage, footer: FileFooter) -> OrcFile:
         return OrcFile(storage, footer)
+
+    def byte_ranges(self, footer: FileFooter, units: Sequence[int], columns: list[str]) -> list[tuple[int, int]]:
+        """The whole stripes (their index, data and footer; the reader picks the columns' streams)."""
+        return [footer.handle[unit] for unit in units] if footer.handle else []
 
 
 ORC = OrcFormat()

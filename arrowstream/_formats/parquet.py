@@ -19,7 +19,7 @@ class ParquetFile:
     """An open Parquet file; reads runs of row groups."""
 
     def __init__(self, storage: Storage, footer: FileFooter) -> None:
-        self._source = storage.open_input(footer.entry.path)
+        self._source = storage.open_input(footer.entry)
         self._file = pq.ParquetFile(self._source, metadata=footer.handle)
 
     def read_units(self, units: Sequence[int], columns: list[str], batch_rows: int,
@@ -39,7 +39,7 @@ class ParquetFormat:
 
     def inspect(self, storage: Storage, entry: FileEntry, filter: pc.Expression | None,
                 filter_columns: list[str]) -> FileFooter:
-        with storage.open_input(entry.path) as source:
+        with storage.open_input(entry) as source:
             return self.inspect_source(source, entry, filter, filter_columns)
 
     def inspect_source(self, source: Any, entry: FileEntry, filter: pc.Expression | None,
@@ -56,6 +56,25 @@ class ParquetFormat:
 
     def open(self, storage: Storage, footer: FileFooter) -> ParquetFile:
         return ParquetFile(storage, footer)
+
+    def byte_ranges(self, footer: FileFooter, units: Sequence[int], columns: list[str]) -> list[tuple[int, int]]:
+        """The column chunks of ``columns`` in the row groups ``units``."""
+        metadata = footer.handle
+        if metadata is None:
+            return []
+        wanted = set(columns)
+        ranges = []
+        for unit in units:
+            group = metadata.row_group(unit)
+            for index in range(group.num_columns):
+                chunk = group.column(index)
+                if chunk.path_in_schema.split(".")[0] not in wanted:
+                    continue
+                start = chunk.data_page_offset
+                if chunk.has_dictionary_page and 0 < chunk.dictionary_page_offset < start:
+                    start = chunk.dictionary_page_offset
+                ranges.append((start, start + chunk.total_compressed_size))
+        return ranges
 
 
 PARQUET = ParquetFormat()

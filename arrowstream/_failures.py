@@ -1,0 +1,105 @@
+"""What a storage failure means: transient (retry), permission, missing, expired credentials, or data.
+
+Backends raise different things for the same HTTP answer: s3fs an ``OSError`` or
+``PermissionError`` (the botocore error as its cause), gcsfs an ``OSError`` with the reason as
+text or an ``HttpError`` with ``code``, adlfs Azure's ``HttpResponseError`` with ``status_code``.
+These functions look for the HTTP status along the exception's cause chain, then for the
+codes the stores write in their messages.
+"""
+
+from __future__ import annotations
+
+import errno
+
+import pyarrow as pa
+
+from .errors import CorruptFileError, FileReadError
+
+TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+_TRANSIENT_ERRNOS = frozenset({errno.ECONNRESET, errno.ECONNABORTED, errno.ECONNREFUSED,
+                               errno.ETIMEDOUT, errno.EAGAIN, errno.EPIPE, errno.EIO})
+_TRANSIENT_MARKERS = ("slowdown", "throttl", "timeout", "timed out", "connection reset", "service unavailable",
+                      "internal error", "internalerror", "serverbusy", "temporarily", "too many requests",
+                      "short read", "payload", "server disconnected")
+_PERMISSION_MARKERS = ("forbidden", "access denied", "accessdenied", "authorizationfailure", "authenticationfailed",
+                       "unauthorized", "invalidaccesskeyid", "signaturedoesnotmatch", "permission denied")
+_EXPIRED_MARKERS = ("expiredtoken", "token has expired", "token is expired", "expired token", "invalid_grant",
+                    "requestexpired", "authenticationfailed")
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and len(out) < 6 and current not in out:
+        out.append(current)
+        current = current.__cause__ or current.__context__
+    return out
+
+
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status behind a storage error, where the backend kept it."""
+    for error in _chain(exc):
+        for name in ("status_code", "code", "status"):
+            value = getattr(error, name, None)
+            if isinstance(value, int) and 100 <= value < 600:
+                return value
+        response = getattr(error, "response", None)
+        if isinstance(response, dict):
+            value = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if isinstance(value, int):
+                return value
+    return None
+
+
+def _text(exc: BaseException) -> str:
+    return " ".join(f"{type(e).__name__} {e}" for e in _chain(exc)).lower()
+
+
+def is_expired_credentials(exc: BaseException) -> bool:
+    """The store says the credentials expired (a credential provider can refresh them)."""
+    return any(marker in _text(exc) for marker in _EXPIRED_MARKERS)
+
+
+def is_permission(exc: BaseException) -> bool:
+    if isinstance(exc, PermissionError) or http_status(exc) in (401, 403):
+        return True
+    return any(marker in _text(exc) for marker in _PERMISSION_MARKERS)
+
+
+def is_missing(exc: BaseException) -> bool:
+    return isinstance(exc, FileNotFoundError) or http_status(exc) == 404
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for storage errors worth retrying: resets, timeouts, throttling, 5xx, short reads."""
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)) or is_expired_credentials(exc):
+        return False
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    status = http_status(exc)
+    if status is not None:
+        return status in TRANSIENT_STATUS
+    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
+        return True
+    if isinstance(exc, pa.ArrowInvalid):  # the data, not the wire
+        return False
+    return any(marker in _text(exc) for marker in _TRANSIENT_MARKERS)
+
+
+def wrap_read_error(exc: BaseException, url: str, label: str = "Parquet") -> BaseException:
+    """Turn a failed read into an arrowstream error that names the file and says what to do."""
+    what = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    if is_expired_credentials(exc):
+        return FileReadError(f"{url}: the storage credentials expired ({what}); pass credential_provider= to "
+                             "refresh them during a run (see docs/storage.md)")
+    if is_permission(exc):
+        return FileReadError(f"{url}: permission denied ({what}); check the credentials or file mode")
+    if is_missing(exc):
+        return FileReadError(f"{url}: the file disappeared after planning ({what}); "
+                             "the dataset changed while it was read: rebuild the dataset")
+    if is_transient(exc):
+        return FileReadError(f"{url}: storage kept failing after retries ({what})")
+    if isinstance(exc, (pa.ArrowException, ValueError, EOFError)) or not http_status(exc):
+        return CorruptFileError(f"{url}: not a readable {label} file ({what}); "
+                                "remove or rewrite the file, or leave it out of `path`")
+    return FileReadError(f"{url}: the storage refused the read ({what})")

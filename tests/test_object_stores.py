@@ -1,0 +1,257 @@
+"""The storage contract: local disk, ``memory://``, S3, GCS and Azure pass one suite.
+
+S3, GCS and Azure are real servers on loopback (moto, gcp-storage-emulator, Azurite; see
+``servers.py``), started once per session. Tests that count requests or inject faults put the
+proxy of ``proxy.py`` between the loader and the server: it adds latency, answers errors,
+resets connections and cuts responses short, on a seeded schedule.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import fsspec
+import pyarrow.parquet as pq
+import pytest
+from helpers import check_exactly_once, check_resume, ids_of, make_loader, make_table
+from proxy import start_proxy
+
+from arrowstream import StructuredDataset, errors
+
+LAYOUT = [(700, 150), (1300, 200), (450, 150)]   # (rows, row group rows) per file
+ROWS = sum(rows for rows, _ in LAYOUT)
+
+
+@dataclass
+class Where:
+    """A fresh folder on one storage: its URL and the options that reach it."""
+
+    url: str
+    storage_options: dict[str, Any]
+    protocol: str
+
+    def filesystem(self) -> fsspec.AbstractFileSystem:
+        return fsspec.filesystem(self.protocol, skip_instance_cache=True, **self.storage_options)
+
+
+def write_files(where: Where, layout=LAYOUT) -> str:
+    fs = where.filesystem()
+    fs.makedirs(where.url, exist_ok=True)
+    start = 0
+    for index, (rows, group) in enumerate(layout):
+        with fs.open(f"{where.url}/part-{index}.parquet", "wb") as f:
+            pq.write_table(make_table(start, rows), f, row_group_size=group)
+        start += rows
+    return where.url
+
+
+def read_ids(loader, dataset, epoch=0) -> list[list[int]]:
+    dataset.set_epoch(epoch)
+    return [ids_of(batch) for batch in loader]
+
+
+class StorageContract:
+    """What every storage passes; subclasses provide the ``where`` fixture. (``memory://`` lives in one
+    process: forked workers see it, spawned ones an empty store, so start methods are tested apart.)"""
+
+    def factory(self, where: Where):
+        def build(path, num_workers, **options):
+            return make_loader(path, num_workers, storage_options=where.storage_options, **options)
+        return build
+
+    def test_exactly_once_and_exact_resume(self, where):
+        path = write_files(where)
+        options = {"batch_size": 64, "shuffle": True, "seed": 4, "shuffle_buffer_size": 300, "interleave": 2}
+
+        def rows_of_epoch(batches, dataset):
+            check_exactly_once(batches, ROWS)
+
+        check_resume(path, 2, options, rows_of_epoch, mid=6, factory=self.factory(where))
+
+    def test_orc_and_ipc_files(self, where):
+        from pyarrow import ipc, orc
+
+        fs = where.filesystem()
+        for folder in ("orc", "arrow"):
+            fs.makedirs(f"{where.url}/{folder}", exist_ok=True)
+        table = make_table(0, 900).drop_columns(["vec"])
+        with fs.open(f"{where.url}/orc/a.orc", "wb") as f:
+            orc.write_table(table, f, stripe_size=1, batch_size=200)
+        with fs.open(f"{where.url}/arrow/a.arrow", "wb") as f, ipc.new_file(f, table.schema) as writer:
+            writer.write_table(table, max_chunksize=200)
+        for file_format in ("orc", "arrow"):
+            loader, dataset = make_loader(f"{where.url}/{file_format}", 2, format=file_format, batch_size=64,
+                                          storage_options=where.storage_options, shuffle=True)
+            assert len(dataset._plan.splits) == 5
+            assert sorted(i for batch in read_ids(loader, dataset) for i in batch) == list(range(900))
+
+    def test_a_missing_path_is_named(self, where):
+        with pytest.raises(errors.DatasetNotFoundError, match="nothing-here"):
+            StructuredDataset(f"{where.url}/nothing-here/", storage_options=where.storage_options)
+
+    def test_a_file_removed_after_planning_is_named(self, where):
+        path = write_files(where)
+        dataset = StructuredDataset(path, batch_size=100, storage_options=where.storage_options)
+        where.filesystem().rm(f"{path}/part-1.parquet")
+        with pytest.raises(errors.FileReadError, match=r"part-1\.parquet.*(disappeared|not found|does not exist)"):
+            for _ in dataset:
+                pass
+
+
+class ProcessesContract(StorageContract):
+    """Storages that worker processes of any start method reach (all but ``memory://``)."""
+
+    @pytest.mark.parametrize("context", ["spawn", "forkserver"])
+    def test_workers_of_every_start_method_read_after_planning_in_the_parent(self, where, context):
+        path = write_files(where)
+        loader, dataset = make_loader(path, 2, storage_options=where.storage_options, batch_size=100,
+                                      multiprocessing_context=context)
+        ids = [i for batch in read_ids(loader, dataset) for i in batch]
+        assert sorted(ids) == list(range(ROWS))
+
+
+class TestLocal(ProcessesContract):
+    @pytest.fixture
+    def where(self, tmp_path):
+        return Where(str(tmp_path / "data"), {}, "file")
+
+
+class TestMemory(StorageContract):
+    @pytest.fixture
+    def where(self):
+        url = f"memory://arrowstream-{uuid.uuid4().hex[:8]}"
+        yield Where(url, {}, "memory")
+        fs = fsspec.filesystem("memory")
+        if fs.exists(url):
+            fs.rm(url, recursive=True)
+
+
+class RemoteContract(ProcessesContract):
+    """Object stores: also request counts and faults through the proxy."""
+
+    server_fixture: ClassVar[str]
+
+    @pytest.fixture
+    def server(self, request):
+        return request.getfixturevalue(self.server_fixture)
+
+    @pytest.fixture
+    def where(self, server):
+        return Where(server.url(f"t-{uuid.uuid4().hex[:8]}"), server.storage_options, server.protocol)
+
+    @pytest.fixture
+    def proxied(self, server, where):
+        """(where through the proxy, the proxy)."""
+        with start_proxy(server.endpoint) as proxy:
+            proxy.configure(flavor=server.protocol)
+            yield Where(where.url, server.options_via(proxy.endpoint), where.protocol), proxy
+
+    def test_planning_lists_once_and_workers_list_nothing(self, where, proxied):
+        write_files(where)
+        via, proxy = proxied
+        proxy.reset()
+        loader, dataset = make_loader(via.url, 2, storage_options=via.storage_options, batch_size=100)
+        planning = proxy.stats()["counts"]
+        assert planning.get("list", 0) <= 2          # the folder listed once (plus an info of the path)
+        assert planning.get("read", 0) <= len(LAYOUT) * 2   # a footer read per file, at most one retry
+        proxy.reset()
+        ids = [i for batch in read_ids(loader, dataset) for i in batch]
+        reading = proxy.stats()["counts"]
+        assert sorted(ids) == list(range(ROWS))
+        assert reading.get("list", 0) == 0
+        groups = sum(-(-rows // group) for rows, group in LAYOUT)
+        assert reading.get("read", 0) <= groups + len(LAYOUT)   # one coalesced request per row group
+
+    def test_transient_faults_are_retried_without_loss_or_repeat(self, where, proxied):
+        path = write_files(where)
+        via, proxy = proxied
+        reference = read_ids(*make_loader(path, 2, storage_options=where.storage_options, batch_size=64,
+                                          shuffle=True, seed=2))
+        proxy.configure(flavor=where.protocol, error_rate=0.15, error_status=503, reset_rate=0.05,
+                        short_rate=0.05, seed=7)
+        got = read_ids(*make_loader(via.url, 2, storage_options=via.storage_options, batch_size=64,
+                                    shuffle=True, seed=2))
+        assert got == reference
+        assert sum(proxy.stats()["injected"].values()) >= 3
+
+    def test_permission_denied_fails_fast_and_names_the_object(self, where, proxied):
+        write_files(where)
+        via, proxy = proxied
+        dataset = None
+        proxy.configure(flavor=where.protocol, error_rate=1.0, error_status=403)
+        with pytest.raises(errors.FileReadError, match=r"part-0\.parquet.*(permission|denied|credentials)"):
+            dataset = StructuredDataset(via.url, batch_size=100, storage_options=via.storage_options)
+        assert dataset is None
+        assert proxy.stats()["injected"].get("error", 0) <= 4   # not retried as if transient
+
+    def secret_options(self, server) -> dict[str, Any]:
+        """Working storage_options whose credentials are long, unique strings."""
+        return server.storage_options
+
+    def test_credentials_appear_nowhere(self, where, server, proxied, caplog):
+        options = self.secret_options(server)
+        secrets = [v for k, v in options.items() if k in ("key", "secret", "token", "connection_string")
+                   and isinstance(v, str) and len(v) > 8]
+        path = write_files(where)
+        caplog.set_level(logging.DEBUG, logger="arrowstream")
+        loader, dataset = make_loader(path, 2, batch_size=100, storage_options=options)
+        texts = [repr(dataset), repr(loader), repr(dataset._storage)]
+        dataset.set_epoch(0)
+        next(iter(loader))
+        texts.append(json.dumps(loader.state_dict()))
+        with pytest.raises(errors.ArrowStreamError) as missing:
+            StructuredDataset(f"{where.url}/nothing-here/", storage_options=options)
+        via, proxy = proxied
+        proxy.configure(flavor=where.protocol, error_rate=0.3, reset_rate=0.1, seed=3)  # retried and logged
+        read_ids(*make_loader(via.url, 0, batch_size=100, storage_options={**via.storage_options, **{
+            k: v for k, v in options.items() if k in ("key", "secret")}}))
+        proxy.configure(flavor=where.protocol, error_rate=1.0, error_status=403)
+        with pytest.raises(errors.ArrowStreamError) as failing:
+            StructuredDataset(via.url, storage_options={**via.storage_options, **{
+                k: v for k, v in options.items() if k in ("key", "secret")}}, batch_size=100)
+        texts += [str(missing.value), str(failing.value), caplog.text]
+        for secret in secrets:
+            assert not any(secret in text for text in texts)
+
+
+class TestS3(RemoteContract):
+    server_fixture = "s3_server"
+
+    def secret_options(self, server) -> dict[str, Any]:  # moto takes any key
+        return {**server.storage_options, "key": f"AKIA{uuid.uuid4().hex[:16].upper()}",
+                "secret": f"s3cr3t/{uuid.uuid4().hex}"}
+
+
+class TestGcs(RemoteContract):
+    server_fixture = "gcs_server"
+
+
+class TestAzure(RemoteContract):
+    server_fixture = "azure_server"
+
+    @pytest.fixture(autouse=True)
+    def _quick_sdk_backoff(self, monkeypatch):
+        """The Azure SDK waits 15 s and more between its own retries and adlfs exposes no setting for it;
+        fault tests would take minutes. Forked workers inherit the shorter wait (arrowstream's retries
+        and the SDK's retry count are unchanged)."""
+        from azure.storage.blob._shared import policies, policies_async
+
+        for retry in (policies.ExponentialRetry, policies_async.ExponentialRetry):  # adlfs uses the async one
+            monkeypatch.setattr(retry, "get_backoff_time", lambda self, settings: 0.05)
+
+
+def test_request_counts_are_those_of_the_reads(s3_server):
+    """The proxy's own check: it counts what a plain client does."""
+    with start_proxy(s3_server.endpoint) as proxy:
+        fs = fsspec.filesystem("s3", skip_instance_cache=True, **s3_server.options_via(proxy.endpoint))
+        url = s3_server.url(f"count-{uuid.uuid4().hex[:6]}")
+        fs.pipe(f"{url}/a", b"x" * 100)
+        proxy.reset()
+        fs.cat_file(f"{url}/a", start=0, end=10)
+        fs.find(url)
+        assert Counter(proxy.stats()["counts"]) >= Counter({"read": 1, "list": 1})
