@@ -76,7 +76,7 @@ def read_footer(storage: Storage, file_format: FileFormat, entry: FileEntry, fil
     """Read one file's metadata, retrying transient errors; name the file when it cannot be read."""
     url = display_url(storage.protocol, entry.path)
     try:
-        return storage.retry.call(lambda: file_format.inspect(storage, entry, filter, filter_columns), url)
+        return storage.call(lambda: file_format.inspect(storage, entry, filter, filter_columns), url)
     except ArrowStreamError:
         raise
     except Exception as exc:  # backends raise their own types (Azure's HttpResponseError): classified

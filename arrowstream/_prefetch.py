@@ -66,6 +66,14 @@ class Prefetcher:
         self.requests = 0          # ranged requests made by fetches (for tests and metrics)
         self.direct_requests = 0   # reads no fetch covered
 
+    def replace_filesystem(self, fs: Any) -> None:
+        """Fetch with ``fs`` from now on (credentials were refreshed); fetches in flight are dropped."""
+        with self._lock:
+            fetches, self._fetches = list(self._fetches.values()), {}
+            self._fs = fs
+        for fetch in fetches:
+            fetch.future.cancel()
+
     def schedule(self, key: Any, path: str, ranges: Sequence[tuple[int, int]]) -> None:
         """Fetch ``ranges`` of ``path`` in the background, unless ``key`` is fetched or the depth is full."""
         with self._lock:

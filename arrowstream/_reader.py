@@ -16,11 +16,11 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from ._failures import is_transient, wrap_read_error
+from ._failures import is_expired_credentials, is_transient, wrap_read_error
 from ._formats import UnitFile, get_format
 from ._planning import Plan, Split
 from ._prefetch import Prefetcher
-from ._storage import Storage, logger
+from ._storage import MAX_REFRESHES, Storage, logger
 
 _ROW_INDEX = "__arrowstream_source_offset"
 
@@ -125,7 +125,7 @@ class SplitReader:
                 self._read_ahead.finished(position)
 
     def _read_retrying(self, split: Split, position: int, offset: int) -> Iterator[Piece]:
-        attempt = 0
+        attempt = refreshes = 0
         while offset < split.num_rows:
             try:
                 for piece in self._read_once(split, position, offset):
@@ -136,6 +136,11 @@ class SplitReader:
             except Exception as exc:
                 self.close()
                 url = self._plan.url(split.file_index)
+                if refreshes < MAX_REFRESHES and is_expired_credentials(exc) and self._storage.refresh_credentials():
+                    logger.warning("credentials expired reading %s at row %d; asked the credential provider again",
+                                   url, offset)
+                    refreshes += 1
+                    continue
                 if is_transient(exc) and attempt < self._storage.retry.attempts - 1:
                     logger.warning("transient error reading %s at row %d (attempt %d): %s",
                                    url, offset, attempt + 1, type(exc).__name__)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import fsspec
 import pyarrow as pa
 
-from ._failures import is_transient
+from ._failures import is_expired_credentials, is_transient
 from ._prefetch import PartsFile, Prefetcher
 from .errors import MissingDependencyError
 
@@ -31,6 +31,7 @@ logger = logging.getLogger("arrowstream")
 T = TypeVar("T")
 
 _LOCAL_PROTOCOLS = frozenset({"file", "local"})
+MAX_REFRESHES = 3  # credential refreshes in a row before an expired-credentials error is raised
 _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure",
            "abfss": "azure", "adl": "azure"}
 def display_url(protocol: str, path: str) -> str:
@@ -69,13 +70,16 @@ class Storage:
     """The filesystem of a dataset: protocol and options, opened lazily once per process."""
 
     def __init__(self, protocol: str, storage_options: dict[str, Any] | None = None,
-                 retry: RetryPolicy | None = None) -> None:
+                 retry: RetryPolicy | None = None,
+                 credential_provider: Callable[[], dict[str, Any]] | None = None) -> None:
         self.protocol = protocol
         self._options = dict(storage_options or {})
+        self._credential_provider = credential_provider
         self.retry = retry or RetryPolicy()
         self._fs: fsspec.AbstractFileSystem | None = None
         self._pid = -1
         self.read_ahead = 0        # splits fetched ahead by each worker (remote storage); set by the dataset
+        self.read_lanes = 1        # splits read at once (interleave); set by the dataset
         self._prefetcher: Prefetcher | None = None
         self._prefetcher_pid = -1
 
@@ -83,12 +87,45 @@ class Storage:
     def is_local(self) -> bool:
         return self.protocol in _LOCAL_PROTOCOLS
 
+    def options(self) -> dict[str, Any]:
+        """``storage_options`` with what the credential provider returns now laid over them."""
+        if self._credential_provider is None:
+            return dict(self._options)
+        fresh = self._credential_provider()
+        if not isinstance(fresh, dict):
+            from .errors import ArgumentTypeError
+            raise ArgumentTypeError(f"credential_provider: must return a dict of storage options, got "
+                                    f"{type(fresh).__name__}")
+        return {**self._options, **fresh}
+
     @property
     def fs(self) -> fsspec.AbstractFileSystem:
         if self._fs is None or self._pid != os.getpid():
-            self._fs = open_filesystem(self.protocol, self._options, fresh=self._fs is not None)
+            self._fs = open_filesystem(self.protocol, self.options(), fresh=True)
             self._pid = os.getpid()
         return self._fs
+
+    def refresh_credentials(self) -> bool:
+        """Ask the credential provider again and reopen the filesystem; False without a provider."""
+        if self._credential_provider is None:
+            return False
+        self._fs, self._pid = open_filesystem(self.protocol, self.options(), fresh=True), os.getpid()
+        if self._prefetcher is not None and self._prefetcher_pid == os.getpid():
+            self._prefetcher.replace_filesystem(self._fs)
+        return True
+
+    def call(self, fn: Callable[[], T], what: str) -> T:
+        """Run ``fn`` with retries of transient errors, refreshing expired credentials (at most 3 times)."""
+        refreshes = 0
+        while True:
+            try:
+                return self.retry.call(fn, what)
+            except Exception as exc:
+                if refreshes < MAX_REFRESHES and is_expired_credentials(exc) and self.refresh_credentials():
+                    refreshes += 1
+                    logger.warning("credentials expired reading %s; asked the credential provider again", what)
+                    continue
+                raise
 
     def open_input(self, entry: FileEntry, memory_map: bool = False) -> pa.NativeFile:
         """Open one file for random-access reading (memory-mapped when local and asked for).
@@ -108,7 +145,7 @@ class Storage:
         if self.is_local or self.read_ahead == 0:
             return None
         if self._prefetcher is None or self._prefetcher_pid != os.getpid():
-            self._prefetcher = Prefetcher(self.fs, self.read_ahead)
+            self._prefetcher = Prefetcher(self.fs, self.read_ahead + self.read_lanes)
             self._prefetcher_pid = os.getpid()
         return self._prefetcher
 

@@ -82,6 +82,10 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             type it suits (``0``: int and float columns). Without it such a null raises
             ``NullValueError``; fill values a column cannot hold raise at construction.
         storage_options: fsspec options (credentials); never written into state or logs.
+        credential_provider: A callable (picklable: it travels to workers) returning storage options
+            with fresh credentials, laid over ``storage_options``. It is called when each process
+            opens its filesystem and again whenever the store answers that the credentials
+            expired; the read then continues where it stood. See docs/storage.md.
         read_ahead: On object stores, how many splits after the ones being read each worker
             fetches in the background (coalesced byte ranges, concurrently); ``0`` turns
             read-ahead off. Memory: about that many splits' compressed bytes per worker, plus
@@ -106,7 +110,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                  split_bytes: int | None = None, fill_nulls: Any = None,
                  storage_options: dict[str, Any] | None = None, accelerator: Any = None,
                  rank: int | None = None, world_size: int | None = None, even_batches: bool = True,
-                 group_size: int = 1, read_ahead: int = 1) -> None:
+                 group_size: int = 1, read_ahead: int = 1,
+                 credential_provider: Callable[[], dict[str, Any]] | None = None) -> None:
         super().__init__()
         if format == "iceberg" and type(self)._make_plan is StructuredDataset._make_plan:
             raise InvalidArgumentError("format: Iceberg tables are read by arrowstream.IcebergDataset(table=..., "
@@ -118,6 +123,10 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             fill_nulls=fill_nulls)
         if storage_options is not None and not isinstance(storage_options, dict):
             raise ArgumentTypeError(f"storage_options: expected a dict, got {type(storage_options).__name__}")
+        if credential_provider is not None and not callable(credential_provider):
+            raise ArgumentTypeError(f"credential_provider: expected a callable returning storage options, got "
+                                    f"{type(credential_provider).__name__}")
+        self._credential_provider = credential_provider
         self._topology = resolve_topology(rank, world_size, accelerator, group_size)
         self._rank, self._world_size = self._topology.data_rank, self._topology.data_world_size
         # with one reader of distinct data there is nothing to even out
@@ -144,15 +153,16 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
 
     def _make_plan(self, path: Any, storage_options: dict[str, Any] | None) -> tuple[Storage, Plan, tuple[int, int] | None]:
         """List the files and read their metadata: the storage, the plan and the snapshot it pins."""
-        protocol, entries = discover_files(path, storage_options)
-        storage = Storage(protocol, storage_options)
+        options = Storage("", storage_options, credential_provider=self._credential_provider).options()
+        protocol, entries = discover_files(path, options)
+        storage = Storage(protocol, storage_options, credential_provider=self._credential_provider)
         columns = list(self._options.columns) if self._options.columns else None
         plan = plan_files(storage, entries, get_format(self._options.format), columns=columns,
                           filter=self._options.filter, split_bytes=self._options.split_bytes)
         return storage, plan, None
 
     def _use_plan(self, storage: Storage, plan: Plan, snapshot: tuple[int, int] | None) -> None:
-        storage.read_ahead = self._read_ahead_depth
+        storage.read_ahead, storage.read_lanes = self._read_ahead_depth, self._options.interleave
         self._storage, self._plan = storage, plan
         self._fill_nulls = resolve_fill_nulls(self._options.fill_nulls, plan.schema)
         snapshot_id, schema_id = snapshot if snapshot is not None else (None, None)

@@ -255,3 +255,85 @@ def test_request_counts_are_those_of_the_reads(s3_server):
         fs.cat_file(f"{url}/a", start=0, end=10)
         fs.find(url)
         assert Counter(proxy.stats()["counts"]) >= Counter({"read": 1, "list": 1})
+
+
+class RotatingKeys:
+    """A credential provider: the keys of ``keys`` in turn, one more each time a process asks again.
+
+    Its first answer in every process is a key the store already considers expired, so every
+    worker meets an expired-token error and must ask again. Picklable, as a provider must be.
+    """
+
+    def __init__(self, keys: list[str], calls_file: str) -> None:
+        self.keys, self.calls_file = keys, calls_file
+        self._calls: dict[int, int] = {}
+
+    def __call__(self) -> dict[str, Any]:
+        import os
+
+        count = self._calls.get(os.getpid(), 0)
+        self._calls[os.getpid()] = count + 1
+        with open(self.calls_file, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        key = self.keys[min(count, len(self.keys) - 1)]
+        return {"key": key, "secret": f"secret-of-{key}"}
+
+
+class KeyFile:
+    """A credential provider that reads the current key from a file, as a token refresher would."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self) -> dict[str, Any]:
+        with open(self.path) as f:
+            key = f.read().strip()
+        return {"key": key, "secret": f"secret-of-{key}"}
+
+
+def _expiry_setup(s3_server, num_workers):
+    where = Where(s3_server.url(f"creds-{uuid.uuid4().hex[:8]}"), s3_server.storage_options, "s3")
+    path = write_files(where)
+    reference = read_ids(*make_loader(path, num_workers, storage_options=where.storage_options, batch_size=64,
+                                      shuffle=True, seed=5))
+    return path, reference
+
+
+def test_credentials_expiring_mid_run_are_refreshed_and_the_read_goes_on(s3_server, tmp_path, caplog):
+    path, reference = _expiry_setup(s3_server, 0)
+    key_file = tmp_path / "key"
+    key_file.write_text("AKIAOLDOLDOLDOLD")
+    with start_proxy(s3_server.endpoint) as proxy:
+        options = {k: v for k, v in s3_server.options_via(proxy.endpoint).items() if k not in ("key", "secret")}
+        caplog.set_level(logging.WARNING, logger="arrowstream")
+        loader, dataset = make_loader(path, 0, batch_size=64, shuffle=True, seed=5, storage_options=options,
+                                      credential_provider=KeyFile(str(key_file)), read_ahead=0)
+        dataset.set_epoch(0)
+        got = []
+        for step, batch in enumerate(loader):
+            got.append(ids_of(batch))
+            if step == 3:   # the key is rotated and the old one expires, mid-epoch
+                key_file.write_text("AKIANEWNEWNEWNEW")
+                proxy.configure(expired_keys=["AKIAOLDOLDOLDOLD"])
+        injected = proxy.stats()["injected"]
+    assert got == reference
+    assert injected.get("expired", 0) >= 1
+    assert "credentials expired" in caplog.text
+    assert "secret-of" not in caplog.text and "NEWNEW" not in caplog.text
+
+
+def test_every_worker_refreshes_expired_credentials(s3_server, tmp_path):
+    path, reference = _expiry_setup(s3_server, 2)
+    calls = tmp_path / "calls.txt"
+    with start_proxy(s3_server.endpoint) as proxy:
+        options = {k: v for k, v in s3_server.options_via(proxy.endpoint).items() if k not in ("key", "secret")}
+        provider = RotatingKeys(["AKIAOLDOLDOLDOLD", "AKIANEWNEWNEWNEW"], str(calls))
+        loader, dataset = make_loader(path, 2, batch_size=64, shuffle=True, seed=5, storage_options=options,
+                                      credential_provider=provider)
+        proxy.configure(expired_keys=["AKIAOLDOLDOLDOLD"])   # what each worker is given first has expired
+        got = read_ids(loader, dataset)
+        injected = proxy.stats()["injected"]
+    assert got == reference
+    assert injected.get("expired", 0) >= 2
+    worker_calls = Counter(calls.read_text().split())
+    assert sum(1 for count in worker_calls.values() if count >= 2) >= 2   # each worker asked again
