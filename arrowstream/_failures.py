@@ -20,11 +20,12 @@ _TRANSIENT_ERRNOS = frozenset({errno.ECONNRESET, errno.ECONNABORTED, errno.ECONN
                                errno.ETIMEDOUT, errno.EAGAIN, errno.EPIPE, errno.EIO})
 _TRANSIENT_MARKERS = ("slowdown", "throttl", "timeout", "timed out", "connection reset", "service unavailable",
                       "internal error", "internalerror", "serverbusy", "temporarily", "too many requests",
-                      "short read", "payload", "server disconnected")
+                      "short read", "payload", "server disconnected", "could not connect", "connection refused",
+                      "endpointconnectionerror", "connect timeout", "connection aborted")
 _PERMISSION_MARKERS = ("forbidden", "access denied", "accessdenied", "authorizationfailure", "authenticationfailed",
                        "unauthorized", "invalidaccesskeyid", "signaturedoesnotmatch", "permission denied")
 _EXPIRED_MARKERS = ("expiredtoken", "token has expired", "token is expired", "expired token", "invalid_grant",
-                    "requestexpired", "authenticationfailed")
+                    "requestexpired")
 
 
 def _chain(exc: BaseException) -> list[BaseException]:

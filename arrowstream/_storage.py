@@ -44,7 +44,7 @@ def display_url(protocol: str, path: str) -> str:
 class RetryPolicy:
     """Exponential backoff with full jitter for transient storage errors."""
 
-    def __init__(self, attempts: int = 5, base_delay: float = 0.05, max_delay: float = 2.0) -> None:
+    def __init__(self, attempts: int = 5, base_delay: float = 0.1, max_delay: float = 2.0) -> None:
         self.attempts = attempts
         self.base_delay = base_delay
         self.max_delay = max_delay
