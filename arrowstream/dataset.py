@@ -34,7 +34,7 @@ from ._stream import EpochStream, open_runs
 from ._topology import resolve_topology
 from ._transport import Chunk
 from ._watchdog import watch_trainer
-from .errors import ArgumentTypeError, InvalidArgumentError, StateMismatchError
+from .errors import ArgumentTypeError, ArrowStreamError, InvalidArgumentError, StateMismatchError
 
 if TYPE_CHECKING:
     from .loader import ArrowStreamDataLoader
@@ -152,7 +152,32 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._use_plan(*self._make_plan(path, storage_options))
 
     def _make_plan(self, path: Any, storage_options: dict[str, Any] | None) -> tuple[Storage, Plan, tuple[int, int] | None]:
-        """List the files and read their metadata: the storage, the plan and the snapshot it pins."""
+        """The storage, the plan and the snapshot it pins. Under torch.distributed (ranks taken from it),
+        rank 0 lists and reads the metadata once and hands the plan to the other ranks, which list nothing."""
+        if self._topology.source not in ("torch.distributed", "accelerator") or self._topology.world_size == 1:
+            return self._plan_here(path, storage_options)
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return self._plan_here(path, storage_options)
+        payload: list[Any] = [None]
+        failure: Exception | None = None
+        if dist.get_rank() == 0:
+            try:
+                payload = [("plan", self._plan_here(path, storage_options))]
+            except Exception as exc:  # noqa: BLE001 - every rank raises it, instead of the others waiting forever
+                failure = exc
+                payload = [("error", exc if isinstance(exc, ArrowStreamError) else RuntimeError(repr(exc)))]
+        dist.broadcast_object_list(payload, src=0)
+        kind, value = payload[0]
+        if failure is not None:
+            raise failure
+        if kind == "error":
+            raise value
+        return value  # type: ignore[no-any-return]
+
+    def _plan_here(self, path: Any, storage_options: dict[str, Any] | None) -> tuple[Storage, Plan, None]:
+        """List the files and read their metadata in this process."""
         options = Storage("", storage_options, credential_provider=self._credential_provider).options()
         protocol, entries = discover_files(path, options)
         storage = Storage(protocol, storage_options, credential_provider=self._credential_provider)

@@ -337,3 +337,22 @@ def test_every_worker_refreshes_expired_credentials(s3_server, tmp_path):
     assert injected.get("expired", 0) >= 2
     worker_calls = Counter(calls.read_text().split())
     assert sum(1 for count in worker_calls.values() if count >= 2) >= 2   # each worker asked again
+
+
+def test_only_rank_zero_lists_and_reads_footers_under_torchrun(s3_server, tmp_path):
+    """Under torch.distributed, rank 0 plans and hands the plan to the other ranks: one listing and one
+    footer read per file for the whole job, however many ranks."""
+    from test_distributed import check_epoch, torchrun
+
+    where = Where(s3_server.url(f"ranks-{uuid.uuid4().hex[:8]}"), s3_server.storage_options, "s3")
+    path = write_files(where)
+    with start_proxy(s3_server.endpoint) as proxy:
+        options = {"batch_size": 50, "shuffle": True, "seed": 1, "storage_options": s3_server.options_via(proxy.endpoint)}
+        scenarios = [{"name": "s3", "path": path, "num_workers": 1, "epochs": [0], "options": options}]
+        proxy.reset()
+        per_rank = torchrun(3, {"scenarios": scenarios}, tmp_path)
+        counts = proxy.stats()["counts"]
+    check_epoch(per_rank, "s3", "0", ROWS)
+    assert counts.get("list", 0) <= 2                        # rank 0's listing, not one per rank
+    groups = sum(-(-rows // group) for rows, group in LAYOUT)
+    assert counts.get("read", 0) <= len(LAYOUT) + groups      # footers once, then one request per row group
