@@ -60,7 +60,8 @@ class Prefetcher:
     def __init__(self, fs: Any, depth: int) -> None:
         self._fs = fs
         self.depth = depth
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arrowstream-read-ahead")
+        # one thread per split that may be in flight: the splits ahead are fetched at the same time
+        self._pool = ThreadPoolExecutor(max_workers=max(depth, 1), thread_name_prefix="arrowstream-read-ahead")
         self._fetches: dict[Any, _Fetch] = {}
         self._lock = threading.Lock()
         self.requests = 0          # ranged requests made by fetches (for tests and metrics)
