@@ -86,8 +86,10 @@ def _list_one(fs: fsspec.AbstractFileSystem, protocol: str, url: str, path: str)
     return {path: info}
 
 
-def discover_files(path: Any, storage_options: dict[str, Any] | None) -> tuple[str, list[FileEntry]]:
-    """List the files of ``path`` once: returns the fsspec protocol and the files, sorted by path.
+def discover_files(path: Any, storage_options: dict[str, Any] | None,
+                   ) -> tuple[str, list[FileEntry], fsspec.AbstractFileSystem]:
+    """List the files of ``path`` once: returns the fsspec protocol, the files sorted by path, and the
+    filesystem that listed them (the main process reads the footers with it).
 
     Directories are listed recursively, skipping names that start with ``.`` or ``_``
     (``_SUCCESS``, ``.crc``), as pyarrow.dataset does. Names are relative to the files'
@@ -119,5 +121,6 @@ def discover_files(path: Any, storage_options: dict[str, Any] | None) -> tuple[s
     entries = [FileEntry(path=p, name=posixpath.relpath(p, root) if root else p,
                          size=int(infos[p].get("size") or 0), tag=_modification_tag(infos[p]))
                for p in paths]
-    return protocol, entries
+    assert fs is not None
+    return protocol, entries, fs
 

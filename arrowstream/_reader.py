@@ -76,6 +76,8 @@ class ReadAhead:
 
     def started(self, position: int) -> None:
         for ahead in range(position, min(len(self._order), position + 1 + self._depth)):
+            if self._prefetcher.scheduled((self._token, ahead)):
+                continue
             split = self._order[ahead]
             footer = self._plan.files[split.file_index]
             units = list(range(split.unit_start, split.unit_stop))

@@ -221,8 +221,9 @@ def check_compatible(saved: WorkerState, data: DataIdentity, options: dict[str, 
     if (saved.data.snapshot_id, saved.data.schema_id) != (data.snapshot_id, data.schema_id):
         raise StateMismatchError(
             f"checkpoint was taken on snapshot {saved.data.snapshot_id} (schema {saved.data.schema_id}) of the "
-            f"table, this dataset reads snapshot {data.snapshot_id} (schema {data.schema_id}); build the dataset with snapshot_id={saved.data.snapshot_id} (or None, and the "
-            "checkpoint's snapshot is followed), or start without loading the checkpoint")
+            f"table, this dataset reads snapshot {data.snapshot_id} (schema {data.schema_id}); build the dataset "
+            f"with snapshot_id={saved.data.snapshot_id} (or None, and the checkpoint's snapshot is followed), "
+            "or start without loading the checkpoint")
     if saved.data.fingerprint != data.fingerprint:
         raise StateMismatchError(
             f"checkpoint was taken on {saved.data.num_files} file(s) with {saved.data.num_rows} rows "

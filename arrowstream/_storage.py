@@ -66,18 +66,34 @@ class RetryPolicy:
         raise AssertionError("unreachable")
 
 
+def current_options(storage_options: dict[str, Any] | None,
+                    credential_provider: Callable[[], dict[str, Any]] | None) -> dict[str, Any]:
+    """``storage_options`` with what ``credential_provider`` returns now laid over them."""
+    options = dict(storage_options or {})
+    if credential_provider is None:
+        return options
+    fresh = credential_provider()
+    if not isinstance(fresh, dict):
+        from .errors import ArgumentTypeError
+        raise ArgumentTypeError(f"credential_provider: must return a dict of storage options, got "
+                                f"{type(fresh).__name__}")
+    return {**options, **fresh}
+
+
 class Storage:
     """The filesystem of a dataset: protocol and options, opened lazily once per process."""
 
     def __init__(self, protocol: str, storage_options: dict[str, Any] | None = None,
                  retry: RetryPolicy | None = None,
-                 credential_provider: Callable[[], dict[str, Any]] | None = None) -> None:
+                 credential_provider: Callable[[], dict[str, Any]] | None = None,
+                 filesystem: fsspec.AbstractFileSystem | None = None) -> None:
+        """``filesystem``: one already open in this process with these options (discovery's), reused."""
         self.protocol = protocol
         self._options = dict(storage_options or {})
         self._credential_provider = credential_provider
         self.retry = retry or RetryPolicy()
-        self._fs: fsspec.AbstractFileSystem | None = None
-        self._pid = -1
+        self._fs: fsspec.AbstractFileSystem | None = filesystem
+        self._pid = -1 if filesystem is None else os.getpid()
         self.read_ahead = 0        # splits fetched ahead by each worker (remote storage); set by the dataset
         self.read_lanes = 1        # splits read at once (interleave); set by the dataset
         self._prefetcher: Prefetcher | None = None
@@ -89,14 +105,7 @@ class Storage:
 
     def options(self) -> dict[str, Any]:
         """``storage_options`` with what the credential provider returns now laid over them."""
-        if self._credential_provider is None:
-            return dict(self._options)
-        fresh = self._credential_provider()
-        if not isinstance(fresh, dict):
-            from .errors import ArgumentTypeError
-            raise ArgumentTypeError(f"credential_provider: must return a dict of storage options, got "
-                                    f"{type(fresh).__name__}")
-        return {**self._options, **fresh}
+        return current_options(self._options, self._credential_provider)
 
     @property
     def fs(self) -> fsspec.AbstractFileSystem:
