@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +12,7 @@ import fsspec
 from fsspec.core import url_to_fs
 
 from ._failures import is_missing, is_permission
-from ._storage import open_filesystem
+from ._storage import Storage, current_options, open_filesystem
 from .errors import ArgumentTypeError, DatasetNotFoundError, EmptyDatasetError, FileReadError, InvalidArgumentError
 
 _GLOB_CHARS = frozenset("*?[")
@@ -57,63 +57,74 @@ def _as_strings(path: Any) -> list[str]:
     raise ArgumentTypeError(f"path: expected a str, os.PathLike or a list of them, got {type(path).__name__}")
 
 
-def _list_one(fs: fsspec.AbstractFileSystem, protocol: str, url: str, path: str) -> dict[str, dict[str, Any]]:
+def _list_one(fs: fsspec.AbstractFileSystem, url: str, path: str) -> dict[str, dict[str, Any]]:
+    """The files under ``path`` (a glob, a directory or a file), with one listing request where the
+    backend allows: ``find`` lists a directory recursively and returns a file given by name; only an
+    empty answer costs a second request, to tell a missing path from an empty directory."""
     if any(c in path for c in _GLOB_CHARS):
         found = fs.glob(path, detail=True)
         files = {p: i for p, i in found.items() if i.get("type") == "file"}
         if not files:
             raise DatasetNotFoundError(f"path: the glob {url!r} matches no file; check the pattern")
         return files
+    found = fs.find(path, detail=True, withdirs=False)
+    root = path.rstrip("/")
+    files = {p: i for p, i in found.items() if i.get("type") == "file" and not _is_hidden(p[len(root):])}
+    if files:
+        return files
+    if not found and fs.info(path).get("type") != "directory":  # FileNotFoundError when missing
+        raise DatasetNotFoundError(f"path: {url!r} does not exist; check the path and the storage_options")
+    raise EmptyDatasetError(
+        f"path: the directory {url!r} holds no data files (names starting with '.' or '_' are "
+        "skipped); point `path` at the files or a glob such as 'dir/**/*.parquet'")
+
+
+def _listed(storage: Storage, url: str, path: str) -> dict[str, dict[str, Any]]:
+    """``_list_one`` with the storage's retries and credential refresh; backend errors classified."""
     try:
-        info = fs.info(path)
-    except Exception as exc:  # backends raise their own types: classified below, never swallowed
+        return storage.call(lambda: _list_one(storage.fs, url, path), what=url)
+    except (DatasetNotFoundError, EmptyDatasetError):
+        raise
+    except Exception as exc:  # backends raise their own types: classified here, never swallowed
         if is_missing(exc):
             raise DatasetNotFoundError(f"path: {url!r} does not exist; check the path and the storage_options") from None
         if is_permission(exc):
             raise FileReadError(f"path: {url!r} cannot be read ({type(exc).__name__}: {exc}); check permissions or "
                                 "credentials") from None
         raise FileReadError(f"path: {url!r} cannot be listed ({type(exc).__name__}: {exc})") from exc
-    if info.get("type") == "directory":
-        found = fs.find(path, detail=True, withdirs=False)
-        root = path.rstrip("/")
-        files = {p: i for p, i in found.items()
-                 if i.get("type") == "file" and not _is_hidden(p[len(root):])}
-        if not files:
-            raise EmptyDatasetError(
-                f"path: the directory {url!r} holds no data files (names starting with '.' or '_' are "
-                "skipped); point `path` at the files or a glob such as 'dir/**/*.parquet'")
-        return files
-    return {path: info}
 
 
 def discover_files(path: Any, storage_options: dict[str, Any] | None,
-                   ) -> tuple[str, list[FileEntry], fsspec.AbstractFileSystem]:
-    """List the files of ``path`` once: returns the fsspec protocol, the files sorted by path, and the
-    filesystem that listed them (the main process reads the footers with it).
+                   credential_provider: Callable[[], dict[str, Any]] | None = None,
+                   ) -> tuple[Storage, list[FileEntry]]:
+    """List the files of ``path`` once: returns the dataset's storage (its filesystem is the one that
+    listed, which the main process goes on to read the footers with) and the files sorted by path.
 
     Directories are listed recursively, skipping names that start with ``.`` or ``_``
     (``_SUCCESS``, ``.crc``), as pyarrow.dataset does. Names are relative to the files'
-    common folder, so they carry no machine-local absolute path.
+    common folder, so they carry no machine-local absolute path. Listing requests get the
+    storage's retries of transient errors and its credential refresh.
     """
     urls = _as_strings(path)
-    protocol = ""
+    options = current_options(storage_options, credential_provider)
+    storage: Storage | None = None
     infos: dict[str, dict[str, Any]] = {}
-    fs: fsspec.AbstractFileSystem | None = None
     for url in urls:
         try:
-            this_fs, this_path = url_to_fs(url, **(storage_options or {}))
+            fs, fs_path = url_to_fs(url, **options)
         except (ImportError, ValueError):
             scheme = url.split("://", 1)[0] if "://" in url else "file"
-            open_filesystem(scheme, storage_options or {})  # raises the clear error
+            open_filesystem(scheme, options)  # raises the clear error
             raise
-        this_protocol = this_fs.protocol if isinstance(this_fs.protocol, str) else this_fs.protocol[0]
-        if fs is None:
-            fs, protocol = this_fs, this_protocol
-        elif this_protocol != protocol:
+        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+        if storage is None:
+            storage = Storage(protocol, storage_options, credential_provider=credential_provider, filesystem=fs)
+        elif protocol != storage.protocol:
             raise InvalidArgumentError(
-                f"path: all paths must be on one filesystem, got {protocol}:// and {this_protocol}:// "
+                f"path: all paths must be on one filesystem, got {storage.protocol}:// and {protocol}:// "
                 f"({url!r}); build one dataset per filesystem")
-        infos.update(_list_one(this_fs, protocol, url, this_path))
+        infos.update(_listed(storage, url, fs_path))
+    assert storage is not None
     paths = sorted(infos)
     root = posixpath.commonpath(paths) if len(paths) > 1 else posixpath.dirname(paths[0])
     if root in paths:  # a single file given twice
@@ -121,6 +132,4 @@ def discover_files(path: Any, storage_options: dict[str, Any] | None,
     entries = [FileEntry(path=p, name=posixpath.relpath(p, root) if root else p,
                          size=int(infos[p].get("size") or 0), tag=_modification_tag(infos[p]))
                for p in paths]
-    assert fs is not None
-    return protocol, entries, fs
-
+    return storage, entries

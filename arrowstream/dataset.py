@@ -29,7 +29,7 @@ from ._order import (
 from ._planning import Plan, Split, plan_files
 from ._reader import ReadAhead, SplitReader
 from ._state import DataIdentity, ElasticSource, WorkerState, check_compatible, check_slot
-from ._storage import Storage, current_options
+from ._storage import Storage
 from ._stream import EpochStream, open_runs
 from ._topology import resolve_topology
 from ._transport import Chunk
@@ -178,10 +178,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
 
     def _plan_here(self, path: Any, storage_options: dict[str, Any] | None) -> tuple[Storage, Plan, None]:
         """List the files and read their metadata in this process."""
-        options = current_options(storage_options, self._credential_provider)
-        protocol, entries, filesystem = discover_files(path, options)
-        storage = Storage(protocol, storage_options, credential_provider=self._credential_provider,
-                          filesystem=filesystem)
+        storage, entries = discover_files(path, storage_options, self._credential_provider)
         columns = list(self._options.columns) if self._options.columns else None
         plan = plan_files(storage, entries, get_format(self._options.format), columns=columns,
                           filter=self._options.filter, split_bytes=self._options.split_bytes)

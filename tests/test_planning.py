@@ -25,17 +25,17 @@ def test_directory_is_listed_recursively_sorted_and_skips_hidden(tmp_path):
         pq.write_table(make_table(0, 10), root / rel)
     (root / "_SUCCESS").write_text("")
     (root / "a" / ".0.parquet.crc").write_text("x")
-    protocol, entries, _ = discover_files(str(root), None)
-    assert protocol in ("file", "local")
+    storage, entries = discover_files(str(root), None)
+    assert storage.protocol in ("file", "local")
     assert [e.name for e in entries] == ["a/0.parquet", "a/1.parquet", "b/2.parquet"]
     assert all(not os.path.isabs(e.name) for e in entries)
 
 
 def test_glob_single_file_and_list_agree(tmp_path):
     folder = write_dataset(tmp_path / "d", [(10, 5), (10, 5), (10, 5)])
-    _, by_glob, _ = discover_files(f"{folder}/part-00[01].parquet", None)
-    _, by_list, _ = discover_files([f"{folder}/part-001.parquet", f"{folder}/part-000.parquet"], None)
-    _, single, _ = discover_files(f"{folder}/part-002.parquet", None)
+    _, by_glob = discover_files(f"{folder}/part-00[01].parquet", None)
+    _, by_list = discover_files([f"{folder}/part-001.parquet", f"{folder}/part-000.parquet"], None)
+    _, single = discover_files(f"{folder}/part-002.parquet", None)
     assert [e.path for e in by_glob] == [e.path for e in by_list]
     assert [e.name for e in single] == ["part-002.parquet"]
 
