@@ -28,8 +28,7 @@ report gives each one's CPU time as well.
    of two numeric columns. Every arrowstream epoch is checked to yield each
    ``id`` exactly once. Bytes are counted in the client (s3fs's read calls, this process only) and compared
    with what the file metadata says the columns need. At 20 ms a diagnostic instruments arrowstream's
-   read-ahead (time the reader waited on fetches) and runs a what-if: the fetches of different splits run
-   concurrently (the benchmark widens the read-ahead thread pool; not the package's behaviour).
+   read-ahead (time the reader waited on fetches).
 3. **Memory**: peak RSS growth over one epoch (``num_workers=0``, ``read_ahead`` 0/1/2), each in a fresh
    process: the peak RSS counter is reset after planning (``/proc/self/clear_refs``) and read after the epoch.
 
@@ -55,7 +54,6 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -388,14 +386,13 @@ def arrowstream_loop(env: Env, url: str, workers: int, read_ahead: int, columns:
 
 @dataclass(frozen=True)
 class Variant:
-    """One read-path loader: ``workers`` None is the plain loop; ``concurrent`` is the what-if."""
+    """One read-path loader: ``workers`` None is the plain loop."""
 
     label: str
     workers: int | None = None
     read_ahead: int = 0
     columns: tuple[str, ...] | None = None
     split_bytes: int | None = None
-    concurrent: bool = False
     diagnose: bool = False
 
     def make(self, env: Env, url: str) -> Callable[[], Iterator[Batch]]:
@@ -416,9 +413,6 @@ def read_variants(latency: float) -> list[Variant]:
            Variant("plain loop, 2 columns", None, 0, tuple(PROJECTED)),
            Variant("arrowstream w=0, read_ahead=0, 2 columns", 0, 0, tuple(PROJECTED)),
            Variant("arrowstream w=0, read_ahead=1, 2 columns", 0, 1, tuple(PROJECTED))]
-    if latency > 0:
-        out += [Variant("what-if: w=0, read_ahead=1, concurrent fetches", 0, 1, concurrent=True, diagnose=True),
-                Variant("what-if: w=0, read_ahead=2, concurrent fetches", 0, 2, concurrent=True, diagnose=True)]
     return out
 
 
@@ -449,13 +443,12 @@ def check_exactly_once(label: str, epoch: Epoch, rows: int) -> None:
 
 
 @contextlib.contextmanager
-def read_ahead_probe(concurrent: bool) -> Iterator[dict[str, float]]:
-    """Time the reader's waits on read-ahead and the fetches; with ``concurrent``, give the read-ahead pool one
-    thread per split of its depth (the what-if; arrowstream itself fetches with one thread)."""
+def read_ahead_probe() -> Iterator[dict[str, float]]:
+    """Time the reader's waits on read-ahead and the fetches."""
     probe = {"waited_s": 0.0, "fetch_s": 0.0, "fetches": 0, "direct_s": 0.0, "direct": 0}
     cls, parts = _prefetch.Prefetcher, _prefetch.PartsFile
-    saved = (cls.__init__, cls.read, cls._fetch, parts._read_direct)
-    init, read, fetch, direct = saved
+    saved = (cls.read, cls._fetch, parts._read_direct)
+    read, fetch, direct = saved
 
     def timed(key: str, count: str | None, fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any) -> Any:
@@ -468,19 +461,12 @@ def read_ahead_probe(concurrent: bool) -> Iterator[dict[str, float]]:
                     probe[count] += 1
         return wrapper
 
-    def wide_init(self: Any, fs: Any, depth: int) -> None:
-        init(self, fs, depth)
-        self._pool.shutdown(wait=False)
-        self._pool = ThreadPoolExecutor(max_workers=max(1, depth), thread_name_prefix="what-if-read-ahead")
-
     cls.read, cls._fetch = timed("waited_s", None, read), timed("fetch_s", "fetches", fetch)
     parts._read_direct = timed("direct_s", "direct", direct)
-    if concurrent:
-        cls.__init__ = wide_init
     try:
         yield probe
     finally:
-        cls.__init__, cls.read, cls._fetch, parts._read_direct = saved
+        cls.read, cls._fetch, parts._read_direct = saved
 
 
 @dataclass
@@ -496,7 +482,7 @@ class ReadRow:
 
 def measure_variant(env: Env, data: ReadData, variant: Variant) -> tuple[Run, dict[str, float] | None]:
     make = variant.make(env, data.url)
-    probe_cm = read_ahead_probe(variant.concurrent) if variant.diagnose else contextlib.nullcontext(None)
+    probe_cm = read_ahead_probe() if variant.diagnose else contextlib.nullcontext(None)
     with probe_cm as probe:
         run = measure(env, lambda: read_epoch(make))
     check_exactly_once(variant.label, run.value, data.rows)
@@ -756,8 +742,6 @@ def report(args: argparse.Namespace, plan_rows: list[PlanRow], read_rows: list[R
     for latency in args.latencies:
         lines += [f"### {fmt_latency(latency)} added per request", "", *read_table_lines(read_rows, data, latency), ""]
     lines += ["### Read-ahead, instrumented (`num_workers=0`)", "", *probe_table(read_rows), "",
-              ("\"what-if\" rows: the benchmark gives arrowstream's read-ahead pool one thread per split of its depth, "
-               "so that the fetches of consecutive splits overlap; arrowstream fetches with a single thread."), "",
               f"## 3. Memory: peak RSS growth over one epoch ({fmt_latency(max(args.latencies))}, `num_workers=0`)",
               "", *memory_table(memory, data), "",
               (f"Each in a fresh process; the peak RSS counter is reset after planning. Largest row group: "
