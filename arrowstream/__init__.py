@@ -11,6 +11,7 @@ from __future__ import annotations
 from . import errors
 from ._checkpoint import gather_state_dict, merge_state_dicts
 from ._iceberg import default_catalog_config as iceberg_catalog_config
+from ._metrics import gather_metrics
 from .dataset import StructuredDataset
 from .errors import (
     ArgumentTypeError,
@@ -55,6 +56,7 @@ __all__ = [
     "TopologyError",
     "__version__",
     "errors",
+    "gather_metrics",
     "gather_state_dict",
     "iceberg_catalog_config",
     "merge_state_dicts",

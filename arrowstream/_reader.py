@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from ._failures import is_expired_credentials, is_transient, wrap_read_error
 from ._formats import UnitFile, get_format
+from ._metrics import Meter
 from ._planning import Plan, Split
 from ._prefetch import Prefetcher
 from ._storage import MAX_REFRESHES, Storage, logger
@@ -92,8 +93,9 @@ class SplitReader:
     """Reads splits of one plan for one worker; keeps the current file open between splits."""
 
     def __init__(self, plan: Plan, storage: Storage, read_batch_rows: int, use_threads: bool,
-                 read_ahead: ReadAhead | None = None) -> None:
+                 read_ahead: ReadAhead | None = None, meter: Meter | None = None) -> None:
         self._plan = plan
+        self._meter = meter
         self._storage = storage
         self._read_ahead = read_ahead
         self._read_batch_rows = read_batch_rows
@@ -134,6 +136,8 @@ class SplitReader:
                     offset = piece.end
                     attempt = 0
                     yield piece
+                if self._meter is not None:
+                    self._meter.split_done(split.num_bytes)
                 return
             except Exception as exc:
                 self.close()

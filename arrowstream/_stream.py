@@ -106,7 +106,7 @@ class EpochStream:
     def __iter__(self) -> EpochStream:
         return self
 
-    def _next_record(self) -> pa.RecordBatch:
+    def next_record(self) -> pa.RecordBatch:
         """The next batch as Arrow, before conversion."""
         if self._complete:
             raise StopIteration
@@ -123,7 +123,7 @@ class EpochStream:
         return batch
 
     def __next__(self) -> Any:
-        return self._convert(self._next_record())
+        return self._convert(self.next_record())
 
     def next_span(self, max_batches: int) -> tuple[pa.RecordBatch, list[int], list[Position]]:
         """Up to ``max_batches`` next batches as one Arrow record batch, unconverted, with the
@@ -138,7 +138,7 @@ class EpochStream:
         positions: list[Position] = []
         while len(parts) < max(max_batches, 1):  # at the limit, the first next() ends the epoch
             try:
-                parts.append(self._next_record())
+                parts.append(self.next_record())
             except StopIteration:
                 break
             positions.append(self.position())

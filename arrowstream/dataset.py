@@ -6,6 +6,7 @@ import functools
 import gc
 import os
 from collections.abc import Callable, Iterator
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -16,6 +17,7 @@ from ._cursor import Cursor, Run
 from ._discovery import discover_files
 from ._elastic import Share, assign_shares, remaining_items, share_runs
 from ._formats import get_format
+from ._metrics import Board, Meter
 from ._options import Options, check_bool, check_int, validate_options
 from ._order import (
     Slot,
@@ -148,6 +150,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._batches_per_transfer = 1  # set by ArrowStreamDataLoader for worker processes
         self._convert: Callable[[Any], Any] | None = None
         self._elastic: ElasticSource | None = None  # set by the loader: the epoch to re-plan for this topology
+        self._board: Board | None = None  # set by the loader: its workers' metrics
+        self._meter: Meter | None = None  # this process's metrics
         self._shares: dict[tuple[ElasticSource, int], tuple[list[Share], list[int] | None]] = {}
         self._use_plan(*self._make_plan(path, storage_options))
 
@@ -428,10 +432,14 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         # one reader per interleaved split, each with a full read size: smaller reads of side-by-side
         # splits would save a little memory but decode about 20% slower
         read_rows = max(self._options.batch_size, READ_BATCH_ROWS)
+        if self._meter is None:
+            info = get_worker_info()
+            self._meter = Meter(self._board.row(info.id) if info is not None and self._board is not None else None)
         prefetcher = self._storage.prefetcher
         self._read_ahead = None if prefetcher is None else ReadAhead(self._plan, prefetcher, self._storage.read_ahead)
         self._readers = [SplitReader(self._plan, self._storage, read_rows, use_threads=not in_worker,
-                                     read_ahead=self._read_ahead) for _ in range(self._options.interleave)]
+                                     read_ahead=self._read_ahead, meter=self._meter)
+                         for _ in range(self._options.interleave)]
         output_format = self._options.output_format
         if self._numpy_as_torch(in_worker):  # the trainer side makes the tensors (see _transport)
             output_format = "numpy"
@@ -537,7 +545,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_pending=None, _active=None, _readers=[], _read_ahead=None, _convert=None, _span_convert=None)
+        state.update(_pending=None, _active=None, _readers=[], _read_ahead=None, _convert=None, _span_convert=None,
+                     _meter=None)
         return state
 
     def __repr__(self) -> str:
@@ -556,21 +565,36 @@ class _EpochIterator:
         self._slot = slot
         self._pending = pending
         self._stream: EpochStream | None = None
+        self._left_at = 0.0  # when the last batch was handed over (0: none yet)
 
     def __iter__(self) -> _EpochIterator:
         return self
 
     def __next__(self) -> Any:
+        """The next batch (or chunk of batches), timed for the metrics: reading, converting, and
+        the time since the last one was handed over, which the worker spent waiting for the trainer."""
+        entered = perf_counter()
         if self._stream is None:
             self._stream = self._dataset._open(self._slot, self._pending)
         per_transfer = self._dataset._batches_per_transfer
         if per_transfer == 1 or self._slot.num_workers == 0:
-            return next(self._stream)
-        return self._next_chunk(self._stream, per_transfer)
+            record = self._stream.next_record()
+            read = perf_counter()
+            assert self._dataset._convert is not None
+            out, rows, batches = self._dataset._convert(record), record.num_rows, 1
+        else:
+            out, rows, batches, read = self._next_chunk(self._stream, per_transfer)
+        done = perf_counter()
+        assert self._dataset._meter is not None
+        self._dataset._meter.batch(rows, batches, read - entered, done - read,
+                                   entered - self._left_at if self._left_at else 0.0, done)
+        self._left_at = done
+        return out
 
-    def _next_chunk(self, stream: EpochStream, per_transfer: int) -> Chunk:
+    def _next_chunk(self, stream: EpochStream, per_transfer: int) -> tuple[Chunk, int, int, float]:
         """Up to ``per_transfer`` batches, ending where the worker's batch count is a multiple of it,
-        so chunk boundaries do not move when a checkpoint falls inside a chunk.
+        so chunk boundaries do not move when a checkpoint falls inside a chunk; with their rows,
+        their number, and when reading ended (converting starts).
 
         Without a transform the batches travel as one converted span that the trainer slices:
         each column is converted and packed once per chunk instead of once per batch.
@@ -578,20 +602,29 @@ class _EpochIterator:
         numpy_as_torch = self._dataset._numpy_as_torch(in_worker=True)
         if self._dataset._options.transform is None:
             span, sizes, positions = stream.next_span(per_transfer - stream.batches % per_transfer)
+            read = perf_counter()
             assert self._dataset._span_convert is not None
             output_format = self._dataset._options.output_format
-            return Chunk(self._slot.worker_id, [self._dataset._span_convert(span)], positions,
-                         numpy_as_torch=numpy_as_torch, sizes=sizes,
-                         objects=output_format if output_format in ("torch", "numpy", "dict") else None)
-        batches, positions = [], []
-        for batch in stream:
-            batches.append(batch)
+            chunk = Chunk(self._slot.worker_id, [self._dataset._span_convert(span)], positions,
+                          numpy_as_torch=numpy_as_torch, sizes=sizes,
+                          objects=output_format if output_format in ("torch", "numpy", "dict") else None)
+            return chunk, span.num_rows, len(sizes), read
+        records, positions = [], []
+        while True:
+            try:
+                records.append(stream.next_record())
+            except StopIteration:
+                break
             positions.append(stream.position())
             if stream.batches % per_transfer == 0:
                 break
-        if not batches:
+        if not records:
             raise StopIteration
-        return Chunk(self._slot.worker_id, batches, positions, numpy_as_torch=numpy_as_torch)
+        read = perf_counter()
+        assert self._dataset._convert is not None
+        batches = [self._dataset._convert(record) for record in records]
+        return (Chunk(self._slot.worker_id, batches, positions, numpy_as_torch=numpy_as_torch),
+                sum(r.num_rows for r in records), len(records), read)
 
     def state(self) -> WorkerState:
         if self._stream is not None:

@@ -8,7 +8,8 @@ exactly; this subclass adds what a production loop needs on top:
   num_workers) and raises a clear error before any worker starts; it restores the saved
   epoch on the dataset; and a state taken after an epoch ended resumes as "that epoch is
   done" instead of replaying it;
-* ``len(loader)`` is the exact number of batches per epoch when row counts are known.
+* ``len(loader)`` is the exact number of batches per epoch when row counts are known;
+* ``metrics()`` reads what each worker has done, live (see :mod:`arrowstream._metrics`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ._convert import passthrough_collate
+from ._metrics import FIELDS, Board, Meter, flatten, summarize
 from ._state import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, WorkerState, upgrade
 from ._storage import logger
 from ._transport import Chunk
@@ -83,6 +85,8 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             batches_per_transfer = 1
         self._set_batches_per_transfer(batches_per_transfer)
         self._batch_iterator: _BatchIterator | None = None
+        if self.num_workers > 0:  # before any worker starts: they inherit it
+            self.dataset._board = Board(self.num_workers)
 
     def _set_batches_per_transfer(self, value: int) -> None:
         self.batches_per_transfer = value
@@ -98,6 +102,38 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
 
     def __len__(self) -> int:
         return int(self.dataset.num_batches(self.num_workers))
+
+    def metrics(self, flat: bool = False) -> dict[str, Any]:
+        """What this rank's workers have done so far, as a dict of plain numbers (all epochs).
+
+        Totals: ``rows``, ``batches``, ``bytes`` (stored size of the splits read to their end),
+        ``splits_done``, ``read_s`` (reading and decoding), ``convert_s`` (to the output format,
+        ``transform`` included), ``idle_s`` (waiting for the trainer to ask for more),
+        ``utilization`` (busy / (busy + idle)), ``elapsed_s`` (first batch to last) and
+        ``rows_per_s``; ``workers`` lists the same per worker (``rank``, ``worker``). With
+        ``num_workers=0`` the trainer's process is worker 0. ``flat=True`` gives one level of
+        numbers, ``"rank0/worker1/rows"``, as loggers take them. Reading it costs no message to
+        the workers: call it every step if you like. See :func:`arrowstream.gather_metrics` for
+        all ranks.
+
+        Example:
+            >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
+            >>> folder = tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"x": list(range(10))}), os.path.join(folder, "part.parquet"))
+            >>> loader, dataset = arrowstream.StructuredDataset.create_dataloader(path=folder, batch_size=4)
+            >>> dataset.set_epoch(0)
+            >>> batches = list(loader)
+            >>> m = loader.metrics()
+            >>> m["rows"], m["batches"], m["splits_done"], len(m["workers"])
+            (10, 3, 1, 1)
+        """
+        if self.num_workers == 0:
+            meter = self.dataset._meter
+            raw = [dict(zip(FIELDS, meter.values() if meter is not None else Meter().values()))]
+        else:
+            raw = self.dataset._board.read()
+        metrics = summarize(raw, self.dataset.rank)
+        return flatten(metrics) if flat else metrics
 
     def state_dict(self) -> dict[str, Any]:
         """A JSON-able dict: ``json.dumps`` and ``torch.save`` both work."""

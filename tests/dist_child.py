@@ -71,6 +71,8 @@ def run(scenario: dict) -> dict:
             if checkpoint and epoch == checkpoint["epoch"] and step + 1 == checkpoint["step"]:
                 out["merged"] = json.loads(json.dumps(arrowstream.gather_state_dict(loader)))
         out["epochs"][str(epoch)] = batches
+    if scenario.get("metrics"):
+        out["metrics"] = arrowstream.gather_metrics(loader.metrics())
     if checkpoint:
         fresh, fresh_dataset = make_loader(scenario["path"], checkpoint.get("num_workers", scenario["num_workers"]),
                                            **scenario.get("options", {}))
