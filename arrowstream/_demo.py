@@ -29,6 +29,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ._bench import progress_bar
+
 NUM_FEATURES = 8
 NUM_FILES = 8
 ROW_GROUP_ROWS = 5_000
@@ -135,7 +137,9 @@ def run_phase(args: argparse.Namespace) -> int:
     began, rows = time.perf_counter(), 0
     for epoch in range(start_epoch, args.epochs):
         dataset.set_epoch(epoch)
+        bar = progress_bar(len(loader), f"  [{args.phase}] epoch {epoch}")
         for step, batch in enumerate(loader):
+            bar.update()
             prediction = model(_features(batch)).squeeze(1)
             loss = torch.nn.functional.mse_loss(prediction, batch["target"])
             optimizer.zero_grad()
@@ -144,19 +148,26 @@ def run_phase(args: argparse.Namespace) -> int:
             seen.append([epoch, batch["id"].tolist()])
             rows += len(batch["id"])
             if step % 50 == 0:
-                print(f"  [{args.phase}] epoch {epoch} step {step:4d}/{len(loader)}  loss {loss.item():.4f}", flush=True)
+                bar.set_postfix_str(f"loss {loss.item():.4f}")
             if stop_after is not None and step + 1 == stop_after:
+                bar.close()
                 torch.save({"loader": loader.state_dict(), "model": model.state_dict(),
                             "optimizer": optimizer.state_dict(), "epoch": epoch,
                             "snapshot_id": getattr(dataset, "snapshot_id", None)}, checkpoint)
                 print(f"  [{args.phase}] checkpoint saved after {step + 1} batches of epoch {epoch}; "
                       "stopping as if the job crashed", flush=True)
-                return _report(args, seen, rows, began)
-    return _report(args, seen, rows, began)
+                return _report(args, seen, rows, began, loader.metrics())
+        bar.close()
+        print(f"  [{args.phase}] epoch {epoch} done, last loss {loss.item():.4f}", flush=True)
+    return _report(args, seen, rows, began, loader.metrics())
 
 
-def _report(args: argparse.Namespace, seen: list[Any], rows: int, began: float) -> int:
+def _report(args: argparse.Namespace, seen: list[Any], rows: int, began: float, metrics: dict[str, Any]) -> int:
     elapsed = time.perf_counter() - began
+    for w in metrics["workers"]:
+        print(f"  [{args.phase}] worker {w['worker']}: {w['rows']:,} rows, {w['splits_done']} splits, "
+              f"busy {w['utilization']:.0%} of its time (read {w['read_s']:.2f} s, convert {w['convert_s']:.2f} s, "
+              f"waiting for the trainer {w['idle_s']:.2f} s)", flush=True)
     with open(os.path.join(args.dir, f"{args.phase}.json"), "w") as f:
         json.dump({"batches": seen, "rows": rows, "seconds": elapsed}, f)
     return 0

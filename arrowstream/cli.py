@@ -1,4 +1,9 @@
-"""The ``arrowstream`` command line: ``arrowstream demo`` (more commands come later)."""
+"""The ``arrowstream`` command line.
+
+- ``arrowstream demo``: train on a generated dataset, crash, resume, prove exactly-once;
+- ``arrowstream inspect PATH``: files, rows, schema, splits and their assignment to ranks and workers;
+- ``arrowstream bench PATH``: throughput against the raw pyarrow loop, per-worker metrics, a plot.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +24,36 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--epochs", type=int, default=2)
     demo.add_argument("--iceberg", action="store_true",
                       help="read an Iceberg table (SQLite catalog, local warehouse) instead of Parquet files")
+    inspect = commands.add_parser("inspect", help="what a loader will do with this data: files, rows, schema, "
+                                  "splits, rows and batches per rank and worker")
+    from ._inspect import add_source_arguments
+
+    add_source_arguments(inspect)
+    inspect.add_argument("--world-size", type=int, default=1, help="ranks (default 1)")
+    inspect.add_argument("--num-workers", type=int, default=0, help="loader workers per rank (default 0)")
+    inspect.add_argument("--drop-last", action="store_true", help="drop each worker's short last batch")
+    inspect.add_argument("--no-even-batches", action="store_true", help="let ranks yield different batch counts")
+    inspect.add_argument("--json", action="store_true", help="print the report as JSON")
+    bench = commands.add_parser("bench", help="throughput on this data against the raw pyarrow loop, per-worker "
+                                "metrics, and a plot of them over time")
+    add_source_arguments(bench)
+    bench.add_argument("--num-workers", type=int, default=2, help="loader workers (default 2)")
+    bench.add_argument("--shuffle", action="store_true", help="shuffle the splits (seed --seed)")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--sample-every", type=float, default=0.1, help="seconds between metrics samples (0.1)")
+    bench.add_argument("--plot", default=None, metavar="FILE.png",
+                       help="draw each worker's rows/s and idle share over time (needs matplotlib)")
+    bench.add_argument("--json", action="store_true", help="print the results as JSON (metrics samples included)")
+    bench.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    if args.command == "inspect":
+        from . import _inspect
+
+        return _inspect.run(args)
+    if args.command == "bench":
+        from . import _bench
+
+        return _bench.run(args)
     from . import _demo
 
     if args.phase is not None:

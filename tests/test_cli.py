@@ -1,9 +1,20 @@
-"""The command line: ``arrowstream demo`` runs the whole story and checks it."""
+"""The command line: ``demo`` runs the whole story and checks it; ``inspect`` and ``bench`` report
+what the loader does, checked against the loader itself."""
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
+
+import pyarrow.parquet as pq
+import pytest
+from helpers import write_dataset
+from pyiceberg.catalog import load_catalog
+
+import arrowstream
+from arrowstream import StructuredDataset
 
 
 def test_demo_trains_checkpoints_resumes_and_proves_exactly_once(tmp_path):
@@ -16,6 +27,7 @@ def test_demo_trains_checkpoints_resumes_and_proves_exactly_once(tmp_path):
     assert out.count("every row exactly once") == 2
     assert "resumed batches equal the uninterrupted run" in out
     assert "rows/s" in out
+    assert re.search(r"\[resume\] worker 1: [\d,]+ rows, \d+ splits, busy \d+% of its time", out)
     assert (tmp_path / "checkpoint.pt").exists()
 
 
@@ -56,3 +68,95 @@ def test_demo_on_an_iceberg_table_resumes_on_the_pinned_snapshot(tmp_path):
     assert out.count("every row exactly once") == 2          # of the 30,000 rows of the pinned snapshot
     assert "resumed batches equal the uninterrupted run" in out
     assert (tmp_path / "data" / "catalog.db").exists()
+
+
+def arrowstream_cli(*args: str, timeout: int = 300) -> str:
+    result = subprocess.run([sys.executable, "-m", "arrowstream", *args], capture_output=True, text=True,
+                            timeout=timeout, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def skewed(tmp_path_factory):
+    """Three files of different sizes: 57,000 rows in 12 row groups."""
+    return write_dataset(tmp_path_factory.mktemp("cli") / "data", [(30000, 5000), (20000, 5000), (7000, 3500)])
+
+
+@pytest.mark.parametrize("world_size, num_workers", [(1, 0), (2, 2), (3, 1)])
+def test_inspect_reports_the_assignment_the_loader_uses(skewed, world_size, num_workers):
+    report = json.loads(arrowstream_cli("inspect", skewed, "--world-size", str(world_size), "--num-workers",
+                                        str(num_workers), "--batch-size", "1000", "--json"))
+    assert (report["files"], report["rows"], report["units"]) == (3, 57000, 12)
+    assert [name for name, _ in report["schema"]] == pq.read_schema(f"{skewed}/part-000.parquet").names
+    assert [f["rows"] for f in report["file_list"]] == [30000, 20000, 7000]
+    assert sum(s["rows"] for s in report["slots"]) == 57000
+    for rank in range(world_size):  # what each rank's own dataset says
+        dataset = StructuredDataset(skewed, batch_size=1000, rank=rank, world_size=world_size)
+        mine = report["ranks"][rank]
+        assert mine["batches"] == dataset.num_batches(num_workers)
+        assert mine["rows_trimmed"] == dataset.rows_trimmed_per_epoch(num_workers)
+    assert len({r["batches"] for r in report["ranks"]}) == 1   # even_batches: the same on every rank
+    assert report["rows_trimmed"] == sum(r["rows"] - r["rows_yielded"] for r in report["ranks"])
+
+
+def test_inspect_prints_the_same_report_as_text(skewed):
+    text = arrowstream_cli("inspect", skewed, "--world-size", "2", "--num-workers", "2", "--batch-size", "1000")
+    report = json.loads(arrowstream_cli("inspect", skewed, "--world-size", "2", "--num-workers", "2",
+                                        "--batch-size", "1000", "--json"))
+    assert text.startswith("parquet files: 3 files, 57,000 rows, 12 row groups")
+    assert f"even_batches trims {report['rows_trimmed']:,} rows per epoch" in text
+    slot_lines = [line.split() for line in text.splitlines() if re.match(r"^\s+\d+\s+\d+\s+\d+\s+[\d,]+\s", line)]
+    assert [(int(r), int(w), int(b.replace(",", ""))) for r, w, _, _, b, *_ in slot_lines] == [
+        (s["rank"], s["worker"], s["batches"]) for s in report["slots"]]
+
+
+def test_inspect_reads_an_iceberg_table(tmp_path):
+    from arrowstream import _demo
+
+    _demo.write_table(str(tmp_path), 4000)
+    report = json.loads(arrowstream_cli("inspect", "--iceberg-table", "demo.regression", "--catalog-root",
+                                        str(tmp_path), "--num-workers", "2", "--json"))
+    catalog = load_catalog("default", **arrowstream.iceberg_catalog_config(str(tmp_path)))
+    table = catalog.load_table("demo.regression")
+    assert report["source"]["table"] == "demo.regression"
+    assert report["source"]["snapshot_id"] == table.current_snapshot().snapshot_id
+    assert report["rows"] == table.scan().to_arrow().num_rows == 4000
+    assert report["files"] == len(table.inspect.files())
+
+
+def test_inspect_names_what_is_missing():
+    from arrowstream.cli import main
+
+    with pytest.raises(arrowstream.InvalidArgumentError, match="catalog-root"):
+        main(["inspect", "--iceberg-table", "demo.regression"])
+    with pytest.raises(arrowstream.InvalidArgumentError, match="KEY=VALUE"):
+        main(["inspect", ".", "--storage-option", "anon"])
+
+
+def test_bench_compares_with_pyarrow_and_plots_each_worker(tmp_path):
+    folder = write_dataset(tmp_path / "data", [(40000, 5000)] * 4)
+    plot = tmp_path / "workers.png"
+    result = json.loads(arrowstream_cli("bench", folder, "--num-workers", "2", "--columns", "id,x,vec", "--json",
+                                        "--quiet", "--sample-every", "0.02", "--plot", str(plot)))
+    raw, ours = result["raw"], result["arrowstream"]
+    assert raw["rows"] == ours["rows"] == ours["metrics"]["rows"] == 160000
+    assert result["ratio"] == pytest.approx(ours["rows_per_s"] / raw["rows_per_s"])
+    assert [w["rows"] for w in ours["metrics"]["workers"]] == [80000, 80000]
+    assert len(result["samples"]) >= 2
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
+
+
+def test_bench_prints_the_ratio_and_the_worker_table(skewed):
+    out = arrowstream_cli("bench", skewed, "--num-workers", "2", "--quiet")
+    assert re.search(r"ratio:\s+[\d.]+x the pyarrow loop", out)
+    rows = [int(line.split()[1].replace(",", "")) for line in out.splitlines() if re.match(r"^\s+[01]\s+[\d,]+\s", line)]
+    assert sum(rows) == 57000 and len(rows) == 2
+
+
+def test_bench_plot_without_matplotlib_says_how_to_install_it(skewed, tmp_path, monkeypatch):
+    from arrowstream.cli import main
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(arrowstream.MissingDependencyError, match=r"arrowstream\[cli\]"):
+        main(["bench", skewed, "--num-workers", "0", "--quiet", "--plot", str(tmp_path / "p.png")])

@@ -1,0 +1,265 @@
+"""``arrowstream bench``: a loader's throughput on your data against the raw pyarrow loop.
+
+1. The raw loop: pyarrow's own reader, file after file in this process (Parquet
+   ``iter_batches``, ORC stripes, IPC record batches; an Iceberg table's ``scan`` batch reader),
+   each batch converted to tensors the way the loader does for numeric and fixed-size list
+   columns (other columns to Python lists). No shuffling, no workers: the speed of decoding.
+2. The loader: one epoch with the given ``--num-workers`` and options, a progress bar while it
+   runs, and its metrics (:meth:`ArrowStreamDataLoader.metrics`) sampled every ``--sample-every``
+   seconds, which ``--plot`` draws: each worker's throughput and idle share over time.
+
+Both loops read the same rows and touch every batch. The report ends with the ratio and the
+per-worker table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from ._inspect import open_dataset
+
+
+def _numeric(type_: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_boolean(type_))
+
+
+def raw_convert(batch: pa.RecordBatch) -> dict[str, Any]:
+    """Numeric columns to tensors, fixed-size lists of numbers to 2-D tensors, the rest to lists."""
+    out: dict[str, Any] = {}
+    for field, column in zip(batch.schema, batch.columns):
+        if _numeric(field.type) and column.null_count == 0:
+            out[field.name] = torch.from_numpy(column.to_numpy(zero_copy_only=False))
+        elif pa.types.is_fixed_size_list(field.type) and _numeric(field.type.value_type) and column.null_count == 0:
+            values = column.flatten().to_numpy(zero_copy_only=False)
+            out[field.name] = torch.from_numpy(values.reshape(len(column), field.type.list_size))
+        else:
+            out[field.name] = column.to_pylist()
+    return out
+
+
+def _rechunked(batches: Iterator[pa.RecordBatch], batch_size: int) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        for start in range(0, batch.num_rows, batch_size):
+            yield batch.slice(start, batch_size)
+
+
+def raw_batches(dataset: Any, batch_size: int) -> Iterator[pa.RecordBatch]:
+    """The rows of ``dataset`` through pyarrow's own readers, file after file."""
+    plan = dataset._plan
+    columns = list(plan.read_columns)
+    if plan.files and plan.files[0].format == "iceberg":
+        source = dataset._source
+        scan = source.table.scan(snapshot_id=source.snapshot_id, row_filter=source.row_filter,
+                                 selected_fields=source.selected_fields)
+        yield from _rechunked(iter(scan.to_arrow_batch_reader()), batch_size)
+        return
+    storage = dataset._storage
+    for footer in plan.files:
+        opened = contextlib.nullcontext(footer.entry.path) if storage.is_local else storage.fs.open(footer.entry.path, "rb")
+        with opened as handle:
+            if footer.format == "parquet":
+                import pyarrow.parquet as pq
+
+                yield from pq.ParquetFile(handle).iter_batches(batch_size=batch_size, columns=columns)
+            elif footer.format == "orc":
+                from pyarrow import orc
+
+                orc_file = orc.ORCFile(handle)
+                for stripe in range(orc_file.nstripes):
+                    yield from _rechunked(iter(orc_file.read_stripe(stripe, columns=columns).to_batches()),
+                                          batch_size)
+            else:
+                from pyarrow import ipc
+
+                reader = ipc.open_file(handle)
+                yield from _rechunked((reader.get_batch(i).select(columns) for i in range(reader.num_record_batches)),
+                                      batch_size)
+
+
+def progress_bar(total: int | None, label: str, quiet: bool = False) -> Any:
+    """A tqdm bar on stderr, or a stand-in that prints nothing when tqdm is missing or ``quiet``."""
+    if quiet:
+        return _TextBar(total, label, quiet=True)
+    try:
+        from tqdm import tqdm
+    except ImportError:  # the cli extra is not installed: a line every tenth of the way
+        return _TextBar(total, label)
+    return tqdm(total=total, desc=label, unit=" batches", file=sys.stderr, dynamic_ncols=True, leave=True)
+
+
+class _TextBar:
+    """What a progress bar says, as a line on stderr every tenth of ``total`` (every 1,000 without one)."""
+
+    def __init__(self, total: int | None, label: str, quiet: bool = False) -> None:
+        self.total, self.label, self.quiet = total, label, quiet
+        self.count, self.postfix = 0, ""
+        self._every = max(total // 10, 1) if total else 1000
+
+    def update(self, n: int = 1) -> None:
+        self.count += n
+        if not self.quiet and self.count % self._every == 0:
+            of = f"/{self.total}" if self.total else ""
+            print(f"{self.label}: {self.count}{of} batches {self.postfix}", file=sys.stderr, flush=True)
+
+    def set_postfix_str(self, text: str) -> None:
+        self.postfix = text
+
+    def close(self) -> None:
+        pass
+
+
+def _rows_of(batch: Any) -> int:
+    if isinstance(batch, pa.RecordBatch):
+        return int(batch.num_rows)
+    first = next(iter(batch.values()))
+    return len(first)
+
+
+def time_raw(dataset: Any, batch_size: int, quiet: bool) -> dict[str, Any]:
+    bar = progress_bar(None, "pyarrow", quiet)
+    rows, batches, began = 0, 0, time.perf_counter()
+    for record in raw_batches(dataset, batch_size):
+        converted = raw_convert(record)
+        rows += _rows_of(converted)
+        batches += 1
+        bar.update()
+    seconds = time.perf_counter() - began
+    bar.close()
+    return {"rows": rows, "batches": batches, "seconds": seconds, "rows_per_s": rows / seconds if seconds else 0.0}
+
+
+def time_loader(loader: Any, dataset: Any, sample_every: float, quiet: bool) -> dict[str, Any]:
+    dataset.set_epoch(0)
+    try:
+        total: int | None = len(loader)
+    except TypeError:  # a filter: unknown before reading
+        total = None
+    bar = progress_bar(total, "arrowstream", quiet)
+    samples: list[dict[str, Any]] = []
+    rows, batches, began = 0, 0, time.perf_counter()
+    next_sample = began
+    first_s, first_rows = 0.0, 0
+    for batch in loader:
+        rows += _rows_of(batch)
+        batches += 1
+        bar.update()
+        now = time.perf_counter()
+        if batches == 1:
+            first_s, first_rows = now - began, rows
+        if now >= next_sample:
+            samples.append({"t": now - began, "metrics": loader.metrics()})
+            bar.set_postfix_str(f"{rows / max(now - began, 1e-9):,.0f} rows/s")
+            next_sample = now + sample_every
+    seconds = time.perf_counter() - began
+    bar.close()
+    final = loader.metrics()
+    if len(samples) > 1 and seconds - samples[-1]["t"] < sample_every / 2:
+        samples.pop()  # too short an interval to make a rate of
+    samples.append({"t": seconds, "metrics": final})
+    steady = (rows - first_rows) / (seconds - first_s) if seconds > first_s else 0.0
+    return {"rows": rows, "batches": batches, "seconds": seconds, "rows_per_s": rows / seconds if seconds else 0.0,
+            "first_batch_s": first_s, "rows_per_s_after_first": steady, "metrics": final, "samples": samples}
+
+
+def worker_table(metrics: dict[str, Any]) -> str:
+    lines = ["worker      rows  batches  splits      MiB  read s  convert s  idle s  busy  rows/s"]
+    for w in metrics["workers"]:
+        lines.append(f"{w['worker']:>6}  {w['rows']:>8,}  {w['batches']:>7,}  {w['splits_done']:>6,}  "
+                     f"{w['bytes'] / 2**20:>7.1f}  {w['read_s']:>6.2f}  {w['convert_s']:>9.2f}  {w['idle_s']:>6.2f}  "
+                     f"{w['utilization']:>4.0%}  {w['rows_per_s']:>6,.0f}")
+    return "\n".join(lines)
+
+
+def series(samples: list[dict[str, Any]]) -> dict[int, dict[str, list[float]]]:
+    """Per worker: sample times, rows/s and idle share over each interval between samples."""
+    out: dict[int, dict[str, list[float]]] = {}
+    for before, after in itertools.pairwise(samples):
+        span = after["t"] - before["t"]
+        if span <= 0:
+            continue
+        for old, new in zip(before["metrics"]["workers"], after["metrics"]["workers"]):
+            line = out.setdefault(new["worker"], {"t": [], "rows_per_s": [], "idle_share": []})
+            line["t"].append(after["t"])
+            line["rows_per_s"].append((new["rows"] - old["rows"]) / span)
+            idle, busy = new["idle_s"] - old["idle_s"], (new["read_s"] + new["convert_s"]) - (
+                old["read_s"] + old["convert_s"])
+            line["idle_share"].append(idle / (idle + busy) if idle + busy > 0 else float("nan"))
+    return out
+
+
+def plot(samples: list[dict[str, Any]], path: str, title: str) -> None:
+    """Two panels over the epoch: each worker's rows/s, and the share of its time spent idle."""
+    try:
+        import matplotlib
+    except ImportError:
+        from .errors import MissingDependencyError
+        raise MissingDependencyError('--plot needs matplotlib, which is not installed; '
+                                     'pip install "arrowstream[cli]"') from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines = series(samples)
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    for worker, line in sorted(lines.items()):
+        top.plot(line["t"], line["rows_per_s"], marker=".", label=f"worker {worker}")
+        bottom.plot(line["t"], np.array(line["idle_share"]) * 100, marker=".", label=f"worker {worker}")
+    top.set_ylabel("rows/s")
+    top.set_title(title)
+    top.legend(loc="best")
+    top.grid(alpha=0.3)
+    bottom.set_ylabel("idle, % of the worker's time")
+    bottom.set_ylim(-5, 105)
+    bottom.set_xlabel("seconds since the loader was started")
+    bottom.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def run(args: argparse.Namespace) -> int:
+    import warnings
+
+    from ._convert import passthrough_collate
+    from .loader import ArrowStreamDataLoader
+
+    # pyarrow's buffers are read-only; neither loop writes to the tensors it makes
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+    dataset = open_dataset(args, shuffle=args.shuffle, seed=args.seed)
+    raw = time_raw(dataset, args.batch_size, args.quiet)
+    extra: dict[str, Any] = {}
+    if args.num_workers > 0:
+        extra["persistent_workers"] = False
+    loader = ArrowStreamDataLoader(dataset, batch_size=None, num_workers=args.num_workers,
+                                   collate_fn=passthrough_collate, **extra)
+    ours = time_loader(loader, dataset, args.sample_every, args.quiet)
+    ratio = ours["rows_per_s"] / raw["rows_per_s"] if raw["rows_per_s"] else 0.0
+    if args.plot:
+        plot(ours["samples"], args.plot,
+             f"arrowstream, {args.num_workers} workers, batch_size={args.batch_size}: {ours['rows_per_s']:,.0f} rows/s")
+    if args.json:
+        print(json.dumps({"raw": raw, "arrowstream": {k: v for k, v in ours.items() if k != "samples"},
+                          "ratio": ratio, "samples": ours["samples"]}))
+        return 0
+    print(f"pyarrow loop:  {raw['rows']:,} rows in {raw['seconds']:.2f} s = {raw['rows_per_s']:,.0f} rows/s")
+    print(f"arrowstream:   {ours['rows']:,} rows in {ours['seconds']:.2f} s = {ours['rows_per_s']:,.0f} rows/s "
+          f"({args.num_workers} workers, shuffle={args.shuffle})")
+    print(f"               first batch after {ours['first_batch_s']:.2f} s (workers starting, first reads); "
+          f"after it {ours['rows_per_s_after_first']:,.0f} rows/s")
+    print(f"ratio:         {ratio:.2f}x the pyarrow loop over the whole epoch")
+    print()
+    print(worker_table(ours["metrics"]))
+    if args.plot:
+        print(f"\nplot written to {args.plot}")
+    return 0

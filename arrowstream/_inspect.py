@@ -1,0 +1,169 @@
+"""``arrowstream inspect``: what a loader will do with a dataset, from its metadata alone.
+
+Files, rows, units (row groups, stripes, record batches), the schema, the splits, and how they
+are assigned for a given ``--world-size`` and ``--num-workers``: rows per (rank, worker) slot,
+the imbalance, the exact batches per rank and what ``even_batches`` and ``drop_last`` leave out.
+Nothing is read but footers; the numbers are those the loader uses (same plan, same assignment).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from typing import Any
+
+from ._order import assign_lpt, natural_batches, rows_yielded
+
+UNIT_NAMES = {"parquet": "row groups", "orc": "stripes", "arrow": "record batches", "ipc": "record batches",
+              "feather": "record batches", "iceberg": "row groups/stripes"}
+
+
+def add_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that name a dataset, shared by ``inspect`` and ``bench``."""
+    parser.add_argument("path", nargs="?", default=None,
+                        help="a file, directory, glob or URL (s3://, gs://, az://, ...); omit with --iceberg-table")
+    parser.add_argument("--format", default="parquet", help="parquet (default), orc or arrow")
+    parser.add_argument("--columns", default=None, help="comma-separated columns to read (default: all)")
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--split-bytes", type=int, default=None, help="target split size in bytes")
+    parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an fsspec storage option, repeatable (values parsed as JSON when they parse)")
+    parser.add_argument("--iceberg-table", default=None, metavar="NAMESPACE.TABLE", help="read an Iceberg table")
+    parser.add_argument("--catalog-root", default=None,
+                        help="the table's catalog: arrowstream's default (SQLite catalog + warehouse under DIR)")
+    parser.add_argument("--catalog-config", default=None, metavar="FILE.json",
+                        help="the table's catalog: pyiceberg catalog properties in a JSON file")
+    parser.add_argument("--snapshot-id", type=int, default=None, help="Iceberg snapshot (default: the latest)")
+
+
+def _storage_options(pairs: list[str]) -> dict[str, Any] | None:
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            from .errors import InvalidArgumentError
+            raise InvalidArgumentError(f"--storage-option: expected KEY=VALUE, got {pair!r}")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return options or None
+
+
+def open_dataset(args: argparse.Namespace, **kwargs: Any) -> Any:
+    """The dataset the source options name, with ``kwargs`` (rank, world_size, shuffle, ...)."""
+    from .errors import InvalidArgumentError
+
+    columns = args.columns.split(",") if args.columns else None
+    common: dict[str, Any] = {"batch_size": args.batch_size, **kwargs}
+    if args.split_bytes is not None:
+        common["split_bytes"] = args.split_bytes
+    if args.iceberg_table:
+        if args.path is not None:
+            raise InvalidArgumentError(f"path: give a path or --iceberg-table, not both (got {args.path!r})")
+        from . import IcebergDataset, iceberg_catalog_config
+
+        if args.catalog_config:
+            with open(args.catalog_config) as f:
+                catalog_config = json.load(f)
+        elif args.catalog_root:
+            catalog_config = iceberg_catalog_config(args.catalog_root)
+        else:
+            raise InvalidArgumentError("--iceberg-table needs its catalog: --catalog-root DIR (arrowstream's "
+                                       "default SQLite catalog) or --catalog-config FILE.json")
+        return IcebergDataset(args.iceberg_table, catalog_config=catalog_config, snapshot_id=args.snapshot_id,
+                              selected_fields=columns, **common)
+    if args.path is None:
+        raise InvalidArgumentError("path: name the data (a file, directory, glob or URL) or pass --iceberg-table")
+    from . import StructuredDataset
+
+    return StructuredDataset(args.path, format=args.format, columns=columns,
+                             storage_options=_storage_options(args.storage_option), **common)
+
+
+def describe(dataset: Any, num_workers: int) -> dict[str, Any]:
+    """The whole report as plain data (what ``--json`` prints)."""
+    plan, options = dataset._plan, dataset._options
+    world_size, per_rank = dataset.world_size, max(num_workers, 1)
+    num_slots = world_size * per_rank
+    footers = plan.files
+    files = [{"name": f.entry.name, "rows": sum(f.unit_rows), "units": len(f.unit_rows), "bytes": f.entry.size}
+             for f in footers]
+    splits = plan.splits_for(num_slots)
+    split_rows = [s.num_rows for s in splits]
+    owned = assign_lpt(split_rows, num_slots)
+    slot_rows = [sum(split_rows[i] for i in items) for items in owned]
+    limits = dataset.batch_limits(num_workers)
+    size, drop_last = options.batch_size, options.drop_last
+    slots = []
+    for index, (items, rows) in enumerate(zip(owned, slot_rows)):
+        natural = natural_batches(rows, size, drop_last)
+        batches = natural if limits is None else limits[index]
+        kept = rows_yielded(rows, batches, size, drop_last)
+        trimmed = rows - kept if batches < natural else 0
+        slots.append({"rank": index // per_rank, "worker": index % per_rank, "splits": len(items), "rows": rows,
+                      "batches": batches, "rows_yielded": kept, "rows_trimmed": trimmed,
+                      "rows_dropped": rows - kept - trimmed})
+    ranks = []
+    for rank in range(world_size):
+        mine = slots[rank * per_rank:(rank + 1) * per_rank]
+        ranks.append({"rank": rank, **{key: sum(s[key] for s in mine) for key in
+                                       ("rows", "batches", "rows_yielded", "rows_trimmed", "rows_dropped")}})
+    mean = sum(slot_rows) / num_slots
+    return {
+        "source": {"format": options.format, "table": dataset._source.table_name if options.format == "iceberg" else None,
+                   "snapshot_id": getattr(dataset, "snapshot_id", None)},
+        "files": len(footers), "rows": plan.num_rows, "bytes": sum(f["bytes"] for f in files),
+        "units": sum(f["units"] for f in files), "unit_name": UNIT_NAMES.get(options.format, "units"),
+        "schema": [[field.name, str(field.type)] for field in plan.schema],
+        "file_list": files,
+        "topology": {"world_size": world_size, "num_workers": num_workers, "slots": num_slots, "batch_size": size,
+                     "drop_last": drop_last, "even_batches": limits is not None},
+        "splits": {"count": len(splits), "rows_min": min(split_rows, default=0),
+                   "rows_median": statistics.median(split_rows) if split_rows else 0,
+                   "rows_max": max(split_rows, default=0)},
+        "slots": slots, "ranks": ranks,
+        "imbalance": (max(slot_rows) / mean - 1) if mean else 0.0,
+        "rows_trimmed": sum(s["rows_trimmed"] for s in slots),
+        "rows_dropped": sum(s["rows_dropped"] for s in slots),
+    }
+
+
+def render(report: dict[str, Any], max_files: int = 20) -> str:
+    """The report as text for a terminal."""
+    topology, splits = report["topology"], report["splits"]
+    source = report["source"]
+    what = (f"Iceberg table {source['table']} at snapshot {source['snapshot_id']}" if source["table"]
+            else f"{source['format']} files")
+    lines = [(f"{what}: {report['files']:,} files, {report['rows']:,} rows, {report['units']:,} "
+              f"{report['unit_name']}, {report['bytes'] / 2**20:,.1f} MiB"), "", "schema:"]
+    lines += [f"  {name}: {type_}" for name, type_ in report["schema"]]
+    lines += ["", f"files ({min(max_files, report['files'])} of {report['files']:,}):"]
+    lines += [f"  {f['name']}  {f['rows']:,} rows  {f['units']} {report['unit_name']}  {f['bytes']:,} bytes"
+              for f in report["file_list"][:max_files]]
+    lines += ["", (f"world_size={topology['world_size']} num_workers={topology['num_workers']} "
+                   f"batch_size={topology['batch_size']} drop_last={topology['drop_last']} "
+                   f"even_batches={topology['even_batches']}: {topology['slots']} slots"),
+              (f"splits: {splits['count']:,} (rows per split: min {splits['rows_min']:,}, median "
+               f"{splits['rows_median']:,.0f}, max {splits['rows_max']:,})"), "",
+              "rank  worker  splits        rows   batches  rows trimmed  rows dropped"]
+    for s in report["slots"]:
+        lines.append(f"{s['rank']:>4}  {s['worker']:>6}  {s['splits']:>6}  {s['rows']:>10,}  {s['batches']:>8,}  "
+                     f"{s['rows_trimmed']:>12,}  {s['rows_dropped']:>12,}")
+    lines += ["", "rank        rows   batches  rows yielded  rows trimmed"]
+    for r in report["ranks"]:
+        lines.append(f"{r['rank']:>4}  {r['rows']:>10,}  {r['batches']:>8,}  {r['rows_yielded']:>12,}  "
+                     f"{r['rows_trimmed']:>12,}")
+    lines += ["", f"imbalance: the fullest slot holds {report['imbalance']:.1%} more rows than the mean",
+              (f"even_batches trims {report['rows_trimmed']:,} rows per epoch; drop_last drops "
+               f"{report['rows_dropped']:,}")]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    dataset = open_dataset(args, rank=0, world_size=args.world_size, even_batches=not args.no_even_batches,
+                           drop_last=args.drop_last)
+    report = describe(dataset, args.num_workers)
+    print(json.dumps(report, indent=2) if args.json else render(report))
+    return 0
