@@ -1,4 +1,4 @@
-# Two commands do all setup on a fresh machine: `make demo` and `make test`.
+# Two commands do all setup on a fresh machine: `make demo` and `make test` (the suite, on 2 processes).
 # torch is installed first from its CPU build (torch==2.13.0, a local wheel on our machines) and
 # pinned by constraints.txt, so that no dependency pulls a CUDA build.
 
@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(BIN)/arrowstream demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
