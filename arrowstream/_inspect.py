@@ -13,7 +13,7 @@ import json
 import statistics
 from typing import Any
 
-from ._order import assign_lpt, natural_batches, rows_yielded
+from ._order import assign_lpt, natural_batches
 
 UNIT_NAMES = {"parquet": "row groups", "orc": "stripes", "arrow": "record batches", "ipc": "record batches",
               "feather": "record batches", "iceberg": "row groups/stripes"}
@@ -92,24 +92,19 @@ def describe(dataset: Any, num_workers: int) -> dict[str, Any]:
              for f in footers]
     splits = plan.splits_for(num_slots)
     split_rows = [s.num_rows for s in splits]
-    owned = assign_lpt(split_rows, num_slots)
-    slot_rows = [sum(split_rows[i] for i in items) for items in owned]
-    limits = dataset.batch_limits(num_workers)
-    size, drop_last = options.batch_size, options.drop_last
+    owned = assign_lpt(split_rows, num_slots)  # the loader's assignment: splits per slot
     slots = []
-    for index, (items, rows) in enumerate(zip(owned, slot_rows)):
-        natural = natural_batches(rows, size, drop_last)
-        batches = natural if limits is None else limits[index]
-        kept = rows_yielded(rows, batches, size, drop_last)
-        trimmed = rows - kept if batches < natural else 0
-        slots.append({"rank": index // per_rank, "worker": index % per_rank, "splits": len(items), "rows": rows,
-                      "batches": batches, "rows_yielded": kept, "rows_trimmed": trimmed,
+    for index, (rows, batches, kept) in enumerate(dataset.slot_yields(num_workers)):
+        trimmed = rows - kept if batches < natural_batches(rows, options.batch_size, options.drop_last) else 0
+        slots.append({"rank": index // per_rank, "worker": index % per_rank, "splits": len(owned[index]),
+                      "rows": rows, "batches": batches, "rows_yielded": kept, "rows_trimmed": trimmed,
                       "rows_dropped": rows - kept - trimmed})
     ranks = []
     for rank in range(world_size):
         mine = slots[rank * per_rank:(rank + 1) * per_rank]
         ranks.append({"rank": rank, **{key: sum(s[key] for s in mine) for key in
                                        ("rows", "batches", "rows_yielded", "rows_trimmed", "rows_dropped")}})
+    slot_rows = [s["rows"] for s in slots]
     mean = sum(slot_rows) / num_slots
     return {
         "source": {"format": options.format, "table": dataset._source.table_name if options.format == "iceberg" else None,
@@ -118,8 +113,9 @@ def describe(dataset: Any, num_workers: int) -> dict[str, Any]:
         "units": sum(f["units"] for f in files), "unit_name": UNIT_NAMES.get(options.format, "units"),
         "schema": [[field.name, str(field.type)] for field in plan.schema],
         "file_list": files,
-        "topology": {"world_size": world_size, "num_workers": num_workers, "slots": num_slots, "batch_size": size,
-                     "drop_last": drop_last, "even_batches": limits is not None},
+        "topology": {"world_size": world_size, "num_workers": num_workers, "slots": num_slots,
+                     "batch_size": options.batch_size, "drop_last": options.drop_last,
+                     "even_batches": dataset.batch_limits(num_workers) is not None},
         "splits": {"count": len(splits), "rows_min": min(split_rows, default=0),
                    "rows_median": statistics.median(split_rows) if split_rows else 0,
                    "rows_max": max(split_rows, default=0)},

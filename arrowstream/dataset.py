@@ -287,31 +287,31 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         return even_batch_limits(self.slot_rows(num_workers), self._world_size, self._options.batch_size,
                                  self._options.drop_last)
 
-    def _rank_slots(self, values: list[int], num_workers: int) -> list[int]:
-        per_rank = max(num_workers, 1)
-        return values[self._rank * per_rank:(self._rank + 1) * per_rank]
-
-    def _rank_rows(self, num_workers: int) -> list[int]:
-        return self._rank_slots(self.slot_rows(num_workers), num_workers)
-
-    def _rank_yields(self, num_workers: int) -> list[tuple[int, int, int]]:
-        """Per worker of this rank: (rows, batches it yields, rows it yields), this epoch."""
+    def _yields(self, rows: list[int], limits: list[int] | None) -> list[tuple[int, int, int]]:
+        """(rows, batches it yields, rows it yields) of slots of ``rows`` rows under ``limits``."""
         size, drop_last = self._options.batch_size, self._options.drop_last
-        source = self._elastic_source(self.epoch)
-        if source is None:
-            rows = self._rank_rows(num_workers)
-            all_limits = self.batch_limits(num_workers)
-            limits = None if all_limits is None else self._rank_slots(all_limits, num_workers)
-        else:  # an epoch re-planned for this topology: the shares of this rank's workers
-            shares = [self._share(source, Slot(self._rank, self._world_size, w, num_workers))
-                      for w in range(max(num_workers, 1))]
-            rows = [share.num_rows for share, _ in shares]
-            limits = None if not self._even_batches else [limit or 0 for _, limit in shares]
         out = []
         for index, r in enumerate(rows):
             limit = natural_batches(r, size, drop_last) if limits is None else limits[index]
             out.append((r, limit, rows_yielded(r, limit, size, drop_last)))
         return out
+
+    def slot_yields(self, num_workers: int = 0) -> list[tuple[int, int, int]]:
+        """Per (rank, worker) slot of every rank, in an epoch planned for this topology: its rows, the
+        batches it yields and the rows it yields (``even_batches`` and ``drop_last`` applied)."""
+        return self._yields(self.slot_rows(num_workers), self.batch_limits(num_workers))
+
+    def _rank_yields(self, num_workers: int) -> list[tuple[int, int, int]]:
+        """Per worker of this rank: (rows, batches it yields, rows it yields), this epoch."""
+        source = self._elastic_source(self.epoch)
+        if source is None:
+            per_rank = max(num_workers, 1)
+            return self.slot_yields(num_workers)[self._rank * per_rank:(self._rank + 1) * per_rank]
+        # an epoch re-planned for this topology: the shares of this rank's workers
+        shares = [self._share(source, Slot(self._rank, self._world_size, w, num_workers))
+                  for w in range(max(num_workers, 1))]
+        limits = None if not self._even_batches else [limit or 0 for _, limit in shares]
+        return self._yields([share.num_rows for share, _ in shares], limits)
 
     def _check_known(self, what: str) -> None:
         if self._options.filter is not None:

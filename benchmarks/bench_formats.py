@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_suite import arrowstream_commit, loadavg, main_versions
 from suite import tables
 from suite.baselines import convert, raw_batches
-from suite.common import log, time_epoch
+from suite.common import emit_report, log, time_epoch
 from suite.report import fmt_ms, fmt_ratio, fmt_rps, machine
 
 from arrowstream import StructuredDataset
@@ -362,11 +362,7 @@ def main() -> int:
     for sources in all_sources.values():
         samples.update(measure_table(sources, args.repeats))
     text = report(args, all_sources, samples, time.perf_counter() - start, load_before)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-        log(f"report written to {args.out}")
+    emit_report(text, args.out)
     return 0
 
 

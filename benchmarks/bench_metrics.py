@@ -65,7 +65,7 @@ REPO_ROOT = BENCH_DIR.parent
 sys.path.insert(0, str(BENCH_DIR))
 
 from bench_suite import loadavg, main_versions
-from suite.common import log
+from suite.common import emit_report, log
 from suite.report import fmt_ms, fmt_rps, machine
 
 DATA_ROOT = BENCH_DIR / "data" / "metrics"
@@ -523,11 +523,7 @@ def main() -> int:
         shutil.rmtree(temp, ignore_errors=True)
     costs = instrumentation_cost(args.iterations)
     text = report(args, specs, cases, samples, costs, time.perf_counter() - start, load_before)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-        log(f"report written to {args.out}")
+    emit_report(text, args.out)
     return 0
 
 

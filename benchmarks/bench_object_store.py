@@ -75,7 +75,7 @@ import s3fs
 from bench_suite import arrowstream_commit, loadavg, main_versions
 from proxy import ProxyProcess, start_proxy
 from suite.baselines import convert
-from suite.common import log
+from suite.common import emit_report, log
 from suite.report import fmt_ms, fmt_ratio, fmt_rps, machine
 
 # _prefetch: the read-ahead diagnostics wrap a few of its methods during a run and restore them after
@@ -798,11 +798,7 @@ def main() -> int:
         read_rows = measure_reads(env, data, args)
         memory = measure_memory(env, data, args)
     text = report(args, plan_rows, read_rows, memory, data, time.perf_counter() - start, load_before)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-        log(f"report written to {args.out}")
+    emit_report(text, args.out)
     return 0
 
 

@@ -36,6 +36,15 @@ def log(message: str) -> None:
     print(f"[suite] {message}", file=sys.stderr, flush=True)
 
 
+def emit_report(text: str, out: Any) -> None:
+    """Print a markdown report, and write it to ``out`` (a ``Path``) when given."""
+    print(text)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        log(f"report written to {out}")
+
+
 def batch_rows(batch: Any) -> int:
     """Rows in a batch: a dict of columns (tensors, arrays or lists), or a record batch."""
     if isinstance(batch, dict):
