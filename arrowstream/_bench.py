@@ -79,12 +79,30 @@ def raw_batches(dataset: Any, batch_size: int) -> Iterator[pa.RecordBatch]:
                 for stripe in range(orc_file.nstripes):
                     yield from _rechunked(iter(orc_file.read_stripe(stripe, columns=columns).to_batches()),
                                           batch_size)
+            elif footer.format in ("csv", "jsonl"):
+                yield from _rechunked(_text_batches(handle, footer, columns), batch_size)
             else:
                 from pyarrow import ipc
 
                 reader = ipc.open_file(handle)
                 yield from _rechunked((reader.get_batch(i).select(columns) for i in range(reader.num_record_batches)),
                                       batch_size)
+
+
+def _text_batches(handle: Any, footer: Any, columns: list[str]) -> Iterator[pa.RecordBatch]:
+    """A CSV or JSON Lines file through pyarrow's own streaming reader (its inference, its threads)."""
+    import pyarrow.csv as pa_csv
+    import pyarrow.json as pa_json
+
+    layout = footer.extra
+    source = pa.input_stream(handle, compression=layout.compression)
+    if footer.format == "csv":
+        read, parse, convert = layout.settings.csv_options(None, None, columns, True)
+        yield from pa_csv.open_csv(source, read_options=read, parse_options=parse, convert_options=convert)
+        return
+    read_json, parse_json = layout.settings.json_options(None, True)
+    for batch in pa_json.open_json(source, read_options=read_json, parse_options=parse_json):
+        yield batch.select(columns)
 
 
 def progress_bar(total: int | None, label: str, quiet: bool = False) -> Any:

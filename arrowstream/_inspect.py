@@ -16,19 +16,23 @@ from typing import Any
 from ._order import assign_lpt, natural_batches
 
 UNIT_NAMES = {"parquet": "row groups", "orc": "stripes", "arrow": "record batches", "ipc": "record batches",
-              "feather": "record batches", "iceberg": "row groups/stripes"}
+              "feather": "record batches", "iceberg": "row groups/stripes", "csv": "byte ranges",
+              "jsonl": "byte ranges", "json": "byte ranges"}
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     """The options that name a dataset, shared by ``inspect`` and ``bench``."""
     parser.add_argument("path", nargs="?", default=None,
                         help="a file, directory, glob or URL (s3://, gs://, az://, ...); omit with --iceberg-table")
-    parser.add_argument("--format", default="parquet", help="parquet (default), orc or arrow")
+    parser.add_argument("--format", default="parquet", help="parquet (default), orc, arrow, csv or jsonl")
     parser.add_argument("--columns", default=None, help="comma-separated columns to read (default: all)")
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--split-bytes", type=int, default=None, help="target split size in bytes")
     parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
                         help="an fsspec storage option, repeatable (values parsed as JSON when they parse)")
+    parser.add_argument("--parse-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a CSV/JSON Lines parse option (see docs/formats.md), repeatable; values parsed as "
+                             "JSON when they parse: --parse-option delimiter=';' --parse-option header=false")
     parser.add_argument("--iceberg-table", default=None, metavar="NAMESPACE.TABLE", help="read an Iceberg table")
     parser.add_argument("--catalog-root", default=None,
                         help="the table's catalog: arrowstream's default (SQLite catalog + warehouse under DIR)")
@@ -37,13 +41,13 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--snapshot-id", type=int, default=None, help="Iceberg snapshot (default: the latest)")
 
 
-def _storage_options(pairs: list[str]) -> dict[str, Any] | None:
+def _storage_options(pairs: list[str], flag: str = "--storage-option") -> dict[str, Any] | None:
     options: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             from .errors import InvalidArgumentError
-            raise InvalidArgumentError(f"--storage-option: expected KEY=VALUE, got {pair!r}")
+            raise InvalidArgumentError(f"{flag}: expected KEY=VALUE, got {pair!r}")
         try:
             options[key] = json.loads(value)
         except ValueError:
@@ -78,6 +82,9 @@ def open_dataset(args: argparse.Namespace, **kwargs: Any) -> Any:
         raise InvalidArgumentError("path: name the data (a file, directory, glob or URL) or pass --iceberg-table")
     from . import StructuredDataset
 
+    parse_options = _storage_options(args.parse_option, "--parse-option")
+    if parse_options is not None:
+        common["parse_options"] = parse_options
     return StructuredDataset(args.path, format=args.format, columns=columns,
                              storage_options=_storage_options(args.storage_option), **common)
 

@@ -10,11 +10,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ._convert import OUTPUT_FORMATS
+from ._formats import TextSettings
 from ._planning import fingerprint
 from .errors import ArgumentTypeError, InvalidArgumentError, NotSupportedYetError
 
 FORMATS = ("parquet", "orc", "arrow", "csv", "jsonl", "json", "iceberg")  # iceberg: IcebergDataset's own
-SUPPORTED_FORMATS = ("parquet", "orc", "arrow", "iceberg")
+SUPPORTED_FORMATS = ("parquet", "orc", "arrow", "csv", "jsonl", "iceberg")
+TEXT_FORMATS = ("csv", "jsonl")
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,13 @@ class Options:
     drop_last: bool
     split_bytes: int | None
     fill_nulls: Any
+    parse_options: TextSettings | None = None
+
+    @property
+    def drops_rows(self) -> bool:
+        """Whether rows may be left out while reading (a filter, or bad text rows skipped), so that the rows
+        each worker yields are unknown before reading."""
+        return self.filter is not None or (self.parse_options is not None and self.parse_options.bad_rows == "skip")
 
     def state_options(self) -> dict[str, Any]:
         """The options that decide which rows come in which batch: they must match on resume."""
@@ -48,6 +57,7 @@ class Options:
             "split_bytes": self.split_bytes,
             "columns": None if self.columns is None else fingerprint(list(self.columns))[:16],
             "filter": None if self.filter is None else fingerprint(str(self.filter))[:16],
+            **({} if self.parse_options is None else {"parse_options": fingerprint(self.parse_options.state())[:16]}),
         }
 
 
@@ -94,8 +104,11 @@ def _columns(value: Any) -> tuple[str, ...] | None:
 
 def validate_options(*, format: str, batch_size: int, shuffle: bool, seed: int, shuffle_buffer_size: int,
                      interleave: int, columns: Any, filter: Any, output_format: str, transform: Any,
-                     drop_last: bool, split_bytes: int | None, fill_nulls: Any) -> Options:
+                     drop_last: bool, split_bytes: int | None, fill_nulls: Any,
+                     parse_options: Any = None) -> Options:
     """Check every argument; raise an arrowstream error naming the first bad one."""
+    if format == "json":  # JSON Lines by its other name
+        format = "jsonl"
     if format not in FORMATS:
         raise InvalidArgumentError(
             f"format: unknown format {format!r}; use one of {[f for f in FORMATS if f != 'iceberg']}")
@@ -112,6 +125,9 @@ def validate_options(*, format: str, batch_size: int, shuffle: bool, seed: int, 
         check_int("split_bytes", split_bytes, 1)
     if fill_nulls is not None and not isinstance(fill_nulls, (int, float, bool, Mapping)):
         raise ArgumentTypeError(f"fill_nulls: expected a number or a dict of column -> number, got {fill_nulls!r}")
+    if parse_options is not None and format not in TEXT_FORMATS:
+        raise InvalidArgumentError(f"parse_options: apply to format='csv' or 'jsonl', not {format!r}; leave it out")
+    settings = TextSettings.from_user(format, parse_options) if format in TEXT_FORMATS else None
     return Options(
         format=format,
         batch_size=check_int("batch_size", batch_size, 1),
@@ -126,4 +142,5 @@ def validate_options(*, format: str, batch_size: int, shuffle: bool, seed: int, 
         drop_last=check_bool("drop_last", drop_last),
         split_bytes=split_bytes,
         fill_nulls=fill_nulls,
+        parse_options=settings,
     )

@@ -203,30 +203,38 @@ def fingerprint(payload: Any) -> str:
 def plan_files(storage: Storage, entries: Sequence[FileEntry], file_format: FileFormat, *,
                columns: list[str] | None, filter: pc.Expression | None, split_bytes: int | None) -> Plan:
     """Read every file's metadata once (concurrently) and build the plan of the dataset."""
-    first_url = display_url(storage.protocol, entries[0].path)
-    first = read_footer(storage, file_format, entries[0], None, [])
+    # columns and filter are checked on the first file that is not empty (an empty text file names no columns)
+    lead = next((i for i, e in enumerate(entries) if e.size != 0), 0)
+    first_url = display_url(storage.protocol, entries[lead].path)
+    first = read_footer(storage, file_format, entries[lead], None, [])
     filter_columns = check_filter(filter, first.schema, first_url) if filter is not None else []
     if filter is not None:  # now that the filter is known to fit, prune the first file too
-        first = read_footer(storage, file_format, entries[0], filter, filter_columns)
+        first = read_footer(storage, file_format, entries[lead], filter, filter_columns)
     if columns is not None:
         unknown = [c for c in columns if c not in first.schema.names]
         if unknown:
             raise InvalidArgumentError(
                 f"columns: {unknown} not found in {first_url}; its columns are {first.schema.names}")
-    rest = entries[1:]
+    rest = [e for i, e in enumerate(entries) if i != lead]
     if len(rest) > 1:
         with ThreadPoolExecutor(max_workers=min(MAX_PLANNING_THREADS, len(rest))) as pool:
             others = list(pool.map(lambda e: read_footer(storage, file_format, e, filter, filter_columns), rest))
     else:
         others = [read_footer(storage, file_format, e, filter, filter_columns) for e in rest]
-    footers = [first, *others]
+    footers = [*others[:lead], first, *others[lead:]]
+    reconcile = getattr(file_format, "reconcile", None)   # text formats: one schema for every file
+    if reconcile is not None:
+        footers = reconcile(footers, storage.protocol)
+    # a text file of no rows has names but no types: the schema is that of the first file with rows
+    with_rows = [f for f in footers if any(f.unit_rows)] or footers
+    reference = with_rows[0]
 
-    output_columns = list(columns) if columns is not None else list(first.schema.names)
+    output_columns = list(columns) if columns is not None else list(reference.schema.names)
     read_columns = output_columns + [c for c in filter_columns if c not in output_columns]
-    _check_schemas(footers, storage.protocol, read_columns, all_columns=columns is None)
-    schema = pa.schema([first.schema.field(c) for c in output_columns])
+    _check_schemas(with_rows, storage.protocol, read_columns, all_columns=columns is None)
+    schema = pa.schema([reference.schema.field(c) for c in output_columns])
     return build_plan(storage.protocol, footers, schema, read_columns, filter, split_bytes,
-                      identity={"schema": [[fld.name, str(fld.type)] for fld in first.schema]})
+                      identity={"schema": [[fld.name, str(fld.type)] for fld in reference.schema]})
 
 
 def build_plan(protocol: str, footers: list[FileFooter], schema: pa.Schema, read_columns: list[str],

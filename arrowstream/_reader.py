@@ -15,13 +15,16 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ._failures import is_expired_credentials, is_transient, wrap_read_error
 from ._formats import UnitFile, get_format
+from ._formats.text import ROW_OK
 from ._metrics import Meter
 from ._planning import Plan, Split
 from ._prefetch import Prefetcher
 from ._storage import MAX_REFRESHES, Storage, logger
+from .errors import ArrowStreamError
 
 _ROW_INDEX = "__arrowstream_source_offset"
 
@@ -139,6 +142,9 @@ class SplitReader:
                 if self._meter is not None:
                     self._meter.split_done(split.num_bytes)
                 return
+            except ArrowStreamError:   # already names the file and the remedy (a malformed text row)
+                self.close()
+                raise
             except Exception as exc:
                 self.close()
                 url = self._plan.url(split.file_index)
@@ -187,6 +193,8 @@ class SplitReader:
     def _piece(self, batch: pa.RecordBatch, position: int, start: int) -> Piece:
         end = start + batch.num_rows
         filter = self._plan.filter
+        if batch.schema.get_field_index(ROW_OK) >= 0:   # text rows that did not parse, skipped: gaps
+            filter = pc.field(ROW_OK) if filter is None else filter & pc.field(ROW_OK)
         if filter is None:
             if batch.schema.names != self._output_columns:
                 batch = batch.select(self._output_columns)

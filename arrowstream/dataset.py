@@ -16,7 +16,7 @@ from ._convert import make_converter, resolve_fill_nulls
 from ._cursor import Cursor, Run
 from ._discovery import discover_files
 from ._elastic import Share, assign_shares, remaining_items, share_runs
-from ._formats import get_format
+from ._formats import TextFormat, get_format
 from ._metrics import Board, Meter
 from ._options import Options, check_bool, check_int, validate_options
 from ._order import (
@@ -56,8 +56,11 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
     Args:
         path: A directory (read recursively), a glob, one file, or a list of them; local or any
             fsspec URL (``s3://``, ``gs://``, ``az://``, ``memory://``).
-        format: ``"parquet"`` (row groups are the units of splits), ``"orc"`` (stripes) or
-            ``"arrow"`` (Arrow IPC / Feather v2 files; record batches, memory-mapped when local).
+        format: ``"parquet"`` (row groups are the units of splits), ``"orc"`` (stripes),
+            ``"arrow"`` (Arrow IPC / Feather v2 files; record batches, memory-mapped when local),
+            ``"csv"`` or ``"jsonl"`` (also ``"json"``: newline-delimited JSON; stretches of bytes cut at
+            row starts, found by a scan at planning; ``.gz``/``.bz2``/``.zst`` files whole). See
+            docs/formats.md.
         batch_size: Rows per yielded batch.
         shuffle: Shuffle the split order, seeded by ``seed`` and the epoch (:meth:`set_epoch`).
         seed: The shuffle seed.
@@ -78,7 +81,12 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         split_bytes: Target split size in bytes (Parquet: uncompressed row-group bytes; ORC: stripe
             bytes on disk; IPC: record-batch bodies as stored); ``None`` makes one split per unit
             (row group, stripe, record batch). Splits never cut a unit unless there are fewer
-            splits than slots. See docs/formats.md.
+            splits than slots. CSV/JSON Lines: bytes of text; units are ``min(split_bytes, 8 MiB)``.
+            See docs/formats.md.
+        parse_options: CSV and JSON Lines only: pyarrow's read, parse and convert options by name
+            (``delimiter``, ``header``, ``column_names``, ``column_types``, ``null_values``, ...) and
+            ``bad_rows`` (``"error"``, the default, or ``"skip"``: rows that do not parse are logged and
+            left out). Column types are inferred once, from the first file. See docs/formats.md.
         fill_nulls: Value that replaces nulls of numeric, bool and fixed-size-list columns in
             ``torch``/``numpy`` batches: a dict by column, or one value for every column whose
             type it suits (``0``: int and float columns). Without it such a null raises
@@ -109,7 +117,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                  shuffle: bool = False, seed: int = 0, shuffle_buffer_size: int = 0, interleave: int = 1,
                  columns: list[str] | None = None, filter: Any = None, output_format: str = "torch",
                  transform: Callable[[Any], Any] | None = None, drop_last: bool = False,
-                 split_bytes: int | None = None, fill_nulls: Any = None,
+                 split_bytes: int | None = None, fill_nulls: Any = None, parse_options: dict[str, Any] | None = None,
                  storage_options: dict[str, Any] | None = None, accelerator: Any = None,
                  rank: int | None = None, world_size: int | None = None, even_batches: bool = True,
                  group_size: int = 1, read_ahead: int = 1,
@@ -122,7 +130,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             format=format, batch_size=batch_size, shuffle=shuffle, seed=seed,
             shuffle_buffer_size=shuffle_buffer_size, interleave=interleave, columns=columns, filter=filter,
             output_format=output_format, transform=transform, drop_last=drop_last, split_bytes=split_bytes,
-            fill_nulls=fill_nulls)
+            fill_nulls=fill_nulls, parse_options=parse_options)
         if storage_options is not None and not isinstance(storage_options, dict):
             raise ArgumentTypeError(f"storage_options: expected a dict, got {type(storage_options).__name__}")
         if credential_provider is not None and not callable(credential_provider):
@@ -133,9 +141,10 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._rank, self._world_size = self._topology.data_rank, self._topology.data_world_size
         # with one reader of distinct data there is nothing to even out
         self._even_batches = check_bool("even_batches", even_batches) and self._world_size > 1
-        if self._even_batches and self._options.filter is not None:
+        if self._even_batches and self._options.drops_rows:
             raise InvalidArgumentError(
-                f"even_batches: with world_size={self._world_size} and a filter (filter= or row_filter=), the batches each rank yields "
+                f"even_batches: with world_size={self._world_size} and a filter (filter= or row_filter=, or "
+                "parse_options bad_rows='skip'), the batches each rank yields "
                 "are unknown before reading, so they cannot be evened out from metadata. Pass "
                 "even_batches=False and keep ranks in step yourself (torch.distributed.algorithms.Join), "
                 "or filter in transform= instead")
@@ -184,7 +193,10 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         """List the files and read their metadata in this process."""
         storage, entries = discover_files(path, storage_options, self._credential_provider)
         columns = list(self._options.columns) if self._options.columns else None
-        plan = plan_files(storage, entries, get_format(self._options.format), columns=columns,
+        file_format = get_format(self._options.format)
+        if isinstance(file_format, TextFormat) and self._options.parse_options is not None:
+            file_format = file_format.configured(self._options.parse_options, self._options.split_bytes)
+        plan = plan_files(storage, entries, file_format, columns=columns,
                           filter=self._options.filter, split_bytes=self._options.split_bytes)
         return storage, plan, None
 
@@ -314,9 +326,9 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         return self._yields([share.num_rows for share, _ in shares], limits)
 
     def _check_known(self, what: str) -> None:
-        if self._options.filter is not None:
-            raise TypeError(f"the {what} unknown before reading: the filter decides how many rows each worker "
-                            "yields")
+        if self._options.drops_rows:
+            raise TypeError(f"the {what} unknown before reading: the filter (or bad_rows='skip') decides how many "
+                            "rows each worker yields")
 
     def rows_dropped_per_epoch(self, num_workers: int = 0) -> int:
         """Rows ``drop_last`` drops each epoch on this rank (each worker's short last batch)."""
@@ -394,7 +406,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         if limit is not None and state.batches >= limit:
             return True
         wanted = self._options.batch_size if self._options.drop_last else 1  # fewer rows than that: none
-        if self._options.filter is None:
+        if not self._options.drops_rows:
             return sum(s.num_rows for s in splits) - state.rows - state.rows_dropped < wanted
         # the filter decides what is left: look ahead from the cursor (the rows a resumed run reads first)
         return not self._stream(slot, state.epoch, state).holds(wanted)
@@ -534,7 +546,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             else:
                 cursors.append(state.cursor)
         inside_windows = [i for i, c in enumerate(cursors) if c is not None and c.window_offset]
-        if inside_windows and self._options.filter is not None:
+        if inside_windows and self._options.drops_rows:
             rank, worker = divmod(inside_windows[0], max(num_workers, 1))
             raise StateMismatchError(
                 f"elastic resume: the checkpoint's rank {rank} worker {worker} stood inside a shuffle window, and "

@@ -31,6 +31,10 @@ class CorruptFileError(ArrowStreamError, ValueError):
     """A file is not a readable file of the expected format."""
 
 
+class MalformedRowError(CorruptFileError):
+    """A row of a CSV or JSON Lines file does not parse (the error names the file, line and byte)."""
+
+
 class FileReadError(ArrowStreamError, OSError):
     """A file could not be read (permissions, or storage errors that outlasted retries)."""
 
@@ -77,6 +81,7 @@ __all__ = [
     "EmptyDatasetError",
     "FileReadError",
     "InvalidArgumentError",
+    "MalformedRowError",
     "MissingDependencyError",
     "NotSupportedYetError",
     "NullValueError",

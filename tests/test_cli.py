@@ -160,3 +160,16 @@ def test_bench_plot_without_matplotlib_says_how_to_install_it(skewed, tmp_path, 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(arrowstream.MissingDependencyError, match=r"arrowstream\[cli\]"):
         main(["bench", skewed, "--num-workers", "0", "--quiet", "--plot", str(tmp_path / "p.png")])
+
+
+def test_inspect_and_bench_read_csv_with_parse_options(tmp_path):
+    path = tmp_path / "data.txt"
+    path.write_text("# exported\n" + "".join(f"{i};{i * 0.5};name {i}\n" for i in range(3000)))
+    options = ["--format", "csv", "--split-bytes", "4096", "--parse-option", "delimiter=;",
+               "--parse-option", "skip_rows=1", "--parse-option", "header=false",
+               "--parse-option", 'column_names=["id", "x", "name"]']
+    report = json.loads(arrowstream_cli("inspect", str(path), *options, "--num-workers", "3", "--json"))
+    assert report["rows"] == 3000 and report["unit_name"] == "byte ranges" and report["units"] > 10
+    assert [name for name, _ in report["schema"]] == ["id", "x", "name"]
+    result = json.loads(arrowstream_cli("bench", str(path), *options, "--num-workers", "0", "--json", "--quiet"))
+    assert result["raw"]["rows"] == result["arrowstream"]["rows"] == 3000

@@ -91,7 +91,7 @@ def test_schemas_that_disagree(tmp_path):
 
 @pytest.mark.parametrize(("kwargs", "error", "pattern"), [
     ({"format": "xml"}, errors.InvalidArgumentError, "format: unknown format 'xml'"),
-    ({"format": "csv"}, errors.NotSupportedYetError, "format: 'csv' is planned"),
+    ({"parse_options": {"delimiter": ";"}}, errors.InvalidArgumentError, "parse_options: apply to format=.csv."),
     ({"output_format": "pandas"}, errors.InvalidArgumentError, "output_format: unknown output format"),
     ({"batch_size": 0}, errors.InvalidArgumentError, "batch_size: must be >= 1"),
     ({"batch_size": "64"}, errors.ArgumentTypeError, "batch_size: expected an int"),

@@ -1,5 +1,5 @@
-"""The reader contract: one suite that every format passes (Parquet, ORC, Arrow IPC here; Iceberg
-in tests/test_iceberg.py subclasses it).
+"""The reader contract: one suite that every format passes (Parquet, ORC, Arrow IPC, CSV and JSON
+Lines here; Iceberg in tests/test_iceberg.py subclasses it).
 
 A format subclass says how to write a table into files of many units (row groups, stripes,
 record batches), how its own reader reads a file back, and how to build a loader on what it
@@ -11,12 +11,16 @@ empty dataset and a corrupt file are clear errors that name the file.
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
+import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 import pytest
 from helpers import check_exactly_once, check_resume, make_loader, make_table
@@ -211,6 +215,80 @@ class TestArrowIpc(FileFormatContract):
     def read_file(self, path):
         with pa.memory_map(str(path)) as source:
             return ipc.open_file(source).read_all()
+
+
+class TextContract(FileFormatContract):
+    """CSV and JSON Lines: units are stretches of bytes found by the planning scan, not metadata, so
+    a unit holds the rows that start in ``split_bytes`` of text (``unit_rows`` sets it from the rows'
+    average size). A broken file fails when its rows are read, naming the line."""
+
+    def factory(self, source: Any, num_workers: int, **options: Any) -> tuple[Any, Any]:
+        options.setdefault("split_bytes", self._unit_bytes)
+        return make_loader(source, num_workers, format=self.format, **options)
+
+    def source(self, tmp_path: Path, tables: list[pa.Table], unit_rows: int = UNIT_ROWS) -> Any:
+        folder = super().source(tmp_path, tables, unit_rows)
+        written = [(f.stat().st_size, self.read_file(f).num_rows) for f in Path(folder).iterdir() if f.stat().st_size]
+        size, rows = max(written, key=lambda w: w[1], default=(1, 1))
+        self._unit_bytes = max(size * unit_rows // max(rows, 1), 1)
+        return folder
+
+    def test_units_come_from_metadata_and_cover_every_row(self, data):
+        _, dataset = self.factory(data, 0, batch_size=100)
+        plan = dataset._plan
+        assert plan.num_rows == sum(ROWS_PER_FILE)
+        assert sorted(sum(f.unit_rows) for f in plan.files) == sorted(ROWS_PER_FILE)
+        for footer in plan.files:   # byte ranges tile the data and each holds about unit_bytes
+            ranges = footer.extra.ranges
+            assert all(end == start for (_, end), (start, _) in itertools.pairwise(ranges))
+            assert all(abs(size - self._unit_bytes) < 200 for size in footer.unit_bytes[:-1])
+        assert len(plan.splits) == sum(len(f.unit_rows) for f in plan.files)
+        assert dataset.num_batches() == -(-sum(ROWS_PER_FILE) // 100)
+
+    def corrupt(self, source: Any, row: int = -3) -> str:
+        victim = max(Path(source).iterdir(), key=lambda f: f.stat().st_size)
+        lines = victim.read_bytes().splitlines(keepends=True)
+        lines[row] = self.bad_row
+        victim.write_bytes(b"".join(lines))
+        return rf"{victim.name}: line {row % len(lines) + 1} \(byte {sum(map(len, lines[:row]))}\)"
+
+    @pytest.mark.parametrize("row", [-3, 2])   # met when read, or by the type inference at planning
+    def test_corrupt_file_is_named(self, data, row):
+        where = self.corrupt(data, row)
+        with pytest.raises(errors.MalformedRowError, match=where) as info:
+            loader, _ = self.factory(data, 0)
+            list(loader)
+        assert isinstance(info.value, errors.CorruptFileError) and isinstance(info.value, ValueError)
+        assert "bad_rows" in str(info.value)
+
+    def test_schemas_that_disagree_are_refused(self, tmp_path):
+        other = table_of(100, 100).set_column(0, "id", pa.array([f"id-{i}" for i in range(100)]))
+        source = self.source(tmp_path, [table_of(0, 100), other])
+        with pytest.raises(errors.SchemaMismatchError, match="part-001.*column_types"):
+            self.factory(source, 0, columns=["id"])
+
+
+class TestCsv(TextContract):
+    format = "csv"
+    bad_row = b"1,2,3\n"
+
+    def write_file(self, path, table, unit_rows):
+        pa_csv.write_csv(table, path)
+
+    def read_file(self, path):
+        return pa_csv.read_csv(path)
+
+
+class TestJsonLines(TextContract):
+    format = "jsonl"
+    bad_row = b'{"id": 5, "x": \n'
+
+    def write_file(self, path, table, unit_rows):
+        with open(path, "w") as out:
+            out.writelines(json.dumps(row) + "\n" for row in table.to_pylist())
+
+    def read_file(self, path):
+        return pa_json.read_json(path)
 
 
 # -- format specifics --------------------------------------------------------------------------

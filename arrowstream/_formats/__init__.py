@@ -6,8 +6,9 @@ from ._base import FileFooter, FileFormat, UnitFile
 from .ipc import IPC
 from .orc import ORC
 from .parquet import PARQUET
+from .text import CSV, JSONL, TextFormat, TextSettings
 
-FILE_FORMATS: dict[str, FileFormat] = {f.name: f for f in (PARQUET, ORC, IPC)}
+FILE_FORMATS: dict[str, FileFormat] = {f.name: f for f in (PARQUET, ORC, IPC, CSV, JSONL)}
 
 
 def register_format(file_format: FileFormat) -> None:
@@ -19,4 +20,4 @@ def get_format(name: str) -> FileFormat:
     return FILE_FORMATS[name]
 
 
-__all__ = ["FILE_FORMATS", "FileFooter", "FileFormat", "UnitFile", "get_format", "register_format"]
+__all__ = ["FILE_FORMATS", "FileFooter", "FileFormat", "TextFormat", "TextSettings", "UnitFile", "get_format", "register_format"]
