@@ -20,8 +20,9 @@ import numpy as np
 import torch
 
 # a board row, in this order
-FIELDS = ("rows", "batches", "bytes", "splits_done", "read_s", "convert_s", "idle_s", "first_s", "last_s")
-COUNTS = ("rows", "batches", "bytes", "splits_done")
+FIELDS = ("rows", "batches", "bytes", "splits_done", "read_s", "convert_s", "idle_s", "first_s", "last_s",
+          "rows_skipped")
+COUNTS = ("rows", "batches", "bytes", "splits_done", "rows_skipped")
 TIMES = ("read_s", "convert_s", "idle_s")
 
 
@@ -29,14 +30,15 @@ class Meter:
     """The counters of one worker, written by that worker only."""
 
     __slots__ = ("_row", "batches", "bytes", "convert_s", "first_s", "idle_s", "last_s", "read_s", "rows",
-                 "splits_done")
+                 "rows_skipped", "splits_done")
 
     def __init__(self, row: np.ndarray | None = None) -> None:
         """``row``: this worker's row of a board; a worker restarted for a new epoch goes on from it."""
         self._row = row
         values: list[float] = [0.0] * len(FIELDS) if row is None else row.tolist()
         self.rows, self.batches, self.bytes, self.splits_done = (int(v) for v in values[:4])
-        self.read_s, self.convert_s, self.idle_s, self.first_s, self.last_s = (float(v) for v in values[4:])
+        self.read_s, self.convert_s, self.idle_s, self.first_s, self.last_s = (float(v) for v in values[4:9])
+        self.rows_skipped = int(values[9])
 
     def batch(self, rows: int, batches: int, read_s: float, convert_s: float, idle_s: float, now: float) -> None:
         """Count ``batches`` handed over, holding ``rows`` rows."""
@@ -56,9 +58,13 @@ class Meter:
         self.splits_done += 1
         self.bytes += num_bytes
 
+    def skipped(self, rows: int) -> None:
+        """``rows`` rows of text that did not parse, left out (``bad_rows="skip"``)."""
+        self.rows_skipped += rows
+
     def values(self) -> tuple[float, ...]:
         return (self.rows, self.batches, self.bytes, self.splits_done, self.read_s, self.convert_s, self.idle_s,
-                self.first_s, self.last_s)
+                self.first_s, self.last_s, self.rows_skipped)
 
 
 class Board:
@@ -107,7 +113,7 @@ def merge(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
     Elapsed time is the longest of the ranks' (their clocks are not compared), so ``rows_per_s``
     is the job's rate while the slowest rank ran.
     """
-    out: dict[str, Any] = {name: sum(m[name] for m in per_rank) for name in COUNTS + TIMES}
+    out: dict[str, Any] = {name: sum(m.get(name, 0) for m in per_rank) for name in COUNTS + TIMES}
     busy = out["read_s"] + out["convert_s"]
     out["utilization"] = busy / (busy + out["idle_s"]) if busy + out["idle_s"] > 0 else 0.0
     out["elapsed_s"] = max((m["elapsed_s"] for m in per_rank), default=0.0)

@@ -195,6 +195,8 @@ class SplitReader:
         filter = self._plan.filter
         if batch.schema.get_field_index(ROW_OK) >= 0:   # text rows that did not parse, skipped: gaps
             filter = pc.field(ROW_OK) if filter is None else filter & pc.field(ROW_OK)
+            if self._meter is not None:
+                self._meter.skipped(batch.num_rows - batch.column(ROW_OK).true_count)
         if filter is None:
             if batch.schema.names != self._output_columns:
                 batch = batch.select(self._output_columns)

@@ -284,6 +284,9 @@ def test_bad_rows_skip_leaves_them_out_logs_them_and_resumes_exactly(tmp_path, c
     assert got == sorted(set(range(1000)) - {16, 501, 998})
     skipped = [r.getMessage() for r in caplog.records if "skipped a bad CSV row" in r.getMessage()]
     assert len(skipped) == 3 and all("s.csv at line" in m for m in skipped)
+    assert loader.metrics()["rows_skipped"] == 3        # counted, as well as logged
+    two, two_dataset = make_loader(str(path), 2, **options)
+    assert sorted(ids(two, two_dataset)) == got and two.metrics()["rows_skipped"] == 3
     with pytest.raises(TypeError, match="bad_rows='skip'"):
         len(loader)
     expected = set(range(1000)) - {16, 501, 998}
