@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import gc
 import json
 import shlex
 import statistics
@@ -58,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_suite import arrowstream_commit, loadavg, main_versions
 from suite import tables
-from suite.baselines import convert, raw_batches
+from suite.baselines import convert, fingerprint, gc_off, raw_batches
 from suite.common import emit_report, log, time_epoch
 from suite.report import fmt_ms, fmt_ratio, fmt_rps, machine
 
@@ -183,17 +182,6 @@ def raw_loop(source: Source) -> Iterator[Batch]:
     return ipc_raw(source.files)
 
 
-def gc_off(batches: Iterator[Batch]) -> Iterator[Batch]:
-    """``batches`` with Python's cyclic garbage collector off, as arrowstream has it around ``to_pylist``."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield from batches
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def arrowstream_loop(source: Source, num_workers: int) -> Iterator[Batch]:
     loader, dataset = StructuredDataset.create_dataloader(
         path=str(source.folder), format=source.format, batch_size=BATCH, num_workers=num_workers,
@@ -212,21 +200,6 @@ def maker(key: Key, source: Source) -> Callable[[], Iterator[Batch]]:
 
 
 # -- the warm-up check ---------------------------------------------------------------------------
-
-
-def fingerprint(batches: Iterator[Batch]) -> tuple[np.ndarray, dict[str, float]]:
-    """All ids of an epoch, and per column a sum (numbers) or a total length (lists, strings)."""
-    ids, sums = [], {}
-    for batch in batches:
-        for name, column in batch.items():
-            if name == "id":
-                ids.append(column.numpy().copy())
-            if hasattr(column, "numpy"):
-                value = float(column.numpy().astype(np.float64).sum())
-            else:
-                value = float(sum(len(item) for item in column if item is not None))
-            sums[name] = sums.get(name, 0.0) + value
-    return np.concatenate(ids), sums
 
 
 def check(key: Key, make: Callable[[], Iterator[Batch]], rows: int, reference: dict[str, float] | None

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import gc
 import json
 import shlex
 import statistics
@@ -49,6 +48,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_suite import arrowstream_commit, loadavg, main_versions
+from suite.baselines import fingerprint, gc_off
 from suite.common import emit_report, log, time_epoch
 from suite.report import fmt_ms, fmt_ratio, fmt_rps, machine
 from suite.tables import DATA_ROOT
@@ -108,16 +108,6 @@ def whole_file(path: Path, fmt: str) -> Iterator[Batch]:
     return sliced(iter(table.to_batches()))
 
 
-def gc_off(batches: Iterator[Batch]) -> Iterator[Batch]:
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield from batches
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def arrowstream_loop(path: Path, fmt: str, num_workers: int) -> Iterator[Batch]:
     loader, dataset = StructuredDataset.create_dataloader(path=str(path), format=fmt, batch_size=BATCH,
                                                           num_workers=num_workers, shuffle=False)
@@ -134,18 +124,6 @@ def maker(loader: str, path: Path, fmt: str) -> Callable[[], Iterator[Batch]]:
         return lambda: whole_file(path, fmt)
     workers = int(loader.split("=")[1])
     return lambda: arrowstream_loop(path, fmt, workers)
-
-
-def fingerprint(batches: Iterator[Batch]) -> tuple[np.ndarray, dict[str, float]]:
-    ids, sums = [], {}
-    for batch in batches:
-        for name, column in batch.items():
-            if name == "id":
-                ids.append(column.numpy().copy())
-            value = float(column.numpy().astype(np.float64).sum()) if hasattr(column, "numpy") else \
-                float(sum(len(item) for item in column))
-            sums[name] = sums.get(name, 0.0) + value
-    return np.concatenate(ids), sums
 
 
 def planning_seconds(path: Path, fmt: str) -> float:

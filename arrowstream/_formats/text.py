@@ -20,6 +20,7 @@ rows into gaps that the reader drops like filtered rows, each logged.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -336,8 +337,8 @@ def scan_units(blocks: Iterator[bytes], settings: TextSettings, unit_bytes: int,
     for block in blocks:
         add(*scanner.feed(block))
         size += len(block)
-        pending += block
-        pending = pending[len(pending) - (size - scanner.row_start):]
+        open_bytes = size - scanner.row_start
+        pending = block[len(block) - open_bytes:] if open_bytes <= len(block) else pending + block
     add(*scanner.finish(pending))
     return [tuple(units[k]) for k in sorted(units)], size, scanner.quoted_newlines  # type: ignore[misc]
 
@@ -564,7 +565,7 @@ class TextFile:
             tables = (self._parse(self._unit_data(unit), self._footer.unit_rows[unit], columns, use_threads, self._layout.lines[unit],
                                        self._layout.ranges[unit][0]) for unit in units)
         for table in tables:
-            for batch in table.combine_chunks().to_batches():
+            for batch in table.to_batches():
                 yield from sliced(batch, batch_rows)
 
     def close(self) -> None:
@@ -656,39 +657,38 @@ class TextFormat:
                               TextLayout(settings, compression, (), (), (), False))
         with _open_stream(storage, entry, compression) as stream:
             head = stream.read(_INFER_BYTES)
-            complete = len(head) < _INFER_BYTES
-        if not head.strip():
-            return FileFooter(entry, self.name, pa.schema([]), (), (), (), None,
-                              TextLayout(settings, compression, (), (), (), False))
-        schema = self._infer(head, complete, display_url(storage.protocol, entry.path))
-        if compression is None and settings.scannable:
-            with storage.open_input(entry) as source:
-                units, size, quoted = scan_units(_blocks(source), settings, self.unit_bytes)
+            if not head.strip():
+                return FileFooter(entry, self.name, pa.schema([]), (), (), (), None,
+                                  TextLayout(settings, compression, (), (), (), False))
+            schema = self._infer(head, len(head) < _INFER_BYTES, display_url(storage.protocol, entry.path))
+            if settings.scannable:   # the scan goes on from the head: each byte is read once
+                unit_bytes = self.unit_bytes if compression is None else 1 << 62   # compressed: one unit
+                units, size, quoted = scan_units(itertools.chain([head], _blocks(stream)), settings, unit_bytes)
+                rows = sum(u[1] for u in units)
+        names = tuple(schema.names)
+        if not settings.scannable:
+            rows, quoted = self._count_rows(storage, entry, compression, schema), False
+        elif compression is None:
             starts = [u[0] for u in units]
             ranges = tuple(zip(starts, [*starts[1:], size], strict=True)) if starts else ()
             return FileFooter(entry, self.name, schema, tuple(u[1] for u in units), tuple(e - s for s, e in ranges),
                               tuple(range(len(units))), None,
-                              TextLayout(settings, None, ranges, tuple(u[2] for u in units), tuple(schema.names),
-                                         quoted))
-        rows, quoted = self._count_stream(storage, entry, compression, schema)
+                              TextLayout(settings, None, ranges, tuple(u[2] for u in units), names, quoted))
         return FileFooter(entry, self.name, schema, (rows,) if rows else (), (entry.size,) if rows else (),
                           (0,) if rows else (), None,
-                          TextLayout(settings, compression, ((0, entry.size),), (0,), tuple(schema.names), quoted))
+                          TextLayout(settings, compression, ((0, entry.size),), (0,), names, quoted))
 
-    def _count_stream(self, storage: Storage, entry: FileEntry, compression: str | None,
-                      schema: pa.Schema) -> tuple[int, bool]:
-        """Rows of a file that is one unit: by scan when rows can be found, else by pyarrow's parse."""
+    def _count_rows(self, storage: Storage, entry: FileEntry, compression: str | None, schema: pa.Schema) -> int:
+        """Rows of a file whose rows the scan cannot find, by pyarrow's own streaming parse (one column)."""
         settings = self.settings
         with _open_stream(storage, entry, compression) as stream:
-            if settings.scannable:
-                units, _, quoted = scan_units(_blocks(stream), settings, 1 << 62)
-                return sum(u[1] for u in units), quoted
             if settings.kind == "csv":
                 read, parse, convert = settings.csv_options(None, None, [schema.names[0]], True)
-                return sum(b.num_rows for b in pa_csv.open_csv(stream, read_options=read, parse_options=parse,
-                                                                convert_options=convert)), False
-            read_json, parse_json = settings.json_options(None, True)
-            return pa_json.read_json(stream, read_options=read_json, parse_options=parse_json).num_rows, False
+                batches = pa_csv.open_csv(stream, read_options=read, parse_options=parse, convert_options=convert)
+            else:
+                read_json, parse_json = settings.json_options(None, True)
+                batches = pa_json.open_json(stream, read_options=read_json, parse_options=parse_json)
+            return sum(batch.num_rows for batch in batches)
 
     def reconcile(self, footers: list[FileFooter], protocol: str) -> list[FileFooter]:
         """Every file read with the types inferred from the first file with rows; another file's inferred

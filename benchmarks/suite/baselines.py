@@ -16,10 +16,12 @@ for numeric columns and ``col.to_pylist()`` for the others (the string and list 
 
 from __future__ import annotations
 
+import gc
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
@@ -42,6 +44,33 @@ def convert(batch: pa.RecordBatch) -> dict[str, Any]:
     for field, column in zip(batch.schema, batch.columns):
         out[field.name] = torch.from_numpy(column.to_numpy()) if is_numeric(field.type) else column.to_pylist()
     return out
+
+
+def gc_off(batches: Iterator[Any]) -> Iterator[Any]:
+    """``batches`` with Python's cyclic garbage collector off, as arrowstream has it around ``to_pylist``."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield from batches
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def fingerprint(batches: Iterator[dict[str, Any]]) -> tuple[np.ndarray, dict[str, float]]:
+    """All ids of an epoch, and per column a sum (numbers) or a total length (lists, strings): what a
+    benchmark's warm-up round compares between loaders."""
+    ids, sums = [], {}
+    for batch in batches:
+        for name, column in batch.items():
+            if name == "id":
+                ids.append(column.numpy().copy())
+            if hasattr(column, "numpy"):
+                value = float(column.numpy().astype(np.float64).sum())
+            else:
+                value = float(sum(len(item) for item in column if item is not None))
+            sums[name] = sums.get(name, 0.0) + value
+    return np.concatenate(ids), sums
 
 
 def raw_batches(files: list[str], batch_size: int) -> Iterator[dict[str, Any]]:
