@@ -21,7 +21,7 @@ from ._discovery import FileEntry
 from ._failures import wrap_read_error
 from ._formats import FileFooter, FileFormat
 from ._storage import Storage, display_url
-from .errors import ArrowStreamError, EmptyDatasetError, InvalidArgumentError, SchemaMismatchError
+from .errors import ArrowStreamError, CorruptFileError, EmptyDatasetError, InvalidArgumentError, SchemaMismatchError
 
 MAX_PLANNING_THREADS = 32
 _SHIPPED_METADATA_BYTES = 64 << 20  # footers travel to workers below this total size
@@ -76,11 +76,24 @@ def read_footer(storage: Storage, file_format: FileFormat, entry: FileEntry, fil
     """Read one file's metadata, retrying transient errors; name the file when it cannot be read."""
     url = display_url(storage.protocol, entry.path)
     try:
-        return storage.call(lambda: file_format.inspect(storage, entry, filter, filter_columns), url)
+        footer = storage.call(lambda: file_format.inspect(storage, entry, filter, filter_columns), url)
     except ArrowStreamError:
         raise
     except Exception as exc:  # backends raise their own types (Azure's HttpResponseError): classified
         raise wrap_read_error(exc, url, file_format.label) from exc
+    _check_names(footer.schema, url)
+    return footer
+
+
+def _check_names(schema: pa.Schema, url: str) -> None:
+    """Refuse a schema whose field names (nested ones too) are not valid UTF-8."""
+    try:
+        schema.to_string(show_field_metadata=False, show_schema_metadata=False)
+        schema.names  # noqa: B018 (decoding is the check)
+    except UnicodeDecodeError as exc:
+        raise CorruptFileError(
+            f"{url}: a column name is not valid UTF-8 ({exc.object[max(exc.start - 16, 0):exc.end + 16]!r}); "
+            "rewrite the file with UTF-8 column names, or leave it out of `path`") from None
 
 
 def _referenced(filter: pc.Expression, schema: pa.Schema) -> list[str]:
@@ -106,6 +119,11 @@ def check_filter(filter: pc.Expression, schema: pa.Schema, url: str) -> list[str
     return _referenced(filter, schema)
 
 
+def _type_of(schema: pa.Schema, name: str) -> str:
+    """The type of column ``name`` (of each column of that name, where several share it)."""
+    return ", ".join(str(f.type) for f in schema if f.name == name)
+
+
 def _check_schemas(footers: Sequence[FileFooter], protocol: str, required: list[str],
                    all_columns: bool) -> None:
     reference = footers[0]
@@ -124,8 +142,8 @@ def _check_schemas(footers: Sequence[FileFooter], protocol: str, required: list[
                 raise SchemaMismatchError(
                     f"{url} has no column {name!r}, which {ref_url} has; "
                     "leave the column out of `columns` or fix the file")
-            ref_type = reference.schema.field(name).type
-            this_type = footer.schema.field(name).type
+            ref_type = _type_of(reference.schema, name)
+            this_type = _type_of(footer.schema, name)
             if ref_type != this_type:
                 raise SchemaMismatchError(
                     f"column {name!r} is {this_type} in {url} but {ref_type} in {ref_url}; "
@@ -215,6 +233,11 @@ def plan_files(storage: Storage, entries: Sequence[FileEntry], file_format: File
         if unknown:
             raise InvalidArgumentError(
                 f"columns: {unknown} not found in {first_url}; its columns are {first.schema.names}")
+        shared = sorted({c for c in columns if first.schema.names.count(c) > 1})
+        if shared:
+            raise InvalidArgumentError(
+                f"columns: {shared} each name several columns of {first_url}, so `columns` cannot choose "
+                "between them; leave them out of `columns`, or rewrite the file with distinct names")
     rest = [e for i, e in enumerate(entries) if i != lead]
     if len(rest) > 1:
         with ThreadPoolExecutor(max_workers=min(MAX_PLANNING_THREADS, len(rest))) as pool:
@@ -232,7 +255,10 @@ def plan_files(storage: Storage, entries: Sequence[FileEntry], file_format: File
     output_columns = list(columns) if columns is not None else list(reference.schema.names)
     read_columns = output_columns + [c for c in filter_columns if c not in output_columns]
     _check_schemas(with_rows, storage.protocol, read_columns, all_columns=columns is None)
-    schema = pa.schema([reference.schema.field(c) for c in output_columns])
+    if columns is None:  # every column, in file order: duplicate names are legal in Arrow IPC and Parquet
+        schema = pa.schema(list(reference.schema))
+    else:
+        schema = pa.schema([reference.schema.field(c) for c in output_columns])
     return build_plan(storage.protocol, footers, schema, read_columns, filter, split_bytes,
                       identity={"schema": [[fld.name, str(fld.type)] for fld in reference.schema]})
 

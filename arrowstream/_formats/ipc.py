@@ -115,7 +115,8 @@ class IpcFile:
     def _reader(self, columns: list[str]) -> ipc.RecordBatchFileReader:
         key = () if self._mapped else tuple(columns)
         if key not in self._readers:
-            fields = sorted(self._schema.get_field_index(name) for name in columns)
+            fields = (list(range(len(self._schema))) if columns == self._schema.names  # names may repeat
+                      else sorted(self._schema.get_field_index(name) for name in columns))
             options = None if self._mapped else ipc.IpcReadOptions(included_fields=fields)
             self._readers[key] = ipc.open_file(self._source, options=options)
         return self._readers[key]
@@ -125,7 +126,7 @@ class IpcFile:
         reader = self._reader(columns)
         for index in units:
             batch = reader.get_batch(index)
-            if self._mapped:
+            if self._mapped and columns != self._schema.names:
                 batch = batch.select(columns)
             yield from sliced(batch, batch_rows)
 

@@ -79,11 +79,14 @@ class OrcFile:
     def __init__(self, storage: Storage, footer: FileFooter) -> None:
         self._source = storage.open_input(footer.entry)
         self._file = orc.ORCFile(self._source)
+        self._names = footer.schema.names
 
     def read_units(self, units: Sequence[int], columns: list[str], batch_rows: int,
                    use_threads: bool) -> Iterator[pa.RecordBatch]:
         for stripe in units:
-            yield from sliced(self._file.read_stripe(stripe, columns=columns), batch_rows)
+            # all columns by position: selecting by name would read a repeated name's first column twice
+            selected = None if columns == self._names else columns
+            yield from sliced(self._file.read_stripe(stripe, columns=selected), batch_rows)
 
     def close(self) -> None:
         self._source.close()

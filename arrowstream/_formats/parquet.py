@@ -21,11 +21,14 @@ class ParquetFile:
     def __init__(self, storage: Storage, footer: FileFooter) -> None:
         self._source = storage.open_input(footer.entry)
         self._file = pq.ParquetFile(self._source, metadata=footer.handle)
+        self._names = footer.schema.names
 
     def read_units(self, units: Sequence[int], columns: list[str], batch_rows: int,
                    use_threads: bool) -> Iterator[pa.RecordBatch]:
         batches: Iterator[pa.RecordBatch] = self._file.iter_batches(
-            batch_size=batch_rows, row_groups=list(units), columns=columns, use_threads=use_threads)
+            batch_size=batch_rows, row_groups=list(units),
+            columns=None if columns == self._names else columns,  # all of them: names may repeat
+            use_threads=use_threads)
         return batches
 
     def close(self) -> None:
