@@ -16,6 +16,7 @@ from .dataset import StructuredDataset
 from .errors import (
     ArgumentTypeError,
     ArrowStreamError,
+    ConversionError,
     CorruptFileError,
     DatasetNotFoundError,
     EmptyDatasetError,
@@ -40,6 +41,7 @@ __all__ = [
     "ArgumentTypeError",
     "ArrowStreamDataLoader",
     "ArrowStreamError",
+    "ConversionError",
     "CorruptFileError",
     "DatasetNotFoundError",
     "EmptyDatasetError",

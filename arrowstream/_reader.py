@@ -9,7 +9,7 @@ piece handed out: nothing is lost or repeated.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,8 +96,10 @@ class SplitReader:
     """Reads splits of one plan for one worker; keeps the current file open between splits."""
 
     def __init__(self, plan: Plan, storage: Storage, read_batch_rows: int, use_threads: bool,
-                 read_ahead: ReadAhead | None = None, meter: Meter | None = None) -> None:
+                 read_ahead: ReadAhead | None = None, meter: Meter | None = None,
+                 check: Callable[[pa.RecordBatch, str], None] | None = None) -> None:
         self._plan = plan
+        self._check = check   # of each piece's values against the output format (errors name the file)
         self._meter = meter
         self._storage = storage
         self._read_ahead = read_ahead
@@ -184,8 +186,10 @@ class SplitReader:
             lo = max(begin - span_row, 0)
             hi = min(end - span_row, batch.num_rows)
             if hi > lo:
-                yield self._piece(batch.slice(lo, hi - lo), position,
-                                  span_row + lo - split.row_start)
+                piece = self._piece(batch.slice(lo, hi - lo), position, span_row + lo - split.row_start)
+                if self._check is not None:
+                    self._check(piece.batch, self._plan.url(split.file_index))
+                yield piece
             span_row += batch.num_rows
             if span_row >= end:
                 break

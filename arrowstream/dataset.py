@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ._convert import make_converter, resolve_fill_nulls
+from ._convert import check_output_columns, make_converter, make_value_check, resolve_fill_nulls
 from ._cursor import Cursor, Run
 from ._discovery import discover_files
 from ._elastic import Share, assign_shares, remaining_items, share_runs
@@ -203,6 +203,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
     def _use_plan(self, storage: Storage, plan: Plan, snapshot: tuple[int, int] | None) -> None:
         storage.read_ahead, storage.read_lanes = self._read_ahead_depth, self._options.interleave
         self._storage, self._plan = storage, plan
+        check_output_columns(self._options.output_format, plan.schema)
         self._fill_nulls = resolve_fill_nulls(self._options.fill_nulls, plan.schema)
         snapshot_id, schema_id = snapshot if snapshot is not None else (None, None)
         self._data = DataIdentity(plan.data_fingerprint, len(plan.files), plan.num_rows, snapshot_id, schema_id)
@@ -449,17 +450,21 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             self._meter = Meter(self._board.row(info.id) if info is not None and self._board is not None else None)
         prefetcher = self._storage.prefetcher
         self._read_ahead = None if prefetcher is None else ReadAhead(self._plan, prefetcher, self._storage.read_ahead)
-        self._readers = [SplitReader(self._plan, self._storage, read_rows, use_threads=not in_worker,
-                                     read_ahead=self._read_ahead, meter=self._meter)
-                         for _ in range(self._options.interleave)]
         output_format = self._options.output_format
-        if self._numpy_as_torch(in_worker):  # the trainer side makes the tensors (see _transport)
+        # values an output format cannot hold are found as read, where the file is known
+        check = make_value_check(output_format, self._plan.schema, self._fill_nulls)
+        self._readers = [SplitReader(self._plan, self._storage, read_rows, use_threads=not in_worker,
+                                     read_ahead=self._read_ahead, meter=self._meter, check=check)
+                         for _ in range(self._options.interleave)]
+        as_torch = self._numpy_as_torch(in_worker)
+        if as_torch:  # the trainer side makes the tensors (see _transport)
             output_format = "numpy"
-        converter = make_converter(output_format, self._plan.schema, self._fill_nulls, in_worker=in_worker)
+        converter = make_converter(output_format, self._plan.schema, self._fill_nulls, in_worker=in_worker,
+                                   torch_values=as_torch)
         transform = self._options.transform
         self._convert = converter if transform is None else (lambda batch: transform(converter(batch)))
         self._span_convert = make_converter(output_format, self._plan.schema, self._fill_nulls,
-                                            in_worker=in_worker, objects_later=True)
+                                            in_worker=in_worker, objects_later=True, torch_values=as_torch)
 
     def _stream(self, slot: Slot, epoch: int, start: WorkerState | None) -> EpochStream:
         if not self._readers:

@@ -47,6 +47,10 @@ class NullValueError(ArrowStreamError, ValueError):
     """A numeric column holds nulls and no fill value was given for it."""
 
 
+class ConversionError(ArrowStreamError, ValueError):
+    """A column's values cannot be represented in the chosen output format."""
+
+
 class StateError(ArrowStreamError, ValueError):
     """A checkpoint state is malformed or cannot be used."""
 
@@ -76,6 +80,7 @@ class MissingDependencyError(ArrowStreamError, ImportError):
 __all__ = [
     "ArgumentTypeError",
     "ArrowStreamError",
+    "ConversionError",
     "CorruptFileError",
     "DatasetNotFoundError",
     "EmptyDatasetError",
