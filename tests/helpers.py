@@ -71,6 +71,17 @@ def ids_of(batch: Any) -> list[int]:
     return list(value)
 
 
+def all_batches(loader: Any) -> list[Any]:
+    """``list(loader)``, and the workers ended at once when a worker's error ends the loop: torchdata
+    leaves them to the garbage collector, whose shutdown then waits 5 s for each, in a later test."""
+    batches = iter(loader)
+    try:
+        return list(batches)
+    finally:
+        inner = getattr(batches, "_inner", batches)
+        getattr(inner, "_shutdown_workers", lambda: None)()
+
+
 def json_roundtrip(state: Any) -> Any:
     return json.loads(json.dumps(state))
 

@@ -10,9 +10,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
-from helpers import ids_of, make_loader, run_epochs
+from helpers import all_batches, ids_of, make_loader, run_epochs
+from pyarrow import ipc, orc
 
-from arrowstream import NullValueError, StructuredDataset
+from arrowstream import CorruptFileError, InvalidArgumentError, NullValueError, StructuredDataset
 from arrowstream._convert import make_converter
 
 
@@ -167,3 +168,44 @@ def test_arrow_batches_from_workers_carry_only_their_rows():
     assert compacted.equals(piece)
     assert len(pickle.dumps(compacted)) < 2 * 1024 * 8
     assert len(pickle.dumps(piece)) > 30 * 1024 * 8  # why it matters
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_null_error_names_the_file(tmp_path, num_workers):
+    """Found where the rows are read, so the error says which file holds the nulls."""
+    pq.write_table(pa.table({"id": pa.array(range(5), pa.int64())}), tmp_path / "part-000.parquet")
+    pq.write_table(pa.table({"id": pa.array([5, None, 7], pa.int64())}), tmp_path / "part-001.parquet")
+    loader, _ = make_loader(str(tmp_path), num_workers, batch_size=4, output_format="numpy")
+    with pytest.raises(NullValueError, match=r"part-001\.parquet: column 'id' has 1 null"):
+        all_batches(loader)
+
+
+def test_temporal_nulls_follow_the_null_policy(tmp_path):
+    """A null timestamp is no number: refused in torch/numpy batches unless filled by name (in the unit)."""
+    table = pa.table({"t": pa.array([10**9, None, 3 * 10**9], pa.timestamp("ns")), "x": [1, 2, None]})
+    pq.write_table(table, tmp_path / "t.parquet")
+    with pytest.raises(NullValueError, match=r"t\.parquet: column 't'.*fill_nulls"):
+        next(iter(StructuredDataset(tmp_path, batch_size=3, fill_nulls=0)))   # 0 fills only number columns
+    batch = next(iter(StructuredDataset(tmp_path, batch_size=3, fill_nulls={"t": -1, "x": 0}, output_format="numpy")))
+    assert batch["t"].dtype == np.dtype("datetime64[ns]") and batch["t"].view(np.int64).tolist() == [10**9, -1, 3 * 10**9]
+    tensor = next(iter(StructuredDataset(tmp_path, batch_size=3, fill_nulls={"t": 0, "x": 0})))["t"]
+    assert tensor.dtype == torch.int64 and tensor.tolist() == [10**9, 0, 3 * 10**9]
+    with pytest.raises(InvalidArgumentError, match=r"column 't'.*an int in the column's unit"):
+        StructuredDataset(tmp_path, fill_nulls={"t": 1.5})
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "orc", "arrow"])
+def test_field_names_that_are_not_utf8(tmp_path, fmt):
+    path = tmp_path / f"bad.{fmt}"
+    table = pa.table({"goodname": [1, 2]})
+    if fmt == "parquet":
+        pq.write_table(table, path, store_schema=False)
+    elif fmt == "orc":
+        orc.write_table(table, path, compression="uncompressed")
+    else:
+        with ipc.new_file(path, table.schema) as writer:
+            writer.write_table(table)
+    path.write_bytes(path.read_bytes().replace(b"goodname", b"good\xff\xfeme"))
+    with pytest.raises(CorruptFileError, match=r"bad\.\w+: a column name is not valid UTF-8"):
+        StructuredDataset(tmp_path, format=fmt)
