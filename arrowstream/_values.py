@@ -100,9 +100,10 @@ def _finer_than_micros(column: pa.Array, name: str, url: str) -> ConversionError
 def _out_of_range(column: pa.Array, name: str, url: str, exc: BaseException) -> ConversionError:
     where = f"{url}: column" if url else "column"
     return ConversionError(
-        f"{where} {name!r} ({column.type}) holds a value outside what a Python object can hold "
-        f"({type(exc).__name__}: {exc}); use output_format='numpy' or 'torch' (values in the column's "
-        f"unit) or 'arrow', or leave the column out with columns=[...]")
+        f"{where} {name!r} ({column.type}) holds a value that no Python object can hold (datetime, date, "
+        f"time and timedelta hold microseconds of years 1 to 9999; {type(exc).__name__}: {exc}); use "
+        "output_format='numpy' or 'torch' (values in the column's unit) or 'arrow', or leave the column "
+        "out with columns=[...]")
 
 
 def no_python_class(t: pa.DataType, name: str, url: str) -> ConversionError:
@@ -144,7 +145,21 @@ def _temporal_leaves(array: pa.Array) -> Iterator[pa.Array]:
     elif (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
           or pa.types.is_map(t)):
         yield from _temporal_leaves(array.flatten())
-    # views and unions are left to the conversion itself (its error names the column)
+
+
+
+_LEAF_CONTAINERS = (pa.types.is_struct, pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list,
+                    pa.types.is_map, pa.types.is_dictionary)
+
+
+def _leaves_found(t: pa.DataType) -> bool:
+    """Whether :func:`_temporal_leaves` reaches every temporal value of type ``t`` (not inside
+    views, unions or run-end encoding)."""
+    if _is_python_temporal(t) or not contains(t, _is_python_temporal):
+        return True
+    if isinstance(t, pa.ExtensionType) or any(test(t) for test in _LEAF_CONTAINERS):
+        return all(_leaves_found(child) for child in children(t))
+    return False
 
 
 def check_objects(column: pa.Array, name: str, url: str) -> None:
@@ -157,6 +172,9 @@ def check_objects(column: pa.Array, name: str, url: str) -> None:
             column = column.cast(target, safe=True)
         except pa.ArrowInvalid:
             raise _finer_than_micros(column, name, url) from None
+    if not _leaves_found(column.type):  # rare: convert the piece itself, to name the file
+        to_objects(column, name, url)
+        return
     for leaf in _temporal_leaves(column):
         if leaf.null_count == len(leaf):
             continue

@@ -119,6 +119,10 @@ COLUMNS: dict[str, tuple[str, pa.Array]] = {
     "list_ts_ns": ("nested temporal", pa.array([[v] for v in _ns([SECOND * 10**6 + i for i in range(6)])],
                                                 pa.list_(pa.timestamp("ns")))),
     "list_ts_ns_sub": ("nested temporal", pa.array([[SECOND * 10**9 + i] for i in range(6)], pa.list_(pa.timestamp("ns")))),
+    "list_view_ts_ns_sub": ("nested temporal", pa.array([[SECOND * 10**9 + i] for i in range(6)],
+                                                      pa.list_view(pa.timestamp("ns")))),
+    "dict_ts_ns_sub": ("dictionary", pa.array([SECOND * 10**9 + i % 2 for i in range(6)],
+                                              pa.timestamp("ns")).dictionary_encode()),
     "struct_date_far": ("nested temporal", pa.array([{"d": 3_000_000 + i} for i in range(6)],
                                                      pa.struct([("d", pa.int32())])).cast(pa.struct([("d", pa.date32())]))),
     "sparse_union": ("sparse_union, dense_union", pa.UnionArray.from_sparse(
@@ -355,9 +359,10 @@ def test_the_matrix_covers_every_format(files):
     for fmt, (_, table) in files.items():
         refused = {out: {n for n, w in outcomes(table, out).items() if w is ConversionError} for out in OUTPUTS}
         assert {"ts_ns_sub", "date32_far", "list_ts_ns_sub", "struct_date_far"} <= refused["dict"], fmt
+        assert "dict_ts_ns_sub" not in table.column_names or "dict_ts_ns_sub" in refused["dict"], fmt
         assert {"list_ts_ns_sub", "struct_date_far"} <= refused["numpy"] == refused["torch"], fmt
         assert not refused["arrow"]
-    assert {"ts_s_far", "time64_ns", "dur_ns_sub", "dur_s_huge", "month", "day_time"} <= {
+    assert {"ts_s_far", "time64_ns", "dur_ns_sub", "dur_s_huge", "month", "day_time", "list_view_ts_ns_sub"} <= {
         n for n, w in outcomes(files["ipc"][1], "dict").items() if w is ConversionError}
 
 
