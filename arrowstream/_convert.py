@@ -31,10 +31,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._values import GcPaused, check_objects, has_no_python_class, needs_object_check, no_python_class, to_objects
+from ._values import (
+    GcPaused,
+    check_objects,
+    has_no_python_class,
+    needs_object_check,
+    no_python_class,
+    to_objects,
+)
 from .errors import InvalidArgumentError, NullValueError
 
-__all__ = ["GcPaused", "finish_objects", "make_converter", "make_value_check"]
+__all__ = ["OUTPUT_FORMATS", "GcPaused", "check_output_columns", "column_kind", "compact", "compact_array",
+           "finish_objects", "make_converter", "make_value_check", "passthrough_collate", "resolve_fill_nulls",
+           "to_pydict_quietly"]   # GcPaused: the transport imports it from here
 
 OUTPUT_FORMATS = ("torch", "numpy", "arrow", "dict")
 
