@@ -391,3 +391,14 @@ def test_repeated_column_names(tmp_path, fmt):
     with pytest.raises(InvalidArgumentError, match=r"columns: \['a'\] each name several columns of .*dup"):
         StructuredDataset(str(tmp_path), format=FORMATS[fmt], columns=["a", "s"])
     assert _batches(str(tmp_path), fmt, "dict", 0, ["s"])[0] == {"s": ["a", "b", "c", "d"]}
+
+
+def test_spark_int96_timestamps(tmp_path):
+    """Spark's int96 timestamps read as nanoseconds: exact in numpy and torch, refused in dict batches."""
+    nanos = [SECOND * 10**9 + 1, SECOND * 10**9 + 2_000]
+    pq.write_table(pa.table({"t": pa.array(nanos, pa.timestamp("ns"))}), tmp_path / "spark.parquet",
+                   use_deprecated_int96_timestamps=True)
+    assert next(iter(StructuredDataset(tmp_path, batch_size=2, output_format="numpy")))["t"].view(np.int64).tolist() == nanos
+    assert next(iter(StructuredDataset(tmp_path, batch_size=2)))["t"].tolist() == nanos
+    with pytest.raises(ConversionError, match=r"spark\.parquet: column 't' \(timestamp\[ns\]\).*finer than microseconds"):
+        next(iter(StructuredDataset(tmp_path, batch_size=2, output_format="dict")))
