@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from ._discovery import FileEntry
 from ._failures import wrap_read_error
-from ._formats import FileFooter, FileFormat
+from ._formats import FileFooter, FileFormat, check_counts
 from ._storage import Storage, display_url
 from .errors import ArrowStreamError, EmptyDatasetError, InvalidArgumentError, SchemaMismatchError
 
@@ -73,14 +73,17 @@ class Plan:
 
 def read_footer(storage: Storage, file_format: FileFormat, entry: FileEntry, filter: pc.Expression | None,
                  filter_columns: list[str]) -> FileFooter:
-    """Read one file's metadata, retrying transient errors; name the file when it cannot be read."""
+    """Read one file's metadata, retrying transient errors; name the file when it cannot be read or
+    announces counts that cannot be."""
     url = display_url(storage.protocol, entry.path)
     try:
-        return storage.call(lambda: file_format.inspect(storage, entry, filter, filter_columns), url)
+        footer = storage.call(lambda: file_format.inspect(storage, entry, filter, filter_columns), url)
     except ArrowStreamError:
         raise
     except Exception as exc:  # backends raise their own types (Azure's HttpResponseError): classified
         raise wrap_read_error(exc, url, file_format.label) from exc
+    check_counts(footer, url, file_format.label, file_format.unit)
+    return footer
 
 
 def _referenced(filter: pc.Expression, schema: pa.Schema) -> list[str]:

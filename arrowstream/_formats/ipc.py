@@ -137,6 +137,7 @@ class IpcFile:
 class IpcFormat:
     name = "arrow"
     label = "Arrow IPC"
+    unit = "record batch"
 
     def inspect(self, storage: Storage, entry: FileEntry, filter: pc.Expression | None,
                 filter_columns: list[str]) -> FileFooter:

@@ -36,6 +36,7 @@ class ParquetFile:
 class ParquetFormat:
     name = "parquet"
     label = "Parquet"
+    unit = "row group"
 
     def inspect(self, storage: Storage, entry: FileEntry, filter: pc.Expression | None,
                 filter_columns: list[str]) -> FileFooter:
@@ -48,6 +49,9 @@ class ParquetFormat:
         metadata = fragment.metadata
         schema = fragment.physical_schema
         rows = tuple(metadata.row_group(i).num_rows for i in range(metadata.num_row_groups))
+        if sum(rows) != metadata.num_rows:
+            raise ValueError(f"the footer announces {metadata.num_rows} rows but its row groups {sum(rows)} "
+                             f"({', '.join(map(str, rows[:8]))}{', ...' if len(rows) > 8 else ''})")
         sizes = tuple(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
         kept: tuple[int, ...] = tuple(range(len(rows)))
         if filter is not None and all(name in schema.names for name in filter_columns):
