@@ -425,6 +425,51 @@ def test_ipc_stream_format_is_refused_clearly(tmp_path):
         StructuredDataset(str(path), format="arrow")
 
 
+def test_ipc_stream_without_continuation_markers_gets_the_stream_message(tmp_path):
+    """Pre-1.0 writers wrote streams without the 0xFFFFFFFF marker: told apart from a corrupt file."""
+    path = tmp_path / "legacy.arrow"
+    table = table_of(0, 10)
+    with ipc.new_stream(path, table.schema, options=ipc.IpcWriteOptions(use_legacy_format=True)) as writer:
+        writer.write_table(table)
+    assert path.read_bytes()[:4] != b"\xff\xff\xff\xff"
+    with pytest.raises(errors.CorruptFileError, match=r"legacy\.arrow: is an Arrow IPC \*stream\*.*ipc\.new_file"):
+        StructuredDataset(str(path), format="arrow")
+
+
+@pytest.mark.parametrize("plaintext_footer", [False, True])
+def test_encrypted_parquet_says_it_is_encrypted(tmp_path, plaintext_footer):
+    """Parquet modular encryption: an encrypted footer fails at planning; with a plaintext footer, the
+    plaintext columns read and an encrypted one fails when read."""
+    import base64
+
+    import pyarrow.parquet.encryption as pe
+
+    class KeysInTheClear(pe.KmsClient):
+        def __init__(self, config):
+            super().__init__()
+
+        def wrap_key(self, key_bytes, master_key_identifier):
+            return base64.b64encode(key_bytes)
+
+        def unwrap_key(self, wrapped_key, master_key_identifier):
+            return base64.b64decode(wrapped_key)
+
+    kms = pe.KmsConnectionConfig(custom_kms_conf={"footer": "0123456789012345", "col": "1234567890123450"})
+    config = pe.EncryptionConfiguration(footer_key="footer", column_keys={"col": ["x"]}, double_wrapping=False,
+                                        plaintext_footer=plaintext_footer)
+    properties = pe.CryptoFactory(KeysInTheClear).file_encryption_properties(kms, config)
+    path = tmp_path / "secret.parquet"
+    table = table_of(0, 10)
+    with pq.ParquetWriter(path, table.schema, encryption_properties=properties) as writer:
+        writer.write_table(table)
+    assert path.read_bytes()[-4:] == (b"PAR1" if plaintext_footer else b"PARE")
+    encrypted = r"secret\.parquet: is an encrypted Parquet file .* does not support.*decrypt"
+    if plaintext_footer:
+        assert [int(i) for b in StructuredDataset(str(path), columns=["id"]) for i in b["id"]] == list(range(10))
+    with pytest.raises(errors.CorruptFileError, match=encrypted):
+        list(StructuredDataset(str(path), columns=["id", "x"]))
+
+
 def test_ipc_batches_of_a_local_file_point_into_the_memory_map(tmp_path):
     """Reading a projected local IPC file allocates no copy of the column data."""
     path = tmp_path / "mapped.arrow"

@@ -15,7 +15,8 @@ import pyarrow.compute as pc
 from pyarrow import ipc
 
 from .._discovery import FileEntry
-from .._storage import Storage
+from .._storage import Storage, display_url
+from ..errors import CorruptFileError
 from ._base import FileFooter, sliced
 
 _MAGIC = b"ARROW1"
@@ -101,12 +102,24 @@ def batch_list(source: pa.NativeFile) -> list[tuple[int, tuple[int, int], int]]:
     return out
 
 
+def _is_stream(source: pa.NativeFile) -> bool:
+    """Whether ``source`` opens as an IPC stream: with the continuation marker of format 0.15 on, or
+    without it (pre-1.0 writers, ``IpcWriteOptions(use_legacy_format=True)``)."""
+    source.seek(0)
+    try:
+        ipc.open_stream(source)
+    except (pa.ArrowException, OSError, ValueError):
+        return False
+    return True
+
+
 class IpcFile:
     """An open IPC file. Local files are memory-mapped and batches point into the map (columns are
     selected afterwards: pyarrow copies a batch read with ``included_fields``); remote files read only
     the buffers of the selected columns."""
 
     def __init__(self, storage: Storage, footer: FileFooter) -> None:
+        self._url = display_url(storage.protocol, footer.entry.path)
         self._mapped = storage.is_local
         self._source = storage.open_input(footer.entry, memory_map=True)
         self._schema = footer.schema
@@ -125,6 +138,12 @@ class IpcFile:
         reader = self._reader(columns)
         for index in units:
             batch = reader.get_batch(index)
+            try:   # pyarrow does not check what it reads (a flipped byte can make a negative null count)
+                batch.validate()
+            except pa.ArrowInvalid as exc:
+                raise CorruptFileError(
+                    f"{self._url}: Arrow IPC record batch {index} is malformed ({str(exc).splitlines()[0]}); the file "
+                    "is corrupt: rewrite it, or leave it out of `path`") from None
             if self._mapped:
                 batch = batch.select(columns)
             yield from sliced(batch, batch_rows)
@@ -142,9 +161,11 @@ class IpcFormat:
     def inspect(self, storage: Storage, entry: FileEntry, filter: pc.Expression | None,
                 filter_columns: list[str]) -> FileFooter:
         with storage.open_input(entry) as source:
-            if source.read(4) == b"\xff\xff\xff\xff":
-                raise ValueError("this is an Arrow IPC *stream*, which has no footer to plan from; rewrite it as an "
-                                 "IPC file (pyarrow.ipc.new_file, or feather.write_feather(..., version=2))")
+            if source.read(len(_MAGIC)) != _MAGIC and _is_stream(source):
+                raise CorruptFileError(
+                    f"{display_url(storage.protocol, entry.path)}: is an Arrow IPC *stream*, which has no footer to "
+                    "plan from; rewrite it as an IPC file (pyarrow.ipc.new_file, or "
+                    "feather.write_feather(..., version=2))")
             source.seek(0)
             schema = ipc.open_file(source).schema
             batches = batch_list(source)

@@ -1,4 +1,8 @@
-"""Parquet: row groups are the units; statistics prune the row groups a filter excludes."""
+"""Parquet: row groups are the units; statistics prune the row groups a filter excludes.
+
+Encrypted files (Parquet modular encryption) are refused by name: with an encrypted footer
+(``PARE`` magic) at planning, with a plaintext footer when an encrypted column is read.
+"""
 
 from __future__ import annotations
 
@@ -11,22 +15,41 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from .._discovery import FileEntry
-from .._storage import Storage
+from .._storage import Storage, display_url
+from ..errors import CorruptFileError
 from ._base import FileFooter
+
+_ENCRYPTION_MARKERS = ("encrypted", "decrypt")
+
+
+def _encrypted(exc: BaseException, url: str) -> CorruptFileError | None:
+    """The error for an encrypted file when ``exc`` is pyarrow's refusal to read one without keys."""
+    if not isinstance(exc, OSError) or not any(marker in str(exc).lower() for marker in _ENCRYPTION_MARKERS):
+        return None
+    return CorruptFileError(
+        f"{url}: is an encrypted Parquet file (Parquet modular encryption), which arrowstream does not support "
+        f"(pyarrow: {str(exc).splitlines()[0]}); decrypt it (pyarrow.parquet.read_table with "
+        "decryption_properties, then write_table without encryption), or leave it out of `path`")
 
 
 class ParquetFile:
     """An open Parquet file; reads runs of row groups."""
 
     def __init__(self, storage: Storage, footer: FileFooter) -> None:
+        self._url = display_url(storage.protocol, footer.entry.path)
         self._source = storage.open_input(footer.entry)
         self._file = pq.ParquetFile(self._source, metadata=footer.handle)
 
     def read_units(self, units: Sequence[int], columns: list[str], batch_rows: int,
                    use_threads: bool) -> Iterator[pa.RecordBatch]:
-        batches: Iterator[pa.RecordBatch] = self._file.iter_batches(
-            batch_size=batch_rows, row_groups=list(units), columns=columns, use_threads=use_threads)
-        return batches
+        try:
+            yield from self._file.iter_batches(
+                batch_size=batch_rows, row_groups=list(units), columns=columns, use_threads=use_threads)
+        except OSError as exc:   # a plaintext footer with encrypted columns
+            encrypted = _encrypted(exc, self._url)
+            if encrypted is None:
+                raise
+            raise encrypted from exc
 
     def close(self) -> None:
         self._file.close()
@@ -40,8 +63,14 @@ class ParquetFormat:
 
     def inspect(self, storage: Storage, entry: FileEntry, filter: pc.Expression | None,
                 filter_columns: list[str]) -> FileFooter:
-        with storage.open_input(entry) as source:
-            return self.inspect_source(source, entry, filter, filter_columns)
+        try:
+            with storage.open_input(entry) as source:
+                return self.inspect_source(source, entry, filter, filter_columns)
+        except OSError as exc:   # an encrypted footer
+            encrypted = _encrypted(exc, display_url(storage.protocol, entry.path))
+            if encrypted is None:
+                raise
+            raise encrypted from exc
 
     def inspect_source(self, source: Any, entry: FileEntry, filter: pc.Expression | None,
                        filter_columns: list[str]) -> FileFooter:
