@@ -245,7 +245,7 @@ def count_rewrites(data: bytes, fmt: str) -> list[tuple[str, bytes]]:
                 ("stripe 1 of 149 rows, total 619", rewrite_orc_rows(data, 1, 149, 619)),
                 ("stripe 4 of 21 rows, total 621", rewrite_orc_rows(data, 4, 21, 621))]
     return [(f"record batch {b} of {r} rows", rewrite_ipc_rows(data, b, r))
-            for b, r in ((1, 151), (1, 149), (4, 19), (2, -2112), (0, 1 << 40))]
+            for b, r in ((1, 151), (1, 149), (4, 19), (2, -2112), (0, 1 << 40), (2, 0))]
 
 
 # -- the damage matrix ---------------------------------------------------------------------------
@@ -312,3 +312,29 @@ def test_count_rewrites_land_where_the_count_is(tmp_path):
     data = write(tmp_path / "orc", "orc").read_bytes()
     reader = orc.ORCFile(pa.BufferReader(rewrite_orc_rows(data, 1, 149, 619)))
     assert (reader.nrows, [reader.read_stripe(i).num_rows for i in range(5)]) == (619, [150, 149, 150, 150, 20])
+
+
+def test_ipc_offsets_past_the_data_are_a_named_error(tmp_path):
+    """A flipped byte in a string column's offsets: pyarrow reads offsets past the data without a word."""
+    data = pa.table({"name": [f"row-{i}" for i in range(100)]})
+    path = write(tmp_path / "data", "arrow", data)
+    raw = bytearray(path.read_bytes())
+    with pa.OSFile(str(path)) as source:
+        _, (_, end), body = batch_list(source)[0]
+    offsets = end - body              # no nulls: the body starts with the offsets (int32 each)
+    assert struct.unpack_from("<i", raw, offsets + 4 * 50)[0] == 50 * 5 + 40
+    raw[offsets + 4 * 50 + 2] ^= 0x40  # offset 50 jumps by 4 MiB
+    path.write_bytes(bytes(raw))
+    with pa.memory_map(str(path)) as source:
+        assert ipc.open_file(source).get_batch(0).num_rows == 100    # pyarrow reads it as if nothing were wrong
+    with pytest.raises(errors.CorruptFileError, match=r"part-000\.arrow: Arrow IPC record batch 0 is malformed"):
+        arrowstream_read(path, "arrow")
+
+
+def test_a_column_name_that_is_not_utf8_is_a_named_error(tmp_path):
+    """Issue #16: a raw ``UnicodeDecodeError`` naming no file."""
+    path = tmp_path / "names.parquet"
+    pq.write_table(pa.table({"id": [1, 2], "zzzz": [3, 4]}), path, store_schema=False)
+    path.write_bytes(path.read_bytes().replace(b"zzzz", b"z\xffzz"))
+    with pytest.raises(errors.CorruptFileError, match=r"names\.parquet: a column name .* is not UTF-8"):
+        StructuredDataset(str(path))
