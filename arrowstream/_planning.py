@@ -21,7 +21,7 @@ from ._discovery import FileEntry
 from ._failures import wrap_read_error
 from ._formats import FileFooter, FileFormat, check_counts
 from ._storage import Storage, display_url
-from .errors import ArrowStreamError, EmptyDatasetError, InvalidArgumentError, SchemaMismatchError
+from .errors import ArrowStreamError, CorruptFileError, EmptyDatasetError, InvalidArgumentError, SchemaMismatchError
 
 MAX_PLANNING_THREADS = 32
 _SHIPPED_METADATA_BYTES = 64 << 20  # footers travel to workers below this total size
@@ -83,7 +83,18 @@ def read_footer(storage: Storage, file_format: FileFormat, entry: FileEntry, fil
     except Exception as exc:  # backends raise their own types (Azure's HttpResponseError): classified
         raise wrap_read_error(exc, url, file_format.label) from exc
     check_counts(footer, url, file_format.label, file_format.unit)
+    try:
+        _field_names(footer.schema)
+    except UnicodeDecodeError as exc:
+        raise CorruptFileError(f"{url}: a column name in the {file_format.label} metadata is not UTF-8 ({exc}); "
+                               "the file is corrupt: rewrite it, or leave it out of `path`") from None
     return footer
+
+
+def _field_names(schema: pa.Schema | pa.DataType) -> list[str]:
+    """Every field name, nested ones too (pyarrow decodes them from UTF-8 when asked)."""
+    fields = list(schema) if isinstance(schema, pa.Schema) else [schema.field(i) for i in range(schema.num_fields)]
+    return [name for f in fields for name in (f.name, *_field_names(f.type))]
 
 
 def _referenced(filter: pc.Expression, schema: pa.Schema) -> list[str]:
