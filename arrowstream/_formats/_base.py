@@ -58,7 +58,8 @@ class UnitFile(Protocol):
     def read_units(self, units: Sequence[int], columns: list[str], batch_rows: int,
                    use_threads: bool) -> Iterator[pa.RecordBatch]:
         """The rows of ``units`` (ascending, consecutive), in order, in batches of at most
-        ``batch_rows`` rows, with (at least) ``columns``."""
+        ``batch_rows`` rows, with (at least) ``columns``: exactly the rows ``unit_rows`` announced
+        for them (the reader counts them and raises ``CorruptFileError`` naming the unit otherwise)."""
         ...
 
     def close(self) -> None:
