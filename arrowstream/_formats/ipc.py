@@ -173,12 +173,12 @@ class IpcFormat:
             source.seek(0)
             reader = ipc.open_file(source)
             batches = batch_list(source)
-            for index, (rows, _, _) in enumerate(batches):
-                # planning skips a unit of no rows, so it is never read: check it has none (a flipped byte in its
-                # header can hide the length field, which then reads as 0); rare in real files, so cheap
-                if rows == 0 and reader.get_batch(index).num_rows:
-                    raise ValueError(f"record batch {index} announces 0 rows in its header but holds "
-                                     f"{reader.get_batch(index).num_rows}")
+            # planning skips a unit of no rows, so it is never read: check it has none (a flipped byte in its
+            # header can hide the length field, which then reads as 0); rare in real files, so cheap
+            for index in [i for i, (rows, _, _) in enumerate(batches) if rows == 0]:
+                held = reader.get_batch(index).num_rows
+                if held:
+                    raise ValueError(f"record batch {index} announces 0 rows in its header but holds {held}")
             schema = reader.schema
         return FileFooter(entry, self.name, schema, tuple(r for r, _, _ in batches), tuple(b for _, _, b in batches),
                           tuple(range(len(batches))), tuple(span for _, span, _ in batches))
