@@ -162,6 +162,7 @@ class IcebergFormat:
 
     name = "iceberg"
     label = "Iceberg data"
+    unit = "unit"
 
     def inspect(self, storage: Storage, entry: FileEntry, filter: pc.Expression | None,
                 filter_columns: list[str]) -> FileFooter:

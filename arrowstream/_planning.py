@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from ._discovery import FileEntry
 from ._failures import wrap_read_error
-from ._formats import FileFooter, FileFormat
+from ._formats import FileFooter, FileFormat, check_counts
 from ._storage import Storage, display_url
 from .errors import ArrowStreamError, CorruptFileError, EmptyDatasetError, InvalidArgumentError, SchemaMismatchError
 
@@ -73,7 +73,8 @@ class Plan:
 
 def read_footer(storage: Storage, file_format: FileFormat, entry: FileEntry, filter: pc.Expression | None,
                  filter_columns: list[str]) -> FileFooter:
-    """Read one file's metadata, retrying transient errors; name the file when it cannot be read."""
+    """Read one file's metadata, retrying transient errors; name the file when it cannot be read or
+    announces counts that cannot be."""
     url = display_url(storage.protocol, entry.path)
     try:
         footer = storage.call(lambda: file_format.inspect(storage, entry, filter, filter_columns), url)
@@ -81,19 +82,21 @@ def read_footer(storage: Storage, file_format: FileFormat, entry: FileEntry, fil
         raise
     except Exception as exc:  # backends raise their own types (Azure's HttpResponseError): classified
         raise wrap_read_error(exc, url, file_format.label) from exc
-    _check_names(footer.schema, url)
+    check_counts(footer, url, file_format.label, file_format.unit)
+    _check_names(footer.schema, url, file_format.label)
     return footer
 
 
-def _check_names(schema: pa.Schema, url: str) -> None:
+def _check_names(schema: pa.Schema, url: str, label: str) -> None:
     """Refuse a schema whose field names (nested ones too) are not valid UTF-8."""
     try:
         schema.to_string(show_field_metadata=False, show_schema_metadata=False)
         schema.names  # noqa: B018 (decoding is the check)
     except UnicodeDecodeError as exc:
         raise CorruptFileError(
-            f"{url}: a column name is not valid UTF-8 ({exc.object[max(exc.start - 16, 0):exc.end + 16]!r}); "
-            "rewrite the file with UTF-8 column names, or leave it out of `path`") from None
+            f"{url}: a column name in the {label} metadata is not valid UTF-8 "
+            f"({exc.object[max(exc.start - 16, 0):exc.end + 16]!r}); the file is corrupt: rewrite it with UTF-8 "
+            "column names, or leave it out of `path`") from None
 
 
 def _referenced(filter: pc.Expression, schema: pa.Schema) -> list[str]:

@@ -18,13 +18,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ._failures import is_expired_credentials, is_transient, wrap_read_error
-from ._formats import UnitFile, get_format
+from ._formats import UnitFile, get_format, name_units
 from ._formats.text import ROW_OK
 from ._metrics import Meter
 from ._planning import Plan, Split
 from ._prefetch import Prefetcher
 from ._storage import MAX_REFRESHES, Storage, logger
-from .errors import ArrowStreamError
+from .errors import ArrowStreamError, CorruptFileError
 
 _ROW_INDEX = "__arrowstream_source_offset"
 
@@ -180,6 +180,11 @@ class SplitReader:
             cursor += rows
         if not units:
             return
+        first_row = span_row
+        announced = sum(footer.unit_rows[unit] for unit in units)
+        # a split that ends where its last unit ends reads the units to their end, so that a unit holding
+        # more rows than announced is noticed too; one that ends inside a unit leaves its tail to the next
+        to_the_end = end == first_row + announced
         batches = self._file(split.file_index).read_units(
             units, self._plan.read_columns, self._read_batch_rows, self._use_threads)
         for batch in batches:
@@ -191,8 +196,18 @@ class SplitReader:
                     self._check(piece.batch, self._plan.url(split.file_index))
                 yield piece
             span_row += batch.num_rows
-            if span_row >= end:
-                break
+            if span_row >= end and not to_the_end:
+                return
+        if span_row != end:
+            raise self._miscounted(split, units, announced, span_row - first_row)
+
+    def _miscounted(self, split: Split, units: list[int], announced: int, rows: int) -> CorruptFileError:
+        """The row-count contract broken: units yielded other than their metadata announced."""
+        file_format = get_format(self._plan.files[split.file_index].format)
+        return CorruptFileError(
+            f"{self._plan.url(split.file_index)}: {file_format.label} {name_units(file_format.unit, units)} "
+            f"yielded {rows} rows where the metadata the dataset was planned on announced {announced}; the file "
+            "is corrupt or changed after planning: rewrite it (or rebuild the dataset), or leave it out of `path`")
 
     def _piece(self, batch: pa.RecordBatch, position: int, start: int) -> Piece:
         end = start + batch.num_rows

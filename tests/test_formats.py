@@ -6,14 +6,19 @@ record batches), how its own reader reads a file back, and how to build a loader
 wrote. The contract: units come from metadata and cover every row; every row is yielded exactly
 once per epoch, with workers, shuffles and interleave; a state taken mid-unit resumes exactly;
 projection and filters give what the format's own reader gives; an empty file is no split, an
-empty dataset and a corrupt file are clear errors that name the file.
+empty dataset and a corrupt file are clear errors that name the file; a unit that yields other than
+its metadata announced is a ``CorruptFileError`` naming the file and the unit, also when a resume
+starts inside it, when it is cut into row ranges and under a filter.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
+import re
+import sys
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -23,10 +28,10 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 import pytest
-from helpers import check_exactly_once, check_resume, make_loader, make_table
+from helpers import check_exactly_once, check_resume, json_roundtrip, make_loader, make_table
 from pyarrow import ipc, orc
 
-from arrowstream import StructuredDataset, errors
+from arrowstream import StructuredDataset, _planning, errors
 
 ROWS_PER_FILE = [700, 1, 1300, 450]   # uneven files, one of a single row
 UNIT_ROWS = 150                       # rows per row group / stripe / record batch
@@ -47,6 +52,8 @@ class ReaderContract:
     """What every format passes. Subclasses set ``format`` and the hooks below."""
 
     format: ClassVar[str]
+    unit_named: ClassVar[str]   # how the row-count error names a unit (a regex)
+    resumed_unit: ClassVar[int] = 0   # the unit a state 64 rows in resumes inside (when it miscounts)
 
     # -- hooks ---------------------------------------------------------------------------------
 
@@ -76,6 +83,26 @@ class ReaderContract:
     def filter_options(self, columns: list[str]) -> dict[str, Any]:
         """Options that select ``columns`` of the rows where ``label == 3 or x > 1.0``."""
         return {"columns": columns, "filter": (pc.field("label") == 3) | (pc.field("x") > 1.0)}
+
+    def announce(self, monkeypatch: pytest.MonkeyPatch, file_rows: int, unit: int, delta: int) -> list[str]:
+        """Make planning believe that ``unit`` of the file of ``file_rows`` rows holds ``delta`` rows more than
+        it does, as a corrupt footer would (the fault injected in the metadata read; the reader then reads the
+        real file). Returns a list that will hold the file's name."""
+        read_footer, lied = _planning.read_footer, []
+
+        def lying(storage, file_format, entry, *args):
+            footer = read_footer(storage, file_format, entry, *args)
+            if sum(footer.unit_rows) != file_rows:
+                return footer
+            lied.append(Path(entry.path).name)
+            rows = list(footer.unit_rows)
+            rows[unit] += delta
+            return dataclasses.replace(footer, unit_rows=tuple(rows))
+
+        monkeypatch.setattr(_planning, "read_footer", lying)
+        if "arrowstream._iceberg" in sys.modules:   # Iceberg reads its data files' metadata through it
+            monkeypatch.setattr(sys.modules["arrowstream._iceberg"], "read_footer", lying)
+        return lied
 
     def corrupt(self, source: Any) -> str:
         """Break one data file of ``source``; return the name an error must mention."""
@@ -173,6 +200,44 @@ class ReaderContract:
             self.factory(data, 0)
         assert isinstance(info.value, ValueError)
 
+    @pytest.mark.parametrize("delta", [1, -1])   # the unit holds one row less / more than announced
+    def test_a_unit_that_yields_other_than_announced_is_named(self, data, monkeypatch, delta):
+        lied = self.announce(monkeypatch, 1300, -1, delta)
+        loader, dataset = self.factory(data, 0, batch_size=64)
+        assert dataset.num_rows == sum(ROWS_PER_FILE) + delta
+        with pytest.raises(errors.CorruptFileError, match=rf"{lied[0]}: .*{self.unit_named}"):
+            list(loader)
+
+    def test_row_count_check_holds_after_a_resume_inside_the_unit(self, data, monkeypatch):
+        lied = self.announce(monkeypatch, 700, self.resumed_unit, 1)
+        loader, dataset = self.factory(data, 0, batch_size=64)
+        dataset.set_epoch(0)
+        next(iter(loader))
+        state = json_roundtrip(loader.state_dict())     # 64 rows into the first unit of 150
+        loader, dataset = self.factory(data, 0, batch_size=64)
+        loader.load_state_dict(state)
+        dataset.set_epoch(0)
+        with pytest.raises(errors.CorruptFileError, match=rf"{lied[0]}: .*{self.unit_named}"):
+            list(loader)
+
+    @pytest.mark.parametrize(("delta", "filtered"), [(1, False), (-1, True)])
+    def test_row_count_check_holds_for_row_ranges_and_filters(self, tmp_path, monkeypatch, delta, filtered):
+        source = self.source(tmp_path, [table_of(0, 100)], unit_rows=100)
+        lied = self.announce(monkeypatch, 100, 0, delta)
+        options = self.filter_options(["id", "x"]) if filtered else {}
+        failures = []
+        for rank in range(3):   # the one unit is cut into row ranges, read by 3 ranks
+            loader, dataset = self.factory(source, 0, batch_size=16, rank=rank, world_size=3, even_batches=False,
+                                           **options)
+            assert all(split.num_rows < 50 for split in dataset._plan.splits_for(3))
+            dataset.set_epoch(0)
+            try:
+                list(loader)
+            except errors.CorruptFileError as exc:
+                failures.append(str(exc))
+        # at least the last range's reader fails (text formats parse a unit whole: every range's reader)
+        assert failures and all(re.search(rf"{lied[0]}: .*{self.unit_named}", f) for f in failures), failures
+
 
 class FileFormatContract(ReaderContract):
     """File formats also check that files agree on their schema."""
@@ -186,6 +251,7 @@ class FileFormatContract(ReaderContract):
 
 class TestParquet(FileFormatContract):
     format = "parquet"
+    unit_named = r"row groups? \d"
 
     def write_file(self, path, table, unit_rows):
         pq.write_table(table, path, row_group_size=unit_rows)
@@ -196,6 +262,7 @@ class TestParquet(FileFormatContract):
 
 class TestOrc(FileFormatContract):
     format = "orc"
+    unit_named = r"stripes? \d"
 
     def write_file(self, path, table, unit_rows):
         # a stripe closes after each write batch once it passes stripe_size: one stripe per batch
@@ -207,6 +274,7 @@ class TestOrc(FileFormatContract):
 
 class TestArrowIpc(FileFormatContract):
     format = "arrow"
+    unit_named = r"record batch(es)? \d"
 
     def write_file(self, path, table, unit_rows):
         with ipc.new_file(path, table.schema) as writer:
@@ -221,6 +289,9 @@ class TextContract(FileFormatContract):
     """CSV and JSON Lines: units are stretches of bytes found by the planning scan, not metadata, so
     a unit holds the rows that start in ``split_bytes`` of text (``unit_rows`` sets it from the rows'
     average size). A broken file fails when its rows are read, naming the line."""
+
+    unit_named = r"bytes \[\d+, \d+\)"
+    resumed_unit = 1   # a unit is parsed whole before a row is handed out: a miscounted first unit fails at once
 
     def factory(self, source: Any, num_workers: int, **options: Any) -> tuple[Any, Any]:
         options.setdefault("split_bytes", self._unit_bytes)
@@ -352,6 +423,51 @@ def test_ipc_stream_format_is_refused_clearly(tmp_path):
         writer.write_table(table)
     with pytest.raises(errors.CorruptFileError, match=r"stream\.arrow.*IPC \*stream\*.*ipc\.new_file"):
         StructuredDataset(str(path), format="arrow")
+
+
+def test_ipc_stream_without_continuation_markers_gets_the_stream_message(tmp_path):
+    """Pre-1.0 writers wrote streams without the 0xFFFFFFFF marker: told apart from a corrupt file."""
+    path = tmp_path / "legacy.arrow"
+    table = table_of(0, 10)
+    with ipc.new_stream(path, table.schema, options=ipc.IpcWriteOptions(use_legacy_format=True)) as writer:
+        writer.write_table(table)
+    assert path.read_bytes()[:4] != b"\xff\xff\xff\xff"
+    with pytest.raises(errors.CorruptFileError, match=r"legacy\.arrow: is an Arrow IPC \*stream\*.*ipc\.new_file"):
+        StructuredDataset(str(path), format="arrow")
+
+
+@pytest.mark.parametrize("plaintext_footer", [False, True])
+def test_encrypted_parquet_says_it_is_encrypted(tmp_path, plaintext_footer):
+    """Parquet modular encryption: an encrypted footer fails at planning; with a plaintext footer, the
+    plaintext columns read and an encrypted one fails when read."""
+    import base64
+
+    import pyarrow.parquet.encryption as pe
+
+    class KeysInTheClear(pe.KmsClient):
+        def __init__(self, config):
+            super().__init__()
+
+        def wrap_key(self, key_bytes, master_key_identifier):
+            return base64.b64encode(key_bytes)
+
+        def unwrap_key(self, wrapped_key, master_key_identifier):
+            return base64.b64decode(wrapped_key)
+
+    kms = pe.KmsConnectionConfig(custom_kms_conf={"footer": "0123456789012345", "col": "1234567890123450"})
+    config = pe.EncryptionConfiguration(footer_key="footer", column_keys={"col": ["x"]}, double_wrapping=False,
+                                        plaintext_footer=plaintext_footer)
+    properties = pe.CryptoFactory(KeysInTheClear).file_encryption_properties(kms, config)
+    path = tmp_path / "secret.parquet"
+    table = table_of(0, 10)
+    with pq.ParquetWriter(path, table.schema, encryption_properties=properties) as writer:
+        writer.write_table(table)
+    assert path.read_bytes()[-4:] == (b"PAR1" if plaintext_footer else b"PARE")
+    encrypted = r"secret\.parquet: is an encrypted Parquet file .* does not support.*decrypt"
+    if plaintext_footer:
+        assert [int(i) for b in StructuredDataset(str(path), columns=["id"]) for i in b["id"]] == list(range(10))
+    with pytest.raises(errors.CorruptFileError, match=encrypted):
+        list(StructuredDataset(str(path), columns=["id", "x"]))
 
 
 def test_ipc_batches_of_a_local_file_point_into_the_memory_map(tmp_path):

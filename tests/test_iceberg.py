@@ -31,6 +31,7 @@ class TestIcebergContract(ReaderContract):
     """The reader contract on an Iceberg table: one append (one data file) per table."""
 
     format = "iceberg"
+    unit_named = r"Iceberg data unit \d"
 
     def source(self, tmp_path: Path, tables: list[pa.Table], unit_rows: int = UNIT_ROWS) -> Any:
         catalog, config = make_catalog(str(tmp_path / "iceberg"))

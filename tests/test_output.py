@@ -207,5 +207,5 @@ def test_field_names_that_are_not_utf8(tmp_path, fmt):
         with ipc.new_file(path, table.schema) as writer:
             writer.write_table(table)
     path.write_bytes(path.read_bytes().replace(b"goodname", b"good\xff\xfeme"))
-    with pytest.raises(CorruptFileError, match=r"bad\.\w+: a column name is not valid UTF-8"):
+    with pytest.raises(CorruptFileError, match=r"bad\.\w+: a column name in the .* metadata is not valid UTF-8"):
         StructuredDataset(tmp_path, format=fmt)

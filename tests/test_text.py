@@ -373,3 +373,27 @@ def test_a_large_csv_on_s3_is_split_and_read_through_read_ahead(s3_server, big_c
     loader, dataset = make_loader(url, 2, **options)
     assert len(dataset._plan.splits) > 20
     assert sorted(ids(loader, dataset)) == list(range(ROWS))
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+@pytest.mark.parametrize("bad_id", [30, 900])   # in the first unit; in a later one (both in the inferred MiB)
+def test_bytes_that_are_not_utf8_are_a_named_row_never_a_binary_column(tmp_path, fmt, bad_id):
+    """pyarrow infers binary for a CSV column holding bytes that are not UTF-8 and keeps such bytes in a
+    JSON string column: either way the row is named (or skipped), or the column read as bytes when asked."""
+    path = (write_csv if fmt == "csv" else write_jsonl)(tmp_path / f"u.{fmt}", rows_of(1000))
+    data = path.read_bytes()
+    offset = data.index(f"name-{bad_id}".encode())
+    path.write_bytes(data[:offset] + b"bad-\xff\xfe" + data[offset + len(f"name-{bad_id}"):])
+    line = data[:offset].count(b"\n") + 1
+    options = {"format": fmt, "batch_size": 100, "split_bytes": 4096, "output_format": "arrow"}
+    with pytest.raises(errors.MalformedRowError, match=rf"u\.{fmt}: line {line} .*not UTF-8.*'binary'"):
+        loader, dataset = make_loader(str(path), 0, **options)
+        list(loader)
+    loader, dataset = make_loader(str(path), 0, parse_options={"bad_rows": "skip"}, **options)
+    dataset.set_epoch(0)
+    table = pa.Table.from_batches(list(loader))
+    assert table.schema.field("name").type == pa.string() and table.num_rows == 999
+    loader, dataset = make_loader(str(path), 0, parse_options={"column_types": {"name": "binary"}}, **options)
+    dataset.set_epoch(0)
+    names = pa.Table.from_batches(list(loader)).column("name").to_pylist()
+    assert len(names) == 1000 and names[bad_id] == b"bad-\xff\xfe"

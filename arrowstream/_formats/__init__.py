@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._base import FileFooter, FileFormat, UnitFile
+from ._base import FileFooter, FileFormat, UnitFile, check_counts, name_units
 from .ipc import IPC
 from .orc import ORC
 from .parquet import PARQUET
@@ -20,4 +20,5 @@ def get_format(name: str) -> FileFormat:
     return FILE_FORMATS[name]
 
 
-__all__ = ["FILE_FORMATS", "FileFooter", "FileFormat", "TextFormat", "TextSettings", "UnitFile", "get_format", "register_format"]
+__all__ = ["FILE_FORMATS", "FileFooter", "FileFormat", "TextFormat", "TextSettings", "UnitFile", "check_counts", "get_format",
+           "name_units", "register_format"]

@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 
 from .._discovery import FileEntry
 from .._storage import Storage
+from ..errors import CorruptFileError
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,8 @@ class UnitFile(Protocol):
     def read_units(self, units: Sequence[int], columns: list[str], batch_rows: int,
                    use_threads: bool) -> Iterator[pa.RecordBatch]:
         """The rows of ``units`` (ascending, consecutive), in order, in batches of at most
-        ``batch_rows`` rows, with (at least) ``columns``."""
+        ``batch_rows`` rows, with (at least) ``columns``: exactly the rows ``unit_rows`` announced
+        for them (the reader counts them and raises ``CorruptFileError`` naming the unit otherwise)."""
         ...
 
     def close(self) -> None:
@@ -69,6 +71,7 @@ class FileFormat(Protocol):
 
     name: str
     label: str  # how errors name it: "Parquet", "ORC", ...
+    unit: str   # how errors name a unit: "row group", "stripe", ...
 
     def inspect(self, storage: Storage, entry: FileEntry, filter: pc.Expression | None,
                 filter_columns: list[str]) -> FileFooter:
@@ -83,6 +86,29 @@ class FileFormat(Protocol):
         """The ``[start, end)`` byte ranges reading ``units`` with ``columns`` needs, from the planned
         metadata (for read-ahead); empty when the metadata did not travel with the plan."""
         ...
+
+
+def name_units(unit: str, units: Sequence[int]) -> str:
+    """How an error names a run of units: ``row group 3``, ``stripes 2-4``."""
+    if len(units) == 1:
+        return f"{unit} {units[0]}"
+    plural = unit + ("es" if unit.endswith(("ch", "sh", "s", "x")) else "s")
+    return f"{plural} {units[0]}-{units[-1]}"
+
+
+def check_counts(footer: FileFooter, url: str, label: str, unit: str) -> None:
+    """Refuse metadata whose row or byte counts cannot be (negative, or lists that disagree), before
+    any plan is built on them: a negative count would make every total and every cursor wrong."""
+    for index, (rows, size) in enumerate(zip(footer.unit_rows, footer.unit_bytes, strict=False)):
+        if rows < 0 or size < 0:
+            raise CorruptFileError(
+                f"{url}: the {label} metadata announces {rows} rows in {size} bytes for {unit} {index}, a count "
+                "that cannot be negative: the file is corrupt; rewrite it, or leave it out of `path`")
+    if len(footer.unit_rows) != len(footer.unit_bytes) or any(
+            not 0 <= kept < len(footer.unit_rows) for kept in footer.kept_units):
+        raise CorruptFileError(
+            f"{url}: the {label} metadata lists {len(footer.unit_rows)} row counts and {len(footer.unit_bytes)} "
+            f"sizes of {unit}s: the file is corrupt; rewrite it, or leave it out of `path`")
 
 
 def sliced(batch: pa.RecordBatch, batch_rows: int) -> Iterator[pa.RecordBatch]:

@@ -3,6 +3,10 @@
 pyarrow reads a record batch by index but gives its row count only by reading it, body and all.
 Planning reads the file footer (the list of record-batch blocks) and each batch's message header
 instead: a few flatbuffer fields, read here directly, so no column data is read to plan.
+
+pyarrow does not check the batches it reads from a file, so each batch is validated in full when
+read (offsets within their data, UTF-8, null counts): a damaged file is a ``CorruptFileError``, never
+out-of-bounds reads or a pyarrow error far from the file.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import pyarrow.compute as pc
 from pyarrow import ipc
 
 from .._discovery import FileEntry
-from .._storage import Storage
+from .._storage import Storage, display_url
+from ..errors import CorruptFileError
 from ._base import FileFooter, sliced
 
 _MAGIC = b"ARROW1"
@@ -101,12 +106,24 @@ def batch_list(source: pa.NativeFile) -> list[tuple[int, tuple[int, int], int]]:
     return out
 
 
+def _is_stream(source: pa.NativeFile) -> bool:
+    """Whether ``source`` opens as an IPC stream: with the continuation marker of format 0.15 on, or
+    without it (pre-1.0 writers, ``IpcWriteOptions(use_legacy_format=True)``)."""
+    source.seek(0)
+    try:
+        ipc.open_stream(source)
+    except (pa.ArrowException, OSError, ValueError):
+        return False
+    return True
+
+
 class IpcFile:
     """An open IPC file. Local files are memory-mapped and batches point into the map (columns are
     selected afterwards: pyarrow copies a batch read with ``included_fields``); remote files read only
     the buffers of the selected columns."""
 
     def __init__(self, storage: Storage, footer: FileFooter) -> None:
+        self._url = display_url(storage.protocol, footer.entry.path)
         self._mapped = storage.is_local
         self._source = storage.open_input(footer.entry, memory_map=True)
         self._schema = footer.schema
@@ -128,6 +145,12 @@ class IpcFile:
             batch = reader.get_batch(index)
             if self._mapped and columns != self._schema.names:
                 batch = batch.select(columns)
+            try:   # pyarrow trusts what it reads: a flipped byte makes a negative null count or offsets past the data
+                batch.validate(full=True)
+            except pa.ArrowInvalid as exc:
+                raise CorruptFileError(
+                    f"{self._url}: Arrow IPC record batch {index} is malformed ({str(exc).splitlines()[0]}); the file "
+                    "is corrupt: rewrite it, or leave it out of `path`") from None
             yield from sliced(batch, batch_rows)
 
     def close(self) -> None:
@@ -138,16 +161,26 @@ class IpcFile:
 class IpcFormat:
     name = "arrow"
     label = "Arrow IPC"
+    unit = "record batch"
 
     def inspect(self, storage: Storage, entry: FileEntry, filter: pc.Expression | None,
                 filter_columns: list[str]) -> FileFooter:
         with storage.open_input(entry) as source:
-            if source.read(4) == b"\xff\xff\xff\xff":
-                raise ValueError("this is an Arrow IPC *stream*, which has no footer to plan from; rewrite it as an "
-                                 "IPC file (pyarrow.ipc.new_file, or feather.write_feather(..., version=2))")
+            if source.read(len(_MAGIC)) != _MAGIC and _is_stream(source):
+                raise CorruptFileError(
+                    f"{display_url(storage.protocol, entry.path)}: is an Arrow IPC *stream*, which has no footer to "
+                    "plan from; rewrite it as an IPC file (pyarrow.ipc.new_file, or "
+                    "feather.write_feather(..., version=2))")
             source.seek(0)
-            schema = ipc.open_file(source).schema
+            reader = ipc.open_file(source)
             batches = batch_list(source)
+            # planning skips a unit of no rows, so it is never read: check it has none (a flipped byte in its
+            # header can hide the length field, which then reads as 0); rare in real files, so cheap
+            for index in [i for i, (rows, _, _) in enumerate(batches) if rows == 0]:
+                held = reader.get_batch(index).num_rows
+                if held:
+                    raise ValueError(f"record batch {index} announces 0 rows in its header but holds {held}")
+            schema = reader.schema
         return FileFooter(entry, self.name, schema, tuple(r for r, _, _ in batches), tuple(b for _, _, b in batches),
                           tuple(range(len(batches))), tuple(span for _, span, _ in batches))
 

@@ -95,6 +95,7 @@ class OrcFile:
 class OrcFormat:
     name = "orc"
     label = "ORC"
+    unit = "stripe"
 
     def inspect(self, storage: Storage, entry: FileEntry, filter: pc.Expression | None,
                 filter_columns: list[str]) -> FileFooter:

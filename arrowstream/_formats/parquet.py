@@ -1,4 +1,8 @@
-"""Parquet: row groups are the units; statistics prune the row groups a filter excludes."""
+"""Parquet: row groups are the units; statistics prune the row groups a filter excludes.
+
+Encrypted files (Parquet modular encryption) are refused by name: with an encrypted footer
+(``PARE`` magic) at planning, with a plaintext footer when an encrypted column is read.
+"""
 
 from __future__ import annotations
 
@@ -11,25 +15,44 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from .._discovery import FileEntry
-from .._storage import Storage
+from .._storage import Storage, display_url
+from ..errors import CorruptFileError
 from ._base import FileFooter
+
+_ENCRYPTION_MARKERS = ("encrypted", "decrypt")
+
+
+def _encrypted(exc: BaseException, url: str) -> CorruptFileError | None:
+    """The error for an encrypted file when ``exc`` is pyarrow's refusal to read one without keys."""
+    if not isinstance(exc, OSError) or not any(marker in str(exc).lower() for marker in _ENCRYPTION_MARKERS):
+        return None
+    return CorruptFileError(
+        f"{url}: is an encrypted Parquet file (Parquet modular encryption), which arrowstream does not support "
+        f"(pyarrow: {str(exc).splitlines()[0]}); decrypt it (pyarrow.parquet.read_table with "
+        "decryption_properties, then write_table without encryption), or leave it out of `path`")
 
 
 class ParquetFile:
     """An open Parquet file; reads runs of row groups."""
 
     def __init__(self, storage: Storage, footer: FileFooter) -> None:
+        self._url = display_url(storage.protocol, footer.entry.path)
         self._source = storage.open_input(footer.entry)
         self._file = pq.ParquetFile(self._source, metadata=footer.handle)
         self._names = footer.schema.names
 
     def read_units(self, units: Sequence[int], columns: list[str], batch_rows: int,
                    use_threads: bool) -> Iterator[pa.RecordBatch]:
-        batches: Iterator[pa.RecordBatch] = self._file.iter_batches(
-            batch_size=batch_rows, row_groups=list(units),
-            columns=None if columns == self._names else columns,  # all of them: names may repeat
-            use_threads=use_threads)
-        return batches
+        try:
+            yield from self._file.iter_batches(
+                batch_size=batch_rows, row_groups=list(units),
+                columns=None if columns == self._names else columns,  # all of them: names may repeat
+                use_threads=use_threads)
+        except OSError as exc:   # a plaintext footer with encrypted columns
+            encrypted = _encrypted(exc, self._url)
+            if encrypted is None:
+                raise
+            raise encrypted from exc
 
     def close(self) -> None:
         self._file.close()
@@ -39,11 +62,18 @@ class ParquetFile:
 class ParquetFormat:
     name = "parquet"
     label = "Parquet"
+    unit = "row group"
 
     def inspect(self, storage: Storage, entry: FileEntry, filter: pc.Expression | None,
                 filter_columns: list[str]) -> FileFooter:
-        with storage.open_input(entry) as source:
-            return self.inspect_source(source, entry, filter, filter_columns)
+        try:
+            with storage.open_input(entry) as source:
+                return self.inspect_source(source, entry, filter, filter_columns)
+        except OSError as exc:   # an encrypted footer
+            encrypted = _encrypted(exc, display_url(storage.protocol, entry.path))
+            if encrypted is None:
+                raise
+            raise encrypted from exc
 
     def inspect_source(self, source: Any, entry: FileEntry, filter: pc.Expression | None,
                        filter_columns: list[str]) -> FileFooter:
@@ -51,6 +81,9 @@ class ParquetFormat:
         metadata = fragment.metadata
         schema = fragment.physical_schema
         rows = tuple(metadata.row_group(i).num_rows for i in range(metadata.num_row_groups))
+        if sum(rows) != metadata.num_rows:
+            raise ValueError(f"the footer announces {metadata.num_rows} rows but its row groups {sum(rows)} "
+                             f"({', '.join(map(str, rows[:8]))}{', ...' if len(rows) > 8 else ''})")
         sizes = tuple(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
         kept: tuple[int, ...] = tuple(range(len(rows)))
         if filter is not None and all(name in schema.names for name in filter_columns):

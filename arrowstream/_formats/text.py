@@ -374,7 +374,26 @@ def parse_rows(data: bytes, settings: TextSettings, names: Sequence[str], schema
             raise
         read_json, parse_json = settings.json_options(schema, use_threads, block_size=len(data) + 1)
         table = pa_json.read_json(_owned(data), read_options=read_json, parse_options=parse_json)
-    return table.select(include) if include is not None else table
+    return check_utf8(table.select(include) if include is not None else table)
+
+
+def _holds_strings(data_type: pa.DataType) -> bool:
+    if pa.types.is_string(data_type) or pa.types.is_large_string(data_type) or pa.types.is_string_view(data_type):
+        return True
+    return any(_holds_strings(data_type.field(i).type) for i in range(data_type.num_fields))
+
+
+def check_utf8(table: pa.Table) -> pa.Table:
+    """``table``, its string columns checked for UTF-8: pyarrow's JSON reader keeps bytes that are not UTF-8
+    in string columns (its CSV reader checks them), which would fail later, naming no row."""
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        if _holds_strings(column.type):
+            try:
+                column.validate(full=True)
+            except pa.ArrowInvalid:
+                raise pa.ArrowInvalid(f"column {name!r}: invalid UTF8 data (bytes that are not UTF-8 in a string)"
+                                      ) from None
+    return table
 
 
 def _bad_rows(parse: Callable[[bytes], pa.Table], data: bytes, starts: npt.NDArray[np.int64], first_only: bool,
@@ -420,7 +439,12 @@ def locate_bad_rows(parse: Callable[[bytes], pa.Table], data: bytes, starts: npt
     if settings.bad_rows == "error":
         _, line, offset, message = where[0]
         label = "CSV" if settings.kind == "csv" else "JSON"
-        if message.startswith("parsed into") and settings.kind == "csv":
+        if "invalid utf8" in message.lower():
+            encoding = "pass parse_options={'encoding': ...} if the file has another encoding, or " \
+                if settings.kind == "csv" else ""
+            hint = (f"the row holds bytes that are not UTF-8: {encoding}name the column in "
+                    "parse_options={'column_types': {...: 'binary'}} to read it as bytes; else fix the row")
+        elif message.startswith("parsed into") and settings.kind == "csv":
             hint = ("a quote character inside an unquoted field? pass parse_options={'quote_char': False} if fields "
                     "are never quoted; or fix the row")
         elif "conversion error" in message or "changed from" in message:
@@ -555,7 +579,7 @@ class TextFile:
             return
         read_json, parse_json = settings.json_options(schema, use_threads)
         for batch in pa_json.open_json(stream, read_options=read_json, parse_options=parse_json):
-            yield pa.Table.from_batches([batch]).select(include)
+            yield check_utf8(pa.Table.from_batches([batch]).select(include))
 
     def read_units(self, units: Sequence[int], columns: list[str], batch_rows: int,
                    use_threads: bool) -> Iterator[pa.RecordBatch]:
@@ -591,6 +615,7 @@ class TextFormat:
     def __init__(self, kind: str, settings: TextSettings | None = None, unit_bytes: int = UNIT_BYTES) -> None:
         self.name = kind
         self.label = "CSV" if kind == "csv" else "JSON Lines"
+        self.unit = "byte range"
         self.settings = settings or TextSettings(kind, ())
         self.unit_bytes = unit_bytes
 
@@ -605,9 +630,19 @@ class TextFormat:
         if settings.kind == "csv":
             read, parse_csv, convert = settings.csv_options(None, None, None, True)
 
+            asked = dict(settings.get("column_types", ()))
+
             def infer(data: bytes) -> pa.Schema:
-                return pa_csv.open_csv(_owned(data), read_options=read, parse_options=parse_csv,
-                                       convert_options=convert).schema
+                schema = pa_csv.open_csv(_owned(data), read_options=read, parse_options=parse_csv,
+                                         convert_options=convert).schema
+                # pyarrow infers binary for a column with bytes that are not UTF-8: asked for as string, such a
+                # row is named like any row that does not parse (or skipped), not a silent change of type
+                binary = [f.name for f in schema if f.name not in asked and pa.types.is_binary(f.type)]
+                if binary:
+                    convert.column_types = {**convert.column_types, **dict.fromkeys(binary, pa.string())}
+                    schema = pa_csv.open_csv(_owned(data), read_options=read, parse_options=parse_csv,
+                                             convert_options=convert).schema
+                return schema
         else:
             read_json, parse_json = settings.json_options(None, True)
 
