@@ -23,7 +23,9 @@ from typing import Any
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ._convert import passthrough_collate
+from ._loader_options import check_loader_options
 from ._metrics import FIELDS, Board, Meter, flatten, summarize
+from ._options import check_int
 from ._state import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, WorkerState, upgrade
 from ._storage import logger
 from ._transport import Chunk
@@ -70,12 +72,20 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
     """
 
     def __init__(self, dataset: Any, *args: Any, batches_per_transfer: int | None = None, **kwargs: Any) -> None:
+        from .dataset import StructuredDataset
+
+        if not isinstance(dataset, StructuredDataset):
+            raise ArgumentTypeError(f"dataset: ArrowStreamDataLoader loads an arrowstream StructuredDataset (or "
+                                    f"IcebergDataset), got {type(dataset).__name__}; use a plain StatefulDataLoader "
+                                    "for other datasets")
+        kwargs = _loader_arguments(dataset, args, kwargs)
+        check_loader_options(kwargs.get("num_workers", 0), kwargs)
         collate_fn = kwargs.get("collate_fn")
         if collate_fn is not None and collate_fn is not passthrough_collate:
             kwargs["collate_fn"] = PerBatchCollate(collate_fn)  # a chunk's batches, one by one
         with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, deprecated in torch 2.13
             warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
-            super().__init__(dataset, *args, **kwargs)
+            super().__init__(dataset, **kwargs)
         if batches_per_transfer is None:
             batches_per_transfer = default_batches_per_transfer(dataset.batch_size)
         if isinstance(batches_per_transfer, bool) or not isinstance(batches_per_transfer, int) \
@@ -91,6 +101,11 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
     def _set_batches_per_transfer(self, value: int) -> None:
         self.batches_per_transfer = value
         self.dataset._batches_per_transfer = value
+
+    def _get_iterator(self) -> Any:
+        """torchdata's hook that starts an epoch's iterator (from a loaded state, if any)."""
+        check_loader_options(self.num_workers, {"in_order": self.in_order})  # also when set after __init__
+        return super()._get_iterator()
 
     def __iter__(self) -> Any:
         inner = super().__iter__()
@@ -332,6 +347,19 @@ def _rewind_into_chunk(inner: dict[str, Any], batches: _BatchIterator, num_worke
 
 
 _RESERVED = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
+_LOADER_SIGNATURE = inspect.signature(StatefulDataLoader.__init__)
+
+
+def _loader_arguments(dataset: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Every argument given to the loader by name (positional ones too); ``batch_size`` None by default."""
+    try:
+        bound = _LOADER_SIGNATURE.bind_partial(None, dataset, *args, **kwargs)
+    except TypeError as exc:
+        raise ArgumentTypeError(f"ArrowStreamDataLoader: {exc}; its keywords are those of StatefulDataLoader "
+                                "and batches_per_transfer") from None
+    arguments = {k: v for k, v in bound.arguments.items() if k not in ("self", "dataset")}
+    arguments.setdefault("batch_size", None)
+    return arguments
 
 
 def _dataset_keywords(dataset_cls: type) -> set[str]:
@@ -349,10 +377,7 @@ def _dataset_keywords(dataset_cls: type) -> set[str]:
 def build_dataloader(dataset_cls: type, *, dataset_args: dict[str, Any], num_workers: int,
                      **kwargs: Any) -> tuple[ArrowStreamDataLoader, Any]:
     """Split keywords between the dataset and the loader, build both."""
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int):
-        raise ArgumentTypeError(f"num_workers: expected an int, got {type(num_workers).__name__}")
-    if num_workers < 0:
-        raise InvalidArgumentError(f"num_workers: must be >= 0, got {num_workers}")
+    check_int("num_workers", num_workers, 0)
     dataset_params = _dataset_keywords(dataset_cls)
     dataset_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in dataset_params}
     loader_params = (set(inspect.signature(StatefulDataLoader.__init__).parameters) - {"self", "dataset"}) | {
@@ -361,6 +386,7 @@ def build_dataloader(dataset_cls: type, *, dataset_args: dict[str, Any], num_wor
     if unknown:
         raise ArgumentTypeError(f"create_dataloader: unknown keyword(s) {unknown}; dataset keywords are "
                                 f"{sorted(dataset_params)}, loader keywords {sorted(loader_params - set(_RESERVED))}")
+    check_loader_options(num_workers, kwargs)  # before planning, which may be long
     dataset = dataset_cls(**dataset_args, **dataset_kwargs)
     kwargs.setdefault("collate_fn", passthrough_collate)
     loader = ArrowStreamDataLoader(dataset, batch_size=None, num_workers=num_workers, **kwargs)
