@@ -51,9 +51,19 @@ def _is_hidden(relative: str) -> bool:
     return any(part.startswith((".", "_")) for part in relative.split("/") if part)
 
 
+def _one_string(path: str | os.PathLike[str]) -> str:
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        raise ArgumentTypeError(f"path: expected a str path, got {type(text).__name__} {text!r}")
+    if not text.strip():
+        raise InvalidArgumentError(f"path: {text!r} names no file or folder (the current directory is never read "
+                                   "for an empty path); pass a file, directory or glob, such as '.' for this folder")
+    return text
+
+
 def _as_strings(path: Any) -> list[str]:
     if isinstance(path, (str, os.PathLike)):
-        return [os.fspath(path)]
+        return [_one_string(path)]
     if isinstance(path, Sequence) and not isinstance(path, bytes):
         if not path:
             raise InvalidArgumentError("path: the list of paths is empty; pass at least one file, directory or glob")
@@ -61,7 +71,7 @@ def _as_strings(path: Any) -> list[str]:
         for item in path:
             if not isinstance(item, (str, os.PathLike)):
                 raise ArgumentTypeError(f"path: list items must be str or os.PathLike, got {type(item).__name__}")
-            out.append(os.fspath(item))
+            out.append(_one_string(item))
         return out
     raise ArgumentTypeError(f"path: expected a str, os.PathLike or a list of them, got {type(path).__name__}")
 

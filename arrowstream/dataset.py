@@ -71,7 +71,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             works with ``shuffle=False`` too (rows shuffled, splits in order). See docs/shuffle.md.
         interleave: Splits each worker reads at a time; above 1, rows come from them in rotation,
             ``ceil(batch_size / interleave)`` rows per turn, so a batch mixes ``interleave`` splits
-            (files, with ``shuffle=True``). Each open split keeps its file open.
+            (files, with ``shuffle=True``). Each open split keeps its file open; at most 1024.
         columns: Columns to read (projection); all when ``None``.
         filter: A ``pyarrow.compute`` expression (or DNF tuples); row groups whose statistics
             exclude it are never read, and the rest are filtered row by row.

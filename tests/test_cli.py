@@ -14,7 +14,7 @@ from helpers import write_dataset
 from pyiceberg.catalog import load_catalog
 
 import arrowstream
-from arrowstream import StructuredDataset
+from arrowstream import StructuredDataset, cli
 
 
 def test_demo_trains_checkpoints_resumes_and_proves_exactly_once(tmp_path):
@@ -173,3 +173,19 @@ def test_inspect_and_bench_read_csv_with_parse_options(tmp_path):
     assert [name for name, _ in report["schema"]] == ["id", "x", "name"]
     result = json.loads(arrowstream_cli("bench", str(path), *options, "--num-workers", "0", "--json", "--quiet"))
     assert result["raw"]["rows"] == result["arrowstream"]["rows"] == 3000
+
+
+def test_user_errors_are_one_line_without_traceback(tmp_path, capsys):
+    """A user error (an ArrowStreamError) prints `arrowstream: error: ...` and exits with 2, like argparse."""
+    missing = str(tmp_path / "nope")
+    for argv in (["inspect", missing], ["bench", missing, "--quiet"], ["inspect", tmp_path.as_posix(), "--format", "xml"]):
+        with pytest.raises(SystemExit) as info:
+            cli.main(argv)
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("arrowstream: error: ") and err.count("\n") == 1, err
+    result = subprocess.run([sys.executable, "-m", "arrowstream", "inspect", missing], capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 2
+    assert result.stderr == f"arrowstream: error: path: {missing!r} does not exist; check the path and the " \
+                            "storage_options\n"
