@@ -109,13 +109,9 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
     def _get_iterator(self) -> Any:
         """torchdata's hook that starts an epoch's iterator (from a loaded state, if any): a loaded
         state whose epoch is over starts a later epoch whole (see ``arrowstream._boundary``)."""
-        check_loader_options(self.num_workers, {"in_order": self.in_order})  # also when set after __init__
         loaded: dict[str, Any] | None = self.next_iter_state  # type: ignore[has-type]
         if loaded is not None and self.num_workers > 0:
             self.next_iter_state = self._into_later_epoch(loaded)
-        elif self._elastic_loaded:
-            check_replanned_epoch_over(self.dataset, self.num_workers)
-        self._elastic_loaded = False
         return super()._get_iterator()
 
     def _into_later_epoch(self, inner: dict[str, Any]) -> dict[str, Any]:
@@ -134,6 +130,10 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         return inner
 
     def __iter__(self) -> Any:
+        check_loader_options(self.num_workers, {"in_order": self.in_order})  # also when set after __init__
+        if self._elastic_loaded:  # the first epoch after loading a checkpoint re-planned for this topology
+            check_replanned_epoch_over(self.dataset, self.num_workers)
+            self._elastic_loaded = False
         inner = super().__iter__()
         if self.batches_per_transfer == 1:
             self._batch_iterator = None

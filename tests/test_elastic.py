@@ -145,9 +145,12 @@ def test_replanned_epoch_with_rows_left_refuses_a_later_epoch(uneven_dataset, op
     mid-epoch state of the same topology (it used to start the next epoch, losing the rest of the saved one)."""
     options = {"batch_size": 64, "shuffle": True, **options}
     _, state = first_batches(uneven_dataset, 2, options, steps=9)
-    loader, dataset = make_loader(uneven_dataset, 0, **options)
-    loader.load_state_dict(state)
-    dataset.set_epoch(1)
-    with pytest.raises(errors.StateMismatchError, match=r"epoch 0 \(re-planned from world_size=1, num_workers=2\), "
-                       r"which still has .* call dataset.set_epoch\(0\)"):
-        next(iter(loader))
+    for state_first in (False, True):
+        loader, dataset = make_loader(uneven_dataset, 0, **options)
+        loader.load_state_dict(state)
+        if state_first:  # a state taken before iterating builds the iterator: still refused
+            loader.state_dict()
+        dataset.set_epoch(1)
+        with pytest.raises(errors.StateMismatchError, match=r"epoch 0 \(re-planned from world_size=1, num_workers=2\), "
+                           r"which still has .* call dataset.set_epoch\(0\)"):
+            next(iter(loader))
