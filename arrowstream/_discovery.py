@@ -10,10 +10,19 @@ from typing import Any
 
 import fsspec
 from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
 
 from ._failures import is_missing, is_permission
 from ._storage import Storage, current_options, open_filesystem
-from .errors import ArgumentTypeError, DatasetNotFoundError, EmptyDatasetError, FileReadError, InvalidArgumentError
+from ._walk import glob_local, list_local
+from .errors import (
+    ArgumentTypeError,
+    ArrowStreamError,
+    DatasetNotFoundError,
+    EmptyDatasetError,
+    FileReadError,
+    InvalidArgumentError,
+)
 
 _GLOB_CHARS = frozenset("*?[")
 _TAG_KEYS = ("ETag", "etag", "generation", "version_id", "mtime", "LastModified", "last_modified",
@@ -42,9 +51,19 @@ def _is_hidden(relative: str) -> bool:
     return any(part.startswith((".", "_")) for part in relative.split("/") if part)
 
 
+def _one_string(path: str | os.PathLike[str]) -> str:
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        raise ArgumentTypeError(f"path: expected a str path, got {type(text).__name__} {text!r}")
+    if not text.strip():
+        raise InvalidArgumentError(f"path: {text!r} names no file or folder (the current directory is never read "
+                                   "for an empty path); pass a file, directory or glob, such as '.' for this folder")
+    return text
+
+
 def _as_strings(path: Any) -> list[str]:
     if isinstance(path, (str, os.PathLike)):
-        return [os.fspath(path)]
+        return [_one_string(path)]
     if isinstance(path, Sequence) and not isinstance(path, bytes):
         if not path:
             raise InvalidArgumentError("path: the list of paths is empty; pass at least one file, directory or glob")
@@ -52,7 +71,7 @@ def _as_strings(path: Any) -> list[str]:
         for item in path:
             if not isinstance(item, (str, os.PathLike)):
                 raise ArgumentTypeError(f"path: list items must be str or os.PathLike, got {type(item).__name__}")
-            out.append(os.fspath(item))
+            out.append(_one_string(item))
         return out
     raise ArgumentTypeError(f"path: expected a str, os.PathLike or a list of them, got {type(path).__name__}")
 
@@ -61,13 +80,14 @@ def _list_one(fs: fsspec.AbstractFileSystem, url: str, path: str) -> dict[str, d
     """The files under ``path`` (a glob, a directory or a file), with one listing request where the
     backend allows: ``find`` lists a directory recursively and returns a file given by name; only an
     empty answer costs a second request, to tell a missing path from an empty directory."""
+    local = isinstance(fs, LocalFileSystem)  # symbolic links followed, as pyarrow does (see _walk)
     if any(c in path for c in _GLOB_CHARS):
-        found = fs.glob(path, detail=True)
+        found = glob_local(path, url) if local else fs.glob(path, detail=True)
         files = {p: i for p, i in found.items() if i.get("type") == "file"}
         if not files:
             raise DatasetNotFoundError(f"path: the glob {url!r} matches no file; check the pattern")
         return files
-    found = fs.find(path, detail=True, withdirs=False)
+    found = list_local(path, url) if local else fs.find(path, detail=True, withdirs=False)
     root = path.rstrip("/")
     files = {p: i for p, i in found.items() if i.get("type") == "file" and not _is_hidden(p[len(root):])}
     if files:
@@ -83,7 +103,7 @@ def _listed(storage: Storage, url: str, path: str) -> dict[str, dict[str, Any]]:
     """``_list_one`` with the storage's retries and credential refresh; backend errors classified."""
     try:
         return storage.call(lambda: _list_one(storage.fs, url, path), what=url)
-    except (DatasetNotFoundError, EmptyDatasetError):
+    except ArrowStreamError:
         raise
     except Exception as exc:  # backends raise their own types: classified here, never swallowed
         if is_missing(exc):
@@ -101,7 +121,9 @@ def discover_files(path: Any, storage_options: dict[str, Any] | None,
     listed, which the main process goes on to read the footers with) and the files sorted by path.
 
     Directories are listed recursively, skipping names that start with ``.`` or ``_``
-    (``_SUCCESS``, ``.crc``), as pyarrow.dataset does. Names are relative to the files'
+    (``_SUCCESS``, ``.crc``), as pyarrow.dataset does; on the local filesystem symbolic links to
+    files and folders are followed, as pyarrow does, and a loop or a dangling link is an error
+    naming the link (see ``arrowstream._walk``). Names are relative to the files'
     common folder, so they carry no machine-local absolute path. Listing requests get the
     storage's retries of transient errors and its credential refresh.
     """

@@ -17,6 +17,7 @@ from .errors import ArgumentTypeError, InvalidArgumentError, NotSupportedYetErro
 FORMATS = ("parquet", "orc", "arrow", "csv", "jsonl", "json", "iceberg")  # iceberg: IcebergDataset's own
 SUPPORTED_FORMATS = ("parquet", "orc", "arrow", "csv", "jsonl", "iceberg")
 TEXT_FORMATS = ("csv", "jsonl")
+MAX_INTERLEAVE = 1024  # each open split holds a file and a decoded read: file handles and memory run out beyond
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,16 @@ def check_bool(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ArgumentTypeError(f"{name}: expected True or False, got {type(value).__name__} {value!r}")
     return value
+
+
+def _interleave(value: Any) -> int:
+    interleave = check_int("interleave", value, 1)
+    if interleave > MAX_INTERLEAVE:
+        raise InvalidArgumentError(
+            f"interleave: at most {MAX_INTERLEAVE} splits open per worker, got {value}; each keeps a file open and "
+            "a decoded read of up to 65,536 rows in memory. Lower interleave; shuffle_buffer_size mixes rows "
+            "further at the cost of memory only")
+    return interleave
 
 
 def _filter(value: Any) -> pc.Expression | None:
@@ -134,7 +145,7 @@ def validate_options(*, format: str, batch_size: int, shuffle: bool, seed: int, 
         shuffle=check_bool("shuffle", shuffle),
         seed=check_int("seed", seed, 0),
         shuffle_buffer_size=check_int("shuffle_buffer_size", shuffle_buffer_size, 0),
-        interleave=check_int("interleave", interleave, 1),
+        interleave=_interleave(interleave),
         columns=_columns(columns),
         filter=_filter(filter),
         output_format=output_format,

@@ -17,6 +17,8 @@ from typing import Any
 from ._options import check_int
 from .errors import ArgumentTypeError, InvalidArgumentError, TopologyError
 
+MAX_WORLD_SIZE = 2**20  # 1,048,576 ranks: far above any cluster; a larger value is a mistake
+
 
 @dataclass(frozen=True)
 class Topology:
@@ -109,6 +111,10 @@ def resolve_topology(rank: Any = None, world_size: Any = None, accelerator: Any 
                 f"rank/world_size disagree: {source} says rank {rank} of {world_size}, {other} says rank "
                 f"{values[0]} of {values[1]}; pass the global rank and world size (not a local rank), or leave "
                 "rank/world_size unset to take them from the launcher")
+    if world_size > MAX_WORLD_SIZE:
+        raise InvalidArgumentError(
+            f"rank/world_size: world_size={world_size} (from {source}) is above {MAX_WORLD_SIZE:,} (2**20), the most "
+            "ranks arrowstream plans for; pass the number of processes of the job (not a product with workers)")
     if world_size < 1 or not 0 <= rank < world_size:
         raise InvalidArgumentError(f"rank/world_size: need 0 <= rank < world_size, got rank={rank}, "
                                    f"world_size={world_size} (from {source})")

@@ -46,6 +46,16 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--json", action="store_true", help="print the results as JSON (metrics samples included)")
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    from .errors import ArrowStreamError
+
+    try:
+        return _run(args)
+    except ArrowStreamError as exc:  # a user error: one line, as argparse reports bad arguments, no traceback
+        message = " ".join(str(exc).split())
+        parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "inspect":
         from . import _inspect
 

@@ -71,7 +71,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             works with ``shuffle=False`` too (rows shuffled, splits in order). See docs/shuffle.md.
         interleave: Splits each worker reads at a time; above 1, rows come from them in rotation,
             ``ceil(batch_size / interleave)`` rows per turn, so a batch mixes ``interleave`` splits
-            (files, with ``shuffle=True``). Each open split keeps its file open.
+            (files, with ``shuffle=True``). Each open split keeps its file open; at most 1024.
         columns: Columns to read (projection); all when ``None``.
         filter: A ``pyarrow.compute`` expression (or DNF tuples); row groups whose statistics
             exclude it are never read, and the rest are filtered row by row.
@@ -391,24 +391,35 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                              seed=self._options.seed, epoch=epoch)
         return [splits[i] for i in ids]
 
+    def batches_left(self, state: WorkerState, slot: Slot) -> int | None:
+        """Batches a worker state of ``slot`` has still to hand out in its epoch, from the plan;
+        ``None`` when a filter (or ``bad_rows='skip'``) decides, which only reading tells."""
+        if state.epoch_complete:
+            return 0
+        if state.elastic is not None:  # a share of an epoch re-planned for this topology
+            share, limit = self._share(state.elastic, slot)
+            rows = share.num_rows
+            at_end = (state.cursor.replay_index >= len(share.replays)
+                      and state.cursor.at_end([s.num_rows for s in share.splits]))
+        else:
+            splits = self._slot_splits(slot, state.epoch)
+            rows, limit = sum(s.num_rows for s in splits), self._batch_limit(slot)
+            at_end = state.cursor.at_end([s.num_rows for s in splits])
+        allowed = None if limit is None else max(limit - state.batches, 0)
+        if at_end or allowed == 0:
+            return 0
+        if self._options.drops_rows:
+            return None
+        left = natural_batches(rows - state.rows - state.rows_dropped, self._options.batch_size,
+                               self._options.drop_last)
+        return left if allowed is None else min(left, allowed)
+
     def _nothing_left(self, state: WorkerState, slot: Slot) -> bool:
         """True when a worker state has handed out every row of its epoch it ever will."""
-        if state.epoch_complete:
-            return True
-        if state.elastic is not None:
-            share, limit = self._share(state.elastic, slot)
-            return ((limit is not None and state.batches >= limit)
-                    or (state.cursor.replay_index >= len(share.replays)
-                        and state.cursor.at_end([s.num_rows for s in share.splits])))
-        splits = self._slot_splits(slot, state.epoch)
-        if state.cursor.at_end([s.num_rows for s in splits]):
-            return True
-        limit = self._batch_limit(slot)
-        if limit is not None and state.batches >= limit:
-            return True
+        left = self.batches_left(state, slot)
+        if left is not None:
+            return left == 0
         wanted = self._options.batch_size if self._options.drop_last else 1  # fewer rows than that: none
-        if not self._options.drops_rows:
-            return sum(s.num_rows for s in splits) - state.rows - state.rows_dropped < wanted
         # the filter decides what is left: look ahead from the cursor (the rows a resumed run reads first)
         return not self._stream(slot, state.epoch, state).holds(wanted)
 

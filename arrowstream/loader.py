@@ -22,8 +22,11 @@ from typing import Any
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from ._boundary import check_replanned_epoch_over, later_epoch_starts_whole
 from ._convert import passthrough_collate
+from ._loader_options import check_loader_options
 from ._metrics import FIELDS, Board, Meter, flatten, summarize
+from ._options import check_int
 from ._state import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, WorkerState, upgrade
 from ._storage import logger
 from ._transport import Chunk
@@ -34,6 +37,8 @@ _WORKER_SNAPSHOTS = "_worker_snapshots"
 _MAIN_SNAPSHOT = "_main_snapshot"
 _DATASET_STATE = "dataset_state"
 _FINISHED = "_iterator_finished"
+_STEPS_SINCE_SNAPSHOT = "_steps_since_snapshot"
+_LAST_YIELDED_WORKER = "_last_yielded_worker_id"
 ROWS_PER_TRANSFER = 16384  # default message size: ~0.2 ms of loader overhead spread over this many rows
 MAX_BATCHES_PER_TRANSFER = 16
 
@@ -70,12 +75,20 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
     """
 
     def __init__(self, dataset: Any, *args: Any, batches_per_transfer: int | None = None, **kwargs: Any) -> None:
+        from .dataset import StructuredDataset
+
+        if not isinstance(dataset, StructuredDataset):
+            raise ArgumentTypeError(f"dataset: ArrowStreamDataLoader loads an arrowstream StructuredDataset (or "
+                                    f"IcebergDataset), got {type(dataset).__name__}; use a plain StatefulDataLoader "
+                                    "for other datasets")
+        kwargs = _loader_arguments(dataset, args, kwargs)
+        check_loader_options(kwargs.get("num_workers", 0), kwargs)
         collate_fn = kwargs.get("collate_fn")
         if collate_fn is not None and collate_fn is not passthrough_collate:
             kwargs["collate_fn"] = PerBatchCollate(collate_fn)  # a chunk's batches, one by one
         with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, deprecated in torch 2.13
             warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
-            super().__init__(dataset, *args, **kwargs)
+            super().__init__(dataset, **kwargs)
         if batches_per_transfer is None:
             batches_per_transfer = default_batches_per_transfer(dataset.batch_size)
         if isinstance(batches_per_transfer, bool) or not isinstance(batches_per_transfer, int) \
@@ -85,6 +98,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             batches_per_transfer = 1
         self._set_batches_per_transfer(batches_per_transfer)
         self._batch_iterator: _BatchIterator | None = None
+        self._elastic_loaded = False  # a checkpoint re-planned for this topology, its epoch not started yet
         if self.num_workers > 0:  # before any worker starts: they inherit it
             self.dataset._board = Board(self.num_workers)
 
@@ -92,7 +106,34 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         self.batches_per_transfer = value
         self.dataset._batches_per_transfer = value
 
+    def _get_iterator(self) -> Any:
+        """torchdata's hook that starts an epoch's iterator (from a loaded state, if any): a loaded
+        state whose epoch is over starts a later epoch whole (see ``arrowstream._boundary``)."""
+        loaded: dict[str, Any] | None = self.next_iter_state  # type: ignore[has-type]
+        if loaded is not None and self.num_workers > 0:
+            self.next_iter_state = self._into_later_epoch(loaded)
+        return super()._get_iterator()
+
+    def _into_later_epoch(self, inner: dict[str, Any]) -> dict[str, Any]:
+        """torchdata's state, made to start the dataset's epoch whole when the saved epoch before it is
+        over: the round robin at worker 0 and nothing to replay since the last snapshot."""
+        states = _worker_states(inner)
+        if any(state is None for state in states):
+            return inner
+        saved = [WorkerState.from_dict(state) for state in states if state is not None]
+        if not later_epoch_starts_whole(self.dataset, saved, int(inner.get(_STEPS_SINCE_SNAPSHOT, 0))):
+            return inner
+        inner = copy.deepcopy(inner)
+        if inner.get(_STEPS_SINCE_SNAPSHOT):
+            self._mark_epoch_complete(inner)
+        inner[_SNAPSHOT][_LAST_YIELDED_WORKER] = self.num_workers - 1  # the next batch comes from worker 0
+        return inner
+
     def __iter__(self) -> Any:
+        check_loader_options(self.num_workers, {"in_order": self.in_order})  # also when set after __init__
+        if self._elastic_loaded:  # the first epoch after loading a checkpoint re-planned for this topology
+            check_replanned_epoch_over(self.dataset, self.num_workers)
+            self._elastic_loaded = False
         inner = super().__iter__()
         if self.batches_per_transfer == 1:
             self._batch_iterator = None
@@ -156,6 +197,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`; the next batch is the one after the saved one."""
         if state_dict == {}:
+            self._elastic_loaded = False
             super().load_state_dict({})
             return
         if isinstance(state_dict, dict) and state_dict.get("kind") == CHECKPOINT_KIND:
@@ -211,6 +253,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
                         self.batches_per_transfer)
             self._set_batches_per_transfer(per_transfer)
         self._batch_iterator = None
+        self._elastic_loaded = False
         super().load_state_dict(inner)
 
     def _load_elastic(self, outers: list[dict[str, Any]]) -> None:
@@ -239,6 +282,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         self.dataset.set_epoch(epoch)
         self.dataset.begin_elastic_epoch(epoch, old_world, old_workers,
                                          [(saved, finished) for saved, finished in slots])
+        self._elastic_loaded = True
         logger.info("elastic resume: the rest of epoch %d, saved with world_size=%d, num_workers=%d, is "
                     "re-planned for world_size=%d, num_workers=%d", epoch, old_world, old_workers,
                     self.dataset.world_size, self.num_workers)
@@ -262,7 +306,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         if _SNAPSHOT in inner:
             for snapshot in inner[_SNAPSHOT][_WORKER_SNAPSHOTS].values():
                 snapshot[_DATASET_STATE] = complete(snapshot.get(_DATASET_STATE))
-            inner["_steps_since_snapshot"] = 0
+            inner[_STEPS_SINCE_SNAPSHOT] = 0
         else:
             inner[_DATASET_STATE] = complete(inner.get(_DATASET_STATE))
         inner[_FINISHED] = False
@@ -327,11 +371,24 @@ def _rewind_into_chunk(inner: dict[str, Any], batches: _BatchIterator, num_worke
     worker[_DATASET_STATE] = dataclasses.replace(
         WorkerState.from_dict(worker[_DATASET_STATE]), cursor=position.cursor, rows=position.rows,
         batches=position.batches, rows_dropped=position.rows_dropped, epoch_complete=False).to_dict()
-    snapshot["_last_yielded_worker_id"] = (batches.chunk.worker_id - 1) % num_workers
+    snapshot[_LAST_YIELDED_WORKER] = (batches.chunk.worker_id - 1) % num_workers
     return state
 
 
 _RESERVED = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
+_LOADER_SIGNATURE = inspect.signature(StatefulDataLoader.__init__)
+
+
+def _loader_arguments(dataset: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Every argument given to the loader by name (positional ones too); ``batch_size`` None by default."""
+    try:
+        bound = _LOADER_SIGNATURE.bind_partial(None, dataset, *args, **kwargs)
+    except TypeError as exc:
+        raise ArgumentTypeError(f"ArrowStreamDataLoader: {exc}; its keywords are those of StatefulDataLoader "
+                                "and batches_per_transfer") from None
+    arguments = {k: v for k, v in bound.arguments.items() if k not in ("self", "dataset")}
+    arguments.setdefault("batch_size", None)
+    return arguments
 
 
 def _dataset_keywords(dataset_cls: type) -> set[str]:
@@ -349,10 +406,7 @@ def _dataset_keywords(dataset_cls: type) -> set[str]:
 def build_dataloader(dataset_cls: type, *, dataset_args: dict[str, Any], num_workers: int,
                      **kwargs: Any) -> tuple[ArrowStreamDataLoader, Any]:
     """Split keywords between the dataset and the loader, build both."""
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int):
-        raise ArgumentTypeError(f"num_workers: expected an int, got {type(num_workers).__name__}")
-    if num_workers < 0:
-        raise InvalidArgumentError(f"num_workers: must be >= 0, got {num_workers}")
+    check_int("num_workers", num_workers, 0)
     dataset_params = _dataset_keywords(dataset_cls)
     dataset_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in dataset_params}
     loader_params = (set(inspect.signature(StatefulDataLoader.__init__).parameters) - {"self", "dataset"}) | {
@@ -361,6 +415,7 @@ def build_dataloader(dataset_cls: type, *, dataset_args: dict[str, Any], num_wor
     if unknown:
         raise ArgumentTypeError(f"create_dataloader: unknown keyword(s) {unknown}; dataset keywords are "
                                 f"{sorted(dataset_params)}, loader keywords {sorted(loader_params - set(_RESERVED))}")
+    check_loader_options(num_workers, kwargs)  # before planning, which may be long
     dataset = dataset_cls(**dataset_args, **dataset_kwargs)
     kwargs.setdefault("collate_fn", passthrough_collate)
     loader = ArrowStreamDataLoader(dataset, batch_size=None, num_workers=num_workers, **kwargs)

@@ -14,7 +14,7 @@ from helpers import write_dataset
 from pyiceberg.catalog import load_catalog
 
 import arrowstream
-from arrowstream import StructuredDataset
+from arrowstream import StructuredDataset, cli
 
 
 def test_demo_trains_checkpoints_resumes_and_proves_exactly_once(tmp_path):
@@ -125,13 +125,17 @@ def test_inspect_reads_an_iceberg_table(tmp_path):
     assert report["files"] == len(table.inspect.files())
 
 
-def test_inspect_names_what_is_missing():
-    from arrowstream.cli import main
+def _user_error(argv: list[str], capsys) -> str:
+    """The one line the CLI prints for a user error (exit code 2, as argparse's own errors)."""
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    assert info.value.code == 2
+    return capsys.readouterr().err
 
-    with pytest.raises(arrowstream.InvalidArgumentError, match="catalog-root"):
-        main(["inspect", "--iceberg-table", "demo.regression"])
-    with pytest.raises(arrowstream.InvalidArgumentError, match="KEY=VALUE"):
-        main(["inspect", ".", "--storage-option", "anon"])
+
+def test_inspect_names_what_is_missing(capsys):
+    assert "catalog-root" in _user_error(["inspect", "--iceberg-table", "demo.regression"], capsys)
+    assert "KEY=VALUE" in _user_error(["inspect", ".", "--storage-option", "anon"], capsys)
 
 
 def test_bench_compares_with_pyarrow_and_plots_each_worker(tmp_path):
@@ -154,12 +158,10 @@ def test_bench_prints_the_ratio_and_the_worker_table(skewed):
     assert sum(rows) == 57000 and len(rows) == 2
 
 
-def test_bench_plot_without_matplotlib_says_how_to_install_it(skewed, tmp_path, monkeypatch):
-    from arrowstream.cli import main
-
+def test_bench_plot_without_matplotlib_says_how_to_install_it(skewed, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    with pytest.raises(arrowstream.MissingDependencyError, match=r"arrowstream\[cli\]"):
-        main(["bench", skewed, "--num-workers", "0", "--quiet", "--plot", str(tmp_path / "p.png")])
+    err = _user_error(["bench", skewed, "--num-workers", "0", "--quiet", "--plot", str(tmp_path / "p.png")], capsys)
+    assert 'arrowstream[cli]' in err
 
 
 def test_inspect_and_bench_read_csv_with_parse_options(tmp_path):
@@ -173,3 +175,16 @@ def test_inspect_and_bench_read_csv_with_parse_options(tmp_path):
     assert [name for name, _ in report["schema"]] == ["id", "x", "name"]
     result = json.loads(arrowstream_cli("bench", str(path), *options, "--num-workers", "0", "--json", "--quiet"))
     assert result["raw"]["rows"] == result["arrowstream"]["rows"] == 3000
+
+
+def test_user_errors_are_one_line_without_traceback(tmp_path, capsys):
+    """A user error (an ArrowStreamError) prints `arrowstream: error: ...` and exits with 2, like argparse."""
+    missing = str(tmp_path / "nope")
+    for argv in (["inspect", missing], ["bench", missing, "--quiet"], ["inspect", tmp_path.as_posix(), "--format", "xml"]):
+        err = _user_error(argv, capsys)
+        assert err.startswith("arrowstream: error: ") and err.count("\n") == 1, err
+    result = subprocess.run([sys.executable, "-m", "arrowstream", "inspect", missing], capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 2
+    assert result.stderr == f"arrowstream: error: path: {missing!r} does not exist; check the path and the " \
+                            "storage_options\n"

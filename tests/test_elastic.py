@@ -12,7 +12,7 @@ from collections import Counter
 
 import pyarrow.compute as pc
 import pytest
-from helpers import ids_of, json_roundtrip, make_loader, resume_epochs
+from helpers import ids_of, json_roundtrip, make_loader, resume_epochs, run_epochs
 
 from arrowstream import errors
 
@@ -117,3 +117,40 @@ def test_filter_inside_a_window_is_refused(uneven_dataset):
     loader.load_state_dict(state)
     after = [i for b in loader for i in ids_of(b)]
     assert sorted(before + after) == [i for i in range(3130) if i % 7 != 3]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("new", "snapshot_every", "drop_last"), [(0, 1, True), (3, 2, False), (3, 3, True)])
+def test_replanned_epoch_end_state_stored_with_next_epoch_number(uneven_dataset, new, snapshot_every, drop_last):
+    """The state after the last batch of a re-planned epoch (2 workers -> ``new``), inside the loop or after
+    it, stored as epoch + 1, resumes into exactly the uninterrupted next epoch (issue 16: with drop_last
+    the rows short of a batch made it refuse the next epoch; snapshots every n > 1 steps too)."""
+    options = {"batch_size": 64, "shuffle": True, "seed": 3, "drop_last": drop_last}
+    _, state = first_batches(uneven_dataset, 2, options, steps=9)
+    new_options = {**options, "snapshot_every_n_steps": snapshot_every} if new else options
+    loader, dataset = make_loader(uneven_dataset, new, **new_options)
+    loader.load_state_dict(state)
+    checkpoints: dict = {}
+    reference = run_epochs(loader, dataset, [0, 1], checkpoints, mid=5)
+    for point in ("last", "after"):
+        saved, consumed, epoch = checkpoints[point]
+        fresh, fresh_dataset = make_loader(uneven_dataset, new, **new_options)
+        resumed = resume_epochs(fresh, fresh_dataset, saved, epoch + 1, 1)
+        assert [k for _, k, _ in resumed] == [k for _, k, _ in reference[consumed:]], point
+
+
+@pytest.mark.parametrize("options", [{}, {"filter": pc.field("label") != 6}], ids=["plain", "filter"])
+def test_replanned_epoch_with_rows_left_refuses_a_later_epoch(uneven_dataset, options):
+    """A mid-epoch checkpoint re-planned for other workers, then set to the next epoch: refused, like a
+    mid-epoch state of the same topology (it used to start the next epoch, losing the rest of the saved one)."""
+    options = {"batch_size": 64, "shuffle": True, **options}
+    _, state = first_batches(uneven_dataset, 2, options, steps=9)
+    for state_first in (False, True):
+        loader, dataset = make_loader(uneven_dataset, 0, **options)
+        loader.load_state_dict(state)
+        if state_first:  # a state taken before iterating builds the iterator: still refused
+            loader.state_dict()
+        dataset.set_epoch(1)
+        with pytest.raises(errors.StateMismatchError, match=r"epoch 0 \(re-planned from world_size=1, num_workers=2\), "
+                           r"which still has .* call dataset.set_epoch\(0\)"):
+            next(iter(loader))

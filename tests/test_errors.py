@@ -36,6 +36,14 @@ def test_empty_directory_and_empty_list(tmp_path):
         StructuredDataset([])
 
 
+def test_empty_path_is_refused_not_the_current_directory(small_dataset, monkeypatch):
+    monkeypatch.chdir(small_dataset)  # a folder of data files: "" used to read it
+    for path in ("", [small_dataset, ""], " "):
+        with pytest.raises(errors.InvalidArgumentError, match=r"path: '\s*' names no file or folder"):
+            StructuredDataset(path)
+    assert StructuredDataset(".").num_rows == 400  # the current folder, asked for by name
+
+
 def test_files_without_rows(tmp_path):
     pq.write_table(make_table(0, 0), tmp_path / "zero.parquet")
     with pytest.raises(errors.EmptyDatasetError, match="hold no rows"):
@@ -108,6 +116,9 @@ def test_schemas_that_disagree(tmp_path):
     ({"shuffle_buffer_size": -1}, errors.InvalidArgumentError, "shuffle_buffer_size: must be >= 0"),
     ({"shuffle_buffer_size": 10.0}, errors.ArgumentTypeError, "shuffle_buffer_size: expected an int"),
     ({"interleave": 0}, errors.InvalidArgumentError, "interleave: must be >= 1"),
+    ({"interleave": 1025}, errors.InvalidArgumentError, "interleave: at most 1024 splits open per worker, got 1025"),
+    ({"rank": 0, "world_size": 2**20 + 1}, errors.InvalidArgumentError,
+     r"world_size=1048577 \(from explicit rank/world_size\) is above 1,048,576"),
     ({"storage_options": "key=1"}, errors.ArgumentTypeError, "storage_options: expected a dict"),
     ({"rank": 0}, errors.InvalidArgumentError, "rank/world_size: pass both"),
     ({"rank": 2, "world_size": 2}, errors.InvalidArgumentError, "need 0 <= rank < world_size"),

@@ -130,3 +130,24 @@ def test_last_batch_state_stored_with_next_epoch_number(uneven_dataset, drop_las
     fresh_loader, fresh_dataset = make_loader(uneven_dataset, num_workers, **options)
     resumed = resume_epochs(fresh_loader, fresh_dataset, state, epoch + 1, 1)
     assert [k for _, k, _ in resumed] == [k for _, k, _ in reference[consumed:]]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("num_workers", "snapshot_every", "drop_last"),
+                         [(0, 1, True), (3, 1, False), (3, 2, True), (3, 3, False), (3, 1000, True)])
+def test_end_of_epoch_state_stored_with_next_epoch_number(uneven_dataset, num_workers, snapshot_every, drop_last):
+    """A state after the last batch (inside the loop or after it), stored as epoch + 1, resumes into
+    exactly the uninterrupted next epoch, whatever snapshot_every_n_steps (issue 16: with 3 workers the
+    round robin went on from the worker of the saved epoch's last batch; with snapshots every n > 1
+    steps, the batches since the snapshot made the next epoch refuse the state)."""
+    options = {"batch_size": 64, "shuffle": True, "seed": 5, "drop_last": drop_last}
+    if num_workers:
+        options["snapshot_every_n_steps"] = snapshot_every
+    loader, dataset = make_loader(uneven_dataset, num_workers, **options)
+    checkpoints: dict = {}
+    reference = run_epochs(loader, dataset, [0, 1], checkpoints, mid=5)
+    for point in ("last", "after"):
+        state, consumed, epoch = checkpoints[point]
+        fresh_loader, fresh_dataset = make_loader(uneven_dataset, num_workers, **options)
+        resumed = resume_epochs(fresh_loader, fresh_dataset, state, epoch + 1, 1)
+        assert [k for _, k, _ in resumed] == [k for _, k, _ in reference[consumed:]], point

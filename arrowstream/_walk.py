@@ -1,0 +1,126 @@
+"""Listing on the local filesystem as pyarrow reads it: symbolic links followed, never silently.
+
+fsspec's local ``find`` and ``glob`` list a symbolic link as type ``"other"`` and do not descend into
+a linked folder, so the files behind links were left out of a dataset without a word, where
+pyarrow.dataset reads them. Here links to files and folders are followed and listed under the
+link's own path (the path pyarrow reports), with the size and modification time of the target. A
+link that leads back into a folder being listed (a loop, which pyarrow follows some 40 levels
+deep) and a dangling link (which pyarrow skips) are errors naming the link.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import posixpath
+import re
+import stat
+from collections.abc import Callable
+from typing import Any
+
+from fsspec.utils import glob_translate
+
+from .errors import DatasetNotFoundError, InvalidArgumentError
+
+
+def _file_info(path: str, status: os.stat_result) -> dict[str, Any]:
+    """What the rest of discovery reads of fsspec's local info: the same keys and values."""
+    return {"name": path, "size": status.st_size, "type": "file", "mtime": status.st_mtime}
+
+
+def _target_status(link: str, url: str) -> os.stat_result:
+    """The status of what ``link`` points to; a dangling link or a loop of links is an error naming it."""
+    try:
+        return os.stat(link)
+    except FileNotFoundError:
+        raise DatasetNotFoundError(
+            f"path: the symbolic link {link!r} (listing {url!r}) points to {os.readlink(link)!r}, which does not "
+            "exist; restore its target or remove the link") from None
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise InvalidArgumentError(
+            f"path: the symbolic link {link!r} (listing {url!r}) is part of a loop of links; remove the "
+            "link or point `path` at the data it should reach") from None
+
+
+class _Walk:
+    """One listing: the files found, the folders being listed (by real path) to detect loops."""
+
+    def __init__(self, url: str, skip: Callable[[str], bool], max_depth: int | None) -> None:
+        self.url, self.skip, self.max_depth = url, skip, max_depth
+        self.files: dict[str, dict[str, Any]] = {}
+
+    def folder(self, folder: str, ancestors: frozenset[str], depth: int) -> None:
+        if self.max_depth is not None and depth > self.max_depth:
+            return
+        with os.scandir(folder) as scan:
+            entries = sorted(scan, key=lambda e: e.name)
+        for entry in entries:
+            if self.skip(entry.name):
+                continue
+            path = posixpath.join(folder, entry.name)
+            if entry.is_symlink():
+                self.link(path, ancestors, depth)
+            elif entry.is_dir(follow_symlinks=False):
+                self.folder(path, ancestors | {os.path.realpath(path)}, depth + 1)
+            elif entry.is_file(follow_symlinks=False):
+                self.files[path] = _file_info(path, entry.stat(follow_symlinks=False))
+
+    def link(self, path: str, ancestors: frozenset[str], depth: int) -> None:
+        status = _target_status(path, self.url)
+        if stat.S_ISREG(status.st_mode):
+            self.files[path] = _file_info(path, status)
+        elif stat.S_ISDIR(status.st_mode):
+            target = os.path.realpath(path)
+            if target in ancestors:
+                raise InvalidArgumentError(
+                    f"path: the symbolic link {path!r} (listing {self.url!r}) points to {os.readlink(path)!r}, a "
+                    "folder that holds the link itself: following it would list the same files for ever; remove "
+                    "the link or point `path` at a folder without it")
+            self.folder(path, ancestors | {target}, depth + 1)
+
+
+def _is_hidden_name(name: str) -> bool:
+    return name.startswith((".", "_"))
+
+
+def list_local(path: str, url: str) -> dict[str, dict[str, Any]]:
+    """The files of a local folder (recursively, names starting with ``.`` or ``_`` skipped) or the
+    one file ``path`` names, symbolic links followed; ``{}`` for a folder without files.
+
+    Example:
+        >>> import os, tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> os.makedirs(os.path.join(folder, "real"))
+        >>> open(os.path.join(folder, "real", "a.parquet"), "wb").close()
+        >>> os.symlink(os.path.join(folder, "real"), os.path.join(folder, "data"))
+        >>> sorted(os.path.relpath(p, folder) for p in list_local(os.path.join(folder, "data"), "data"))
+        ['data/a.parquet']
+    """
+    if os.path.islink(path):
+        status = _target_status(path, url)
+    else:
+        try:
+            status = os.stat(path)
+        except FileNotFoundError:
+            raise DatasetNotFoundError(f"path: {url!r} does not exist; check the path and the storage_options") from None
+    if not stat.S_ISDIR(status.st_mode):
+        return {path: _file_info(path, status)} if stat.S_ISREG(status.st_mode) else {}
+    walk = _Walk(url, _is_hidden_name, None)
+    walk.folder(path.rstrip("/") or "/", frozenset({os.path.realpath(path)}), 1)
+    return walk.files
+
+
+def glob_local(pattern: str, url: str) -> dict[str, dict[str, Any]]:
+    """The files matching a glob on the local filesystem, symbolic links followed (the same patterns
+    and depth rule as fsspec's ``glob``: ``**`` any depth, ``*``, ``?`` and ``[...]`` one level)."""
+    first = min(i for i in (pattern.find(c) for c in "*?[") if i >= 0)
+    root = pattern[:pattern.rindex("/", 0, first) + 1] if "/" in pattern[:first] else "./"
+    depth = None if "**" in pattern else pattern[len(root):].count("/") + 1
+    matcher = re.compile(glob_translate(pattern))
+    if not os.path.isdir(root):
+        return {}
+    walk = _Walk(url, lambda name: False, depth)
+    walk.folder(root.rstrip("/") or "/", frozenset({os.path.realpath(root)}), 1)
+    return {p: info for p, info in walk.files.items() if matcher.match(p)}
