@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pyarrow.parquet as pq
 import pytest
-from helpers import make_loader, make_table, resume_epochs, run_epochs
+from helpers import ids_of, make_loader, make_table, resume_epochs, run_epochs, write_dataset
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from arrowstream import StructuredDataset
+from arrowstream import StructuredDataset, errors, merge_state_dicts
+from arrowstream._cursor import Cursor
 from arrowstream._state import STATE_VERSION
 
 
@@ -109,3 +113,167 @@ def test_a_file_state_is_refused_by_an_iceberg_dataset_and_the_reverse(uneven_da
         StructuredDataset(uneven_dataset).load_state_dict(table_state)
     with pytest.raises(errors.StateMismatchError, match="taken on files, this dataset reads an Iceberg table"):
         IcebergDataset("db.t", catalog_config=config).load_state_dict(file_state)
+
+
+# -- validation: every field of a loaded state typed and checked against the plan (issue #16, point 3) --
+
+VALIDATION_OPTIONS = {"batch_size": 16, "interleave": 2, "shuffle_buffer_size": 64}
+WORKER0 = ("dataloader", "dataset_state")  # the worker state of a num_workers=0 loader state
+
+
+@pytest.fixture(scope="module")
+def validation_dataset(tmp_path_factory):
+    """1,000 rows in 11 splits of 100 and 80 rows."""
+    return write_dataset(tmp_path_factory.mktemp("validation"), [(600, 100), (400, 80)])
+
+
+def _taken(path, num_workers, batches, **kwargs):
+    """A loader's JSON state after ``batches`` batches of epoch 0, and the ids yielded before it."""
+    loader, dataset = make_loader(path, num_workers, **{**VALIDATION_OPTIONS, **kwargs})
+    dataset.set_epoch(0)
+    it = iter(loader)
+    ids = [i for _ in range(batches) for i in ids_of(next(it))]
+    return json.loads(json.dumps(loader.state_dict())), ids
+
+
+def _set(state, path, value):
+    """A deep copy of ``state`` with the field at ``path`` set to ``value`` (``DELETE``: removed)."""
+    state = copy.deepcopy(state)
+    *parents, last = path
+    target = state
+    for key in parents:
+        target = target[key]
+    if value is DELETE:
+        del target[last]
+    else:
+        target[last] = value
+    return state
+
+
+class _Delete:
+    def __repr__(self) -> str:
+        return "deleted"
+
+
+DELETE = _Delete()
+
+# each on main: rows lost or repeated without an error, or a raw builtin error (issue #16)
+REFUSED_0_WORKERS = [
+    ((*WORKER0, "cursor", "lanes", 0, 1), 10**9, r"lanes\[0\] is \[\d+, 1000000000\]"),
+    ((*WORKER0, "cursor", "next_split_index"), -3, r"next_split_index is -3, expected an int >= 0"),
+    ((*WORKER0, "cursor", "lanes"), [], r"0 lane\(s\) and next_split_index=\d+ of 11"),
+    ((*WORKER0, "epoch_complete"), "no", r"epoch_complete is 'no', expected true or false"),
+    ((*WORKER0, "cursor", "window_offset"), 10**6, r"window_offset=1000000, but a shuffle window holds 64 rows"),
+    ((*WORKER0, "cursor", "turn_index"), 7, r"turn_index is 7, but there are 2 lane"),
+    ((*WORKER0, "cursor", "block_offset"), 10**6, r"block_offset=1000000, but a block holds 8 rows"),
+    (("version",), True, r"no valid format version \(got True\)"),
+    (("batches_per_transfer",), "x", r"batches_per_transfer is 'x', expected an int >= 1"),
+    (("batches_per_transfer",), 0, r"batches_per_transfer is 0, expected an int >= 1"),
+    (("dataloader",), {}, r"dataloader has no '_iterator_finished' field"),
+    (("dataloader",), DELETE, r"loader state has no 'dataloader' field"),
+    (("world_size",), DELETE, r"loader state has no 'world_size' field"),
+    ((*WORKER0, "cursor", "lanes", 0, 1), True, r"lanes\[0\]\[1\] \(row offset\) is True, expected an int"),
+    ((*WORKER0, "counters", "rows"), 113, r"counters.rows is 113, but the cursor stands after 112 row"),
+    ((*WORKER0, "cursor", "window_index"), 2, r"window_index=2, but its window starts after 64 rows"),
+    ((*WORKER0, "epoch_complete"), True, r"888 row\(s\) of epoch 0 left to yield, but its epoch_complete is true"),
+    (("dataloader", "_iterator_finished"), True, r"left to yield, but the checkpoint says its loop ended"),
+    (("dataloader", "fetcher_state", "fetcher_ended"), True, r"left to yield, but the checkpoint says its loop ended"),
+    ((*WORKER0, "slot", "worker_id"), 1, r"slot.worker_id is 1, expected an int from 0 to 0"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "message"), REFUSED_0_WORKERS,
+                         ids=[f"{'.'.join(map(str, p[2:] if p[:2] == WORKER0 else p))}={v!r:.12}"
+                              for p, v, _ in REFUSED_0_WORKERS])
+def test_a_malformed_state_is_refused_at_load_naming_the_field(validation_dataset, path, value, message):
+    state, _ = _taken(validation_dataset, 0, 7)
+    loader, _ = make_loader(validation_dataset, 0, **VALIDATION_OPTIONS)
+    with pytest.raises(errors.StateError, match=message):
+        loader.load_state_dict(_set(state, path, value))
+
+
+def test_the_unchanged_state_still_resumes_exactly(validation_dataset):
+    """The control of the test above: the state it mutates loads and yields the rest of the epoch."""
+    state, before = _taken(validation_dataset, 0, 7)
+    loader, dataset = make_loader(validation_dataset, 0, **VALIDATION_OPTIONS)
+    loader.load_state_dict(state)
+    after = [i for batch in loader for i in ids_of(batch)]
+    assert sorted(before + after) == list(range(dataset.num_rows))
+
+
+@pytest.mark.parametrize(("path", "value", "message"), [
+    (("ranks",), [], r"checkpoint.ranks holds 0 loader state\(s\) for world_size=2"),
+    (("ranks",), None, r"checkpoint.ranks is None, expected a list"),
+    (("world_size",), DELETE, r"checkpoint has no 'world_size' field"),
+    (("ranks", 1, "rank"), 0, r"checkpoint.ranks\[1\] has rank, world_size, num_workers, batches_per_transfer"),
+    (("ranks", 0, "dataloader"), DELETE, r"checkpoint.ranks\[0\] has no 'dataloader' field"),
+], ids=["ranks=[]", "ranks=None", "no-world_size", "rank-twice", "no-dataloader"])
+def test_a_malformed_merged_checkpoint_is_refused(validation_dataset, path, value, message):
+    states = [_taken(validation_dataset, 0, 2, rank=rank, world_size=2)[0] for rank in range(2)]
+    merged = merge_state_dicts(states)
+    for rank, num_workers in ((0, 0), (1, 0), (0, 1)):  # its own topology, and a re-plan for another
+        loader, _ = make_loader(validation_dataset, num_workers, rank=rank, world_size=2, **VALIDATION_OPTIONS)
+        with pytest.raises(errors.StateError, match=message):
+            loader.load_state_dict(_set(merged, path, value))
+
+
+@pytest.mark.timeout(120)
+def test_torchdatas_own_fields_are_checked_with_workers(validation_dataset):
+    """torchdata reads these on resume: a bare StopIteration, an AssertionError, or a silent skip on main."""
+    state, before = _taken(validation_dataset, 2, 5)
+    snapshot = ("dataloader", "_snapshot")
+    loader, dataset = make_loader(validation_dataset, 2, **VALIDATION_OPTIONS)
+    for path, value, message in [
+        (("dataloader", "_steps_since_snapshot"), 10**6, r"_steps_since_snapshot is 1000000, expected an int from 0 to 0"),
+        (("dataloader", "_steps_since_snapshot"), 1, r"_steps_since_snapshot is 1, expected an int from 0 to 0"),
+        ((*snapshot, "_last_yielded_worker_id"), 2, r"_last_yielded_worker_id is 2, expected an int from 0 to 1"),
+        ((*snapshot, "_main_snapshot", "_base_seed"), DELETE, r"_main_snapshot has no '_base_seed' field"),
+        ((*snapshot, "_worker_snapshots", "worker_1"), DELETE, r"_worker_snapshots has entries \['worker_0'\]"),
+        ((*snapshot, "_worker_snapshots", "worker_1", "worker_id"), 0, r"worker_1.worker_id is 0"),
+        ((*snapshot, "_worker_snapshots", "worker_1", "dataset_state", "slot", "worker_id"), 0,
+         r"rank 0 worker 1 state belongs to rank 0 worker 0"),
+        ((*snapshot, "_worker_snapshots", "worker_0", "dataset_state", "epoch"), 1,
+         r"worker 1 state stands after \d+ rows with \d+ row\(s\) of epoch 0 left to yield, but another worker"),
+    ]:
+        with pytest.raises(errors.StateError, match=message):
+            loader.load_state_dict(_set(state, path, value))
+    loader.load_state_dict(state)  # and the state itself resumes exactly
+    after = [i for batch in loader for i in ids_of(batch)]
+    assert sorted(before + after) == list(range(dataset.num_rows))
+
+
+def test_long_values_are_shortened_in_errors(validation_dataset):
+    """A 50 MB string in a state gave a 50 MB message (issue #16, point 9)."""
+    state, _ = _taken(validation_dataset, 0, 1)
+    loader, _ = make_loader(validation_dataset, 0, **VALIDATION_OPTIONS)
+    huge = "x" * 50_000_000
+    for path in [("kind",), ("version",), (*WORKER0, "cursor"), (*WORKER0, "cursor", "lanes", 0, 0),
+                 (*WORKER0, "options", "seed"), (*WORKER0, "data", "fingerprint")]:
+        with pytest.raises(errors.StateError) as info:
+            loader.load_state_dict(_set(state, path, huge))
+        assert len(str(info.value)) < 1000, path
+    with pytest.raises(errors.StateError) as info:
+        loader.load_state_dict(_set(state, ("dataloader", "dataset_state", "cursor", "lanes"), [[0, 0]] * 10**5))
+    assert len(str(info.value)) < 1000
+
+
+@settings(max_examples=60, deadline=None)
+@given(split_rows=st.lists(st.integers(0, 40), min_size=1, max_size=9), interleave=st.integers(2, 4),
+       block_size=st.integers(1, 12), data=st.data())
+def test_cursor_at_is_where_the_rotation_stands(split_rows, interleave, block_size, data):
+    """The arithmetic the plan check uses is the rotation ``interleave_runs`` makes, after any row."""
+    from arrowstream._elastic import _CountReader
+    from arrowstream._interleave import interleave_runs
+    from arrowstream._planning import Split
+    from arrowstream._position import cursor_at
+
+    splits = [Split(0, 0, 1, 0, rows, 0) for rows in split_rows]
+    start = Cursor.start(len(splits), interleave)
+    runs = list(interleave_runs([_CountReader() for _ in range(interleave)], splits, block_size, start))
+    rows = data.draw(st.integers(1, max(sum(split_rows), 1)))
+    taken = 0
+    for run in runs:
+        if taken + run.num_rows >= rows:
+            assert cursor_at(split_rows, interleave, block_size, rows) == run.after(rows - taken)
+            break
+        taken += run.num_rows
