@@ -22,6 +22,8 @@ def shorten(value: Any, limit: int = MAX_ECHO) -> str:
     if isinstance(value, (str, bytes)) and len(value) > limit:
         value = value[:limit]
         return f"{value!r}... ({type(value).__name__} cut at {limit} characters)"
+    if isinstance(value, int) and value.bit_length() > 200:  # str() of a huge int raises, or runs long
+        return f"<int of {value.bit_length()} bits>"
     if isinstance(value, (dict, list, tuple)) and len(value) > 8:
         return f"<{type(value).__name__} of {len(value)} items>"
     text = repr(value)

@@ -74,8 +74,13 @@ def _optional_int(fields: Fields, key: str) -> None:
 
 
 def _fetcher_ended(fields: Fields, key: str) -> bool:
+    """Whether torchdata's fetcher says the dataset ended (the fields it reads are there either way)."""
     fetcher = fields.get(key)
-    return False if fetcher is None else Fields(fetcher, fields.name(key)).boolean("fetcher_ended")
+    if fetcher is None:
+        return False
+    fetcher_fields = Fields(fetcher, fields.name(key))
+    fetcher_fields.get("dataset_iter_state")
+    return fetcher_fields.boolean("fetcher_ended")
 
 
 def read_inner(inner: Any, snapshot_every_n_steps: int, where: str = "dataloader") -> InnerState:
@@ -101,13 +106,14 @@ def read_inner(inner: Any, snapshot_every_n_steps: int, where: str = "dataloader
     fields.integer(STEPS_SINCE_SNAPSHOT, 0, snapshot_every_n_steps - 1)
     workers = snapshot.mapping(WORKER_SNAPSHOTS)
     keys = [f"worker_{index}" for index in range(num_workers)]
-    if sorted(workers.value) != sorted(keys):
-        raise StateError(f"the state's {workers.where} has entries {shorten(sorted(workers.value))}, expected "
+    if set(workers.value) != set(keys):
+        raise StateError(f"the state's {workers.where} has entries {shorten(list(workers.value))}, expected "
                          f"{shorten(keys)} for {num_workers} worker(s); {REMEDY}")
     states, done = [], []
     for index, key in enumerate(keys):
         worker = workers.mapping(key)
         check_int(worker.get("worker_id"), worker.name("worker_id"), index, index)
         states.append(worker.get(DATASET_STATE))
-        done.append(finished or _fetcher_ended(worker, "fetcher_state"))
+        _fetcher_ended(worker, "fetcher_state")  # a worker's fetcher starts again whatever it says
+        done.append(finished)
     return InnerState(num_workers, states, done, finished)

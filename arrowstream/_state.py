@@ -206,7 +206,7 @@ def upgrade(state: Any, kind: str) -> dict[str, Any]:
                                 "it was not written by arrowstream")
     if version > STATE_VERSION:
         raise StateVersionError(
-            f"the state has format version {version}, newer than this arrowstream reads "
+            f"the state has format version {shorten(version)}, newer than this arrowstream reads "
             f"(up to {STATE_VERSION}); upgrade arrowstream to load it")
     while version < STATE_VERSION:
         if (kind, version) not in MIGRATIONS:
@@ -242,7 +242,8 @@ def check_compatible(saved: WorkerState, data: DataIdentity, options: dict[str, 
             f"with {data.num_rows} rows (fingerprint {data.fingerprint[:12]}); the files, their sizes "
             "or modification times differ. Point the dataset at the same data, or start without "
             "loading the checkpoint")
-    differing = sorted(k for k in set(saved.options) | set(options) if saved.options.get(k) != options.get(k))
+    differing = sorted(str(k) for k in set(saved.options) | set(options)  # True is not 1, 1.0 is not 1
+                       if saved.options.get(k) != options.get(k) or type(saved.options.get(k)) is not type(options.get(k)))
     if differing:
         pairs = ", ".join(f"{k if len(k) <= 80 else shorten(k)}: saved {shorten(saved.options.get(k))} vs current {shorten(options.get(k))}"
                           for k in differing[:8])

@@ -179,6 +179,9 @@ REFUSED_0_WORKERS = [
     (("dataloader", "_iterator_finished"), True, r"left to yield, but the checkpoint says its loop ended"),
     (("dataloader", "fetcher_state", "fetcher_ended"), True, r"left to yield, but the checkpoint says its loop ended"),
     ((*WORKER0, "slot", "worker_id"), 1, r"slot.worker_id is 1, expected an int from 0 to 0"),
+    (("dataloader", "fetcher_state"), DELETE, r"dataloader has no 'fetcher_state' field"),
+    (("dataloader", "fetcher_state", "dataset_iter_state"), DELETE, r"fetcher_state has no 'dataset_iter_state'"),
+    ((*WORKER0, "options", "drop_last"), 0, r"drop_last: saved 0 vs current False"),
 ]
 
 
@@ -217,6 +220,16 @@ def test_a_malformed_merged_checkpoint_is_refused(validation_dataset, path, valu
             loader.load_state_dict(_set(merged, path, value))
 
 
+def test_merge_state_dicts_refuses_malformed_states(validation_dataset):
+    """A raw KeyError/TypeError on main."""
+    states = [_taken(validation_dataset, 0, 1, rank=rank, world_size=2)[0] for rank in range(2)]
+    for path, value, message in [(("rank",), DELETE, r"state 1 has no 'rank' field"),
+                                 (("rank",), "1", r"state 1.rank is '1', expected an int from 0 to 1"),
+                                 (("dataloader", "dataset_state"), DELETE, r"dataloader has no 'dataset_state'")]:
+        with pytest.raises(errors.StateError, match=message):
+            merge_state_dicts([states[0], _set(states[1], path, value), states[1]])
+
+
 @pytest.mark.timeout(120)
 def test_torchdatas_own_fields_are_checked_with_workers(validation_dataset):
     """torchdata reads these on resume: a bare StopIteration, an AssertionError, or a silent skip on main."""
@@ -252,9 +265,11 @@ def test_long_values_are_shortened_in_errors(validation_dataset):
         with pytest.raises(errors.StateError) as info:
             loader.load_state_dict(_set(state, path, huge))
         assert len(str(info.value)) < 1000, path
-    with pytest.raises(errors.StateError) as info:
-        loader.load_state_dict(_set(state, ("dataloader", "dataset_state", "cursor", "lanes"), [[0, 0]] * 10**5))
-    assert len(str(info.value)) < 1000
+    for path, value in [((*WORKER0, "cursor", "lanes"), [[0, 0]] * 10**5), (("version",), 10**10_000),
+                        ((*WORKER0, "counters", "rows"), -(10**10_000))]:
+        with pytest.raises(errors.StateError) as info:
+            loader.load_state_dict(_set(state, path, value))
+        assert len(str(info.value)) < 1000, path
 
 
 @settings(max_examples=60, deadline=None)
