@@ -38,7 +38,7 @@ def is_int(value: Any) -> bool:
 def check_int(value: Any, where: str, low: int = 0, high: int | None = None) -> int:
     """``value`` if it is an int (not a bool) in ``[low, high]``, else a ``StateError`` naming ``where``."""
     if not is_int(value) or value < low or value > (MAX_INT if high is None else high):
-        bound = f"from {low} to {high}" if high is not None else f">= {low}"
+        bound = f"from {low} to {high}" if high is not None else f">= {low} that fits in 64 bits"
         raise StateError(f"the state's {where} is {shorten(value)}, expected an int {bound}; {REMEDY}")
     return int(value)
 

@@ -510,10 +510,16 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         return self._initial_state(self._slot()).to_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Resume from a worker state: the next iteration continues right after it."""
+        """Resume from a worker state: the next iteration continues right after it.
+
+        The state is checked against the plan here too, for a plain ``StatefulDataLoader``
+        (``ArrowStreamDataLoader.load_state_dict`` has checked it already, in the main process).
+        """
         saved = WorkerState.from_dict(state_dict)
         self._follow_snapshot(saved)
         check_compatible(saved, self._data, self._state_options)
+        if saved.slot == self._slot():  # another slot's state is refused when the epoch opens (check_slot)
+            check_in_plan(self, saved, "worker state")
         self._pending = saved
         self._active = None
 

@@ -220,6 +220,17 @@ def test_a_malformed_merged_checkpoint_is_refused(validation_dataset, path, valu
             loader.load_state_dict(_set(merged, path, value))
 
 
+def test_a_plain_stateful_dataloader_checks_the_dataset_state_too(validation_dataset):
+    """torchdata hands the worker state to dataset.load_state_dict when the loader starts iterating."""
+    state, _ = _taken(validation_dataset, 0, 7)
+    inner = _set(state["dataloader"], ("dataset_state", "cursor", "lanes", 0, 1), 10**9)
+    dataset = StructuredDataset(validation_dataset, **VALIDATION_OPTIONS)
+    loader = StatefulDataLoader(dataset, batch_size=None)
+    loader.load_state_dict(inner)
+    with pytest.raises(errors.StateError, match=r"lanes\[0\] is \[\d+, 1000000000\]"):
+        list(loader)
+
+
 def test_merge_state_dicts_refuses_malformed_states(validation_dataset):
     """A raw KeyError/TypeError on main."""
     states = [_taken(validation_dataset, 0, 1, rank=rank, world_size=2)[0] for rank in range(2)]
