@@ -11,13 +11,16 @@ agree. With a filter, rows it drops are unknown before reading, and only the bou
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from ._cursor import Cursor
 from ._fields import REMEDY
 from ._interleave import block_size_for
-from ._order import Slot, even_batch_limits, slot_row_counts
+from ._order import Slot, assign_lpt, epoch_order, even_batch_limits, slot_row_counts
 from ._state import WorkerState
 from .errors import StateError
 
@@ -60,6 +63,22 @@ def cursor_at(split_rows: Sequence[int], interleave: int, block_size: int | None
     if block_size is None:
         turn = taken = 0
     return Cursor(tuple((p, o) for p, o in lanes), next_split, turn, taken)
+
+
+@functools.lru_cache(maxsize=16)
+def _reading_orders(split_rows: tuple[int, ...], num_slots: int, shuffle: bool, seed: int,
+                    epoch: int) -> tuple[tuple[int, ...], ...]:
+    """The split ids each slot reads in ``epoch``, for every slot at once (``slot_split_ids``)."""
+    rows = np.asarray(split_rows, dtype=np.int64)
+    order = epoch_order(len(rows), shuffle=shuffle, seed=seed, epoch=epoch)
+    return tuple(tuple(int(order[i]) for i in owned) for owned in assign_lpt(rows[order], num_slots))
+
+
+def _slot_rows(dataset: StructuredDataset, slot: Slot, epoch: int) -> list[int]:
+    """The rows of each split ``slot`` reads in ``epoch``, in its reading order (``dataset._slot_splits``)."""
+    rows = tuple(s.num_rows for s in dataset._plan.splits_for(slot.num_slots))
+    options = dataset._options
+    return [rows[i] for i in _reading_orders(rows, slot.num_slots, options.shuffle, options.seed, epoch)[slot.index]]
 
 
 def _refuse(where: str, what: str) -> StateError:
@@ -177,7 +196,7 @@ def check_in_plan(dataset: StructuredDataset, saved: WorkerState, where: str, do
     slot = saved.slot
     replay_rows: list[int] | None = None
     if saved.elastic is None:
-        split_rows = [s.num_rows for s in dataset._slot_splits(slot, saved.epoch)]
+        split_rows = _slot_rows(dataset, slot, saved.epoch)
         limit = None
         if saved.options.get("even_batches"):
             plan_rows = [s.num_rows for s in dataset._plan.splits_for(slot.num_slots)]
@@ -187,15 +206,16 @@ def check_in_plan(dataset: StructuredDataset, saved: WorkerState, where: str, do
         source = saved.elastic
         if source.epoch != saved.epoch:
             raise _refuse(f"{where}.elastic.epoch", f"is {source.epoch}, but the state is in epoch {saved.epoch}")
-        for index, old in enumerate(source.cursors):
+        for index, old in enumerate(source.cursors if source not in dataset._checked_sources else ()):
             if old is None:
                 continue
             workers = max(source.num_workers, 1)
             old_slot = Slot(index // workers, source.world_size, index % workers, source.num_workers)
             if old.replay_index or old.replay_offset:
                 raise _refuse(f"{where}.elastic.cursors[{index}]", "has replay fields; an old worker's cursor has none")
-            check_cursor(old, [s.num_rows for s in dataset._slot_splits(old_slot, source.epoch)], exact=exact,
+            check_cursor(old, _slot_rows(dataset, old_slot, source.epoch), exact=exact,
                          where=f"{where}.elastic.cursors[{index}]", **common)
+        dataset._checked_sources.add(source)  # every new worker carries the same source: checked once
         share, limit = dataset._share(source, slot)
         split_rows, replay_rows = [s.num_rows for s in share.splits], [r.rows for r in share.replays]
     at_end = check_position(saved, split_rows, replay_rows, batch_size=options.batch_size, drop_last=options.drop_last,

@@ -163,6 +163,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._board: Board | None = None  # set by the loader: its workers' metrics
         self._meter: Meter | None = None  # this process's metrics
         self._shares: dict[tuple[ElasticSource, int], tuple[list[Share], list[int] | None]] = {}
+        self._checked_sources: set[ElasticSource] = set()  # elastic sources found valid for this plan
         self._use_plan(*self._make_plan(path, storage_options))
 
     def _make_plan(self, path: Any, storage_options: dict[str, Any] | None) -> tuple[Storage, Plan, tuple[int, int] | None]:
@@ -208,7 +209,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         snapshot_id, schema_id = snapshot if snapshot is not None else (None, None)
         self._data = DataIdentity(plan.data_fingerprint, len(plan.files), plan.num_rows, snapshot_id, schema_id)
         self._readers, self._read_ahead = [], None
-        self._shares = {}
+        self._shares, self._checked_sources = {}, set()
 
     def _follow_snapshot(self, saved: WorkerState) -> None:
         """Make the dataset read what a loaded state was taken on (Iceberg: its pinned snapshot)."""
