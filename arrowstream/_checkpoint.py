@@ -11,19 +11,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ._state import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, upgrade
+from ._fields import MAX_INT, shorten
+from ._loader_state import read_inner, read_loader_state
+from ._state import CHECKPOINT_KIND, STATE_VERSION
 from .errors import StateError, StateMismatchError, TopologyError
 
 
-def _reading_position(state: dict[str, Any]) -> str:
+def _reading_position(state: dict[str, Any], index: int) -> str:
     """What decides the rows a rank reads next: its workers' dataset states (not torchdata's seeds)."""
-    inner = state["dataloader"]
-    snapshot = inner.get("_snapshot")
-    if snapshot is None:
-        parts: Any = inner.get("dataset_state")
-    else:
-        parts = {k: v.get("dataset_state") for k, v in snapshot["_worker_snapshots"].items()}
-    return json.dumps(parts, sort_keys=True)
+    inner = read_inner(state["dataloader"], MAX_INT, f"state {index}.dataloader")
+    return json.dumps(inner.worker_states, sort_keys=True)
 
 
 def merge_state_dicts(states: list[dict[str, Any]]) -> dict[str, Any]:
@@ -47,22 +44,19 @@ def merge_state_dicts(states: list[dict[str, Any]]) -> dict[str, Any]:
         (2, 2)
     """
     if not isinstance(states, (list, tuple)) or not states:
-        raise StateError(f"merge_state_dicts: expected a non-empty list of loader.state_dict() results, got {states!r:.80}")
+        raise StateError(f"merge_state_dicts: expected a non-empty list of loader.state_dict() results, got {shorten(states)}")
     by_rank: dict[int, dict[str, Any]] = {}
-    first = upgrade(states[0], LOADER_KIND)
+    first = read_loader_state(states[0], "state 0")
     for index, state in enumerate(states):
-        state = upgrade(state, LOADER_KIND)
-        rank, world_size = int(state["rank"]), int(state["world_size"])
+        state = read_loader_state(state, f"state {index}")
+        rank, world_size = state["rank"], state["world_size"]
         for key in ("world_size", "num_workers", "batches_per_transfer"):
             if state[key] != first[key]:
                 raise StateMismatchError(
                     f"merge_state_dicts: state {index} has {key}={state[key]}, state 0 has {key}={first[key]}; "
                     "merge the states of one training run, taken at the same step")
-        if not 0 <= rank < world_size:
-            raise StateError(f"merge_state_dicts: state {index} says rank {rank} of world_size={world_size}; pass "
-                             "the dicts returned by loader.state_dict() unchanged")
         if rank in by_rank:
-            if _reading_position(by_rank[rank]) != _reading_position(state):
+            if _reading_position(by_rank[rank], rank) != _reading_position(state, index):
                 raise StateMismatchError(
                     f"merge_state_dicts: two states for rank {rank} of {world_size} stand at different places; "
                     "take every rank's state at the same step (ranks of one group_size group read the same rows)")

@@ -16,6 +16,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from ._fields import REMEDY, Fields, check_int, shorten
+from .errors import StateError
+
 
 @dataclass(frozen=True, slots=True)
 class Cursor:
@@ -64,12 +67,28 @@ class Cursor:
                 "replay_index": self.replay_index, "replay_offset": self.replay_offset}
 
     @classmethod
-    def from_dict(cls, cursor: dict[str, Any]) -> Cursor:
-        """Parse the ``cursor`` of a worker state; ``KeyError``/``TypeError``/``ValueError`` if malformed."""
-        lanes = tuple((int(index), int(offset)) for index, offset in cursor["lanes"])
-        return cls(lanes, int(cursor["next_split_index"]), int(cursor["turn_index"]), int(cursor["block_offset"]),
-                   int(cursor["window_index"]), int(cursor["window_offset"]), int(cursor["replay_index"]),
-                   int(cursor["replay_offset"]))
+    def from_dict(cls, cursor: Any, where: str = "cursor") -> Cursor:
+        """Parse the ``cursor`` of a worker state: every field an int >= 0, the lanes distinct splits
+        opened before ``next_split_index``, ``turn_index`` one of them; else ``StateError``. How
+        far each may go depends on the plan (see :mod:`arrowstream._position`)."""
+        fields = Fields(cursor, where)
+        lanes = []
+        for number, lane in enumerate(fields.sequence("lanes")):
+            name = f"{where}.lanes[{number}]"
+            if not isinstance(lane, (list, tuple)) or len(lane) != 2:
+                raise StateError(f"the state's {name} is {shorten(lane)}, expected [split index, row offset]; {REMEDY}")
+            lanes.append((check_int(lane[0], f"{name}[0] (split index)"), check_int(lane[1], f"{name}[1] (row offset)")))
+        parsed = cls(tuple(lanes), *(fields.integer(key) for key in (
+            "next_split_index", "turn_index", "block_offset", "window_index", "window_offset", "replay_index",
+            "replay_offset")))
+        positions = [index for index, _ in parsed.lanes]
+        if len(set(positions)) != len(positions) or any(p >= parsed.next_split_index for p in positions):
+            raise StateError(f"the state's {where} has lanes {shorten(positions)} with next_split_index="
+                             f"{parsed.next_split_index}: lanes read distinct splits opened before the next one; {REMEDY}")
+        if parsed.turn_index >= max(len(lanes), 1):
+            raise StateError(f"the state's {where}.turn_index is {parsed.turn_index}, but there are {len(lanes)} "
+                             f"lane(s); {REMEDY}")
+        return parsed
 
 
 class Run:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._cursor import Cursor
+from ._fields import REMEDY, Fields, is_int, shorten
 from ._order import Slot
 from .errors import StateError, StateMismatchError, StateVersionError
 
@@ -41,8 +42,8 @@ def _loader_v2_to_v3(state: dict[str, Any]) -> dict[str, Any]:
 def _worker_v2_to_v3(state: dict[str, Any]) -> dict[str, Any]:
     """v3 keeps a cursor per open split (interleave) and the shuffle window; v2 read one split
     at a time and had no shuffle buffer."""
-    cursor = state["cursor"]
-    split_index, row_offset = int(cursor["split_index"]), int(cursor["row_offset"])
+    cursor = Fields(state["cursor"], "worker state cursor (version 2)")
+    split_index, row_offset = cursor.integer("split_index"), cursor.integer("row_offset")
     return {**state, "cursor": {"lanes": [[split_index, row_offset]], "next_split_index": split_index + 1,
                                 "turn_index": 0, "block_offset": 0, "window_index": 0, "window_offset": 0}}
 
@@ -119,9 +120,18 @@ class ElasticSource:
                 "cursors": [None if c is None else c.to_dict() for c in self.cursors]}
 
     @classmethod
-    def from_dict(cls, source: dict[str, Any]) -> ElasticSource:
-        return cls(int(source["epoch"]), int(source["world_size"]), int(source["num_workers"]),
-                   tuple(None if c is None else Cursor.from_dict(c) for c in source["cursors"]))
+    def from_dict(cls, source: Any, where: str = "elastic") -> ElasticSource:
+        """Parse the ``elastic`` field of a worker state (typed and bounded; ``StateError`` if not)."""
+        fields = Fields(source, where)
+        world_size, num_workers = fields.integer("world_size", 1), fields.integer("num_workers")
+        cursors = fields.sequence("cursors")
+        if len(cursors) != world_size * max(num_workers, 1):
+            raise StateError(f"the state's {where}.cursors holds {len(cursors)} entries, expected one per old worker: "
+                             f"{world_size * max(num_workers, 1)} for world_size={world_size}, "
+                             f"num_workers={num_workers}; {REMEDY}")
+        return cls(fields.integer("epoch"), world_size, num_workers,
+                   tuple(None if c is None else Cursor.from_dict(c, f"{where}.cursors[{i}]")
+                         for i, c in enumerate(cursors)))
 
 
 @dataclass(frozen=True)
@@ -157,32 +167,29 @@ class WorkerState:
         }
 
     @classmethod
-    def from_dict(cls, state: Any) -> WorkerState:
-        state = upgrade(state, WORKER_KIND)
-        try:
-            data, slot, cursor, counters = state["data"], state["slot"], state["cursor"], state["counters"]
-            return cls(
-                data=DataIdentity(str(data["fingerprint"]), int(data["num_files"]), int(data["num_rows"]),
-                                  _optional_int(data["snapshot_id"]), _optional_int(data["schema_id"])),
-                options=dict(state["options"]),
-                epoch=int(state["epoch"]),
-                slot=Slot(int(slot["rank"]), int(slot["world_size"]), int(slot["worker_id"]),
-                          int(slot["num_workers"])),
-                cursor=Cursor.from_dict(cursor),
-                rows=int(counters["rows"]),
-                batches=int(counters["batches"]),
-                rows_dropped=int(counters["rows_dropped"]),
-                epoch_complete=bool(state["epoch_complete"]),
-                elastic=None if state["elastic"] is None else ElasticSource.from_dict(state["elastic"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StateError(
-                f"the arrowstream worker state is missing or has a malformed field ({exc!r}); "
-                "pass the dict returned by loader.state_dict() unchanged") from None
-
-
-def _optional_int(value: Any) -> int | None:
-    return None if value is None else int(value)
+    def from_dict(cls, state: Any, where: str = "worker state") -> WorkerState:
+        """Parse a worker state: every field of its JSON type (a bool is not an int) and, where that
+        alone decides it, in range; ``StateError`` naming the field if not. The plan decides the rest
+        (see :mod:`arrowstream._position`)."""
+        fields = Fields(upgrade(state, WORKER_KIND), where)
+        data, slot, counters = fields.mapping("data"), fields.mapping("slot"), fields.mapping("counters")
+        world_size, num_workers = slot.integer("world_size", 1), slot.integer("num_workers")
+        options = fields.mapping("options").value
+        elastic = fields.get("elastic")
+        return cls(
+            data=DataIdentity(data.string("fingerprint"), data.integer("num_files"), data.integer("num_rows"),
+                              data.optional_integer("snapshot_id"), data.optional_integer("schema_id")),
+            options=dict(options),
+            epoch=fields.integer("epoch"),
+            slot=Slot(slot.integer("rank", 0, world_size - 1), world_size,
+                      slot.integer("worker_id", 0, max(num_workers, 1) - 1), num_workers),
+            cursor=Cursor.from_dict(fields.get("cursor"), f"{where}.cursor"),
+            rows=counters.integer("rows"),
+            batches=counters.integer("batches"),
+            rows_dropped=counters.integer("rows_dropped"),
+            epoch_complete=fields.boolean("epoch_complete"),
+            elastic=None if elastic is None else ElasticSource.from_dict(elastic, f"{where}.elastic"),
+        )
 
 
 def upgrade(state: Any, kind: str) -> dict[str, Any]:
@@ -191,21 +198,25 @@ def upgrade(state: Any, kind: str) -> dict[str, Any]:
         raise StateError(f"expected an arrowstream state dict, got {type(state).__name__}; "
                          "pass the dict returned by loader.state_dict()")
     if state.get("kind") != kind:
-        raise StateError(f"expected a state of kind {kind!r}, got kind {state.get('kind')!r}; "
+        raise StateError(f"expected a state of kind {kind!r}, got kind {shorten(state.get('kind'))}; "
                          "pass the dict returned by loader.state_dict() unchanged")
     version = state.get("version")
-    if not isinstance(version, int) or version < 1:
-        raise StateVersionError(f"the state has no valid format version (got {version!r}); "
+    if not is_int(version) or not isinstance(version, int) or version < 1:
+        raise StateVersionError(f"the state has no valid format version (got {shorten(version)}); "
                                 "it was not written by arrowstream")
     if version > STATE_VERSION:
         raise StateVersionError(
-            f"the state has format version {version}, newer than this arrowstream reads "
+            f"the state has format version {shorten(version)}, newer than this arrowstream reads "
             f"(up to {STATE_VERSION}); upgrade arrowstream to load it")
     while version < STATE_VERSION:
         if (kind, version) not in MIGRATIONS:
             raise StateVersionError(f"a state of kind {kind!r} has version {version}, but that kind exists from a later "
                                     "version on; it was not written by arrowstream")
-        state = MIGRATIONS[(kind, version)](state)
+        try:
+            state = MIGRATIONS[(kind, version)](state)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise StateError(f"a state of kind {kind!r} and version {version} is malformed: migrating it to version "
+                             f"{version + 1} failed on {shorten(exc)}; {REMEDY}") from None
         version += 1
         state["version"] = version
     return dict(state)
@@ -231,9 +242,11 @@ def check_compatible(saved: WorkerState, data: DataIdentity, options: dict[str, 
             f"with {data.num_rows} rows (fingerprint {data.fingerprint[:12]}); the files, their sizes "
             "or modification times differ. Point the dataset at the same data, or start without "
             "loading the checkpoint")
-    differing = sorted(k for k in set(saved.options) | set(options) if saved.options.get(k) != options.get(k))
+    differing = sorted(str(k) for k in set(saved.options) | set(options)  # True is not 1, 1.0 is not 1
+                       if saved.options.get(k) != options.get(k) or type(saved.options.get(k)) is not type(options.get(k)))
     if differing:
-        pairs = ", ".join(f"{k}: saved {saved.options.get(k)!r} vs current {options.get(k)!r}" for k in differing)
+        pairs = ", ".join(f"{k if len(k) <= 80 else shorten(k)}: saved {shorten(saved.options.get(k))} vs current {shorten(options.get(k))}"
+                          for k in differing[:8])
         raise StateMismatchError(
             f"checkpoint was taken with other stream options ({pairs}); build the dataset with the "
             "saved options to resume, or start without loading the checkpoint")

@@ -29,6 +29,7 @@ from ._order import (
     window_seed,
 )
 from ._planning import Plan, Split, plan_files
+from ._position import check_in_plan
 from ._reader import ReadAhead, SplitReader
 from ._state import DataIdentity, ElasticSource, WorkerState, check_compatible, check_slot
 from ._storage import Storage
@@ -162,6 +163,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._board: Board | None = None  # set by the loader: its workers' metrics
         self._meter: Meter | None = None  # this process's metrics
         self._shares: dict[tuple[ElasticSource, int], tuple[list[Share], list[int] | None]] = {}
+        self._checked_sources: set[ElasticSource] = set()  # elastic sources found valid for this plan
         self._use_plan(*self._make_plan(path, storage_options))
 
     def _make_plan(self, path: Any, storage_options: dict[str, Any] | None) -> tuple[Storage, Plan, tuple[int, int] | None]:
@@ -208,7 +210,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         snapshot_id, schema_id = snapshot if snapshot is not None else (None, None)
         self._data = DataIdentity(plan.data_fingerprint, len(plan.files), plan.num_rows, snapshot_id, schema_id)
         self._readers, self._read_ahead = [], None
-        self._shares = {}
+        self._shares, self._checked_sources = {}, set()
 
     def _follow_snapshot(self, saved: WorkerState) -> None:
         """Make the dataset read what a loaded state was taken on (Iceberg: its pinned snapshot)."""
@@ -525,22 +527,44 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         return self._initial_state(self._slot()).to_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Resume from a worker state: the next iteration continues right after it."""
+        """Resume from a worker state: the next iteration continues right after it.
+
+        The state is checked against the plan here too, for a plain ``StatefulDataLoader``
+        (``ArrowStreamDataLoader.load_state_dict`` has checked it already, in the main process).
+        """
         saved = WorkerState.from_dict(state_dict)
         self._follow_snapshot(saved)
         check_compatible(saved, self._data, self._state_options)
+        if saved.slot == self._slot():  # another slot's state is refused when the epoch opens (check_slot)
+            check_in_plan(self, saved, "worker state")
         self._pending = saved
         self._active = None
 
-    def check_state(self, state_dict: dict[str, Any], elastic: bool = False) -> WorkerState:
+    def check_state(self, state_dict: dict[str, Any], elastic: bool = False, *, slot: Slot | None = None,
+                    where: str = "worker state", done: str | None = None) -> WorkerState:
         """Parse and check a worker state against this dataset without loading it; ``elastic``:
-        for another topology, where ``even_batches`` may differ (it is on with several ranks only)."""
-        saved = WorkerState.from_dict(state_dict)
+        for another topology, where ``even_batches`` may differ (it is on with several ranks only).
+
+        With ``slot`` (the (rank, worker) the state must come from), its cursor and counters are also
+        checked against the plan: a position the worker's stream reaches (see ``arrowstream._position``).
+        ``where`` names the state in errors; ``done`` says why the checkpoint counts the worker as done
+        with its epoch, which it then must be.
+        """
+        saved = WorkerState.from_dict(state_dict, where)
         self._follow_snapshot(saved)
         options = self._state_options
         if elastic:
             options = {**options, "even_batches": saved.options.get("even_batches")}
         check_compatible(saved, self._data, options)
+        if slot is not None:
+            if saved.slot != slot:
+                raise StateMismatchError(
+                    f"the {where} belongs to rank {saved.slot.rank} worker {saved.slot.worker_id} of world_size="
+                    f"{saved.slot.world_size}, num_workers={saved.slot.num_workers}, but stands where the checkpoint "
+                    f"keeps rank {slot.rank} worker {slot.worker_id} of world_size={slot.world_size}, num_workers="
+                    f"{slot.num_workers}; pass the dict returned by loader.state_dict() (or merge_state_dicts) unchanged")
+            if not (elastic and saved.elastic is not None):  # a re-planned epoch re-planned again is refused
+                check_in_plan(self, saved, where, done)
         return saved
 
     def begin_elastic_epoch(self, epoch: int, world_size: int, num_workers: int,

@@ -24,10 +24,14 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ._boundary import check_replanned_epoch_over, later_epoch_starts_whole
 from ._convert import passthrough_collate
+from ._cursor import Cursor
+from ._fields import shorten
 from ._loader_options import check_loader_options
+from ._loader_state import InnerState, read_checkpoint, read_inner, read_loader_state
 from ._metrics import FIELDS, Board, Meter, flatten, summarize
 from ._options import check_int
-from ._state import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, WorkerState, upgrade
+from ._order import Slot
+from ._state import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, WorkerState
 from ._storage import logger
 from ._transport import Chunk
 from .errors import ArgumentTypeError, InvalidArgumentError, StateError, StateMismatchError
@@ -54,12 +58,6 @@ def _worker_states(inner: dict[str, Any]) -> list[dict[str, Any] | None]:
         snapshots = inner[_SNAPSHOT][_WORKER_SNAPSHOTS]
         return [snapshots[key].get(_DATASET_STATE) for key in sorted(snapshots, key=lambda k: int(k.split("_")[-1]))]
     return [inner.get(_DATASET_STATE)]
-
-
-def _saved_num_workers(inner: dict[str, Any]) -> int:
-    if _SNAPSHOT in inner:
-        return int(inner[_SNAPSHOT][_MAIN_SNAPSHOT]["_num_workers"])
-    return 0
 
 
 class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
@@ -125,7 +123,13 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             return inner
         inner = copy.deepcopy(inner)
         if inner.get(_STEPS_SINCE_SNAPSHOT):
-            self._mark_epoch_complete(inner)
+            # the snapshots stand before batches yielded since: the workers start the later epoch at its
+            # first row instead of replaying those batches (a real position, which the workers check)
+            dataset = self.dataset
+            for key, snapshot in inner[_SNAPSHOT][_WORKER_SNAPSHOTS].items():
+                slot = Slot(dataset.rank, dataset.world_size, int(key.split("_")[-1]), self.num_workers)
+                snapshot[_DATASET_STATE] = dataset._initial_state(slot, dataset.epoch).to_dict()
+            inner[_STEPS_SINCE_SNAPSHOT] = 0
         inner[_SNAPSHOT][_LAST_YIELDED_WORKER] = self.num_workers - 1  # the next batch comes from worker 0
         return inner
 
@@ -195,20 +199,25 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`; the next batch is the one after the saved one."""
-        if state_dict == {}:
+        """Resume from :meth:`state_dict`; the next batch is the one after the saved one.
+
+        Every field is checked before anything is loaded (types, ranges, and each worker's cursor
+        and counters against the plan): a state that would not yield every row once raises a
+        ``StateError`` (see docs/state-format.md, Validation).
+        """
+        if isinstance(state_dict, dict) and not state_dict:
             self._elastic_loaded = False
             super().load_state_dict({})
             return
         if isinstance(state_dict, dict) and state_dict.get("kind") == CHECKPOINT_KIND:
-            checkpoint = upgrade(copy.deepcopy(state_dict), CHECKPOINT_KIND)
-            if (checkpoint["world_size"], checkpoint["num_workers"]) != (self.dataset.world_size, self.num_workers):
-                self._load_elastic([upgrade(s, LOADER_KIND) for s in checkpoint["ranks"]])
+            world_size, num_workers, outers = read_checkpoint(copy.deepcopy(state_dict))
+            if (world_size, num_workers) != (self.dataset.world_size, self.num_workers):
+                self._load_elastic(outers)
                 return
-            state_dict = checkpoint["ranks"][self.dataset.rank]
+            state_dict = outers[self.dataset.rank]
         if isinstance(state_dict, dict) and state_dict.get("kind") == LOADER_KIND:
-            outer = upgrade(copy.deepcopy(state_dict), LOADER_KIND)
-            inner, per_transfer = outer["dataloader"], int(outer["batches_per_transfer"])
+            outer = read_loader_state(copy.deepcopy(state_dict))
+            inner, per_transfer = outer["dataloader"], outer["batches_per_transfer"]
             saved_topology = (outer["rank"], outer["world_size"], outer["num_workers"])
             topology = (self.dataset.rank, self.dataset.world_size, self.num_workers)
             if saved_topology != topology and saved_topology[1] == 1:  # one rank's state is all of it
@@ -230,19 +239,19 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             inner, per_transfer = copy.deepcopy(state_dict), 1  # a plain StatefulDataLoader's state
         else:
             raise StateError("load_state_dict: expected the dict returned by loader.state_dict(), got "
-                             f"{type(state_dict).__name__} with keys {sorted(state_dict)[:5] if isinstance(state_dict, dict) else '-'}")
-        saved_workers = _saved_num_workers(inner)
-        if saved_workers != self.num_workers:
+                             f"{type(state_dict).__name__} with keys "
+                             f"{shorten(sorted(map(str, state_dict))[:5]) if isinstance(state_dict, dict) else '-'}")
+        parsed = read_inner(inner, self.snapshot_every_n_steps)
+        if parsed.num_workers != self.num_workers:
             raise StateMismatchError(
-                f"checkpoint was taken with num_workers={saved_workers}, this loader has "
-                f"num_workers={self.num_workers}; build the loader with num_workers={saved_workers} to resume")
-        saved = [self.dataset.check_state(s) for s in _worker_states(inner) if s is not None]
-        if saved:
-            self.dataset.set_epoch(max(s.epoch for s in saved))
+                f"checkpoint was taken with num_workers={parsed.num_workers}, this loader has "
+                f"num_workers={self.num_workers}; build the loader with num_workers={parsed.num_workers} to resume")
+        saved = self._check_workers(parsed, self.dataset.rank, self.dataset.world_size)
+        self.dataset.set_epoch(max(s.epoch for s in saved))
         # inside an epoch re-planned for this topology: the counts of that epoch (len, trimmed rows)
         self.dataset._elastic = next((s.elastic for s in saved if s.elastic is not None), None)
         if inner.get(_FINISHED):
-            self._mark_epoch_complete(inner)
+            self._mark_epoch_complete(inner, self.dataset)
         if per_transfer > 1 and self.snapshot_every_n_steps != 1:
             raise StateMismatchError(
                 f"checkpoint was taken with batches_per_transfer={per_transfer}, which needs "
@@ -256,18 +265,52 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         self._elastic_loaded = False
         super().load_state_dict(inner)
 
+    def _check_workers(self, parsed: InnerState, rank: int, world_size: int, elastic: bool = False) -> list[WorkerState]:
+        """Check the worker states of one rank's torchdata dict against the plan, in worker order.
+
+        A worker the checkpoint counts as done (the loop ended, its fetcher ended, or another
+        worker is in a later epoch) must have nothing left to yield in its epoch.
+        """
+        def check(index: int, done: str | None) -> WorkerState:
+            state = parsed.worker_states[index]
+            where = f"rank {rank} worker {index} state"
+            if state is None:
+                raise StateError(f"load_state_dict: the checkpoint holds no state for {where.removesuffix(' state')}; "
+                                 "pass the dict returned by loader.state_dict() (or gather_state_dict) unchanged")
+            slot = Slot(rank, world_size, index, parsed.num_workers)
+            return self.dataset.check_state(state, elastic, slot=slot, where=where, done=done)  # type: ignore[no-any-return]
+
+        saved = [check(index, "the checkpoint says its loop ended" if done else None)
+                 for index, done in enumerate(parsed.done)]
+        epoch = max(s.epoch for s in saved)
+        for index, state in enumerate(saved):
+            if state.epoch < epoch and not parsed.done[index]:
+                check(index, f"another worker of the checkpoint is in epoch {epoch}")
+        if parsed.finished and parsed.steps_since_snapshot:
+            # the loop ended after batches the snapshots do not count: exactly the ones the workers had left
+            left = [self.dataset.batches_left(state, state.slot) for state in saved]
+            if all(n is not None for n in left) and sum(n or 0 for n in left) != parsed.steps_since_snapshot:
+                raise StateError(
+                    f"load_state_dict: rank {rank}'s checkpoint says its loop ended {parsed.steps_since_snapshot} "
+                    f"batch(es) after the workers' snapshots, but the workers had {sum(n or 0 for n in left)} left; "
+                    "it is not a position this dataset's plan reaches. Pass the dict returned by loader.state_dict() "
+                    "unchanged")
+        return saved
+
     def _load_elastic(self, outers: list[dict[str, Any]]) -> None:
         """Resume every old rank's states with this loader's topology: the rest of the saved
         epoch is re-planned over the new (rank, worker) slots (see ``arrowstream._elastic``)."""
         old_world, old_workers = int(outers[0]["world_size"]), int(outers[0]["num_workers"])
         slots: list[tuple[WorkerState, bool]] = []
-        for outer in outers:
-            inner = outer["dataloader"]
-            for state in _worker_states(inner):
-                if state is None:
-                    raise StateError("load_state_dict: a worker of the checkpoint has no state; pass the dict "
-                                     "returned by loader.state_dict() (or gather_state_dict) unchanged")
-                slots.append((self.dataset.check_state(state, elastic=True), bool(inner.get(_FINISHED))))
+        for rank, outer in enumerate(outers):
+            # the re-plan starts from the workers' snapshots: no batch may have been yielded since
+            parsed = read_inner(outer["dataloader"], 1, f"ranks[{rank}].dataloader")
+            if parsed.num_workers != old_workers:
+                raise StateError(f"load_state_dict: rank {rank}'s loader state says num_workers={old_workers}, its "
+                                 f"torchdata state holds {parsed.num_workers} worker(s); pass the dict returned by "
+                                 "loader.state_dict() (or gather_state_dict) unchanged")
+            states = self._check_workers(parsed, rank, old_world, elastic=True)
+            slots.extend(zip(states, parsed.done))
         if len(slots) != old_world * max(old_workers, 1):
             raise StateError(f"load_state_dict: the checkpoint holds {len(slots)} worker state(s), expected "
                              f"{old_world * max(old_workers, 1)} for world_size={old_world}, num_workers={old_workers}")
@@ -290,18 +333,24 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         super().load_state_dict({})
 
     @staticmethod
-    def _mark_epoch_complete(inner: dict[str, Any]) -> None:
+    def _mark_epoch_complete(inner: dict[str, Any], dataset: Any) -> None:
         """A state taken after the epoch ended: every worker is done with that epoch.
 
-        torchdata would replay the epoch from the start; marking the workers complete makes
-        the saved epoch yield nothing more and the next epoch start whole.
+        torchdata would replay the epoch from the start; marking the workers complete, their cursors
+        at the end of their epoch, makes the saved epoch yield nothing more and the next epoch start
+        whole. (A snapshot taken before the last batches stands before the end: the loader checked
+        that those batches are the ones yielded since.)
         """
         def complete(state: dict[str, Any] | None) -> dict[str, Any] | None:
             if state is None:
                 return None
-            worker = WorkerState.from_dict(state).to_dict()
-            worker["epoch_complete"] = True
-            return worker
+            saved = WorkerState.from_dict(state)
+            if saved.elastic is not None:
+                share, _ = dataset._share(saved.elastic, saved.slot)
+                end = Cursor((), len(share.splits), replay_index=len(share.replays))
+            else:
+                end = Cursor.end(len(dataset._slot_splits(saved.slot, saved.epoch)))
+            return dataclasses.replace(saved, cursor=end, epoch_complete=True).to_dict()
 
         if _SNAPSHOT in inner:
             for snapshot in inner[_SNAPSHOT][_WORKER_SNAPSHOTS].values():

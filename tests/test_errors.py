@@ -244,7 +244,7 @@ def test_state_from_the_future_and_garbage(small_dataset):
         loader.load_state_dict({"hello": 1})
     worker = state["dataloader"]["_snapshot"]["_worker_snapshots"]["worker_0"]["dataset_state"]
     del worker["cursor"]
-    with pytest.raises(errors.StateError, match="malformed field"):
+    with pytest.raises(errors.StateError, match="worker 0 state has no 'cursor' field"):
         loader.load_state_dict(state)
 
 

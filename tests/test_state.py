@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pyarrow.parquet as pq
 import pytest
-from helpers import make_loader, make_table, resume_epochs, run_epochs
+from helpers import ids_of, make_loader, make_table, resume_epochs, run_epochs, write_dataset
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from arrowstream import StructuredDataset
+from arrowstream import StructuredDataset, errors, merge_state_dicts
+from arrowstream._cursor import Cursor
 from arrowstream._state import STATE_VERSION
 
 
@@ -109,3 +113,232 @@ def test_a_file_state_is_refused_by_an_iceberg_dataset_and_the_reverse(uneven_da
         StructuredDataset(uneven_dataset).load_state_dict(table_state)
     with pytest.raises(errors.StateMismatchError, match="taken on files, this dataset reads an Iceberg table"):
         IcebergDataset("db.t", catalog_config=config).load_state_dict(file_state)
+
+
+# -- validation: every field of a loaded state typed and checked against the plan (issue #16, point 3) --
+
+VALIDATION_OPTIONS = {"batch_size": 16, "interleave": 2, "shuffle_buffer_size": 64}
+WORKER0 = ("dataloader", "dataset_state")  # the worker state of a num_workers=0 loader state
+
+
+@pytest.fixture(scope="module")
+def validation_dataset(tmp_path_factory):
+    """1,000 rows in 11 splits of 100 and 80 rows."""
+    return write_dataset(tmp_path_factory.mktemp("validation"), [(600, 100), (400, 80)])
+
+
+def _taken(path, num_workers, batches, **kwargs):
+    """A loader's JSON state after ``batches`` batches of epoch 0, and the ids yielded before it."""
+    loader, dataset = make_loader(path, num_workers, **{**VALIDATION_OPTIONS, **kwargs})
+    dataset.set_epoch(0)
+    it = iter(loader)
+    ids = [i for _ in range(batches) for i in ids_of(next(it))]
+    return json.loads(json.dumps(loader.state_dict())), ids
+
+
+def _set(state, path, value):
+    """A deep copy of ``state`` with the field at ``path`` set to ``value`` (``DELETE``: removed)."""
+    state = copy.deepcopy(state)
+    *parents, last = path
+    target = state
+    for key in parents:
+        target = target[key]
+    if value is DELETE:
+        del target[last]
+    else:
+        target[last] = value
+    return state
+
+
+class _Delete:
+    def __repr__(self) -> str:
+        return "deleted"
+
+
+DELETE = _Delete()
+
+# each on main: rows lost or repeated without an error, or a raw builtin error (issue #16)
+REFUSED_0_WORKERS = [
+    ((*WORKER0, "cursor", "lanes", 0, 1), 10**9, r"lanes\[0\] is \[\d+, 1000000000\]"),
+    ((*WORKER0, "cursor", "next_split_index"), -3, r"next_split_index is -3, expected an int >= 0"),
+    ((*WORKER0, "cursor", "lanes"), [], r"0 lane\(s\) and next_split_index=\d+ of 11"),
+    ((*WORKER0, "epoch_complete"), "no", r"epoch_complete is 'no', expected true or false"),
+    ((*WORKER0, "cursor", "window_offset"), 10**6, r"window_offset=1000000, but a shuffle window holds 64 rows"),
+    ((*WORKER0, "cursor", "turn_index"), 7, r"turn_index is 7, but there are 2 lane"),
+    ((*WORKER0, "cursor", "block_offset"), 10**6, r"block_offset=1000000, but a block holds 8 rows"),
+    (("version",), True, r"no valid format version \(got True\)"),
+    (("batches_per_transfer",), "x", r"batches_per_transfer is 'x', expected an int >= 1"),
+    (("batches_per_transfer",), 0, r"batches_per_transfer is 0, expected an int >= 1"),
+    (("dataloader",), {}, r"dataloader has no '_iterator_finished' field"),
+    (("dataloader",), DELETE, r"loader state has no 'dataloader' field"),
+    (("world_size",), DELETE, r"loader state has no 'world_size' field"),
+    ((*WORKER0, "cursor", "lanes", 0, 1), True, r"lanes\[0\]\[1\] \(row offset\) is True, expected an int"),
+    ((*WORKER0, "counters", "rows"), 113, r"counters.rows is 113, but the cursor stands after 112 row"),
+    ((*WORKER0, "cursor", "window_index"), 2, r"window_index=2, but its window starts after 64 rows"),
+    ((*WORKER0, "epoch_complete"), True, r"888 row\(s\) of epoch 0 left to yield, but its epoch_complete is true"),
+    (("dataloader", "_iterator_finished"), True, r"left to yield, but the checkpoint says its loop ended"),
+    (("dataloader", "fetcher_state", "fetcher_ended"), True, r"left to yield, but the checkpoint says its loop ended"),
+    ((*WORKER0, "slot", "worker_id"), 1, r"slot.worker_id is 1, expected an int from 0 to 0"),
+    (("dataloader", "fetcher_state"), DELETE, r"dataloader has no 'fetcher_state' field"),
+    (("dataloader", "fetcher_state", "dataset_iter_state"), DELETE, r"fetcher_state has no 'dataset_iter_state'"),
+    ((*WORKER0, "options", "drop_last"), 0, r"drop_last: saved 0 vs current False"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "message"), REFUSED_0_WORKERS,
+                         ids=[f"{'.'.join(map(str, p[2:] if p[:2] == WORKER0 else p))}={v!r:.12}"
+                              for p, v, _ in REFUSED_0_WORKERS])
+def test_a_malformed_state_is_refused_at_load_naming_the_field(validation_dataset, path, value, message):
+    state, _ = _taken(validation_dataset, 0, 7)
+    loader, _ = make_loader(validation_dataset, 0, **VALIDATION_OPTIONS)
+    with pytest.raises(errors.StateError, match=message):
+        loader.load_state_dict(_set(state, path, value))
+
+
+def test_the_unchanged_state_still_resumes_exactly(validation_dataset):
+    """The control of the test above: the state it mutates loads and yields the rest of the epoch."""
+    state, before = _taken(validation_dataset, 0, 7)
+    loader, dataset = make_loader(validation_dataset, 0, **VALIDATION_OPTIONS)
+    loader.load_state_dict(state)
+    after = [i for batch in loader for i in ids_of(batch)]
+    assert sorted(before + after) == list(range(dataset.num_rows))
+
+
+@pytest.mark.parametrize(("path", "value", "message"), [
+    (("ranks",), [], r"checkpoint.ranks holds 0 loader state\(s\) for world_size=2"),
+    (("ranks",), None, r"checkpoint.ranks is None, expected a list"),
+    (("world_size",), DELETE, r"checkpoint has no 'world_size' field"),
+    (("ranks", 1, "rank"), 0, r"checkpoint.ranks\[1\] has rank, world_size, num_workers, batches_per_transfer"),
+    (("ranks", 0, "dataloader"), DELETE, r"checkpoint.ranks\[0\] has no 'dataloader' field"),
+], ids=["ranks=[]", "ranks=None", "no-world_size", "rank-twice", "no-dataloader"])
+def test_a_malformed_merged_checkpoint_is_refused(validation_dataset, path, value, message):
+    states = [_taken(validation_dataset, 0, 2, rank=rank, world_size=2)[0] for rank in range(2)]
+    merged = merge_state_dicts(states)
+    for rank, num_workers in ((0, 0), (1, 0), (0, 1)):  # its own topology, and a re-plan for another
+        loader, _ = make_loader(validation_dataset, num_workers, rank=rank, world_size=2, **VALIDATION_OPTIONS)
+        with pytest.raises(errors.StateError, match=message):
+            loader.load_state_dict(_set(merged, path, value))
+
+
+def test_a_plain_stateful_dataloader_checks_the_dataset_state_too(validation_dataset):
+    """torchdata hands the worker state to dataset.load_state_dict when the loader starts iterating."""
+    state, _ = _taken(validation_dataset, 0, 7)
+    inner = _set(state["dataloader"], ("dataset_state", "cursor", "lanes", 0, 1), 10**9)
+    dataset = StructuredDataset(validation_dataset, **VALIDATION_OPTIONS)
+    loader = StatefulDataLoader(dataset, batch_size=None)
+    loader.load_state_dict(inner)
+    with pytest.raises(errors.StateError, match=r"lanes\[0\] is \[\d+, 1000000000\]"):
+        list(loader)
+
+
+def test_merge_state_dicts_refuses_malformed_states(validation_dataset):
+    """A raw KeyError/TypeError on main."""
+    states = [_taken(validation_dataset, 0, 1, rank=rank, world_size=2)[0] for rank in range(2)]
+    for path, value, message in [(("rank",), DELETE, r"state 1 has no 'rank' field"),
+                                 (("rank",), "1", r"state 1.rank is '1', expected an int from 0 to 1"),
+                                 (("dataloader", "dataset_state"), DELETE, r"dataloader has no 'dataset_state'")]:
+        with pytest.raises(errors.StateError, match=message):
+            merge_state_dicts([states[0], _set(states[1], path, value), states[1]])
+
+
+@pytest.mark.timeout(120)
+def test_torchdatas_own_fields_are_checked_with_workers(validation_dataset):
+    """torchdata reads these on resume: a bare StopIteration, an AssertionError, or a silent skip on main."""
+    state, before = _taken(validation_dataset, 2, 5)
+    snapshot = ("dataloader", "_snapshot")
+    loader, dataset = make_loader(validation_dataset, 2, **VALIDATION_OPTIONS)
+    for path, value, message in [
+        (("dataloader", "_steps_since_snapshot"), 10**6, r"_steps_since_snapshot is 1000000, expected an int from 0 to 0"),
+        (("dataloader", "_steps_since_snapshot"), 1, r"_steps_since_snapshot is 1, expected an int from 0 to 0"),
+        ((*snapshot, "_last_yielded_worker_id"), 2, r"_last_yielded_worker_id is 2, expected an int from 0 to 1"),
+        ((*snapshot, "_main_snapshot", "_base_seed"), DELETE, r"_main_snapshot has no '_base_seed' field"),
+        ((*snapshot, "_worker_snapshots", "worker_1"), DELETE, r"_worker_snapshots has entries \['worker_0'\]"),
+        ((*snapshot, "_worker_snapshots", "worker_1", "worker_id"), 0, r"worker_1.worker_id is 0"),
+        ((*snapshot, "_worker_snapshots", "worker_1", "dataset_state", "slot", "worker_id"), 0,
+         r"rank 0 worker 1 state belongs to rank 0 worker 0"),
+        ((*snapshot, "_worker_snapshots", "worker_0", "dataset_state", "epoch"), 1,
+         r"worker 1 state stands after \d+ rows with \d+ row\(s\) of epoch 0 left to yield, but another worker"),
+    ]:
+        with pytest.raises(errors.StateError, match=message):
+            loader.load_state_dict(_set(state, path, value))
+    loader.load_state_dict(state)  # and the state itself resumes exactly
+    after = [i for batch in loader for i in ids_of(batch)]
+    assert sorted(before + after) == list(range(dataset.num_rows))
+
+
+def test_long_values_are_shortened_in_errors(validation_dataset):
+    """A 50 MB string in a state gave a 50 MB message (issue #16, point 9)."""
+    state, _ = _taken(validation_dataset, 0, 1)
+    loader, _ = make_loader(validation_dataset, 0, **VALIDATION_OPTIONS)
+    huge = "x" * 50_000_000
+    for path in [("kind",), ("version",), (*WORKER0, "cursor"), (*WORKER0, "cursor", "lanes", 0, 0),
+                 (*WORKER0, "options", "seed"), (*WORKER0, "data", "fingerprint")]:
+        with pytest.raises(errors.StateError) as info:
+            loader.load_state_dict(_set(state, path, huge))
+        assert len(str(info.value)) < 1000, path
+    for path, value in [((*WORKER0, "cursor", "lanes"), [[0, 0]] * 10**5), (("version",), 10**10_000),
+                        ((*WORKER0, "counters", "rows"), -(10**10_000))]:
+        with pytest.raises(errors.StateError) as info:
+            loader.load_state_dict(_set(state, path, value))
+        assert len(str(info.value)) < 1000, path
+
+
+@settings(max_examples=60, deadline=None)
+@given(split_rows=st.lists(st.integers(0, 40), min_size=1, max_size=9), interleave=st.integers(2, 4),
+       block_size=st.integers(1, 12), data=st.data())
+def test_cursor_at_is_where_the_rotation_stands(split_rows, interleave, block_size, data):
+    """The arithmetic the plan check uses is the rotation ``interleave_runs`` makes, after any row."""
+    from arrowstream._elastic import _CountReader
+    from arrowstream._interleave import interleave_runs
+    from arrowstream._planning import Split
+    from arrowstream._position import cursor_at
+
+    splits = [Split(0, 0, 1, 0, rows, 0) for rows in split_rows]
+    start = Cursor.start(len(splits), interleave)
+    runs = list(interleave_runs([_CountReader() for _ in range(interleave)], splits, block_size, start))
+    rows = data.draw(st.integers(1, max(sum(split_rows), 1)))
+    taken = 0
+    for run in runs:
+        if taken + run.num_rows >= rows:
+            assert cursor_at(split_rows, interleave, block_size, rows) == run.after(rows - taken)
+            break
+        taken += run.num_rows
+
+
+def test_the_plan_check_reads_the_splits_each_slot_reads(uneven_dataset):
+    """``_position`` computes every slot's reading order at once; it is ``dataset._slot_splits``."""
+    from arrowstream._order import Slot
+    from arrowstream._position import _slot_rows
+
+    dataset = StructuredDataset(uneven_dataset, batch_size=8, shuffle=True, seed=4, split_bytes=4096)
+    for world_size, num_workers, epoch in [(1, 0, 0), (1, 3, 2), (2, 2, 5)]:
+        for rank in range(world_size):
+            for worker in range(max(num_workers, 1)):
+                slot = Slot(rank, world_size, worker, num_workers)
+                assert _slot_rows(dataset, slot, epoch) == [s.num_rows for s in dataset._slot_splits(slot, epoch)]
+
+
+@pytest.mark.timeout(120)
+def test_a_loop_that_ended_after_the_snapshots_resumes_or_is_refused(validation_dataset):
+    """With snapshot_every_n_steps=5 the workers' snapshots stand before the last batches of the epoch:
+    a state taken after the loop is complete (nothing replayed, the next epoch whole), and a
+    _steps_since_snapshot that does not match the batches the workers had left is refused."""
+    options = {**VALIDATION_OPTIONS, "snapshot_every_n_steps": 5}
+    loader, dataset = make_loader(validation_dataset, 2, **options)
+    dataset.set_epoch(0)
+    assert sorted(i for batch in loader for i in ids_of(batch)) == list(range(dataset.num_rows))
+    state = json.loads(json.dumps(loader.state_dict()))
+    steps = state["dataloader"]["_steps_since_snapshot"]
+    assert state["dataloader"]["_iterator_finished"] and steps > 0  # the case under test
+    dataset.set_epoch(1)
+    uninterrupted = [ids_of(batch) for batch in loader]
+    for resume_epoch in (0, 1):  # the finished epoch again (empty), or the next one
+        fresh, fresh_dataset = make_loader(validation_dataset, 2, **options)
+        fresh.load_state_dict(state)
+        fresh_dataset.set_epoch(resume_epoch)
+        resumed = [ids_of(batch) for batch in fresh]
+        assert resumed == ([] if resume_epoch == 0 else uninterrupted)
+    tampered = _set(state, ("dataloader", "_steps_since_snapshot"), steps - 1)
+    with pytest.raises(errors.StateError, match=rf"loop ended {steps - 1} batch\(es\) after the workers' snapshots, "
+                                                rf"but the workers had {steps} left"):
+        make_loader(validation_dataset, 2, **options)[0].load_state_dict(tampered)
