@@ -437,7 +437,9 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         """Set up this process's readers and converters, once."""
         in_worker = get_worker_info() is not None
         if in_worker:
-            watch_trainer()
+            # pickled for this worker (spawn, forkserver): by the trainer, which may not be the parent
+            came_by_pickle = self.__dict__.get("_unpickled_in") == os.getpid()
+            watch_trainer(self.__dict__.get("_pickled_by") if came_by_pickle else None)
             # the heap inherited from the trainer (torch, pyarrow, ...) never becomes garbage here;
             # freezing it keeps the collector from walking it for every batch of Python objects
             gc.freeze()
@@ -558,8 +560,12 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.update(_pending=None, _active=None, _readers=[], _read_ahead=None, _convert=None, _span_convert=None,
-                     _meter=None)
+                     _meter=None, _pickled_by=os.getpid())
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._unpickled_in = os.getpid()
 
     def __repr__(self) -> str:
         return (f"StructuredDataset(format={self._options.format!r}, files={len(self._plan.files)}, "

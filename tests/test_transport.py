@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -18,8 +15,6 @@ from helpers import batch_key, make_loader, resume_epochs, run_epochs
 
 from arrowstream._cursor import Cursor
 from arrowstream._transport import Chunk, Position
-
-HERE = os.path.dirname(__file__)
 
 
 def _sorted_keys(loader):
@@ -152,38 +147,6 @@ def test_a_killed_worker_raises_and_the_next_run_works(uneven_dataset):
     fresh, _ = make_loader(uneven_dataset, 2, batch_size=16)
     assert sum(len(b["id"]) for b in fresh) == 3130
     assert _shm_entries() <= before_shm
-
-
-def test_a_killed_trainer_leaves_no_workers_and_no_shared_memory(uneven_dataset, tmp_path):
-    before_shm = _shm_entries()
-    pid_file = tmp_path / "pids.json"
-    trainer = subprocess.Popen([sys.executable, os.path.join(HERE, "trainer_child.py"), uneven_dataset,
-                                str(pid_file)], cwd=HERE)
-    deadline = time.time() + 60
-    while not pid_file.exists() or not pid_file.read_text():
-        assert time.time() < deadline and trainer.poll() is None
-        time.sleep(0.05)
-    workers = json.loads(pid_file.read_text())
-    trainer.send_signal(signal.SIGKILL)
-    trainer.wait(timeout=30)
-    try:
-        deadline = time.time() + 20
-        while any(_alive(pid) for pid in workers):
-            assert time.time() < deadline, "workers outlived their killed trainer"
-            time.sleep(0.1)
-    finally:
-        for pid in workers:  # never leave processes behind, even when the test fails
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
-    assert _shm_entries() <= before_shm
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_ring_and_by_value_transports_agree(uneven_dataset, monkeypatch):
