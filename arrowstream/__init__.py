@@ -30,6 +30,7 @@ from .errors import (
     StateMismatchError,
     StateVersionError,
     TopologyError,
+    WorkerError,
 )
 from .iceberg import IcebergDataset
 from .loader import ArrowStreamDataLoader
@@ -56,6 +57,7 @@ __all__ = [
     "StateVersionError",
     "StructuredDataset",
     "TopologyError",
+    "WorkerError",
     "__version__",
     "errors",
     "gather_metrics",

@@ -157,6 +157,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._read_ahead: ReadAhead | None = None
         self._span_convert: Callable[[Any], Any] | None = None
         self._batches_per_transfer = 1  # set by ArrowStreamDataLoader for worker processes
+        self._send_chunks = False  # set by ArrowStreamDataLoader: workers send Chunks, which it unpacks
         self._convert: Callable[[Any], Any] | None = None
         self._elastic: ElasticSource | None = None  # set by the loader: the epoch to re-plan for this topology
         self._board: Board | None = None  # set by the loader: its workers' metrics
@@ -463,6 +464,11 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._span_convert = make_converter(output_format, self._plan.schema, self._fill_nulls,
                                             in_worker=in_worker, objects_later=True)
 
+    def _open_files(self) -> list[str]:
+        """The files this process's readers hold open (for error messages)."""
+        indexes = {reader._open_index for reader in self._readers} - {-1}
+        return [self._plan.url(index) for index in sorted(indexes)]
+
     def _stream(self, slot: Slot, epoch: int, start: WorkerState | None) -> EpochStream:
         if not self._readers:
             self._prepare()
@@ -600,6 +606,8 @@ class _EpochIterator:
             read = perf_counter()
             assert self._dataset._convert is not None
             out, rows, batches = self._dataset._convert(record), record.num_rows, 1
+            if self._dataset._send_chunks and self._slot.num_workers > 0:  # packed in this thread, see _transport
+                out = Chunk(self._slot.worker_id, [out], [self._stream.position()], files=self._dataset._open_files())
         else:
             out, rows, batches, read = self._next_chunk(self._stream, per_transfer)
         done = perf_counter()
@@ -625,7 +633,8 @@ class _EpochIterator:
             output_format = self._dataset._options.output_format
             chunk = Chunk(self._slot.worker_id, [self._dataset._span_convert(span)], positions,
                           numpy_as_torch=numpy_as_torch, sizes=sizes,
-                          objects=output_format if output_format in ("torch", "numpy", "dict") else None)
+                          objects=output_format if output_format in ("torch", "numpy", "dict") else None,
+                          files=self._dataset._open_files())
             return chunk, span.num_rows, len(sizes), read
         records, positions = [], []
         while True:
@@ -641,7 +650,8 @@ class _EpochIterator:
         read = perf_counter()
         assert self._dataset._convert is not None
         batches = [self._dataset._convert(record) for record in records]
-        return (Chunk(self._slot.worker_id, batches, positions, numpy_as_torch=numpy_as_torch),
+        return (Chunk(self._slot.worker_id, batches, positions, numpy_as_torch=numpy_as_torch,
+                      files=self._dataset._open_files()),
                 sum(r.num_rows for r in records), len(records), read)
 
     def state(self) -> WorkerState:

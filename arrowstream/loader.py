@@ -76,6 +76,11 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, deprecated in torch 2.13
             warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
             super().__init__(dataset, *args, **kwargs)
+        if self.num_workers > 0:  # workers send Chunks, packed by the collate step (see PerBatchCollate)
+            dataset._send_chunks = True
+            collate: Any = self.collate_fn
+            if not isinstance(collate, PerBatchCollate):
+                self.collate_fn = PerBatchCollate(None if collate is passthrough_collate else collate)
         if batches_per_transfer is None:
             batches_per_transfer = default_batches_per_transfer(dataset.batch_size)
         if isinstance(batches_per_transfer, bool) or not isinstance(batches_per_transfer, int) \
@@ -94,7 +99,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
 
     def __iter__(self) -> Any:
         inner = super().__iter__()
-        if self.batches_per_transfer == 1:
+        if self.num_workers == 0:
             self._batch_iterator = None
             return inner
         self._batch_iterator = _BatchIterator(inner)
@@ -269,15 +274,16 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
 
 
 class PerBatchCollate:
-    """A user's ``collate_fn``, applied in the worker to each batch of a chunk."""
+    """A user's ``collate_fn`` (or None), applied in the worker to each batch of a chunk; then the
+    chunk is packed in the worker's own thread, so a failure to pack reaches the trainer."""
 
     def __init__(self, collate_fn: Any) -> None:
         self.collate_fn = collate_fn
 
     def __call__(self, item: Any) -> Any:
         if isinstance(item, Chunk):
-            return item.map_batches(self.collate_fn)
-        return self.collate_fn(item)
+            return (item if self.collate_fn is None else item.map_batches(self.collate_fn)).pack()
+        return item if self.collate_fn is None else self.collate_fn(item)
 
 
 class _BatchIterator:
