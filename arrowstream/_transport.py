@@ -28,6 +28,7 @@ import io
 import os
 import pickle
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -82,12 +83,12 @@ class Chunk:
 
     def __init__(self, worker_id: int, batches: list[Any], positions: list[Position],
                  numpy_as_torch: bool = False, sizes: list[int] | None = None, objects: str | None = None,
-                 files: list[str] | None = None) -> None:
+                 files: Callable[[], list[str]] | None = None) -> None:
         self.worker_id = worker_id
         self.positions = positions
         self.sizes = sizes  # set: ``batches`` is one span of these many rows per batch
         self.objects = objects  # set: Python objects are still Arrow, for this output format
-        self.files = files or []  # the files the worker was reading, for error messages
+        self.files = files  # the files this chunk's rows come from, asked only for an error message
         self._numpy_as_torch = numpy_as_torch
         self._batches: list[Any] | None = batches
         self._packed: tuple[list[_Entry], np.ndarray, list[Any] | int] | None = None
@@ -293,9 +294,9 @@ def _describe_failure(chunk: Chunk, exc: BaseException) -> str:
         else:
             continue
         break
-    files = ", ".join(chunk.files) if chunk.files else "(no file open)"
+    files = ", ".join(chunk.files()) if chunk.files is not None else "(unknown)"
     return (f"DataLoader worker {chunk.worker_id} could not pack {culprit} to send it to the trainer "
-            f"({type(exc).__name__}: {exc}); reading {files}. The batch was not lost silently: make the "
+            f"({type(exc).__name__}: {exc}); rows of {files}. The batch was not lost silently: make the "
             "transform return picklable values (tensors, arrays, lists, Arrow), or choose columns= "
             "without that column")
 

@@ -1,4 +1,4 @@
-"""Workers end themselves when their trainer dies.
+"""Dying processes: workers end themselves when their trainer dies, and the trainer names a dead worker.
 
 A DataLoader worker whose trainer was killed (SIGKILL, OOM killer) can hang forever: its queue
 feeder thread blocks writing a large message into a pipe that no one reads any more, and the
@@ -13,16 +13,29 @@ worker also watches the trainer's own pid, which the trainer recorded when it pi
 dataset for the worker (through a pidfd on Linux, which a recycled pid cannot fool). Once the
 workers are gone, the fork server and the resource tracker see their pipes close and exit,
 unlinking the trainer's semaphores from ``/dev/shm``.
+
+The other way round, a worker that dies (SIGKILL, the out-of-memory killer) surfaces in the
+trainer as whatever broke first: torch's RuntimeError naming a pid, a reset connection, a
+truncated message, or torch's SIGCHLD handler raising its RuntimeError wherever the trainer's
+main thread stands. :func:`worker_death` turns those into one
+:class:`~arrowstream.errors.WorkerError` naming the worker, and :func:`name_dead_workers` does
+it for the SIGCHLD handler.
 """
 
 from __future__ import annotations
 
 import faulthandler
 import os
+import pickle
 import select
 import signal
 import threading
 import time
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import WorkerError
 
 _started_in: int | None = None
 
@@ -88,3 +101,69 @@ def _alive(pid: int | None) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return True
+
+
+# what a worker's death looks like from the trainer: torch's own report, or a broken transport
+_DEATH_SYMPTOMS = (RuntimeError, OSError, EOFError, pickle.UnpicklingError)
+
+
+def worker_death(workers: Sequence[Any], exc: BaseException, wait: float = 3.0,
+                 named: bool = False) -> WorkerError | None:
+    """A :class:`WorkerError` naming the dead worker when ``exc`` came from a worker's death, else None.
+
+    The trainer can see a reset connection or a truncated message a moment before the kernel
+    reports the worker's exit, so this waits up to ``wait`` seconds for one to be reported.
+    Errors a live worker raised and sent (``Caught ... in DataLoader worker process N``) are
+    left as they are. ``named``: only a worker whose pid the message of ``exc`` names.
+    """
+    if not isinstance(exc, _DEATH_SYMPTOMS) or str(exc).startswith("Caught "):
+        return None
+    deadline = time.monotonic() + wait
+    while True:
+        dead = [(index, worker) for index, worker in enumerate(workers) if worker.exitcode not in (None, 0)]
+        if dead or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    message = str(exc)
+    dead.sort(key=lambda item: f"pid {item[1].pid})" not in message and f"pid(s) {item[1].pid}" not in message)
+    if not dead or (named and str(dead[0][1].pid) not in message):
+        return None
+    index, worker = dead[0]
+    code = worker.exitcode
+    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+    return WorkerError(
+        f"DataLoader worker {index} (pid {worker.pid}) died ({how}) before it sent all its batches of this "
+        f"epoch; the loader cannot go on without it ({type(exc).__name__}: {exc}). Resume from your last "
+        "checkpoint with loader.load_state_dict(state): no row is lost or repeated then. A SIGKILL is often "
+        "the out-of-memory killer: lower num_workers, prefetch_factor or batch_size")
+
+
+_watched: weakref.WeakSet[Any] = weakref.WeakSet()  # the trainer's torch iterators with live workers
+
+
+def name_dead_workers(iterator: Any) -> None:
+    """Make torch's SIGCHLD report of a dead worker of ``iterator`` a :class:`WorkerError` naming it.
+
+    torch's handler raises a RuntimeError naming only a pid, in the main thread, wherever it is
+    (the training step included); this wraps it, once per process, from the main thread only
+    (where signal handlers can be set).
+    """
+    _watched.add(iterator)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGCHLD)
+    if getattr(previous, "arrowstream", False) or not callable(previous):
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        try:
+            previous(signum, frame)
+        except RuntimeError as exc:
+            for watched in list(_watched):
+                error = worker_death(getattr(watched, "_workers", []), exc, wait=0.0, named=True)
+                if error is not None:
+                    raise error from exc
+            raise
+
+    handler.arrowstream = True  # type: ignore[attr-defined]
+    signal.signal(signal.SIGCHLD, handler)

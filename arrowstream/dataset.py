@@ -464,10 +464,14 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._span_convert = make_converter(output_format, self._plan.schema, self._fill_nulls,
                                             in_worker=in_worker, objects_later=True)
 
-    def _open_files(self) -> list[str]:
-        """The files this process's readers hold open (for error messages)."""
-        indexes = {reader._open_index for reader in self._readers} - {-1}
-        return [self._plan.url(index) for index in sorted(indexes)]
+    def _files_between(self, slot: Slot, epoch: int, start: Cursor, end: Cursor) -> list[str]:
+        """The files of the splits a worker read from cursor ``start`` to ``end`` (for error messages)."""
+        if self._elastic_source(epoch) is not None:
+            return [f"the files of worker slot {slot.index} (re-planned epoch {epoch})"]
+        splits = self._slot_splits(slot, epoch)
+        first = min([index for index, _ in start.lanes] + [start.next_split_index])
+        last = min(max(end.next_split_index, first + 1), len(splits))
+        return [self._plan.url(index) for index in sorted({splits[i].file_index for i in range(first, last)})]
 
     def _stream(self, slot: Slot, epoch: int, start: WorkerState | None) -> EpochStream:
         if not self._readers:
@@ -601,15 +605,17 @@ class _EpochIterator:
         if self._stream is None:
             self._stream = self._dataset._open(self._slot, self._pending)
         per_transfer = self._dataset._batches_per_transfer
+        start = self._stream.position().cursor
         if per_transfer == 1 or self._slot.num_workers == 0:
             record = self._stream.next_record()
             read = perf_counter()
             assert self._dataset._convert is not None
             out, rows, batches = self._dataset._convert(record), record.num_rows, 1
             if self._dataset._send_chunks and self._slot.num_workers > 0:  # packed in this thread, see _transport
-                out = Chunk(self._slot.worker_id, [out], [self._stream.position()], files=self._dataset._open_files())
+                out = Chunk(self._slot.worker_id, [out], [self._stream.position()], files=self._files_from(start))
         else:
             out, rows, batches, read = self._next_chunk(self._stream, per_transfer)
+            out.files = self._files_from(start)
         done = perf_counter()
         assert self._dataset._meter is not None
         self._dataset._meter.batch(rows, batches, read - entered, done - read,
@@ -633,8 +639,7 @@ class _EpochIterator:
             output_format = self._dataset._options.output_format
             chunk = Chunk(self._slot.worker_id, [self._dataset._span_convert(span)], positions,
                           numpy_as_torch=numpy_as_torch, sizes=sizes,
-                          objects=output_format if output_format in ("torch", "numpy", "dict") else None,
-                          files=self._dataset._open_files())
+                          objects=output_format if output_format in ("torch", "numpy", "dict") else None)
             return chunk, span.num_rows, len(sizes), read
         records, positions = [], []
         while True:
@@ -650,9 +655,15 @@ class _EpochIterator:
         read = perf_counter()
         assert self._dataset._convert is not None
         batches = [self._dataset._convert(record) for record in records]
-        return (Chunk(self._slot.worker_id, batches, positions, numpy_as_torch=numpy_as_torch,
-                      files=self._dataset._open_files()),
+        return (Chunk(self._slot.worker_id, batches, positions, numpy_as_torch=numpy_as_torch),
                 sum(r.num_rows for r in records), len(records), read)
+
+    def _files_from(self, start: Cursor) -> Callable[[], list[str]]:
+        """The files read since cursor ``start``, asked only when a chunk cannot be sent."""
+        stream, epoch = self._stream, self._dataset.epoch
+        assert stream is not None
+        end = stream.position().cursor
+        return lambda: self._dataset._files_between(self._slot, epoch, start, end)
 
     def state(self) -> WorkerState:
         if self._stream is not None:

@@ -27,7 +27,8 @@ from ._metrics import FIELDS, Board, Meter, flatten, summarize
 from ._state import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, WorkerState, upgrade
 from ._storage import logger
 from ._transport import Chunk
-from .errors import ArgumentTypeError, InvalidArgumentError, StateError, StateMismatchError
+from ._watchdog import name_dead_workers, worker_death
+from .errors import ArgumentTypeError, ArrowStreamError, InvalidArgumentError, StateError, StateMismatchError
 
 _SNAPSHOT = "_snapshot"
 _WORKER_SNAPSHOTS = "_worker_snapshots"
@@ -78,7 +79,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             super().__init__(dataset, *args, **kwargs)
         if self.num_workers > 0:  # workers send Chunks, packed by the collate step (see PerBatchCollate)
             dataset._send_chunks = True
-            collate: Any = self.collate_fn
+            collate: Any = self.collate_fn  # type: ignore[has-type]
             if not isinstance(collate, PerBatchCollate):
                 self.collate_fn = PerBatchCollate(None if collate is passthrough_collate else collate)
         if batches_per_transfer is None:
@@ -102,6 +103,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         if self.num_workers == 0:
             self._batch_iterator = None
             return inner
+        name_dead_workers(inner)
         self._batch_iterator = _BatchIterator(inner)
         return self._batch_iterator
 
@@ -304,7 +306,15 @@ class _BatchIterator:
 
     def __next__(self) -> Any:
         if self.taken == len(self._pending):
-            item = next(self._inner)
+            try:
+                item = next(self._inner)
+            except (StopIteration, ArrowStreamError):
+                raise
+            except Exception as exc:
+                error = worker_death(getattr(self._inner, "_workers", []), exc)
+                if error is None:
+                    raise
+                raise error from exc
             if not isinstance(item, Chunk):  # e.g. a dataset that is not chunked
                 self.chunk, self._pending, self.taken = None, [], 0
                 return item
