@@ -19,7 +19,10 @@ trainer as whatever broke first: torch's RuntimeError naming a pid, a reset conn
 truncated message, or torch's SIGCHLD handler raising its RuntimeError wherever the trainer's
 main thread stands. :func:`worker_death` turns those into one
 :class:`~arrowstream.errors.WorkerError` naming the worker, and :func:`name_dead_workers` does
-it for the SIGCHLD handler.
+it for the SIGCHLD handler. A worker killed while it was writing a message to the loader's
+pipe leaves the trainer waiting for the rest of that message, forever (no SIGCHLD reaches a
+trainer from forkserver workers): :func:`guard_reads` makes such a read give up once the
+sender is known dead.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import os
 import pickle
 import select
 import signal
+import struct
 import threading
 import time
 import weakref
@@ -167,3 +171,63 @@ def name_dead_workers(iterator: Any) -> None:
 
     handler.arrowstream = True  # type: ignore[attr-defined]
     signal.signal(signal.SIGCHLD, handler)
+
+
+STALL_CHECK_S = 1.0  # a read that got no byte for this long looks for a dead worker
+
+
+def guard_reads(iterator: Any) -> None:
+    """Make the trainer's reads of ``iterator``'s result queue give up once a worker is dead.
+
+    Both a wait for the next message (torch looks for dead workers only every 5 seconds) and a
+    message whose sender died half-way (which nothing else ends). Replaces the queue's
+    ``_poll`` and ``_recv_bytes`` (CPython's ``multiprocessing.Queue`` reads through them) in
+    this process only; a queue of another shape is left as it is.
+    """
+    queue = getattr(iterator, "_worker_result_queue", None)
+    reader = getattr(queue, "_reader", None)
+    if queue is None or reader is None or not hasattr(queue, "_recv_bytes") or getattr(queue, "_guarded", False):
+        return
+    fd = reader.fileno()
+
+    def poll(timeout: float = 0.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            if reader.poll(max(0.0, min(STALL_CHECK_S, deadline - time.monotonic()))):
+                return True
+            _raise_if_dead(iterator, "no message came")
+            if time.monotonic() >= deadline:
+                return False
+
+    def recv_bytes() -> bytearray:
+        (size,) = struct.unpack("!i", _read_exactly(fd, 4, iterator))
+        if size == -1:
+            (size,) = struct.unpack("!Q", _read_exactly(fd, 8, iterator))
+        return _read_exactly(fd, size, iterator)
+
+    queue._poll, queue._recv_bytes = poll, recv_bytes
+    queue._guarded = True
+
+
+def _read_exactly(fd: int, size: int, iterator: Any) -> bytearray:
+    """``size`` bytes of the pipe ``fd``; EOFError when they stop coming and a worker is dead."""
+    data = bytearray(size)
+    view = memoryview(data)
+    done = 0
+    while done < size:
+        if not select.select([fd], [], [], STALL_CHECK_S)[0]:
+            _raise_if_dead(iterator, f"a message stopped after {done} of {size} bytes")
+            continue
+        count = os.readv(fd, [view[done:]])
+        if count == 0:
+            raise EOFError(f"the DataLoader workers' pipe closed after {done} of {size} bytes of a message")
+        done += count
+    return data
+
+
+def _raise_if_dead(iterator: Any, what: str) -> None:
+    """EOFError when a worker the trainer still expects batches from has died: the read stops waiting."""
+    expected = zip(iterator._workers, iterator._workers_status, strict=False)
+    dead = [worker.pid for worker, waited_for in expected if waited_for and worker.exitcode not in (None, 0)]
+    if dead:
+        raise EOFError(f"{what} from the DataLoader workers, and worker pid(s) {dead} died")

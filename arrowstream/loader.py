@@ -27,7 +27,7 @@ from ._metrics import FIELDS, Board, Meter, flatten, summarize
 from ._state import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, WorkerState, upgrade
 from ._storage import logger
 from ._transport import Chunk
-from ._watchdog import name_dead_workers, worker_death
+from ._watchdog import guard_reads, name_dead_workers, worker_death
 from .errors import ArgumentTypeError, ArrowStreamError, InvalidArgumentError, StateError, StateMismatchError
 
 _SNAPSHOT = "_snapshot"
@@ -104,6 +104,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             self._batch_iterator = None
             return inner
         name_dead_workers(inner)
+        guard_reads(inner)
         self._batch_iterator = _BatchIterator(inner)
         return self._batch_iterator
 
@@ -314,6 +315,9 @@ class _BatchIterator:
                 error = worker_death(getattr(self._inner, "_workers", []), exc)
                 if error is None:
                     raise
+                shutdown = getattr(self._inner, "_shutdown_workers", None)
+                if shutdown is not None:  # now, rather than in a __del__ that a later fork may inherit
+                    shutdown()
                 raise error from exc
             if not isinstance(item, Chunk):  # e.g. a dataset that is not chunked
                 self.chunk, self._pending, self.taken = None, [], 0

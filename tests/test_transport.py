@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import random
@@ -298,15 +299,17 @@ def _shared_memory_is_full(worker_id):
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("ring", ["1", "0"])
-def test_a_killed_worker_is_a_worker_error_within_seconds(tmp_path, monkeypatch, ring):
+@pytest.mark.parametrize(("ring", "method", "attempts"), [("1", "fork", 6), ("0", "fork", 6), ("0", "forkserver", 3)])
+def test_a_killed_worker_is_a_worker_error_within_seconds(tmp_path, monkeypatch, ring, method, attempts):
     """Issue #16: of 14 SIGKILLed workers, 2 gave a bare ConnectionResetError; with the ring off
-    1 in 13 hung. Killed at seeded random moments, each must be a WorkerError naming it, fast."""
+    1 in 13 hung (a worker killed while writing leaves the trainer waiting for the rest of its
+    message; no SIGCHLD reaches the trainer from forkserver workers). Killed at seeded random
+    moments, each must be a WorkerError naming it, within seconds."""
     monkeypatch.setenv("ARROWSTREAM_SHM_RING", ring)
     path = write_dataset(tmp_path / "big", [(60000, 6000)])
     rng = random.Random(16)
-    for attempt in range(8):
-        loader, _ = make_loader(path, 2, batch_size=1024)
+    for attempt in range(attempts):
+        loader, _ = make_loader(path, 2, batch_size=1024, multiprocessing_context=method)
         it = iter(loader)
         next(it)
         victim = attempt % 2
@@ -316,5 +319,7 @@ def test_a_killed_worker_is_a_worker_error_within_seconds(tmp_path, monkeypatch,
         with pytest.raises(WorkerError, match=rf"worker {victim} \(pid {pid}\) died \(killed by SIGKILL\)"):
             for _ in it:
                 time.sleep(0.002)  # a trainer that computes: the workers stay busy sending
-        assert time.monotonic() - started < 12, f"attempt {attempt}: the error took too long"
+        assert time.monotonic() - started < 15, f"attempt {attempt}: the error took too long"
         del it, loader
+        gc.collect()  # the loader shuts down here, not inside the next attempt (where torch's SIGCHLD handler
+        # would raise into its __del__)
