@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import pickle
 import random
@@ -299,7 +298,7 @@ def _shared_memory_is_full(worker_id):
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize(("ring", "method", "attempts"), [("1", "fork", 6), ("0", "fork", 6), ("0", "forkserver", 3)])
+@pytest.mark.parametrize(("ring", "method", "attempts"), [("1", "fork", 20), ("0", "fork", 20), ("0", "forkserver", 3)])
 def test_a_killed_worker_is_a_worker_error_within_seconds(tmp_path, monkeypatch, ring, method, attempts):
     """Issue #16: of 14 SIGKILLed workers, 2 gave a bare ConnectionResetError; with the ring off
     1 in 13 hung (a worker killed while writing leaves the trainer waiting for the rest of its
@@ -320,6 +319,7 @@ def test_a_killed_worker_is_a_worker_error_within_seconds(tmp_path, monkeypatch,
             for _ in it:
                 time.sleep(0.002)  # a trainer that computes: the workers stay busy sending
         assert time.monotonic() - started < 15, f"attempt {attempt}: the error took too long"
+        # shut down now, not in a __del__ during the next attempt: torch's SIGCHLD handler (which the
+        # error may come from, wherever the trainer stands) could raise into it
+        loader._iterator._shutdown_workers()
         del it, loader
-        gc.collect()  # the loader shuts down here, not inside the next attempt (where torch's SIGCHLD handler
-        # would raise into its __del__)
