@@ -189,34 +189,35 @@ def guard_reads(iterator: Any) -> None:
     if queue is None or reader is None or not hasattr(queue, "_recv_bytes") or getattr(queue, "_guarded", False):
         return
     fd = reader.fileno()
+    watched = weakref.ref(iterator)  # the queue must not keep its iterator (and its pipes) alive
 
     def poll(timeout: float = 0.0) -> bool:
         deadline = time.monotonic() + timeout
         while True:
             if reader.poll(max(0.0, min(STALL_CHECK_S, deadline - time.monotonic()))):
                 return True
-            _raise_if_dead(iterator, "no message came")
+            _raise_if_dead(watched(), "no message came")
             if time.monotonic() >= deadline:
                 return False
 
     def recv_bytes() -> bytearray:
-        (size,) = struct.unpack("!i", _read_exactly(fd, 4, iterator))
+        (size,) = struct.unpack("!i", _read_exactly(fd, 4, watched))
         if size == -1:
-            (size,) = struct.unpack("!Q", _read_exactly(fd, 8, iterator))
-        return _read_exactly(fd, size, iterator)
+            (size,) = struct.unpack("!Q", _read_exactly(fd, 8, watched))
+        return _read_exactly(fd, size, watched)
 
     queue._poll, queue._recv_bytes = poll, recv_bytes
     queue._guarded = True
 
 
-def _read_exactly(fd: int, size: int, iterator: Any) -> bytearray:
+def _read_exactly(fd: int, size: int, watched: weakref.ref[Any]) -> bytearray:
     """``size`` bytes of the pipe ``fd``; EOFError when they stop coming and a worker is dead."""
     data = bytearray(size)
     view = memoryview(data)
     done = 0
     while done < size:
         if not select.select([fd], [], [], STALL_CHECK_S)[0]:
-            _raise_if_dead(iterator, f"a message stopped after {done} of {size} bytes")
+            _raise_if_dead(watched(), f"a message stopped after {done} of {size} bytes")
             continue
         count = os.readv(fd, [view[done:]])
         if count == 0:
@@ -227,6 +228,8 @@ def _read_exactly(fd: int, size: int, iterator: Any) -> bytearray:
 
 def _raise_if_dead(iterator: Any, what: str) -> None:
     """EOFError when a worker the trainer still expects batches from has died: the read stops waiting."""
+    if iterator is None:
+        return
     expected = zip(iterator._workers, iterator._workers_status, strict=False)
     dead = [worker.pid for worker, waited_for in expected if waited_for and worker.exitcode not in (None, 0)]
     if dead:
