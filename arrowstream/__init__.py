@@ -31,6 +31,7 @@ from .errors import (
     StateMismatchError,
     StateVersionError,
     TopologyError,
+    WorkerError,
 )
 from .iceberg import IcebergDataset
 from .loader import ArrowStreamDataLoader
@@ -58,6 +59,7 @@ __all__ = [
     "StateVersionError",
     "StructuredDataset",
     "TopologyError",
+    "WorkerError",
     "__version__",
     "errors",
     "gather_metrics",

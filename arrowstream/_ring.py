@@ -11,17 +11,22 @@ maps it: a killed worker or trainer leaves nothing in ``/dev/shm``. The tensor t
 trainer once, with the worker's first chunk; later chunks name it by id.
 
 The first ``num_slots`` bytes are flags: 1 while a slot holds a chunk in transit, 0 when the
-trainer has copied it out. Only the worker's queue feeder thread claims slots and only the
-trainer frees them. When no slot is free or a chunk does not fit, the chunk goes by value:
-the worker never waits on the trainer.
+trainer has copied it out. Only the worker's own thread claims slots (``Chunk.pack``) and only
+the trainer frees them. When no slot is free or a chunk does not fit, the chunk goes by value:
+the worker never waits on the trainer. When the ring cannot be made (``/dev/shm`` full or
+missing), every chunk of that worker goes by value, with one warning.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+from multiprocessing.reduction import ForkingPickler
 
 import numpy as np
 import torch
+
+logger = logging.getLogger("arrowstream")
 
 NUM_SLOTS = 6
 MAX_RING_BYTES = 256 << 20
@@ -53,6 +58,18 @@ class Ring:
                 return slot
         return None
 
+    def announcement(self) -> bytes | None:
+        """The ring's tensor pickled for the trainer, the first time only (then None).
+
+        Pickled here, in the worker's own thread, rather than by the queue's feeder thread,
+        where a failure (no file descriptor left to share it) would drop the chunk silently.
+        """
+        if self.announced:
+            return None
+        data = bytes(ForkingPickler.dumps(self.tensor))
+        self.announced = True
+        return data
+
     def view(self, slot: int, nbytes: int) -> np.ndarray:
         start = _HEADER + slot * self.slot_bytes
         view: np.ndarray = self.array[start:start + nbytes]
@@ -76,7 +93,13 @@ def worker_ring(nbytes: int) -> Ring | None:
             return None
         slot_bytes = -(-max(nbytes + nbytes // 4, 1 << 16) // 4096) * 4096
         if slot_bytes * NUM_SLOTS <= MAX_RING_BYTES:
-            _ring = Ring(slot_bytes)
+            try:
+                _ring = Ring(slot_bytes)
+            except (OSError, RuntimeError) as exc:  # torch reports a full /dev/shm as RuntimeError
+                logger.warning("arrowstream: the worker of pid %d cannot make its shared-memory ring of %d bytes (%s); its "
+                               "batches go through the loader's pipe instead (slower). Free space in /dev/shm, "
+                               "or set ARROWSTREAM_SHM_RING=0 to silence this", os.getpid(),
+                               slot_bytes * NUM_SLOTS, exc)
     return _ring
 
 

@@ -7,18 +7,30 @@ numeric columns would spend several milliseconds in transit for a fraction of th
 
 A :class:`Chunk` carries up to ``k`` consecutive batches of one worker. Every tensor and numeric
 ndarray of every batch is copied once into one contiguous byte buffer; on arrival, the batches are
-rebuilt as zero-copy views of that buffer. Other values (string lists, Arrow batches) travel by
-pickle as they are. The buffer goes by value through the loader's queue, not through shared
-memory, so a killed worker or trainer leaves nothing behind.
+rebuilt as zero-copy views of that buffer. Arrow objects (batches, arrays, tables) ride in the
+same buffer as Arrow IPC streams, which carry every Arrow type (pickle has no class for some,
+``month_interval`` for one) and arrive as zero-copy views too; other values (string lists) are
+pickled. The buffer goes through a shared-memory ring (see ``_ring``) or by value through the
+loader's queue.
+
+A chunk is packed by :meth:`Chunk.pack` in the worker's own thread, before the loader's queue
+takes it: an error there reaches the trainer as a :class:`~arrowstream.errors.WorkerError`
+naming the worker, the files and the value that could not be packed. What the queue's feeder
+thread then pickles is plain data (numbers, bytes, one buffer) that cannot fail; an exception in
+that thread would only be printed, and the batch lost.
 
 Each batch also carries its worker's cursor, so the loader can checkpoint in the middle of a chunk.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import numpy as np
@@ -29,6 +41,7 @@ from torch.utils.data import get_worker_info
 from . import _ring
 from ._convert import GcPaused, finish_objects
 from ._cursor import Cursor
+from .errors import ArrowStreamError, WorkerError
 
 # (batch index, key, "torch" | "numpy", dtype, shape, byte offset)
 _Entry = tuple[int, str, str, np.dtype[Any], tuple[int, ...], int]
@@ -69,23 +82,26 @@ class Chunk:
     """
 
     def __init__(self, worker_id: int, batches: list[Any], positions: list[Position],
-                 numpy_as_torch: bool = False, sizes: list[int] | None = None, objects: str | None = None) -> None:
+                 numpy_as_torch: bool = False, sizes: list[int] | None = None, objects: str | None = None,
+                 files: Callable[[], list[str]] | None = None) -> None:
         self.worker_id = worker_id
         self.positions = positions
         self.sizes = sizes  # set: ``batches`` is one span of these many rows per batch
         self.objects = objects  # set: Python objects are still Arrow, for this output format
+        self.files = files  # the files this chunk's rows come from, asked only for an error message
         self._numpy_as_torch = numpy_as_torch
         self._batches: list[Any] | None = batches
         self._packed: tuple[list[_Entry], np.ndarray, list[Any] | int] | None = None
+        self._wire: tuple[Any, ...] | None = None  # what the queue sends, made by pack()
 
     def __len__(self) -> int:
         return len(self.positions)
 
     def map_batches(self, fn: Any) -> Chunk:
         """The same chunk with ``fn`` applied to each batch (in the worker, before packing)."""
-        assert self._batches is not None, "map_batches runs before the chunk is sent"
+        assert self._batches is not None and self._wire is None, "map_batches runs before the chunk is packed"
         return Chunk(self.worker_id, [fn(b) for b in self._finished(self._batches)], self.positions,
-                     self._numpy_as_torch)
+                     self._numpy_as_torch, files=self.files)
 
     def _layout(self) -> tuple[list[_Entry], list[np.ndarray], int, int]:
         """Entries, the byte views to pack in order, where the pickled rest starts, the total size."""
@@ -111,15 +127,32 @@ class Chunk:
             entries.append((index, key, kind, array.dtype, array.shape, offset))
             offset += array.nbytes
         parts = [array.reshape(-1).view(np.uint8) for *_, array in found]
-        # the rest (string lists, Arrow batches) rides in the same buffer, pickled, so the
-        # trainer can unpickle it with the garbage collector paused (see _loads_quietly)
-        parts.append(np.frombuffer(pickle.dumps(skeletons, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8))
-        return entries, parts, offset, offset + parts[-1].nbytes
+        # the rest rides in the same buffer: Arrow objects as IPC streams, then the pickle of
+        # the skeletons, which the trainer unpickles with the garbage collector paused
+        pickler = _Pickler(offset, parts)
+        pickler.dump(skeletons)
+        rest = np.frombuffer(pickler.file.getbuffer(), dtype=np.uint8)
+        skeleton_offset = pickler.offset
+        parts.append(rest)
+        return entries, parts, skeleton_offset, skeleton_offset + rest.nbytes
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Runs in the worker's queue feeder thread: pack into a ring slot, or by value."""
-        if self._packed is not None:
-            return _rebuild, (self.worker_id, self.positions, *self._packed, self.sizes, self.objects)
+    def pack(self) -> Chunk:
+        """Serialize for the loader's queue, in the worker's own thread (see the module docstring).
+
+        Into a slot of this worker's shared-memory ring, or by value when there is no ring or no
+        free slot that fits. Raises :class:`~arrowstream.errors.WorkerError` naming what could not
+        be packed.
+        """
+        if self._wire is None and self._packed is None:
+            try:
+                self._wire = self._serialize()
+            except ArrowStreamError:
+                raise
+            except Exception as exc:
+                raise WorkerError(_describe_failure(self, exc)) from exc
+        return self
+
+    def _serialize(self) -> tuple[Any, ...]:
         entries, parts, skeleton_offset, nbytes = self._layout()
         # rings only from loader workers, whose chunks are pickled by the loader's queue alone
         ring = _ring.worker_ring(nbytes) if get_worker_info() is not None else None
@@ -128,10 +161,15 @@ class Chunk:
             return _rebuild, (self.worker_id, self.positions, entries, np.concatenate(parts), skeleton_offset,
                               self.sizes, self.objects)
         np.concatenate(parts, out=ring.view(slot, nbytes))
-        tensor = None if ring.announced else ring.tensor
-        ring.announced = True
+        announcement = ring.announcement()
         return _rebuild_from_ring, (self.worker_id, self.positions, entries, skeleton_offset, ring.id, os.getpid(),
-                                    tensor, slot, ring.slot_bytes, nbytes, self.sizes, self.objects)
+                                    announcement, slot, ring.slot_bytes, nbytes, self.sizes, self.objects)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Runs in the worker's queue feeder thread: sends what :meth:`pack` made."""
+        if self._packed is not None:
+            return _rebuild, (self.worker_id, self.positions, *self._packed, self.sizes, self.objects)
+        return self.pack()._wire  # type: ignore[return-value]
 
     def batches(self) -> list[Any]:
         """The batches, rebuilt as views of the received buffer."""
@@ -166,25 +204,113 @@ class Chunk:
 
         entries, buffer, skeletons = self._packed
         if isinstance(skeletons, int):
-            skeletons = _loads_quietly(buffer[skeletons:])
+            skeletons = _loads_quietly(buffer, skeletons)
         pinned = torch.from_numpy(buffer).pin_memory().numpy()
         return _rebuild(self.worker_id, self.positions, entries, pinned,
                         pin_memory(skeletons), self.sizes, self.objects)  # type: ignore[no-untyped-call]
 
 
-def _loads_quietly(data: np.ndarray) -> Any:
-    """``pickle.loads`` with the cyclic garbage collector paused.
+_IPC_ALIGNMENT = 64
+_ARROW_KINDS = ((pa.RecordBatch, "batch"), (pa.Table, "table"), (pa.Array, "array"), (pa.ChunkedArray, "chunked"))
+
+
+class _Pickler(pickle.Pickler):
+    """Pickles into memory; Arrow objects go into ``parts`` as IPC streams from ``offset`` on."""
+
+    def __init__(self, offset: int, parts: list[np.ndarray]) -> None:
+        self.file = io.BytesIO()
+        super().__init__(self.file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.offset = offset
+        self.parts = parts
+
+    def reducer_override(self, obj: Any) -> Any:
+        for arrow_type, kind in _ARROW_KINDS:
+            if isinstance(obj, arrow_type):
+                return _arrow_from_ipc, self._write(kind, obj)
+        return NotImplemented
+
+    def _write(self, kind: str, obj: Any) -> tuple[str, int, int]:
+        if kind == "array":
+            obj = pa.RecordBatch.from_arrays([obj], ["_"])
+        elif kind == "chunked":
+            obj = pa.Table.from_arrays([obj], ["_"])
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, obj.schema) as writer:
+            writer.write(obj)
+        data = np.frombuffer(sink.getvalue(), dtype=np.uint8)
+        padding = -self.offset % _IPC_ALIGNMENT  # Arrow reads its buffers in place when they are aligned
+        if padding:
+            self.parts.append(np.zeros(padding, dtype=np.uint8))
+        start = self.offset + padding
+        self.parts.append(data)
+        self.offset = start + data.nbytes
+        return kind, start, data.nbytes
+
+
+_reading = threading.local()  # the buffer whose pickle is being loaded (main or pin-memory thread)
+
+
+def _arrow_from_ipc(kind: str, start: int, nbytes: int) -> Any:
+    """An Arrow object of the chunk buffer being unpickled: zero-copy views of the buffer."""
+    buffer: np.ndarray = _reading.buffer
+    reader = pa.ipc.open_stream(pa.py_buffer(buffer[start:start + nbytes]))
+    if kind in ("batch", "array"):
+        batch = reader.read_next_batch()
+        return batch if kind == "batch" else batch.column(0)
+    table = reader.read_all()
+    return table if kind == "table" else table.column(0)
+
+
+def _loads_quietly(buffer: np.ndarray, offset: int) -> Any:
+    """Unpickle the skeletons at ``offset`` of ``buffer``, with the cyclic garbage collector paused.
 
     A chunk's string and list columns unpickle into tens of thousands of objects; in a trainer
     that holds millions of objects, every few hundred allocations start a collection that walks
     them all (measured: 9.7 ms instead of 1.7 ms for one chunk of 8,192 rows).
     """
-    with GcPaused():
-        return pickle.loads(data.data)
+    previous = getattr(_reading, "buffer", None)
+    _reading.buffer = buffer
+    try:
+        with GcPaused():
+            return pickle.loads(buffer[offset:].data)
+    finally:
+        _reading.buffer = previous
+
+
+def _describe_failure(chunk: Chunk, exc: BaseException) -> str:
+    """What could not be packed, for the error: the value (column and type) and the files."""
+    culprit = "a value"
+    for batch in chunk._batches or []:
+        items = batch.items() if isinstance(batch, dict) else [("", batch)]
+        for key, value in items:
+            if _packs(value):
+                continue
+            if isinstance(value, pa.RecordBatch):
+                culprit = f"an Arrow batch with columns {[f'{f.name}: {f.type}' for f in value.schema]}"
+            else:
+                culprit = f"column {key!r} ({type(value).__module__}.{type(value).__qualname__})" if key \
+                    else f"a {type(value).__module__}.{type(value).__qualname__}"
+            break
+        else:
+            continue
+        break
+    files = ", ".join(chunk.files()) if chunk.files is not None else "(unknown)"
+    return (f"DataLoader worker {chunk.worker_id} could not pack {culprit} to send it to the trainer "
+            f"({type(exc).__name__}: {exc}); rows of {files}. The batch was not lost silently: make the "
+            "transform return picklable values (tensors, arrays, lists, Arrow), or choose columns= "
+            "without that column")
+
+
+def _packs(value: Any) -> bool:
+    try:
+        _Pickler(0, []).dump(value)
+    except Exception:  # noqa: BLE001 (only asks whether it packs; the caller reports the error)
+        return False
+    return True
 
 
 def _unpack(entries: list[_Entry], buffer: np.ndarray, skeletons: list[Any] | int) -> list[Any]:
-    decoded: list[Any] = _loads_quietly(buffer[skeletons:]) if isinstance(skeletons, int) else skeletons
+    decoded: list[Any] = _loads_quietly(buffer, skeletons) if isinstance(skeletons, int) else skeletons
     batches = [dict(s) if isinstance(s, dict) else s for s in decoded]
     for index, key, kind, dtype, shape, offset in entries:
         count = 1
@@ -208,10 +334,10 @@ def _split(span: Any, sizes: list[int]) -> list[Any]:
 
 
 def _rebuild_from_ring(worker_id: int, positions: list[Position], entries: list[_Entry], skeletons: int,
-                       ring_id: int, owner_pid: int, tensor: torch.Tensor | None, slot: int, slot_bytes: int,
+                       ring_id: int, owner_pid: int, announcement: bytes | None, slot: int, slot_bytes: int,
                        nbytes: int, sizes: list[int] | None, objects: str | None) -> Chunk:
-    if tensor is not None:
-        _ring.register(ring_id, owner_pid, tensor)
+    if announcement is not None:
+        _ring.register(ring_id, owner_pid, ForkingPickler.loads(announcement))
     return _rebuild(worker_id, positions, entries, _ring.take(ring_id, slot, slot_bytes, nbytes), skeletons, sizes,
                     objects)
 

@@ -158,6 +158,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._read_ahead: ReadAhead | None = None
         self._span_convert: Callable[[Any], Any] | None = None
         self._batches_per_transfer = 1  # set by ArrowStreamDataLoader for worker processes
+        self._send_chunks = False  # set by ArrowStreamDataLoader: workers send Chunks, which it unpacks
         self._convert: Callable[[Any], Any] | None = None
         self._elastic: ElasticSource | None = None  # set by the loader: the epoch to re-plan for this topology
         self._board: Board | None = None  # set by the loader: its workers' metrics
@@ -451,7 +452,9 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         """Set up this process's readers and converters, once."""
         in_worker = get_worker_info() is not None
         if in_worker:
-            watch_trainer()
+            # pickled for this worker (spawn, forkserver): by the trainer, which may not be the parent
+            came_by_pickle = self.__dict__.get("_unpickled_in") == os.getpid()
+            watch_trainer(self.__dict__.get("_pickled_by") if came_by_pickle else None)
             # the heap inherited from the trainer (torch, pyarrow, ...) never becomes garbage here;
             # freezing it keeps the collector from walking it for every batch of Python objects
             gc.freeze()
@@ -478,6 +481,15 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._convert = converter if transform is None else (lambda batch: transform(converter(batch)))
         self._span_convert = make_converter(output_format, self._plan.schema, self._fill_nulls,
                                             in_worker=in_worker, objects_later=True, torch_values=as_torch)
+
+    def _files_between(self, slot: Slot, epoch: int, start: Cursor, end: Cursor) -> list[str]:
+        """The files of the splits a worker read from cursor ``start`` to ``end`` (for error messages)."""
+        if self._elastic_source(epoch) is not None:
+            return [f"the files of worker slot {slot.index} (re-planned epoch {epoch})"]
+        splits = self._slot_splits(slot, epoch)
+        first = min([index for index, _ in start.lanes] + [start.next_split_index])
+        last = min(max(end.next_split_index, first + 1), len(splits))
+        return [self._plan.url(index) for index in sorted({splits[i].file_index for i in range(first, last)})]
 
     def _stream(self, slot: Slot, epoch: int, start: WorkerState | None) -> EpochStream:
         if not self._readers:
@@ -598,8 +610,12 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.update(_pending=None, _active=None, _readers=[], _read_ahead=None, _convert=None, _span_convert=None,
-                     _meter=None)
+                     _meter=None, _pickled_by=os.getpid())
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._unpickled_in = os.getpid()
 
     def __repr__(self) -> str:
         return (f"StructuredDataset(format={self._options.format!r}, files={len(self._plan.files)}, "
@@ -629,13 +645,17 @@ class _EpochIterator:
         if self._stream is None:
             self._stream = self._dataset._open(self._slot, self._pending)
         per_transfer = self._dataset._batches_per_transfer
+        start = self._stream.position().cursor
         if per_transfer == 1 or self._slot.num_workers == 0:
             record = self._stream.next_record()
             read = perf_counter()
             assert self._dataset._convert is not None
             out, rows, batches = self._dataset._convert(record), record.num_rows, 1
+            if self._dataset._send_chunks and self._slot.num_workers > 0:  # packed in this thread, see _transport
+                out = Chunk(self._slot.worker_id, [out], [self._stream.position()], files=self._files_from(start))
         else:
             out, rows, batches, read = self._next_chunk(self._stream, per_transfer)
+            out.files = self._files_from(start)
         done = perf_counter()
         assert self._dataset._meter is not None
         self._dataset._meter.batch(rows, batches, read - entered, done - read,
@@ -677,6 +697,13 @@ class _EpochIterator:
         batches = [self._dataset._convert(record) for record in records]
         return (Chunk(self._slot.worker_id, batches, positions, numpy_as_torch=numpy_as_torch),
                 sum(r.num_rows for r in records), len(records), read)
+
+    def _files_from(self, start: Cursor) -> Callable[[], list[str]]:
+        """The files read since cursor ``start``, asked only when a chunk cannot be sent."""
+        stream, epoch = self._stream, self._dataset.epoch
+        assert stream is not None
+        end = stream.position().cursor
+        return lambda: self._dataset._files_between(self._slot, epoch, start, end)
 
     def state(self) -> WorkerState:
         if self._stream is not None:

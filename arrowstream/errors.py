@@ -69,6 +69,10 @@ class TopologyError(ArrowStreamError, RuntimeError):
     up, or a collective was called without torch.distributed."""
 
 
+class WorkerError(ArrowStreamError, RuntimeError):
+    """A loader worker could not hand its batches to the trainer: a batch it could not send, or it died."""
+
+
 class NotSupportedYetError(ArrowStreamError, NotImplementedError):
     """A documented option whose implementation has not landed yet."""
 
@@ -95,4 +99,5 @@ __all__ = [
     "StateMismatchError",
     "StateVersionError",
     "TopologyError",
+    "WorkerError",
 ]

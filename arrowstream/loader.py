@@ -34,7 +34,8 @@ from ._order import Slot
 from ._state import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, WorkerState
 from ._storage import logger
 from ._transport import Chunk
-from .errors import ArgumentTypeError, InvalidArgumentError, StateError, StateMismatchError
+from ._watchdog import guard_reads, name_dead_workers, worker_death
+from .errors import ArgumentTypeError, ArrowStreamError, InvalidArgumentError, StateError, StateMismatchError
 
 _SNAPSHOT = "_snapshot"
 _WORKER_SNAPSHOTS = "_worker_snapshots"
@@ -87,6 +88,11 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, deprecated in torch 2.13
             warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
             super().__init__(dataset, **kwargs)
+        if self.num_workers > 0:  # workers send Chunks, packed by the collate step (see PerBatchCollate)
+            dataset._send_chunks = True
+            collate: Any = self.collate_fn  # type: ignore[has-type]
+            if not isinstance(collate, PerBatchCollate):
+                self.collate_fn = PerBatchCollate(None if collate is passthrough_collate else collate)
         if batches_per_transfer is None:
             batches_per_transfer = default_batches_per_transfer(dataset.batch_size)
         if isinstance(batches_per_transfer, bool) or not isinstance(batches_per_transfer, int) \
@@ -139,9 +145,11 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             check_replanned_epoch_over(self.dataset, self.num_workers)
             self._elastic_loaded = False
         inner = super().__iter__()
-        if self.batches_per_transfer == 1:
+        if self.num_workers == 0:
             self._batch_iterator = None
             return inner
+        name_dead_workers(inner)
+        guard_reads(inner)
         self._batch_iterator = _BatchIterator(inner)
         return self._batch_iterator
 
@@ -362,15 +370,16 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
 
 
 class PerBatchCollate:
-    """A user's ``collate_fn``, applied in the worker to each batch of a chunk."""
+    """A user's ``collate_fn`` (or None), applied in the worker to each batch of a chunk; then the
+    chunk is packed in the worker's own thread, so a failure to pack reaches the trainer."""
 
     def __init__(self, collate_fn: Any) -> None:
         self.collate_fn = collate_fn
 
     def __call__(self, item: Any) -> Any:
         if isinstance(item, Chunk):
-            return item.map_batches(self.collate_fn)
-        return self.collate_fn(item)
+            return (item if self.collate_fn is None else item.map_batches(self.collate_fn)).pack()
+        return item if self.collate_fn is None else self.collate_fn(item)
 
 
 class _BatchIterator:
@@ -391,7 +400,18 @@ class _BatchIterator:
 
     def __next__(self) -> Any:
         if self.taken == len(self._pending):
-            item = next(self._inner)
+            try:
+                item = next(self._inner)
+            except (StopIteration, ArrowStreamError):
+                raise
+            except Exception as exc:
+                error = worker_death(getattr(self._inner, "_workers", []), exc)
+                if error is None:
+                    raise
+                shutdown = getattr(self._inner, "_shutdown_workers", None)
+                if shutdown is not None:  # now, rather than in a __del__ that a later fork may inherit
+                    shutdown()
+                raise error from exc
             if not isinstance(item, Chunk):  # e.g. a dataset that is not chunked
                 self.chunk, self._pending, self.taken = None, [], 0
                 return item

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -60,3 +62,52 @@ def test_set_epoch_reaches_persistent_spawned_workers(uneven_dataset):
     reference_dataset.set_epoch(1)
     assert orders[0] != orders[1]
     assert sorted(orders[1]) == sorted(i for b in reference_loader for i in b["id"].tolist())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_a_killed_trainer_leaves_no_process_and_no_shared_memory(uneven_dataset, tmp_path, method):
+    """Guarantee 12: the workers, a fork server and the resource tracker all end within seconds
+    of a SIGKILLed trainer, and the trainer's semaphores leave /dev/shm (under forkserver they
+    all stayed: the workers watched their parent, the fork server, which waited for them)."""
+    pid_file = tmp_path / "pids.json"
+    trainer = subprocess.Popen([sys.executable, os.path.join(HERE, "trainer_child.py"), uneven_dataset,
+                                str(pid_file), method], cwd=HERE)
+    deadline = time.monotonic() + 90
+    while not pid_file.exists():
+        assert time.monotonic() < deadline and trainer.poll() is None, "the trainer did not start its workers"
+        time.sleep(0.05)
+    started = json.loads(pid_file.read_text())
+    processes = started["workers"] + started["helpers"]
+    assert len(started["workers"]) == 2
+    assert method == "fork" or (started["helpers"] and started["semaphores"])
+    trainer.send_signal(signal.SIGKILL)
+    trainer.wait(timeout=30)
+    try:
+        deadline = time.monotonic() + 10
+        while any(_running(pid) for pid in processes):
+            assert time.monotonic() < deadline, f"processes outlived their killed trainer: " \
+                f"{[_command(pid) for pid in processes if _running(pid)]}"
+            time.sleep(0.1)
+    finally:
+        for pid in processes:  # never leave processes behind, even when the test fails
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+    left = [name for name in started["semaphores"] if os.path.exists("/dev/shm/sem." + name.lstrip("/"))]
+    assert not left, f"semaphores of the killed trainer left in /dev/shm: {left}"
+
+
+def _running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _command(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode()[:80]
+    except FileNotFoundError:
+        return "(gone)"

@@ -313,8 +313,6 @@ def check_format(files, fmt: str, output: str, workers: int, columns: list[str] 
     folder, table = files[fmt]
     wanted = outcomes(table, output)
     fine = [n for n, want in wanted.items() if want is not ConversionError and (n in columns if columns else True)]
-    if workers and output == "arrow" and columns is None:   # see test_intervals_in_arrow_batches_cross_workers
-        fine = [n for n in fine if not _no_python_class(table.schema.field(n).type)]
     batches = _batches(folder, fmt, output, workers, fine)
     if output == "arrow":
         assert pa.Table.from_batches(batches).equals(table.select(fine)), f"{fmt}: differs from pyarrow's read"
@@ -342,7 +340,6 @@ def test_every_type_with_workers(files, fmt, output):
     check_format(files, fmt, output, workers=2)
 
 
-@pytest.mark.xfail(strict=True, reason="transport, #16 point 1")
 @pytest.mark.timeout(60)
 def test_intervals_in_arrow_batches_cross_workers(files):
     """Month and day-time intervals (no Python class in pyarrow) in arrow batches sent by workers."""
