@@ -149,8 +149,11 @@ def name_dead_workers(iterator: Any) -> None:
     """Make torch's SIGCHLD report of a dead worker of ``iterator`` a :class:`WorkerError` naming it.
 
     torch's handler raises a RuntimeError naming only a pid, in the main thread, wherever it is
-    (the training step included); this wraps it, once per process, from the main thread only
-    (where signal handlers can be set).
+    (the training step, or a weakref callback, where Python can only print it as "Exception
+    ignored"). This wraps it, once per process, from the main thread only (where signal handlers
+    can be set): a dead worker of an iterator whose reads are guarded (:func:`guard_reads`) raises
+    nothing here, and the loader's next read raises the :class:`WorkerError` within
+    ``STALL_CHECK_S``; one of another iterator raises the ``WorkerError`` here.
     """
     _watched.add(iterator)
     if threading.current_thread() is not threading.main_thread():
@@ -165,8 +168,11 @@ def name_dead_workers(iterator: Any) -> None:
         except RuntimeError as exc:
             for watched in list(_watched):
                 error = worker_death(getattr(watched, "_workers", []), exc, wait=0.0, named=True)
-                if error is not None:
-                    raise error from exc
+                if error is None:
+                    continue
+                if getattr(getattr(watched, "_worker_result_queue", None), "_guarded", False):
+                    return  # the next read of this loader reports it, where the trainer expects errors
+                raise error from exc
             raise
 
     handler.arrowstream = True  # type: ignore[attr-defined]

@@ -411,6 +411,7 @@ class _BatchIterator:
                 shutdown = getattr(self._inner, "_shutdown_workers", None)
                 if shutdown is not None:  # now, rather than in a __del__ that a later fork may inherit
                     shutdown()
+                _drop_frames(exc)
                 raise error from exc
             if not isinstance(item, Chunk):  # e.g. a dataset that is not chunked
                 self.chunk, self._pending, self.taken = None, [], 0
@@ -424,6 +425,17 @@ class _BatchIterator:
 
     def __len__(self) -> int:
         return len(self._inner)
+
+
+def _drop_frames(exc: BaseException | None) -> None:
+    """Forget the frames of ``exc`` and the errors it was raised from: they hold torch's locals (the
+    ten NamedTemporaryFile objects its open-files probe makes), which forked workers of a later
+    loader would inherit and delete on exit, under the trainer's feet."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc.__traceback__ = None
+        exc = exc.__cause__ or exc.__context__
 
 
 def _rewind_into_chunk(inner: dict[str, Any], batches: _BatchIterator, num_workers: int) -> dict[str, Any]:
