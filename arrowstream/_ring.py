@@ -26,6 +26,8 @@ from multiprocessing.reduction import ForkingPickler
 import numpy as np
 import torch
 
+from ._watchdog import process_alive
+
 logger = logging.getLogger("arrowstream")
 
 NUM_SLOTS = 6
@@ -110,7 +112,7 @@ _known: dict[int, tuple[int, torch.Tensor, np.ndarray]] = {}
 def register(ring_id: int, owner_pid: int, tensor: torch.Tensor) -> None:
     """Keep a worker's ring, forgetting rings of workers that have exited."""
     for known_id, (pid, _, _) in list(_known.items()):
-        if not _pid_alive(pid):
+        if not process_alive(pid):
             del _known[known_id]
     _known[ring_id] = (owner_pid, tensor, tensor.numpy())
 
@@ -126,14 +128,3 @@ def take(ring_id: int, slot: int, slot_bytes: int, nbytes: int) -> np.ndarray:
     out = array[start:start + nbytes].copy()
     array[slot] = 0
     return out
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-

@@ -113,16 +113,23 @@ def no_python_class(t: pa.DataType, name: str, url: str) -> ConversionError:
         "use output_format='arrow' (with num_workers=0) or leave the column out with columns=[...]")
 
 
-def to_objects(column: pa.Array, name: str, url: str = "") -> list[Any]:
-    """The column as Python objects (Arrow's ``to_pylist``), nanoseconds as whole microseconds."""
+def _in_python_units(column: pa.Array, name: str, url: str) -> pa.Array:
+    """``column`` cast to the units Python objects hold; a ``ConversionError`` naming the column and file
+    for a type without Python class or a value finer than a microsecond."""
     if has_no_python_class(column.type):
         raise no_python_class(column.type, name, url)
     target = python_type(column.type)
-    if target != column.type:
-        try:
-            column = column.cast(target, safe=True)
-        except pa.ArrowInvalid:
-            raise _finer_than_micros(column, name, url) from None
+    if target == column.type:
+        return column
+    try:
+        return column.cast(target, safe=True)
+    except pa.ArrowInvalid:
+        raise _finer_than_micros(column, name, url) from None
+
+
+def to_objects(column: pa.Array, name: str, url: str = "") -> list[Any]:
+    """The column as Python objects (Arrow's ``to_pylist``), nanoseconds as whole microseconds."""
+    column = _in_python_units(column, name, url)
     try:
         with GcPaused():
             return list(column.to_pylist())
@@ -164,14 +171,7 @@ def _leaves_found(t: pa.DataType) -> bool:
 
 def check_objects(column: pa.Array, name: str, url: str) -> None:
     """Raise what :func:`to_objects` would raise, vectorized: a cast and a min/max per leaf."""
-    if has_no_python_class(column.type):
-        raise no_python_class(column.type, name, url)
-    target = python_type(column.type)
-    if target != column.type:
-        try:
-            column = column.cast(target, safe=True)
-        except pa.ArrowInvalid:
-            raise _finer_than_micros(column, name, url) from None
+    column = _in_python_units(column, name, url)
     if not _leaves_found(column.type):  # rare: convert the piece itself, to name the file
         to_objects(column, name, url)
         return

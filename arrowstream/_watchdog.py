@@ -61,7 +61,7 @@ def watch_trainer(trainer_pid: int | None = None, interval: float = 0.5) -> None
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     parent = os.getppid()
     trainer_fd = _open_pidfd(trainer_pid) if trainer_pid not in (None, parent) else None
-    if trainer_pid not in (None, parent) and trainer_fd is None and not _alive(trainer_pid):
+    if trainer_pid not in (None, parent) and trainer_fd is None and not process_alive(trainer_pid):
         os._exit(1)  # the trainer died before this worker started watching
 
     def gone() -> bool:
@@ -69,7 +69,7 @@ def watch_trainer(trainer_pid: int | None = None, interval: float = 0.5) -> None
             return True
         if trainer_fd is not None:
             return bool(select.select([trainer_fd], [], [], 0)[0])  # a pidfd is readable once its process ended
-        return trainer_pid not in (None, parent) and not _alive(trainer_pid)
+        return trainer_pid not in (None, parent) and not process_alive(trainer_pid)
 
     def watch() -> None:
         while True:
@@ -90,7 +90,7 @@ def _open_pidfd(pid: int | None) -> int | None:
         return None
 
 
-def _alive(pid: int | None) -> bool:
+def process_alive(pid: int | None) -> bool:
     """Whether ``pid`` is a running process (a zombie counts as gone)."""
     if pid is None:
         return False
