@@ -306,7 +306,8 @@ def test_a_killed_worker_is_a_worker_error_within_seconds(tmp_path, monkeypatch,
     message; no SIGCHLD reaches the trainer from forkserver workers). Killed at seeded random
     moments, each must be a WorkerError naming it, within seconds."""
     monkeypatch.setenv("ARROWSTREAM_SHM_RING", ring)
-    path = write_dataset(tmp_path / "big", [(60000, 6000)])
+    # enough batches that a worker is rarely done sending (2 x 16-batch chunks in flight per worker) when killed
+    path = write_dataset(tmp_path / "big", [(200000, 20000)])
     rng = random.Random(16)
     errors_seen = 0
     for attempt in range(attempts):
@@ -325,7 +326,7 @@ def test_a_killed_worker_is_a_worker_error_within_seconds(tmp_path, monkeypatch,
             assert re.search(rf"worker {victim} \(pid {pid}\) died \(killed by SIGKILL\)", str(exc)), str(exc)
             errors_seen += 1
         else:  # killed after it had sent all its batches: then nothing may be missing
-            assert sorted(ids) == list(range(60000)), f"attempt {attempt}: rows lost without an error"
+            assert sorted(ids) == list(range(200000)), f"attempt {attempt}: rows lost without an error"
         assert time.monotonic() - started < 15, f"attempt {attempt}: the error took too long"
         # shut down now, not in a __del__ during the next attempt: torch's SIGCHLD handler (which the
         # error may come from, wherever the trainer stands) could raise into it
