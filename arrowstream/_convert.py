@@ -245,10 +245,11 @@ def _column(batch: pa.RecordBatch, i: int, kind: str, name: str) -> pa.Array:
 
 
 def _to_numpy(column: pa.Array, kind: str, name: str, fill: Any, objects_later: bool = False,
-              to_torch: bool = False) -> Any:
+              to_torch: bool = False, encoded: bool = False) -> Any:
+    """One column as NumPy (``kind`` from :func:`column_kind`; ``encoded``: a dictionary column)."""
     if kind == "list":
         return compact_array(column) if objects_later else to_objects(column, name)
-    if pa.types.is_dictionary(column.type):
+    if encoded:
         column = column.dictionary_decode()
     column = _no_nulls(column, name, fill)
     if kind == "array":
@@ -277,17 +278,20 @@ def make_converter(output_format: str, schema: pa.Schema, fill_nulls: Mapping[st
     if output_format == "dict":
         return to_pydict_quietly
     fills = fill_nulls or {}
-    plan = [(fld.name, column_kind(fld.type), fills.get(fld.name)) for fld in schema]
+    # per column, decided once from the schema: name, kind, fill value, dictionary-encoded
+    plan = [(fld.name, column_kind(fld.type), fills.get(fld.name), pa.types.is_dictionary(fld.type))
+            for fld in schema]
     if output_format == "numpy":
         def to_numpy(batch: pa.RecordBatch) -> dict[str, Any]:
-            return {name: _to_numpy(_column(batch, i, kind, name), kind, name, fill, objects_later, torch_values)
-                    for i, (name, kind, fill) in enumerate(plan)}
+            return {name: _to_numpy(_column(batch, i, kind, name), kind, name, fill, objects_later, torch_values,
+                                    encoded)
+                    for i, (name, kind, fill, encoded) in enumerate(plan)}
         return to_numpy
 
     def to_torch(batch: pa.RecordBatch) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for i, (name, kind, fill) in enumerate(plan):
-            value = _to_numpy(_column(batch, i, kind, name), kind, name, fill, to_torch=True)
+        for i, (name, kind, fill, encoded) in enumerate(plan):
+            value = _to_numpy(_column(batch, i, kind, name), kind, name, fill, to_torch=True, encoded=encoded)
             out[name] = value if kind == "list" else _tensor(value)
         return out
     return to_torch
