@@ -71,12 +71,14 @@ def _horovod() -> tuple[int, int] | None:
 
 
 def resolve_topology(rank: Any = None, world_size: Any = None, accelerator: Any = None,
-                     group_size: Any = 1) -> Topology:
+                     group_size: Any = 1, *, plan_locally: bool = False) -> Topology:
     """This process's :class:`Topology`, from the first source that is set.
 
     Sources in order: explicit ``rank``/``world_size``; ``accelerator``; an initialised
     ``torch.distributed`` (torchrun, DeepSpeed); Horovod (``horovod.torch``, once initialised).
-    Any later source that is set must agree, else :class:`~arrowstream.TopologyError`.
+    Any later source that is set must agree, else :class:`~arrowstream.TopologyError`; except
+    that with ``plan_locally`` explicit values stand alone (a dataset of some ranks only, such as
+    ``rank=0, world_size=1`` for evaluation on rank 0 under torchrun).
 
     Example:
         >>> resolve_topology(rank=1, world_size=4)
@@ -89,10 +91,10 @@ def resolve_topology(rank: Any = None, world_size: Any = None, accelerator: Any 
     found: list[tuple[str, tuple[int, int]]] = []
     if rank is not None and world_size is not None:
         found.append(("explicit rank/world_size", (rank, world_size)))
-    if accelerator is not None:
+    if accelerator is not None and not (plan_locally and found):
         found.append(("accelerator", _accelerate(accelerator)))
     for name, probe in (("torch.distributed", _torch_distributed), ("horovod", _horovod)):
-        values = probe()
+        values = None if plan_locally and found else probe()
         if values is not None:
             found.append((name, values))
     if not found:
@@ -110,7 +112,8 @@ def resolve_topology(rank: Any = None, world_size: Any = None, accelerator: Any 
             raise TopologyError(
                 f"rank/world_size disagree: {source} says rank {rank} of {world_size}, {other} says rank "
                 f"{values[0]} of {values[1]}; pass the global rank and world size (not a local rank), or leave "
-                "rank/world_size unset to take them from the launcher")
+                "rank/world_size unset to take them from the launcher (or pass plan_locally=True for a dataset of "
+                "this rank alone, e.g. rank=0, world_size=1 for evaluation)")
     if world_size > MAX_WORLD_SIZE:
         raise InvalidArgumentError(
             f"rank/world_size: world_size={world_size} (from {source}) is above {MAX_WORLD_SIZE:,} (2**20), the most "

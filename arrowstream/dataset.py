@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ._collective import agree, callable_name, collective_world_size, fingerprint_of, path_names, share_from_rank0
 from ._convert import check_output_columns, make_converter, make_value_check, resolve_fill_nulls
 from ._cursor import Cursor, Run
 from ._discovery import discover_files
@@ -37,7 +38,7 @@ from ._stream import EpochStream, open_runs
 from ._topology import resolve_topology
 from ._transport import Chunk
 from ._watchdog import watch_trainer
-from .errors import ArgumentTypeError, ArrowStreamError, InvalidArgumentError, StateMismatchError
+from .errors import ArgumentTypeError, InvalidArgumentError, StateMismatchError
 
 if TYPE_CHECKING:
     from .loader import ArrowStreamDataLoader
@@ -101,6 +102,14 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             fetches in the background (coalesced byte ranges, concurrently); ``0`` turns
             read-ahead off. Memory: about that many splits' compressed bytes per worker, plus
             the splits being read. Local files are read directly.
+        plan_locally: Plan in this process, with no collective. By default, under an initialised
+            ``torch.distributed`` with several ranks, building a dataset is a collective: every rank
+            must build the same one (same path and options, compared with rank 0's; a difference is
+            a ``TopologyError`` on every rank) within ``ARROWSTREAM_HANDSHAKE_TIMEOUT`` seconds of
+            each other (300 by default), and rank 0 plans for all. Pass ``True`` for a dataset that
+            only some ranks build, for example evaluation on rank 0 alone with ``rank=0,
+            world_size=1, plan_locally=True`` (explicit ``rank``/``world_size`` may then differ from
+            torch.distributed's; without them the rank still comes from it). See docs/distributed.md.
 
     Example:
         >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
@@ -112,6 +121,13 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         >>> shuffled = arrowstream.StructuredDataset(folder, batch_size=4, shuffle_buffer_size=10)
         >>> sorted(int(x) for batch in shuffled for x in batch["x"]) == list(range(10))
         True
+
+        Evaluation on rank 0 alone, under torchrun as in one process: every row, no collective.
+
+        >>> evaluation = arrowstream.StructuredDataset(folder, batch_size=4, rank=0, world_size=1,
+        ...                                            plan_locally=True)
+        >>> sum(len(batch["x"]) for batch in evaluation)
+        10
     """
 
     def __init__(self, path: Any, format: str = "parquet", batch_size: int = 1024, *,
@@ -122,7 +138,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                  storage_options: dict[str, Any] | None = None, accelerator: Any = None,
                  rank: int | None = None, world_size: int | None = None, even_batches: bool = True,
                  group_size: int = 1, read_ahead: int = 1,
-                 credential_provider: Callable[[], dict[str, Any]] | None = None) -> None:
+                 credential_provider: Callable[[], dict[str, Any]] | None = None, plan_locally: bool = False) -> None:
         super().__init__()
         if format == "iceberg" and type(self)._make_plan is StructuredDataset._make_plan:
             raise InvalidArgumentError("format: Iceberg tables are read by arrowstream.IcebergDataset(table=..., "
@@ -138,7 +154,10 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             raise ArgumentTypeError(f"credential_provider: expected a callable returning storage options, got "
                                     f"{type(credential_provider).__name__}")
         self._credential_provider = credential_provider
-        self._topology = resolve_topology(rank, world_size, accelerator, group_size)
+        plan_locally = check_bool("plan_locally", plan_locally)
+        self._topology = resolve_topology(rank, world_size, accelerator, group_size, plan_locally=plan_locally)
+        # under torch.distributed the ranks build the dataset together: rank 0 plans, after they agree
+        self._collective = not plan_locally and collective_world_size() > 1
         self._rank, self._world_size = self._topology.data_rank, self._topology.data_world_size
         # with one reader of distinct data there is nothing to even out
         self._even_batches = check_bool("even_batches", even_batches) and self._world_size > 1
@@ -165,32 +184,31 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._meter: Meter | None = None  # this process's metrics
         self._shares: dict[tuple[ElasticSource, int], tuple[list[Share], list[int] | None]] = {}
         self._checked_sources: set[ElasticSource] = set()  # elastic sources found valid for this plan
+        if self._collective:  # every rank checks that it builds what rank 0 builds (arrowstream._collective)
+            agree(fingerprint_of(self._arguments(path)))
         self._use_plan(*self._make_plan(path, storage_options))
 
     def _make_plan(self, path: Any, storage_options: dict[str, Any] | None) -> tuple[Storage, Plan, tuple[int, int] | None]:
-        """The storage, the plan and the snapshot it pins. Under torch.distributed (ranks taken from it),
-        rank 0 lists and reads the metadata once and hands the plan to the other ranks, which list nothing."""
-        if self._topology.source not in ("torch.distributed", "accelerator") or self._topology.world_size == 1:
+        """The storage, the plan and the snapshot it pins. Under torch.distributed (unless ``plan_locally``),
+        once the ranks agreed, rank 0 lists and reads the metadata once and hands the plan to the other
+        ranks, which list nothing."""
+        if not self._collective:
             return self._plan_here(path, storage_options)
-        import torch.distributed as dist
+        return share_from_rank0(functools.partial(self._plan_here, path, storage_options))
 
-        if not dist.is_initialized():
-            return self._plan_here(path, storage_options)
-        payload: list[Any] = [None]
-        failure: Exception | None = None
-        if dist.get_rank() == 0:
-            try:
-                payload = [("plan", self._plan_here(path, storage_options))]
-            except Exception as exc:  # noqa: BLE001 - every rank raises it, instead of the others waiting forever
-                failure = exc
-                payload = [("error", exc if isinstance(exc, ArrowStreamError) else RuntimeError(repr(exc)))]
-        dist.broadcast_object_list(payload, src=0)
-        kind, value = payload[0]
-        if failure is not None:
-            raise failure
-        if kind == "error":
-            raise value
-        return value  # type: ignore[no-any-return]
+    def _arguments(self, path: Any) -> dict[str, Any]:
+        """What decides the plan and the batches, compared between ranks; credentials (storage_options,
+        credential_provider) are left out, and ``transform`` is compared by its qualified name."""
+        options = self._options
+        return {"path": path_names(path), "format": options.format, "batch_size": options.batch_size,
+                "shuffle": options.shuffle, "seed": options.seed, "shuffle_buffer_size": options.shuffle_buffer_size,
+                "interleave": options.interleave, "drop_last": options.drop_last, "split_bytes": options.split_bytes,
+                "columns": options.columns and list(options.columns),
+                "filter": None if options.filter is None else str(options.filter),
+                "parse_options": None if options.parse_options is None else options.parse_options.state(),
+                "output_format": options.output_format, "transform": callable_name(options.transform),
+                "fill_nulls": options.fill_nulls, "even_batches": self._even_batches,
+                "world_size": self._topology.world_size, "group_size": self._topology.group_size}
 
     def _plan_here(self, path: Any, storage_options: dict[str, Any] | None) -> tuple[Storage, Plan, None]:
         """List the files and read their metadata in this process."""
@@ -225,7 +243,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
 
         Dataset keywords are those of :class:`StructuredDataset`; every other keyword
         (``persistent_workers``, ``pin_memory``, ``prefetch_factor``, ``multiprocessing_context``,
-        ``collate_fn``, ``snapshot_every_n_steps`` ...) goes to the loader.
+        ``collate_fn``, ``snapshot_every_n_steps`` ...) goes to the loader. Under torch.distributed it is
+        a collective unless ``plan_locally=True`` (a loader of some ranks only: see ``plan_locally``).
 
         Example:
             >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
@@ -235,6 +254,10 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             ...     path=folder, batch_size=4, shuffle=True, seed=0)
             >>> dataset.set_epoch(0)
             >>> sum(len(batch["x"]) for batch in loader)
+            10
+            >>> evaluation, _ = arrowstream.StructuredDataset.create_dataloader(  # e.g. on rank 0 only
+            ...     path=folder, batch_size=4, rank=0, world_size=1, plan_locally=True)
+            >>> sum(len(batch["x"]) for batch in evaluation)
             10
         """
         from .loader import build_dataloader

@@ -36,7 +36,10 @@ class IcebergDataset(StructuredDataset):
         selected_fields: Columns to read; all when ``None``.
         batch_size: Rows per yielded batch.
         **kwargs: The other knobs of :class:`StructuredDataset` (``shuffle``, ``seed``,
-            ``shuffle_buffer_size``, ``interleave``, ``output_format``, ``rank`` ...).
+            ``shuffle_buffer_size``, ``interleave``, ``output_format``, ``rank``, ``plan_locally`` ...).
+            Under torch.distributed the ranks also compare the table, snapshot, ``row_filter`` and
+            ``selected_fields`` with rank 0's (pass ``snapshot_id`` when commits may land while the
+            ranks load the table).
 
     Example:
         >>> import arrowstream, pyarrow as pa, tempfile
@@ -102,6 +105,11 @@ class IcebergDataset(StructuredDataset):
     def snapshot_id(self) -> int:
         """The snapshot this dataset reads."""
         return self._source.snapshot_id
+
+    def _arguments(self, path: Any) -> dict[str, Any]:
+        source = self._source  # the snapshot too: ranks that loaded the table around a commit differ there
+        return {**super()._arguments(path), "table": source.table_name, "snapshot_id": source.snapshot_id,
+                "row_filter": str(source.row_filter), "selected_fields": list(source.selected_fields)}
 
     def _make_plan(self, path: Any, storage_options: dict[str, Any] | None) -> tuple[Storage, Plan, tuple[int, int] | None]:
         storage, plan = plan_iceberg(self._source, self._options.split_bytes)

@@ -5,6 +5,8 @@ reads whole epochs and records every batch's ids. With ``"ddp": true`` every bat
 DistributedDataParallel model (gloo): an uneven batch count would hang its gradient all-reduce,
 and the process group's timeout turns such a hang into an error. With ``"checkpoint"`` it also
 gathers every rank's state mid-epoch, and a fresh loader resumes from the merged checkpoint.
+``"rank_paths"``/``"rank_options"`` give one rank its own path or options (ranks that disagree);
+``"ranks"`` lists the only ranks that build the scenario's dataset, the others wait at a barrier.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import datetime
 import json
 import os
 import sys
+import time
 import types
 
 import torch
@@ -31,13 +34,20 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
 
 
 def run(scenario: dict) -> dict:
+    rank = str(os.environ["RANK"])
+    if rank not in map(str, scenario.get("ranks", [rank])):  # a dataset that only some ranks build
+        return {"skipped": True}
+    # one rank's own path or options: ranks that disagree
+    path = scenario.get("rank_paths", {}).get(rank, scenario["path"])
+    options = {**scenario.get("options", {}), **scenario.get("rank_options", {}).get(rank, {})}
     if scenario.get("expect_error"):
+        started = time.monotonic()
         try:
-            make_loader(scenario["path"], scenario["num_workers"], **scenario.get("options", {}))
+            make_loader(path, scenario["num_workers"], **options)
         except arrowstream.ArrowStreamError as exc:
-            return {"error": type(exc).__name__, "message": str(exc)}
+            return {"error": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - started}
         return {"error": None}
-    loader, dataset = make_loader(scenario["path"], scenario["num_workers"], **scenario.get("options", {}))
+    loader, dataset = make_loader(path, scenario["num_workers"], **options)
     if "save_at" in scenario:  # stop mid-epoch 0 and save every rank's state in one file
         dataset.set_epoch(0)
         before = []
@@ -74,8 +84,7 @@ def run(scenario: dict) -> dict:
     if scenario.get("metrics"):
         out["metrics"] = arrowstream.gather_metrics(loader.metrics())
     if checkpoint:
-        fresh, fresh_dataset = make_loader(scenario["path"], checkpoint.get("num_workers", scenario["num_workers"]),
-                                           **scenario.get("options", {}))
+        fresh, fresh_dataset = make_loader(path, checkpoint.get("num_workers", scenario["num_workers"]), **options)
         fresh.load_state_dict(out["merged"])
         resumed = {}
         for epoch in range(checkpoint["epoch"], scenario["epochs"][-1] + 1):
@@ -117,12 +126,17 @@ if __name__ == "__main__":
     spec_file, out_dir = sys.argv[1:3]
     with open(spec_file) as f:
         spec = json.load(f)
+    os.environ.update(spec.get("environment", {}))
     init(spec)
     if not dist.is_initialized():  # Horovod alone: no torch.distributed
         results = {scenario["name"]: run(scenario) for scenario in spec["scenarios"]}
     else:
         try:
-            results = {scenario["name"]: run(scenario) for scenario in spec["scenarios"]}
+            results = {}
+            for scenario in spec["scenarios"]:
+                results[scenario["name"]] = run(scenario)
+                if "ranks" in scenario:  # the ranks that skipped it wait, as a trainer's would after evaluation
+                    dist.barrier()
             dist.barrier()
         finally:
             dist.destroy_process_group()

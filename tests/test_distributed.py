@@ -147,6 +147,67 @@ def test_accelerate_recipe_inside_torchrun(tmp_path):
     assert len(prepared) < len(counts)
 
 
+@pytest.mark.timeout(180)
+def test_ranks_agree_or_stop_and_no_hidden_collective(tmp_path):
+    """Issue 17: building a dataset is a collective with a bounded wait. One torchrun of 3 ranks:
+
+    - one rank with another seed, batch_size, path, columns, group_size, drop_last or output_format:
+      a TopologyError on every rank naming the option, rank 0's value and rank 1's;
+    - a dataset on rank 0 alone: with plan_locally=True (rank=0, world_size=1) it reads every row;
+      without it, rank 0 raises within the handshake timeout (2 s here) naming the missing ranks;
+      on ranks 0 and 1 only, both raise naming rank 2; on rank 1 alone, it names rank 0;
+    - after all of that the ranks still meet: a dataset of all ranks reads every row once, with DDP.
+    """
+    skewed = write_dataset(tmp_path / "skewed", SKEWED)
+    tiny = write_dataset(tmp_path / "tiny", [(500, 250)])
+    num_rows = sum(rows for rows, _ in SKEWED)
+    base = {"batch_size": 64, "shuffle": True, "seed": 1}
+    differing = {"seed": (1, 2), "batch_size": (64, 32), "columns": (None, ["id", "x"]), "group_size": (1, 3),
+                 "drop_last": (False, True), "output_format": ("torch", "numpy")}
+    scenarios = [{"name": f"differ-{option}", "path": skewed, "num_workers": 0, "expect_error": True,
+                  "options": {**base, option: ours}, "rank_options": {"1": {option: theirs}}}
+                 for option, (ours, theirs) in differing.items()]
+    scenarios.append({"name": "differ-path", "path": skewed, "rank_paths": {"1": tiny}, "num_workers": 0,
+                      "expect_error": True, "options": base})
+    scenarios += [
+        {"name": "rank0-locally", "ranks": [0], "path": skewed, "num_workers": 1, "epochs": [0],
+         "options": {**base, "rank": 0, "world_size": 1, "plan_locally": True}},
+        {"name": "rank0-alone", "ranks": [0], "path": skewed, "num_workers": 0, "expect_error": True, "options": base},
+        {"name": "ranks01", "ranks": [0, 1], "path": skewed, "num_workers": 0, "expect_error": True, "options": base},
+        {"name": "rank1-alone", "ranks": [1], "path": skewed, "num_workers": 0, "expect_error": True, "options": base},
+        {"name": "together", "path": skewed, "num_workers": 1, "epochs": [0], "options": base, "ddp": True},
+    ]
+    spec = {"scenarios": scenarios, "environment": {"ARROWSTREAM_HANDSHAKE_TIMEOUT": "2"}}
+    per_rank = torchrun(3, spec, tmp_path, timeout=150)
+
+    def shown(value):
+        return json.dumps(value, separators=(",", ":"))
+
+    for option, (ours, theirs) in [*differing.items(), ("path", (skewed, tiny))]:
+        for r in per_rank:
+            result = r[f"differ-{option}"]
+            assert result["error"] == "TopologyError", (option, result)
+            assert f"{option} is {shown(ours)} on rank 0 but {shown(theirs)} on rank 1" in result["message"]
+            assert "rank 2" not in result["message"]  # rank 2 agrees with rank 0
+    # evaluation on rank 0: every row there, nothing on the others
+    local = per_rank[0]["rank0-locally"]
+    assert (local["data_rank"], local["data_world_size"]) == (0, 1)
+    assert sorted(i for batch in local["epochs"]["0"] for i in batch) == list(range(num_rows))
+    assert per_rank[1]["rank0-locally"] == per_rank[2]["rank0-locally"] == {"skipped": True}
+    # a dataset not every rank builds: a clear error within the bound, never a hang
+    missing = [("rank0-alone", 0, "built on rank 0 under torch.distributed, but rank(s) [1, 2] did not build one"),
+               ("ranks01", 0, "built on ranks [0, 1] under torch.distributed, but rank(s) [2] did not build one"),
+               ("ranks01", 1, "built on ranks [0, 1] under torch.distributed, but rank(s) [2] did not build one"),
+               ("rank1-alone", 1, "rank 1 built a dataset under torch.distributed, but rank 0 did not build one")]
+    for name, rank, words in missing:
+        result = per_rank[rank][name]
+        assert result["error"] == "TopologyError" and words in result["message"], (name, rank, result)
+        assert "within 2 s" in result["message"] and "plan_locally=True" in result["message"]
+        assert 1.5 < result["seconds"] < 30, (name, rank, result["seconds"])
+    # the ranks still meet afterwards, under the same keys
+    check_epoch(per_rank, "together", "0", num_rows)
+
+
 def test_merge_state_dicts_checks_every_rank(small_dataset):
     import arrowstream
     from arrowstream import errors
