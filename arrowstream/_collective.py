@@ -85,7 +85,10 @@ def callable_name(function: Any) -> str | None:
 
 def show(value: Any) -> str:
     """A value's canonical JSON form, cut to ``MAX_SHOWN`` characters (with a digest of the whole) if longer."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    try:
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    except (TypeError, ValueError):  # keys of mixed types, a circular value
+        text = repr(value)
     if len(text) <= MAX_SHOWN:
         return text
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
@@ -140,6 +143,15 @@ def _waited(store: Any, keys: list[str], seconds: float) -> bool:
     return True
 
 
+def _forget(store: Any, keys: list[str]) -> None:
+    """Delete keys, as far as the store can (a store without ``delete_key`` keeps a few bytes)."""
+    for key in keys:
+        try:
+            store.delete_key(key)
+        except RuntimeError:  # c10d's errors; a store that does not implement deletion
+            return
+
+
 def _lead(store: Any, keys: _Keys, fingerprint: dict[str, str], world_size: int, timeout: float) -> _Verdict:
     store.set(keys.fingerprint, json.dumps(fingerprint))
     others = range(1, world_size)
@@ -151,8 +163,7 @@ def _lead(store: Any, keys: _Keys, fingerprint: dict[str, str], world_size: int,
     store.set(keys.verdict, json.dumps({"message": message, "ranks": len(present), "complete": not missing}))
     if present:  # the keys go once every rank that came read the verdict
         _waited(store, [keys.all_read], timeout)
-    for key in (keys.fingerprint, keys.verdict, keys.read_count, keys.all_read, *map(keys.answer, present)):
-        store.delete_key(key)
+    _forget(store, [keys.fingerprint, keys.verdict, keys.read_count, keys.all_read, *map(keys.answer, present)])
     return _Verdict(message, not missing)
 
 
@@ -170,7 +181,7 @@ def _follow(store: Any, keys: _Keys, fingerprint: dict[str, str], rank: int, tim
                    for name in sorted(lead.keys() | fingerprint.keys()) if lead.get(name) != fingerprint.get(name)]
     store.set(keys.answer(rank), json.dumps(differences))
     if not _waited(store, [keys.verdict], 2 * timeout):  # rank 0 waits at most `timeout` since its fingerprint
-        store.delete_key(keys.answer(rank))
+        _forget(store, [keys.answer(rank)])
         return _Verdict(f"rank 0 did not answer rank {rank} within {2 * timeout:g} s while the ranks built a "
                         "dataset; it failed or stopped there. See rank 0's error", False)
     verdict = json.loads(store.get(keys.verdict))

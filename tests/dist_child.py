@@ -6,7 +6,8 @@ DistributedDataParallel model (gloo): an uneven batch count would hang its gradi
 and the process group's timeout turns such a hang into an error. With ``"checkpoint"`` it also
 gathers every rank's state mid-epoch, and a fresh loader resumes from the merged checkpoint.
 ``"rank_paths"``/``"rank_options"`` give one rank its own path or options (ranks that disagree);
-``"ranks"`` lists the only ranks that build the scenario's dataset, the others wait at a barrier.
+``"ranks"`` lists the only ranks that build the scenario's dataset, the others wait at a barrier;
+``"iceberg"`` (table and catalog_config) builds an IcebergDataset instead of reading ``"path"``.
 """
 
 from __future__ import annotations
@@ -33,21 +34,29 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
     optimizer.step()
 
 
+def build(path: str | None, num_workers: int, **options) -> tuple:
+    if "table" in options:
+        return arrowstream.IcebergDataset.create_dataloader(num_workers=num_workers, **options)
+    return make_loader(path, num_workers, **options)
+
+
 def run(scenario: dict) -> dict:
     rank = str(os.environ["RANK"])
     if rank not in map(str, scenario.get("ranks", [rank])):  # a dataset that only some ranks build
         return {"skipped": True}
     # one rank's own path or options: ranks that disagree
-    path = scenario.get("rank_paths", {}).get(rank, scenario["path"])
+    path = scenario.get("rank_paths", {}).get(rank, scenario.get("path"))
     options = {**scenario.get("options", {}), **scenario.get("rank_options", {}).get(rank, {})}
+    if "iceberg" in scenario:  # {"table": ..., "catalog_config": ...}
+        options.update(scenario["iceberg"])
     if scenario.get("expect_error"):
         started = time.monotonic()
         try:
-            make_loader(path, scenario["num_workers"], **options)
+            build(path, scenario["num_workers"], **options)
         except arrowstream.ArrowStreamError as exc:
             return {"error": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - started}
         return {"error": None}
-    loader, dataset = make_loader(path, scenario["num_workers"], **options)
+    loader, dataset = build(path, scenario["num_workers"], **options)
     if "save_at" in scenario:  # stop mid-epoch 0 and save every rank's state in one file
         dataset.set_epoch(0)
         before = []
@@ -84,7 +93,7 @@ def run(scenario: dict) -> dict:
     if scenario.get("metrics"):
         out["metrics"] = arrowstream.gather_metrics(loader.metrics())
     if checkpoint:
-        fresh, fresh_dataset = make_loader(path, checkpoint.get("num_workers", scenario["num_workers"]), **options)
+        fresh, fresh_dataset = build(path, checkpoint.get("num_workers", scenario["num_workers"]), **options)
         fresh.load_state_dict(out["merged"])
         resumed = {}
         for epoch in range(checkpoint["epoch"], scenario["epochs"][-1] + 1):

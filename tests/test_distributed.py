@@ -15,8 +15,9 @@ import subprocess
 import sys
 from collections import Counter
 
+import pyarrow as pa
 import pytest
-from helpers import make_loader, write_dataset
+from helpers import ids_of, make_loader, write_dataset
 
 HERE = os.path.dirname(__file__)
 
@@ -151,8 +152,8 @@ def test_accelerate_recipe_inside_torchrun(tmp_path):
 def test_ranks_agree_or_stop_and_no_hidden_collective(tmp_path):
     """Issue 17: building a dataset is a collective with a bounded wait. One torchrun of 3 ranks:
 
-    - one rank with another seed, batch_size, path, columns, group_size, drop_last or output_format:
-      a TopologyError on every rank naming the option, rank 0's value and rank 1's;
+    - one rank with another seed, batch_size, path, columns, group_size, drop_last, output_format, or
+      Iceberg snapshot: a TopologyError on every rank naming the option, rank 0's value and rank 1's;
     - a dataset on rank 0 alone: with plan_locally=True (rank=0, world_size=1) it reads every row;
       without it, rank 0 raises within the handshake timeout (2 s here) naming the missing ranks;
       on ranks 0 and 1 only, both raise naming rank 2; on rank 1 alone, it names rank 0;
@@ -169,6 +170,18 @@ def test_ranks_agree_or_stop_and_no_hidden_collective(tmp_path):
                  for option, (ours, theirs) in differing.items()]
     scenarios.append({"name": "differ-path", "path": skewed, "rank_paths": {"1": tiny}, "num_workers": 0,
                       "expect_error": True, "options": base})
+    # Iceberg: rank 1 pinned to the first snapshot, the others on the latest (as around a commit)
+    from iceberg_tables import make_catalog
+
+    catalog, config = make_catalog(str(tmp_path / "iceberg"))
+    events = catalog.create_table("db.events", schema=pa.schema([("id", pa.int64())]))
+    events.append(pa.table({"id": pa.array(range(100), pa.int64())}))
+    first = events.current_snapshot().snapshot_id
+    events.append(pa.table({"id": pa.array(range(100, 150), pa.int64())}))
+    latest = events.current_snapshot().snapshot_id
+    scenarios.append({"name": "differ-snapshot_id", "iceberg": {"table": "db.events", "catalog_config": config},
+                      "num_workers": 0, "expect_error": True, "options": base,
+                      "rank_options": {"1": {"snapshot_id": first}}})
     scenarios += [
         {"name": "rank0-locally", "ranks": [0], "path": skewed, "num_workers": 1, "epochs": [0],
          "options": {**base, "rank": 0, "world_size": 1, "plan_locally": True}},
@@ -183,7 +196,7 @@ def test_ranks_agree_or_stop_and_no_hidden_collective(tmp_path):
     def shown(value):
         return json.dumps(value, separators=(",", ":"))
 
-    for option, (ours, theirs) in [*differing.items(), ("path", (skewed, tiny))]:
+    for option, (ours, theirs) in [*differing.items(), ("path", (skewed, tiny)), ("snapshot_id", (latest, first))]:
         for r in per_rank:
             result = r[f"differ-{option}"]
             assert result["error"] == "TopologyError", (option, result)
@@ -206,6 +219,30 @@ def test_ranks_agree_or_stop_and_no_hidden_collective(tmp_path):
         assert 1.5 < result["seconds"] < 30, (name, rank, result["seconds"])
     # the ranks still meet afterwards, under the same keys
     check_epoch(per_rank, "together", "0", num_rows)
+
+
+def test_handshake_timeout_and_fingerprint_values(monkeypatch, small_dataset):
+    """The handshake's knob and how values are compared and shown (the handshake itself needs torchrun, above)."""
+    import functools
+
+    from arrowstream import StructuredDataset, _collective, errors
+
+    assert _collective.handshake_timeout() == 300
+    monkeypatch.setenv("ARROWSTREAM_HANDSHAKE_TIMEOUT", "2.5")
+    assert _collective.handshake_timeout() == 2.5
+    for bad in ("0", "-1", "soon", "inf", "nan"):
+        monkeypatch.setenv("ARROWSTREAM_HANDSHAKE_TIMEOUT", bad)
+        with pytest.raises(errors.InvalidArgumentError, match=f"ARROWSTREAM_HANDSHAKE_TIMEOUT='{bad}': expected seconds"):
+            _collective.handshake_timeout()
+    # long values are cut for the message but still compared whole
+    one, other = _collective.show(["/data/" + "a" * 300]), _collective.show(["/data/" + "a" * 299 + "b"])
+    assert one != other and len(one) < 130 and "(310 chars, sha256 " in one
+    assert _collective.path_names(["data/", "./data", "s3://bucket/data/"]) == ["data", "data", "s3://bucket/data"]
+    # a callable by its name, never its repr (an address that differs by process)
+    assert _collective.callable_name(ids_of) == "helpers.ids_of"
+    assert _collective.callable_name(functools.partial(ids_of)) == "functools.partial"
+    with pytest.raises(errors.ArgumentTypeError, match="plan_locally: expected True or False"):
+        StructuredDataset(small_dataset, plan_locally="yes")
 
 
 def test_merge_state_dicts_checks_every_rank(small_dataset):
