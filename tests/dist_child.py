@@ -103,6 +103,18 @@ def run(scenario: dict) -> dict:
     return out
 
 
+def handshakes() -> dict:
+    from torch.distributed import distributed_c10d
+
+    from arrowstream import _collective
+
+    store = distributed_c10d._get_default_store()
+    completed = _collective._completed.get(distributed_c10d._get_default_group(), 0)
+    names = ["rank0", "verdict", "read", "all-read", *(f"answer{r}" for r in range(dist.get_world_size()))]
+    keys = [f"arrowstream/dataset/{n}/{name}" for n in range(completed + 2) for name in names]
+    return {"completed": completed, "left": [key for key in keys if store.check([key])]}
+
+
 def horovod_substitute() -> None:
     """Horovod 0.28 (the last release) does not build against torch 2.13, so this stands in for
     ``horovod.torch`` after ``hvd.init()``: the three calls arrowstream makes, answered from the
@@ -147,6 +159,8 @@ if __name__ == "__main__":
                 if "ranks" in scenario:  # the ranks that skipped it wait, as a trainer's would after evaluation
                     dist.barrier()
             dist.barrier()
+            if spec.get("handshakes"):  # how many dataset handshakes completed, and the keys they left
+                results["handshakes"] = handshakes()
         finally:
             dist.destroy_process_group()
     with open(os.path.join(out_dir, f"rank{int(os.environ['RANK'])}.json"), "w") as f:

@@ -190,7 +190,7 @@ def test_ranks_agree_or_stop_and_no_hidden_collective(tmp_path):
         {"name": "rank1-alone", "ranks": [1], "path": skewed, "num_workers": 0, "expect_error": True, "options": base},
         {"name": "together", "path": skewed, "num_workers": 1, "epochs": [0], "options": base, "ddp": True},
     ]
-    spec = {"scenarios": scenarios, "environment": {"ARROWSTREAM_HANDSHAKE_TIMEOUT": "2"}}
+    spec = {"scenarios": scenarios, "environment": {"ARROWSTREAM_HANDSHAKE_TIMEOUT": "2"}, "handshakes": True}
     per_rank = torchrun(3, spec, tmp_path, timeout=150)
 
     def shown(value):
@@ -217,8 +217,10 @@ def test_ranks_agree_or_stop_and_no_hidden_collective(tmp_path):
         assert result["error"] == "TopologyError" and words in result["message"], (name, rank, result)
         assert "within 2 s" in result["message"] and "plan_locally=True" in result["message"]
         assert 1.5 < result["seconds"] < 30, (name, rank, result["seconds"])
-    # the ranks still meet afterwards, under the same keys
+    # the ranks still meet afterwards, under the same keys; only the handshakes of all ranks counted
     check_epoch(per_rank, "together", "0", num_rows)
+    complete = len(differing) + 3  # path and snapshot_id differ too; then "together"
+    assert [r["handshakes"] for r in per_rank] == [{"completed": complete, "left": []}] * 3
 
 
 def test_handshake_timeout_and_fingerprint_values(monkeypatch, small_dataset):
