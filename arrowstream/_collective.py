@@ -32,6 +32,7 @@ TIMEOUT_VARIABLE = "ARROWSTREAM_HANDSHAKE_TIMEOUT"
 DEFAULT_TIMEOUT_S = 300.0  # ranks reach the constructor seconds apart; a rank absent 5 minutes is not coming
 MAX_SHOWN = 96  # characters of a value in a fingerprint; a longer one is cut and keeps a digest of the rest
 MAX_DIFFERENCES = 4  # arguments named in one message
+MAX_RANKS_SHOWN = 16  # ranks listed in one message
 
 T = TypeVar("T")
 
@@ -190,9 +191,14 @@ def _follow(store: Any, keys: _Keys, fingerprint: dict[str, str], rank: int, tim
     return _Verdict(verdict["message"], verdict["complete"])
 
 
+def _ranks(ranks: list[int]) -> str:
+    """A list of ranks, its first ones only when long."""
+    return str(ranks) if len(ranks) <= MAX_RANKS_SHOWN else f"{str(ranks[:MAX_RANKS_SHOWN])[:-1]}, ... ({len(ranks)} ranks)]"
+
+
 def _missing_message(present: list[int], missing: list[int], timeout: float) -> str:
-    built = f"ranks {[0, *present]}" if present else "rank 0"
-    return (f"a dataset was built on {built} under torch.distributed, but rank(s) {missing} did not build one within "
+    built = f"ranks {_ranks([0, *present])}" if present else "rank 0"
+    return (f"a dataset was built on {built} under torch.distributed, but rank(s) {_ranks(missing)} did not build one within "
             f"{timeout:g} s ({TIMEOUT_VARIABLE}); rank 0 plans for every rank, so each builds the same dataset at "
             "about the same point. If this dataset is for some ranks only (evaluation on rank 0), pass "
             "plan_locally=True (with rank=0, world_size=1 to read every row on this rank); if the other ranks only "
@@ -208,7 +214,7 @@ def _difference_message(answers: dict[int, list[list[str]]]) -> str:
                       for name, ours, theirs in differences[:MAX_DIFFERENCES])
     rest = [name for name, _, _ in differences[MAX_DIFFERENCES:]]
     more = f" (and {', '.join(rest)} differ too)" if rest else ""
-    also = f"; ranks {differing[1:]} differ from rank 0 as well" if differing[1:] else ""
+    also = f"; ranks {_ranks(differing[1:])} differ from rank 0 as well" if differing[1:] else ""
     return (f"the ranks build different datasets: {named}{more}{also}. Rank 0 plans for every rank, so every rank "
             "must pass the same path and options: fix the rank(s) that differ, or pass plan_locally=True (with "
             "rank= and world_size=) to a dataset that each rank plans and reads apart")

@@ -239,6 +239,7 @@ def test_handshake_timeout_and_fingerprint_values(monkeypatch, small_dataset):
     # long values are cut for the message but still compared whole
     one, other = _collective.show(["/data/" + "a" * 300]), _collective.show(["/data/" + "a" * 299 + "b"])
     assert one != other and len(one) < 130 and "(310 chars, sha256 " in one
+    assert _collective._ranks(list(range(1, 1000))) == "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, ... (999 ranks)]"
     assert _collective.path_names(["data/", "./data", "s3://bucket/data/"]) == ["data", "data", "s3://bucket/data"]
     # a callable by its name, never its repr (an address that differs by process)
     assert _collective.callable_name(ids_of) == "helpers.ids_of"
