@@ -11,13 +11,20 @@ they are made, in the trainer, before any worker starts.
 
 A failed allocation leaves its file in ``/dev/shm`` and its descriptor open (torch 2.13):
 :func:`forget_segment` removes both, so a full ``/dev/shm`` does not fill up with names.
+
+A plain ``StatefulDataLoader`` (not ``create_dataloader``'s) sends each tensor of a batch through
+shared memory, made by the loader queue's feeder thread in the worker, where a failure is only
+printed and the batch lost: the trainer would wait for it forever. :func:`guard_feeder` makes
+such a failure end the worker, with a message, so that the loader reports a dead worker.
 """
 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing.queues
 import os
 import re
+import sys
 from types import TracebackType
 from typing import Any
 
@@ -98,3 +105,29 @@ def _end_started_workers(tb: TracebackType | None) -> None:
             worker.join(timeout=5)
         iterator._shutdown = True  # type: ignore[attr-defined]
         return
+
+
+FEEDER_FAILED_EXIT_CODE = 75
+_guarded_in: int | None = None
+
+
+def guard_feeder(worker_id: int) -> None:
+    """In a loader worker, before its first message: a message that the queue's feeder thread
+    cannot send ends the worker (exit code ``FEEDER_FAILED_EXIT_CODE``) instead of being dropped."""
+    global _guarded_in
+    if _guarded_in == os.getpid():
+        return
+    _guarded_in = os.getpid()
+
+    def on_feeder_error(exc: BaseException, obj: object) -> None:
+        forget_segment(exc)
+        room = f"; {REMEDY}" if isinstance(exc, OSError | RuntimeError) and "shared memory" in str(exc) else ""
+        sys.stderr.write(f"arrowstream: DataLoader worker {worker_id} (pid {os.getpid()}) could not send a batch "
+                         f"to the trainer: the loader's queue failed to pickle it ({type(exc).__name__}: {exc})"
+                         f"{room}. The batch is lost, so the worker ends now: the loader reports a dead worker "
+                         "instead of waiting for it forever. The loader of StructuredDataset.create_dataloader "
+                         "sends batches by value when shared memory is full\n")
+        sys.stderr.flush()
+        os._exit(FEEDER_FAILED_EXIT_CODE)
+
+    multiprocessing.queues.Queue._on_queue_feeder_error = staticmethod(on_feeder_error)  # type: ignore[attr-defined]

@@ -31,7 +31,7 @@ from ._order import (
 from ._planning import Plan, Split, plan_files
 from ._position import check_in_plan
 from ._reader import ReadAhead, SplitReader
-from ._shm import share
+from ._shm import guard_feeder, share
 from ._state import DataIdentity, ElasticSource, WorkerState, check_compatible, check_slot
 from ._storage import Storage
 from ._stream import EpochStream, open_runs
@@ -368,6 +368,9 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         return Slot(self._rank, self._world_size, info.id, info.num_workers)
 
     def __iter__(self) -> _EpochIterator:
+        info = get_worker_info()
+        if info is not None:  # before the worker's first message: see _shm
+            guard_feeder(info.id)
         pending, self._pending = self._pending, None
         self._active = _EpochIterator(self, self._slot(), pending)
         return self._active

@@ -11,7 +11,9 @@ of a budget, ENOSPC when it is spent.
 SCENARIO ``ring``: two epochs of 2 persistent workers whose rings cannot fit in /dev/shm: every
 row once per epoch. SCENARIO ``full``: /dev/shm with room for 0, 1, 2, ... pages (a filler file
 takes the rest), one attempt each to build the loader and read an epoch, until one succeeds:
-every attempt before it is a clear error, within seconds.
+every attempt before it is a clear error, within seconds. SCENARIO ``plain``: the dataset in a
+plain ``StatefulDataLoader``, whose batches' tensors do not fit in /dev/shm (torch puts them
+there in the queue's feeder thread): the error the loop gets.
 """
 
 from __future__ import annotations
@@ -28,9 +30,13 @@ from multiprocessing import synchronize
 
 import torch
 from helpers import ids_of, make_loader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from arrowstream import StructuredDataset
 
 PAGE = 4096
 TMPFS_BYTES = 1 << 20  # the test's tmpfs for the ring scenario
+PLAIN_TMPFS_BYTES = 32 << 10  # injected for the plain scenario: a batch's int64 column (64 KiB) does not fit
 FILLER = "/dev/shm/filler"
 ROWS = 40000
 
@@ -76,6 +82,27 @@ def full(mode):
         if "exact" in outcome:
             break
     return {"attempts": attempts}
+
+
+def plain(mode):
+    if mode == "injected":
+        share_fd = torch.UntypedStorage._share_fd_cpu_
+
+        def _share_fd_cpu_(storage):
+            if storage.nbytes() > PLAIN_TMPFS_BYTES:
+                raise RuntimeError(f"unable to allocate shared memory(shm) for file </torch_{os.getpid()}_1_1>: "
+                                   "No space left on device (28)")
+            return share_fd(storage)
+
+        torch.UntypedStorage._share_fd_cpu_ = _share_fd_cpu_
+    loader = StatefulDataLoader(StructuredDataset(sys.argv[3], batch_size=8192), batch_size=None, num_workers=2)
+    started = time.monotonic()
+    try:
+        rows = sum(len(batch["id"]) for batch in loader)
+    except Exception as exc:  # noqa: BLE001 (reported to the test)
+        return {"error": [c.__name__ for c in type(exc).__mro__], "message": str(exc),
+                "seconds": time.monotonic() - started}
+    return {"rows": rows}
 
 
 def _leave_room(pages):
@@ -129,4 +156,4 @@ def _inject(budget):
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     mode, scenario = sys.argv[1:3]
-    print(json.dumps({"ring": ring, "full": full}[scenario](mode)), flush=True)
+    print(json.dumps({"ring": ring, "full": full, "plain": plain}[scenario](mode)), flush=True)

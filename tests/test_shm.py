@@ -42,14 +42,14 @@ def chunky_dataset(tmp_path_factory):
     return write_dataset(tmp_path_factory.mktemp("shm") / "data", [(20000, 2000), (20000, 2000)])
 
 
-def _run_child(mode, scenario, dataset, tmpfs_size):
+def _run_child(mode, scenario, dataset, tmpfs_size, timeout=120):
     command = [sys.executable, os.path.join(HERE, "shm_child.py"), mode, scenario, dataset]
     if mode == "tmpfs":
         command = ["unshare", "-m", "sh", "-c", f'mount -t tmpfs -o size={tmpfs_size} tmpfs /dev/shm && exec "$@"',
                    "sh", *command]
     print(f"shared-memory path: {mode}: {' '.join(command)}")
     # a hang is a failure: TimeoutExpired (the child is killed, and its workers follow it)
-    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120, cwd=HERE)
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=timeout, cwd=HERE)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
@@ -87,3 +87,16 @@ def test_no_room_in_dev_shm_is_a_clear_error_within_seconds(chunky_dataset, mode
         assert "/dev/shm" in attempt["message"] and "--shm-size" in attempt["message"], attempt
         assert attempt["seconds"] < 20, attempt
         assert attempt["children"] == 0 and attempt["left"] == [], attempt
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", [MODE])
+def test_a_plain_loader_whose_batch_does_not_fit_in_dev_shm_fails_within_seconds(chunky_dataset, mode):
+    """The dataset in a plain StatefulDataLoader: torch puts each tensor of a batch in /dev/shm in
+    the queue's feeder thread, which only printed the failure and dropped the batch: the loop
+    waited forever. Now the worker says why and ends, and the loop gets torch's error naming it."""
+    result, stderr = _run_child(mode, "plain", chunky_dataset, "256k", timeout=90)
+    assert result["error"][0] == "RuntimeError" and "exited unexpectedly" in result["message"], result
+    assert result["seconds"] < 30, result
+    assert re.search(r"arrowstream: DataLoader worker [01] \(pid \d+\) could not send a batch to the trainer: .*"
+                     r"No space left on device.*--shm-size", stderr), stderr[-4000:]
