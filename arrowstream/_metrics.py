@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._shm import share
+
 # a board row, in this order
 FIELDS = ("rows", "batches", "bytes", "splits_done", "read_s", "convert_s", "idle_s", "first_s", "last_s",
           "rows_skipped")
@@ -71,8 +73,8 @@ class Board:
     """One row of counters per worker of a loader, in memory shared with the workers."""
 
     def __init__(self, num_workers: int) -> None:
-        self.tensor = torch.zeros((num_workers, len(FIELDS)), dtype=torch.float64)
-        self.tensor.share_memory_()  # type: ignore[no-untyped-call]
+        self.tensor = share(torch.zeros((num_workers, len(FIELDS)), dtype=torch.float64),
+                            f"ArrowStreamDataLoader: the metrics board of its {num_workers} worker(s)")
 
     def row(self, worker_id: int) -> np.ndarray:
         row: np.ndarray = self.tensor[worker_id].numpy()

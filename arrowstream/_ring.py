@@ -14,7 +14,7 @@ The first ``num_slots`` bytes are flags: 1 while a slot holds a chunk in transit
 trainer has copied it out. Only the worker's own thread claims slots (``Chunk.pack``) and only
 the trainer frees them. When no slot is free or a chunk does not fit, the chunk goes by value:
 the worker never waits on the trainer. When the ring cannot be made (``/dev/shm`` full or
-missing), every chunk of that worker goes by value, with one warning.
+missing), every chunk of that worker goes by value, with one warning (see ``_shm``).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from multiprocessing.reduction import ForkingPickler
 import numpy as np
 import torch
 
+from ._shm import REMEDY, forget_segment
 from ._watchdog import process_alive
 
 logger = logging.getLogger("arrowstream")
@@ -45,6 +46,7 @@ class Ring:
         self.num_slots = num_slots
         self.slot_bytes = slot_bytes
         self.tensor = torch.empty(_HEADER + num_slots * slot_bytes, dtype=torch.uint8)
+        # torch fallocates the segment: no room is this RuntimeError now, never a SIGBUS in a slot write later
         self.tensor.share_memory_()  # type: ignore[no-untyped-call]
         self.array = self.tensor.numpy()
         self.array[:num_slots] = 0
@@ -98,10 +100,11 @@ def worker_ring(nbytes: int) -> Ring | None:
             try:
                 _ring = Ring(slot_bytes)
             except (OSError, RuntimeError) as exc:  # torch reports a full /dev/shm as RuntimeError
-                logger.warning("arrowstream: the worker of pid %d cannot make its shared-memory ring of %d bytes (%s); its "
-                               "batches go through the loader's pipe instead (slower). Free space in /dev/shm, "
-                               "or set ARROWSTREAM_SHM_RING=0 to silence this", os.getpid(),
-                               slot_bytes * NUM_SLOTS, exc)
+                forget_segment(exc)
+                logger.warning("arrowstream: the DataLoader worker of pid %d cannot make its shared-memory ring of %d "
+                               "bytes (%s); its batches go through the loader's pipe instead (slower, nothing is "
+                               "lost). To use the ring, %s; or set ARROWSTREAM_SHM_RING=0 to silence this",
+                               os.getpid(), slot_bytes * NUM_SLOTS, exc, REMEDY)
     return _ring
 
 

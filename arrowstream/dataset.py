@@ -32,6 +32,7 @@ from ._order import (
 from ._planning import Plan, Split, plan_files
 from ._position import check_in_plan
 from ._reader import ReadAhead, SplitReader
+from ._shm import guard_feeder, share
 from ._state import DataIdentity, ElasticSource, WorkerState, check_compatible, check_slot
 from ._storage import Storage
 from ._stream import EpochStream, open_runs
@@ -170,7 +171,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                 "or filter in transform= instead")
         self._state_options = {**self._options.state_options(), "even_batches": self._even_batches}
         self._read_ahead_depth = check_int("read_ahead", read_ahead, 0)
-        self._epoch_cell = torch.zeros(1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        # shared, so that set_epoch reaches persistent workers
+        self._epoch_cell = share(torch.zeros(1, dtype=torch.int64), "StructuredDataset: the epoch cell")
         self._pending: WorkerState | None = None
         self._active: _EpochIterator | None = None
         self._readers: list[SplitReader] = []
@@ -389,6 +391,9 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         return Slot(self._rank, self._world_size, info.id, info.num_workers)
 
     def __iter__(self) -> _EpochIterator:
+        info = get_worker_info()
+        if info is not None:  # before the worker's first message: see _shm
+            guard_feeder(info.id)
         pending, self._pending = self._pending, None
         self._active = _EpochIterator(self, self._slot(), pending)
         return self._active

@@ -73,6 +73,10 @@ class WorkerError(ArrowStreamError, RuntimeError):
     """A loader worker could not hand its batches to the trainer: a batch it could not send, or it died."""
 
 
+class SharedMemoryError(ArrowStreamError, OSError):
+    """Shared memory (``/dev/shm``) has no room for what the loader must put there."""
+
+
 class NotSupportedYetError(ArrowStreamError, NotImplementedError):
     """A documented option whose implementation has not landed yet."""
 
@@ -95,6 +99,7 @@ __all__ = [
     "NotSupportedYetError",
     "NullValueError",
     "SchemaMismatchError",
+    "SharedMemoryError",
     "StateError",
     "StateMismatchError",
     "StateVersionError",

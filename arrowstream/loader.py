@@ -31,6 +31,7 @@ from ._loader_state import InnerState, read_checkpoint, read_inner, read_loader_
 from ._metrics import FIELDS, Board, Meter, flatten, summarize
 from ._options import check_int
 from ._order import Slot
+from ._shm import semaphore_failure
 from ._state import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, WorkerState
 from ._storage import logger
 from ._transport import Chunk
@@ -116,7 +117,13 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         loaded: dict[str, Any] | None = self.next_iter_state  # type: ignore[has-type]
         if loaded is not None and self.num_workers > 0:
             self.next_iter_state = self._into_later_epoch(loaded)
-        return super()._get_iterator()
+        try:
+            return super()._get_iterator()
+        except OSError as exc:  # the semaphores of the workers' queues live in /dev/shm
+            failure = semaphore_failure(exc, self.num_workers)
+            if failure is None:
+                raise
+            raise failure from exc
 
     def _into_later_epoch(self, inner: dict[str, Any]) -> dict[str, Any]:
         """torchdata's state, made to start the dataset's epoch whole when the saved epoch before it is
