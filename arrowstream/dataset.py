@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ._convert import check_output_columns, make_converter, make_value_check, resolve_fill_nulls
+from ._credentials import as_provider
 from ._cursor import Cursor, Run
 from ._discovery import discover_files
 from ._elastic import Share, assign_shares, remaining_items, share_runs
@@ -137,7 +138,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         if credential_provider is not None and not callable(credential_provider):
             raise ArgumentTypeError(f"credential_provider: expected a callable returning storage options, got "
                                     f"{type(credential_provider).__name__}")
-        self._credential_provider = credential_provider
+        # wrapped once: its picklability is checked here, for loaders that start workers by spawn or forkserver
+        self._credential_provider = as_provider(credential_provider)
         self._topology = resolve_topology(rank, world_size, accelerator, group_size)
         self._rank, self._world_size = self._topology.data_rank, self._topology.data_world_size
         # with one reader of distinct data there is nothing to even out
