@@ -70,6 +70,10 @@ def _raised_in_backend(exc: BaseException) -> bool:
     return not module.startswith(("arrowstream", "pyarrow"))
 
 
+def _names(text: str, key: Any) -> bool:
+    return isinstance(key, str) and re.search(rf"(?<!\w){re.escape(key)}(?!\w)", text) is not None
+
+
 def _config_error(exc: BaseException) -> BaseException | None:
     """The error along the chain that says the backend could not use its options (an unexpected keyword, a
     value of the wrong type, partial credentials), raised by the backend; not an answer of the store."""
@@ -145,7 +149,9 @@ class CredentialProvider:
             return None
         answer = self._answer
         text = str(cause)
-        named = [k for k in answer if re.search(rf"(?<![\w]){re.escape(k)}(?![\w])", text)]
+        named = [k for k in answer if _names(text, k)]
+        if not named and any(_names(text, k) for k in storage_options):
+            return None   # the backend named a key of storage_options: the caller's, not the provider's
         if named and "unexpected keyword" in text:
             return InvalidArgumentError(
                 f"credential_provider {self.name} returned key(s) the {protocol} backend does not take: "
