@@ -94,10 +94,12 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             type it suits (``0``: int and float columns). Without it such a null raises
             ``NullValueError``; fill values a column cannot hold raise at construction.
         storage_options: fsspec options (credentials); never written into state or logs.
-        credential_provider: A callable (picklable: it travels to workers) returning storage options
-            with fresh credentials, laid over ``storage_options``. It is called when each process
-            opens its filesystem and again whenever the store answers that the credentials
-            expired; the read then continues where it stood. See docs/storage.md.
+        credential_provider: A callable returning storage options with fresh credentials, laid
+            over ``storage_options``; picklable (a module-level function or a ``functools.partial``
+            of one) for workers started by spawn or forkserver, which is checked here and refused
+            when such a loader is made. It is called when each process opens its filesystem and
+            again whenever the store answers that the credentials expired; the request then
+            continues where it stood. Its failures name it. See docs/storage.md.
         read_ahead: On object stores, how many splits after the ones being read each worker
             fetches in the background (coalesced byte ranges, concurrently); ``0`` turns
             read-ahead off. Memory: about that many splits' compressed bytes per worker, plus

@@ -8,6 +8,7 @@ values that no message may show.
 from __future__ import annotations
 
 import functools
+import gc
 import re
 import uuid
 from typing import Any
@@ -19,6 +20,7 @@ from test_object_stores import Where, read_ids, write_files
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from arrowstream import StructuredDataset, errors
+from arrowstream._credentials import CredentialProvider
 from arrowstream.loader import ArrowStreamDataLoader
 
 SECRET = f"s3cr3t/{uuid.uuid4().hex}"           # the secret key every provider here returns
@@ -90,6 +92,8 @@ def test_a_provider_that_raises_in_a_worker_or_while_refreshing_is_named(s3_path
         list(loader)
     assert f"credential_provider {__name__}.Keys raised KeyError: 'AWS_SESSION_TOKEN' while opening the s3:// " \
            "filesystem in DataLoader worker 0" in check_clean(in_worker.value)
+    in_worker = loader = dataset = None     # the worker shuts down here (about 5 s: torch's join timeout), not later
+    gc.collect()
 
     # in this process: its filesystem (opened with the good key at planning) meets an expired key, and asking
     # the provider again raises
@@ -112,8 +116,8 @@ def test_a_provider_that_raises_in_a_worker_or_while_refreshing_is_named(s3_path
     ({"key": "AKIAGOODGOODGOOD", "secret": SECRET, "bogus_key": 1}, errors.InvalidArgumentError,
      r"returned key\(s\) the s3 backend does not take: 'bogus_key' \(int\) \(TypeError: .*unexpected keyword "),
     ({"key": 12345, "secret": SECRET}, errors.ArgumentTypeError,
-     r"returned options the s3 backend cannot use \(TypeError: .*\) for s3://.*; check 'key' \(int\); it returned "
-     r"'key' \(int\), 'secret' \(str\)"),
+     (r"returned options the s3 backend cannot use \(TypeError: .*\) for s3://.*; check 'key' \(int\); it returned "
+      r"'key' \(int\), 'secret' \(str\)")),
     ({"key": None, "secret": SECRET}, errors.ArgumentTypeError,
      r"returned options the s3 backend cannot use \(PartialCredentialsError: .*\) for s3://.*; check 'key' \(NoneType\)"),
 ], ids=["list", "int-key", "unknown-key", "int-value", "none-value"])
@@ -172,7 +176,7 @@ def test_always_expired_credentials_name_the_provider_or_ask_for_one(s3_path, tm
 @pytest.mark.timeout(120)
 def test_an_unpicklable_provider_is_refused_for_spawn_and_forkserver_workers(tmp_path):
     path = write_dataset(tmp_path / "data", [(50, 25)])
-    provider = lambda: {}  # noqa: E731 - what users write
+    provider = lambda: {"key": "AKIAGOODGOODGOOD"}  # what users write
     with pytest.raises(errors.InvalidArgumentError) as early:   # before planning: the path does not even exist
         StructuredDataset.create_dataloader(str(tmp_path / "missing"), num_workers=2, credential_provider=provider,
                                             multiprocessing_context="spawn")
@@ -196,3 +200,17 @@ def test_an_unpicklable_provider_is_refused_for_spawn_and_forkserver_workers(tmp
                                                           multiprocessing_context="forkserver")
     dataset.set_epoch(0)
     assert sum(len(b["id"]) for b in loader) == 50      # a partial of a module-level function travels
+
+
+def test_a_secret_a_backend_echoes_is_hidden():
+    """Messages show keys and types, never values; a backend error that echoes a value is scrubbed."""
+    provider = CredentialProvider(functools.partial(answer, {"key": "AKIAGOODGOODGOOD", "secret": SECRET}))
+    provider.options({"token": OPTION_SECRET}, "while opening the filesystem")
+    try:
+        raise TypeError(f"cannot sign with {SECRET!r} and {OPTION_SECRET}")
+    except TypeError as exc:   # raised here, outside arrowstream and pyarrow: as a backend would
+        fault = provider.fault(exc, "for s3://bucket/k", "s3", {"token": OPTION_SECRET})
+        expired = provider.expired(exc, "s3://bucket/k", 3)
+    assert fault is not None
+    assert "cannot sign with '<hidden>' and <hidden>" in check_clean(fault)
+    assert "<hidden>" in check_clean(expired)
