@@ -177,9 +177,10 @@ class CredentialProvider:
     def __getstate__(self) -> dict[str, Any]:
         if self.pickle_error is not None:
             raise InvalidArgumentError(
-                f"credential_provider {self.name} cannot be pickled ({self.pickle_error}), and loader workers started "
-                f"by spawn or forkserver receive the dataset by pickle; {FIX_PICKLE}, or use "
-                "multiprocessing_context='fork'")
+                f"credential_provider {self.name} cannot be pickled ({self.pickle_error}), and it travels by pickle "
+                "here: loader workers started by spawn or forkserver receive the dataset by pickle (and under "
+                f"torch.distributed, rank 0 sends its plan to the other ranks so); {FIX_PICKLE}, or start the workers "
+                "with multiprocessing_context='fork'")
         return {"fn": self.fn, "name": self.name, "pickle_error": None, "_answer": {}, "_secrets": []}
 
     def __setstate__(self, state: dict[str, Any]) -> None:

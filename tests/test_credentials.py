@@ -191,8 +191,8 @@ def test_an_unpicklable_provider_is_refused_for_spawn_and_forkserver_workers(tmp
     assert sum(len(b["id"]) for b in ArrowStreamDataLoader(dataset, num_workers=1,
                                                            multiprocessing_context="fork")) == 50
     with pytest.raises(errors.InvalidArgumentError, match=r"<lambda> cannot be pickled .* loader workers started by "
-                                                          r"spawn or forkserver receive the dataset by pickle; pass a "
-                                                          r"module-level function"):
+                                                          r"spawn or forkserver receive the dataset by pickle .*; pass "
+                                                          r"a module-level function"):
         list(StatefulDataLoader(dataset, batch_size=None, num_workers=1, multiprocessing_context="forkserver"))
 
     loader, dataset = StructuredDataset.create_dataloader(path, num_workers=1, batch_size=10,
