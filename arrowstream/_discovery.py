@@ -12,7 +12,8 @@ import fsspec
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
-from ._failures import is_missing, is_permission
+from ._credentials import CredentialProvider, as_provider
+from ._failures import is_expired_credentials, is_missing, is_permission
 from ._storage import Storage, current_options, open_filesystem
 from ._walk import glob_local, list_local
 from .errors import (
@@ -108,6 +109,10 @@ def _listed(storage: Storage, url: str, path: str) -> dict[str, dict[str, Any]]:
     except Exception as exc:  # backends raise their own types: classified here, never swallowed
         if is_missing(exc):
             raise DatasetNotFoundError(f"path: {url!r} does not exist; check the path and the storage_options") from None
+        if is_expired_credentials(exc):  # with a provider, storage.call names it once refreshes run out
+            raise FileReadError(f"path: {url!r} cannot be listed: the storage credentials expired ({type(exc).__name__}: "
+                                f"{exc}); pass credential_provider= to refresh them during a run (see "
+                                "docs/storage.md)") from None
         if is_permission(exc):
             raise FileReadError(f"path: {url!r} cannot be read ({type(exc).__name__}: {exc}); check permissions or "
                                 "credentials") from None
@@ -115,7 +120,7 @@ def _listed(storage: Storage, url: str, path: str) -> dict[str, dict[str, Any]]:
 
 
 def discover_files(path: Any, storage_options: dict[str, Any] | None,
-                   credential_provider: Callable[[], dict[str, Any]] | None = None,
+                   credential_provider: Callable[[], dict[str, Any]] | CredentialProvider | None = None,
                    ) -> tuple[Storage, list[FileEntry]]:
     """List the files of ``path`` once: returns the dataset's storage (its filesystem is the one that
     listed, which the main process goes on to read the footers with) and the files sorted by path.
@@ -128,7 +133,8 @@ def discover_files(path: Any, storage_options: dict[str, Any] | None,
     storage's retries of transient errors and its credential refresh.
     """
     urls = _as_strings(path)
-    options = current_options(storage_options, credential_provider)
+    provider = as_provider(credential_provider)
+    options = current_options(storage_options, provider, f"while opening the filesystem to list {urls[0]}")
     storage: Storage | None = None
     infos: dict[str, dict[str, Any]] = {}
     for url in urls:
@@ -138,9 +144,15 @@ def discover_files(path: Any, storage_options: dict[str, Any] | None,
             scheme = url.split("://", 1)[0] if "://" in url else "file"
             open_filesystem(scheme, options)  # raises the clear error
             raise
+        except Exception as exc:  # the backend refused the options: the provider's, when it gave some
+            scheme = url.split("://", 1)[0] if "://" in url else "file"
+            fault = None if provider is None else provider.fault(exc, f"for {url}", scheme, storage_options or {})
+            if fault is not None:
+                raise fault from exc
+            raise
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
         if storage is None:
-            storage = Storage(protocol, storage_options, credential_provider=credential_provider, filesystem=fs)
+            storage = Storage(protocol, storage_options, credential_provider=provider, filesystem=fs)
         elif protocol != storage.protocol:
             raise InvalidArgumentError(
                 f"path: all paths must be on one filesystem, got {storage.protocol}:// and {protocol}:// "

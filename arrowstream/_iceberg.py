@@ -27,12 +27,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ._discovery import FileEntry
+from ._failures import is_missing
 from ._formats import FileFooter, UnitFile, get_format, register_format
 from ._planning import MAX_PLANNING_THREADS, Plan, build_plan, read_footer
 from ._storage import Storage
 from .errors import (
     DatasetNotFoundError,
     EmptyDatasetError,
+    FileReadError,
     InvalidArgumentError,
     MissingDependencyError,
     NotSupportedYetError,
@@ -347,7 +349,14 @@ def plan_iceberg(source: IcebergSource, split_bytes: int | None) -> tuple[Iceber
         raise EmptyDatasetError(
             f"table: {source.table_name!r} snapshot {source.snapshot_id} has no data file that may match "
             f"row_filter {source.row_filter}; loosen the filter or check the table")
-    deletes = _read_all_delete_files(table.io, tasks)
+    try:
+        deletes = _read_all_delete_files(table.io, tasks)
+    except Exception as exc:
+        if not is_missing(exc):
+            raise
+        paths = sorted({d.file_path for task in tasks for d in task.delete_files})
+        named = next((p for p in paths if p.removeprefix("file://") in str(exc)), f"one of {paths}")
+        raise missing_file(source, "positional delete file", named, exc) from exc
     table_schema = metadata.schema()
     name_mapping = metadata.name_mapping()
     downcast_ns = metadata.format_version <= 2
@@ -361,7 +370,12 @@ def plan_iceberg(source: IcebergSource, split_bytes: int | None) -> tuple[Iceber
                                        "read yet (Parquet and ORC are)")
         path = data_file.file_path
         entry = FileEntry(path, _relative(path, metadata.location), int(data_file.file_size_in_bytes), "")
-        inner = read_footer(storage, get_format(formats[data_file.file_format]), entry, None, []).without_handle()
+        try:
+            inner = read_footer(storage, get_format(formats[data_file.file_format]), entry, None, []).without_handle()
+        except FileReadError as exc:
+            if exc.__cause__ is None or not is_missing(exc.__cause__):
+                raise
+            raise missing_file(source, "data file", path, exc.__cause__) from exc.__cause__
         file_schema = pyarrow_to_schema(inner.schema, name_mapping, downcast_ns_timestamp_to_us=downcast_ns,
                                         format_version=metadata.format_version)
         file_project = prune_columns(file_schema, read_ids, select_full_types=False)
@@ -389,6 +403,16 @@ def plan_iceberg(source: IcebergSource, split_bytes: int | None) -> tuple[Iceber
                                 "schema_id": source.schema_id,
                                 "schema": [[f.name, str(f.type)] for f in arrow_schema]})
     return storage, plan
+
+
+def missing_file(source: IcebergSource, kind: str, path: str, exc: BaseException) -> FileReadError:
+    """A file the snapshot's metadata lists and storage does not hold, found while planning (one gone after
+    planning is reported by the reader: "disappeared after planning")."""
+    what = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return FileReadError(
+        f"{path}: missing: {kind} listed in snapshot {source.snapshot_id} of {source.table_name!r} but not in storage "
+        f"({what}); the table's metadata and its files disagree (deleted by hand, or by a cleanup that should have "
+        "kept it): restore the file, or read a snapshot whose files all exist (snapshot_id=)")
 
 
 def _relative(path: str, location: str) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ._credentials import check_start_method
 from ._options import check_bool, check_int
 from .errors import ArgumentTypeError, InvalidArgumentError
 
@@ -74,11 +75,21 @@ def _check_timeout(value: Any) -> None:
         raise InvalidArgumentError(f"timeout: expected seconds >= 0 (0 waits for ever), got {value!r}")
 
 
-def check_loader_options(num_workers: Any, options: Mapping[str, Any]) -> None:
+def start_method(context: Any) -> str:
+    """How the loader's workers will be started: its ``multiprocessing_context``, else the default one
+    (read without fixing it, as ``multiprocessing.get_start_method()`` would)."""
+    if context is None:
+        return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    return context if isinstance(context, str) else str(context.get_start_method())
+
+
+def check_loader_options(num_workers: Any, options: Mapping[str, Any], credential_provider: Any = None) -> None:
     """Check ``num_workers`` and the ``StatefulDataLoader`` keywords in ``options`` (those passed).
 
     Raises an :class:`~arrowstream.errors.ArgumentTypeError` or
-    :class:`~arrowstream.errors.InvalidArgumentError` naming the first bad keyword.
+    :class:`~arrowstream.errors.InvalidArgumentError` naming the first bad keyword, or the
+    dataset's ``credential_provider`` when it cannot be pickled and the workers start by spawn or
+    forkserver (which send them the dataset by pickle).
 
     Example:
         >>> check_loader_options(2, {"prefetch_factor": 4, "persistent_workers": True})
@@ -119,3 +130,5 @@ def check_loader_options(num_workers: Any, options: Mapping[str, Any]) -> None:
         raise ArgumentTypeError(f"pin_memory_device: expected a device name such as 'cuda', got "
                                 f"{type(device).__name__} {device!r}")
     _check_workers_only(num_workers, options)
+    if callable(credential_provider):
+        check_start_method(credential_provider, num_workers, start_method(options.get("multiprocessing_context")))

@@ -150,7 +150,7 @@ class SplitReader:
             except Exception as exc:
                 self.close()
                 url = self._plan.url(split.file_index)
-                if refreshes < MAX_REFRESHES and is_expired_credentials(exc) and self._storage.refresh_credentials():
+                if refreshes < MAX_REFRESHES and is_expired_credentials(exc) and self._storage.refresh_credentials(url):
                     logger.warning("credentials expired reading %s at row %d; asked the credential provider again",
                                    url, offset)
                     refreshes += 1
@@ -161,6 +161,9 @@ class SplitReader:
                     time.sleep(self._storage.retry.delay(attempt))
                     attempt += 1
                     continue
+                failure = self._storage.credential_failure(exc, url, refreshes)  # the provider's, named
+                if failure is not None:
+                    raise failure from exc
                 label = get_format(self._plan.files[split.file_index].format).label
                 raise wrap_read_error(exc, url, label) from exc
 

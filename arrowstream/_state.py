@@ -99,6 +99,23 @@ class DataIdentity:
     num_rows: int
     snapshot_id: int | None = None  # the Iceberg snapshot read, and the schema it is read in; None for files
     schema_id: int | None = None
+    table_uuid: str | None = None   # the Iceberg table's uuid (a table dropped and recreated gets a new one)
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"fingerprint": self.fingerprint, "num_files": self.num_files,
+                                "num_rows": self.num_rows, "snapshot_id": self.snapshot_id, "schema_id": self.schema_id}
+        if self.table_uuid is not None:  # Iceberg only: file states are unchanged, the version stays 5
+            data["table_uuid"] = self.table_uuid
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Fields) -> DataIdentity:
+        table_uuid = data.value.get("table_uuid")   # optional: absent in file states and older Iceberg ones
+        if table_uuid is not None and not isinstance(table_uuid, str):
+            raise StateError(f"the state's {data.name('table_uuid')} is {shorten(table_uuid)}, expected a string or "
+                             f"null; {REMEDY}")
+        return cls(data.string("fingerprint"), data.integer("num_files"), data.integer("num_rows"),
+                   data.optional_integer("snapshot_id"), data.optional_integer("schema_id"), table_uuid)
 
 
 @dataclass(frozen=True)
@@ -153,9 +170,7 @@ class WorkerState:
         return {
             "kind": WORKER_KIND,
             "version": STATE_VERSION,
-            "data": {"fingerprint": self.data.fingerprint, "num_files": self.data.num_files,
-                     "num_rows": self.data.num_rows, "snapshot_id": self.data.snapshot_id,
-                     "schema_id": self.data.schema_id},
+            "data": self.data.to_dict(),
             "options": dict(self.options),
             "epoch": self.epoch,
             "slot": {"rank": self.slot.rank, "world_size": self.slot.world_size,
@@ -177,8 +192,7 @@ class WorkerState:
         options = fields.mapping("options").value
         elastic = fields.get("elastic")
         return cls(
-            data=DataIdentity(data.string("fingerprint"), data.integer("num_files"), data.integer("num_rows"),
-                              data.optional_integer("snapshot_id"), data.optional_integer("schema_id")),
+            data=DataIdentity.from_dict(data),
             options=dict(options),
             epoch=fields.integer("epoch"),
             slot=Slot(slot.integer("rank", 0, world_size - 1), world_size,
@@ -222,6 +236,16 @@ def upgrade(state: Any, kind: str) -> dict[str, Any]:
     return dict(state)
 
 
+def check_same_table(saved: DataIdentity, current: DataIdentity, name: str = "the table") -> None:
+    """Refuse a state taken on an Iceberg table that has been dropped and recreated under its name since."""
+    if None not in (saved.table_uuid, current.table_uuid) and saved.table_uuid != current.table_uuid:
+        raise StateMismatchError(
+            f"checkpoint was taken on {name} before it was dropped and recreated under the same name: "
+            f"recreated (table uuid changed: saved {saved.table_uuid}, now {current.table_uuid}); the snapshot the "
+            f"checkpoint read ({saved.snapshot_id}) went with the old table, so the rest of that epoch cannot be "
+            "read exactly. Start the run without loading the checkpoint")
+
+
 def check_compatible(saved: WorkerState, data: DataIdentity, options: dict[str, Any]) -> None:
     """Refuse a state taken on other data or with other stream options (saved vs current)."""
     if (saved.data.snapshot_id is None) != (data.snapshot_id is None):
@@ -229,6 +253,7 @@ def check_compatible(saved: WorkerState, data: DataIdentity, options: dict[str, 
         raise StateMismatchError(
             f"checkpoint was taken on {kinds[saved.data.snapshot_id is not None]}, this dataset reads "
             f"{kinds[data.snapshot_id is not None]}; load it into the kind of dataset it was taken with")
+    check_same_table(saved.data, data)
     if (saved.data.snapshot_id, saved.data.schema_id) != (data.snapshot_id, data.schema_id):
         raise StateMismatchError(
             f"checkpoint was taken on snapshot {saved.data.snapshot_id} (schema {saved.data.schema_id}) of the "

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import fsspec
 import pyarrow as pa
 
+from ._credentials import CredentialProvider, as_provider
 from ._failures import is_expired_credentials, is_transient
 from ._prefetch import PartsFile, Prefetcher
-from .errors import MissingDependencyError
+from .errors import ArrowStreamError, MissingDependencyError
 
 if TYPE_CHECKING:
     from ._discovery import FileEntry
@@ -67,17 +68,13 @@ class RetryPolicy:
 
 
 def current_options(storage_options: dict[str, Any] | None,
-                    credential_provider: Callable[[], dict[str, Any]] | None) -> dict[str, Any]:
-    """``storage_options`` with what ``credential_provider`` returns now laid over them."""
+                    credential_provider: Callable[[], dict[str, Any]] | CredentialProvider | None,
+                    what: str = "while opening the filesystem") -> dict[str, Any]:
+    """``storage_options`` with what ``credential_provider`` returns now laid over them (``what``: what
+    they are for, named in the provider's errors)."""
     options = dict(storage_options or {})
-    if credential_provider is None:
-        return options
-    fresh = credential_provider()
-    if not isinstance(fresh, dict):
-        from .errors import ArgumentTypeError
-        raise ArgumentTypeError(f"credential_provider: must return a dict of storage options, got "
-                                f"{type(fresh).__name__}")
-    return {**options, **fresh}
+    provider = as_provider(credential_provider)
+    return options if provider is None else provider.options(options, what)
 
 
 class Storage:
@@ -85,12 +82,12 @@ class Storage:
 
     def __init__(self, protocol: str, storage_options: dict[str, Any] | None = None,
                  retry: RetryPolicy | None = None,
-                 credential_provider: Callable[[], dict[str, Any]] | None = None,
+                 credential_provider: Callable[[], dict[str, Any]] | CredentialProvider | None = None,
                  filesystem: fsspec.AbstractFileSystem | None = None) -> None:
         """``filesystem``: one already open in this process with these options (discovery's), reused."""
         self.protocol = protocol
         self._options = dict(storage_options or {})
-        self._credential_provider = credential_provider
+        self._credential_provider = as_provider(credential_provider)
         self.retry = retry or RetryPolicy()
         self._fs: fsspec.AbstractFileSystem | None = filesystem
         self._pid = -1 if filesystem is None else os.getpid()
@@ -103,9 +100,17 @@ class Storage:
     def is_local(self) -> bool:
         return self.protocol in _LOCAL_PROTOCOLS
 
-    def options(self) -> dict[str, Any]:
+    def options(self, what: str = "") -> dict[str, Any]:
         """``storage_options`` with what the credential provider returns now laid over them."""
-        return current_options(self._options, self._credential_provider)
+        return current_options(self._options, self._credential_provider, what or self._opening())
+
+    def _opening(self) -> str:
+        """What a filesystem is opened for, as the provider's errors say it."""
+        from torch.utils.data import get_worker_info
+
+        worker = get_worker_info()
+        where = "in the main process" if worker is None else f"in DataLoader worker {worker.id}"
+        return f"while opening the {self.protocol}:// filesystem {where}"
 
     @property
     def fs(self) -> fsspec.AbstractFileSystem:
@@ -114,14 +119,28 @@ class Storage:
             self._pid = os.getpid()
         return self._fs
 
-    def refresh_credentials(self) -> bool:
-        """Ask the credential provider again and reopen the filesystem; False without a provider."""
+    def refresh_credentials(self, what: str = "") -> bool:
+        """Ask the credential provider again and reopen the filesystem; False without a provider.
+
+        ``what`` (the object being read) is named in the provider's errors."""
         if self._credential_provider is None:
             return False
-        self._fs, self._pid = open_filesystem(self.protocol, self.options(), fresh=True), os.getpid()
+        options = self.options(f"while refreshing credentials for {what}" if what else "")
+        self._fs, self._pid = open_filesystem(self.protocol, options, fresh=True), os.getpid()
         if self._prefetcher is not None and self._prefetcher_pid == os.getpid():
             self._prefetcher.replace_filesystem(self._fs)
         return True
+
+    def credential_failure(self, exc: BaseException, what: str, refreshes: int) -> Exception | None:
+        """The credential provider's part in a failure that outlasted retries and refreshes, as an error
+        naming it: credentials still expired after ``refreshes`` new answers, or options the backend
+        could not use. None without a provider, or when the failure is the store's."""
+        provider = self._credential_provider
+        if provider is None:
+            return None
+        if is_expired_credentials(exc):
+            return provider.expired(exc, what, refreshes) if refreshes else None
+        return provider.fault(exc, f"for {what}", self.protocol, self._options)
 
     def call(self, fn: Callable[[], T], what: str) -> T:
         """Run ``fn`` with retries of transient errors, refreshing expired credentials (at most 3 times)."""
@@ -129,11 +148,16 @@ class Storage:
         while True:
             try:
                 return self.retry.call(fn, what)
+            except ArrowStreamError:
+                raise
             except Exception as exc:
-                if refreshes < MAX_REFRESHES and is_expired_credentials(exc) and self.refresh_credentials():
+                if refreshes < MAX_REFRESHES and is_expired_credentials(exc) and self.refresh_credentials(what):
                     refreshes += 1
                     logger.warning("credentials expired reading %s; asked the credential provider again", what)
                     continue
+                failure = self.credential_failure(exc, what, refreshes)
+                if failure is not None:
+                    raise failure from exc
                 raise
 
     def open_input(self, entry: FileEntry, memory_map: bool = False) -> pa.NativeFile:

@@ -14,6 +14,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ._collective import agree, callable_name, collective_world_size, fingerprint_of, path_names, share_from_rank0
 from ._convert import check_output_columns, make_converter, make_value_check, resolve_fill_nulls
+from ._credentials import as_provider
 from ._cursor import Cursor, Run
 from ._discovery import discover_files
 from ._elastic import Share, assign_shares, remaining_items, share_runs
@@ -95,10 +96,12 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             type it suits (``0``: int and float columns). Without it such a null raises
             ``NullValueError``; fill values a column cannot hold raise at construction.
         storage_options: fsspec options (credentials); never written into state or logs.
-        credential_provider: A callable (picklable: it travels to workers) returning storage options
-            with fresh credentials, laid over ``storage_options``. It is called when each process
-            opens its filesystem and again whenever the store answers that the credentials
-            expired; the read then continues where it stood. See docs/storage.md.
+        credential_provider: A callable returning storage options with fresh credentials, laid
+            over ``storage_options``; picklable (a module-level function or a ``functools.partial``
+            of one) for workers started by spawn or forkserver, which is checked here and refused
+            when such a loader is made. It is called when each process opens its filesystem and
+            again whenever the store answers that the credentials expired; the request then
+            continues where it stood. Its failures name it. See docs/storage.md.
         read_ahead: On object stores, how many splits after the ones being read each worker
             fetches in the background (coalesced byte ranges, concurrently); ``0`` turns
             read-ahead off. Memory: about that many splits' compressed bytes per worker, plus
@@ -154,7 +157,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         if credential_provider is not None and not callable(credential_provider):
             raise ArgumentTypeError(f"credential_provider: expected a callable returning storage options, got "
                                     f"{type(credential_provider).__name__}")
-        self._credential_provider = credential_provider
+        # wrapped once: its picklability is checked here, for loaders that start workers by spawn or forkserver
+        self._credential_provider = as_provider(credential_provider)
         plan_locally = check_bool("plan_locally", plan_locally)
         self._topology = resolve_topology(rank, world_size, accelerator, group_size, plan_locally=plan_locally)
         # under torch.distributed the ranks build the dataset together: rank 0 plans, after they agree

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ._iceberg import IcebergSource, load_table, open_source, plan_iceberg
 from ._planning import Plan
-from ._state import WorkerState
+from ._state import WorkerState, check_same_table
 from ._storage import Storage
 from .dataset import StructuredDataset
 from .errors import InvalidArgumentError, StateMismatchError
@@ -117,6 +118,7 @@ class IcebergDataset(StructuredDataset):
 
     def _follow_snapshot(self, saved: WorkerState) -> None:
         """Re-plan on the checkpoint's snapshot when the table moved on since (unless pinned here)."""
+        check_same_table(saved.data, self._data, repr(self._source.table_name))
         wanted = saved.data.snapshot_id
         if wanted is None or self._pinned_by_user or (wanted, saved.data.schema_id) == (
                 self._source.snapshot_id, self._source.schema_id):
@@ -124,14 +126,23 @@ class IcebergDataset(StructuredDataset):
         if self._table is None:
             raise StateMismatchError("this IcebergDataset was copied into a worker; load the state in the main process")
         if self._table.snapshot_by_id(wanted) is None:
+            # a checkpoint that names the table's uuid was checked above; an older one may be from a recreated table
+            recreated = "" if saved.data.table_uuid is not None else (
+                " or the table was dropped and recreated (this checkpoint does not record the table's uuid)")
             raise StateMismatchError(
-                f"the checkpoint was taken on snapshot {wanted} of {self._source.table_name!r}, which has expired "
+                f"the checkpoint was taken on snapshot {wanted} of {self._source.table_name!r}, which has expired{recreated} "
                 f"(the table now starts at {[s.snapshot_id for s in self._table.snapshots()][:3]}); the rest of that "
                 "epoch cannot be read exactly. Start the run without loading the checkpoint, or restore the snapshot")
         self._source = open_source(self._table, self._source.table_name, wanted, self._source.row_filter,
                                    None if "*" in self._source.selected_fields else self._source.selected_fields,
                                    saved.data.schema_id)
         self._use_plan(*self._make_plan(None, None))
+
+    def _use_plan(self, storage: Storage, plan: Plan, snapshot: tuple[int, int] | None) -> None:
+        super()._use_plan(storage, plan, snapshot)
+        # the table's uuid joins the data identity: a state taken on a table since dropped and recreated under
+        # its name is refused as such (check_same_table), not as an expired snapshot
+        self._data = replace(self._data, table_uuid=str(self._table.metadata.table_uuid))
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()

@@ -24,6 +24,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ._boundary import check_replanned_epoch_over, later_epoch_starts_whole
 from ._convert import passthrough_collate
+from ._credentials import as_provider
 from ._cursor import Cursor
 from ._fields import shorten
 from ._loader_options import check_loader_options
@@ -82,7 +83,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
                                     f"IcebergDataset), got {type(dataset).__name__}; use a plain StatefulDataLoader "
                                     "for other datasets")
         kwargs = _loader_arguments(dataset, args, kwargs)
-        check_loader_options(kwargs.get("num_workers", 0), kwargs)
+        check_loader_options(kwargs.get("num_workers", 0), kwargs, dataset._credential_provider)
         collate_fn = kwargs.get("collate_fn")
         if collate_fn is not None and collate_fn is not passthrough_collate:
             kwargs["collate_fn"] = PerBatchCollate(collate_fn)  # a chunk's batches, one by one
@@ -503,7 +504,10 @@ def build_dataloader(dataset_cls: type, *, dataset_args: dict[str, Any], num_wor
     if unknown:
         raise ArgumentTypeError(f"create_dataloader: unknown keyword(s) {unknown}; dataset keywords are "
                                 f"{sorted(dataset_params)}, loader keywords {sorted(loader_params - set(_RESERVED))}")
-    check_loader_options(num_workers, kwargs)  # before planning, which may be long
+    provider = dataset_kwargs.get("credential_provider")
+    if callable(provider):  # wrapped once: its picklability is checked here, and the dataset keeps it
+        provider = dataset_kwargs["credential_provider"] = as_provider(provider)
+    check_loader_options(num_workers, kwargs, provider)  # before planning, which may be long
     dataset = dataset_cls(**dataset_args, **dataset_kwargs)
     kwargs.setdefault("collate_fn", passthrough_collate)
     loader = ArrowStreamDataLoader(dataset, batch_size=None, num_workers=num_workers, **kwargs)

@@ -8,6 +8,7 @@ Positional delete files and ORC data files, which pyiceberg does not write, are 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -252,6 +253,63 @@ def test_resume_refuses_an_expired_snapshot(catalog):
     fresh_loader, _ = IcebergDataset.create_dataloader(table="db.events", catalog_config=catalog[1], batch_size=100)
     with pytest.raises(errors.StateMismatchError, match=f"snapshot {pinned}.*expired"):
         fresh_loader.load_state_dict(state)
+
+
+def test_resume_refuses_a_recreated_table_as_such(catalog):
+    """A table dropped and recreated under its name is named as recreated (its uuid changed), not as an
+    expired snapshot; the new table's own checkpoints still resume."""
+    table = events(catalog, appends=((0, 300), (300, 300)))
+    loader, dataset = IcebergDataset.create_dataloader(table="db.events", catalog_config=catalog[1], batch_size=100)
+    dataset.set_epoch(0)
+    next(iter(loader))
+    state = json.loads(json.dumps(loader.state_dict()))
+    saved_uuid = str(table.metadata.table_uuid)
+    catalog[0].drop_table("db.events")
+    recreated = events(catalog, appends=((0, 300), (300, 300)))
+    fresh_loader, fresh = IcebergDataset.create_dataloader(table="db.events", catalog_config=catalog[1], batch_size=100)
+    with pytest.raises(errors.StateMismatchError) as info:
+        fresh_loader.load_state_dict(state)
+    assert (f"'db.events' before it was dropped and recreated under the same name: recreated (table uuid changed: "
+            f"saved {saved_uuid}, now {recreated.metadata.table_uuid})") in str(info.value)
+    assert "expired" not in str(info.value)
+    older = json.loads(json.dumps(state).replace(f'"table_uuid": "{saved_uuid}"', '"unused": null'))
+    assert "table_uuid" not in json.dumps(older)       # as arrowstream wrote it before the uuid was recorded
+    with pytest.raises(errors.StateMismatchError, match=r"which has expired or the table was dropped and recreated"):
+        fresh_loader.load_state_dict(older)
+    malformed = json.loads(json.dumps(state).replace(f'"table_uuid": "{saved_uuid}"', '"table_uuid": 5'))
+    with pytest.raises(errors.StateError, match=r"table_uuid is 5, expected a string or null"):
+        fresh_loader.load_state_dict(malformed)
+    fresh.set_epoch(0)
+    next(iter(fresh_loader))
+    fresh_loader.load_state_dict(json.loads(json.dumps(fresh_loader.state_dict())))   # same table: loads
+
+
+def test_a_data_file_missing_before_planning_is_named_as_missing(catalog, with_deletes):
+    table, _ = with_deletes
+    snapshot = table.current_snapshot().snapshot_id
+    victims = [p for p in data_files(table) if "deletes-" not in p]
+    Path(victims[0].removeprefix("file://")).unlink()
+    with pytest.raises(errors.FileReadError) as info:
+        IcebergDataset("db.events", catalog_config=catalog[1])
+    assert str(info.value).startswith(f"{victims[0]}: missing: data file listed in snapshot {snapshot} of "
+                                      "'db.events' but not in storage")
+    assert "after planning" not in str(info.value)
+
+    deleted = next(d.file_path for task in table.scan().plan_files() for d in task.delete_files)
+    Path(deleted.removeprefix("file://")).unlink()
+    with pytest.raises(errors.FileReadError, match=rf"^{re.escape(deleted)}: missing: positional delete file listed "
+                                                   rf"in snapshot {snapshot} of 'db.events' but not in storage"):
+        IcebergDataset("db.events", catalog_config=catalog[1])
+
+
+def test_a_data_file_gone_after_planning_is_named_as_such(catalog):
+    table = events(catalog, appends=((0, 100),))
+    loader, dataset = IcebergDataset.create_dataloader(table="db.events", catalog_config=catalog[1], batch_size=50)
+    victim = data_files(table)[0]
+    Path(victim.removeprefix("file://")).unlink()
+    dataset.set_epoch(0)
+    with pytest.raises(errors.FileReadError, match=rf"^{re.escape(victim)}: the file disappeared after planning"):
+        list(loader)
 
 
 def test_state_holds_no_paths_or_catalog_settings(catalog, tmp_path):
