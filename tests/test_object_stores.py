@@ -277,6 +277,18 @@ class RemoteContract(ProcessesContract):
         assert dataset is None
         assert proxy.stats()["injected"].get("error", 0) <= 4   # not retried as if transient
 
+    def test_a_changed_file_is_asked_for_once_not_retried(self, where, proxied):
+        fs = write_pinned(where)
+        via, proxy = proxied
+        proxy.configure(flavor=where.protocol, gcs_generations=True)
+        loader, dataset = make_loader(via.url, 0, batch_size=50, read_ahead=0, storage_options=via.storage_options)
+        rewrite(fs, where.url, 0, "same size")
+        proxy.reset()
+        assert read_until_changed(loader, dataset, 0) == []
+        counts = proxy.stats()["counts"]
+        # the refused read, then what the file is now (for the message): GCS's metadata is a GET, S3's and Azure's a HEAD
+        assert (counts.get("read", 0), counts.get("head", 0)) == ((2, 0) if where.protocol == "gs" else (1, 1))
+
     def secret_options(self, server) -> dict[str, Any]:
         """Working storage_options whose credentials are long, unique strings."""
         return server.storage_options
