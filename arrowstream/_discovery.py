@@ -36,7 +36,7 @@ class FileEntry:
 
     ``version`` is what reads are pinned to (see ``arrowstream._pinned``): the ETag on S3 and Azure,
     the generation on GCS, the modification time of a local file; "" where the listing gave none. It
-    is not in the data fingerprint (``tag`` is), so that checkpoints keep matching across versions.
+    is not in the data fingerprint (``tag`` is), which stays what checkpoints of earlier releases hold.
     """
 
     path: str

@@ -7,17 +7,20 @@ request, so no read costs an extra one:
 
 - S3: ``IfMatch=<ETag>`` on GetObject (moto and S3 answer 412 to another version);
 - GCS: ``ifGenerationMatch=<generation>`` on the media download (GCS answers 412), and the
-  ``x-goog-generation`` header of the answer compared, where the server sends one;
+  ``x-goog-generation`` header of the answer compared, where the server sends one
+  (gcp-storage-emulator does neither: against it only the size check below holds);
 - Azure: ``etag=<ETag>, match_condition=IfNotModified`` on ``download_blob`` (Azure and
-  Azurite answer 412), and the answer's ETag compared.
+  Azurite answer 412, also for a blob deleted since), and the answer's ETag compared.
 
 On all three, the total size the answer reports (``Content-Range``) is compared with the planned
-size too. The requests go through the fsspec filesystem's own client (s3fs ``_call_s3``, gcsfs
-``_call``, adlfs's service client), so its configuration applies. Other filesystems
-(``memory://``, ``http://``, ...) and files listed without a version keep fsspec's reads; a read that
-comes back short asks the file's size once, to tell a file that shrank from a cut transfer.
-Local and ``memory://`` files (in this process: a stat costs a microsecond) are checked with
-:func:`check_in_process` when opened and around each split read.
+size too (the only check for a file listed without a version). A refused read costs one more
+request, on that failure only: what the file is now, for the message (or that it is gone). The
+requests go through the fsspec filesystem's own client (s3fs ``_call_s3``, gcsfs ``_call``,
+adlfs's service client), so its configuration applies. Other filesystems (``memory://``,
+``http://``, ...) keep fsspec's reads; a read that comes back short asks the file's size once, to
+tell a file that shrank from a cut transfer. Local and ``memory://`` files (in this process: a stat
+costs a microsecond) are checked with :func:`check_in_process` when opened, before each split is
+read and after each batch.
 
 A file that is not the planned version any more is a :class:`~arrowstream.errors.FileChangedError`,
 which no retry layer retries and nobody reports as corrupt.
