@@ -14,6 +14,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ._credentials import CredentialProvider, as_provider
 from ._failures import is_expired_credentials, is_missing, is_permission
+from ._pinned import version_of
 from ._storage import Storage, current_options, open_filesystem
 from ._walk import glob_local, list_local
 from .errors import (
@@ -32,12 +33,18 @@ _TAG_KEYS = ("ETag", "etag", "generation", "version_id", "mtime", "LastModified"
 
 @dataclass(frozen=True)
 class FileEntry:
-    """One data file: its filesystem path, a portable name, size and modification tag."""
+    """One data file: its filesystem path, a portable name, size and modification tag.
+
+    ``version`` is what reads are pinned to (see ``arrowstream._pinned``): the ETag on S3 and Azure,
+    the generation on GCS, the modification time of a local file; "" where the listing gave none. It
+    is not in the data fingerprint (``tag`` is), which stays what checkpoints of earlier releases hold.
+    """
 
     path: str
     name: str
     size: int
     tag: str
+    version: str = ""
 
 
 def _modification_tag(info: dict[str, Any]) -> str:
@@ -164,6 +171,7 @@ def discover_files(path: Any, storage_options: dict[str, Any] | None,
     if root in paths:  # a single file given twice
         root = posixpath.dirname(root)
     entries = [FileEntry(path=p, name=posixpath.relpath(p, root) if root else p,
-                         size=int(infos[p].get("size") or 0), tag=_modification_tag(infos[p]))
+                         size=int(infos[p].get("size") or 0), tag=_modification_tag(infos[p]),
+                         version=version_of(storage.protocol, infos[p]))
                for p in paths]
     return storage, entries

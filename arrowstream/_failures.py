@@ -13,7 +13,7 @@ import errno
 
 import pyarrow as pa
 
-from .errors import CorruptFileError, FileReadError
+from .errors import ArrowStreamError, CorruptFileError, FileReadError
 
 TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _TRANSIENT_ERRNOS = frozenset({errno.ECONNRESET, errno.ECONNABORTED, errno.ECONNREFUSED,
@@ -73,7 +73,9 @@ def is_missing(exc: BaseException) -> bool:
 
 def is_transient(exc: BaseException) -> bool:
     """True for storage errors worth retrying: resets, timeouts, throttling, 5xx, short reads."""
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)) or is_expired_credentials(exc):
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, ArrowStreamError)):
+        return False   # an arrowstream error (a file changed since planning) already says what happened
+    if is_expired_credentials(exc):
         return False
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return True

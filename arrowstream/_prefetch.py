@@ -4,7 +4,8 @@ Planning knows, from metadata, which byte ranges each split needs (Parquet: the 
 the selected columns in its row groups; ORC: its stripes; IPC: its record batches). A worker
 hands the ranges of the splits after the current one to a :class:`Prefetcher`, which fetches
 them in the background, coalesced (neighbours closer than ``MAX_GAP`` merge into one request)
-and concurrently (``fs.cat_ranges``). Files of remote storage are opened as :class:`PartsFile`,
+and concurrently. Every read is pinned to the planned version of the file (see ``_pinned``).
+Files of remote storage are opened as :class:`PartsFile`,
 which serves a read from fetched bytes when they cover it, waits for a fetch in flight that will,
 and otherwise asks the store for exactly the bytes read (one ranged request, no read-ahead
 block). Memory is bounded: at most ``depth`` splits are fetched ahead, and a split's bytes are
@@ -19,6 +20,9 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
+
+from ._pinned import Pin, read_ranges
+from .errors import FileChangedError
 
 logger = logging.getLogger("arrowstream")
 
@@ -42,8 +46,8 @@ def coalesce(ranges: Sequence[tuple[int, int]], max_gap: int = MAX_GAP,
 class _Fetch:
     """The ranges of one split of one file, fetched in the background."""
 
-    def __init__(self, path: str, ranges: list[tuple[int, int]], future: Future[list[bytes]]) -> None:
-        self.path, self.ranges, self.future = path, ranges, future
+    def __init__(self, pin: Pin, ranges: list[tuple[int, int]], future: Future[list[bytes]]) -> None:
+        self.path, self.ranges, self.future = pin.path, ranges, future
 
     def covering(self, path: str, start: int, end: int) -> int | None:
         if path != self.path:
@@ -75,23 +79,15 @@ class Prefetcher:
         for fetch in fetches:
             fetch.future.cancel()
 
-    def schedule(self, key: Any, path: str, ranges: Sequence[tuple[int, int]]) -> None:
-        """Fetch ``ranges`` of ``path`` in the background, unless ``key`` is fetched or the depth is full."""
+    def schedule(self, key: Any, pin: Pin, ranges: Sequence[tuple[int, int]]) -> None:
+        """Fetch ``ranges`` of the file in the background, unless ``key`` is fetched or the depth is full."""
         with self._lock:
             if key in self._fetches or len(self._fetches) >= self.depth or not ranges:
                 return
             merged = coalesce(ranges)
             self.requests += len(merged)
-            future = self._pool.submit(self._fetch, path, merged)
-            self._fetches[key] = _Fetch(path, merged, future)
-
-    def _fetch(self, path: str, ranges: list[tuple[int, int]]) -> list[bytes]:
-        parts: list[bytes] = self._fs.cat_ranges([path] * len(ranges), [s for s, _ in ranges],
-                                                 [e for _, e in ranges], on_error="raise")
-        for (start, end), part in zip(ranges, parts, strict=True):
-            if len(part) != end - start:
-                raise OSError(f"short read of {path} [{start}, {end}): got {len(part)} bytes")
-        return parts
+            future = self._pool.submit(read_ranges, self._fs, pin, merged)
+            self._fetches[key] = _Fetch(pin, merged, future)
 
     def read(self, path: str, start: int, end: int) -> bytes | None:
         """The bytes ``[start, end)`` of ``path`` if a fetch covers them (waiting for it), else None."""
@@ -101,6 +97,8 @@ class Prefetcher:
         for fetch, index in found:
             try:
                 parts = fetch.future.result()
+            except FileChangedError:   # not the planned version: reading it again will not help
+                raise
             except Exception as exc:  # noqa: BLE001 - any failure: the reader reads it itself, with its retries
                 logger.debug("read-ahead of %s failed (%s); reading directly", path, type(exc).__name__)
                 continue
@@ -130,9 +128,10 @@ class Prefetcher:
 class PartsFile(io.RawIOBase):
     """A remote file read through a :class:`Prefetcher`; every other read is one ranged request."""
 
-    def __init__(self, fs: Any, path: str, size: int, prefetcher: Prefetcher | None) -> None:
+    def __init__(self, fs: Any, pin: Pin, prefetcher: Prefetcher | None) -> None:
         super().__init__()
-        self._fs, self._path, self._size, self._prefetcher = fs, path, size, prefetcher
+        self._fs, self._pin, self._prefetcher = fs, pin, prefetcher
+        self._path, self._size = pin.path, pin.size
         self._position = 0
         self._block: tuple[int, bytes] | None = None   # the last small-read block
 
@@ -173,9 +172,7 @@ class PartsFile(io.RawIOBase):
             hi = min(self._size, lo + SMALL_READ)
         if self._prefetcher is not None:
             self._prefetcher.direct_requests += 1
-        data: bytes = self._fs.cat_file(self._path, start=lo, end=hi)
-        if len(data) != hi - lo:
-            raise ConnectionResetError(f"short read of {self._path} [{lo}, {hi}): got {len(data)} bytes")
+        data = read_ranges(self._fs, self._pin, [(lo, hi)])[0]
         if hi - lo <= SMALL_READ:
             self._block = (lo, data)
         return data[start - lo:end - lo]

@@ -8,6 +8,7 @@ piece handed out: nothing is lost or repeated.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from ._failures import is_expired_credentials, is_transient, wrap_read_error
 from ._formats import UnitFile, get_format, name_units
 from ._formats.text import ROW_OK
 from ._metrics import Meter
+from ._pinned import Pin
 from ._planning import Plan, Split
 from ._prefetch import Prefetcher
 from ._storage import MAX_REFRESHES, Storage, logger
@@ -86,7 +88,9 @@ class ReadAhead:
             footer = self._plan.files[split.file_index]
             units = list(range(split.unit_start, split.unit_stop))
             ranges = get_format(footer.format).byte_ranges(footer, units, self._plan.read_columns)
-            self._prefetcher.schedule((self._token, ahead), footer.entry.path, ranges)
+            pin = Pin(footer.entry.path, self._plan.url(split.file_index), footer.entry.size, footer.entry.version,
+                      self._plan.protocol)
+            self._prefetcher.schedule((self._token, ahead), pin, ranges)
 
     def finished(self, position: int) -> None:
         self._prefetcher.release((self._token, position))
@@ -149,6 +153,7 @@ class SplitReader:
                 raise
             except Exception as exc:
                 self.close()
+                self._check_unchanged(split)   # a local file changed under the read is named as changed
                 url = self._plan.url(split.file_index)
                 if refreshes < MAX_REFRESHES and is_expired_credentials(exc) and self._storage.refresh_credentials(url):
                     logger.warning("credentials expired reading %s at row %d; asked the credential provider again",
@@ -166,6 +171,10 @@ class SplitReader:
                     raise failure from exc
                 label = get_format(self._plan.files[split.file_index].format).label
                 raise wrap_read_error(exc, url, label) from exc
+
+    def _check_unchanged(self, split: Split) -> None:
+        with contextlib.suppress(FileNotFoundError):   # a file that disappeared is named as such by the caller
+            self._storage.check_unchanged(self._plan.files[split.file_index].entry)
 
     def _read_once(self, split: Split, position: int, offset: int) -> Iterator[Piece]:
         footer = self._plan.files[split.file_index]
@@ -188,9 +197,13 @@ class SplitReader:
         # a split that ends where its last unit ends reads the units to their end, so that a unit holding
         # more rows than announced is noticed too; one that ends inside a unit leaves its tail to the next
         to_the_end = end == first_row + announced
+        # a local file: its size and modification time checked (a stat) before its bytes are touched (a map
+        # of a file truncated since would be SIGBUS) and after each batch is read (rows of one version only)
+        self._storage.check_unchanged(footer.entry)
         batches = self._file(split.file_index).read_units(
             units, self._plan.read_columns, self._read_batch_rows, self._use_threads)
         for batch in batches:
+            self._storage.check_unchanged(footer.entry)
             lo = max(begin - span_row, 0)
             hi = min(end - span_row, batch.num_rows)
             if hi > lo:

@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from ._credentials import CredentialProvider, as_provider
 from ._failures import is_expired_credentials, is_transient
+from ._pinned import Pin, check_in_process
 from ._prefetch import PartsFile, Prefetcher
 from .errors import ArrowStreamError, MissingDependencyError
 
@@ -160,16 +161,29 @@ class Storage:
                     raise failure from exc
                 raise
 
+    def pin(self, entry: FileEntry) -> Pin:
+        """What the reads of ``entry`` are pinned to: its planned size and version."""
+        return Pin(entry.path, display_url(self.protocol, entry.path), entry.size, entry.version, self.protocol)
+
+    def check_unchanged(self, entry: FileEntry) -> None:
+        """A local or ``memory://`` file: ``FileChangedError`` unless it has its planned size and
+        modification time (one stat). Remote files need no check: each of their reads is pinned."""
+        if self.is_local or self.protocol == "memory":
+            check_in_process(self.pin(entry), None if self.is_local else self.fs)
+
     def open_input(self, entry: FileEntry, memory_map: bool = False) -> pa.NativeFile:
         """Open one file for random-access reading (memory-mapped when local and asked for).
 
         The size known from the listing is passed on, which saves object stores a HEAD request
-        per open: a remote file is opened with one request for the bytes it reads.
+        per open: a remote file is opened with one request for the bytes it reads. A local file is
+        checked against its planned size and modification time first (before it is mapped: a file
+        truncated under a map would kill the process with SIGBUS when read).
         """
+        self.check_unchanged(entry)
         if self.is_local:
             return pa.memory_map(entry.path) if memory_map else pa.OSFile(entry.path)
         if entry.size > 0:
-            return pa.PythonFile(PartsFile(self.fs, entry.path, entry.size, self.prefetcher), mode="r")
+            return pa.PythonFile(PartsFile(self.fs, self.pin(entry), self.prefetcher), mode="r")
         return pa.PythonFile(self.fs.open(entry.path, "rb"), mode="r")
 
     @property

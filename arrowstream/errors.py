@@ -39,6 +39,10 @@ class FileReadError(ArrowStreamError, OSError):
     """A file could not be read (permissions, or storage errors that outlasted retries)."""
 
 
+class FileChangedError(FileReadError):
+    """A file is not the version the dataset was planned on: it was rewritten, truncated or extended since."""
+
+
 class SchemaMismatchError(ArrowStreamError, ValueError):
     """Files of one dataset disagree on their columns or types."""
 

@@ -40,6 +40,7 @@ _EXPIRED_BODY = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ExpiredTok
 _CODES = {  # status -> (S3 / Azure error code, message)
     403: ("AccessDenied", "Access Denied"),
     404: ("NoSuchKey", "The specified key does not exist."),
+    412: ("conditionNotMet", "At least one of the pre-conditions you specified did not hold."),
     429: ("SlowDown", "Please reduce your request rate."),
     500: ("InternalError", "We encountered an internal error. Please try again."),
     503: ("SlowDown", "Please reduce your request rate."),
@@ -72,6 +73,9 @@ class Faults:
     expired_keys: list[str] = dataclasses.field(default_factory=list)  # S3 access keys answered ExpiredToken
     flavor: str = "s3"            # how error bodies look: "s3", "gs", "az"
     seed: int = 0
+    # GCS media reads answered as GCS does and gcp-storage-emulator does not: ifGenerationMatch honoured
+    # (412) and the object's generation sent in x-goog-generation (looked up in the emulator's metadata)
+    gcs_generations: bool = False
 
 
 def request_kind(method: str, path: str, query: dict[str, str]) -> str:
@@ -123,7 +127,14 @@ class Proxy:
             request.transport.close()
             raise ConnectionResetError("injected reset")
         draw -= faults.reset_rate
+        generation = await self._generation(request) if faults.gcs_generations and kind == "read" else None
+        if generation is not None and request.query.get("ifGenerationMatch", generation) != generation:
+            self.injected["precondition"] += 1
+            body, headers = error_response("gs", 412)
+            return web.Response(status=412, body=body, headers=headers)
         status, headers, body = await self._forward(request)
+        if generation is not None:
+            headers["x-goog-generation"] = generation
         if draw < faults.short_rate and len(body) > 1:
             self.injected["short"] += 1
             response = web.StreamResponse(status=status, headers=headers)
@@ -134,17 +145,31 @@ class Proxy:
             return response
         return web.Response(status=status, headers=headers, body=body)
 
-    async def _forward(self, request: Any) -> tuple[int, dict[str, str], bytes]:
+    def _client(self) -> Any:
         import aiohttp
 
         if self._session is None:
             self._session = aiohttp.ClientSession(auto_decompress=False)
+        return self._session
+
+    async def _generation(self, request: Any) -> str | None:
+        """The current generation of the GCS object a media download reads (None: not such a read)."""
+        prefix = "/download/storage/v1/b/"
+        if not request.raw_path.startswith(prefix):
+            return None
+        from yarl import URL
+
+        metadata = URL(self.upstream + "/storage/v1/b/" + request.raw_path[len(prefix):].split("?", 1)[0], encoded=True)
+        async with self._client().get(metadata) as response:
+            return str((await response.json(content_type=None))["generation"]) if response.status == 200 else None
+
+    async def _forward(self, request: Any) -> tuple[int, dict[str, str], bytes]:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
         data = await request.read()
-        async with self._session.request(request.method, self.upstream + request.path_qs, headers=headers,
-                                         data=data or None, allow_redirects=False,
-                                         skip_auto_headers=("Content-Type", "User-Agent", "Accept",
-                                                            "Accept-Encoding")) as response:
+        async with self._client().request(request.method, self.upstream + request.path_qs, headers=headers,
+                                          data=data or None, allow_redirects=False,
+                                          skip_auto_headers=("Content-Type", "User-Agent", "Accept",
+                                                             "Accept-Encoding")) as response:
             body = await response.read()
             # the body is sent whole (its length set by the response), except for HEAD, which has none
             out = {k: v for k, v in response.headers.items()

@@ -16,11 +16,13 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import fsspec
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from helpers import check_exactly_once, check_resume, ids_of, make_loader, make_table
 from proxy import start_proxy
 
+import arrowstream.dataset
 from arrowstream import StructuredDataset, errors
 
 LAYOUT = [(700, 150), (1300, 200), (450, 150)]   # (rows, row group rows) per file
@@ -53,6 +55,52 @@ def write_files(where: Where, layout=LAYOUT) -> str:
 def read_ids(loader, dataset, epoch=0) -> list[list[int]]:
     dataset.set_epoch(epoch)
     return [ids_of(batch) for batch in loader]
+
+
+PINNED_ROWS = 300   # rows of each of the three files of the rewrite tests, in row groups of 100
+REWRITES = {        # how a file is rewritten: (first id, rows); "same size" holds other ids only
+    "same size": (10**6, PINNED_ROWS), "smaller": (10**6, PINNED_ROWS // 2), "larger": (10**6, PINNED_ROWS * 2)}
+
+
+def write_ids(fs: fsspec.AbstractFileSystem, url: str, index: int, start: int, rows: int) -> None:
+    """File ``index`` holding ids ``start, start + 1, ...``: one int64 column, plain and uncompressed, without
+    statistics, so that other ids in as many rows make a file of exactly the same size."""
+    table = pa.table({"id": pa.array(range(start, start + rows), pa.int64())})
+    with fs.open(f"{url}/part-{index}.parquet", "wb") as f:
+        pq.write_table(table, f, row_group_size=100, compression="none", use_dictionary=False,
+                       write_statistics=False)
+
+
+def write_pinned(where: Where) -> fsspec.AbstractFileSystem:
+    """The three files of the rewrite tests, ids 0 to 899; returns the filesystem that wrote them."""
+    fs = where.filesystem()
+    fs.makedirs(where.url, exist_ok=True)
+    for index in range(3):
+        write_ids(fs, where.url, index, index * PINNED_ROWS, PINNED_ROWS)
+    return fs
+
+
+def rewrite(fs: fsspec.AbstractFileSystem, url: str, index: int, how: str) -> None:
+    """Rewrite file ``index`` of the rewrite tests, ``how`` as in ``REWRITES``."""
+    name = f"{url}/part-{index}.parquet"
+    size = fs.size(name)
+    write_ids(fs, url, index, *REWRITES[how])
+    assert (fs.size(name) == size) == (how == "same size")
+
+
+def read_until_changed(loader, dataset, index: int, during=None) -> list[int]:
+    """The ids read before the FileChangedError that names file ``index``; ``during(step)`` after each batch."""
+    got: list[int] = []
+    dataset.set_epoch(0)
+    with pytest.raises(errors.FileChangedError, match=rf"part-{index}\.parquet: changed since planning \(planned "):
+        for step, batch in enumerate(loader):
+            got += ids_of(batch)
+            if during is not None:
+                during(step)
+    prefetcher = dataset._storage._prefetcher
+    if prefetcher is not None:   # fetches still in flight end before the test's servers and proxy stop
+        prefetcher._pool.shutdown(wait=True)
+    return got
 
 
 class StorageContract:
@@ -93,6 +141,44 @@ class StorageContract:
     def test_a_missing_path_is_named(self, where):
         with pytest.raises(errors.DatasetNotFoundError, match="nothing-here"):
             StructuredDataset(f"{where.url}/nothing-here/", storage_options=where.storage_options)
+
+    @pytest.fixture
+    def via(self, where):
+        """Where the rewrite tests read from: the storage itself, unless a subclass puts a proxy in between."""
+        return where
+
+    @pytest.mark.parametrize("read_ahead", [0, 1])
+    @pytest.mark.parametrize("how", list(REWRITES))
+    def test_a_file_rewritten_after_planning_is_named_and_never_mixed(self, where, via, how, read_ahead):
+        fs = write_pinned(where)
+        loader, dataset = make_loader(via.url, 0, batch_size=50, read_ahead=read_ahead,
+                                      storage_options=via.storage_options)
+        rewrite(fs, where.url, 1, how)
+        assert read_until_changed(loader, dataset, 1) == list(range(PINNED_ROWS))   # no row of either part-1
+
+    @pytest.mark.parametrize("read_ahead", [0, 1])
+    def test_a_file_rewritten_mid_epoch_is_named_and_never_mixed(self, where, via, read_ahead):
+        fs = write_pinned(where)
+        loader, dataset = make_loader(via.url, 0, batch_size=50, read_ahead=read_ahead,
+                                      storage_options=via.storage_options)
+
+        def rewrite_the_last_file(step: int) -> None:
+            if step == 1:
+                rewrite(fs, where.url, 2, "same size")
+        got = read_until_changed(loader, dataset, 2, during=rewrite_the_last_file)
+        assert got == list(range(2 * PINNED_ROWS))
+
+    def test_a_file_rewritten_between_listing_and_footer_is_named(self, where, via, monkeypatch):
+        fs = write_pinned(where)
+        listing = arrowstream.dataset.discover_files
+
+        def listed_then_rewritten(*args, **kwargs):
+            listed = listing(*args, **kwargs)
+            rewrite(fs, where.url, 1, "same size")
+            return listed
+        monkeypatch.setattr(arrowstream.dataset, "discover_files", listed_then_rewritten)
+        with pytest.raises(errors.FileChangedError, match=r"part-1\.parquet: changed since planning"):
+            StructuredDataset(via.url, batch_size=50, storage_options=via.storage_options)
 
     def test_a_file_removed_after_planning_is_named(self, where):
         path = write_files(where)
@@ -191,6 +277,18 @@ class RemoteContract(ProcessesContract):
         assert dataset is None
         assert proxy.stats()["injected"].get("error", 0) <= 4   # not retried as if transient
 
+    def test_a_changed_file_is_asked_for_once_not_retried(self, where, proxied):
+        fs = write_pinned(where)
+        via, proxy = proxied
+        proxy.configure(flavor=where.protocol, gcs_generations=True)
+        loader, dataset = make_loader(via.url, 0, batch_size=50, read_ahead=0, storage_options=via.storage_options)
+        rewrite(fs, where.url, 0, "same size")
+        proxy.reset()
+        assert read_until_changed(loader, dataset, 0) == []
+        counts = proxy.stats()["counts"]
+        # the refused read, then what the file is now (for the message): GCS's metadata is a GET, S3's and Azure's a HEAD
+        assert (counts.get("read", 0), counts.get("head", 0)) == ((2, 0) if where.protocol == "gs" else (1, 1))
+
     def secret_options(self, server) -> dict[str, Any]:
         """Working storage_options whose credentials are long, unique strings."""
         return server.storage_options
@@ -231,6 +329,14 @@ class TestS3(RemoteContract):
 
 class TestGcs(RemoteContract):
     server_fixture = "gcs_server"
+
+    @pytest.fixture
+    def via(self, proxied):
+        """gcp-storage-emulator ignores ifGenerationMatch and sends no x-goog-generation: the proxy answers
+        reads as GCS does (see ``proxy.Faults.gcs_generations``)."""
+        where, proxy = proxied
+        proxy.configure(flavor="gs", gcs_generations=True)
+        return where
 
 
 class TestAzure(RemoteContract):
