@@ -31,6 +31,7 @@ from ._order import (
 from ._planning import Plan, Split, plan_files
 from ._position import check_in_plan
 from ._reader import ReadAhead, SplitReader
+from ._retry import RetryPolicy
 from ._state import DataIdentity, ElasticSource, WorkerState, check_compatible, check_slot
 from ._storage import Storage
 from ._stream import EpochStream, open_runs
@@ -101,6 +102,10 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             fetches in the background (coalesced byte ranges, concurrently); ``0`` turns
             read-ahead off. Memory: about that many splits' compressed bytes per worker, plus
             the splits being read. Local files are read directly.
+        retry: How storage requests are retried (:class:`arrowstream.RetryPolicy`: attempts, backoff,
+            the per-request timeout that cuts a stalled connection, deadlines per request and per
+            split); ``None`` for the defaults. The backends' own retries are turned down, so these
+            are all the attempts made. See docs/storage.md.
 
     Example:
         >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
@@ -122,7 +127,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                  storage_options: dict[str, Any] | None = None, accelerator: Any = None,
                  rank: int | None = None, world_size: int | None = None, even_batches: bool = True,
                  group_size: int = 1, read_ahead: int = 1,
-                 credential_provider: Callable[[], dict[str, Any]] | None = None) -> None:
+                 credential_provider: Callable[[], dict[str, Any]] | None = None,
+                 retry: RetryPolicy | None = None) -> None:
         super().__init__()
         if format == "iceberg" and type(self)._make_plan is StructuredDataset._make_plan:
             raise InvalidArgumentError("format: Iceberg tables are read by arrowstream.IcebergDataset(table=..., "
@@ -138,6 +144,10 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             raise ArgumentTypeError(f"credential_provider: expected a callable returning storage options, got "
                                     f"{type(credential_provider).__name__}")
         self._credential_provider = credential_provider
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ArgumentTypeError(f"retry: expected an arrowstream.RetryPolicy, got {type(retry).__name__}; "
+                                    "pass retry=arrowstream.RetryPolicy(attempts=..., timeout=...)")
+        self._retry = retry or RetryPolicy()
         self._topology = resolve_topology(rank, world_size, accelerator, group_size)
         self._rank, self._world_size = self._topology.data_rank, self._topology.data_world_size
         # with one reader of distinct data there is nothing to even out
@@ -194,7 +204,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
 
     def _plan_here(self, path: Any, storage_options: dict[str, Any] | None) -> tuple[Storage, Plan, None]:
         """List the files and read their metadata in this process."""
-        storage, entries = discover_files(path, storage_options, self._credential_provider)
+        storage, entries = discover_files(path, storage_options, self._credential_provider, self._retry)
         columns = list(self._options.columns) if self._options.columns else None
         file_format = get_format(self._options.format)
         if isinstance(file_format, TextFormat) and self._options.parse_options is not None:

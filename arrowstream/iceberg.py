@@ -104,7 +104,7 @@ class IcebergDataset(StructuredDataset):
         return self._source.snapshot_id
 
     def _make_plan(self, path: Any, storage_options: dict[str, Any] | None) -> tuple[Storage, Plan, tuple[int, int] | None]:
-        storage, plan = plan_iceberg(self._source, self._options.split_bytes)
+        storage, plan = plan_iceberg(self._source, self._options.split_bytes, self._retry)
         return storage, plan, (self._source.snapshot_id, self._source.schema_id)
 
     def _follow_snapshot(self, saved: WorkerState) -> None:
