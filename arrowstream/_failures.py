@@ -52,6 +52,8 @@ def _chain(exc: BaseException) -> list[BaseException]:
 def http_status(exc: BaseException) -> int | None:
     """The HTTP status behind a storage error, where the backend kept it."""
     for error in _chain(exc):
+        if type(error).__module__ == "aiohttp.http_exceptions":   # a body the client could not parse: its
+            continue                                              # "400" is no answer of the store
         for name in ("status_code", "code", "status"):
             value = getattr(error, name, None)
             if isinstance(value, int) and 100 <= value < 600:
@@ -113,6 +115,14 @@ def failure_kind(exc: BaseException) -> str:
     if any(marker in text for marker in _INCOMPLETE_MARKERS):
         return "incomplete"
     return "error"
+
+
+def throttle_label(exc: BaseException) -> str:
+    """How a throttling answer reads: ``503 SlowDown``, ``429``, ``ServerBusy``."""
+    text = _text(exc)
+    code = next((name for name in ("SlowDown", "ServerBusy", "TooManyRequests", "Too Many Requests")
+                 if name.lower() in text), "")
+    return " ".join(str(part) for part in (http_status(exc), code) if part) or "throttled"
 
 
 def _headers(error: BaseException) -> Any:

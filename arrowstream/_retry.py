@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ._failures import failure_kind, is_transient, retry_after
+from ._failures import failure_kind, is_transient, retry_after, throttle_label
 from .errors import ArgumentTypeError, FileReadError, InvalidArgumentError
 
 logger = logging.getLogger("arrowstream")
@@ -161,23 +161,20 @@ class Attempts:
         kind = self.kinds[-1]
         every = "on every attempt" if all(k == kind for k in self.kinds) else "on the last attempt"
         tried = f"{self.total} failed attempt{'s' if self.total > 1 else ''} over {self.spent:.1f} s"
+        remedy = ("check that the store is reachable and healthy, or allow more with "
+                  "retry=arrowstream.RetryPolicy(attempts=..., deadline=...)")
         if kind == "timeout":
             what = f"storage did not answer within {self.policy.timeout:g} s ({every}), {tried}"
-            knob = "timeout=, attempts="
+            remedy = ("if the store is only slow, allow more with "
+                      "retry=arrowstream.RetryPolicy(timeout=..., attempts=...)")
         elif kind == "throttled":
-            what = f"throttled by the store ({last}) {every}, {tried}"
-            knob = "deadline=, throttle_delay=, max_delay="
-            last = ""
+            what = f"throttled by the store ({throttle_label(exc)}) {every}, {tried}"
+            remedy = ("the store asks for fewer requests: read with fewer workers or ranks at once, or wait longer "
+                      "with retry=arrowstream.RetryPolicy(deadline=..., throttle_delay=...)")
         elif kind == "unreachable":
             what = f"storage could not be reached ({every}), {tried}"
-            knob = "attempts=, deadline="
         elif kind == "incomplete":
-            what = f"the store sent incomplete or checksum-failing bodies ({every}), {tried}"
-            knob = "attempts="
+            what = f"the store sent bodies cut short or failing their checksum ({every}), {tried}"
         else:
             what = f"storage kept failing ({every}), {tried}"
-            knob = "attempts=, deadline="
-        detail = f" (last error: {last})" if last else ""
-        return (f"{self.what}: {what}{why}{detail}; check that the store is reachable and healthy, or allow more "
-                f"with retry=arrowstream.RetryPolicy({knob}...) (see docs/storage.md)")
-
+        return f"{self.what}: {what}{why} (last error: {last}); {remedy} (see docs/storage.md)"
