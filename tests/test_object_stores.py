@@ -182,7 +182,7 @@ class RemoteContract(ProcessesContract):
         proxy.configure(flavor=where.protocol, error_rate=0.15, error_status=503, reset_rate=0.05,
                         short_rate=0.05, seed=7)
         got = read_ids(*make_loader(via.url, 2, storage_options=via.storage_options, batch_size=64,
-                                    shuffle=True, seed=2))
+                                    shuffle=True, seed=2, retry=self.PATIENT))
         assert got == reference
         assert sum(proxy.stats()["injected"].values()) >= 3
 
@@ -200,6 +200,7 @@ class RemoteContract(ProcessesContract):
 
     QUICK = RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05, throttle_delay=0.02, timeout=1.0,
                         deadline=20.0, split_deadline=20.0)
+    PATIENT = dataclasses.replace(QUICK, attempts=8)   # for reads that must get through occasional faults
 
     def read_through(self, via, proxy, retry, layout=SMALL, **faults):
         """Plan through the proxy (faults as configured), read one epoch with ``faults``: (ids, stats, seconds)."""
@@ -228,7 +229,7 @@ class RemoteContract(ProcessesContract):
         never answers is an error naming the object within the deadline, one request per attempt."""
         write_files(where, SMALL)
         via, proxy = proxied
-        ids, stats, seconds = self.read_through(via, proxy, self.QUICK, stall_rate=0.3, seed=1)
+        ids, stats, seconds = self.read_through(via, proxy, self.PATIENT, stall_rate=0.3, seed=1)
         assert ids == list(range(SMALL_ROWS))
         assert stats["injected"].get("stall", 0) >= 1 and seconds < 45
         error, reads, seconds = self.failing_read(via, proxy, self.QUICK, stall_rate=1.0)
@@ -263,7 +264,7 @@ class RemoteContract(ProcessesContract):
         via, proxy = proxied
         proxy.configure(flavor=where.protocol, truncate_rate=0.4, seed=1)
         loader, dataset = make_loader(via.url, 0, storage_options=via.storage_options, batch_size=64, read_ahead=0,
-                                      retry=dataclasses.replace(self.QUICK, attempts=6))
+                                      retry=self.PATIENT)
         assert proxy.stats()["injected"].get("truncate", 0) >= 1      # footers, while planning
         proxy.reset()
         assert sorted(i for batch in read_ids(loader, dataset) for i in batch) == list(range(SMALL_ROWS))
@@ -273,17 +274,19 @@ class RemoteContract(ProcessesContract):
         assert re.search(r"part-\d\.parquet: .*3 failed attempts", str(error)), str(error)
         assert reads <= self.QUICK.attempts * 3      # Azure's SDK re-reads a short body itself (3 times, fixed)
 
-    def test_connection_refused_then_recovery(self, where, proxied):
+    def test_connection_refused_then_recovery(self, where, proxied, caplog):
         """The store refuses connections for a second, then answers: retried (not an error), every row once."""
         write_files(where, SMALL)
         via, proxy = proxied
         patient = RetryPolicy(attempts=8, base_delay=0.2, max_delay=0.5, timeout=2.0)
-        loader, dataset = make_loader(via.url, 0, storage_options=via.storage_options, batch_size=64, retry=patient,
-                                      read_ahead=0)
+        caplog.set_level(logging.WARNING, logger="arrowstream")
         proxy.refuse(1.0)
         started = time.monotonic()
+        loader, dataset = make_loader(via.url, 0, storage_options=via.storage_options, batch_size=64, retry=patient,
+                                      read_ahead=0)
         ids = sorted(i for batch in read_ids(loader, dataset) for i in batch)
         assert ids == list(range(SMALL_ROWS))
+        assert "unreachable" in caplog.text      # refused, retried
         assert time.monotonic() - started < 30
 
     def secret_options(self, server) -> dict[str, Any]:
@@ -305,7 +308,7 @@ class RemoteContract(ProcessesContract):
             StructuredDataset(f"{where.url}/nothing-here/", storage_options=options)
         via, proxy = proxied
         proxy.configure(flavor=where.protocol, error_rate=0.3, reset_rate=0.1, seed=3)  # retried and logged
-        read_ids(*make_loader(via.url, 0, batch_size=100, storage_options={**via.storage_options, **{
+        read_ids(*make_loader(via.url, 0, batch_size=100, retry=self.PATIENT, storage_options={**via.storage_options, **{
             k: v for k, v in options.items() if k in ("key", "secret")}}))
         proxy.configure(flavor=where.protocol, error_rate=1.0, error_status=403)
         with pytest.raises(errors.ArrowStreamError) as failing:

@@ -40,9 +40,14 @@ def test_fields_are_validated_by_name():
     assert RetryPolicy(base_delay=0, max_delay=0).backoff(3) == 0.0
 
 
-def test_a_policy_pickles_and_retry_must_be_one(tmp_path):
+def test_a_policy_travels_to_workers_and_retry_must_be_one(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"x": [1, 2, 3]}), tmp_path / "a.parquet")
     policy = RetryPolicy(attempts=7, timeout=4.5)
-    assert pickle.loads(pickle.dumps(policy)) == policy
+    copy = pickle.loads(pickle.dumps(StructuredDataset(tmp_path, retry=policy)))   # what a spawned worker gets
+    assert copy._storage.retry == policy
     with pytest.raises(errors.ArgumentTypeError, match=r"retry: expected an arrowstream.RetryPolicy, got dict"):
         StructuredDataset(tmp_path, retry={"attempts": 3})
 
