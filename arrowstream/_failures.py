@@ -26,7 +26,8 @@ _TRANSIENT_MARKERS = ("slowdown", "throttl", "timeout", "timed out", "connection
                       "short read", "payload", "server disconnected", "could not connect", "connection refused",
                       "endpointconnectionerror", "connect timeout", "connection aborted", "cannot connect",
                       "connect call failed", "incompleteread", "incomplete read", "contentlengtherror",
-                      "not enough data", "flexiblechecksumerror", "did not match calculated checksum")
+                      "not enough data", "flexiblechecksumerror", "did not match calculated checksum",
+                      "transporterror")   # google-auth could not reach its token endpoint
 # a body cut short or failing its checksum: the wire, not the data (retried before anything is called corrupt)
 _INCOMPLETE_MARKERS = ("short read", "payload", "incompleteread", "incomplete read", "contentlengtherror",
                        "not enough data", "flexiblechecksumerror", "did not match calculated checksum")
@@ -92,6 +93,8 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return True
     status = http_status(exc)
+    if status == 401 and "invalid credentials" in _text(exc):
+        return True   # GCS: an access token that expired in flight; the next attempt sends a refreshed one (as gcsfs)
     if status is not None:
         return status in TRANSIENT_STATUS
     if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:

@@ -52,8 +52,10 @@ class RetryPolicy:
         timeout: Seconds a request may wait to connect and for each read from the socket (the first
             byte included); passed to the backend (botocore ``connect_timeout``/``read_timeout``,
             gcsfs ``requests_timeout``, adlfs ``connection_timeout``/``read_timeout``).
-        deadline: Seconds one request may take with its retries; no attempt starts after it.
-        split_deadline: Seconds one split may lose to failed attempts and waits before its read fails.
+        deadline: Seconds one request (a listing, a footer read) may take with its retries; no attempt
+            starts after it.
+        split_deadline: Seconds the read of one split may lose to failed attempts and waits (reading rows
+            does not count) before it fails.
 
     Example:
         >>> import arrowstream

@@ -133,6 +133,17 @@ def test_short_and_checksum_failing_bodies_are_transient():
         assert is_transient(error) and failure_kind(error) == "incomplete"
 
 
+def test_what_the_backends_retried_themselves_stays_transient():
+    """Errors gcsfs's own loop retried, now that it makes one attempt: a token that expired in flight, a token
+    endpoint out of reach."""
+    from gcsfs.retry import HttpError
+    from google.auth.exceptions import TransportError
+
+    assert is_transient(HttpError({"code": 401, "message": "Invalid Credentials"}))
+    assert is_transient(TransportError("Failed to retrieve http://metadata.google.internal/ from the metadata server"))
+    assert not is_transient(HttpError({"code": 401, "message": "Anonymous caller does not have storage.objects.get"}))
+
+
 def test_backend_defaults_lie_under_the_users_options():
     policy_timeout = 9.0
     s3 = backend_options("s3", {"config_kwargs": {"read_timeout": 120, "retries": {"max_attempts": 4}}}, policy_timeout)
