@@ -94,7 +94,7 @@ class RetryPolicy:
                 rng: Callable[[], float] = random.random) -> float:
         """The wait after the ``failures``-th failed attempt in a row (1 for the first): full jitter."""
         base = self.throttle_delay if exc is not None and failure_kind(exc) == "throttled" else self.base_delay
-        return float(rng() * min(self.max_delay, base * 2 ** (failures - 1)))
+        return float(rng() * min(self.max_delay, base * 2 ** min(failures - 1, 64)))
 
     def call(self, fn: Callable[[], T], what: str) -> T:
         """Run ``fn``; retry transient errors within the attempts and the deadline.

@@ -59,6 +59,7 @@ def test_backoff_is_full_jitter_within_its_cap_and_harder_when_throttled():
     draws = random.Random(3)
     waits = [policy.backoff(3, rng=draws.random) for _ in range(2000)]
     assert 0 <= min(waits) < 0.01 and 0.39 < max(waits) <= 0.4
+    assert policy.backoff(5000, rng=lambda: 1.0) == 1.0     # no overflow after many failures
 
 
 def test_retry_after_in_seconds_or_as_a_date():
