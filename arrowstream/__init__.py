@@ -12,6 +12,7 @@ from . import errors
 from ._checkpoint import gather_state_dict, merge_state_dicts
 from ._iceberg import default_catalog_config as iceberg_catalog_config
 from ._metrics import gather_metrics
+from ._retry import RetryPolicy
 from .dataset import StructuredDataset
 from .errors import (
     ArgumentTypeError,
@@ -56,6 +57,7 @@ __all__ = [
     "MissingDependencyError",
     "NotSupportedYetError",
     "NullValueError",
+    "RetryPolicy",
     "SchemaMismatchError",
     "SharedMemoryError",
     "StateError",

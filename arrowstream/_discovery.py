@@ -12,9 +12,11 @@ import fsspec
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
+from ._backends import backend_options, single_attempt
 from ._credentials import CredentialProvider, as_provider
 from ._failures import is_expired_credentials, is_missing, is_permission
 from ._pinned import version_of
+from ._retry import RetryPolicy
 from ._storage import Storage, current_options, open_filesystem
 from ._walk import glob_local, list_local
 from .errors import (
@@ -128,7 +130,7 @@ def _listed(storage: Storage, url: str, path: str) -> dict[str, dict[str, Any]]:
 
 def discover_files(path: Any, storage_options: dict[str, Any] | None,
                    credential_provider: Callable[[], dict[str, Any]] | CredentialProvider | None = None,
-                   ) -> tuple[Storage, list[FileEntry]]:
+                   retry: RetryPolicy | None = None) -> tuple[Storage, list[FileEntry]]:
     """List the files of ``path`` once: returns the dataset's storage (its filesystem is the one that
     listed, which the main process goes on to read the footers with) and the files sorted by path.
 
@@ -144,22 +146,23 @@ def discover_files(path: Any, storage_options: dict[str, Any] | None,
     options = current_options(storage_options, provider, f"while opening the filesystem to list {urls[0]}")
     storage: Storage | None = None
     infos: dict[str, dict[str, Any]] = {}
+    retry = retry or RetryPolicy()
     for url in urls:
-        try:
-            fs, fs_path = url_to_fs(url, **options)
+        scheme = url.split("://", 1)[0] if "://" in url else "file"
+        try:   # a filesystem of its own, its backend's retries turned down (_backends.py)
+            fs, fs_path = url_to_fs(url, skip_instance_cache=True, **backend_options(scheme, options, retry.timeout))
         except (ImportError, ValueError):
-            scheme = url.split("://", 1)[0] if "://" in url else "file"
             open_filesystem(scheme, options)  # raises the clear error
             raise
         except Exception as exc:  # the backend refused the options: the provider's, when it gave some
-            scheme = url.split("://", 1)[0] if "://" in url else "file"
             fault = None if provider is None else provider.fault(exc, f"for {url}", scheme, storage_options or {})
             if fault is not None:
                 raise fault from exc
             raise
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+        single_attempt(fs, protocol)
         if storage is None:
-            storage = Storage(protocol, storage_options, credential_provider=provider, filesystem=fs)
+            storage = Storage(protocol, storage_options, retry=retry, credential_provider=provider, filesystem=fs)
         elif protocol != storage.protocol:
             raise InvalidArgumentError(
                 f"path: all paths must be on one filesystem, got {storage.protocol}:// and {protocol}:// "

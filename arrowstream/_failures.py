@@ -10,6 +10,9 @@ codes the stores write in their messages.
 from __future__ import annotations
 
 import errno
+import math
+import time
+from typing import Any
 
 import pyarrow as pa
 
@@ -21,7 +24,17 @@ _TRANSIENT_ERRNOS = frozenset({errno.ECONNRESET, errno.ECONNABORTED, errno.ECONN
 _TRANSIENT_MARKERS = ("slowdown", "throttl", "timeout", "timed out", "connection reset", "service unavailable",
                       "internal error", "internalerror", "serverbusy", "temporarily", "too many requests",
                       "short read", "payload", "server disconnected", "could not connect", "connection refused",
-                      "endpointconnectionerror", "connect timeout", "connection aborted")
+                      "endpointconnectionerror", "connect timeout", "connection aborted", "cannot connect",
+                      "connect call failed", "incompleteread", "incomplete read", "contentlengtherror",
+                      "not enough data", "flexiblechecksumerror", "did not match calculated checksum",
+                      "transporterror")   # google-auth could not reach its token endpoint
+# a body cut short or failing its checksum: the wire, not the data (retried before anything is called corrupt)
+_INCOMPLETE_MARKERS = ("short read", "payload", "incompleteread", "incomplete read", "contentlengtherror",
+                       "not enough data", "flexiblechecksumerror", "did not match calculated checksum")
+_THROTTLE_MARKERS = ("slowdown", "throttl", "serverbusy", "too many requests", "reduce your request rate")
+_TIMEOUT_MARKERS = ("timeout", "timed out")
+_UNREACHABLE_MARKERS = ("connection refused", "could not connect", "cannot connect", "connect call failed",
+                        "endpointconnectionerror")
 _PERMISSION_MARKERS = ("forbidden", "access denied", "accessdenied", "authorizationfailure", "authenticationfailed",
                        "unauthorized", "invalidaccesskeyid", "signaturedoesnotmatch", "permission denied")
 _EXPIRED_MARKERS = ("expiredtoken", "token has expired", "token is expired", "expired token", "invalid_grant",
@@ -40,6 +53,8 @@ def _chain(exc: BaseException) -> list[BaseException]:
 def http_status(exc: BaseException) -> int | None:
     """The HTTP status behind a storage error, where the backend kept it."""
     for error in _chain(exc):
+        if type(error).__module__ == "aiohttp.http_exceptions":   # a body the client could not parse: its
+            continue                                              # "400" is no answer of the store
         for name in ("status_code", "code", "status"):
             value = getattr(error, name, None)
             if isinstance(value, int) and 100 <= value < 600:
@@ -80,6 +95,8 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return True
     status = http_status(exc)
+    if status == 401 and "invalid credentials" in _text(exc):
+        return True   # GCS: an access token that expired in flight; the next attempt sends a refreshed one (as gcsfs)
     if status is not None:
         return status in TRANSIENT_STATUS
     if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
@@ -87,6 +104,75 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, pa.ArrowInvalid):  # the data, not the wire
         return False
     return any(marker in _text(exc) for marker in _TRANSIENT_MARKERS)
+
+
+def failure_kind(exc: BaseException) -> str:
+    """What a transient failure was, for the final message: ``throttled``, ``timeout``, ``unreachable``,
+    ``incomplete`` (a short or checksum-failing body) or ``error``."""
+    text = _text(exc)
+    if http_status(exc) in (429, 503) or any(marker in text for marker in _THROTTLE_MARKERS):
+        return "throttled"
+    chain = _chain(exc)
+    if any(isinstance(e, ConnectionRefusedError) for e in chain) or any(m in text for m in _UNREACHABLE_MARKERS):
+        return "unreachable"
+    if any(isinstance(e, TimeoutError) for e in chain) or any(marker in text for marker in _TIMEOUT_MARKERS):
+        return "timeout"
+    if any(marker in text for marker in _INCOMPLETE_MARKERS):
+        return "incomplete"
+    return "error"
+
+
+def throttle_label(exc: BaseException) -> str:
+    """How a throttling answer reads: ``503 SlowDown``, ``429``, ``ServerBusy``."""
+    text = _text(exc)
+    code = next((name for name in ("SlowDown", "ServerBusy", "TooManyRequests", "Too Many Requests")
+                 if name.lower() in text), "")
+    return " ".join(str(part) for part in (http_status(exc), code) if part) or "throttled"
+
+
+def _headers(error: BaseException) -> Any:
+    """The response headers an error kept: botocore's dict, azure-core's and aiohttp's mappings."""
+    response = getattr(error, "response", None)
+    if isinstance(response, dict):
+        return response.get("ResponseMetadata", {}).get("HTTPHeaders")
+    headers = getattr(response, "headers", None)
+    return headers if headers is not None else getattr(error, "headers", None)
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """Seconds the store asked to wait (``Retry-After``, seconds or an HTTP date), if it said so."""
+    for error in _chain(exc):
+        headers = _headers(error)
+        if headers is None:
+            continue
+        try:
+            value = next((v for k, v in headers.items() if str(k).lower() == "retry-after"), None)
+        except AttributeError:
+            continue
+        seconds = parse_seconds(value)
+        if seconds is not None:
+            return seconds
+    return None
+
+
+def parse_seconds(value: Any) -> float | None:
+    """A ``Retry-After`` value in seconds: a number, or an HTTP date (seconds from now); None if neither."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        from email.utils import parsedate_to_datetime
+
+        try:
+            when = parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = when.timestamp() - time.time()
+    return max(seconds, 0.0) if math.isfinite(seconds) else None
 
 
 def wrap_read_error(exc: BaseException, url: str, label: str = "Parquet") -> BaseException:

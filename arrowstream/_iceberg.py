@@ -30,6 +30,7 @@ from ._discovery import FileEntry
 from ._failures import is_missing
 from ._formats import FileFooter, UnitFile, get_format, register_format
 from ._planning import MAX_PLANNING_THREADS, Plan, build_plan, read_footer
+from ._retry import RetryPolicy
 from ._storage import Storage
 from .errors import (
     DatasetNotFoundError,
@@ -66,8 +67,8 @@ class IcebergStorage(Storage):
     and never appear in a state, a repr or a log line.
     """
 
-    def __init__(self, io_properties: dict[str, str], location: str) -> None:
-        super().__init__("iceberg")
+    def __init__(self, io_properties: dict[str, str], location: str, retry: RetryPolicy | None = None) -> None:
+        super().__init__("iceberg", retry=retry)
         self._io_properties = dict(io_properties)
         self._location = location
         self._io: Any = None
@@ -318,7 +319,8 @@ def _deleted_positions(chunks: list[Any] | None) -> npt.NDArray[np.int64] | None
     return np.unique(positions) if positions.size else None
 
 
-def plan_iceberg(source: IcebergSource, split_bytes: int | None) -> tuple[IcebergStorage, Plan]:
+def plan_iceberg(source: IcebergSource, split_bytes: int | None,
+                 retry: RetryPolicy | None = None) -> tuple[IcebergStorage, Plan]:
     """The plan of the pinned snapshot: one file per scan task, its row groups or stripes as units."""
     from pyiceberg.io.pyarrow import (
         _get_column_projection_values,
@@ -343,7 +345,7 @@ def plan_iceberg(source: IcebergSource, split_bytes: int | None) -> tuple[Iceber
                 "arrowstream (like pyiceberg) cannot apply yet; rewrite the table's data files (compaction) "
                 "or read a snapshot from before the deletes") from None
         raise
-    storage = IcebergStorage(dict(table.io.properties), metadata.location)
+    storage = IcebergStorage(dict(table.io.properties), metadata.location, retry)
     requested = _requested_schema(source)
     if not tasks:
         raise EmptyDatasetError(

@@ -25,6 +25,7 @@ from ._metrics import Meter
 from ._pinned import Pin
 from ._planning import Plan, Split
 from ._prefetch import Prefetcher
+from ._retry import Attempts
 from ._storage import MAX_REFRESHES, Storage, logger
 from .errors import ArrowStreamError, CorruptFileError
 
@@ -138,13 +139,18 @@ class SplitReader:
                 self._read_ahead.finished(position)
 
     def _read_retrying(self, split: Split, position: int, offset: int) -> Iterator[Piece]:
-        attempt = refreshes = 0
+        refreshes = 0
+        url = self._plan.url(split.file_index)
+        policy = self._storage.retry
+        attempts = Attempts(policy, url, policy.split_deadline, per="split")
         while offset < split.num_rows:
+            started = time.monotonic()   # time lost to a failure counts from here, or from the last piece
             try:
                 for piece in self._read_once(split, position, offset):
                     offset = piece.end
-                    attempt = 0
+                    attempts.progressed()
                     yield piece
+                    started = time.monotonic()
                 if self._meter is not None:
                     self._meter.split_done(split.num_bytes)
                 return
@@ -160,11 +166,8 @@ class SplitReader:
                                    url, offset)
                     refreshes += 1
                     continue
-                if is_transient(exc) and attempt < self._storage.retry.attempts - 1:
-                    logger.warning("transient error reading %s at row %d (attempt %d): %s",
-                                   url, offset, attempt + 1, type(exc).__name__)
-                    time.sleep(self._storage.retry.delay(attempt))
-                    attempt += 1
+                if is_transient(exc):   # retried from the row it stopped at, or a FileReadError saying why not
+                    time.sleep(attempts.failed(exc, time.monotonic() - started))
                     continue
                 failure = self._storage.credential_failure(exc, url, refreshes)  # the provider's, named
                 if failure is not None:

@@ -1,4 +1,4 @@
-"""Filesystem access: one fsspec filesystem per process, retries of transient errors.
+"""Filesystem access: one fsspec filesystem per process, retries of transient errors (``_retry.py``).
 
 The :class:`Storage` object travels to workers by pickle. It carries the protocol and the
 ``storage_options`` (credentials included), never an open filesystem: each process opens its
@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import logging
 import os
-import random
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import fsspec
 import pyarrow as pa
 
+from ._backends import backend_options, single_attempt
 from ._credentials import CredentialProvider, as_provider
-from ._failures import is_expired_credentials, is_transient
+from ._failures import is_expired_credentials
 from ._pinned import Pin, check_in_process
 from ._prefetch import PartsFile, Prefetcher
+from ._retry import RetryPolicy
 from .errors import ArrowStreamError, MissingDependencyError
 
 if TYPE_CHECKING:
@@ -41,31 +41,6 @@ def display_url(protocol: str, path: str) -> str:
     if protocol in _LOCAL_PROTOCOLS or "://" in path:  # local, or a full URL already (Iceberg data files)
         return path
     return f"{protocol}://{path.lstrip('/')}"
-
-
-class RetryPolicy:
-    """Exponential backoff with full jitter for transient storage errors."""
-
-    def __init__(self, attempts: int = 5, base_delay: float = 0.1, max_delay: float = 2.0) -> None:
-        self.attempts = attempts
-        self.base_delay = base_delay
-        self.max_delay = max_delay
-
-    def delay(self, attempt: int) -> float:
-        return random.uniform(0.0, min(self.max_delay, self.base_delay * 2**attempt))
-
-    def call(self, fn: Callable[[], T], what: str) -> T:
-        """Run ``fn``; retry it on transient errors; wrap the final failure with ``what``."""
-        for attempt in range(self.attempts):
-            try:
-                return fn()
-            except Exception as exc:
-                if not is_transient(exc) or attempt == self.attempts - 1:
-                    raise
-                logger.warning("transient error on %s (attempt %d/%d): %s",
-                               what, attempt + 1, self.attempts, type(exc).__name__)
-                time.sleep(self.delay(attempt))
-        raise AssertionError("unreachable")
 
 
 def current_options(storage_options: dict[str, Any] | None,
@@ -116,7 +91,7 @@ class Storage:
     @property
     def fs(self) -> fsspec.AbstractFileSystem:
         if self._fs is None or self._pid != os.getpid():
-            self._fs = open_filesystem(self.protocol, self.options(), fresh=True)
+            self._fs = open_filesystem(self.protocol, self.options(), fresh=True, retry=self.retry)
             self._pid = os.getpid()
         return self._fs
 
@@ -127,7 +102,7 @@ class Storage:
         if self._credential_provider is None:
             return False
         options = self.options(f"while refreshing credentials for {what}" if what else "")
-        self._fs, self._pid = open_filesystem(self.protocol, options, fresh=True), os.getpid()
+        self._fs, self._pid = open_filesystem(self.protocol, options, fresh=True, retry=self.retry), os.getpid()
         if self._prefetcher is not None and self._prefetcher_pid == os.getpid():
             self._prefetcher.replace_filesystem(self._fs)
         return True
@@ -208,10 +183,18 @@ class Storage:
         return f"Storage(protocol={self.protocol!r}, storage_options=<{len(self._options)} hidden>)"
 
 
-def open_filesystem(protocol: str, options: dict[str, Any], fresh: bool = False) -> fsspec.AbstractFileSystem:
-    """``fsspec.filesystem`` with a clear error when the backend's extra is missing."""
+def open_filesystem(protocol: str, options: dict[str, Any], fresh: bool = False,
+                    retry: RetryPolicy | None = None) -> fsspec.AbstractFileSystem:
+    """``fsspec.filesystem`` with a clear error when the backend's extra is missing.
+
+    With ``retry``, the backend makes one attempt per call and cuts a request after the policy's
+    ``timeout`` (``_backends.py``; what ``options`` say about timeouts wins).
+    """
     try:
-        return fsspec.filesystem(protocol, skip_instance_cache=fresh, **options)
+        if retry is None:
+            return fsspec.filesystem(protocol, skip_instance_cache=fresh, **options)
+        tuned = backend_options(protocol, options, retry.timeout)
+        return single_attempt(fsspec.filesystem(protocol, skip_instance_cache=fresh, **tuned), protocol)
     except ImportError as exc:
         extra = _EXTRAS.get(protocol)
         hint = f'pip install "arrowstream[{extra}]"' if extra else f"install the fsspec backend for {protocol!r}"

@@ -33,6 +33,7 @@ from ._order import (
 from ._planning import Plan, Split, plan_files
 from ._position import check_in_plan
 from ._reader import ReadAhead, SplitReader
+from ._retry import RetryPolicy
 from ._shm import guard_feeder, share
 from ._state import DataIdentity, ElasticSource, WorkerState, check_compatible, check_slot
 from ._storage import Storage
@@ -114,6 +115,10 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             only some ranks build, for example evaluation on rank 0 alone with ``rank=0,
             world_size=1, plan_locally=True`` (explicit ``rank``/``world_size`` may then differ from
             torch.distributed's; without them the rank still comes from it). See docs/distributed.md.
+        retry: How storage requests are retried (:class:`arrowstream.RetryPolicy`: attempts, backoff,
+            the per-request timeout that cuts a stalled connection, deadlines per request and per
+            split); ``None`` for the defaults. The backends' own retries are turned down, so these
+            are all the attempts made. See docs/storage.md.
 
     Example:
         >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
@@ -142,7 +147,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                  storage_options: dict[str, Any] | None = None, accelerator: Any = None,
                  rank: int | None = None, world_size: int | None = None, even_batches: bool = True,
                  group_size: int = 1, read_ahead: int = 1,
-                 credential_provider: Callable[[], dict[str, Any]] | None = None, plan_locally: bool = False) -> None:
+                 credential_provider: Callable[[], dict[str, Any]] | None = None, plan_locally: bool = False,
+                 retry: RetryPolicy | None = None) -> None:
         super().__init__()
         if format == "iceberg" and type(self)._make_plan is StructuredDataset._make_plan:
             raise InvalidArgumentError("format: Iceberg tables are read by arrowstream.IcebergDataset(table=..., "
@@ -159,6 +165,10 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                                     f"{type(credential_provider).__name__}")
         # wrapped once: its picklability is checked here, for loaders that start workers by spawn or forkserver
         self._credential_provider = as_provider(credential_provider)
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ArgumentTypeError(f"retry: expected an arrowstream.RetryPolicy, got {type(retry).__name__}; "
+                                    "pass retry=arrowstream.RetryPolicy(attempts=..., timeout=...)")
+        self._retry = retry or RetryPolicy()
         plan_locally = check_bool("plan_locally", plan_locally)
         self._topology = resolve_topology(rank, world_size, accelerator, group_size, plan_locally=plan_locally)
         # under torch.distributed the ranks build the dataset together: rank 0 plans, after they agree
@@ -218,7 +228,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
 
     def _plan_here(self, path: Any, storage_options: dict[str, Any] | None) -> tuple[Storage, Plan, None]:
         """List the files and read their metadata in this process."""
-        storage, entries = discover_files(path, storage_options, self._credential_provider)
+        storage, entries = discover_files(path, storage_options, self._credential_provider, self._retry)
         columns = list(self._options.columns) if self._options.columns else None
         file_format = get_format(self._options.format)
         if isinstance(file_format, TextFormat) and self._options.parse_options is not None:

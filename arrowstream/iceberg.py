@@ -113,7 +113,7 @@ class IcebergDataset(StructuredDataset):
                 "row_filter": str(source.row_filter), "selected_fields": list(source.selected_fields)}
 
     def _make_plan(self, path: Any, storage_options: dict[str, Any] | None) -> tuple[Storage, Plan, tuple[int, int] | None]:
-        storage, plan = plan_iceberg(self._source, self._options.split_bytes)
+        storage, plan = plan_iceberg(self._source, self._options.split_bytes, self._retry)
         return storage, plan, (self._source.snapshot_id, self._source.schema_id)
 
     def _follow_snapshot(self, saved: WorkerState) -> None:

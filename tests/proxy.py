@@ -10,7 +10,10 @@ Run it as a process (what the tests and benchmarks do, through :func:`start_prox
     python tests/proxy.py --upstream http://127.0.0.1:9000     # prints its port, then serves
 
 and steer it over HTTP: ``POST /__proxy__/config`` with a JSON body of :class:`Faults` fields,
-``GET /__proxy__/stats``, ``POST /__proxy__/reset``.
+``GET /__proxy__/stats``, ``POST /__proxy__/reset``. Faults: error statuses (with a
+``Retry-After`` or not), resets, bodies cut short mid-stream or truncated with a matching
+Content-Length, requests that stall before the first byte, expired tokens, and a listening
+socket that refuses connections for a while.
 """
 
 from __future__ import annotations
@@ -70,6 +73,11 @@ class Faults:
     error_status: int = 503
     reset_rate: float = 0.0       # close the connection without an answer
     short_rate: float = 0.0       # send half of the body, then close
+    stall_rate: float = 0.0       # read the request, then answer nothing for stall_seconds (then forward it)
+    stall_seconds: float = 3600.0
+    truncate_rate: float = 0.0    # a complete-looking answer: half of the body, Content-Length saying so
+    retry_after: str | None = None  # a Retry-After header on injected error answers
+    refuse_seconds: float = 0.0   # accept no connection for this long from the config call on (then recover)
     expired_keys: list[str] = dataclasses.field(default_factory=list)  # S3 access keys answered ExpiredToken
     flavor: str = "s3"            # how error bodies look: "s3", "gs", "az"
     seed: int = 0
@@ -100,6 +108,7 @@ class Proxy:
         self.counts: Counter[str] = Counter()
         self.injected: Counter[str] = Counter()
         self._session: Any = None
+        self.listener: Listener | None = None
 
     async def handle(self, request: Any) -> Any:
         from aiohttp import web
@@ -120,6 +129,8 @@ class Proxy:
         if draw < faults.error_rate:
             self.injected["error"] += 1
             body, headers = error_response(faults.flavor, faults.error_status)
+            if faults.retry_after is not None:
+                headers["Retry-After"] = faults.retry_after
             return web.Response(status=faults.error_status, body=body, headers=headers)
         draw -= faults.error_rate
         if draw < faults.reset_rate:
@@ -132,6 +143,11 @@ class Proxy:
             self.injected["precondition"] += 1
             body, headers = error_response("gs", 412)
             return web.Response(status=412, body=body, headers=headers)
+        if draw < faults.stall_rate:   # accepted and read, no first byte (the client must cut it)
+            self.injected["stall"] += 1
+            await request.read()
+            await asyncio.sleep(faults.stall_seconds)
+        draw -= faults.stall_rate
         status, headers, body = await self._forward(request)
         if generation is not None:
             headers["x-goog-generation"] = generation
@@ -143,6 +159,10 @@ class Proxy:
             await response.write(body[:len(body) // 2])
             request.transport.close()
             return response
+        draw -= faults.short_rate
+        if draw < faults.truncate_rate and len(body) > 1:   # the length header matches the cut body
+            self.injected["truncate"] += 1
+            body = body[:len(body) // 2]
         return web.Response(status=status, headers=headers, body=body)
 
     def _client(self) -> Any:
@@ -181,6 +201,8 @@ class Proxy:
         if action == "config" and request.method == "POST":
             self.faults = Faults(**(await request.json()))
             self.random = random.Random(self.faults.seed)
+            if self.faults.refuse_seconds > 0 and self.listener is not None:
+                asyncio.get_running_loop().call_soon(self.listener.refuse, self.faults.refuse_seconds)
         elif action == "reset" and request.method == "POST":
             self.counts.clear()
             self.injected.clear()
@@ -190,16 +212,53 @@ class Proxy:
                                   "faults": dataclasses.asdict(self.faults)})
 
 
+class Listener:
+    """The proxy's listening socket, which can stop accepting for a while (connections are refused)."""
+
+    def __init__(self, runner: Any, port: int) -> None:
+        self.runner, self.port, self.site = runner, port, None
+
+    def _socket(self) -> socket.socket:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self.port))
+        self.port = sock.getsockname()[1]
+        return sock
+
+    async def listen(self) -> None:
+        from aiohttp import web
+
+        self.site = web.SockSite(self.runner, self._socket())
+        await self.site.start()
+
+    def refuse(self, seconds: float) -> None:
+        """Close the listening socket (connections open stay open); listen again after ``seconds``."""
+        async def pause() -> None:
+            await self.site.stop()
+            await asyncio.sleep(seconds)
+            await self.listen()
+        asyncio.ensure_future(pause())
+
+
 def serve(upstream: str, port: int) -> None:
     from aiohttp import web
 
-    proxy = Proxy(upstream)
-    app = web.Application(client_max_size=1 << 30)
-    app.router.add_route("*", "/{tail:.*}", proxy.handle)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", port))
-    print(sock.getsockname()[1], flush=True)
-    web.run_app(app, sock=sock, print=None, access_log=None, handle_signals=True)
+    async def main() -> None:
+        proxy = Proxy(upstream)
+        app = web.Application(client_max_size=1 << 30)
+        app.router.add_route("*", "/{tail:.*}", proxy.handle)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
+        await runner.setup()
+        proxy.listener = Listener(runner, port)
+        await proxy.listener.listen()
+        print(proxy.listener.port, flush=True)
+        stop = asyncio.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(signum, stop.set)
+        await stop.wait()
+        await runner.cleanup()
+
+    asyncio.run(main())
 
 
 class ProxyProcess:
@@ -225,6 +284,11 @@ class ProxyProcess:
 
     def reset(self) -> None:
         self._call("reset", {})
+
+    def refuse(self, seconds: float, **faults: Any) -> None:
+        """Refuse new connections for ``seconds`` from now (connections already open are still served)."""
+        self.configure(refuse_seconds=seconds, **faults)
+        time.sleep(0.1)   # the listening socket is closed just after the answer
 
     def stop(self) -> None:
         with contextlib.suppress(ProcessLookupError):

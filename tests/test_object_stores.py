@@ -8,8 +8,11 @@ resets connections and cuts responses short, on a seeded schedule.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import re
+import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
@@ -23,10 +26,12 @@ from helpers import check_exactly_once, check_resume, ids_of, make_loader, make_
 from proxy import start_proxy
 
 import arrowstream.dataset
-from arrowstream import StructuredDataset, errors
+from arrowstream import RetryPolicy, StructuredDataset, errors
 
 LAYOUT = [(700, 150), (1300, 200), (450, 150)]   # (rows, row group rows) per file
 ROWS = sum(rows for rows, _ in LAYOUT)
+SMALL = [(120, 60), (80, 80)]                    # objects under 64 KiB: read whole, in one request
+SMALL_ROWS = sum(rows for rows, _ in SMALL)
 
 
 @dataclass
@@ -263,7 +268,7 @@ class RemoteContract(ProcessesContract):
         proxy.configure(flavor=where.protocol, error_rate=0.15, error_status=503, reset_rate=0.05,
                         short_rate=0.05, seed=7)
         got = read_ids(*make_loader(via.url, 2, storage_options=via.storage_options, batch_size=64,
-                                    shuffle=True, seed=2))
+                                    shuffle=True, seed=2, retry=self.PATIENT))
         assert got == reference
         assert sum(proxy.stats()["injected"].values()) >= 3
 
@@ -288,6 +293,98 @@ class RemoteContract(ProcessesContract):
         counts = proxy.stats()["counts"]
         # the refused read, then what the file is now (for the message): GCS's metadata is a GET, S3's and Azure's a HEAD
         assert (counts.get("read", 0), counts.get("head", 0)) == ((2, 0) if where.protocol == "gs" else (1, 1))
+    # -- one retry layer, deadlines (#17): a test policy of 1 s timeouts and millisecond waits --------
+
+    QUICK = RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05, throttle_delay=0.02, timeout=1.0,
+                        deadline=20.0, split_deadline=20.0)
+    PATIENT = dataclasses.replace(QUICK, attempts=8)   # for reads that must get through occasional faults
+
+    def read_through(self, via, proxy, retry, layout=SMALL, **faults):
+        """Plan through the proxy (faults as configured), read one epoch with ``faults``: (ids, stats, seconds)."""
+        loader, dataset = make_loader(via.url, 0, storage_options=via.storage_options, batch_size=64,
+                                      read_ahead=0, retry=retry)
+        proxy.configure(flavor=via.protocol, **faults)
+        proxy.reset()
+        started = time.monotonic()
+        ids = sorted(i for batch in read_ids(loader, dataset) for i in batch)
+        return ids, proxy.stats(), time.monotonic() - started
+
+    def failing_read(self, via, proxy, retry, **faults):
+        """The error of an epoch whose every data read meets ``faults``: (error, reads made, seconds)."""
+        loader, dataset = make_loader(via.url, 0, storage_options=via.storage_options, batch_size=64,
+                                      read_ahead=0, retry=retry)
+        proxy.configure(flavor=via.protocol, **faults)
+        proxy.reset()
+        started = time.monotonic()
+        with pytest.raises(errors.FileReadError) as failure:
+            read_ids(loader, dataset)
+        return failure.value, proxy.stats()["counts"].get("read", 0), time.monotonic() - started
+
+    @pytest.mark.timeout(120)
+    def test_a_stalled_connection_is_cut_retried_and_bounded(self, where, proxied):
+        """Accepted, no first byte: cut after the policy's timeout and retried (exactly once); a store that
+        never answers is an error naming the object within the deadline, one request per attempt."""
+        write_files(where, SMALL)
+        via, proxy = proxied
+        ids, stats, seconds = self.read_through(via, proxy, self.PATIENT, stall_rate=0.3, seed=1)
+        assert ids == list(range(SMALL_ROWS))
+        assert stats["injected"].get("stall", 0) >= 1 and seconds < 45
+        error, reads, seconds = self.failing_read(via, proxy, self.QUICK, stall_rate=1.0)
+        assert re.search(r"part-\d\.parquet: storage did not answer within 1 s \(on every attempt\), 3 failed "
+                         r"attempts over .*RetryPolicy\(timeout=", str(error)), str(error)
+        assert reads == self.QUICK.attempts      # not attempts x s3fs x botocore
+        assert seconds < 30
+
+    @pytest.mark.parametrize("retry_after", [None, "100"])
+    def test_persistent_slowdown_costs_one_request_per_attempt(self, where, proxied, retry_after):
+        """503 SlowDown on every read: the policy's attempts and no more (S3 made 125, GCS 30), quickly, and a
+        message that says throttled. A Retry-After past the deadline stops at once (gcsfs drops the
+        response headers: GCS backs off as for a SlowDown without one)."""
+        write_files(where, SMALL)
+        via, proxy = proxied
+        error, reads, seconds = self.failing_read(via, proxy, self.QUICK, error_rate=1.0, error_status=503,
+                                                  retry_after=retry_after)
+        assert re.search(r"part-\d\.parquet: throttled by the store .* over .*RetryPolicy\(deadline=", str(error))
+        if retry_after is not None and where.protocol != "gs":
+            assert "asked to wait 100 s (Retry-After)" in str(error)
+            assert reads == 1
+        else:
+            assert "on every attempt" in str(error)
+            assert reads == self.QUICK.attempts
+        assert seconds < 20
+
+    def test_truncated_bodies_are_retried_and_never_called_corrupt(self, where, proxied):
+        """A body cut short whose Content-Length says the cut length (objects under 64 KiB are read whole, S3
+        then fails its checksum): retried while planning and reading; every row once, or a FileReadError
+        after the attempts, never a CorruptFileError."""
+        write_files(where, SMALL)
+        via, proxy = proxied
+        proxy.configure(flavor=where.protocol, truncate_rate=0.4, seed=1)
+        loader, dataset = make_loader(via.url, 0, storage_options=via.storage_options, batch_size=64, read_ahead=0,
+                                      retry=self.PATIENT)
+        assert proxy.stats()["injected"].get("truncate", 0) >= 1      # footers, while planning
+        proxy.reset()
+        assert sorted(i for batch in read_ids(loader, dataset) for i in batch) == list(range(SMALL_ROWS))
+        assert proxy.stats()["injected"].get("truncate", 0) >= 1      # data, while reading
+        error, reads, _ = self.failing_read(via, proxy, self.QUICK, truncate_rate=1.0)
+        assert not isinstance(error, errors.CorruptFileError)
+        assert re.search(r"part-\d\.parquet: .*3 failed attempts", str(error)), str(error)
+        assert reads <= self.QUICK.attempts * 3      # Azure's SDK re-reads a short body itself (3 times, fixed)
+
+    def test_connection_refused_then_recovery(self, where, proxied, caplog):
+        """The store refuses connections for a second, then answers: retried (not an error), every row once."""
+        write_files(where, SMALL)
+        via, proxy = proxied
+        patient = RetryPolicy(attempts=8, base_delay=0.2, max_delay=0.5, timeout=2.0)
+        caplog.set_level(logging.WARNING, logger="arrowstream")
+        proxy.refuse(1.0)
+        started = time.monotonic()
+        loader, dataset = make_loader(via.url, 0, storage_options=via.storage_options, batch_size=64, retry=patient,
+                                      read_ahead=0)
+        ids = sorted(i for batch in read_ids(loader, dataset) for i in batch)
+        assert ids == list(range(SMALL_ROWS))
+        assert "unreachable" in caplog.text      # refused, retried
+        assert time.monotonic() - started < 30
 
     def secret_options(self, server) -> dict[str, Any]:
         """Working storage_options whose credentials are long, unique strings."""
@@ -308,7 +405,7 @@ class RemoteContract(ProcessesContract):
             StructuredDataset(f"{where.url}/nothing-here/", storage_options=options)
         via, proxy = proxied
         proxy.configure(flavor=where.protocol, error_rate=0.3, reset_rate=0.1, seed=3)  # retried and logged
-        read_ids(*make_loader(via.url, 0, batch_size=100, storage_options={**via.storage_options, **{
+        read_ids(*make_loader(via.url, 0, batch_size=100, retry=self.PATIENT, storage_options={**via.storage_options, **{
             k: v for k, v in options.items() if k in ("key", "secret")}}))
         proxy.configure(flavor=where.protocol, error_rate=1.0, error_status=403)
         with pytest.raises(errors.ArrowStreamError) as failing:
@@ -342,15 +439,8 @@ class TestGcs(RemoteContract):
 class TestAzure(RemoteContract):
     server_fixture = "azure_server"
 
-    @pytest.fixture(autouse=True)
-    def _quick_sdk_backoff(self, monkeypatch):
-        """The Azure SDK waits 15 s and more between its own retries and adlfs exposes no setting for it;
-        fault tests would take minutes. Forked workers inherit the shorter wait (arrowstream's retries
-        and the SDK's retry count are unchanged)."""
-        from azure.storage.blob._shared import policies, policies_async
-
-        for retry in (policies.ExponentialRetry, policies_async.ExponentialRetry):  # adlfs uses the async one
-            monkeypatch.setattr(retry, "get_backoff_time", lambda self, settings: 0.05)
+    # the Azure SDK's own retries (15 s and more between them) are turned down when arrowstream opens the
+    # filesystem (arrowstream/_backends.py), so fault tests need no shorter SDK backoff
 
 
 class RotatingKeys:

@@ -16,7 +16,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 from helpers import make_loader, make_table, run_epochs
 
-from arrowstream import StructuredDataset, errors
+from arrowstream import RetryPolicy, StructuredDataset, errors
 
 
 class _FlakyFile(io.BytesIO):
@@ -110,8 +110,7 @@ def test_orc_and_ipc_through_fsspec_retry_without_loss_or_repeat(file_format):
         assert len(reference._plan.splits) == 5 + 7
         expected = [ids for _, _, ids in run_epochs(reference_loader, reference, [0])]
         loader, dataset = make_loader(f"flaky://flaky-{file_format}", 0, format=file_format, batch_size=70,
-                                      shuffle=True)
-        dataset._storage.retry.base_delay = 0.001
+                                      shuffle=True, retry=RetryPolicy(base_delay=0.001))
         _FlakyFile.reads, _FlakyFile.fail_every = 0, 4  # from the first read of a row on
         got = [ids for _, _, ids in run_epochs(loader, dataset, [0])]
         injected = _FlakyFile.reads // 4
@@ -124,8 +123,7 @@ def test_orc_and_ipc_through_fsspec_retry_without_loss_or_repeat(file_format):
 
 
 def test_errors_that_outlast_retries_name_the_file(flaky_dataset):
-    dataset = StructuredDataset(flaky_dataset, batch_size=100)
-    dataset._storage.retry.base_delay = 0.001
+    dataset = StructuredDataset(flaky_dataset, batch_size=100, retry=RetryPolicy(base_delay=0.001))
     _FlakyFile.fail_every = 1
     with pytest.raises(errors.FileReadError, match=r"flaky://flaky-ds/part-0\.parquet.*kept failing") as info:
         list(dataset)
