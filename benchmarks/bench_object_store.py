@@ -51,6 +51,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -79,7 +80,7 @@ from suite.common import emit_report, log
 from suite.report import fmt_ms, fmt_ratio, fmt_rps, machine
 
 # _prefetch: the read-ahead diagnostics wrap a few of its methods during a run and restore them after
-from arrowstream import StructuredDataset, _prefetch
+from arrowstream import StructuredDataset, _pinned, _prefetch
 
 warnings.filterwarnings("ignore", message=".*not writable.*")  # torch.from_numpy on Arrow buffers
 
@@ -155,9 +156,15 @@ class Env:
 
 @contextlib.contextmanager
 def counting_bytes() -> Iterator[list[int]]:
-    """Count the bytes s3fs hands to this process: ranged reads (``_cat_file``) and file reads (``_fetch_range``)."""
+    """Count the bytes s3fs hands to this process: ranged reads (``_cat_file``), file reads (``_fetch_range``)
+    and arrowstream's pinned ranged reads (each answer passes ``Pin.check``)."""
     received = [0]
     cat_file, fetch_range = s3fs.S3FileSystem._cat_file, s3fs.core.S3File._fetch_range
+    check = _pinned.Pin.check
+
+    def counted_check(self: Any, data: bytes, *args: Any) -> bytes:
+        received[0] += len(data)
+        return check(self, data, *args)
 
     async def counted_cat_file(self: Any, *args: Any, **kwargs: Any) -> bytes:
         data: bytes = await cat_file(self, *args, **kwargs)
@@ -171,10 +178,12 @@ def counting_bytes() -> Iterator[list[int]]:
 
     s3fs.S3FileSystem._cat_file = counted_cat_file
     s3fs.core.S3File._fetch_range = counted_fetch_range
+    _pinned.Pin.check = counted_check  # type: ignore[method-assign]
     try:
         yield received
     finally:
         s3fs.S3FileSystem._cat_file, s3fs.core.S3File._fetch_range = cat_file, fetch_range
+        _pinned.Pin.check = check  # type: ignore[method-assign]
 
 
 def measure(env: Env, fn: Callable[[], Any]) -> Run:
@@ -447,8 +456,8 @@ def read_ahead_probe() -> Iterator[dict[str, float]]:
     """Time the reader's waits on read-ahead and the fetches."""
     probe = {"waited_s": 0.0, "fetch_s": 0.0, "fetches": 0, "direct_s": 0.0, "direct": 0}
     cls, parts = _prefetch.Prefetcher, _prefetch.PartsFile
-    saved = (cls.read, cls._fetch, parts._read_direct)
-    read, fetch, direct = saved
+    saved = (cls.read, _prefetch.read_ranges, parts._read_direct)
+    read, ranges, direct = saved
 
     def timed(key: str, count: str | None, fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any) -> Any:
@@ -461,12 +470,20 @@ def read_ahead_probe() -> Iterator[dict[str, float]]:
                     probe[count] += 1
         return wrapper
 
-    cls.read, cls._fetch = timed("waited_s", None, read), timed("fetch_s", "fetches", fetch)
+    timed_fetch = timed("fetch_s", "fetches", ranges)
+
+    def fetch(*args: Any) -> Any:
+        """The prefetcher's pool threads fetch; a direct read calls the same function in the reader's thread."""
+        if threading.current_thread().name.startswith("arrowstream-read-ahead"):
+            return timed_fetch(*args)
+        return ranges(*args)
+
+    cls.read, _prefetch.read_ranges = timed("waited_s", None, read), fetch
     parts._read_direct = timed("direct_s", "direct", direct)
     try:
         yield probe
     finally:
-        cls.read, cls._fetch, parts._read_direct = saved
+        cls.read, _prefetch.read_ranges, parts._read_direct = saved
 
 
 @dataclass
