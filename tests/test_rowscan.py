@@ -76,8 +76,8 @@ def test_crlf_rows_and_crlf_blank_lines():
 
 
 def test_a_lone_cr_ends_no_row():
-    # rows end at \n only (pyarrow's parser also ends one at a lone \r: the reader then finds the rows it
-    # parses are not the rows the scan counted and names them, see tests/test_text.py)
+    # rows end at \n only; pyarrow's parser also ends one at a lone \r, so when read, a row holding a lone \r
+    # outside quotes does not parse as one row and is named as a bad row
     data = b'a\rb,c\nd\re\n\r\n"\r"\n'
     assert starts_every_way(data) == [0, 6, 12]
     # a row that is only \r is empty (pyarrow strips a \r before the \n), anything more is a row
@@ -98,6 +98,9 @@ def test_no_final_line_break():
     assert starts_every_way(b"a,1\n\r") == [0]                          # a last "row" of only \r is empty
     assert starts_every_way(b"a,1\n\r", skip_empty=False) == [0, 4]
     assert scan(b"a,1\nb,2", [4]) == ([0, 4], [0, 1], False)
+    # planning keeps the bytes of the last row, which came in several blocks, the last of them only its \r
+    settings = TextSettings.from_user("csv", {})
+    assert scan_units(iter([b"h\nab", b"c", b"\r"]), settings, 64) == ([(2, 1, 1)], 6, False)
 
 
 def test_empty_input():
