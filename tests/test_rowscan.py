@@ -76,12 +76,39 @@ def test_crlf_rows_and_crlf_blank_lines():
 
 
 def test_a_lone_cr_ends_no_row():
-    # rows end at \n only; pyarrow's parser also ends one at a lone \r, so when read, a row holding a lone \r
-    # outside quotes does not parse as one row and is named as a bad row
+    # rows end at \n only; pyarrow's parser also ends one at a lone \r outside quotes, so the scanner notes
+    # one (test below) and planning leaves that file's rows to pyarrow
     data = b'a\rb,c\nd\re\n\r\n"\r"\n'
     assert starts_every_way(data) == [0, 6, 12]
     # a row that is only \r is empty (pyarrow strips a \r before the \n), anything more is a row
     assert starts_every_way(b"x\n\r\n\r\r\ny\n") == [0, 4, 7]
+
+
+def lone_cr_every_way(data: bytes) -> bool:
+    """Whether the scanner notes a lone \\r in ``data``, checked the same whole, byte by byte and at every cut."""
+    def noted(cuts: list[int] | int | None) -> bool:
+        scanner = RowScanner(QUOTE, True)
+        for block in blocks_of(data, cuts):
+            scanner.feed(block)
+        return scanner.lone_cr
+
+    whole = noted(None)
+    assert noted(1) == whole
+    for cut in range(1, len(data)):
+        assert noted([cut]) == whole, f"cut at {cut}"
+    return whole
+
+
+def test_a_lone_cr_outside_quotes_is_noted_for_pyarrow_to_count_the_rows():
+    # a line break to pyarrow, not to the scan: planning leaves such a file's rows to pyarrow
+    assert lone_cr_every_way(b"id,name\r1,a\r2,b\r")
+    assert lone_cr_every_way(b"id,name\n1,a\r2,b\n")
+    assert lone_cr_every_way(b'"x"\ry\n')
+    # not lone: before a \n (also across blocks), inside quotes, or ending the stream (pyarrow ends the row too)
+    assert not lone_cr_every_way(b"a,b\r\n1,2\r\n\r\n")
+    assert not lone_cr_every_way(b'a,"b\rc"\n"\r\r",d\n')
+    assert not lone_cr_every_way(b"a,b\n1,2\r")
+    assert not lone_cr_every_way(b"a,b\n1,2\n")
 
 
 def test_blank_lines_are_no_rows_unless_asked():
@@ -100,7 +127,7 @@ def test_no_final_line_break():
     assert scan(b"a,1\nb,2", [4]) == ([0, 4], [0, 1], False)
     # planning keeps the bytes of the last row, which came in several blocks, the last of them only its \r
     settings = TextSettings.from_user("csv", {})
-    assert scan_units(iter([b"h\nab", b"c", b"\r"]), settings, 64) == ([(2, 1, 1)], 6, False)
+    assert scan_units(iter([b"h\nab", b"c", b"\r"]), settings, 64) == ([(2, 1, 1)], 6, False, False)
 
 
 def test_empty_input():
@@ -112,8 +139,8 @@ def test_empty_input():
         assert starts.dtype == lines.dtype == np.int64 and len(starts) == len(lines) == 0
     assert len(scanner.finish(b"")[0]) == 0 and scanner.row_start == 0
     settings = TextSettings.from_user("csv", {})
-    assert scan_units(iter([]), settings, 4) == ([], 0, False)
-    assert scan_units(iter([b""]), settings, 4) == ([], 0, False)
+    assert scan_units(iter([]), settings, 4) == ([], 0, False, False)
+    assert scan_units(iter([b""]), settings, 4) == ([], 0, False, False)
     assert row_starts(b"", settings).tolist() == []
 
 
@@ -133,7 +160,7 @@ def test_huge_fields_across_many_blocks():
         assert (starts, quoted) == (expected, True)
         assert lines == [0, 1, 40_002, 40_003]
     settings = TextSettings.from_user("csv", {})        # the header is no row
-    units, size, quoted = scan_units(iter(blocks_of(data, 4096)), settings, 1 << 16)
+    units, size, quoted, _ = scan_units(iter(blocks_of(data, 4096)), settings, 1 << 16)
     assert (size, quoted) == (len(data), True)
     assert units == [(8, 1, 1), (second, 2, 40_002)]    # (first start, rows, line breaks before) per unit
 
@@ -144,7 +171,7 @@ def test_a_unit_boundary_inside_a_quoted_line_break_keeps_the_row_in_its_first_u
     inside = data.index(b"\nd") + 1                     # bytes [0, inside) are the first unit: it ends inside row 2
     for cut in range(1, len(data)):
         blocks = iter([data[:cut], data[cut:]])
-        assert scan_units(blocks, settings, inside) == ([(2, 2, 1), (18, 1, 5)], len(data), True), f"cut at {cut}"
+        assert scan_units(blocks, settings, inside) == ([(2, 2, 1), (18, 1, 5)], len(data), True, False), f"cut at {cut}"
 
 
 @pytest.mark.parametrize("skip_empty", [True, False])
@@ -229,7 +256,7 @@ def test_scan_units_buckets_the_row_starts(written, unit_bytes, cuts):
     data, _ = written
     settings = TextSettings.from_user("csv", {})
     starts = row_starts(data, settings).tolist()[settings.leading_rows:]
-    units, size, _ = scan_units(iter(blocks_of(data, cuts)), settings, unit_bytes)
+    units, size, _, _ = scan_units(iter(blocks_of(data, cuts)), settings, unit_bytes)
     assert size == len(data)
     expected: dict[int, list[int]] = {}
     for start in starts:

@@ -231,6 +231,21 @@ def test_escape_char_falls_back_to_whole_file_splits(tmp_path):
     assert [b for b in dataset] == [{"id": [1, 2, 3], "text": ['a " quote', "plain", "x\ny"]}]
 
 
+def test_lone_cr_line_ends_are_read_as_pyarrow_reads_them_never_lost(tmp_path):
+    """Old Mac line ends (a lone \\r): pyarrow ends a row there, the byte scan does not; such a file is one
+    unit whose rows pyarrow counts (its rows were silently left out of a folder with other files)."""
+    (tmp_path / "a.csv").write_bytes(b"id,name\n0,a\n1,b\n")
+    (tmp_path / "b.csv").write_bytes(b"id,name\r2,c\r3,d\r")
+    (tmp_path / "c.csv").write_bytes(b"id,name\n4,e\r5,f\n")          # mixed line ends
+    reference = sum(pa_csv.read_csv(tmp_path / name).num_rows for name in ("a.csv", "b.csv", "c.csv"))
+    loader, dataset = make_loader(str(tmp_path), 0, format="csv", batch_size=4)
+    assert dataset.num_rows == reference == 6
+    assert sorted(i for batch in loader for i in ids_of(batch)) == list(range(6))
+    assert [len(f.unit_rows) for f in dataset._plan.files] == [1, 1, 1]
+    alone = StructuredDataset(str(tmp_path / "b.csv"), format="csv", batch_size=4)
+    assert sorted(int(i) for batch in alone for i in batch["id"]) == [2, 3]
+
+
 def test_schema_inferred_from_the_first_file_and_checked_against_the_others(tmp_path):
     write_csv(tmp_path / "a.csv", [{"id": 1, "x": 0.5, "name": "a", "flag": True}])
     write_csv(tmp_path / "b.csv", [{"id": 2, "x": 3, "name": "b", "flag": False}])   # x infers as int64 here

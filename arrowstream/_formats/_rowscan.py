@@ -3,14 +3,16 @@
 A row ends at a line break (``\\n``) outside quotes. With a quote character (CSV, RFC 4180), a quote opens
 or closes a quoted field and a doubled quote inside one is a quote: both flip the quote parity, so
 counting quotes before a line break tells whether it is inside a field. A ``\\r`` before the ``\\n`` is
-part of the row (pyarrow strips it); a lone ``\\r`` is no line break. Bytes are fed block by block, so
-a quoted field, a row, or a ``\\r\\n`` may span blocks.
+part of the row (pyarrow strips it). A lone ``\\r`` outside quotes is a line break to pyarrow (old Mac
+line ends) but not to this scan: the scanner notes it (``lone_cr``), and planning then leaves the rows of
+that file to pyarrow (one unit, counted by pyarrow's own parse), so no row is lost to the difference.
+Bytes are fed block by block, so a quoted field, a row, or a ``\\r\\n`` may span blocks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -35,7 +37,9 @@ class RowScanner:
         self._pos = 0            # bytes fed
         self._lines = 0          # line breaks fed
         self._last = -1          # the byte before this block
+        self._cr_open = False    # the last byte fed is a \r outside quotes (lone unless a \n follows)
         self.quoted_newlines = False
+        self.lone_cr = False     # a \r outside quotes, not before a \n: a line break to pyarrow
 
     def _keep(self, starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64], arr: npt.NDArray[np.uint8],
               ) -> npt.NDArray[np.bool_]:
@@ -53,8 +57,10 @@ class RowScanner:
         arr = np.frombuffer(block, dtype=np.uint8)
         breaks = np.flatnonzero(arr == 10)
         ends = breaks
+        quotes = np.flatnonzero(arr == self._quote) if self._quote is not None else breaks[:0]
+        if block and not self.lone_cr:
+            self._note_lone_cr(arr, quotes)
         if self._quote is not None:
-            quotes = np.flatnonzero(arr == self._quote)
             if quotes.size:
                 outside = ((np.searchsorted(quotes, breaks) + self._in_quote) & 1) == 0
                 if not outside.all():
@@ -81,6 +87,26 @@ class RowScanner:
             self._last = block[-1]
         return starts[keep], lines[keep]
 
+    def _note_lone_cr(self, arr: npt.NDArray[np.uint8], quotes: npt.NDArray[np.intp]) -> None:
+        """Set ``lone_cr`` if the block (with the byte before it) has a ``\\r`` outside quotes and no ``\\n`` after it."""
+        if self._cr_open and arr[0] != 10:
+            self.lone_cr = True
+            return
+        crs = np.flatnonzero(arr == 13)
+        if not crs.size:
+            self._cr_open = False
+            return
+        if quotes.size:
+            crs = crs[((np.searchsorted(quotes, crs) + self._in_quote) & 1) == 0]
+        elif self._in_quote:
+            crs = crs[:0]
+        inner = crs[crs < len(arr) - 1]
+        if inner.size and bool((arr[inner + 1] != 10).any()):
+            self.lone_cr = True
+        # a \r that ends the block is lone unless the next block starts with \n (at the stream's end it
+        # ends the last row, as pyarrow ends it too: no difference)
+        self._cr_open = bool(crs.size) and int(crs[-1]) == len(arr) - 1
+
     def finish(self, tail: bytes) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """The last row when the stream does not end with a line break (``tail``: its bytes)."""
         rest = tail.strip(b"\r") if self._skip_empty else tail
@@ -101,10 +127,18 @@ def row_starts(data: bytes, settings: TextSettings) -> npt.NDArray[np.int64]:
     return np.concatenate((starts, last))
 
 
-def scan_units(blocks: Iterator[bytes], settings: TextSettings, unit_bytes: int,
-               ) -> tuple[list[tuple[int, int, int]], int, bool]:
-    """(first row start, rows, line breaks before it) per non-empty unit, the stream's size, and whether
-    quoted line breaks were seen. Rows are bucketed by ``start // unit_bytes``."""
+class Scan(NamedTuple):
+    """What :func:`scan_units` found in a stream."""
+
+    units: list[tuple[int, int, int]]   # (first row start, rows, line breaks before it) per non-empty unit
+    size: int                           # the stream's bytes
+    quoted_newlines: bool               # a quoted field holds a line break
+    lone_cr: bool                       # a \r outside quotes ends a line for pyarrow but not for this scan
+
+
+def scan_units(blocks: Iterator[bytes], settings: TextSettings, unit_bytes: int) -> Scan:
+    """(first row start, rows, line breaks before it) per non-empty unit, the stream's size, whether
+    quoted line breaks were seen and whether a lone ``\\r`` was. Rows are bucketed by ``start // unit_bytes``."""
     scanner = RowScanner(settings.quote, settings.skip_empty)
     skip = settings.leading_rows
     units: dict[int, list[int]] = {}
@@ -132,4 +166,5 @@ def scan_units(blocks: Iterator[bytes], settings: TextSettings, unit_bytes: int,
         open_bytes = size - scanner.row_start
         pending = block[len(block) - open_bytes:] if open_bytes <= len(block) else pending + block
     add(*scanner.finish(pending))
-    return [tuple(units[k]) for k in sorted(units)], size, scanner.quoted_newlines  # type: ignore[misc]
+    return Scan([tuple(units[k]) for k in sorted(units)], size,  # type: ignore[misc]
+                scanner.quoted_newlines, scanner.lone_cr)

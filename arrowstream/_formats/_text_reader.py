@@ -70,17 +70,17 @@ class TextFile:
     def _stream_units(self, include: list[str], use_threads: bool) -> Iterator[pa.Table]:
         """A compressed (or unscannable) file, read as a stream by pyarrow's own streaming reader; when a row
         does not parse, again in stretches of whole rows (to name or skip it) after the rows handed out."""
-        layout, settings = self._layout, self._layout.settings
+        layout = self._layout
         done = 0
         try:
             with open_stream(self._storage, self._footer.entry, layout.compression) as stream:
                 for table in self._parse_stream(stream, include, use_threads):
                     done += table.num_rows
                     yield table
-            if done == self._footer.unit_rows[0] or not settings.scannable:
+            if done == self._footer.unit_rows[0] or not layout.scanned:
                 return
         except pa.ArrowInvalid:
-            if not settings.scannable:
+            if not layout.scanned:
                 raise
         for table in self._stream_stretches(include, use_threads):
             if done >= table.num_rows:
@@ -139,7 +139,7 @@ class TextFile:
 
     def read_units(self, units: Sequence[int], columns: list[str], batch_rows: int,
                    use_threads: bool) -> Iterator[pa.RecordBatch]:
-        if self._layout.compression is not None or not self._layout.settings.scannable:
+        if self._layout.compression is not None or not self._layout.scanned:
             tables: Iterator[pa.Table] = self._stream_units(columns, use_threads)
         else:
             tables = (self._parse(self._unit_data(unit), self._footer.unit_rows[unit], columns, use_threads, self._layout.lines[unit],

@@ -176,3 +176,9 @@ class TextLayout:
     lines: tuple[int, ...]                  # line breaks before each unit's first row
     names: tuple[str, ...]                  # the file's column names
     quoted_newlines: bool                   # a quoted field holds a line break: parse with newlines_in_values
+    lone_cr: bool = False                   # a lone \r outside quotes: rows as pyarrow finds them, not the scan
+
+    @property
+    def scanned(self) -> bool:
+        """Whether the planning scan found the rows (else pyarrow's own parse of the whole file counts them)."""
+        return self.settings.scannable and not self.lone_cr

@@ -9,8 +9,9 @@ field does not end a row. Empty lines are not rows (pyarrow skips them), header 
 
 Compressed files (``.gz``, ``.bz2``, ``.zst``) cannot be entered in the middle: a file is one unit,
 read as a stream. So is a file whose rows the scan cannot find: CSV with ``escape_char`` (an escaped
-quote would fool the quote count) and JSON with ``newlines_in_values``; their rows are counted by
-pyarrow's own parser at planning.
+quote would fool the quote count), JSON with ``newlines_in_values``, and a file with a lone ``\\r``
+outside quotes (a line break to pyarrow, not to the scan); their rows are counted by pyarrow's own
+parser at planning.
 
 Every unit is parsed with the column names and types inferred once, from the first file, and the
 rows it parses into must be the rows the scan counted (else a clear error). A row pyarrow cannot
@@ -138,6 +139,7 @@ class TextFormat:
         if entry.size == 0:
             return FileFooter(entry, self.name, pa.schema([]), (), (), (), None,
                               TextLayout(settings, compression, (), (), (), False))
+        lone_cr = False
         with open_stream(storage, entry, compression) as stream:
             head = stream.read(_INFER_BYTES)
             if not head.strip():
@@ -146,10 +148,11 @@ class TextFormat:
             schema = self._infer(head, len(head) < _INFER_BYTES, display_url(storage.protocol, entry.path))
             if settings.scannable:   # the scan goes on from the head: each byte is read once
                 unit_bytes = self.unit_bytes if compression is None else 1 << 62   # compressed: one unit
-                units, size, quoted = scan_units(itertools.chain([head], read_blocks(stream)), settings, unit_bytes)
+                units, size, quoted, lone_cr = scan_units(itertools.chain([head], read_blocks(stream)), settings,
+                                                          unit_bytes)
                 rows = sum(u[1] for u in units)
         names = tuple(schema.names)
-        if not settings.scannable:
+        if not settings.scannable or lone_cr:   # pyarrow finds the rows: one unit, counted by pyarrow's parse
             rows, quoted = self._count_rows(storage, entry, compression, schema), False
         elif compression is None:
             starts = [u[0] for u in units]
@@ -159,7 +162,7 @@ class TextFormat:
                               TextLayout(settings, None, ranges, tuple(u[2] for u in units), names, quoted))
         return FileFooter(entry, self.name, schema, (rows,) if rows else (), (entry.size,) if rows else (),
                           (0,) if rows else (), None,
-                          TextLayout(settings, compression, ((0, entry.size),), (0,), names, quoted))
+                          TextLayout(settings, compression, ((0, entry.size),), (0,), names, quoted, lone_cr))
 
     def _count_rows(self, storage: Storage, entry: FileEntry, compression: str | None, schema: pa.Schema) -> int:
         """Rows of a file whose rows the scan cannot find, by pyarrow's own streaming parse (one column)."""
