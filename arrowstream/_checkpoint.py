@@ -12,8 +12,9 @@ import json
 from typing import Any
 
 from ._fields import MAX_INT, shorten
-from ._loader_state import read_inner, read_loader_state
+from ._loader_state import read_loader_state
 from ._state import CHECKPOINT_KIND, STATE_VERSION
+from ._torchdata_state import read_inner
 from .errors import StateError, StateMismatchError, TopologyError
 
 
