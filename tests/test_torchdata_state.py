@@ -1,0 +1,136 @@
+"""torchdata's private state layout: every key arrowstream relies on is where it expects (issue #18).
+
+``arrowstream._torchdata_state`` is the one module that reads and writes torchdata's own
+``StatefulDataLoader`` state, and ``relied_on`` lists every path it uses. Here real states of the
+installed torchdata (0 and 2 workers; before, during and after an epoch) are checked against that
+list: a torchdata that renames or reshapes a key fails loudly, naming the key and the pin to revisit.
+"""
+
+from __future__ import annotations
+
+import tomllib
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torchdata
+from helpers import write_dataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from arrowstream import StructuredDataset
+from arrowstream._state import WorkerState
+from arrowstream._torchdata_state import (
+    ITERATOR_FINISHED,
+    LAST_YIELDED_WORKER_ID,
+    SNAPSHOT,
+    WORKER_SNAPSHOTS,
+    read_inner,
+    relied_on,
+    worker_states,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _torchdata_pin() -> str:
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        dependencies = tomllib.load(f)["project"]["dependencies"]
+    return next(d for d in dependencies if d.startswith("torchdata"))
+
+
+def _is(value: Any, types: tuple[type, ...]) -> bool:
+    if isinstance(value, bool) and bool not in types and object not in types:
+        return False  # an int field holding a bool is a reshape too
+    return isinstance(value, types)
+
+
+def layout_problems(inner: Any, num_workers: int) -> list[str]:
+    """What is not where ``arrowstream._torchdata_state`` relies on it in a real torchdata state."""
+    revisit = (f"arrowstream/_torchdata_state.py relies on it: revisit that module and the pin "
+               f"{_torchdata_pin()!r} in pyproject.toml")
+    found = f"torchdata {torchdata.__version__}'s StatefulDataLoader state (num_workers={num_workers})"
+    problems: list[str] = []
+    nulls: set[tuple[str, ...]] = set()  # paths that hold an allowed None: nothing below them to look for
+    for path, types in relied_on(num_workers):
+        if any(path[:end] in nulls for end in range(1, len(path))):
+            continue
+        value, where = inner, "dataloader"
+        for key in path:
+            if not isinstance(value, dict):
+                problems.append(f"{found}: {where} is of type {type(value).__name__}, not a dict with {key!r}; {revisit}")
+                break
+            if key not in value:
+                problems.append(f"{found} has no {key!r} in {where} (it has {sorted(map(str, value))}); {revisit}")
+                break
+            value, where = value[key], f"{where}.{key}"
+        else:
+            if not _is(value, types):
+                names = " or ".join(t.__name__ for t in types)
+                problems.append(f"{found}: {where} is of type {type(value).__name__}, expected {names}; {revisit}")
+            elif value is None:
+                nulls.add(path)
+    return problems
+
+
+def _check(inner: Any, num_workers: int) -> None:
+    problems = layout_problems(inner, num_workers)
+    if problems:
+        pytest.fail("\n".join(problems), pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def real_states(tmp_path_factory):
+    """Real torchdata states of a plain StatefulDataLoader over a StructuredDataset, by num_workers:
+    before the first batch, mid-epoch, and after the loop (``_iterator_finished`` true)."""
+    path = write_dataset(tmp_path_factory.mktemp("torchdata_state"), [(300, 50), (200, 40)])
+    states: dict[int, list[tuple[str, dict[str, Any]]]] = {}
+    for num_workers in (0, 2):
+        dataset = StructuredDataset(path, batch_size=32)
+        with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, deprecated in torch 2.13
+            warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
+            loader = StatefulDataLoader(dataset, batch_size=None, num_workers=num_workers)
+        taken = [("start", loader.state_dict())]
+        batches = iter(loader)
+        for _ in range(5):
+            next(batches)
+        taken.append(("mid", loader.state_dict()))
+        for _ in batches:
+            pass
+        taken.append(("after", loader.state_dict()))
+        states[num_workers] = taken
+    return states
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_every_key_arrowstream_relies_on_is_in_a_real_state(real_states, num_workers):
+    for point, inner in real_states[num_workers]:
+        _check(inner, num_workers)
+        # and the accessors read what they name: every worker's dataset state, in worker order
+        states = [WorkerState.from_dict(state) for state in worker_states(inner)]
+        assert [s.slot.worker_id for s in states] == list(range(max(num_workers, 1))), point
+        parsed = read_inner(inner, 1)
+        assert parsed.num_workers == num_workers and parsed.finished == (point == "after"), point
+
+
+@pytest.mark.timeout(120)
+def test_a_renamed_or_reshaped_key_fails_naming_it_and_the_pin(real_states):
+    """The check above, broken on purpose: a real state as a torchdata that renamed one key and
+    turned another into a list would write it."""
+    (_, inner), *_ = [taken for taken in real_states[2] if taken[0] == "mid"]
+    renamed = {**inner, SNAPSHOT: {**inner[SNAPSHOT]}}
+    renamed[SNAPSHOT]["_last_worker_id"] = renamed[SNAPSHOT].pop(LAST_YIELDED_WORKER_ID)
+    renamed[SNAPSHOT][WORKER_SNAPSHOTS] = list(inner[SNAPSHOT][WORKER_SNAPSHOTS].values())
+    renamed[ITERATOR_FINISHED] = int(inner[ITERATOR_FINISHED])
+    problems = layout_problems(renamed, 2)
+    pin = _torchdata_pin()
+    assert len(problems) == 3 + 2 * 6, problems  # the rename, the bool, the list, and the 6 paths of each worker
+    assert all(pin in problem and "arrowstream/_torchdata_state.py" in problem for problem in problems)
+    assert any(f"has no {LAST_YIELDED_WORKER_ID!r} in dataloader._snapshot" in p for p in problems)
+    assert any("dataloader._snapshot._worker_snapshots is of type list, expected dict" in p for p in problems)
+    assert any("_worker_snapshots is of type list, not a dict with 'worker_1'" in p for p in problems)
+    assert any("dataloader._iterator_finished is of type int, expected bool" in p for p in problems)
+    with pytest.raises(pytest.fail.Exception, match=LAST_YIELDED_WORKER_ID):
+        _check(renamed, 2)
+    assert not layout_problems(inner, 2)  # the control: the real state itself
