@@ -3,13 +3,18 @@
 A plain ``StatefulDataLoader`` over a :class:`~arrowstream.StructuredDataset` already resumes
 exactly; this subclass adds what a production loop needs on top:
 
-* ``state_dict()`` wraps torchdata's state with a kind, a format version and the topology;
-* ``load_state_dict()`` checks the state in the main process (data fingerprint, options,
-  num_workers) and raises a clear error before any worker starts; it restores the saved
-  epoch on the dataset; and a state taken after an epoch ended resumes as "that epoch is
-  done" instead of replaying it;
+* ``state_dict()`` wraps torchdata's state with a kind, a format version and the topology,
+  moved back to the last batch handed out when it is taken inside a chunk (see ``_transport``);
+* ``load_state_dict()`` takes that state, a merged checkpoint of every rank (see ``_checkpoint``)
+  or a plain ``StatefulDataLoader``'s state, and checks all of it in the main process (format,
+  data fingerprint, options, topology, each worker's cursor against the plan) before any worker
+  starts, raising a clear error; it restores the saved epoch on the dataset; a state of another
+  topology has the rest of its epoch re-planned for this one (``_elastic``); and a state taken
+  after an epoch ended resumes as "that epoch is done" instead of replaying it;
 * ``len(loader)`` is the exact number of batches per epoch when row counts are known;
 * ``metrics()`` reads what each worker has done, live (see :mod:`arrowstream._metrics`).
+
+torchdata's own dict inside the state is read and rewritten through ``_torchdata_state`` only.
 """
 
 from __future__ import annotations

@@ -100,6 +100,19 @@ def test_v4_worker_state_migrates_to_v5_without_a_snapshot():
     assert v5["data"] == {**v4["data"], "snapshot_id": None, "schema_id": None}
 
 
+def test_the_package_docstrings_show_the_current_state_version():
+    """_checkpoint's docstring showed a merged checkpoint of version 4 after v5 (issue #18, point 6)."""
+    import pathlib
+    import re
+
+    import arrowstream
+
+    shown = {(path.name, int(version)) for path in pathlib.Path(arrowstream.__file__).parent.glob("*.py")
+             for version in re.findall(r'"version": (\d+)', path.read_text())}
+    assert ("_checkpoint.py", STATE_VERSION) in shown
+    assert {version for _, version in shown} == {STATE_VERSION}, shown
+
+
 def test_a_file_state_is_refused_by_an_iceberg_dataset_and_the_reverse(uneven_dataset, tmp_path):
     import pyarrow as pa
     from iceberg_tables import make_catalog
