@@ -8,6 +8,7 @@ list: a torchdata that renames or reshapes a key fails loudly, naming the key an
 
 from __future__ import annotations
 
+import re
 import tomllib
 import warnings
 from pathlib import Path
@@ -134,3 +135,26 @@ def test_a_renamed_or_reshaped_key_fails_naming_it_and_the_pin(real_states):
     with pytest.raises(pytest.fail.Exception, match=LAST_YIELDED_WORKER_ID):
         _check(renamed, 2)
     assert not layout_problems(inner, 2)  # the control: the real state itself
+
+
+@pytest.mark.timeout(120)
+def test_a_key_that_torchdata_renames_fails_naming_it_and_the_pin(tmp_path, monkeypatch):
+    """The check, broken on purpose the way a torchdata release would: its own key constants renamed."""
+    from torchdata.stateful_dataloader import stateful_dataloader
+
+    monkeypatch.setattr(stateful_dataloader, "_ITERATOR_FINISHED", "_finished")
+    monkeypatch.setattr(stateful_dataloader._StatefulMultiProcessingDataLoaderIter, "_LAST_YIELDED_WORKER_ID",
+                        "_last_worker_id")
+    path = write_dataset(tmp_path, [(100, 50)])
+    for num_workers, where in ((0, ["dataloader"]), (2, ["dataloader", "dataloader._snapshot"])):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
+            loader = StatefulDataLoader(StructuredDataset(path, batch_size=32), batch_size=None,
+                                        num_workers=num_workers)
+        problems = layout_problems(loader.state_dict(), num_workers)
+        for _ in loader:  # to the end: the workers exit
+            pass
+        renamed = [ITERATOR_FINISHED, LAST_YIELDED_WORKER_ID][:len(where)]
+        missing = [re.search(r"has no '(\w+)' in ([\w.]+) \(", p) for p in problems]
+        assert [m.groups() if m else p for m, p in zip(missing, problems)] == list(zip(renamed, where))
+        assert all(_torchdata_pin() in p and "revisit" in p for p in problems)
