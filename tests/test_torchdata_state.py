@@ -4,6 +4,7 @@
 ``StatefulDataLoader`` state, and ``relied_on`` lists every path it uses. Here real states of the
 installed torchdata (0 and 2 workers; before, during and after an epoch) are checked against that
 list: a torchdata that renames or reshapes a key fails loudly, naming the key and the pin to revisit.
+That the list is complete is checked too, by recording what the module touches in a real state.
 """
 
 from __future__ import annotations
@@ -26,8 +27,16 @@ from arrowstream._torchdata_state import (
     LAST_YIELDED_WORKER_ID,
     SNAPSHOT,
     WORKER_SNAPSHOTS,
+    clear_steps_since_snapshot,
+    is_inner_state,
+    iterator_finished,
     read_inner,
     relied_on,
+    set_iterator_finished,
+    set_last_yielded_worker,
+    set_worker_state,
+    steps_since_snapshot,
+    worker_state,
     worker_states,
 )
 
@@ -113,6 +122,56 @@ def test_every_key_arrowstream_relies_on_is_in_a_real_state(real_states, num_wor
         assert [s.slot.worker_id for s in states] == list(range(max(num_workers, 1))), point
         parsed = read_inner(inner, 1)
         assert parsed.num_workers == num_workers and parsed.finished == (point == "after"), point
+
+
+class _Recorder(dict[str, Any]):
+    """A copy of a state dict that records the path of every key read or written in it (a key
+    looked for and absent, as when telling the two layouts apart, is not recorded)."""
+
+    def __init__(self, value: dict[str, Any], seen: set[tuple[str, ...]], path: tuple[str, ...] = ()) -> None:
+        super().__init__({k: _Recorder(v, seen, (*path, k)) if isinstance(v, dict) else v for k, v in value.items()})
+        self.seen, self.path = seen, path
+
+    def _saw(self, key: Any) -> None:
+        if super().__contains__(key):
+            self.seen.add((*self.path, key))
+
+    def __getitem__(self, key: Any) -> Any:
+        self._saw(key)
+        return super().__getitem__(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self._saw(key)
+        return super().get(key, default)
+
+    def __contains__(self, key: Any) -> bool:
+        self._saw(key)
+        return super().__contains__(key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        self._saw(key)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_relied_on_lists_every_path_the_module_reads_or_writes(real_states, num_workers):
+    """So that the check above covers every key: read_inner and each accessor, on a real state."""
+    seen: set[tuple[str, ...]] = set()
+    for _, state in real_states[num_workers]:
+        inner = _Recorder(state, seen)
+        read_inner(inner, 1)
+        assert is_inner_state(inner)
+        assert len(worker_states(inner)) == max(num_workers, 1)
+        assert steps_since_snapshot(inner) >= 0 and iterator_finished(inner) in (True, False)
+        set_worker_state(inner, 0, None)
+        clear_steps_since_snapshot(inner)
+        set_iterator_finished(inner, False)
+        if num_workers:
+            worker_state(inner, 1)
+            set_last_yielded_worker(inner, 0)
+    relied = {path for path, _ in relied_on(num_workers)}
+    assert seen - relied == set()
+    assert relied - seen == set()  # and nothing listed that the module does not use
 
 
 @pytest.mark.timeout(120)
