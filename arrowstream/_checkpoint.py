@@ -1,9 +1,10 @@
 """One checkpoint for every rank: merge the loader states of all ranks, hand each rank its part.
 
-A merged checkpoint is a dict of JSON types: ``{"kind": "arrowstream.checkpoint", "version": 4,
-"world_size": N, "num_workers": W, "ranks": [state of rank 0, ..., state of rank N-1]}``; each
-entry is the state ``loader.state_dict()`` returned on that rank. Ranks of one ``group_size``
-group read the same data, so their states agree and one of them is kept.
+A merged checkpoint is a dict of JSON types: ``{"kind": "arrowstream.checkpoint", "version": 5,
+"world_size": N, "num_workers": W, "ranks": [state of rank 0, ..., state of rank N-1]}``, its
+version ``STATE_VERSION`` like the loader states it holds (merged checkpoints exist from version
+4 on); each entry is the state ``loader.state_dict()`` returned on that rank. Ranks of one
+``group_size`` group read the same data, so their states agree and one of them is kept.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import json
 from typing import Any
 
 from ._fields import MAX_INT, shorten
-from ._loader_state import read_inner, read_loader_state
+from ._loader_state import read_loader_state
 from ._state import CHECKPOINT_KIND, STATE_VERSION
+from ._torchdata_state import read_inner
 from .errors import StateError, StateMismatchError, TopologyError
 
 

@@ -5,13 +5,17 @@ state snapshot, about 0.2 ms here), and torch's default transport of a tensor pa
 descriptor per tensor over a fresh socket (about 0.5 ms each). A 1,024-row batch of eleven
 numeric columns would spend several milliseconds in transit for a fraction of that in decoding.
 
-A :class:`Chunk` carries up to ``k`` consecutive batches of one worker. Every tensor and numeric
-ndarray of every batch is copied once into one contiguous byte buffer; on arrival, the batches are
-rebuilt as zero-copy views of that buffer. Arrow objects (batches, arrays, tables) ride in the
-same buffer as Arrow IPC streams, which carry every Arrow type (pickle has no class for some,
-``month_interval`` for one) and arrive as zero-copy views too; other values (string lists) are
-pickled. The buffer goes through a shared-memory ring (see ``_ring``) or by value through the
-loader's queue.
+A :class:`Chunk` carries up to ``k`` consecutive batches of one worker; without a ``transform``,
+as one converted span of their rows that the trainer slices into the batches (``sizes``). Every
+tensor and numeric ndarray (on the CPU, not requiring grad, of a plain numeric dtype) is copied
+once into one contiguous byte buffer; on arrival, the batches are rebuilt as zero-copy views of
+that buffer. Arrow objects (batches, arrays, tables) ride in the same buffer as Arrow IPC
+streams, which carry every Arrow type (pickle has no class for some, ``month_interval`` for one)
+and arrive as zero-copy views too: without a ``transform``, columns of Python objects (strings,
+lists) travel so, and the trainer makes their objects batch by batch as it hands the batches out
+(``objects``, see :meth:`Chunk.finish`). Other values are pickled into the same buffer. The
+buffer goes through the worker's shared-memory ring (see ``_ring``), or by value through the
+loader's queue when there is no ring or no free slot fits it.
 
 A chunk is packed by :meth:`Chunk.pack` in the worker's own thread, before the loader's queue
 takes it: an error there reaches the trainer as a :class:`~arrowstream.errors.WorkerError`

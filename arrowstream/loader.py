@@ -3,13 +3,18 @@
 A plain ``StatefulDataLoader`` over a :class:`~arrowstream.StructuredDataset` already resumes
 exactly; this subclass adds what a production loop needs on top:
 
-* ``state_dict()`` wraps torchdata's state with a kind, a format version and the topology;
-* ``load_state_dict()`` checks the state in the main process (data fingerprint, options,
-  num_workers) and raises a clear error before any worker starts; it restores the saved
-  epoch on the dataset; and a state taken after an epoch ended resumes as "that epoch is
-  done" instead of replaying it;
+* ``state_dict()`` wraps torchdata's state with a kind, a format version and the topology,
+  moved back to the last batch handed out when it is taken inside a chunk (see ``_transport``);
+* ``load_state_dict()`` takes that state, a merged checkpoint of every rank (see ``_checkpoint``)
+  or a plain ``StatefulDataLoader``'s state, and checks all of it in the main process (format,
+  data fingerprint, options, topology, each worker's cursor against the plan) before any worker
+  starts, raising a clear error; it restores the saved epoch on the dataset; a state of another
+  topology has the rest of its epoch re-planned for this one (``_elastic``); and a state taken
+  after an epoch ended resumes as "that epoch is done" instead of replaying it;
 * ``len(loader)`` is the exact number of batches per epoch when row counts are known;
 * ``metrics()`` reads what each worker has done, live (see :mod:`arrowstream._metrics`).
+
+torchdata's own dict inside the state is read and rewritten through ``_torchdata_state`` only.
 """
 
 from __future__ import annotations
@@ -28,24 +33,30 @@ from ._credentials import as_provider
 from ._cursor import Cursor
 from ._fields import shorten
 from ._loader_options import check_loader_options
-from ._loader_state import InnerState, read_checkpoint, read_inner, read_loader_state
+from ._loader_state import read_checkpoint, read_loader_state
 from ._metrics import FIELDS, Board, Meter, flatten, summarize
 from ._options import check_int
 from ._order import Slot
 from ._shm import semaphore_failure
 from ._state import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, WorkerState
 from ._storage import logger
+from ._torchdata_state import (
+    InnerState,
+    clear_steps_since_snapshot,
+    is_inner_state,
+    iterator_finished,
+    read_inner,
+    set_iterator_finished,
+    set_last_yielded_worker,
+    set_worker_state,
+    steps_since_snapshot,
+    worker_state,
+    worker_states,
+)
 from ._transport import Chunk
 from ._watchdog import guard_reads, name_dead_workers, worker_death
 from .errors import ArgumentTypeError, ArrowStreamError, InvalidArgumentError, StateError, StateMismatchError
 
-_SNAPSHOT = "_snapshot"
-_WORKER_SNAPSHOTS = "_worker_snapshots"
-_MAIN_SNAPSHOT = "_main_snapshot"
-_DATASET_STATE = "dataset_state"
-_FINISHED = "_iterator_finished"
-_STEPS_SINCE_SNAPSHOT = "_steps_since_snapshot"
-_LAST_YIELDED_WORKER = "_last_yielded_worker_id"
 ROWS_PER_TRANSFER = 16384  # default message size: ~0.2 ms of loader overhead spread over this many rows
 MAX_BATCHES_PER_TRANSFER = 16
 
@@ -53,14 +64,6 @@ MAX_BATCHES_PER_TRANSFER = 16
 def default_batches_per_transfer(batch_size: int) -> int:
     """Batches per message so that one carries about ``ROWS_PER_TRANSFER`` rows (1 to 16)."""
     return max(1, min(MAX_BATCHES_PER_TRANSFER, ROWS_PER_TRANSFER // batch_size))
-
-
-def _worker_states(inner: dict[str, Any]) -> list[dict[str, Any] | None]:
-    """The dataset states inside torchdata's state, one per worker (one for num_workers=0)."""
-    if _SNAPSHOT in inner:
-        snapshots = inner[_SNAPSHOT][_WORKER_SNAPSHOTS]
-        return [snapshots[key].get(_DATASET_STATE) for key in sorted(snapshots, key=lambda k: int(k.split("_")[-1]))]
-    return [inner.get(_DATASET_STATE)]
 
 
 class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
@@ -129,22 +132,22 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
     def _into_later_epoch(self, inner: dict[str, Any]) -> dict[str, Any]:
         """torchdata's state, made to start the dataset's epoch whole when the saved epoch before it is
         over: the round robin at worker 0 and nothing to replay since the last snapshot."""
-        states = _worker_states(inner)
+        states = worker_states(inner)
         if any(state is None for state in states):
             return inner
         saved = [WorkerState.from_dict(state) for state in states if state is not None]
-        if not later_epoch_starts_whole(self.dataset, saved, int(inner.get(_STEPS_SINCE_SNAPSHOT, 0))):
+        if not later_epoch_starts_whole(self.dataset, saved, steps_since_snapshot(inner)):
             return inner
         inner = copy.deepcopy(inner)
-        if inner.get(_STEPS_SINCE_SNAPSHOT):
+        if steps_since_snapshot(inner):
             # the snapshots stand before batches yielded since: the workers start the later epoch at its
             # first row instead of replaying those batches (a real position, which the workers check)
             dataset = self.dataset
-            for key, snapshot in inner[_SNAPSHOT][_WORKER_SNAPSHOTS].items():
-                slot = Slot(dataset.rank, dataset.world_size, int(key.split("_")[-1]), self.num_workers)
-                snapshot[_DATASET_STATE] = dataset._initial_state(slot, dataset.epoch).to_dict()
-            inner[_STEPS_SINCE_SNAPSHOT] = 0
-        inner[_SNAPSHOT][_LAST_YIELDED_WORKER] = self.num_workers - 1  # the next batch comes from worker 0
+            for worker_id in range(len(states)):
+                slot = Slot(dataset.rank, dataset.world_size, worker_id, self.num_workers)
+                set_worker_state(inner, worker_id, dataset._initial_state(slot, dataset.epoch).to_dict())
+            clear_steps_since_snapshot(inner)
+        set_last_yielded_worker(inner, self.num_workers - 1)  # the next batch comes from worker 0
         return inner
 
     def __iter__(self) -> Any:
@@ -251,7 +254,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
                     f"num_workers={topology[2]}; with world_size={topology[1]}, re-planning the epoch for other "
                     "workers needs every rank's state: load the checkpoint of arrowstream.gather_state_dict(loader) "
                     f"(or merge_state_dicts), or build the loader with num_workers={saved_topology[2]}")
-        elif isinstance(state_dict, dict) and (_SNAPSHOT in state_dict or _DATASET_STATE in state_dict):
+        elif isinstance(state_dict, dict) and is_inner_state(state_dict):
             inner, per_transfer = copy.deepcopy(state_dict), 1  # a plain StatefulDataLoader's state
         else:
             raise StateError("load_state_dict: expected the dict returned by loader.state_dict(), got "
@@ -266,7 +269,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         self.dataset.set_epoch(max(s.epoch for s in saved))
         # inside an epoch re-planned for this topology: the counts of that epoch (len, trimmed rows)
         self.dataset._elastic = next((s.elastic for s in saved if s.elastic is not None), None)
-        if inner.get(_FINISHED):
+        if iterator_finished(inner):
             self._mark_epoch_complete(inner, self.dataset)
         if per_transfer > 1 and self.snapshot_every_n_steps != 1:
             raise StateMismatchError(
@@ -368,13 +371,10 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
                 end = Cursor.end(len(dataset._slot_splits(saved.slot, saved.epoch)))
             return dataclasses.replace(saved, cursor=end, epoch_complete=True).to_dict()
 
-        if _SNAPSHOT in inner:
-            for snapshot in inner[_SNAPSHOT][_WORKER_SNAPSHOTS].values():
-                snapshot[_DATASET_STATE] = complete(snapshot.get(_DATASET_STATE))
-            inner[_STEPS_SINCE_SNAPSHOT] = 0
-        else:
-            inner[_DATASET_STATE] = complete(inner.get(_DATASET_STATE))
-        inner[_FINISHED] = False
+        for worker_id, state in enumerate(worker_states(inner)):
+            set_worker_state(inner, worker_id, complete(state))
+        clear_steps_since_snapshot(inner)
+        set_iterator_finished(inner, False)
 
 
 class PerBatchCollate:
@@ -454,13 +454,12 @@ def _rewind_into_chunk(inner: dict[str, Any], batches: _BatchIterator, num_worke
     """
     assert batches.chunk is not None
     state = copy.deepcopy(inner)
-    snapshot = state[_SNAPSHOT]
-    worker = snapshot[_WORKER_SNAPSHOTS][f"worker_{batches.chunk.worker_id}"]
+    worker_id = batches.chunk.worker_id
     position = batches.chunk.positions[batches.taken - 1]
-    worker[_DATASET_STATE] = dataclasses.replace(
-        WorkerState.from_dict(worker[_DATASET_STATE]), cursor=position.cursor, rows=position.rows,
-        batches=position.batches, rows_dropped=position.rows_dropped, epoch_complete=False).to_dict()
-    snapshot[_LAST_YIELDED_WORKER] = (batches.chunk.worker_id - 1) % num_workers
+    set_worker_state(state, worker_id, dataclasses.replace(
+        WorkerState.from_dict(worker_state(state, worker_id)), cursor=position.cursor, rows=position.rows,
+        batches=position.batches, rows_dropped=position.rows_dropped, epoch_complete=False).to_dict())
+    set_last_yielded_worker(state, (worker_id - 1) % num_workers)
     return state
 
 

@@ -14,6 +14,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 from helpers import make_loader, make_table, write_dataset
 
 from arrowstream import StructuredDataset, errors
+from arrowstream._torchdata_state import worker_state
 
 
 def test_missing_path(tmp_path):
@@ -242,7 +243,7 @@ def test_state_from_the_future_and_garbage(small_dataset):
         loader.load_state_dict({**state, "version": 99})
     with pytest.raises(errors.StateError, match="expected the dict returned by loader.state_dict"):
         loader.load_state_dict({"hello": 1})
-    worker = state["dataloader"]["_snapshot"]["_worker_snapshots"]["worker_0"]["dataset_state"]
+    worker = worker_state(state["dataloader"], 0)
     del worker["cursor"]
     with pytest.raises(errors.StateError, match="worker 0 state has no 'cursor' field"):
         loader.load_state_dict(state)

@@ -10,6 +10,8 @@ import sys
 import pytest
 from helpers import ids_of, make_loader
 
+from arrowstream._torchdata_state import worker_state
+
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 sys.path.insert(0, GOLDEN)
 
@@ -39,7 +41,7 @@ def test_golden_state_resumes_to_the_recorded_batches(tmp_path, golden_file):
 
 
 def _worker_state(loader_state):
-    return loader_state["dataloader"]["_snapshot"]["_worker_snapshots"]["worker_0"]["dataset_state"]
+    return worker_state(loader_state["dataloader"], 0)
 
 
 def test_v1_states_migrate_step_by_step():

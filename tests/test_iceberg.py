@@ -23,7 +23,7 @@ from pyiceberg.types import LongType, StringType
 from test_formats import UNIT_ROWS, ReaderContract
 
 from arrowstream import IcebergDataset, errors
-from arrowstream.loader import _worker_states
+from arrowstream._torchdata_state import worker_states
 
 ROW_GROUP_LIMIT = {"write.parquet.row-group-limit": str(UNIT_ROWS)}
 
@@ -217,8 +217,8 @@ def test_resume_continues_on_the_pinned_snapshot_after_an_append(catalog):
             reference.append(ids_of(batch))
             if epoch == 0 and step == 6:
                 state, consumed = json.loads(json.dumps(loader.state_dict())), len(reference)
-    worker_states = _worker_states(state["dataloader"])
-    assert {s["data"]["snapshot_id"] for s in worker_states} == {pinned}
+    saved = worker_states(state["dataloader"])
+    assert {s["data"]["snapshot_id"] for s in saved} == {pinned}
 
     table.append(rows(2000, 500))          # the table moves on
     fresh_loader, fresh_dataset = IcebergDataset.create_dataloader(table="db.events", catalog_config=catalog[1],
@@ -236,7 +236,7 @@ def test_resume_continues_on_the_pinned_snapshot_after_an_append(catalog):
     _, latest = IcebergDataset.create_dataloader(table="db.events", catalog_config=catalog[1], num_workers=2,
                                                  snapshot_id=table.refresh().current_snapshot().snapshot_id, **options)
     with pytest.raises(errors.StateMismatchError, match=str(pinned)):
-        latest.load_state_dict(worker_states[0])
+        latest.load_state_dict(saved[0])
 
 
 def test_resume_refuses_an_expired_snapshot(catalog):

@@ -15,6 +15,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from arrowstream import StructuredDataset, errors, merge_state_dicts
 from arrowstream._cursor import Cursor
 from arrowstream._state import STATE_VERSION
+from arrowstream._torchdata_state import iterator_finished, steps_since_snapshot, worker_state
 
 
 def _only_json_types(value):
@@ -39,7 +40,7 @@ def test_state_is_json_types_and_versioned(uneven_dataset):
     assert _only_json_types(state)
     assert state["kind"] == "arrowstream.loader" and state["version"] == STATE_VERSION
     assert state["batches_per_transfer"] == 16  # 16384 rows // batch_size 8, capped at 16
-    worker = state["dataloader"]["_snapshot"]["_worker_snapshots"]["worker_0"]["dataset_state"]
+    worker = worker_state(state["dataloader"], 0)
     assert worker["kind"] == "arrowstream.worker" and worker["version"] == STATE_VERSION
     assert set(worker) == {"kind", "version", "data", "options", "epoch", "slot", "cursor", "counters",
                            "epoch_complete", "elastic"}
@@ -97,6 +98,19 @@ def test_v4_worker_state_migrates_to_v5_without_a_snapshot():
     v5 = upgrade(v4, WORKER_KIND)
     assert v5["version"] == 5
     assert v5["data"] == {**v4["data"], "snapshot_id": None, "schema_id": None}
+
+
+def test_the_package_docstrings_show_the_current_state_version():
+    """_checkpoint's docstring showed a merged checkpoint of version 4 after v5 (issue #18, point 6)."""
+    import pathlib
+    import re
+
+    import arrowstream
+
+    shown = {(path.name, int(version)) for path in pathlib.Path(arrowstream.__file__).parent.glob("*.py")
+             for version in re.findall(r'"version": (\d+)', path.read_text())}
+    assert ("_checkpoint.py", STATE_VERSION) in shown
+    assert {version for _, version in shown} == {STATE_VERSION}, shown
 
 
 def test_a_file_state_is_refused_by_an_iceberg_dataset_and_the_reverse(uneven_dataset, tmp_path):
@@ -328,8 +342,8 @@ def test_a_loop_that_ended_after_the_snapshots_resumes_or_is_refused(validation_
     dataset.set_epoch(0)
     assert sorted(i for batch in loader for i in ids_of(batch)) == list(range(dataset.num_rows))
     state = json.loads(json.dumps(loader.state_dict()))
-    steps = state["dataloader"]["_steps_since_snapshot"]
-    assert state["dataloader"]["_iterator_finished"] and steps > 0  # the case under test
+    steps = steps_since_snapshot(state["dataloader"])
+    assert iterator_finished(state["dataloader"]) and steps > 0  # the case under test
     dataset.set_epoch(1)
     uninterrupted = [ids_of(batch) for batch in loader]
     for resume_epoch in (0, 1):  # the finished epoch again (empty), or the next one
