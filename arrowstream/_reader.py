@@ -11,10 +11,8 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -22,43 +20,16 @@ from ._failures import is_expired_credentials, is_transient, wrap_read_error
 from ._formats import UnitFile, get_format, name_units
 from ._formats.text import ROW_OK
 from ._metrics import Meter
+from ._piece import Piece  # also importable from here, its old home
 from ._pinned import Pin
-from ._planning import Plan, Split
+from ._plan_types import Split
+from ._planning import Plan
 from ._prefetch import Prefetcher
 from ._retry import Attempts
 from ._storage import MAX_REFRESHES, Storage, logger
 from .errors import ArrowStreamError, CorruptFileError
 
 _ROW_INDEX = "__arrowstream_source_offset"
-
-
-@dataclass(frozen=True, slots=True)
-class Piece:
-    """Consecutive output rows of one split, with their source offsets inside the split."""
-
-    batch: pa.RecordBatch
-    position: int                           # index of the split in the slot's reading order
-    start: int                              # source offset of the first row (no filter)
-    end: int                                # source offset just past the rows this piece covers
-    offsets: npt.NDArray[np.int64] | None   # source offset of each row, when a filter dropped rows
-
-    @property
-    def num_rows(self) -> int:
-        return int(self.batch.num_rows)
-
-    def offset_of(self, row: int) -> int:
-        """Source offset of output row ``row`` of this piece (``row < num_rows``)."""
-        return int(self.offsets[row]) if self.offsets is not None else self.start + row
-
-    def head(self, row: int) -> Piece:
-        """The first ``row`` rows (``row < num_rows``), zero-copy."""
-        offsets = self.offsets[:row] if self.offsets is not None else None
-        return Piece(self.batch.slice(0, row), self.position, self.start, self.offset_of(row), offsets)
-
-    def tail(self, row: int) -> Piece:
-        """The rows from ``row`` on, zero-copy."""
-        offsets = self.offsets[row:] if self.offsets is not None else None
-        return Piece(self.batch.slice(row), self.position, self.offset_of(row), self.end, offsets)
 
 
 class ReadAhead:
