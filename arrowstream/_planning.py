@@ -229,9 +229,7 @@ def plan_files(storage: Storage, entries: Sequence[FileEntry], file_format: File
     else:
         others = [read_footer(storage, file_format, e, filter, filter_columns) for e in rest]
     footers = [*others[:lead], first, *others[lead:]]
-    reconcile = getattr(file_format, "reconcile", None)   # text formats: one schema for every file
-    if reconcile is not None:
-        footers = reconcile(footers, storage.protocol)
+    footers = file_format.reconcile(footers, storage.protocol)   # text formats: one schema for every file
     # a text file of no rows has names but no types: the schema is that of the first file with rows
     with_rows = [f for f in footers if any(f.unit_rows)] or footers
     reference = with_rows[0]
