@@ -169,6 +169,7 @@ class IcebergFormat:
     name = "iceberg"
     label = "Iceberg data"
     unit = "unit"
+    units = "row groups/stripes"   # of the Parquet and ORC data files
     row_ok_column: str | None = None
 
     def open(self, storage: Storage, footer: FileFooter) -> IcebergFile:

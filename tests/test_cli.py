@@ -123,6 +123,7 @@ def test_inspect_reads_an_iceberg_table(tmp_path):
     assert report["source"]["snapshot_id"] == table.current_snapshot().snapshot_id
     assert report["rows"] == table.scan().to_arrow().num_rows == 4000
     assert report["files"] == len(table.inspect.files())
+    assert report["unit_name"] == "row groups/stripes"   # the format's own name for its units
 
 
 def test_bench_raw_loop_of_an_iceberg_table_is_its_snapshot_scan(tmp_path):

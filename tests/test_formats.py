@@ -389,7 +389,7 @@ def _members(protocol: type) -> set[str]:
 def test_every_format_answers_the_whole_protocol_it_is_registered_for():
     import arrowstream._iceberg  # noqa: F401 (registers the format of Iceberg data files)
 
-    assert {"row_ok_column", "open", "byte_ranges"} <= _members(UnitFormat)
+    assert {"units", "row_ok_column", "open", "byte_ranges"} <= _members(UnitFormat)
     assert {"configured", "inspect", "reconcile", "baseline_batches"} <= _members(FileFormat) - _members(UnitFormat)
     for name, file_format in FILE_FORMATS.items():   # planned file by file: everything planning and bench ask
         missing = [m for m in _members(FileFormat) if not hasattr(file_format, m)]

@@ -163,6 +163,7 @@ class IpcFormat(MetadataFormat):
     name = "arrow"
     label = "Arrow IPC"
     unit = "record batch"
+    units = "record batches"
 
     def inspect(self, storage: Storage, entry: FileEntry, filter: pc.Expression | None,
                 filter_columns: list[str]) -> FileFooter:

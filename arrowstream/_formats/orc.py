@@ -97,6 +97,7 @@ class OrcFormat(MetadataFormat):
     name = "orc"
     label = "ORC"
     unit = "stripe"
+    units = "stripes"
 
     def inspect(self, storage: Storage, entry: FileEntry, filter: pc.Expression | None,
                 filter_columns: list[str]) -> FileFooter:

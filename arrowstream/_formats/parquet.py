@@ -63,6 +63,7 @@ class ParquetFormat(MetadataFormat):
     name = "parquet"
     label = "Parquet"
     unit = "row group"
+    units = "row groups"
 
     def inspect(self, storage: Storage, entry: FileEntry, filter: pc.Expression | None,
                 filter_columns: list[str]) -> FileFooter:

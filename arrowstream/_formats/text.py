@@ -615,7 +615,7 @@ class TextFormat:
     def __init__(self, kind: str, settings: TextSettings | None = None, unit_bytes: int = UNIT_BYTES) -> None:
         self.name = kind
         self.label = "CSV" if kind == "csv" else "JSON Lines"
-        self.unit = "byte range"
+        self.unit, self.units = "byte range", "byte ranges"
         self.row_ok_column: str | None = ROW_OK
         self.settings = settings or TextSettings(kind, ())
         self.unit_bytes = unit_bytes
