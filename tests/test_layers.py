@@ -80,6 +80,7 @@ def _loaded_by(module: str) -> list[str]:
     return loaded
 
 
+@pytest.mark.timeout(90)
 @pytest.mark.parametrize("module", PURE_MODULES)
 def test_a_pure_module_loads_no_torch_fsspec_or_pyarrow_io(module):
     loaded = _loaded_by(module)
