@@ -94,6 +94,13 @@ def test_a_pure_module_loads_no_torch_fsspec_or_pyarrow_io(module):
     assert f"arrowstream.{module}" in loaded   # the probe imported the module itself, not a namesake
 
 
+@pytest.mark.timeout(90)
+def test_the_probe_sees_what_an_impure_module_loads():
+    # the reader does I/O: loading it is what the pure modules must not do (a check that cannot pass vacuously)
+    refused = {m.split(".")[0] for m in _loaded_by("_reader") if _refused(m)}
+    assert {"torch", "fsspec"} <= refused
+
+
 def _imports(tree: ast.Module) -> list[tuple[int, str, int]]:
     """(line, module, relative level) of every import that runs: at the top, in functions, anywhere but
     under ``if TYPE_CHECKING:``."""
