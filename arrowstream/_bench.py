@@ -27,7 +27,9 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from ._formats import get_format
 from ._inspect import open_dataset
+from .iceberg import IcebergDataset
 
 
 def _numeric(type_: pa.DataType) -> bool:
@@ -48,61 +50,18 @@ def raw_convert(batch: pa.RecordBatch) -> dict[str, Any]:
     return out
 
 
-def _rechunked(batches: Iterator[pa.RecordBatch], batch_size: int) -> Iterator[pa.RecordBatch]:
-    for batch in batches:
-        for start in range(0, batch.num_rows, batch_size):
-            yield batch.slice(start, batch_size)
-
-
 def raw_batches(dataset: Any, batch_size: int) -> Iterator[pa.RecordBatch]:
-    """The rows of ``dataset`` through pyarrow's own readers, file after file."""
-    plan = dataset._plan
-    columns = list(plan.read_columns)
-    if plan.files and plan.files[0].format == "iceberg":
-        source = dataset._source
-        scan = source.table.scan(snapshot_id=source.snapshot_id, row_filter=source.row_filter,
-                                 selected_fields=source.selected_fields)
-        yield from _rechunked(iter(scan.to_arrow_batch_reader()), batch_size)
+    """The rows of ``dataset`` through pyarrow's own readers, file after file (each format's
+    ``baseline_batches``); an Iceberg table's through pyiceberg's scan of the pinned snapshot."""
+    if isinstance(dataset, IcebergDataset):
+        yield from dataset._source.baseline_batches(batch_size)
         return
-    storage = dataset._storage
+    plan, storage = dataset._plan, dataset._storage
+    columns = list(plan.read_columns)
     for footer in plan.files:
         opened = contextlib.nullcontext(footer.entry.path) if storage.is_local else storage.fs.open(footer.entry.path, "rb")
         with opened as handle:
-            if footer.format == "parquet":
-                import pyarrow.parquet as pq
-
-                yield from pq.ParquetFile(handle).iter_batches(batch_size=batch_size, columns=columns)
-            elif footer.format == "orc":
-                from pyarrow import orc
-
-                orc_file = orc.ORCFile(handle)
-                for stripe in range(orc_file.nstripes):
-                    yield from _rechunked(iter(orc_file.read_stripe(stripe, columns=columns).to_batches()),
-                                          batch_size)
-            elif footer.format in ("csv", "jsonl"):
-                yield from _rechunked(_text_batches(handle, footer, columns), batch_size)
-            else:
-                from pyarrow import ipc
-
-                reader = ipc.open_file(handle)
-                yield from _rechunked((reader.get_batch(i).select(columns) for i in range(reader.num_record_batches)),
-                                      batch_size)
-
-
-def _text_batches(handle: Any, footer: Any, columns: list[str]) -> Iterator[pa.RecordBatch]:
-    """A CSV or JSON Lines file through pyarrow's own streaming reader (its inference, its threads)."""
-    import pyarrow.csv as pa_csv
-    import pyarrow.json as pa_json
-
-    layout = footer.extra
-    source = pa.input_stream(handle, compression=layout.compression)
-    if footer.format == "csv":
-        read, parse, convert = layout.settings.csv_options(None, None, columns, True)
-        yield from pa_csv.open_csv(source, read_options=read, parse_options=parse, convert_options=convert)
-        return
-    read_json, parse_json = layout.settings.json_options(None, True)
-    for batch in pa_json.open_json(source, read_options=read_json, parse_options=parse_json):
-        yield batch.select(columns)
+            yield from get_format(footer.format).baseline_batches(handle, footer, columns, batch_size)
 
 
 def progress_bar(total: int | None, label: str, quiet: bool = False) -> Any:

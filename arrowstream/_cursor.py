@@ -116,3 +116,13 @@ class Run:
     def tail(self, rows: int) -> Run:
         """The rows from ``rows`` on, zero-copy."""
         return Run(self.batch.slice(rows), self._after, self._base + rows)
+
+
+@dataclass(frozen=True)
+class Position:
+    """A worker's cursor and counters right after one batch of a chunk."""
+
+    cursor: Cursor
+    rows: int
+    batches: int
+    rows_dropped: int

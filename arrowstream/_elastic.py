@@ -22,16 +22,20 @@ import dataclasses
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from ._cursor import Cursor, Run
 from ._interleave import PieceReader, block_size_for, interleave_runs
 from ._order import Slot, assign_lpt, slot_split_ids, window_seed
-from ._planning import Plan, Split
-from ._reader import Piece
+from ._piece import Piece
+from ._plan_types import Split
 from ._state import ElasticSource
 from ._stream import open_runs
+
+if TYPE_CHECKING:
+    from ._planning import Plan
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,15 @@
 
 numpy's ``Generator`` streams may change between numpy versions; a checkpoint must resume
 to the same order after an upgrade, so the orders here are built from plain integer
-arithmetic that never changes.
+arithmetic that never changes. :func:`fingerprint` is the stable digest of a JSON-able value
+(a plan's files, an option) that states compare on resume.
 """
 
 from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -44,3 +49,9 @@ def permutation(n: int, seed: int) -> npt.NDArray[np.int64]:
     """
     keys = mix64(np.arange(n, dtype=np.uint64) ^ np.uint64(seed & _MASK))
     return np.argsort(keys).astype(np.int64, copy=False)
+
+
+def fingerprint(payload: Any) -> str:
+    """A short, stable digest of a JSON-able value."""
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]

@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 from ._discovery import FileEntry
 from ._failures import is_missing
 from ._formats import FileFooter, UnitFile, get_format, register_format
+from ._formats._base import sliced
 from ._planning import MAX_PLANNING_THREADS, Plan, build_plan, read_footer
 from ._retry import RetryPolicy
 from ._storage import Storage
@@ -161,15 +162,15 @@ class IcebergFile:
 
 
 class IcebergFormat:
-    """The format of Iceberg data files as planned by :func:`plan_iceberg`."""
+    """The format of Iceberg data files as planned by :func:`plan_iceberg`: a format readers open, and
+    no :class:`~arrowstream._formats.FileFormat` (its files are planned from the table's scan tasks,
+    never inspected one by one, so it has no ``inspect``)."""
 
     name = "iceberg"
     label = "Iceberg data"
     unit = "unit"
-
-    def inspect(self, storage: Storage, entry: FileEntry, filter: pc.Expression | None,
-                filter_columns: list[str]) -> FileFooter:
-        raise TypeError("Iceberg data files are planned from the table's scan tasks, not inspected one by one")
+    units = "row groups/stripes"   # of the Parquet and ORC data files
+    row_ok_column: str | None = None
 
     def open(self, storage: Storage, footer: FileFooter) -> IcebergFile:
         return IcebergFile(storage, footer.extra)
@@ -194,6 +195,14 @@ class IcebergSource:
     selected_fields: tuple[str, ...]
     arrow_filter: pc.Expression | None
     output_columns: list[str]
+
+    def baseline_batches(self, batch_size: int) -> Iterator[pa.RecordBatch]:
+        """The snapshot's rows through pyiceberg's own scan, in batches of at most ``batch_size`` rows: the
+        raw loop ``arrowstream bench`` compares the loader with on a table."""
+        scan = self.table.scan(snapshot_id=self.snapshot_id, row_filter=self.row_filter,
+                               selected_fields=self.selected_fields)
+        for batch in scan.to_arrow_batch_reader():
+            yield from sliced(batch, batch_size)
 
 
 def load_table(table_name: str, catalog_config: dict[str, Any] | None) -> Any:

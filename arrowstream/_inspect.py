@@ -13,11 +13,8 @@ import json
 import statistics
 from typing import Any
 
+from ._formats import unit_format
 from ._order import assign_lpt, natural_batches
-
-UNIT_NAMES = {"parquet": "row groups", "orc": "stripes", "arrow": "record batches", "ipc": "record batches",
-              "feather": "record batches", "iceberg": "row groups/stripes", "csv": "byte ranges",
-              "jsonl": "byte ranges", "json": "byte ranges"}
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
@@ -117,7 +114,7 @@ def describe(dataset: Any, num_workers: int) -> dict[str, Any]:
         "source": {"format": options.format, "table": dataset._source.table_name if options.format == "iceberg" else None,
                    "snapshot_id": getattr(dataset, "snapshot_id", None)},
         "files": len(footers), "rows": plan.num_rows, "bytes": sum(f["bytes"] for f in files),
-        "units": sum(f["units"] for f in files), "unit_name": UNIT_NAMES.get(options.format, "units"),
+        "units": sum(f["units"] for f in files), "unit_name": unit_format(options.format).units,
         "schema": [[field.name, str(field.type)] for field in plan.schema],
         "file_list": files,
         "topology": {"world_size": world_size, "num_workers": num_workers, "slots": num_slots,

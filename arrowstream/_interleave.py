@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ._cursor import Cursor, Run
-from ._planning import Split
-from ._reader import Piece
+from ._piece import Piece
+from ._plan_types import Split
 
 
 class PieceReader(Protocol):

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from ._convert import OUTPUT_FORMATS
 from ._formats import TextSettings
-from ._planning import fingerprint
+from ._hashing import fingerprint
 from .errors import ArgumentTypeError, InvalidArgumentError, NotSupportedYetError
 
 FORMATS = ("parquet", "orc", "arrow", "csv", "jsonl", "json", "iceberg")  # iceberg: IcebergDataset's own

@@ -7,8 +7,6 @@ are cut into row ranges, so no worker idles). Everything after :func:`plan_files
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -20,24 +18,13 @@ import pyarrow.compute as pc
 from ._discovery import FileEntry
 from ._failures import wrap_read_error
 from ._formats import FileFooter, FileFormat, check_counts
+from ._hashing import fingerprint  # also importable from here, its old home
+from ._plan_types import Split  # also importable from here, its old home
 from ._storage import Storage, display_url
 from .errors import ArrowStreamError, CorruptFileError, EmptyDatasetError, InvalidArgumentError, SchemaMismatchError
 
 MAX_PLANNING_THREADS = 32
 _SHIPPED_METADATA_BYTES = 64 << 20  # footers travel to workers below this total size
-
-
-@dataclass(frozen=True, slots=True)
-class Split:
-    """Rows ``[row_start, row_start + num_rows)`` of the units ``[unit_start, unit_stop)`` of one file
-    (row groups, stripes, record batches); ``row_start`` counts from the first row of ``unit_start``."""
-
-    file_index: int
-    unit_start: int
-    unit_stop: int
-    row_start: int
-    num_rows: int
-    num_bytes: int
 
 
 @dataclass
@@ -215,12 +202,6 @@ def refine_splits(splits: Sequence[Split], num_slots: int, footers: Sequence[Fil
     return [piece for s in singles for piece in _row_ranges(s, -(-s.num_rows // target))]
 
 
-def fingerprint(payload: Any) -> str:
-    """A short, stable digest of a JSON-able value."""
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
 def plan_files(storage: Storage, entries: Sequence[FileEntry], file_format: FileFormat, *,
                columns: list[str] | None, filter: pc.Expression | None, split_bytes: int | None) -> Plan:
     """Read every file's metadata once (concurrently) and build the plan of the dataset."""
@@ -248,9 +229,7 @@ def plan_files(storage: Storage, entries: Sequence[FileEntry], file_format: File
     else:
         others = [read_footer(storage, file_format, e, filter, filter_columns) for e in rest]
     footers = [*others[:lead], first, *others[lead:]]
-    reconcile = getattr(file_format, "reconcile", None)   # text formats: one schema for every file
-    if reconcile is not None:
-        footers = reconcile(footers, storage.protocol)
+    footers = file_format.reconcile(footers, storage.protocol)   # text formats: one schema for every file
     # a text file of no rows has names but no types: the schema is that of the first file with rows
     with_rows = [f for f in footers if any(f.unit_rows)] or footers
     reference = with_rows[0]

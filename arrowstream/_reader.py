@@ -11,54 +11,24 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ._failures import is_expired_credentials, is_transient, wrap_read_error
-from ._formats import UnitFile, get_format, name_units
-from ._formats.text import ROW_OK
+from ._formats import UnitFile, name_units, unit_format
 from ._metrics import Meter
+from ._piece import Piece  # also importable from here, its old home
 from ._pinned import Pin
-from ._planning import Plan, Split
+from ._plan_types import Split
+from ._planning import Plan
 from ._prefetch import Prefetcher
 from ._retry import Attempts
 from ._storage import MAX_REFRESHES, Storage, logger
 from .errors import ArrowStreamError, CorruptFileError
 
 _ROW_INDEX = "__arrowstream_source_offset"
-
-
-@dataclass(frozen=True, slots=True)
-class Piece:
-    """Consecutive output rows of one split, with their source offsets inside the split."""
-
-    batch: pa.RecordBatch
-    position: int                           # index of the split in the slot's reading order
-    start: int                              # source offset of the first row (no filter)
-    end: int                                # source offset just past the rows this piece covers
-    offsets: npt.NDArray[np.int64] | None   # source offset of each row, when a filter dropped rows
-
-    @property
-    def num_rows(self) -> int:
-        return int(self.batch.num_rows)
-
-    def offset_of(self, row: int) -> int:
-        """Source offset of output row ``row`` of this piece (``row < num_rows``)."""
-        return int(self.offsets[row]) if self.offsets is not None else self.start + row
-
-    def head(self, row: int) -> Piece:
-        """The first ``row`` rows (``row < num_rows``), zero-copy."""
-        offsets = self.offsets[:row] if self.offsets is not None else None
-        return Piece(self.batch.slice(0, row), self.position, self.start, self.offset_of(row), offsets)
-
-    def tail(self, row: int) -> Piece:
-        """The rows from ``row`` on, zero-copy."""
-        offsets = self.offsets[row:] if self.offsets is not None else None
-        return Piece(self.batch.slice(row), self.position, self.offset_of(row), self.end, offsets)
 
 
 class ReadAhead:
@@ -88,7 +58,7 @@ class ReadAhead:
             split = self._order[ahead]
             footer = self._plan.files[split.file_index]
             units = list(range(split.unit_start, split.unit_stop))
-            ranges = get_format(footer.format).byte_ranges(footer, units, self._plan.read_columns)
+            ranges = unit_format(footer.format).byte_ranges(footer, units, self._plan.read_columns)
             pin = Pin(footer.entry.path, self._plan.url(split.file_index), footer.entry.size, footer.entry.version,
                       self._plan.protocol)
             self._prefetcher.schedule((self._token, ahead), pin, ranges)
@@ -113,6 +83,7 @@ class SplitReader:
         self._output_columns = plan.schema.names
         self._open_index = -1
         self._open_file: UnitFile | None = None
+        self._row_ok: str | None = None   # the open file's format's column of rows it parsed (text)
 
     def close(self) -> None:
         if self._open_file is not None:
@@ -123,8 +94,9 @@ class SplitReader:
         if file_index != self._open_index:
             self.close()
             footer = self._plan.files[file_index]
-            self._open_file = get_format(footer.format).open(self._storage, footer)
-            self._open_index = file_index
+            file_format = unit_format(footer.format)
+            self._open_file = file_format.open(self._storage, footer)
+            self._open_index, self._row_ok = file_index, file_format.row_ok_column
         assert self._open_file is not None
         return self._open_file
 
@@ -172,7 +144,7 @@ class SplitReader:
                 failure = self._storage.credential_failure(exc, url, refreshes)  # the provider's, named
                 if failure is not None:
                     raise failure from exc
-                label = get_format(self._plan.files[split.file_index].format).label
+                label = unit_format(self._plan.files[split.file_index].format).label
                 raise wrap_read_error(exc, url, label) from exc
 
     def _check_unchanged(self, split: Split) -> None:
@@ -222,7 +194,7 @@ class SplitReader:
 
     def _miscounted(self, split: Split, units: list[int], announced: int, rows: int) -> CorruptFileError:
         """The row-count contract broken: units yielded other than their metadata announced."""
-        file_format = get_format(self._plan.files[split.file_index].format)
+        file_format = unit_format(self._plan.files[split.file_index].format)
         return CorruptFileError(
             f"{self._plan.url(split.file_index)}: {file_format.label} {name_units(file_format.unit, units)} "
             f"yielded {rows} rows where the metadata the dataset was planned on announced {announced}; the file "
@@ -231,10 +203,11 @@ class SplitReader:
     def _piece(self, batch: pa.RecordBatch, position: int, start: int) -> Piece:
         end = start + batch.num_rows
         filter = self._plan.filter
-        if batch.schema.get_field_index(ROW_OK) >= 0:   # text rows that did not parse, skipped: gaps
-            filter = pc.field(ROW_OK) if filter is None else filter & pc.field(ROW_OK)
+        row_ok = self._row_ok
+        if row_ok is not None and batch.schema.get_field_index(row_ok) >= 0:   # rows the format skipped: gaps
+            filter = pc.field(row_ok) if filter is None else filter & pc.field(row_ok)
             if self._meter is not None:
-                self._meter.skipped(batch.num_rows - batch.column(ROW_OK).true_count)
+                self._meter.skipped(batch.num_rows - batch.column(row_ok).true_count)
         if filter is None:
             if batch.schema.names != self._output_columns:
                 batch = batch.select(self._output_columns)

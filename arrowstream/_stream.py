@@ -7,20 +7,21 @@ the position just past the last row handed out (see :mod:`arrowstream._cursor`).
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
 
-from ._cursor import Cursor, Run
+from ._cursor import Cursor, Position, Run
 from ._interleave import PieceReader, block_size_for, interleave_runs
 from ._order import Slot
-from ._planning import Split
+from ._plan_types import Split
 from ._state import DataIdentity, WorkerState
-from ._storage import logger
-from ._transport import Position
 from ._window import RUN_ROWS, shuffle_windows
+
+logger = logging.getLogger("arrowstream")
 
 
 def open_runs(readers: Sequence[PieceReader], splits: Sequence[Split], *, batch_size: int, interleave: int,

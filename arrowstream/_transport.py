@@ -33,7 +33,6 @@ import os
 import pickle
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -44,21 +43,11 @@ from torch.utils.data import get_worker_info
 
 from . import _ring
 from ._convert import GcPaused, finish_objects
-from ._cursor import Cursor
+from ._cursor import Position  # also importable from here, its old home
 from .errors import ArrowStreamError, WorkerError
 
 # (batch index, key, "torch" | "numpy", dtype, shape, byte offset)
 _Entry = tuple[int, str, str, np.dtype[Any], tuple[int, ...], int]
-
-
-@dataclass(frozen=True)
-class Position:
-    """A worker's cursor and counters right after one batch of a chunk."""
-
-    cursor: Cursor
-    rows: int
-    batches: int
-    rows_dropped: int
 
 
 _TORCH_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,

@@ -30,7 +30,8 @@ from ._order import (
     slot_split_ids,
     window_seed,
 )
-from ._planning import Plan, Split, plan_files
+from ._plan_types import Split
+from ._planning import Plan, plan_files
 from ._position import check_in_plan
 from ._reader import ReadAhead, SplitReader
 from ._retry import RetryPolicy

@@ -123,6 +123,17 @@ def test_inspect_reads_an_iceberg_table(tmp_path):
     assert report["source"]["snapshot_id"] == table.current_snapshot().snapshot_id
     assert report["rows"] == table.scan().to_arrow().num_rows == 4000
     assert report["files"] == len(table.inspect.files())
+    assert report["unit_name"] == "row groups/stripes"   # the format's own name for its units
+
+
+def test_bench_raw_loop_of_an_iceberg_table_is_its_snapshot_scan(tmp_path):
+    from arrowstream import _demo
+    from arrowstream._bench import raw_batches
+
+    _demo.write_table(str(tmp_path), 4000)
+    dataset = arrowstream.IcebergDataset("demo.regression", arrowstream.iceberg_catalog_config(str(tmp_path)))
+    batches = list(raw_batches(dataset, 300))
+    assert sum(batch.num_rows for batch in batches) == 4000 and max(batch.num_rows for batch in batches) == 300
 
 
 def _user_error(argv: list[str], capsys) -> str:

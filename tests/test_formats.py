@@ -14,6 +14,7 @@ starts inside it, when it is cut into row ranges and under a filter.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import json
 import os
@@ -32,6 +33,8 @@ from helpers import check_exactly_once, check_resume, json_roundtrip, make_loade
 from pyarrow import ipc, orc
 
 from arrowstream import StructuredDataset, _planning, errors
+from arrowstream._bench import raw_batches
+from arrowstream._formats import FILE_FORMATS, FileFormat, UnitFormat, get_format, unit_format
 
 ROWS_PER_FILE = [700, 1, 1300, 450]   # uneven files, one of a single row
 UNIT_ROWS = 150                       # rows per row group / stripe / record batch
@@ -242,6 +245,14 @@ class ReaderContract:
 class FileFormatContract(ReaderContract):
     """File formats also check that files agree on their schema."""
 
+    def test_the_bench_raw_loop_reads_every_row_through_the_formats_own_reader(self, data):
+        # `arrowstream bench` asks the format for its baseline_batches, never dispatches on its name
+        _, dataset = self.factory(data, 0, batch_size=100)
+        batches = list(raw_batches(dataset, 64))
+        assert max(batch.num_rows for batch in batches) == 64
+        ids = pa.Table.from_batches(batches).column("id").to_pylist()
+        assert sorted(ids) == list(range(sum(ROWS_PER_FILE)))
+
     def test_schemas_that_disagree_are_refused(self, tmp_path):
         other = table_of(100, 100).cast(table_of(0, 1).schema.set(0, pa.field("id", pa.float64())))
         source = self.source(tmp_path, [table_of(0, 100), other])
@@ -360,6 +371,34 @@ class TestJsonLines(TextContract):
 
     def read_file(self, path):
         return pa_json.read_json(path)
+
+
+# -- the protocol ------------------------------------------------------------------------------
+
+
+def _members(protocol: type) -> set[str]:
+    """The attributes and methods a protocol asks for, its bases' included."""
+    members: set[str] = set()
+    for cls in protocol.__mro__:
+        if cls is not object and cls.__name__ not in ("Protocol", "Generic"):
+            members.update(inspect.get_annotations(cls))
+            members.update(name for name, value in vars(cls).items() if callable(value) and not name.startswith("_"))
+    return members
+
+
+def test_every_format_answers_the_whole_protocol_it_is_registered_for():
+    import arrowstream._iceberg  # noqa: F401 (registers the format of Iceberg data files)
+
+    assert {"units", "row_ok_column", "open", "byte_ranges"} <= _members(UnitFormat)
+    assert {"configured", "inspect", "reconcile", "baseline_batches"} <= _members(FileFormat) - _members(UnitFormat)
+    for name, file_format in FILE_FORMATS.items():   # planned file by file: everything planning and bench ask
+        missing = [m for m in _members(FileFormat) if not hasattr(file_format, m)]
+        assert not missing, f"{name} lacks {missing}"
+    assert get_format("csv").row_ok_column is not None and get_format("parquet").row_ok_column is None
+    iceberg = unit_format("iceberg")   # read like any format, planned from the table's scan: no inspect to refuse
+    assert all(hasattr(iceberg, m) for m in _members(UnitFormat)) and not hasattr(iceberg, "inspect")
+    with pytest.raises(KeyError):
+        get_format("iceberg")
 
 
 # -- format specifics --------------------------------------------------------------------------

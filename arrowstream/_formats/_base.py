@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -18,6 +18,9 @@ import pyarrow.compute as pc
 from .._discovery import FileEntry
 from .._storage import Storage
 from ..errors import CorruptFileError
+
+if TYPE_CHECKING:
+    from .text import TextSettings
 
 
 @dataclass(frozen=True)
@@ -66,17 +69,20 @@ class UnitFile(Protocol):
         ...
 
 
-class FileFormat(Protocol):
-    """A file format: metadata in the main process, units in the workers."""
+class UnitFormat(Protocol):
+    """What a worker needs of a format: a planned file opened, its units read.
+
+    Every format is one, Iceberg's data files included (planned from the table's scan tasks, not
+    file by file); readers find it by the name in a footer (:func:`~arrowstream._formats.unit_format`).
+    """
 
     name: str
     label: str  # how errors name it: "Parquet", "ORC", ...
     unit: str   # how errors name a unit: "row group", "stripe", ...
-
-    def inspect(self, storage: Storage, entry: FileEntry, filter: pc.Expression | None,
-                filter_columns: list[str]) -> FileFooter:
-        """Read the metadata of one file; prune units that ``filter`` excludes when it can."""
-        ...
+    units: str  # how a report counts them: "row groups", "stripes", ...
+    # a bool column the format's batches may carry, false for a row it could not parse and skipped
+    # (text with bad_rows="skip"): the reader drops those rows like filtered ones and counts them; None: never
+    row_ok_column: str | None
 
     def open(self, storage: Storage, footer: FileFooter) -> UnitFile:
         """Open a planned file for reading its units."""
@@ -86,6 +92,46 @@ class FileFormat(Protocol):
         """The ``[start, end)`` byte ranges reading ``units`` with ``columns`` needs, from the planned
         metadata (for read-ahead); empty when the metadata did not travel with the plan."""
         ...
+
+
+class FileFormat(UnitFormat, Protocol):
+    """A format planned file by file from each file's own metadata: metadata in the main process, units
+    in the workers."""
+
+    def configured(self, parse_options: TextSettings | None, split_bytes: int | None) -> FileFormat:
+        """This format as the dataset's options set it up for planning (text: its parse options and unit
+        size travel in every footer); the format itself when it has nothing to set."""
+        ...
+
+    def inspect(self, storage: Storage, entry: FileEntry, filter: pc.Expression | None,
+                filter_columns: list[str]) -> FileFooter:
+        """Read the metadata of one file; prune units that ``filter`` excludes when it can."""
+        ...
+
+    def reconcile(self, footers: list[FileFooter], protocol: str) -> list[FileFooter]:
+        """The footers of all files, made to read with one schema where the format infers types file by
+        file (text); unchanged where each file's metadata states its types."""
+        ...
+
+    def baseline_batches(self, source: Any, footer: FileFooter, columns: list[str],
+                         batch_size: int) -> Iterator[pa.RecordBatch]:
+        """The rows of a whole file through pyarrow's own reader for the format, in batches of at most
+        ``batch_size`` rows: the raw loop ``arrowstream bench`` compares the loader with (no units, no
+        checks). ``source`` is a local path or an open binary file."""
+        ...
+
+
+class MetadataFormat:
+    """What a format whose files state their schema and counts in metadata (Parquet, ORC, Arrow IPC)
+    answers to the parts of :class:`FileFormat` that only text needs."""
+
+    row_ok_column: str | None = None
+
+    def configured(self, parse_options: TextSettings | None, split_bytes: int | None) -> Self:
+        return self
+
+    def reconcile(self, footers: list[FileFooter], protocol: str) -> list[FileFooter]:
+        return footers
 
 
 def name_units(unit: str, units: Sequence[int]) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,7 +22,7 @@ from pyarrow import ipc
 from .._discovery import FileEntry
 from .._storage import Storage, display_url
 from ..errors import CorruptFileError
-from ._base import FileFooter, sliced
+from ._base import FileFooter, MetadataFormat, sliced
 
 _MAGIC = b"ARROW1"
 _FOOTER_SCHEMA, _FOOTER_RECORD_BATCHES = 1, 3   # Footer table fields (File.fbs)
@@ -158,10 +159,11 @@ class IpcFile:
         self._source.close()
 
 
-class IpcFormat:
+class IpcFormat(MetadataFormat):
     name = "arrow"
     label = "Arrow IPC"
     unit = "record batch"
+    units = "record batches"
 
     def inspect(self, storage: Storage, entry: FileEntry, filter: pc.Expression | None,
                 filter_columns: list[str]) -> FileFooter:
@@ -190,6 +192,13 @@ class IpcFormat:
     def byte_ranges(self, footer: FileFooter, units: Sequence[int], columns: list[str]) -> list[tuple[int, int]]:
         """The whole record-batch messages (a remote read then takes the columns' buffers from them)."""
         return [footer.handle[unit] for unit in units] if footer.handle else []
+
+    def baseline_batches(self, source: Any, footer: FileFooter, columns: list[str],
+                         batch_size: int) -> Iterator[pa.RecordBatch]:
+        """pyarrow's IPC file reader, record batch after record batch."""
+        reader = ipc.open_file(source)
+        for index in range(reader.num_record_batches):
+            yield from sliced(reader.get_batch(index).select(columns), batch_size)
 
 
 IPC = IpcFormat()

@@ -8,6 +8,7 @@ entries, already decompressed by the ORC library). A dozen lines of protobuf dec
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -15,7 +16,7 @@ from pyarrow import orc
 
 from .._discovery import FileEntry
 from .._storage import Storage
-from ._base import FileFooter, sliced
+from ._base import FileFooter, MetadataFormat, sliced
 
 # field numbers in orc_proto.proto
 _TAIL_FOOTER = 2          # FileTail.footer
@@ -92,10 +93,11 @@ class OrcFile:
         self._source.close()
 
 
-class OrcFormat:
+class OrcFormat(MetadataFormat):
     name = "orc"
     label = "ORC"
     unit = "stripe"
+    units = "stripes"
 
     def inspect(self, storage: Storage, entry: FileEntry, filter: pc.Expression | None,
                 filter_columns: list[str]) -> FileFooter:
@@ -115,6 +117,13 @@ class OrcFormat:
     def byte_ranges(self, footer: FileFooter, units: Sequence[int], columns: list[str]) -> list[tuple[int, int]]:
         """The whole stripes (their index, data and footer; the reader picks the columns' streams)."""
         return [footer.handle[unit] for unit in units] if footer.handle else []
+
+    def baseline_batches(self, source: Any, footer: FileFooter, columns: list[str],
+                         batch_size: int) -> Iterator[pa.RecordBatch]:
+        """pyarrow's ORC reader, stripe after stripe."""
+        orc_file = orc.ORCFile(source)
+        for stripe in range(orc_file.nstripes):   # a stripe is read as one RecordBatch
+            yield from sliced(orc_file.read_stripe(stripe, columns=columns), batch_size)
 
 
 ORC = OrcFormat()

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from .._discovery import FileEntry
 from .._storage import Storage, display_url
 from ..errors import CorruptFileError
-from ._base import FileFooter
+from ._base import FileFooter, MetadataFormat
 
 _ENCRYPTION_MARKERS = ("encrypted", "decrypt")
 
@@ -59,10 +59,11 @@ class ParquetFile:
         self._source.close()
 
 
-class ParquetFormat:
+class ParquetFormat(MetadataFormat):
     name = "parquet"
     label = "Parquet"
     unit = "row group"
+    units = "row groups"
 
     def inspect(self, storage: Storage, entry: FileEntry, filter: pc.Expression | None,
                 filter_columns: list[str]) -> FileFooter:
@@ -111,6 +112,11 @@ class ParquetFormat:
                     start = chunk.dictionary_page_offset
                 ranges.append((start, start + chunk.total_compressed_size))
         return ranges
+
+    def baseline_batches(self, source: Any, footer: FileFooter, columns: list[str],
+                         batch_size: int) -> Iterator[pa.RecordBatch]:
+        """pyarrow's ``ParquetFile.iter_batches``."""
+        yield from pq.ParquetFile(source).iter_batches(batch_size=batch_size, columns=columns)
 
 
 PARQUET = ParquetFormat()

@@ -64,13 +64,14 @@ class TextFormat:
     def __init__(self, kind: str, settings: TextSettings | None = None, unit_bytes: int = UNIT_BYTES) -> None:
         self.name = kind
         self.label = "CSV" if kind == "csv" else "JSON Lines"
-        self.unit = "byte range"
+        self.unit, self.units = "byte range", "byte ranges"
+        self.row_ok_column: str | None = ROW_OK
         self.settings = settings or TextSettings(kind, ())
         self.unit_bytes = unit_bytes
 
-    def configured(self, settings: TextSettings, split_bytes: int | None) -> TextFormat:
+    def configured(self, parse_options: TextSettings | None, split_bytes: int | None) -> TextFormat:
         unit = min(split_bytes, UNIT_BYTES) if split_bytes else UNIT_BYTES
-        return TextFormat(self.name, settings, unit)
+        return TextFormat(self.name, parse_options if parse_options is not None else self.settings, unit)
 
     def _infer(self, head: bytes, complete: bool, url: str) -> pa.Schema:
         """Column names and types from the start of a file (pyarrow's inference on its first block);
@@ -213,6 +214,21 @@ class TextFormat:
         if layout.compression is not None or not layout.settings.scannable:
             return []
         return [layout.ranges[unit] for unit in units]
+
+    def baseline_batches(self, source: Any, footer: FileFooter, columns: list[str],
+                         batch_size: int) -> Iterator[pa.RecordBatch]:
+        """pyarrow's own streaming reader (its inference, its threads)."""
+        layout: TextLayout = footer.extra
+        stream = pa.input_stream(source, compression=layout.compression)
+        if self.name == "csv":
+            read, parse, convert = layout.settings.csv_options(None, None, columns, True)
+            batches = pa_csv.open_csv(stream, read_options=read, parse_options=parse, convert_options=convert)
+        else:
+            read_json, parse_json = layout.settings.json_options(None, True)
+            batches = (b.select(columns) for b in pa_json.open_json(stream, read_options=read_json,
+                                                                     parse_options=parse_json))
+        for batch in batches:
+            yield from sliced(batch, batch_size)
 
 
 CSV = TextFormat("csv")
