@@ -26,7 +26,8 @@ this module is the format: planning (inference, the scan into units, one schema 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -37,7 +38,7 @@ import pyarrow.json as pa_json
 from .._discovery import FileEntry
 from .._storage import Storage, display_url
 from ..errors import MalformedRowError, SchemaMismatchError
-from ._base import FileFooter
+from ._base import FileFooter, sliced
 from ._rowscan import RowScanner, scan_units
 from ._text_parse import ROW_OK, locate_bad_rows, owned
 from ._text_reader import TextFile, open_stream, read_blocks
