@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from ._cursor import Cursor, Run
 from ._interleave import PieceReader, block_size_for, interleave_runs
-from ._order import Slot, assign_lpt, slot_split_ids, window_seed
+from ._order import Slot, SlotGrid, assign_lpt, slot_split_ids, window_seed
 from ._planning import Plan, Split
 from ._reader import Piece
 from ._state import ElasticSource
@@ -100,8 +100,8 @@ def remaining_items(plan: Plan, source: ElasticSource, *, shuffle: bool, seed: i
     A shuffle window's extent follows from row counts, which a filter makes unknown before
     reading: the loader refuses a source with a worker inside a window and a filter.
     """
-    old_slots = source.world_size * max(source.num_workers, 1)
-    splits = plan.splits_for(old_slots)
+    grid = SlotGrid(source.world_size, source.num_workers)
+    splits = plan.splits_for(grid.num_slots)
     rows = [s.num_rows for s in splits]
     block_size = block_size_for(batch_size, interleave)
     replays: list[Replay] = []
@@ -109,8 +109,7 @@ def remaining_items(plan: Plan, source: ElasticSource, *, shuffle: bool, seed: i
     for index, cursor in enumerate(source.cursors):
         if cursor is None:
             continue
-        rank, worker = divmod(index, max(source.num_workers, 1))
-        slot = Slot(rank, source.world_size, worker, source.num_workers)
+        slot = grid.slot_at(index)
         mine = [splits[i] for i in slot_split_ids(rows, slot, shuffle=shuffle, seed=seed, epoch=source.epoch)]
         end = cursor
         if buffer_rows and cursor.window_offset:

@@ -20,7 +20,7 @@ import numpy as np
 from ._cursor import Cursor
 from ._fields import REMEDY
 from ._interleave import block_size_for
-from ._order import Slot, assign_lpt, epoch_order, even_batch_limits, slot_row_counts
+from ._order import Slot, SlotGrid, assign_lpt, epoch_order, even_batch_limits, slot_row_counts
 from ._state import WorkerState
 from .errors import StateError
 
@@ -209,8 +209,7 @@ def check_in_plan(dataset: StructuredDataset, saved: WorkerState, where: str, do
         for index, old in enumerate(source.cursors if source not in dataset._checked_sources else ()):
             if old is None:
                 continue
-            workers = max(source.num_workers, 1)
-            old_slot = Slot(index // workers, source.world_size, index % workers, source.num_workers)
+            old_slot = SlotGrid(source.world_size, source.num_workers).slot_at(index)
             if old.replay_index or old.replay_offset:
                 raise _refuse(f"{where}.elastic.cursors[{index}]", "has replay fields; an old worker's cursor has none")
             check_cursor(old, _slot_rows(dataset, old_slot, source.epoch), exact=exact,

@@ -23,6 +23,7 @@ from ._metrics import Board, Meter
 from ._options import Options, check_bool, check_int, validate_options
 from ._order import (
     Slot,
+    SlotGrid,
     even_batch_limits,
     natural_batches,
     rows_yielded,
@@ -327,11 +328,11 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
 
     def num_splits(self, num_workers: int = 0) -> int:
         """Splits of an epoch when read by ``num_workers`` workers per rank."""
-        return len(self._plan.splits_for(self._world_size * max(num_workers, 1)))
+        return len(self._plan.splits_for(self._grid(num_workers).num_slots))
 
     def slot_rows(self, num_workers: int = 0) -> list[int]:
         """Rows (before the filter) each slot reads per epoch, for every (rank, worker) slot."""
-        num_slots = self._world_size * max(num_workers, 1)
+        num_slots = self._grid(num_workers).num_slots
         return slot_row_counts([s.num_rows for s in self._plan.splits_for(num_slots)], num_slots)
 
     def batch_limits(self, num_workers: int = 0) -> list[int] | None:
@@ -360,11 +361,9 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         """Per worker of this rank: (rows, batches it yields, rows it yields), this epoch."""
         source = self._elastic_source(self.epoch)
         if source is None:
-            per_rank = max(num_workers, 1)
-            return self.slot_yields(num_workers)[self._rank * per_rank:(self._rank + 1) * per_rank]
+            return self.slot_yields(num_workers)[self._grid(num_workers).rank_range(self._rank)]
         # an epoch re-planned for this topology: the shares of this rank's workers
-        shares = [self._share(source, Slot(self._rank, self._world_size, w, num_workers))
-                  for w in range(max(num_workers, 1))]
+        shares = [self._share(source, slot) for slot in self._grid(num_workers).rank_slots(self._rank)]
         limits = None if not self._even_batches else [limit or 0 for _, limit in shares]
         return self._yields([share.num_rows for share, _ in shares], limits)
 
@@ -398,11 +397,15 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
 
     # -- iteration ----------------------------------------------------------------------------
 
+    def _grid(self, num_workers: int) -> SlotGrid:
+        """This dataset's ranks with ``num_workers`` workers each."""
+        return SlotGrid(self._world_size, num_workers)
+
     def _slot(self) -> Slot:
         info = get_worker_info()
         if info is None:
-            return Slot(self._rank, self._world_size, 0, 0)
-        return Slot(self._rank, self._world_size, info.id, info.num_workers)
+            return self._grid(0).slot(self._rank, 0)
+        return self._grid(info.num_workers).slot(self._rank, info.id)
 
     def __iter__(self) -> _EpochIterator:
         info = get_worker_info()
@@ -626,22 +629,23 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         """Re-plan the rest of ``epoch`` from the states of every old (rank, worker) slot, in slot
         order (each with whether its loader had finished the epoch), for this topology."""
         old_limits = None
+        grid = SlotGrid(world_size, num_workers)
         if saved and saved[0][0].options.get("even_batches"):
-            old_slots = world_size * max(num_workers, 1)
+            old_slots = grid.num_slots
             rows = slot_row_counts([s.num_rows for s in self._plan.splits_for(old_slots)], old_slots)
             old_limits = even_batch_limits(rows, world_size, self._options.batch_size, self._options.drop_last)
         cursors: list[Cursor | None] = []
         for index, (state, finished) in enumerate(saved):
             if state.epoch < epoch:  # it had not started the epoch: all of its share is left
-                slot = Slot(index // max(num_workers, 1), world_size, index % max(num_workers, 1), num_workers)
-                cursors.append(Cursor.start(len(self._slot_splits(slot, epoch)), self._options.interleave))
+                cursors.append(Cursor.start(len(self._slot_splits(grid.slot_at(index), epoch)),
+                                            self._options.interleave))
             elif finished or state.epoch_complete or (old_limits is not None and state.batches >= old_limits[index]):
                 cursors.append(None)
             else:
                 cursors.append(state.cursor)
         inside_windows = [i for i, c in enumerate(cursors) if c is not None and c.window_offset]
         if inside_windows and self._options.drops_rows:
-            rank, worker = divmod(inside_windows[0], max(num_workers, 1))
+            rank, worker = divmod(inside_windows[0], grid.workers_per_rank)
             raise StateMismatchError(
                 f"elastic resume: the checkpoint's rank {rank} worker {worker} stood inside a shuffle window, and "
                 "with a filter the rows of a window are unknown before reading, so they cannot be re-planned; "

@@ -31,7 +31,7 @@ from ._loader_options import check_loader_options
 from ._loader_state import InnerState, read_checkpoint, read_inner, read_loader_state
 from ._metrics import FIELDS, Board, Meter, flatten, summarize
 from ._options import check_int
-from ._order import Slot
+from ._order import SlotGrid
 from ._shm import semaphore_failure
 from ._state import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, WorkerState
 from ._storage import logger
@@ -141,7 +141,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             # first row instead of replaying those batches (a real position, which the workers check)
             dataset = self.dataset
             for key, snapshot in inner[_SNAPSHOT][_WORKER_SNAPSHOTS].items():
-                slot = Slot(dataset.rank, dataset.world_size, int(key.split("_")[-1]), self.num_workers)
+                slot = SlotGrid(dataset.world_size, self.num_workers).slot(dataset.rank, int(key.split("_")[-1]))
                 snapshot[_DATASET_STATE] = dataset._initial_state(slot, dataset.epoch).to_dict()
             inner[_STEPS_SINCE_SNAPSHOT] = 0
         inner[_SNAPSHOT][_LAST_YIELDED_WORKER] = self.num_workers - 1  # the next batch comes from worker 0
@@ -293,7 +293,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             if state is None:
                 raise StateError(f"load_state_dict: the checkpoint holds no state for {where.removesuffix(' state')}; "
                                  "pass the dict returned by loader.state_dict() (or gather_state_dict) unchanged")
-            slot = Slot(rank, world_size, index, parsed.num_workers)
+            slot = SlotGrid(world_size, parsed.num_workers).slot(rank, index)
             return self.dataset.check_state(state, elastic, slot=slot, where=where, done=done)  # type: ignore[no-any-return]
 
         saved = [check(index, "the checkpoint says its loop ended" if done else None)
@@ -327,9 +327,10 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
                                  "loader.state_dict() (or gather_state_dict) unchanged")
             states = self._check_workers(parsed, rank, old_world, elastic=True)
             slots.extend(zip(states, parsed.done))
-        if len(slots) != old_world * max(old_workers, 1):
+        old_grid = SlotGrid(old_world, old_workers)
+        if len(slots) != old_grid.num_slots:
             raise StateError(f"load_state_dict: the checkpoint holds {len(slots)} worker state(s), expected "
-                             f"{old_world * max(old_workers, 1)} for world_size={old_world}, num_workers={old_workers}")
+                             f"{old_grid.num_slots} for world_size={old_world}, num_workers={old_workers}")
         for saved, _ in slots:
             if saved.elastic is not None:
                 raise StateMismatchError(
