@@ -25,13 +25,13 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from ._boundary import check_replanned_epoch_over, later_epoch_starts_whole
 from ._convert import passthrough_collate
 from ._credentials import as_provider
-from ._cursor import Cursor
 from ._fields import shorten
 from ._loader_options import check_loader_options
 from ._loader_state import InnerState, read_checkpoint, read_inner, read_loader_state
 from ._metrics import FIELDS, Board, Meter, flatten, summarize
 from ._options import check_int
 from ._order import SlotGrid
+from ._runtime import Transport
 from ._shm import semaphore_failure
 from ._state import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, WorkerState
 from ._storage import logger
@@ -91,7 +91,6 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
             super().__init__(dataset, **kwargs)
         if self.num_workers > 0:  # workers send Chunks, packed by the collate step (see PerBatchCollate)
-            dataset._send_chunks = True
             collate: Any = self.collate_fn  # type: ignore[has-type]
             if not isinstance(collate, PerBatchCollate):
                 self.collate_fn = PerBatchCollate(None if collate is passthrough_collate else collate)
@@ -102,15 +101,17 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             raise InvalidArgumentError(f"batches_per_transfer: expected an int >= 1, got {batches_per_transfer!r}")
         if self.num_workers == 0 or self.snapshot_every_n_steps != 1:
             batches_per_transfer = 1
+        # how the workers hand batches over, given to the dataset before any worker starts: they inherit it
+        self._transport = Transport(batches_per_transfer, send_chunks=self.num_workers > 0,
+                                    board=Board(self.num_workers) if self.num_workers > 0 else None)
         self._set_batches_per_transfer(batches_per_transfer)
         self._batch_iterator: _BatchIterator | None = None
         self._elastic_loaded = False  # a checkpoint re-planned for this topology, its epoch not started yet
-        if self.num_workers > 0:  # before any worker starts: they inherit it
-            self.dataset._board = Board(self.num_workers)
 
     def _set_batches_per_transfer(self, value: int) -> None:
         self.batches_per_transfer = value
-        self.dataset._batches_per_transfer = value
+        self._transport = dataclasses.replace(self._transport, batches_per_transfer=value)
+        self.dataset._use_transport(self._transport)
 
     def _get_iterator(self) -> Any:
         """torchdata's hook that starts an epoch's iterator (from a loaded state, if any): a loaded
@@ -189,10 +190,11 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             (10, 3, 1, 1)
         """
         if self.num_workers == 0:
-            meter = self.dataset._meter
+            meter = self.dataset._meter  # this process's, which reads
             raw = [dict(zip(FIELDS, meter.values() if meter is not None else Meter().values()))]
         else:
-            raw = self.dataset._board.read()
+            assert self._transport.board is not None
+            raw = self._transport.board.read()
         metrics = summarize(raw, self.dataset.rank)
         return flatten(metrics) if flat else metrics
 
@@ -265,7 +267,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         saved = self._check_workers(parsed, self.dataset.rank, self.dataset.world_size)
         self.dataset.set_epoch(max(s.epoch for s in saved))
         # inside an epoch re-planned for this topology: the counts of that epoch (len, trimmed rows)
-        self.dataset._elastic = next((s.elastic for s in saved if s.elastic is not None), None)
+        self.dataset._use_elastic(next((s.elastic for s in saved if s.elastic is not None), None))
         if inner.get(_FINISHED):
             self._mark_epoch_complete(inner, self.dataset)
         if per_transfer > 1 and self.snapshot_every_n_steps != 1:
@@ -362,12 +364,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             if state is None:
                 return None
             saved = WorkerState.from_dict(state)
-            if saved.elastic is not None:
-                share, _ = dataset._share(saved.elastic, saved.slot)
-                end = Cursor((), len(share.splits), replay_index=len(share.replays))
-            else:
-                end = Cursor.end(len(dataset._slot_splits(saved.slot, saved.epoch)))
-            return dataclasses.replace(saved, cursor=end, epoch_complete=True).to_dict()
+            return dataclasses.replace(saved, cursor=dataset._end_cursor(saved), epoch_complete=True).to_dict()
 
         if _SNAPSHOT in inner:
             for snapshot in inner[_SNAPSHOT][_WORKER_SNAPSHOTS].values():
