@@ -21,13 +21,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._cursor import Cursor
 from ._elastic import Share, assign_shares, remaining_items
-from ._order import Slot, SlotGrid, assign_lpt, epoch_order, even_batch_limits
+from ._order import Slot, SlotGrid, assign_lpt, epoch_order, even_batch_limits, natural_batches, rows_yielded
+from ._state import ElasticSource
+from .errors import StateMismatchError
 
 if TYPE_CHECKING:
     from ._options import Options
     from ._planning import Plan
-    from ._state import ElasticSource
+    from ._state import WorkerState
 
 Assignment = Callable[[Sequence[int], int], list[list[int]]]
 """A policy: items (their weights, in order) over ``num_slots`` slots, each slot's item indices in order."""
@@ -56,6 +59,22 @@ class EpochLayout:
     def limit(self, slot: Slot) -> int | None:
         return None if self.limits is None else self.limits[slot.index]
 
+    def yields(self, rank: int, batch_size: int, drop_last: bool) -> list[tuple[int, int, int]]:
+        """Per worker of ``rank``: its rows, the batches it yields and the rows it yields."""
+        mine = self.grid.rank_range(rank)
+        return slot_yields([share.num_rows for share in self.shares[mine]],
+                           None if self.limits is None else list(self.limits[mine]), batch_size, drop_last)
+
+
+def slot_yields(rows: Sequence[int], limits: Sequence[int] | None, batch_size: int,
+                drop_last: bool) -> list[tuple[int, int, int]]:
+    """(rows, batches it yields, rows it yields) of slots of ``rows`` rows under ``limits`` (None: no limit)."""
+    out = []
+    for index, r in enumerate(rows):
+        limit = natural_batches(r, batch_size, drop_last) if limits is None else limits[index]
+        out.append((r, limit, rows_yielded(r, limit, batch_size, drop_last)))
+    return out
+
 
 def lay_out_epoch(plan: Plan, grid: SlotGrid, epoch: int, options: Options, *, even_batches: bool,
                   source: ElasticSource | None = None,
@@ -78,6 +97,30 @@ def lay_out_epoch(plan: Plan, grid: SlotGrid, epoch: int, options: Options, *, e
         limits = tuple(even_batch_limits([share.num_rows for share in shares], grid.world_size,
                                          options.batch_size, options.drop_last))
     return EpochLayout(epoch, grid, shares, limits, source)
+
+
+def replanned_source(old: EpochLayout, saved: Sequence[tuple[WorkerState, bool]], interleave: int,
+                     drops_rows: bool) -> ElasticSource:
+    """The rest of ``old.epoch`` as the states of every old slot (in slot order, each with whether its
+    loader had finished the epoch) left it: what an epoch re-planned for another topology starts from."""
+    epoch = old.epoch
+    cursors: list[Cursor | None] = []
+    for index, (state, finished) in enumerate(saved):
+        if state.epoch < epoch:  # it had not started the epoch: all of its share is left
+            cursors.append(Cursor.start(len(old.shares[index].splits), interleave))
+        elif finished or state.epoch_complete or (old.limits is not None and state.batches >= old.limits[index]):
+            cursors.append(None)
+        else:
+            cursors.append(state.cursor)
+    inside_windows = [i for i, c in enumerate(cursors) if c is not None and c.window_offset]
+    if inside_windows and drops_rows:
+        rank, worker = divmod(inside_windows[0], old.grid.workers_per_rank)
+        raise StateMismatchError(
+            f"elastic resume: the checkpoint's rank {rank} worker {worker} stood inside a shuffle window, and "
+            "with a filter the rows of a window are unknown before reading, so they cannot be re-planned; "
+            f"resume with world_size={old.grid.world_size}, num_workers={old.grid.num_workers} until the epoch "
+            "ends, then change")
+    return ElasticSource(epoch, old.grid.world_size, old.grid.num_workers, tuple(cursors))
 
 
 class Layouts:

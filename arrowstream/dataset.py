@@ -10,23 +10,22 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ._collective import agree, callable_name, collective_world_size, fingerprint_of, path_names, share_from_rank0
+from ._collective import agree, callable_name, collective_world_size, fingerprint_of, share_from_rank0
 from ._convert import check_output_columns, resolve_fill_nulls
 from ._credentials import as_provider
 from ._cursor import Cursor
-from ._discovery import discover_files
 from ._elastic import share_runs
-from ._formats import TextFormat, get_format
-from ._layout import EpochLayout, Layouts
+from ._layout import EpochLayout, Layouts, replanned_source, slot_yields
 from ._metrics import Meter
 from ._options import Options, check_bool, check_int, validate_options
-from ._order import Slot, SlotGrid, even_batch_limits, natural_batches, rows_yielded, slot_row_counts
-from ._planning import Plan, Split, plan_files
+from ._order import Slot, SlotGrid, even_batch_limits, natural_batches, slot_row_counts
+from ._planning import Plan, Split
 from ._position import check_in_plan
 from ._retry import RetryPolicy
 from ._runtime import EpochIterator, OpenEpoch, Transport, WorkerRuntime, build_runtime
 from ._shm import guard_feeder, share
-from ._state import DataIdentity, ElasticSource, WorkerState, check_compatible, check_slot
+from ._source import FileSource, Source, check_file_format
+from ._state import ElasticSource, WorkerState, check_compatible, check_slot
 from ._storage import Storage
 from ._stream import EpochStream
 from ._topology import resolve_topology
@@ -137,11 +136,12 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                  credential_provider: Callable[[], dict[str, Any]] | None = None, plan_locally: bool = False,
                  retry: RetryPolicy | None = None) -> None:
         super().__init__()
-        if format == "iceberg" and type(self)._make_plan is StructuredDataset._make_plan:
-            raise InvalidArgumentError("format: Iceberg tables are read by arrowstream.IcebergDataset(table=..., "
-                                       "catalog_config=...), not from a path")
+        # a Source (arrowstream._source) comes from a front door such as IcebergDataset; else files of a format
+        source: Source | None = path if isinstance(path, Source) else None
+        if source is None:
+            format = check_file_format(format)
         self._options: Options = validate_options(
-            format=format, batch_size=batch_size, shuffle=shuffle, seed=seed,
+            format=format if source is None else source.format, batch_size=batch_size, shuffle=shuffle, seed=seed,
             shuffle_buffer_size=shuffle_buffer_size, interleave=interleave, columns=columns, filter=filter,
             output_format=output_format, transform=transform, drop_last=drop_last, split_bytes=split_bytes,
             fill_nulls=fill_nulls, parse_options=parse_options)
@@ -152,6 +152,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                                     f"{type(credential_provider).__name__}")
         # wrapped once: its picklability is checked here, for loaders that start workers by spawn or forkserver
         self._credential_provider = as_provider(credential_provider)
+        self._source: Source = source or FileSource(path, format, storage_options, self._credential_provider)
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise ArgumentTypeError(f"retry: expected an arrowstream.RetryPolicy, got {type(retry).__name__}; "
                                     "pass retry=arrowstream.RetryPolicy(attempts=..., timeout=...)")
@@ -182,22 +183,22 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._meter: Meter | None = None  # this process's metrics
         self._checked_sources: set[ElasticSource] = set()  # elastic sources found valid for this plan
         if self._collective:  # every rank checks that it builds what rank 0 builds (arrowstream._collective)
-            agree(fingerprint_of(self._arguments(path)))
-        self._use_plan(*self._make_plan(path, storage_options))
+            agree(fingerprint_of(self._arguments()))
+        self._use_plan(*self._make_plan())
 
-    def _make_plan(self, path: Any, storage_options: dict[str, Any] | None) -> tuple[Storage, Plan, tuple[int, int] | None]:
-        """The storage, the plan and the snapshot it pins. Under torch.distributed (unless ``plan_locally``),
-        once the ranks agreed, rank 0 lists and reads the metadata once and hands the plan to the other
-        ranks, which list nothing."""
-        if not self._collective:
-            return self._plan_here(path, storage_options)
-        return share_from_rank0(functools.partial(self._plan_here, path, storage_options))
+    def _make_plan(self) -> tuple[Storage, Plan]:
+        """The storage and the plan of the source. Under torch.distributed (unless ``plan_locally``), once the
+        ranks agreed, rank 0 lists and reads the metadata once and hands the plan to the other ranks, which
+        list nothing (sources that plan on every rank, such as an Iceberg table's, plan here)."""
+        if not self._collective or not self._source.plans_on_rank0:
+            return self._source.plan(self._options, self._retry)
+        return share_from_rank0(functools.partial(self._source.plan, self._options, self._retry))
 
-    def _arguments(self, path: Any) -> dict[str, Any]:
-        """What decides the plan and the batches, compared between ranks; credentials (storage_options,
-        credential_provider) are left out, and ``transform`` is compared by its qualified name."""
+    def _arguments(self) -> dict[str, Any]:
+        """What decides the plan and the batches, compared between ranks: the source's (no credentials), the
+        options and the topology; ``transform`` is compared by its qualified name."""
         options = self._options
-        return {"path": path_names(path), "format": options.format, "batch_size": options.batch_size,
+        return {**self._source.arguments(), "format": options.format, "batch_size": options.batch_size,
                 "shuffle": options.shuffle, "seed": options.seed, "shuffle_buffer_size": options.shuffle_buffer_size,
                 "interleave": options.interleave, "drop_last": options.drop_last, "split_bytes": options.split_bytes,
                 "columns": options.columns and list(options.columns),
@@ -207,28 +208,21 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                 "fill_nulls": options.fill_nulls, "even_batches": self._even_batches,
                 "world_size": self._topology.world_size, "group_size": self._topology.group_size}
 
-    def _plan_here(self, path: Any, storage_options: dict[str, Any] | None) -> tuple[Storage, Plan, None]:
-        """List the files and read their metadata in this process."""
-        storage, entries = discover_files(path, storage_options, self._credential_provider, self._retry)
-        columns = list(self._options.columns) if self._options.columns else None
-        file_format = get_format(self._options.format)
-        if isinstance(file_format, TextFormat) and self._options.parse_options is not None:
-            file_format = file_format.configured(self._options.parse_options, self._options.split_bytes)
-        plan = plan_files(storage, entries, file_format, columns=columns,
-                          filter=self._options.filter, split_bytes=self._options.split_bytes)
-        return storage, plan, None
-
-    def _use_plan(self, storage: Storage, plan: Plan, snapshot: tuple[int, int] | None) -> None:
+    def _use_plan(self, storage: Storage, plan: Plan) -> None:
         self._storage, self._plan = storage.reading(self._read_ahead_depth, self._options.interleave), plan
         check_output_columns(self._options.output_format, plan.schema)
         self._fill_nulls = resolve_fill_nulls(self._options.fill_nulls, plan.schema)
-        snapshot_id, schema_id = snapshot if snapshot is not None else (None, None)
-        self._data = DataIdentity(plan.data_fingerprint, len(plan.files), plan.num_rows, snapshot_id, schema_id)
+        self._data = self._source.identity(plan)
         self._layouts = Layouts(plan, self._options, self._even_batches)
         self._runtime, self._checked_sources = None, set()
 
-    def _follow_snapshot(self, saved: WorkerState) -> None:
-        """Make the dataset read what a loaded state was taken on (Iceberg: its pinned snapshot)."""
+    def _follow_source(self, saved: WorkerState) -> None:
+        """Make the dataset read what a loaded state was taken on, when the source has moved on since
+        (an Iceberg table: the checkpoint's pinned snapshot); planned here, as a worker would not."""
+        followed = self._source.follow(saved.data, self._data)
+        if followed is not None:
+            self._source = followed
+            self._use_plan(*followed.plan(self._options, self._retry))
 
     # -- the loader ---------------------------------------------------------------------------
 
@@ -322,27 +316,17 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         return even_batch_limits(self.slot_rows(num_workers), self._world_size, self._options.batch_size,
                                  self._options.drop_last)
 
-    def _yields(self, rows: list[int], limits: list[int] | None) -> list[tuple[int, int, int]]:
-        """(rows, batches it yields, rows it yields) of slots of ``rows`` rows under ``limits``."""
-        size, drop_last = self._options.batch_size, self._options.drop_last
-        out = []
-        for index, r in enumerate(rows):
-            limit = natural_batches(r, size, drop_last) if limits is None else limits[index]
-            out.append((r, limit, rows_yielded(r, limit, size, drop_last)))
-        return out
-
     def slot_yields(self, num_workers: int = 0) -> list[tuple[int, int, int]]:
         """Per (rank, worker) slot of every rank, in an epoch planned for this topology: its rows, the
         batches it yields and the rows it yields (``even_batches`` and ``drop_last`` applied)."""
-        return self._yields(self.slot_rows(num_workers), self.batch_limits(num_workers))
+        return slot_yields(self.slot_rows(num_workers), self.batch_limits(num_workers), self._options.batch_size,
+                           self._options.drop_last)
 
     def _rank_yields(self, num_workers: int) -> list[tuple[int, int, int]]:
         """Per worker of this rank: (rows, batches it yields, rows it yields), this epoch (re-planned for
         this topology, when a checkpoint of another was loaded)."""
         layout = self._epoch_layout(self.epoch, self._grid(num_workers))
-        mine = layout.grid.rank_range(self._rank)
-        return self._yields([share.num_rows for share in layout.shares[mine]],
-                            None if layout.limits is None else list(layout.limits[mine]))
+        return layout.yields(self._rank, self._options.batch_size, self._options.drop_last)
 
     def _check_known(self, what: str) -> None:
         if self._options.drops_rows:
@@ -526,7 +510,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         (``ArrowStreamDataLoader.load_state_dict`` has checked it already, in the main process).
         """
         saved = WorkerState.from_dict(state_dict)
-        self._follow_snapshot(saved)
+        self._follow_source(saved)
         check_compatible(saved, self._data, self._state_options)
         if saved.slot == self._slot():  # another slot's state is refused when the epoch opens (check_slot)
             check_in_plan(self, saved, "worker state")
@@ -544,7 +528,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         with its epoch, which it then must be.
         """
         saved = WorkerState.from_dict(state_dict, where)
-        self._follow_snapshot(saved)
+        self._follow_source(saved)
         options = self._state_options
         if elastic:
             options = {**options, "even_batches": saved.options.get("even_batches")}
@@ -564,30 +548,16 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                             saved: list[tuple[WorkerState, bool]]) -> None:
         """Re-plan the rest of ``epoch`` from the states of every old (rank, worker) slot, in slot
         order (each with whether its loader had finished the epoch), for this topology."""
-        grid = SlotGrid(world_size, num_workers)
         # the epoch as the old topology read it, with its own even_batches
-        old = self._layouts.layout(epoch, grid, even_batches=bool(saved and saved[0][0].options.get("even_batches")))
-        cursors: list[Cursor | None] = []
-        for index, (state, finished) in enumerate(saved):
-            if state.epoch < epoch:  # it had not started the epoch: all of its share is left
-                cursors.append(Cursor.start(len(old.shares[index].splits), self._options.interleave))
-            elif finished or state.epoch_complete or (old.limits is not None and state.batches >= old.limits[index]):
-                cursors.append(None)
-            else:
-                cursors.append(state.cursor)
-        inside_windows = [i for i, c in enumerate(cursors) if c is not None and c.window_offset]
-        if inside_windows and self._options.drops_rows:
-            rank, worker = divmod(inside_windows[0], grid.workers_per_rank)
-            raise StateMismatchError(
-                f"elastic resume: the checkpoint's rank {rank} worker {worker} stood inside a shuffle window, and "
-                "with a filter the rows of a window are unknown before reading, so they cannot be re-planned; "
-                f"resume with world_size={world_size}, num_workers={num_workers} until the epoch ends, then change")
-        self._elastic = ElasticSource(epoch, world_size, num_workers, tuple(cursors))
+        old = self._layouts.layout(epoch, SlotGrid(world_size, num_workers),
+                                   even_batches=bool(saved and saved[0][0].options.get("even_batches")))
+        self._elastic = replanned_source(old, saved, self._options.interleave, self._options.drops_rows)
         self._pending, self._active = None, None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_pending=None, _active=None, _runtime=None, _meter=None, _pickled_by=os.getpid())
+        state.update(_pending=None, _active=None, _runtime=None, _meter=None, _pickled_by=os.getpid(),
+                     _source=self._source.for_workers())
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
