@@ -15,7 +15,6 @@ per-worker table.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import json
 import sys
@@ -27,9 +26,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from ._formats import get_format
 from ._inspect import open_dataset
-from .iceberg import IcebergDataset
 
 
 def _numeric(type_: pa.DataType) -> bool:
@@ -51,17 +48,9 @@ def raw_convert(batch: pa.RecordBatch) -> dict[str, Any]:
 
 
 def raw_batches(dataset: Any, batch_size: int) -> Iterator[pa.RecordBatch]:
-    """The rows of ``dataset`` through pyarrow's own readers, file after file (each format's
-    ``baseline_batches``); an Iceberg table's through pyiceberg's scan of the pinned snapshot."""
-    if isinstance(dataset, IcebergDataset):
-        yield from dataset._source.baseline_batches(batch_size)
-        return
-    plan, storage = dataset._plan, dataset._storage
-    columns = list(plan.read_columns)
-    for footer in plan.files:
-        opened = contextlib.nullcontext(footer.entry.path) if storage.is_local else storage.fs.open(footer.entry.path, "rb")
-        with opened as handle:
-            yield from get_format(footer.format).baseline_batches(handle, footer, columns, batch_size)
+    """The rows of ``dataset`` through its source's own readers: files one after the other through each
+    format's ``baseline_batches``, an Iceberg table through pyiceberg's scan of the pinned snapshot."""
+    yield from dataset._source.baseline_batches(dataset._plan, dataset._storage, batch_size)
 
 
 def progress_bar(total: int | None, label: str, quiet: bool = False) -> Any:

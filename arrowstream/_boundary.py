@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._order import Slot
+from ._order import SlotGrid
 from ._state import WorkerState
 from .errors import StateMismatchError
 
@@ -40,8 +40,8 @@ def check_replanned_epoch_over(dataset: StructuredDataset, num_workers: int) -> 
     source = dataset._elastic
     if source is None or dataset.epoch <= source.epoch:
         return
-    for worker in range(max(num_workers, 1)):
-        slot = Slot(dataset.rank, dataset.world_size, worker, num_workers)
+    for slot in SlotGrid(dataset.world_size, num_workers).rank_slots(dataset.rank):
+        worker = slot.worker_id
         left = dataset.batches_left(dataset._initial_state(slot, source.epoch), slot)
         if left != 0:
             rows = "rows to read (a filter decides how many it yields)" if left is None else f"{left} batch(es)"

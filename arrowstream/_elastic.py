@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from ._cursor import Cursor, Run
 from ._interleave import PieceReader, block_size_for, interleave_runs
-from ._order import Slot, assign_lpt, slot_split_ids, window_seed
+from ._order import Slot, SlotGrid, assign_lpt, slot_split_ids, window_seed
 from ._piece import Piece
 from ._plan_types import Split
 from ._state import ElasticSource
@@ -104,8 +104,8 @@ def remaining_items(plan: Plan, source: ElasticSource, *, shuffle: bool, seed: i
     A shuffle window's extent follows from row counts, which a filter makes unknown before
     reading: the loader refuses a source with a worker inside a window and a filter.
     """
-    old_slots = source.world_size * max(source.num_workers, 1)
-    splits = plan.splits_for(old_slots)
+    grid = SlotGrid(source.world_size, source.num_workers)
+    splits = plan.splits_for(grid.num_slots)
     rows = [s.num_rows for s in splits]
     block_size = block_size_for(batch_size, interleave)
     replays: list[Replay] = []
@@ -113,8 +113,7 @@ def remaining_items(plan: Plan, source: ElasticSource, *, shuffle: bool, seed: i
     for index, cursor in enumerate(source.cursors):
         if cursor is None:
             continue
-        rank, worker = divmod(index, max(source.num_workers, 1))
-        slot = Slot(rank, source.world_size, worker, source.num_workers)
+        slot = grid.slot_at(index)
         mine = [splits[i] for i in slot_split_ids(rows, slot, shuffle=shuffle, seed=seed, epoch=source.epoch)]
         end = cursor
         if buffer_rows and cursor.window_offset:
@@ -128,8 +127,10 @@ def remaining_items(plan: Plan, source: ElasticSource, *, shuffle: bool, seed: i
     return replays, ranges
 
 
-def assign_shares(replays: list[Replay], ranges: list[Split], num_slots: int) -> list[Share]:
-    """The items over ``num_slots`` new slots by LPT on rows (deterministic, order kept per slot)."""
+def assign_shares(replays: list[Replay], ranges: list[Split], num_slots: int,
+                  assign: Callable[[Sequence[int], int], list[list[int]]] = assign_lpt) -> list[Share]:
+    """The items over ``num_slots`` new slots by ``assign`` on rows (LPT by default: deterministic,
+    order kept per slot)."""
     ranges = list(ranges)
     while ranges and len(replays) + len(ranges) < num_slots:
         largest = max(range(len(ranges)), key=lambda i: (ranges[i].num_rows, -i))
@@ -138,7 +139,7 @@ def assign_shares(replays: list[Replay], ranges: list[Split], num_slots: int) ->
         ranges[largest:largest + 1] = _halve(ranges[largest])
     weights = [r.rows for r in replays] + [s.num_rows for s in ranges]
     shares = []
-    for owned in assign_lpt(weights, num_slots):
+    for owned in assign(weights, num_slots):
         shares.append(Share(tuple(replays[i] for i in owned if i < len(replays)),
                             tuple(ranges[i - len(replays)] for i in owned if i >= len(replays))))
     return shares
@@ -158,7 +159,18 @@ def _with_replay_index(run: Run, index: int) -> Run:
 
 def share_runs(readers: Sequence[PieceReader], share: Share, *, seed: int, epoch: int, slot: Slot,
                batch_size: int, interleave: int, buffer_rows: int, start: Cursor) -> Iterator[Run]:
-    """A new worker's rows in the re-planned epoch, from ``start``: replays, then its splits."""
+    """A worker's rows of its share of an epoch, from ``start``: replays (of an epoch re-planned for
+    this topology), then its splits. With nothing replayed, the splits' runs as they come."""
+    if not share.replays:
+        return open_runs(readers, share.splits, batch_size=batch_size, interleave=interleave,
+                         buffer_rows=buffer_rows, window_seed=functools.partial(window_seed, seed, epoch, slot),
+                         start=start)
+    return _replayed_runs(readers, share, seed=seed, epoch=epoch, slot=slot, batch_size=batch_size,
+                          interleave=interleave, buffer_rows=buffer_rows, start=start)
+
+
+def _replayed_runs(readers: Sequence[PieceReader], share: Share, *, seed: int, epoch: int, slot: Slot,
+                   batch_size: int, interleave: int, buffer_rows: int, start: Cursor) -> Iterator[Run]:
     first_split = Cursor.start(len(share.splits), interleave)
     for index in range(start.replay_index, len(share.replays)):
         replay = share.replays[index]

@@ -14,7 +14,7 @@ import statistics
 from typing import Any
 
 from ._formats import unit_format
-from ._order import assign_lpt, natural_batches
+from ._order import SlotGrid, assign_lpt, natural_batches
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,8 +89,8 @@ def open_dataset(args: argparse.Namespace, **kwargs: Any) -> Any:
 def describe(dataset: Any, num_workers: int) -> dict[str, Any]:
     """The whole report as plain data (what ``--json`` prints)."""
     plan, options = dataset._plan, dataset._options
-    world_size, per_rank = dataset.world_size, max(num_workers, 1)
-    num_slots = world_size * per_rank
+    grid = SlotGrid(dataset.world_size, num_workers)
+    world_size, per_rank, num_slots = grid.world_size, grid.workers_per_rank, grid.num_slots
     footers = plan.files
     files = [{"name": f.entry.name, "rows": sum(f.unit_rows), "units": len(f.unit_rows), "bytes": f.entry.size}
              for f in footers]

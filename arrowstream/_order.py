@@ -19,6 +19,48 @@ _ORDER_DOMAIN = 0x5350_4C49  # "SPLI": keeps split-order seeds apart from other 
 
 
 @dataclass(frozen=True)
+class SlotGrid:
+    """The (rank, worker) slots of a topology: ``world_size`` ranks of ``num_workers`` workers each.
+
+    ``num_workers=0`` (the trainer's process reads) is one slot per rank. Slots are numbered rank
+    by rank: ``index = rank * workers_per_rank + worker_id``.
+
+    Example:
+        >>> grid = SlotGrid(world_size=2, num_workers=0)
+        >>> grid.num_slots, grid.slot_at(1)
+        (2, Slot(rank=1, world_size=2, worker_id=0, num_workers=0))
+    """
+
+    world_size: int
+    num_workers: int
+
+    @property
+    def workers_per_rank(self) -> int:
+        """Readers per rank: the workers, or the rank's own process with none."""
+        return max(self.num_workers, 1)
+
+    @property
+    def num_slots(self) -> int:
+        return self.world_size * self.workers_per_rank
+
+    def slot(self, rank: int, worker_id: int) -> Slot:
+        return Slot(rank, self.world_size, worker_id, self.num_workers)
+
+    def slot_at(self, index: int) -> Slot:
+        """The slot numbered ``index`` (rank by rank)."""
+        rank, worker_id = divmod(index, self.workers_per_rank)
+        return self.slot(rank, worker_id)
+
+    def rank_slots(self, rank: int) -> list[Slot]:
+        """The slots of ``rank``, worker by worker."""
+        return [self.slot(rank, worker_id) for worker_id in range(self.workers_per_rank)]
+
+    def rank_range(self, rank: int) -> slice:
+        """Where ``rank``'s slots stand in a list of every slot."""
+        return slice(rank * self.workers_per_rank, (rank + 1) * self.workers_per_rank)
+
+
+@dataclass(frozen=True)
 class Slot:
     """One reader of the data: a worker of a rank."""
 
@@ -28,12 +70,17 @@ class Slot:
     num_workers: int
 
     @property
+    def grid(self) -> SlotGrid:
+        """The topology this slot is one of."""
+        return SlotGrid(self.world_size, self.num_workers)
+
+    @property
     def workers_per_rank(self) -> int:
-        return max(self.num_workers, 1)
+        return self.grid.workers_per_rank
 
     @property
     def num_slots(self) -> int:
-        return self.world_size * self.workers_per_rank
+        return self.grid.num_slots
 
     @property
     def index(self) -> int:

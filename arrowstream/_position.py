@@ -11,16 +11,13 @@ agree. With a filter, rows it drops are unknown before reading, and only the bou
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from ._cursor import Cursor
 from ._fields import REMEDY
 from ._interleave import block_size_for
-from ._order import Slot, assign_lpt, epoch_order, even_batch_limits, slot_row_counts
+from ._order import Slot, SlotGrid
 from ._state import WorkerState
 from .errors import StateError
 
@@ -65,20 +62,10 @@ def cursor_at(split_rows: Sequence[int], interleave: int, block_size: int | None
     return Cursor(tuple((p, o) for p, o in lanes), next_split, turn, taken)
 
 
-@functools.lru_cache(maxsize=16)
-def _reading_orders(split_rows: tuple[int, ...], num_slots: int, shuffle: bool, seed: int,
-                    epoch: int) -> tuple[tuple[int, ...], ...]:
-    """The split ids each slot reads in ``epoch``, for every slot at once (``slot_split_ids``)."""
-    rows = np.asarray(split_rows, dtype=np.int64)
-    order = epoch_order(len(rows), shuffle=shuffle, seed=seed, epoch=epoch)
-    return tuple(tuple(int(order[i]) for i in owned) for owned in assign_lpt(rows[order], num_slots))
-
-
 def _slot_rows(dataset: StructuredDataset, slot: Slot, epoch: int) -> list[int]:
-    """The rows of each split ``slot`` reads in ``epoch``, in its reading order (``dataset._slot_splits``)."""
-    rows = tuple(s.num_rows for s in dataset._plan.splits_for(slot.num_slots))
-    options = dataset._options
-    return [rows[i] for i in _reading_orders(rows, slot.num_slots, options.shuffle, options.seed, epoch)[slot.index]]
+    """The rows of each split ``slot`` reads in ``epoch`` as planned for its topology, in reading order
+    (the epoch's layout, computed once for every slot)."""
+    return [s.num_rows for s in dataset._slot_splits(slot, epoch)]
 
 
 def _refuse(where: str, what: str) -> StateError:
@@ -195,13 +182,9 @@ def check_in_plan(dataset: StructuredDataset, saved: WorkerState, where: str, do
                               "block_size": block_size_for(options.batch_size, options.interleave)}
     slot = saved.slot
     replay_rows: list[int] | None = None
-    if saved.elastic is None:
-        split_rows = _slot_rows(dataset, slot, saved.epoch)
-        limit = None
-        if saved.options.get("even_batches"):
-            plan_rows = [s.num_rows for s in dataset._plan.splits_for(slot.num_slots)]
-            limit = even_batch_limits(slot_row_counts(plan_rows, slot.num_slots), slot.world_size,
-                                      options.batch_size, options.drop_last)[slot.index]
+    if saved.elastic is None:  # the epoch as the state's topology reads it, with the state's even_batches
+        layout = dataset._layouts.layout(saved.epoch, slot.grid, even_batches=bool(saved.options.get("even_batches")))
+        split_rows, limit = [s.num_rows for s in layout.share(slot).splits], layout.limit(slot)
     else:
         source = saved.elastic
         if source.epoch != saved.epoch:
@@ -209,14 +192,14 @@ def check_in_plan(dataset: StructuredDataset, saved: WorkerState, where: str, do
         for index, old in enumerate(source.cursors if source not in dataset._checked_sources else ()):
             if old is None:
                 continue
-            workers = max(source.num_workers, 1)
-            old_slot = Slot(index // workers, source.world_size, index % workers, source.num_workers)
+            old_slot = SlotGrid(source.world_size, source.num_workers).slot_at(index)
             if old.replay_index or old.replay_offset:
                 raise _refuse(f"{where}.elastic.cursors[{index}]", "has replay fields; an old worker's cursor has none")
             check_cursor(old, _slot_rows(dataset, old_slot, source.epoch), exact=exact,
                          where=f"{where}.elastic.cursors[{index}]", **common)
         dataset._checked_sources.add(source)  # every new worker carries the same source: checked once
-        share, limit = dataset._share(source, slot)
+        layout = dataset._layouts.layout(saved.epoch, slot.grid, source)
+        share, limit = layout.share(slot), layout.limit(slot)
         split_rows, replay_rows = [s.num_rows for s in share.splits], [r.rows for r in share.replays]
     at_end = check_position(saved, split_rows, replay_rows, batch_size=options.batch_size, drop_last=options.drop_last,
                             limit=limit, exact=exact, where=where, **common)

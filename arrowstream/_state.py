@@ -15,7 +15,7 @@ from typing import Any
 
 from ._cursor import Cursor
 from ._fields import REMEDY, Fields, is_int, shorten
-from ._order import Slot
+from ._order import Slot, SlotGrid
 from .errors import StateError, StateMismatchError, StateVersionError
 
 STATE_VERSION = 5
@@ -142,9 +142,10 @@ class ElasticSource:
         fields = Fields(source, where)
         world_size, num_workers = fields.integer("world_size", 1), fields.integer("num_workers")
         cursors = fields.sequence("cursors")
-        if len(cursors) != world_size * max(num_workers, 1):
+        grid = SlotGrid(world_size, num_workers)
+        if len(cursors) != grid.num_slots:
             raise StateError(f"the state's {where}.cursors holds {len(cursors)} entries, expected one per old worker: "
-                             f"{world_size * max(num_workers, 1)} for world_size={world_size}, "
+                             f"{grid.num_slots} for world_size={world_size}, "
                              f"num_workers={num_workers}; {REMEDY}")
         return cls(fields.integer("epoch"), world_size, num_workers,
                    tuple(None if c is None else Cursor.from_dict(c, f"{where}.cursors[{i}]")
@@ -196,7 +197,8 @@ class WorkerState:
             options=dict(options),
             epoch=fields.integer("epoch"),
             slot=Slot(slot.integer("rank", 0, world_size - 1), world_size,
-                      slot.integer("worker_id", 0, max(num_workers, 1) - 1), num_workers),
+                      slot.integer("worker_id", 0, SlotGrid(world_size, num_workers).workers_per_rank - 1),
+                      num_workers),
             cursor=Cursor.from_dict(fields.get("cursor"), f"{where}.cursor"),
             rows=counters.integer("rows"),
             batches=counters.integer("batches"),

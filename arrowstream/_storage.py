@@ -67,8 +67,8 @@ class Storage:
         self.retry = retry or RetryPolicy()
         self._fs: fsspec.AbstractFileSystem | None = filesystem
         self._pid = -1 if filesystem is None else os.getpid()
-        self.read_ahead = 0        # splits fetched ahead by each worker (remote storage); set by the dataset
-        self.read_lanes = 1        # splits read at once (interleave); set by the dataset
+        self.read_ahead = 0        # splits fetched ahead by each worker (remote storage): see reading()
+        self.read_lanes = 1        # splits read at once (interleave): see reading()
         self._prefetcher: Prefetcher | None = None
         self._prefetcher_pid = -1
 
@@ -160,6 +160,15 @@ class Storage:
         if entry.size > 0:
             return pa.PythonFile(PartsFile(self.fs, self.pin(entry), self.prefetcher), mode="r")
         return pa.PythonFile(self.fs.open(entry.path, "rb"), mode="r")
+
+    def reading(self, read_ahead: int, read_lanes: int) -> Storage:
+        """This storage for readers that fetch ``read_ahead`` splits ahead of the ``read_lanes`` splits they
+        read at once (a copy: the filesystem already open is shared, the prefetcher is its own)."""
+        storage = object.__new__(type(self))  # not copy.copy: __getstate__ would drop the open filesystem
+        storage.__dict__.update(self.__dict__)
+        storage.read_ahead, storage.read_lanes = read_ahead, read_lanes
+        storage._prefetcher, storage._prefetcher_pid = None, -1
+        return storage
 
     @property
     def prefetcher(self) -> Prefetcher | None:

@@ -3,51 +3,37 @@
 from __future__ import annotations
 
 import functools
-import gc
 import os
-from collections.abc import Callable, Iterator
-from time import perf_counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ._collective import agree, callable_name, collective_world_size, fingerprint_of, path_names, share_from_rank0
-from ._convert import check_output_columns, make_converter, make_value_check, resolve_fill_nulls
+from ._collective import agree, callable_name, collective_world_size, fingerprint_of, share_from_rank0
+from ._convert import check_output_columns, resolve_fill_nulls
 from ._credentials import as_provider
-from ._cursor import Cursor, Run
-from ._discovery import discover_files
-from ._elastic import Share, assign_shares, remaining_items, share_runs
-from ._formats import TextFormat, get_format
-from ._metrics import Board, Meter
+from ._cursor import Cursor
+from ._elastic import share_runs
+from ._layout import EpochLayout, Layouts, replanned_source, slot_yields
+from ._metrics import Meter
 from ._options import Options, check_bool, check_int, validate_options
-from ._order import (
-    Slot,
-    even_batch_limits,
-    natural_batches,
-    rows_yielded,
-    slot_row_counts,
-    slot_split_ids,
-    window_seed,
-)
+from ._order import Slot, SlotGrid, even_batch_limits, natural_batches, slot_row_counts
 from ._plan_types import Split
-from ._planning import Plan, plan_files
+from ._planning import Plan
 from ._position import check_in_plan
-from ._reader import ReadAhead, SplitReader
 from ._retry import RetryPolicy
+from ._runtime import EpochIterator, OpenEpoch, Transport, WorkerRuntime, build_runtime
 from ._shm import guard_feeder, share
-from ._state import DataIdentity, ElasticSource, WorkerState, check_compatible, check_slot
+from ._source import FileSource, Source, check_file_format
+from ._state import ElasticSource, WorkerState, check_compatible, check_slot
 from ._storage import Storage
-from ._stream import EpochStream, open_runs
+from ._stream import EpochStream
 from ._topology import resolve_topology
-from ._transport import Chunk
-from ._watchdog import watch_trainer
 from .errors import ArgumentTypeError, InvalidArgumentError, StateMismatchError
 
 if TYPE_CHECKING:
     from .loader import ArrowStreamDataLoader
-
-READ_BATCH_ROWS = 65536
 
 
 class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
@@ -151,11 +137,12 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                  credential_provider: Callable[[], dict[str, Any]] | None = None, plan_locally: bool = False,
                  retry: RetryPolicy | None = None) -> None:
         super().__init__()
-        if format == "iceberg" and type(self)._make_plan is StructuredDataset._make_plan:
-            raise InvalidArgumentError("format: Iceberg tables are read by arrowstream.IcebergDataset(table=..., "
-                                       "catalog_config=...), not from a path")
+        # a Source (arrowstream._source) comes from a front door such as IcebergDataset; else files of a format
+        source: Source | None = path if isinstance(path, Source) else None
+        if source is None:
+            format = check_file_format(format)
         self._options: Options = validate_options(
-            format=format, batch_size=batch_size, shuffle=shuffle, seed=seed,
+            format=format if source is None else source.format, batch_size=batch_size, shuffle=shuffle, seed=seed,
             shuffle_buffer_size=shuffle_buffer_size, interleave=interleave, columns=columns, filter=filter,
             output_format=output_format, transform=transform, drop_last=drop_last, split_bytes=split_bytes,
             fill_nulls=fill_nulls, parse_options=parse_options)
@@ -166,6 +153,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                                     f"{type(credential_provider).__name__}")
         # wrapped once: its picklability is checked here, for loaders that start workers by spawn or forkserver
         self._credential_provider = as_provider(credential_provider)
+        self._source: Source = source or FileSource(path, format, storage_options, self._credential_provider)
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise ArgumentTypeError(f"retry: expected an arrowstream.RetryPolicy, got {type(retry).__name__}; "
                                     "pass retry=arrowstream.RetryPolicy(attempts=..., timeout=...)")
@@ -189,35 +177,29 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         # shared, so that set_epoch reaches persistent workers
         self._epoch_cell = share(torch.zeros(1, dtype=torch.int64), "StructuredDataset: the epoch cell")
         self._pending: WorkerState | None = None
-        self._active: _EpochIterator | None = None
-        self._readers: list[SplitReader] = []
-        self._read_ahead: ReadAhead | None = None
-        self._span_convert: Callable[[Any], Any] | None = None
-        self._batches_per_transfer = 1  # set by ArrowStreamDataLoader for worker processes
-        self._send_chunks = False  # set by ArrowStreamDataLoader: workers send Chunks, which it unpacks
-        self._convert: Callable[[Any], Any] | None = None
-        self._elastic: ElasticSource | None = None  # set by the loader: the epoch to re-plan for this topology
-        self._board: Board | None = None  # set by the loader: its workers' metrics
+        self._active: EpochIterator | None = None
+        self._transport = Transport()  # the loader's, by _use_transport
+        self._runtime: WorkerRuntime | None = None  # this process's readers and converters, built once
+        self._elastic: ElasticSource | None = None  # by the loader: the epoch re-planned for this topology
         self._meter: Meter | None = None  # this process's metrics
-        self._shares: dict[tuple[ElasticSource, int], tuple[list[Share], list[int] | None]] = {}
         self._checked_sources: set[ElasticSource] = set()  # elastic sources found valid for this plan
         if self._collective:  # every rank checks that it builds what rank 0 builds (arrowstream._collective)
-            agree(fingerprint_of(self._arguments(path)))
-        self._use_plan(*self._make_plan(path, storage_options))
+            agree(fingerprint_of(self._arguments()))
+        self._use_plan(*self._make_plan())
 
-    def _make_plan(self, path: Any, storage_options: dict[str, Any] | None) -> tuple[Storage, Plan, tuple[int, int] | None]:
-        """The storage, the plan and the snapshot it pins. Under torch.distributed (unless ``plan_locally``),
-        once the ranks agreed, rank 0 lists and reads the metadata once and hands the plan to the other
-        ranks, which list nothing."""
-        if not self._collective:
-            return self._plan_here(path, storage_options)
-        return share_from_rank0(functools.partial(self._plan_here, path, storage_options))
+    def _make_plan(self) -> tuple[Storage, Plan]:
+        """The storage and the plan of the source. Under torch.distributed (unless ``plan_locally``), once the
+        ranks agreed, rank 0 lists and reads the metadata once and hands the plan to the other ranks, which
+        list nothing (sources that plan on every rank, such as an Iceberg table's, plan here)."""
+        if not self._collective or not self._source.plans_on_rank0:
+            return self._source.plan(self._options, self._retry)
+        return share_from_rank0(functools.partial(self._source.plan, self._options, self._retry))
 
-    def _arguments(self, path: Any) -> dict[str, Any]:
-        """What decides the plan and the batches, compared between ranks; credentials (storage_options,
-        credential_provider) are left out, and ``transform`` is compared by its qualified name."""
+    def _arguments(self) -> dict[str, Any]:
+        """What decides the plan and the batches, compared between ranks: the source's (no credentials), the
+        options and the topology; ``transform`` is compared by its qualified name."""
         options = self._options
-        return {"path": path_names(path), "format": options.format, "batch_size": options.batch_size,
+        return {**self._source.arguments(), "format": options.format, "batch_size": options.batch_size,
                 "shuffle": options.shuffle, "seed": options.seed, "shuffle_buffer_size": options.shuffle_buffer_size,
                 "interleave": options.interleave, "drop_last": options.drop_last, "split_bytes": options.split_bytes,
                 "columns": options.columns and list(options.columns),
@@ -227,29 +209,21 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                 "fill_nulls": options.fill_nulls, "even_batches": self._even_batches,
                 "world_size": self._topology.world_size, "group_size": self._topology.group_size}
 
-    def _plan_here(self, path: Any, storage_options: dict[str, Any] | None) -> tuple[Storage, Plan, None]:
-        """List the files and read their metadata in this process."""
-        storage, entries = discover_files(path, storage_options, self._credential_provider, self._retry)
-        columns = list(self._options.columns) if self._options.columns else None
-        file_format = get_format(self._options.format)
-        if isinstance(file_format, TextFormat) and self._options.parse_options is not None:
-            file_format = file_format.configured(self._options.parse_options, self._options.split_bytes)
-        plan = plan_files(storage, entries, file_format, columns=columns,
-                          filter=self._options.filter, split_bytes=self._options.split_bytes)
-        return storage, plan, None
-
-    def _use_plan(self, storage: Storage, plan: Plan, snapshot: tuple[int, int] | None) -> None:
-        storage.read_ahead, storage.read_lanes = self._read_ahead_depth, self._options.interleave
-        self._storage, self._plan = storage, plan
+    def _use_plan(self, storage: Storage, plan: Plan) -> None:
+        self._storage, self._plan = storage.reading(self._read_ahead_depth, self._options.interleave), plan
         check_output_columns(self._options.output_format, plan.schema)
         self._fill_nulls = resolve_fill_nulls(self._options.fill_nulls, plan.schema)
-        snapshot_id, schema_id = snapshot if snapshot is not None else (None, None)
-        self._data = DataIdentity(plan.data_fingerprint, len(plan.files), plan.num_rows, snapshot_id, schema_id)
-        self._readers, self._read_ahead = [], None
-        self._shares, self._checked_sources = {}, set()
+        self._data = self._source.identity(plan)
+        self._layouts = Layouts(plan, self._options, self._even_batches)
+        self._runtime, self._checked_sources = None, set()
 
-    def _follow_snapshot(self, saved: WorkerState) -> None:
-        """Make the dataset read what a loaded state was taken on (Iceberg: its pinned snapshot)."""
+    def _follow_source(self, saved: WorkerState) -> None:
+        """Make the dataset read what a loaded state was taken on, when the source has moved on since
+        (an Iceberg table: the checkpoint's pinned snapshot); planned here, as a worker would not."""
+        followed = self._source.follow(saved.data, self._data)
+        if followed is not None:
+            self._source = followed
+            self._use_plan(*followed.plan(self._options, self._retry))
 
     # -- the loader ---------------------------------------------------------------------------
 
@@ -328,11 +302,11 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
 
     def num_splits(self, num_workers: int = 0) -> int:
         """Splits of an epoch when read by ``num_workers`` workers per rank."""
-        return len(self._plan.splits_for(self._world_size * max(num_workers, 1)))
+        return len(self._plan.splits_for(self._grid(num_workers).num_slots))
 
     def slot_rows(self, num_workers: int = 0) -> list[int]:
         """Rows (before the filter) each slot reads per epoch, for every (rank, worker) slot."""
-        num_slots = self._world_size * max(num_workers, 1)
+        num_slots = self._grid(num_workers).num_slots
         return slot_row_counts([s.num_rows for s in self._plan.splits_for(num_slots)], num_slots)
 
     def batch_limits(self, num_workers: int = 0) -> list[int] | None:
@@ -343,31 +317,17 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         return even_batch_limits(self.slot_rows(num_workers), self._world_size, self._options.batch_size,
                                  self._options.drop_last)
 
-    def _yields(self, rows: list[int], limits: list[int] | None) -> list[tuple[int, int, int]]:
-        """(rows, batches it yields, rows it yields) of slots of ``rows`` rows under ``limits``."""
-        size, drop_last = self._options.batch_size, self._options.drop_last
-        out = []
-        for index, r in enumerate(rows):
-            limit = natural_batches(r, size, drop_last) if limits is None else limits[index]
-            out.append((r, limit, rows_yielded(r, limit, size, drop_last)))
-        return out
-
     def slot_yields(self, num_workers: int = 0) -> list[tuple[int, int, int]]:
         """Per (rank, worker) slot of every rank, in an epoch planned for this topology: its rows, the
         batches it yields and the rows it yields (``even_batches`` and ``drop_last`` applied)."""
-        return self._yields(self.slot_rows(num_workers), self.batch_limits(num_workers))
+        return slot_yields(self.slot_rows(num_workers), self.batch_limits(num_workers), self._options.batch_size,
+                           self._options.drop_last)
 
     def _rank_yields(self, num_workers: int) -> list[tuple[int, int, int]]:
-        """Per worker of this rank: (rows, batches it yields, rows it yields), this epoch."""
-        source = self._elastic_source(self.epoch)
-        if source is None:
-            per_rank = max(num_workers, 1)
-            return self.slot_yields(num_workers)[self._rank * per_rank:(self._rank + 1) * per_rank]
-        # an epoch re-planned for this topology: the shares of this rank's workers
-        shares = [self._share(source, Slot(self._rank, self._world_size, w, num_workers))
-                  for w in range(max(num_workers, 1))]
-        limits = None if not self._even_batches else [limit or 0 for _, limit in shares]
-        return self._yields([share.num_rows for share, _ in shares], limits)
+        """Per worker of this rank: (rows, batches it yields, rows it yields), this epoch (re-planned for
+        this topology, when a checkpoint of another was loaded)."""
+        layout = self._epoch_layout(self.epoch, self._grid(num_workers))
+        return layout.yields(self._rank, self._options.batch_size, self._options.drop_last)
 
     def _check_known(self, what: str) -> None:
         if self._options.drops_rows:
@@ -399,64 +359,85 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
 
     # -- iteration ----------------------------------------------------------------------------
 
+    def _grid(self, num_workers: int) -> SlotGrid:
+        """This dataset's ranks with ``num_workers`` workers each."""
+        return SlotGrid(self._world_size, num_workers)
+
     def _slot(self) -> Slot:
         info = get_worker_info()
         if info is None:
-            return Slot(self._rank, self._world_size, 0, 0)
-        return Slot(self._rank, self._world_size, info.id, info.num_workers)
+            return self._grid(0).slot(self._rank, 0)
+        return self._grid(info.num_workers).slot(self._rank, info.id)
 
-    def __iter__(self) -> _EpochIterator:
+    def __iter__(self) -> EpochIterator:
         info = get_worker_info()
         if info is not None:  # before the worker's first message: see _shm
             guard_feeder(info.id)
         pending, self._pending = self._pending, None
-        self._active = _EpochIterator(self, self._slot(), pending)
+        slot = self._slot()
+        self._active = EpochIterator(slot, functools.partial(self._open, slot, pending),
+                                     before=lambda: pending or self._initial_state(slot))
         return self._active
 
-    def _open(self, slot: Slot, pending: WorkerState | None) -> EpochStream:
+    def _use_transport(self, transport: Transport) -> None:
+        """How workers hand their batches over: the loader's one call, before its workers start."""
+        if transport != self._transport:
+            self._runtime = None  # its converters follow batches_per_transfer
+        self._transport = transport
+
+    def _worker_runtime(self) -> WorkerRuntime:
+        """This process's readers and converters, built once."""
+        if self._runtime is None:
+            info = get_worker_info()
+            if self._meter is None:
+                board = self._transport.board
+                self._meter = Meter(board.row(info.id) if info is not None and board is not None else None)
+            # pickled for this worker (spawn, forkserver): by the trainer, which may not be the parent
+            came_by_pickle = self.__dict__.get("_unpickled_in") == os.getpid()
+            self._runtime = build_runtime(self._plan, self._storage, self._options, self._fill_nulls,
+                                          self._transport, self._meter, worker_id=None if info is None else info.id,
+                                          pickled_by=self.__dict__.get("_pickled_by") if came_by_pickle else None)
+        return self._runtime
+
+    def _open(self, slot: Slot, pending: WorkerState | None) -> OpenEpoch:
         epoch = self.epoch
         if pending is not None:
             check_slot(pending, slot)
-            if pending.epoch == epoch:
-                return self._stream(slot, epoch, pending)
-            if not (epoch > pending.epoch and self._nothing_left(pending, slot)):
+            if not (pending.epoch == epoch or (epoch > pending.epoch and self._nothing_left(pending, slot))):
                 raise StateMismatchError(
                     f"the checkpoint is in epoch {pending.epoch} "
                     f"({'complete' if pending.epoch_complete else 'mid-epoch'}) but the dataset is set to "
                     f"epoch {epoch}; call dataset.set_epoch({pending.epoch}) before iterating to finish the "
                     "saved epoch, or start without loading the checkpoint")
-        return self._stream(slot, epoch, None)
+            if pending.epoch != epoch:
+                pending = None
+        return OpenEpoch(self._stream(slot, epoch, pending), self._worker_runtime(),
+                         functools.partial(self._files_between, slot, epoch))
 
-    def _numpy_as_torch(self, in_worker: bool) -> bool:
-        return (in_worker and self._batches_per_transfer > 1 and self._options.transform is None
-                and self._options.output_format == "torch")
+    def _epoch_layout(self, epoch: int, grid: SlotGrid, source: ElasticSource | None = None) -> EpochLayout:
+        """The layout of ``epoch`` for ``grid``: re-planned from ``source`` (by default the checkpoint of
+        another topology loaded for that epoch, if any), else the plan's for this topology."""
+        return self._layouts.layout(epoch, grid, source if source is not None else self._elastic_source(epoch))
 
-    def _slot_splits(self, slot: Slot, epoch: int) -> list[Split]:
-        splits = self._plan.splits_for(slot.num_slots)
-        ids = slot_split_ids([s.num_rows for s in splits], slot, shuffle=self._options.shuffle,
-                             seed=self._options.seed, epoch=epoch)
-        return [splits[i] for i in ids]
+    def _slot_splits(self, slot: Slot, epoch: int) -> tuple[Split, ...]:
+        """The splits ``slot`` reads in ``epoch`` as planned for its topology, in reading order."""
+        return self._layouts.layout(epoch, slot.grid).share(slot).splits
 
     def batches_left(self, state: WorkerState, slot: Slot) -> int | None:
         """Batches a worker state of ``slot`` has still to hand out in its epoch, from the plan;
         ``None`` when a filter (or ``bad_rows='skip'``) decides, which only reading tells."""
         if state.epoch_complete:
             return 0
-        if state.elastic is not None:  # a share of an epoch re-planned for this topology
-            share, limit = self._share(state.elastic, slot)
-            rows = share.num_rows
-            at_end = (state.cursor.replay_index >= len(share.replays)
-                      and state.cursor.at_end([s.num_rows for s in share.splits]))
-        else:
-            splits = self._slot_splits(slot, state.epoch)
-            rows, limit = sum(s.num_rows for s in splits), self._batch_limit(slot)
-            at_end = state.cursor.at_end([s.num_rows for s in splits])
+        layout = self._layouts.layout(state.epoch, slot.grid, state.elastic)
+        share, limit = layout.share(slot), layout.limit(slot)
+        at_end = (state.cursor.replay_index >= len(share.replays)
+                  and state.cursor.at_end([s.num_rows for s in share.splits]))
         allowed = None if limit is None else max(limit - state.batches, 0)
         if at_end or allowed == 0:
             return 0
         if self._options.drops_rows:
             return None
-        left = natural_batches(rows - state.rows - state.rows_dropped, self._options.batch_size,
+        left = natural_batches(share.num_rows - state.rows - state.rows_dropped, self._options.batch_size,
                                self._options.drop_last)
         return left if allowed is None else min(left, allowed)
 
@@ -472,106 +453,48 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
     def _elastic_source(self, epoch: int) -> ElasticSource | None:
         return self._elastic if self._elastic is not None and self._elastic.epoch == epoch else None
 
-    def _share(self, source: ElasticSource, slot: Slot) -> tuple[Share, int | None]:
-        """This slot's part of an epoch re-planned for the current topology, and its batch limit."""
-        key = (source, slot.num_slots)
-        if key not in self._shares:
-            options = self._options
-            replays, ranges = remaining_items(
-                self._plan, source, shuffle=options.shuffle, seed=options.seed, batch_size=options.batch_size,
-                interleave=options.interleave, buffer_rows=options.shuffle_buffer_size)
-            shares = assign_shares(replays, ranges, slot.num_slots)
-            limits = (even_batch_limits([s.num_rows for s in shares], slot.world_size, options.batch_size,
-                                        options.drop_last) if self._even_batches else None)
-            self._shares[key] = (shares, limits)
-        shares, limits = self._shares[key]
-        return shares[slot.index], None if limits is None else limits[slot.index]
+    def _use_elastic(self, source: ElasticSource | None) -> None:
+        """The epoch a loaded checkpoint was re-planned into for this topology (its counts: len, trimmed rows)."""
+        self._elastic = source
 
-    def _batch_limit(self, slot: Slot) -> int | None:
-        limits = self.batch_limits(slot.num_workers)
-        return None if limits is None else limits[slot.index]
-
-    def _prepare(self) -> None:
-        """Set up this process's readers and converters, once."""
-        in_worker = get_worker_info() is not None
-        if in_worker:
-            # pickled for this worker (spawn, forkserver): by the trainer, which may not be the parent
-            came_by_pickle = self.__dict__.get("_unpickled_in") == os.getpid()
-            watch_trainer(self.__dict__.get("_pickled_by") if came_by_pickle else None)
-            # the heap inherited from the trainer (torch, pyarrow, ...) never becomes garbage here;
-            # freezing it keeps the collector from walking it for every batch of Python objects
-            gc.freeze()
-        # one reader per interleaved split, each with a full read size: smaller reads of side-by-side
-        # splits would save a little memory but decode about 20% slower
-        read_rows = max(self._options.batch_size, READ_BATCH_ROWS)
-        if self._meter is None:
-            info = get_worker_info()
-            self._meter = Meter(self._board.row(info.id) if info is not None and self._board is not None else None)
-        prefetcher = self._storage.prefetcher
-        self._read_ahead = None if prefetcher is None else ReadAhead(self._plan, prefetcher, self._storage.read_ahead)
-        output_format = self._options.output_format
-        # values an output format cannot hold are found as read, where the file is known
-        check = make_value_check(output_format, self._plan.schema, self._fill_nulls)
-        self._readers = [SplitReader(self._plan, self._storage, read_rows, use_threads=not in_worker,
-                                     read_ahead=self._read_ahead, meter=self._meter, check=check)
-                         for _ in range(self._options.interleave)]
-        as_torch = self._numpy_as_torch(in_worker)
-        if as_torch:  # the trainer side makes the tensors (see _transport)
-            output_format = "numpy"
-        converter = make_converter(output_format, self._plan.schema, self._fill_nulls, in_worker=in_worker,
-                                   torch_values=as_torch)
-        transform = self._options.transform
-        self._convert = converter if transform is None else (lambda batch: transform(converter(batch)))
-        self._span_convert = make_converter(output_format, self._plan.schema, self._fill_nulls,
-                                            in_worker=in_worker, objects_later=True, torch_values=as_torch)
+    def _end_cursor(self, state: WorkerState) -> Cursor:
+        """Past the last row of the epoch of a worker state (its share, when re-planned)."""
+        share = self._layouts.layout(state.epoch, state.slot.grid, state.elastic).share(state.slot)
+        return Cursor((), len(share.splits), replay_index=len(share.replays))
 
     def _files_between(self, slot: Slot, epoch: int, start: Cursor, end: Cursor) -> list[str]:
         """The files of the splits a worker read from cursor ``start`` to ``end`` (for error messages)."""
-        if self._elastic_source(epoch) is not None:
+        layout = self._epoch_layout(epoch, slot.grid)
+        if layout.replanned:
             return [f"the files of worker slot {slot.index} (re-planned epoch {epoch})"]
-        splits = self._slot_splits(slot, epoch)
+        splits = layout.share(slot).splits
         first = min([index for index, _ in start.lanes] + [start.next_split_index])
         last = min(max(end.next_split_index, first + 1), len(splits))
         return [self._plan.url(index) for index in sorted({splits[i].file_index for i in range(first, last)})]
 
     def _stream(self, slot: Slot, epoch: int, start: WorkerState | None) -> EpochStream:
-        if not self._readers:
-            self._prepare()
-        assert self._convert is not None
+        runtime = self._worker_runtime()
         options = self._options
         start = start or self._initial_state(slot, epoch)
-        runs: Iterator[Run]
-        if start.elastic is not None:  # the rest of an epoch of another topology
-            share, limit = self._share(start.elastic, slot)
-            runs = share_runs(self._readers, share, seed=options.seed, epoch=epoch, slot=slot,
-                              batch_size=options.batch_size, interleave=options.interleave,
-                              buffer_rows=options.shuffle_buffer_size, start=start.cursor)
-            end = Cursor((), len(share.splits), replay_index=len(share.replays))
-            if self._read_ahead is not None:  # replays and ranges of another topology: no read-ahead
-                self._read_ahead.begin(())
-        else:
-            splits = self._slot_splits(slot, epoch)
-            if self._read_ahead is not None:
-                self._read_ahead.begin(splits)
-            runs = open_runs(self._readers, splits, batch_size=options.batch_size, interleave=options.interleave,
-                             buffer_rows=options.shuffle_buffer_size, start=start.cursor,
-                             window_seed=functools.partial(window_seed, options.seed, epoch, slot))
-            end, limit = Cursor.end(len(splits)), self._batch_limit(slot)
+        layout = self._layouts.layout(epoch, slot.grid, start.elastic)
+        share = layout.share(slot)
+        if runtime.read_ahead is not None:  # replays and ranges of another topology: no read-ahead
+            runtime.read_ahead.begin(() if layout.replanned else share.splits)
+        runs = share_runs(runtime.readers, share, seed=options.seed, epoch=epoch, slot=slot,
+                          batch_size=options.batch_size, interleave=options.interleave,
+                          buffer_rows=options.shuffle_buffer_size, start=start.cursor)
+        end = Cursor((), len(share.splits), replay_index=len(share.replays))
         return EpochStream(runs=runs, end=end, batch_size=options.batch_size, drop_last=options.drop_last,
-                           max_batches=limit, convert=self._convert, data=self._data,
+                           max_batches=layout.limit(slot), convert=runtime.convert, data=self._data,
                            options=self._state_options, epoch=epoch, slot=slot, start=start)
 
     # -- state --------------------------------------------------------------------------------
 
     def _initial_state(self, slot: Slot, epoch: int | None = None) -> WorkerState:
         epoch = self.epoch if epoch is None else epoch
-        source = self._elastic_source(epoch)
-        if source is not None:
-            share, _ = self._share(source, slot)
-            cursor = Cursor.start(len(share.splits), self._options.interleave)
-        else:
-            cursor = Cursor.start(len(self._slot_splits(slot, epoch)), self._options.interleave)
-        return WorkerState(self._data, self._state_options, epoch, slot, cursor, 0, 0, 0, False, source)
+        layout = self._epoch_layout(epoch, slot.grid)
+        cursor = Cursor.start(len(layout.share(slot).splits), self._options.interleave)
+        return WorkerState(self._data, self._state_options, epoch, slot, cursor, 0, 0, 0, False, layout.source)
 
     def state_dict(self) -> dict[str, Any]:
         """This worker's position: a small JSON dict (see docs/state-format.md)."""
@@ -588,7 +511,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         (``ArrowStreamDataLoader.load_state_dict`` has checked it already, in the main process).
         """
         saved = WorkerState.from_dict(state_dict)
-        self._follow_snapshot(saved)
+        self._follow_source(saved)
         check_compatible(saved, self._data, self._state_options)
         if saved.slot == self._slot():  # another slot's state is refused when the epoch opens (check_slot)
             check_in_plan(self, saved, "worker state")
@@ -606,7 +529,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         with its epoch, which it then must be.
         """
         saved = WorkerState.from_dict(state_dict, where)
-        self._follow_snapshot(saved)
+        self._follow_source(saved)
         options = self._state_options
         if elastic:
             options = {**options, "even_batches": saved.options.get("even_batches")}
@@ -626,34 +549,16 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                             saved: list[tuple[WorkerState, bool]]) -> None:
         """Re-plan the rest of ``epoch`` from the states of every old (rank, worker) slot, in slot
         order (each with whether its loader had finished the epoch), for this topology."""
-        old_limits = None
-        if saved and saved[0][0].options.get("even_batches"):
-            old_slots = world_size * max(num_workers, 1)
-            rows = slot_row_counts([s.num_rows for s in self._plan.splits_for(old_slots)], old_slots)
-            old_limits = even_batch_limits(rows, world_size, self._options.batch_size, self._options.drop_last)
-        cursors: list[Cursor | None] = []
-        for index, (state, finished) in enumerate(saved):
-            if state.epoch < epoch:  # it had not started the epoch: all of its share is left
-                slot = Slot(index // max(num_workers, 1), world_size, index % max(num_workers, 1), num_workers)
-                cursors.append(Cursor.start(len(self._slot_splits(slot, epoch)), self._options.interleave))
-            elif finished or state.epoch_complete or (old_limits is not None and state.batches >= old_limits[index]):
-                cursors.append(None)
-            else:
-                cursors.append(state.cursor)
-        inside_windows = [i for i, c in enumerate(cursors) if c is not None and c.window_offset]
-        if inside_windows and self._options.drops_rows:
-            rank, worker = divmod(inside_windows[0], max(num_workers, 1))
-            raise StateMismatchError(
-                f"elastic resume: the checkpoint's rank {rank} worker {worker} stood inside a shuffle window, and "
-                "with a filter the rows of a window are unknown before reading, so they cannot be re-planned; "
-                f"resume with world_size={world_size}, num_workers={num_workers} until the epoch ends, then change")
-        self._elastic = ElasticSource(epoch, world_size, num_workers, tuple(cursors))
+        # the epoch as the old topology read it, with its own even_batches
+        old = self._layouts.layout(epoch, SlotGrid(world_size, num_workers),
+                                   even_batches=bool(saved and saved[0][0].options.get("even_batches")))
+        self._elastic = replanned_source(old, saved, self._options.interleave, self._options.drops_rows)
         self._pending, self._active = None, None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_pending=None, _active=None, _readers=[], _read_ahead=None, _convert=None, _span_convert=None,
-                     _meter=None, _pickled_by=os.getpid())
+        state.update(_pending=None, _active=None, _runtime=None, _meter=None, _pickled_by=os.getpid(),
+                     _source=self._source.for_workers())
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -665,92 +570,3 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                 f"rows={self._plan.num_rows}, splits={len(self._plan.splits)}, "
                 f"batch_size={self._options.batch_size}, shuffle={self._options.shuffle}, "
                 f"epoch={self.epoch}, storage={self._storage!r}, pid={os.getpid()})")
-
-
-class _EpochIterator:
-    """What ``iter(dataset)`` returns: binds the epoch on the first batch, so a ``set_epoch``
-    between ``iter()`` and the first ``next()`` (persistent workers, early ``state_dict``) counts."""
-
-    def __init__(self, dataset: StructuredDataset, slot: Slot, pending: WorkerState | None) -> None:
-        self._dataset = dataset
-        self._slot = slot
-        self._pending = pending
-        self._stream: EpochStream | None = None
-        self._left_at = 0.0  # when the last batch was handed over (0: none yet)
-
-    def __iter__(self) -> _EpochIterator:
-        return self
-
-    def __next__(self) -> Any:
-        """The next batch (or chunk of batches), timed for the metrics: reading, converting, and
-        the time since the last one was handed over, which the worker spent waiting for the trainer."""
-        entered = perf_counter()
-        if self._stream is None:
-            self._stream = self._dataset._open(self._slot, self._pending)
-        per_transfer = self._dataset._batches_per_transfer
-        start = self._stream.position().cursor
-        if per_transfer == 1 or self._slot.num_workers == 0:
-            record = self._stream.next_record()
-            read = perf_counter()
-            assert self._dataset._convert is not None
-            out, rows, batches = self._dataset._convert(record), record.num_rows, 1
-            if self._dataset._send_chunks and self._slot.num_workers > 0:  # packed in this thread, see _transport
-                out = Chunk(self._slot.worker_id, [out], [self._stream.position()], files=self._files_from(start))
-        else:
-            out, rows, batches, read = self._next_chunk(self._stream, per_transfer)
-            out.files = self._files_from(start)
-        done = perf_counter()
-        assert self._dataset._meter is not None
-        self._dataset._meter.batch(rows, batches, read - entered, done - read,
-                                   entered - self._left_at if self._left_at else 0.0, done)
-        self._left_at = done
-        return out
-
-    def _next_chunk(self, stream: EpochStream, per_transfer: int) -> tuple[Chunk, int, int, float]:
-        """Up to ``per_transfer`` batches, ending where the worker's batch count is a multiple of it,
-        so chunk boundaries do not move when a checkpoint falls inside a chunk; with their rows,
-        their number, and when reading ended (converting starts).
-
-        Without a transform the batches travel as one converted span that the trainer slices:
-        each column is converted and packed once per chunk instead of once per batch.
-        """
-        numpy_as_torch = self._dataset._numpy_as_torch(in_worker=True)
-        if self._dataset._options.transform is None:
-            span, sizes, positions = stream.next_span(per_transfer - stream.batches % per_transfer)
-            read = perf_counter()
-            assert self._dataset._span_convert is not None
-            output_format = self._dataset._options.output_format
-            chunk = Chunk(self._slot.worker_id, [self._dataset._span_convert(span)], positions,
-                          numpy_as_torch=numpy_as_torch, sizes=sizes,
-                          objects=output_format if output_format in ("torch", "numpy", "dict") else None)
-            return chunk, span.num_rows, len(sizes), read
-        records, positions = [], []
-        while True:
-            try:
-                records.append(stream.next_record())
-            except StopIteration:
-                break
-            positions.append(stream.position())
-            if stream.batches % per_transfer == 0:
-                break
-        if not records:
-            raise StopIteration
-        read = perf_counter()
-        assert self._dataset._convert is not None
-        batches = [self._dataset._convert(record) for record in records]
-        return (Chunk(self._slot.worker_id, batches, positions, numpy_as_torch=numpy_as_torch),
-                sum(r.num_rows for r in records), len(records), read)
-
-    def _files_from(self, start: Cursor) -> Callable[[], list[str]]:
-        """The files read since cursor ``start``, asked only when a chunk cannot be sent."""
-        stream, epoch = self._stream, self._dataset.epoch
-        assert stream is not None
-        end = stream.position().cursor
-        return lambda: self._dataset._files_between(self._slot, epoch, start, end)
-
-    def state(self) -> WorkerState:
-        if self._stream is not None:
-            return self._stream.state()
-        if self._pending is not None:
-            return self._pending
-        return self._dataset._initial_state(self._slot)

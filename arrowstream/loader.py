@@ -30,13 +30,13 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from ._boundary import check_replanned_epoch_over, later_epoch_starts_whole
 from ._convert import passthrough_collate
 from ._credentials import as_provider
-from ._cursor import Cursor
 from ._fields import shorten
 from ._loader_options import check_loader_options
 from ._loader_state import read_checkpoint, read_loader_state
 from ._metrics import FIELDS, Board, Meter, flatten, summarize
 from ._options import check_int
-from ._order import Slot
+from ._order import SlotGrid
+from ._runtime import Transport
 from ._shm import semaphore_failure
 from ._state import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, WorkerState
 from ._storage import logger
@@ -94,7 +94,6 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
             super().__init__(dataset, **kwargs)
         if self.num_workers > 0:  # workers send Chunks, packed by the collate step (see PerBatchCollate)
-            dataset._send_chunks = True
             collate: Any = self.collate_fn  # type: ignore[has-type]
             if not isinstance(collate, PerBatchCollate):
                 self.collate_fn = PerBatchCollate(None if collate is passthrough_collate else collate)
@@ -105,15 +104,17 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             raise InvalidArgumentError(f"batches_per_transfer: expected an int >= 1, got {batches_per_transfer!r}")
         if self.num_workers == 0 or self.snapshot_every_n_steps != 1:
             batches_per_transfer = 1
+        # how the workers hand batches over, given to the dataset before any worker starts: they inherit it
+        self._transport = Transport(batches_per_transfer, send_chunks=self.num_workers > 0,
+                                    board=Board(self.num_workers) if self.num_workers > 0 else None)
         self._set_batches_per_transfer(batches_per_transfer)
         self._batch_iterator: _BatchIterator | None = None
         self._elastic_loaded = False  # a checkpoint re-planned for this topology, its epoch not started yet
-        if self.num_workers > 0:  # before any worker starts: they inherit it
-            self.dataset._board = Board(self.num_workers)
 
     def _set_batches_per_transfer(self, value: int) -> None:
         self.batches_per_transfer = value
-        self.dataset._batches_per_transfer = value
+        self._transport = dataclasses.replace(self._transport, batches_per_transfer=value)
+        self.dataset._use_transport(self._transport)
 
     def _get_iterator(self) -> Any:
         """torchdata's hook that starts an epoch's iterator (from a loaded state, if any): a loaded
@@ -144,7 +145,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             # first row instead of replaying those batches (a real position, which the workers check)
             dataset = self.dataset
             for worker_id in range(len(states)):
-                slot = Slot(dataset.rank, dataset.world_size, worker_id, self.num_workers)
+                slot = SlotGrid(dataset.world_size, self.num_workers).slot(dataset.rank, worker_id)
                 set_worker_state(inner, worker_id, dataset._initial_state(slot, dataset.epoch).to_dict())
             clear_steps_since_snapshot(inner)
         set_last_yielded_worker(inner, self.num_workers - 1)  # the next batch comes from worker 0
@@ -192,10 +193,11 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             (10, 3, 1, 1)
         """
         if self.num_workers == 0:
-            meter = self.dataset._meter
+            meter = self.dataset._meter  # this process's, which reads
             raw = [dict(zip(FIELDS, meter.values() if meter is not None else Meter().values()))]
         else:
-            raw = self.dataset._board.read()
+            assert self._transport.board is not None
+            raw = self._transport.board.read()
         metrics = summarize(raw, self.dataset.rank)
         return flatten(metrics) if flat else metrics
 
@@ -268,7 +270,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         saved = self._check_workers(parsed, self.dataset.rank, self.dataset.world_size)
         self.dataset.set_epoch(max(s.epoch for s in saved))
         # inside an epoch re-planned for this topology: the counts of that epoch (len, trimmed rows)
-        self.dataset._elastic = next((s.elastic for s in saved if s.elastic is not None), None)
+        self.dataset._use_elastic(next((s.elastic for s in saved if s.elastic is not None), None))
         if iterator_finished(inner):
             self._mark_epoch_complete(inner, self.dataset)
         if per_transfer > 1 and self.snapshot_every_n_steps != 1:
@@ -296,7 +298,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             if state is None:
                 raise StateError(f"load_state_dict: the checkpoint holds no state for {where.removesuffix(' state')}; "
                                  "pass the dict returned by loader.state_dict() (or gather_state_dict) unchanged")
-            slot = Slot(rank, world_size, index, parsed.num_workers)
+            slot = SlotGrid(world_size, parsed.num_workers).slot(rank, index)
             return self.dataset.check_state(state, elastic, slot=slot, where=where, done=done)  # type: ignore[no-any-return]
 
         saved = [check(index, "the checkpoint says its loop ended" if done else None)
@@ -330,9 +332,10 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
                                  "loader.state_dict() (or gather_state_dict) unchanged")
             states = self._check_workers(parsed, rank, old_world, elastic=True)
             slots.extend(zip(states, parsed.done))
-        if len(slots) != old_world * max(old_workers, 1):
+        old_grid = SlotGrid(old_world, old_workers)
+        if len(slots) != old_grid.num_slots:
             raise StateError(f"load_state_dict: the checkpoint holds {len(slots)} worker state(s), expected "
-                             f"{old_world * max(old_workers, 1)} for world_size={old_world}, num_workers={old_workers}")
+                             f"{old_grid.num_slots} for world_size={old_world}, num_workers={old_workers}")
         for saved, _ in slots:
             if saved.elastic is not None:
                 raise StateMismatchError(
@@ -364,12 +367,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             if state is None:
                 return None
             saved = WorkerState.from_dict(state)
-            if saved.elastic is not None:
-                share, _ = dataset._share(saved.elastic, saved.slot)
-                end = Cursor((), len(share.splits), replay_index=len(share.replays))
-            else:
-                end = Cursor.end(len(dataset._slot_splits(saved.slot, saved.epoch)))
-            return dataclasses.replace(saved, cursor=end, epoch_complete=True).to_dict()
+            return dataclasses.replace(saved, cursor=dataset._end_cursor(saved), epoch_complete=True).to_dict()
 
         for worker_id, state in enumerate(worker_states(inner)):
             set_worker_state(inner, worker_id, complete(state))

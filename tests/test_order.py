@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arrowstream._hashing import derive_seed, permutation
-from arrowstream._order import Slot, assign_lpt, epoch_order, slot_row_counts, slot_split_ids
+from arrowstream._order import Slot, SlotGrid, assign_lpt, epoch_order, slot_row_counts, slot_split_ids
 
 weights = st.lists(st.integers(min_value=1, max_value=10_000), min_size=0, max_size=200)
 
@@ -72,3 +72,15 @@ def test_slot_index_covers_ranks_and_workers():
     indices = [Slot(r, 3, w, 2).index for r in range(3) for w in range(2)]
     assert indices == list(range(6))
     assert Slot(0, 1, 0, 0).num_slots == 1
+
+
+@given(st.integers(1, 8), st.integers(0, 6))
+def test_slot_grid_numbers_every_slot_once_rank_by_rank(world_size, num_workers):
+    grid = SlotGrid(world_size, num_workers)
+    slots = [grid.slot_at(index) for index in range(grid.num_slots)]
+    assert [slot.index for slot in slots] == list(range(grid.num_slots))
+    assert grid.num_slots == world_size * max(num_workers, 1)  # no workers: the rank's own process reads
+    for rank in range(world_size):
+        assert slots[grid.rank_range(rank)] == grid.rank_slots(rank)
+        assert all(slot.rank == rank and slot.grid == grid for slot in grid.rank_slots(rank))
+    assert {slot.worker_id for slot in slots} == set(range(grid.workers_per_rank))

@@ -320,16 +320,19 @@ def test_cursor_at_is_where_the_rotation_stands(split_rows, interleave, block_si
 
 
 def test_the_plan_check_reads_the_splits_each_slot_reads(uneven_dataset):
-    """``_position`` computes every slot's reading order at once; it is ``dataset._slot_splits``."""
-    from arrowstream._order import Slot
+    """The epoch layout computes every slot's reading order at once (``_position`` and the workers read
+    it); it is ``slot_split_ids``, one slot at a time."""
+    from arrowstream._order import SlotGrid, slot_split_ids
     from arrowstream._position import _slot_rows
 
     dataset = StructuredDataset(uneven_dataset, batch_size=8, shuffle=True, seed=4, split_bytes=4096)
     for world_size, num_workers, epoch in [(1, 0, 0), (1, 3, 2), (2, 2, 5)]:
-        for rank in range(world_size):
-            for worker in range(max(num_workers, 1)):
-                slot = Slot(rank, world_size, worker, num_workers)
-                assert _slot_rows(dataset, slot, epoch) == [s.num_rows for s in dataset._slot_splits(slot, epoch)]
+        grid = SlotGrid(world_size, num_workers)
+        splits = dataset._plan.splits_for(grid.num_slots)
+        for slot in (grid.slot_at(index) for index in range(grid.num_slots)):
+            ids = slot_split_ids([s.num_rows for s in splits], slot, shuffle=True, seed=4, epoch=epoch)
+            assert list(dataset._slot_splits(slot, epoch)) == [splits[i] for i in ids]
+            assert _slot_rows(dataset, slot, epoch) == [splits[i].num_rows for i in ids]
 
 
 @pytest.mark.timeout(120)

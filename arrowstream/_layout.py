@@ -1,0 +1,154 @@
+"""The epoch layout: what every (rank, worker) slot reads in an epoch, and how many batches it may yield.
+
+A pure function of (plan, topology, options, epoch) and, for an epoch re-planned from a checkpoint
+of another topology, its :class:`~arrowstream._state.ElasticSource`. A normal epoch is a layout with
+nothing replayed: each slot's share is the splits an *assignment policy* gives it, in the epoch's
+order (shuffled or not); a re-planned one is the rows the old workers had not handed out, as
+replays and ranges (see :mod:`arrowstream._elastic`), given out by the same policy. Either way
+``even_batches`` caps each slot's batches from the rows of the shares alone.
+
+An assignment policy is a function ``(weights, num_slots) -> items of each slot`` that is
+deterministic and keeps each slot's items in their given order: :func:`~arrowstream._order.assign_lpt`
+(longest processing time on rows) today. A new policy is a new function handed to
+:class:`Layouts`, not a branch in the dataset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._cursor import Cursor
+from ._elastic import Share, assign_shares, remaining_items
+from ._order import Slot, SlotGrid, assign_lpt, epoch_order, even_batch_limits, natural_batches, rows_yielded
+from ._state import ElasticSource
+from .errors import StateMismatchError
+
+if TYPE_CHECKING:
+    from ._options import Options
+    from ._planning import Plan
+    from ._state import WorkerState
+
+Assignment = Callable[[Sequence[int], int], list[list[int]]]
+"""A policy: items (their weights, in order) over ``num_slots`` slots, each slot's item indices in order."""
+
+_KEPT = 8  # layouts kept per dataset: an epoch or two of a few topologies (checks of other ranks' states)
+
+
+@dataclass(frozen=True)
+class EpochLayout:
+    """Every slot's share of one epoch under one topology, and its batch limit under ``even_batches``."""
+
+    epoch: int
+    grid: SlotGrid
+    shares: tuple[Share, ...]
+    limits: tuple[int, ...] | None
+    source: ElasticSource | None = None  # the checkpoint this epoch was re-planned from; None: planned here
+
+    @property
+    def replanned(self) -> bool:
+        """Whether the epoch is the rest of one of another topology (its shares are not the plan's splits)."""
+        return self.source is not None
+
+    def share(self, slot: Slot) -> Share:
+        return self.shares[slot.index]
+
+    def limit(self, slot: Slot) -> int | None:
+        return None if self.limits is None else self.limits[slot.index]
+
+    def yields(self, rank: int, batch_size: int, drop_last: bool) -> list[tuple[int, int, int]]:
+        """Per worker of ``rank``: its rows, the batches it yields and the rows it yields."""
+        mine = self.grid.rank_range(rank)
+        return slot_yields([share.num_rows for share in self.shares[mine]],
+                           None if self.limits is None else list(self.limits[mine]), batch_size, drop_last)
+
+
+def slot_yields(rows: Sequence[int], limits: Sequence[int] | None, batch_size: int,
+                drop_last: bool) -> list[tuple[int, int, int]]:
+    """(rows, batches it yields, rows it yields) of slots of ``rows`` rows under ``limits`` (None: no limit)."""
+    out = []
+    for index, r in enumerate(rows):
+        limit = natural_batches(r, batch_size, drop_last) if limits is None else limits[index]
+        out.append((r, limit, rows_yielded(r, limit, batch_size, drop_last)))
+    return out
+
+
+def lay_out_epoch(plan: Plan, grid: SlotGrid, epoch: int, options: Options, *, even_batches: bool,
+                  source: ElasticSource | None = None,
+                  assign: Assignment = assign_lpt) -> EpochLayout:
+    """The layout of ``epoch`` for ``grid``: the plan's splits in the epoch's order given out by
+    ``assign``, or, with ``source``, the rest of that epoch of another topology, re-planned."""
+    if source is None:
+        splits = plan.splits_for(grid.num_slots)
+        order = epoch_order(len(splits), shuffle=options.shuffle, seed=options.seed, epoch=epoch)
+        rows = np.asarray([s.num_rows for s in splits], dtype=np.int64)[order]
+        shares = tuple(Share((), tuple(splits[int(order[i])] for i in owned))
+                       for owned in assign(rows.tolist(), grid.num_slots))
+    else:
+        replays, ranges = remaining_items(
+            plan, source, shuffle=options.shuffle, seed=options.seed, batch_size=options.batch_size,
+            interleave=options.interleave, buffer_rows=options.shuffle_buffer_size)
+        shares = tuple(assign_shares(replays, ranges, grid.num_slots, assign))
+    limits = None
+    if even_batches:
+        limits = tuple(even_batch_limits([share.num_rows for share in shares], grid.world_size,
+                                         options.batch_size, options.drop_last))
+    return EpochLayout(epoch, grid, shares, limits, source)
+
+
+def replanned_source(old: EpochLayout, saved: Sequence[tuple[WorkerState, bool]], interleave: int,
+                     drops_rows: bool) -> ElasticSource:
+    """The rest of ``old.epoch`` as the states of every old slot (in slot order, each with whether its
+    loader had finished the epoch) left it: what an epoch re-planned for another topology starts from."""
+    epoch = old.epoch
+    cursors: list[Cursor | None] = []
+    for index, (state, finished) in enumerate(saved):
+        if state.epoch < epoch:  # it had not started the epoch: all of its share is left
+            cursors.append(Cursor.start(len(old.shares[index].splits), interleave))
+        elif finished or state.epoch_complete or (old.limits is not None and state.batches >= old.limits[index]):
+            cursors.append(None)
+        else:
+            cursors.append(state.cursor)
+    inside_windows = [i for i, c in enumerate(cursors) if c is not None and c.window_offset]
+    if inside_windows and drops_rows:
+        rank, worker = divmod(inside_windows[0], old.grid.workers_per_rank)
+        raise StateMismatchError(
+            f"elastic resume: the checkpoint's rank {rank} worker {worker} stood inside a shuffle window, and "
+            "with a filter the rows of a window are unknown before reading, so they cannot be re-planned; "
+            f"resume with world_size={old.grid.world_size}, num_workers={old.grid.num_workers} until the epoch "
+            "ends, then change")
+    return ElasticSource(epoch, old.grid.world_size, old.grid.num_workers, tuple(cursors))
+
+
+class Layouts:
+    """The layouts of one plan under one set of options, each computed once (the last few kept).
+
+    ``even_batches`` is the dataset's; a layout for a checkpoint of another topology may ask for
+    the checkpoint's own.
+    """
+
+    def __init__(self, plan: Plan, options: Options, even_batches: bool,
+                 assign: Assignment = assign_lpt) -> None:
+        self._plan, self._options, self._even_batches, self._assign = plan, options, even_batches, assign
+        self._kept: dict[tuple[Any, ...], EpochLayout] = {}
+
+    def layout(self, epoch: int, grid: SlotGrid, source: ElasticSource | None = None,
+               even_batches: bool | None = None) -> EpochLayout:
+        """The layout of ``epoch`` for ``grid`` (re-planned from ``source`` when given)."""
+        even = self._even_batches if even_batches is None else even_batches
+        key = (epoch, grid, source, even)
+        layout = self._kept.get(key)
+        if layout is None:
+            if len(self._kept) >= _KEPT:
+                del self._kept[next(iter(self._kept))]
+            layout = self._kept[key] = lay_out_epoch(self._plan, grid, epoch, self._options, even_batches=even,
+                                                     source=source, assign=self._assign)
+        return layout
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_kept"] = {}  # recomputed where needed: workers lay out only their own epochs
+        return state

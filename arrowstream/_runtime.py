@@ -1,0 +1,197 @@
+"""The worker runtime: what one process needs to read its slot, built once, and the epoch iterator.
+
+The loader hands its transport settings to the dataset in one call (:class:`Transport`); each
+process that reads (a worker, or the trainer with ``num_workers=0``) builds one
+:class:`WorkerRuntime` from the plan, the storage and the options: its readers, the read-ahead of
+remote splits, the converters to the output format and its meter. :class:`EpochIterator` is what
+``iter(dataset)`` returns: it is handed the runtime and how to open the slot's epoch, and reads
+nothing else of the dataset.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ._convert import make_converter, make_value_check
+from ._metrics import Board, Meter
+from ._reader import ReadAhead, SplitReader
+from ._transport import Chunk
+from ._watchdog import watch_trainer
+
+if TYPE_CHECKING:
+    from ._cursor import Cursor
+    from ._options import Options
+    from ._order import Slot
+    from ._planning import Plan
+    from ._state import WorkerState
+    from ._storage import Storage
+    from ._stream import EpochStream
+
+READ_BATCH_ROWS = 65536
+
+
+@dataclass(frozen=True)
+class Transport:
+    """How a worker hands its batches over, as the loader sets it (one call: ``dataset._use_transport``)."""
+
+    batches_per_transfer: int = 1  # consecutive batches per message (worker processes only)
+    send_chunks: bool = False  # workers send Chunks, which the loader unpacks
+    board: Board | None = field(default=None, compare=False)  # the loader's workers' metrics
+
+
+@dataclass(frozen=True)
+class WorkerRuntime:
+    """What one process reads its slots with; see :func:`build_runtime`."""
+
+    readers: list[SplitReader]
+    read_ahead: ReadAhead | None
+    meter: Meter
+    convert: Callable[[Any], Any]  # a record batch to a batch of the output format, ``transform`` applied
+    span_convert: Callable[[Any], Any] | None  # a chunk's batches as one span (no ``transform``: else None)
+    objects: str | None  # the output format a span's object columns are unpacked to by the trainer
+    numpy_as_torch: bool  # numpy arrays that the trainer makes tensors of (see _transport)
+    transport: Transport
+
+
+def numpy_as_torch(options: Options, transport: Transport, in_worker: bool) -> bool:
+    """Whether a worker sends numpy arrays that the trainer makes tensors of (see ``_transport``)."""
+    return (in_worker and transport.batches_per_transfer > 1 and options.transform is None
+            and options.output_format == "torch")
+
+
+def build_runtime(plan: Plan, storage: Storage, options: Options, fill_nulls: Any, transport: Transport,
+                  meter: Meter, *, worker_id: int | None, pickled_by: int | None) -> WorkerRuntime:
+    """Set up this process's readers and converters, once. ``worker_id``: this worker's, None in the
+    trainer's process; ``pickled_by``: the process that pickled the dataset for this worker, if it
+    came by pickle (spawn, forkserver), which the worker then watches."""
+    in_worker = worker_id is not None
+    if in_worker:
+        watch_trainer(pickled_by)
+        # the heap inherited from the trainer (torch, pyarrow, ...) never becomes garbage here;
+        # freezing it keeps the collector from walking it for every batch of Python objects
+        gc.freeze()
+    # one reader per interleaved split, each with a full read size: smaller reads of side-by-side
+    # splits would save a little memory but decode about 20% slower
+    read_rows = max(options.batch_size, READ_BATCH_ROWS)
+    prefetcher = storage.prefetcher
+    read_ahead = None if prefetcher is None else ReadAhead(plan, prefetcher, storage.read_ahead)
+    output_format = options.output_format
+    # values an output format cannot hold are found as read, where the file is known
+    check = make_value_check(output_format, plan.schema, fill_nulls)
+    readers = [SplitReader(plan, storage, read_rows, use_threads=not in_worker, read_ahead=read_ahead, meter=meter,
+                           check=check) for _ in range(options.interleave)]
+    as_torch = numpy_as_torch(options, transport, in_worker)
+    if as_torch:  # the trainer side makes the tensors (see _transport)
+        output_format = "numpy"
+    converter = make_converter(output_format, plan.schema, fill_nulls, in_worker=in_worker, torch_values=as_torch)
+    transform = options.transform
+    convert = converter if transform is None else (lambda batch: transform(converter(batch)))
+    span_convert = None if transform is not None else make_converter(
+        output_format, plan.schema, fill_nulls, in_worker=in_worker, objects_later=True, torch_values=as_torch)
+    objects = options.output_format if options.output_format in ("torch", "numpy", "dict") else None
+    return WorkerRuntime(readers, read_ahead, meter, convert, span_convert, objects, as_torch, transport)
+
+
+class OpenEpoch(NamedTuple):
+    """A slot's epoch, opened: its stream, the runtime it reads with, and the files read between two
+    of its cursors (asked only for error messages)."""
+
+    stream: EpochStream
+    runtime: WorkerRuntime
+    files_between: Callable[[Cursor, Cursor], list[str]]
+
+
+class EpochIterator:
+    """What ``iter(dataset)`` returns: binds the epoch on the first batch, so a ``set_epoch``
+    between ``iter()`` and the first ``next()`` (persistent workers, early ``state_dict``) counts.
+
+    Args:
+        slot: The (rank, worker) it reads for.
+        open_epoch: Opens the slot's stream of the dataset's epoch (from a loaded state, if any); see
+            :class:`OpenEpoch`.
+        before: The state before the first batch (the loaded one, or the epoch's start).
+    """
+
+    def __init__(self, slot: Slot, open_epoch: Callable[[], OpenEpoch], before: Callable[[], WorkerState]) -> None:
+        self._slot = slot
+        self._open_epoch = open_epoch
+        self._before = before
+        self._stream: EpochStream | None = None
+        self._runtime: WorkerRuntime | None = None
+        self._files_between: Callable[[Cursor, Cursor], list[str]] | None = None
+        self._left_at = 0.0  # when the last batch was handed over (0: none yet)
+
+    def __iter__(self) -> EpochIterator:
+        return self
+
+    def __next__(self) -> Any:
+        """The next batch (or chunk of batches), timed for the metrics: reading, converting, and
+        the time since the last one was handed over, which the worker spent waiting for the trainer."""
+        entered = perf_counter()
+        if self._stream is None:
+            self._stream, self._runtime, self._files_between = self._open_epoch()
+        stream, runtime = self._stream, self._runtime
+        assert runtime is not None
+        per_transfer = runtime.transport.batches_per_transfer
+        start = stream.position().cursor
+        if per_transfer == 1 or self._slot.num_workers == 0:
+            record = stream.next_record()
+            read = perf_counter()
+            out, rows, batches = runtime.convert(record), record.num_rows, 1
+            if runtime.transport.send_chunks and self._slot.num_workers > 0:  # packed in this thread, see _transport
+                out = Chunk(self._slot.worker_id, [out], [stream.position()], files=self._files_from(start))
+        else:
+            out, rows, batches, read = self._next_chunk(stream, runtime, per_transfer)
+            out.files = self._files_from(start)
+        done = perf_counter()
+        runtime.meter.batch(rows, batches, read - entered, done - read,
+                            entered - self._left_at if self._left_at else 0.0, done)
+        self._left_at = done
+        return out
+
+    def _next_chunk(self, stream: EpochStream, runtime: WorkerRuntime,
+                    per_transfer: int) -> tuple[Chunk, int, int, float]:
+        """Up to ``per_transfer`` batches, ending where the worker's batch count is a multiple of it,
+        so chunk boundaries do not move when a checkpoint falls inside a chunk; with their rows,
+        their number, and when reading ended (converting starts).
+
+        Without a transform the batches travel as one converted span that the trainer slices:
+        each column is converted and packed once per chunk instead of once per batch.
+        """
+        if runtime.span_convert is not None:
+            span, sizes, positions = stream.next_span(per_transfer - stream.batches % per_transfer)
+            read = perf_counter()
+            chunk = Chunk(self._slot.worker_id, [runtime.span_convert(span)], positions,
+                          numpy_as_torch=runtime.numpy_as_torch, sizes=sizes, objects=runtime.objects)
+            return chunk, span.num_rows, len(sizes), read
+        records, positions = [], []
+        while True:
+            try:
+                records.append(stream.next_record())
+            except StopIteration:
+                break
+            positions.append(stream.position())
+            if stream.batches % per_transfer == 0:
+                break
+        if not records:
+            raise StopIteration
+        read = perf_counter()
+        batches = [runtime.convert(record) for record in records]
+        return (Chunk(self._slot.worker_id, batches, positions, numpy_as_torch=runtime.numpy_as_torch),
+                sum(r.num_rows for r in records), len(records), read)
+
+    def _files_from(self, start: Cursor) -> Callable[[], list[str]]:
+        """The files read since cursor ``start``, asked only when a chunk cannot be sent."""
+        stream, files_between = self._stream, self._files_between
+        assert stream is not None and files_between is not None
+        end = stream.position().cursor
+        return lambda: files_between(start, end)
+
+    def state(self) -> WorkerState:
+        if self._stream is not None:
+            return self._stream.state()
+        return self._before()
