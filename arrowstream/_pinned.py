@@ -122,8 +122,11 @@ async def _refused(fs: Any, pin: Pin) -> FileChangedError:
     A file that is gone raises ``FileNotFoundError``, which callers report as a file that disappeared.
     """
     fs.invalidate_cache(pin.path)
+    # gcsfs's _info asks for the object and lists its folder at once (a race of 2 to 4 requests); its
+    # _get_object is the one GET of the object's metadata. S3's and Azure's _info is one HEAD.
+    lookup = getattr(fs, "_get_object", None) if _protocols(fs.protocol) & _GCS else None
     try:
-        info = await fs._info(pin.path)
+        info = await (lookup or fs._info)(pin.path)
     except FileNotFoundError:
         raise
     except Exception:  # noqa: BLE001 - what it is now only adds to the message; the refusal is the error
