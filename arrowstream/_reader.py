@@ -25,7 +25,7 @@ from ._metrics import Meter
 from ._pinned import Pin
 from ._planning import Plan, Split
 from ._prefetch import Prefetcher
-from ._retry import Attempts
+from ._retry import Attempts, forget_locals
 from ._storage import Storage
 from .errors import ArrowStreamError, CorruptFileError
 
@@ -153,11 +153,11 @@ class SplitReader:
                 if self._meter is not None:
                     self._meter.split_done(split.num_bytes)
                 return
-            except ArrowStreamError:   # already names the file and the remedy (a malformed text row)
-                self.close()
-                raise
             except Exception as exc:
                 self.close()
+                forget_locals(exc)
+                if isinstance(exc, ArrowStreamError):   # already names the file and the remedy (a malformed row)
+                    raise
                 self._check_unchanged(split)   # a local file changed under the read is named as changed
                 # retried from the row it stopped at, or a FileReadError (or the provider's error) saying why not
                 wait = attempts.after(exc, time.monotonic() - started, at=f" at row {offset}")

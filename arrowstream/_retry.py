@@ -18,6 +18,7 @@ import logging
 import math
 import random
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -131,10 +132,22 @@ def retrying(fn: Callable[[], T], attempts: Attempts) -> T:
         try:
             return fn()
         except Exception as exc:
+            forget_locals(exc)
             wait = attempts.after(exc, time.monotonic() - started)
             if wait is None:
                 raise
             time.sleep(wait)
+
+
+def forget_locals(exc: BaseException) -> None:
+    """Clear the local variables of the finished frames of ``exc``'s traceback (its lines stay).
+
+    pyarrow keeps the Python error raised under one of its reads (a file read through fsspec) in the
+    reader's C++ status, and the frames of that error hold the reader: a cycle through C++ that the garbage
+    collector cannot see, which would keep every failed attempt's reader, file, buffers and read-ahead
+    threads alive for as long as the process runs.
+    """
+    traceback.clear_frames(exc.__traceback__)
 
 
 class Attempts:
