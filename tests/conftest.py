@@ -20,13 +20,16 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "seeded"))
 
 from helpers import write_dataset
-from leaks import Snapshot
+from leaks import Snapshot, record_semaphores
 from servers import azure_server, gcs_server, s3_server, server_process_groups  # noqa: F401 (fixtures)
 
 # a test about to hit its timeout first makes every process below it print its stacks (workers
 # register the signal when this is set), so a hang in CI shows where each worker stood
 os.environ["ARROWSTREAM_STACKS_ON_SIGUSR1"] = "1"
 STACKS_BEFORE_TIMEOUT_S = 30
+
+
+record_semaphores()
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,9 @@ there after a short grace period (a DataLoader's workers take a moment to exit),
 - the object-store servers of the session (their process groups, ``servers.server_process_groups()``);
 - ``/dev/shm`` entries of processes outside this test process's tree: other test runs share the
   machine's ``/dev/shm``, so an entry still mapped or open by a process that is not ours, or named
-  by torch after a live process that is not ours (``torch_<pid>_...``), is theirs.
+  by torch after a live process that is not ours (``torch_<pid>_...``), is theirs; a semaphore
+  (``sem.mp-...``, named at random) is ours only if this process made it (:func:`record_semaphores`),
+  as another run's that its dead owner left for its resource tracker to remove is mapped by nobody.
 
 The cheap comparison runs after every test; the garbage collector, the grace period and the scan of
 ``/proc`` run only when something new is found.
@@ -27,6 +29,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 SHM = "/dev/shm"
 GRACE_S = 5.0
@@ -40,6 +43,25 @@ SESSION_THREADS = {
                             "started by the first GCS file opened",
 }
 _TORCH_SHM = re.compile(r"^torch_(\d+)_")
+
+
+_SEMAPHORES_MADE_HERE: set[str] = set()
+
+
+def record_semaphores() -> None:
+    """Note the ``/dev/shm`` name of every multiprocessing semaphore this process makes (a DataLoader's
+    queues), to tell them from other runs' (wraps ``SemLock.__init__``; call once, at session start)."""
+    from multiprocessing import synchronize
+
+    made = synchronize.SemLock.__init__
+
+    def recording(self: Any, *args: Any, **kwargs: Any) -> None:
+        made(self, *args, **kwargs)
+        name = getattr(self._semlock, "name", None)
+        if name:
+            _SEMAPHORES_MADE_HERE.add("sem." + name.lstrip("/"))
+
+    synchronize.SemLock.__init__ = recording
 
 
 def session_pools() -> set[threading.Thread]:
@@ -153,7 +175,7 @@ def _ours(names: set[str]) -> set[str]:
     if not names:
         return set()
     tree = {os.getpid(), *descendants(os.getpid())}
-    theirs: set[str] = set()
+    theirs = {name for name in names if name.startswith("sem.") and name not in _SEMAPHORES_MADE_HERE}
     for name in names:
         match = _TORCH_SHM.match(name)
         if match and int(match.group(1)) not in tree and os.path.exists(f"/proc/{match.group(1)}"):

@@ -60,3 +60,19 @@ def test_a_shared_memory_entry_left_behind_is_found_unless_another_process_holds
     finally:
         os.unlink(path)
     assert before.leaks(set(), grace_s=0.2) == []
+
+
+def test_a_semaphore_is_ours_only_if_this_process_made_it():
+    import multiprocessing
+
+    before = Snapshot.take()
+    lock = multiprocessing.get_context("spawn").Lock()   # named in /dev/shm until it is collected
+    foreign = os.path.join(SHM, f"sem.mp-{uuid.uuid4().hex[:8]}")   # as another run's, left by a dead owner
+    with open(foreign, "wb"):
+        pass
+    try:
+        assert before.leaks(set(), grace_s=0.2) == [f"{SHM}/sem.{lock._semlock.name.lstrip('/')}"]
+    finally:
+        os.unlink(foreign)
+        del lock
+    assert before.leaks(set(), grace_s=0.2) == []
