@@ -195,5 +195,5 @@ def test_failed_reads_leave_nothing_the_garbage_collector_cannot_free(flaky_data
     _FlakyFile.fail_every = 0
     del dataset
     gc.collect()
-    assert [o for o in gc.get_objects() if isinstance(o, ConnectionResetError)] == []
+    assert [o for o in gc.get_objects() if type(o) is ConnectionResetError] == []
     assert not [t for t in threading.enumerate() if t.name.startswith("arrowstream-read-ahead")]
