@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._failures import is_expired_credentials, is_transient, wrap_read_error
+from ._failures import wrap_read_error
 from ._formats import UnitFile, name_units, unit_format
 from ._metrics import Meter
 from ._piece import Piece  # also importable from here, its old home
@@ -24,8 +24,8 @@ from ._pinned import Pin
 from ._plan_types import Split
 from ._planning import Plan
 from ._prefetch import Prefetcher
-from ._retry import Attempts
-from ._storage import MAX_REFRESHES, Storage, logger
+from ._retry import Attempts, forget_locals
+from ._storage import Storage
 from .errors import ArrowStreamError, CorruptFileError
 
 _ROW_INDEX = "__arrowstream_source_offset"
@@ -111,10 +111,9 @@ class SplitReader:
                 self._read_ahead.finished(position)
 
     def _read_retrying(self, split: Split, position: int, offset: int) -> Iterator[Piece]:
-        refreshes = 0
         url = self._plan.url(split.file_index)
         policy = self._storage.retry
-        attempts = Attempts(policy, url, policy.split_deadline, per="split")
+        attempts = Attempts(policy, url, policy.split_deadline, per="split", credentials=self._storage)
         while offset < split.num_rows:
             started = time.monotonic()   # time lost to a failure counts from here, or from the last piece
             try:
@@ -126,26 +125,18 @@ class SplitReader:
                 if self._meter is not None:
                     self._meter.split_done(split.num_bytes)
                 return
-            except ArrowStreamError:   # already names the file and the remedy (a malformed text row)
-                self.close()
-                raise
             except Exception as exc:
                 self.close()
+                forget_locals(exc)
+                if isinstance(exc, ArrowStreamError):   # already names the file and the remedy (a malformed row)
+                    raise
                 self._check_unchanged(split)   # a local file changed under the read is named as changed
-                url = self._plan.url(split.file_index)
-                if refreshes < MAX_REFRESHES and is_expired_credentials(exc) and self._storage.refresh_credentials(url):
-                    logger.warning("credentials expired reading %s at row %d; asked the credential provider again",
-                                   url, offset)
-                    refreshes += 1
-                    continue
-                if is_transient(exc):   # retried from the row it stopped at, or a FileReadError saying why not
-                    time.sleep(attempts.failed(exc, time.monotonic() - started))
-                    continue
-                failure = self._storage.credential_failure(exc, url, refreshes)  # the provider's, named
-                if failure is not None:
-                    raise failure from exc
-                label = unit_format(self._plan.files[split.file_index].format).label
-                raise wrap_read_error(exc, url, label) from exc
+                # retried from the row it stopped at, or a FileReadError (or the provider's error) saying why not
+                wait = attempts.after(exc, time.monotonic() - started, at=f" at row {offset}")
+                if wait is None:
+                    label = unit_format(self._plan.files[split.file_index].format).label
+                    raise wrap_read_error(exc, url, label) from exc
+                time.sleep(wait)
 
     def _check_unchanged(self, split: Split) -> None:
         with contextlib.suppress(FileNotFoundError):   # a file that disappeared is named as such by the caller

@@ -5,6 +5,11 @@ turned down to one attempt when a filesystem is opened (``_backends.py``), so a 
 ``attempts`` requests, not attempts to the power of three. Each request is cut after ``timeout``
 seconds without a byte (connect or read); the attempts of one request stop at ``deadline``, those
 of one split when the split has lost ``split_deadline`` seconds to failures and waits.
+
+:class:`Attempts` is the one place that decides, after a failure, between waiting and trying again,
+asking the credential provider again (expired credentials, at most :data:`MAX_REFRESHES` times) and
+giving up with an error that says why: :func:`retrying` runs a request through it, and the split
+reader (``_reader.py``) a split, resuming from the row it stopped at.
 """
 
 from __future__ import annotations
@@ -13,16 +18,29 @@ import logging
 import math
 import random
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
-from ._failures import failure_kind, is_transient, retry_after, throttle_label
-from .errors import ArgumentTypeError, FileReadError, InvalidArgumentError
+from ._failures import failure_kind, is_expired_credentials, is_transient, retry_after, throttle_label
+from .errors import ArgumentTypeError, ArrowStreamError, FileReadError, InvalidArgumentError
 
 logger = logging.getLogger("arrowstream")
 
 T = TypeVar("T")
+
+MAX_REFRESHES = 3  # credential refreshes of one request or split before an expired-credentials error is raised
+
+
+class Credentials(Protocol):
+    """What a retry asks of the storage about credentials (``Storage`` in ``_storage.py``)."""
+
+    def refresh_credentials(self, what: str = "") -> bool:
+        """Ask the credential provider again and reopen the filesystem; False without a provider."""
+
+    def credential_failure(self, exc: BaseException, what: str, refreshes: int) -> Exception | None:
+        """The provider's part in a failure that outlasted retries and refreshes, as an error; None if none."""
 
 
 @dataclass(frozen=True)
@@ -96,33 +114,83 @@ class RetryPolicy:
         base = self.throttle_delay if exc is not None and failure_kind(exc) == "throttled" else self.base_delay
         return float(rng() * min(self.max_delay, base * 2 ** min(failures - 1, 64)))
 
-    def call(self, fn: Callable[[], T], what: str) -> T:
-        """Run ``fn``; retry transient errors within the attempts and the deadline.
+    def call(self, fn: Callable[[], T], what: str, credentials: Credentials | None = None) -> T:
+        """Run ``fn``; retry transient errors within the attempts and the deadline, and refresh expired
+        credentials through ``credentials`` (at most :data:`MAX_REFRESHES` times).
 
         Raises:
             FileReadError: transient errors outlasted the attempts or the deadline; it names ``what``
                 and says how often and how long it was tried.
         """
-        attempts = Attempts(self, what, self.deadline, per="request")
-        while True:
-            started = time.monotonic()
-            try:
-                return fn()
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise
-                time.sleep(attempts.failed(exc, time.monotonic() - started))
+        return retrying(fn, Attempts(self, what, self.deadline, per="request", credentials=credentials))
+
+
+def retrying(fn: Callable[[], T], attempts: Attempts) -> T:
+    """Run ``fn`` until it returns or ``attempts`` gives up (see :meth:`Attempts.after`)."""
+    while True:
+        started = time.monotonic()
+        try:
+            return fn()
+        except Exception as exc:
+            forget_locals(exc)
+            wait = attempts.after(exc, time.monotonic() - started)
+            if wait is None:
+                raise
+            time.sleep(wait)
+
+
+def forget_locals(exc: BaseException) -> None:
+    """Clear the local variables of the finished frames of ``exc``'s traceback (its lines stay).
+
+    pyarrow keeps the Python error raised under one of its reads (a file read through fsspec) in the
+    reader's C++ status, and the frames of that error hold the reader: a cycle through C++ that the garbage
+    collector cannot see, which would keep every failed attempt's reader, file, buffers and read-ahead
+    threads alive for as long as the process runs.
+    """
+    traceback.clear_frames(exc.__traceback__)
 
 
 class Attempts:
-    """The failed attempts of one request (or one split read) under a policy; raises when they run out."""
+    """The failed attempts of one request (or one split read) under a policy: what to do after each
+    failure (:meth:`after`); raises when they run out."""
 
-    def __init__(self, policy: RetryPolicy, what: str, deadline: float, per: str) -> None:
+    def __init__(self, policy: RetryPolicy, what: str, deadline: float, per: str,
+                 credentials: Credentials | None = None) -> None:
         self.policy, self.what, self.deadline, self.per = policy, what, deadline, per
+        self.credentials = credentials
         self.in_a_row = 0          # failures since the last progress (a piece read)
         self.total = 0             # all failures
         self.spent = 0.0           # seconds lost to failed attempts and waits
+        self.refreshes = 0         # credential refreshes
         self.kinds: list[str] = []
+
+    def after(self, exc: Exception, lost: float, at: str = "") -> float | None:
+        """What to do after ``exc`` ended an attempt that cost ``lost`` seconds (``at``: where, for the log).
+
+        Returns:
+            The seconds to wait before the next attempt (0 right after the credentials were refreshed),
+            or None when ``exc`` is not retried: the caller raises it (wrapped as it sees fit). An
+            arrowstream error already says what happened and is never retried.
+
+        Raises:
+            FileReadError: transient errors outlasted the attempts or the deadline.
+            ArrowStreamError: the credential provider's part in the failure (still expired after
+                refreshes, or options the backend could not use), naming it.
+        """
+        if isinstance(exc, ArrowStreamError):
+            return None
+        credentials = self.credentials
+        if (credentials is not None and self.refreshes < MAX_REFRESHES and is_expired_credentials(exc)
+                and credentials.refresh_credentials(self.what)):
+            self.refreshes += 1
+            logger.warning("credentials expired reading %s%s; asked the credential provider again", self.what, at)
+            return 0.0
+        if is_transient(exc):
+            return self.failed(exc, lost)
+        failure = None if credentials is None else credentials.credential_failure(exc, self.what, self.refreshes)
+        if failure is not None:
+            raise failure from exc
+        return None
 
     def progressed(self) -> None:
         """A piece was read: the next failure starts a new row of attempts."""

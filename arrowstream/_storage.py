@@ -23,7 +23,7 @@ from ._failures import is_expired_credentials
 from ._pinned import Pin, check_in_process
 from ._prefetch import PartsFile, Prefetcher
 from ._retry import RetryPolicy
-from .errors import ArrowStreamError, MissingDependencyError
+from .errors import MissingDependencyError
 
 if TYPE_CHECKING:
     from ._discovery import FileEntry
@@ -33,7 +33,6 @@ logger = logging.getLogger("arrowstream")
 T = TypeVar("T")
 
 _LOCAL_PROTOCOLS = frozenset({"file", "local"})
-MAX_REFRESHES = 3  # credential refreshes in a row before an expired-credentials error is raised
 _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure",
            "abfss": "azure", "adl": "azure"}
 def display_url(protocol: str, path: str) -> str:
@@ -120,21 +119,7 @@ class Storage:
 
     def call(self, fn: Callable[[], T], what: str) -> T:
         """Run ``fn`` with retries of transient errors, refreshing expired credentials (at most 3 times)."""
-        refreshes = 0
-        while True:
-            try:
-                return self.retry.call(fn, what)
-            except ArrowStreamError:
-                raise
-            except Exception as exc:
-                if refreshes < MAX_REFRESHES and is_expired_credentials(exc) and self.refresh_credentials(what):
-                    refreshes += 1
-                    logger.warning("credentials expired reading %s; asked the credential provider again", what)
-                    continue
-                failure = self.credential_failure(exc, what, refreshes)
-                if failure is not None:
-                    raise failure from exc
-                raise
+        return self.retry.call(fn, what, credentials=self)
 
     def pin(self, entry: FileEntry) -> Pin:
         """What the reads of ``entry`` are pinned to: its planned size and version."""

@@ -20,12 +20,26 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "seeded"))
 
 from helpers import write_dataset
+from leaks import Snapshot, record_semaphores
 from servers import azure_server, gcs_server, s3_server, server_process_groups  # noqa: F401 (fixtures)
 
 # a test about to hit its timeout first makes every process below it print its stacks (workers
 # register the signal when this is set), so a hang in CI shows where each worker stood
 os.environ["ARROWSTREAM_STACKS_ON_SIGUSR1"] = "1"
 STACKS_BEFORE_TIMEOUT_S = 30
+
+
+record_semaphores()
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_behind(request):
+    """Fail a test that leaves threads, child processes or ``/dev/shm`` entries behind (see tests/leaks.py)."""
+    before = Snapshot.take()
+    yield
+    leaks = before.leaks(server_process_groups())
+    if leaks:
+        pytest.fail(f"{request.node.nodeid} left behind: {'; '.join(leaks)}", pytrace=False)
 
 
 def _descendants(pid: int) -> list[int]:
@@ -77,6 +91,7 @@ def _stacks_before_timeout(request):
     timer.start()
     yield
     timer.cancel()
+    timer.join()   # ended before the leak check looks for threads left behind
 
 
 @pytest.fixture

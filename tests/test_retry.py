@@ -169,3 +169,47 @@ def test_opened_filesystems_make_one_attempt_per_call():
     config = azure.service_client._config
     assert config.retry_policy.total_retries == 0
     assert (config.transport.connection_config.timeout, config.transport.connection_config.read_timeout) == (7.0, 7.0)
+
+
+class Failing:
+    """A request that raises the given errors in turn, then returns "done"."""
+
+    def __init__(self, *errors_in_turn: Exception) -> None:
+        self.left, self.calls = list(errors_in_turn), 0
+
+    def __call__(self) -> str:
+        self.calls += 1
+        if self.left:
+            raise self.left.pop(0)
+        return "done"
+
+
+def test_one_decision_after_a_failure_for_requests_and_splits(caplog):
+    """Attempts.after decides for a request (Storage.call) and a split (SplitReader) alike: wait and try
+    again, ask the credential provider again, or give up with an error that says why."""
+    from arrowstream._retry import MAX_REFRESHES
+    from arrowstream._storage import Storage
+
+    asked = []
+    storage = Storage("memory", credential_provider=lambda: asked.append(1) or {})
+    expired = PermissionError("ExpiredToken: The provided token has expired.")
+    reset = ConnectionResetError(104, "Connection reset by peer")
+    split = Attempts(RetryPolicy(attempts=2, base_delay=0.0), "memory://b/k", 10.0, per="split", credentials=storage)
+    assert split.after(reset, lost=0.1) == 0.0
+    assert [split.after(expired, lost=0.1, at=" at row 7") for _ in range(MAX_REFRESHES)] == [0.0] * MAX_REFRESHES
+    assert len(asked) == MAX_REFRESHES and "reading memory://b/k at row 7; asked the credential provider" in caplog.text
+    with pytest.raises(errors.FileReadError, match=r"^memory://b/k: credential_provider .* returned expired "
+                                                   r"credentials 3 times in a row"):
+        split.after(expired, lost=0.1)
+    with pytest.raises(errors.FileReadError, match=r"2 failed attempts"):   # a refresh is no progress: in a row
+        split.after(reset, lost=0.1)
+    for error in (errors.CorruptFileError("memory://b/k: bad"), FileNotFoundError("b/k"), expired):
+        assert Attempts(RetryPolicy(), "memory://b/k", 10.0, per="request").after(error, lost=0.0) is None
+
+    # a request: the same decisions, in one budget of attempts with its refreshes (as a split's)
+    quick = RetryPolicy(attempts=2, base_delay=0.0)
+    assert quick.call(Failing(expired, reset, expired), "memory://b/k", credentials=storage) == "done"
+    with pytest.raises(errors.FileReadError, match=r"^memory://b/k: storage kept failing .*2 failed attempts"):
+        quick.call(Failing(reset, expired, reset), "memory://b/k", credentials=storage)
+    with pytest.raises(PermissionError):   # no provider to ask: the store's answer, as it is
+        quick.call(Failing(expired), "memory://b/k")

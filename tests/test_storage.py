@@ -6,8 +6,10 @@ schedule: a local disk or a loopback server cannot produce connection resets on 
 
 from __future__ import annotations
 
+import gc
 import io
 import logging
+import threading
 from typing import ClassVar
 
 import fsspec
@@ -179,3 +181,19 @@ def _record_storage_pid(batch):
     import os
 
     return {"pid": os.getpid()}
+
+
+def test_failed_reads_leave_nothing_the_garbage_collector_cannot_free(flaky_dataset):
+    """pyarrow keeps the error raised under its read, and the error's frames hold the reader: the retry loops
+    clear those frames, or every failed attempt (retried or not) would keep its reader, file and read-ahead."""
+    dataset = StructuredDataset(flaky_dataset, batch_size=100, retry=RetryPolicy(base_delay=0.001))
+    _FlakyFile.fail_every = 3
+    assert sum(len(batch["id"]) for batch in dataset) == 2200
+    _FlakyFile.fail_every = 1
+    with pytest.raises(errors.FileReadError, match=r"kept failing"):
+        list(dataset)
+    _FlakyFile.fail_every = 0
+    del dataset
+    gc.collect()
+    assert [o for o in gc.get_objects() if type(o) is ConnectionResetError] == []
+    assert not [t for t in threading.enumerate() if t.name.startswith("arrowstream-read-ahead")]
