@@ -15,22 +15,32 @@ from ._convert import check_output_columns, resolve_fill_nulls
 from ._credentials import as_provider
 from ._cursor import Cursor
 from ._elastic import share_runs
-from ._layout import EpochLayout, Layouts, replanned_source, slot_yields
+from ._layout import (
+    EpochLayout,
+    Layouts,
+    batch_limits,
+    batches_left,
+    check_known,
+    rows_dropped,
+    rows_trimmed,
+    slot_rows,
+    slot_yields,
+)
 from ._metrics import Meter
 from ._options import Options, check_bool, check_int, validate_options
-from ._order import Slot, SlotGrid, even_batch_limits, natural_batches, slot_row_counts
+from ._order import Slot, SlotGrid
 from ._plan_types import Split
 from ._planning import Plan
-from ._position import check_in_plan
+from ._resume import checked_state, loaded_state, pending_for_epoch, replanned_epoch
 from ._retry import RetryPolicy
 from ._runtime import EpochIterator, OpenEpoch, Transport, WorkerRuntime, build_runtime
 from ._shm import guard_feeder, share
 from ._source import FileSource, Source, check_file_format
-from ._state import ElasticSource, WorkerState, check_compatible, check_slot
+from ._state import ElasticSource, WorkerState
 from ._storage import Storage
 from ._stream import EpochStream
 from ._topology import resolve_topology
-from .errors import ArgumentTypeError, InvalidArgumentError, StateMismatchError
+from .errors import ArgumentTypeError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from .loader import ArrowStreamDataLoader
@@ -306,16 +316,12 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
 
     def slot_rows(self, num_workers: int = 0) -> list[int]:
         """Rows (before the filter) each slot reads per epoch, for every (rank, worker) slot."""
-        num_slots = self._grid(num_workers).num_slots
-        return slot_row_counts([s.num_rows for s in self._plan.splits_for(num_slots)], num_slots)
+        return slot_rows(self._plan, self._grid(num_workers))
 
     def batch_limits(self, num_workers: int = 0) -> list[int] | None:
         """Batches each slot may yield per epoch under ``even_batches`` (every slot of every rank);
         ``None`` when the batches are not evened out (one rank, or ``even_batches=False``)."""
-        if not self._even_batches:
-            return None
-        return even_batch_limits(self.slot_rows(num_workers), self._world_size, self._options.batch_size,
-                                 self._options.drop_last)
+        return batch_limits(self.slot_rows(num_workers), self._world_size, self._options, self._even_batches)
 
     def slot_yields(self, num_workers: int = 0) -> list[tuple[int, int, int]]:
         """Per (rank, worker) slot of every rank, in an epoch planned for this topology: its rows, the
@@ -329,32 +335,19 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         layout = self._epoch_layout(self.epoch, self._grid(num_workers))
         return layout.yields(self._rank, self._options.batch_size, self._options.drop_last)
 
-    def _check_known(self, what: str) -> None:
-        if self._options.drops_rows:
-            raise TypeError(f"the {what} unknown before reading: the filter (or bad_rows='skip') decides how many "
-                            "rows each worker yields")
-
     def rows_dropped_per_epoch(self, num_workers: int = 0) -> int:
         """Rows ``drop_last`` drops each epoch on this rank (each worker's short last batch)."""
-        if not self._options.drop_last:
-            return 0
-        self._check_known("rows drop_last drops are")
-        size = self._options.batch_size
-        return sum(r % size for r, limit, _ in self._rank_yields(num_workers) if limit == r // size)
+        return rows_dropped(self._rank_yields(num_workers), self._options)
 
     def rows_trimmed_per_epoch(self, num_workers: int = 0) -> int:
         """Rows ``even_batches`` leaves out each epoch on this rank, so that every rank yields
         the same number of batches (the last rows of the workers with the most batches)."""
-        if not self._even_batches:
-            return 0
-        size, drop_last = self._options.batch_size, self._options.drop_last
-        return sum(r - kept for r, limit, kept in self._rank_yields(num_workers)
-                   if limit < natural_batches(r, size, drop_last))
+        return rows_trimmed(self._rank_yields(num_workers), self._options, self._even_batches)
 
     def num_batches(self, num_workers: int = 0) -> int:
         """Exact batches per epoch on this rank; ``TypeError`` when a filter makes it unknowable.
         With ``even_batches`` (the default on more than one rank) every rank has the same number."""
-        self._check_known("number of batches is")
+        check_known(self._options, "number of batches is")
         return sum(limit for _, limit, _ in self._rank_yields(num_workers))
 
     # -- iteration ----------------------------------------------------------------------------
@@ -401,16 +394,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
 
     def _open(self, slot: Slot, pending: WorkerState | None) -> OpenEpoch:
         epoch = self.epoch
-        if pending is not None:
-            check_slot(pending, slot)
-            if not (pending.epoch == epoch or (epoch > pending.epoch and self._nothing_left(pending, slot))):
-                raise StateMismatchError(
-                    f"the checkpoint is in epoch {pending.epoch} "
-                    f"({'complete' if pending.epoch_complete else 'mid-epoch'}) but the dataset is set to "
-                    f"epoch {epoch}; call dataset.set_epoch({pending.epoch}) before iterating to finish the "
-                    "saved epoch, or start without loading the checkpoint")
-            if pending.epoch != epoch:
-                pending = None
+        pending = pending_for_epoch(self, pending, slot, epoch)
         return OpenEpoch(self._stream(slot, epoch, pending), self._worker_runtime(),
                          functools.partial(self._files_between, slot, epoch))
 
@@ -428,27 +412,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         ``None`` when a filter (or ``bad_rows='skip'``) decides, which only reading tells."""
         if state.epoch_complete:
             return 0
-        layout = self._layouts.layout(state.epoch, slot.grid, state.elastic)
-        share, limit = layout.share(slot), layout.limit(slot)
-        at_end = (state.cursor.replay_index >= len(share.replays)
-                  and state.cursor.at_end([s.num_rows for s in share.splits]))
-        allowed = None if limit is None else max(limit - state.batches, 0)
-        if at_end or allowed == 0:
-            return 0
-        if self._options.drops_rows:
-            return None
-        left = natural_batches(share.num_rows - state.rows - state.rows_dropped, self._options.batch_size,
-                               self._options.drop_last)
-        return left if allowed is None else min(left, allowed)
-
-    def _nothing_left(self, state: WorkerState, slot: Slot) -> bool:
-        """True when a worker state has handed out every row of its epoch it ever will."""
-        left = self.batches_left(state, slot)
-        if left is not None:
-            return left == 0
-        wanted = self._options.batch_size if self._options.drop_last else 1  # fewer rows than that: none
-        # the filter decides what is left: look ahead from the cursor (the rows a resumed run reads first)
-        return not self._stream(slot, state.epoch, state).holds(wanted)
+        return batches_left(self._layouts.layout(state.epoch, slot.grid, state.elastic), state, slot, self._options)
 
     def _elastic_source(self, epoch: int) -> ElasticSource | None:
         return self._elastic if self._elastic is not None and self._elastic.epoch == epoch else None
@@ -510,11 +474,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         The state is checked against the plan here too, for a plain ``StatefulDataLoader``
         (``ArrowStreamDataLoader.load_state_dict`` has checked it already, in the main process).
         """
-        saved = WorkerState.from_dict(state_dict)
-        self._follow_source(saved)
-        check_compatible(saved, self._data, self._state_options)
-        if saved.slot == self._slot():  # another slot's state is refused when the epoch opens (check_slot)
-            check_in_plan(self, saved, "worker state")
+        saved = loaded_state(self, state_dict, self._slot())
         self._pending = saved
         self._active = None
 
@@ -528,31 +488,13 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         ``where`` names the state in errors; ``done`` says why the checkpoint counts the worker as done
         with its epoch, which it then must be.
         """
-        saved = WorkerState.from_dict(state_dict, where)
-        self._follow_source(saved)
-        options = self._state_options
-        if elastic:
-            options = {**options, "even_batches": saved.options.get("even_batches")}
-        check_compatible(saved, self._data, options)
-        if slot is not None:
-            if saved.slot != slot:
-                raise StateMismatchError(
-                    f"the {where} belongs to rank {saved.slot.rank} worker {saved.slot.worker_id} of world_size="
-                    f"{saved.slot.world_size}, num_workers={saved.slot.num_workers}, but stands where the checkpoint "
-                    f"keeps rank {slot.rank} worker {slot.worker_id} of world_size={slot.world_size}, num_workers="
-                    f"{slot.num_workers}; pass the dict returned by loader.state_dict() (or merge_state_dicts) unchanged")
-            if not (elastic and saved.elastic is not None):  # a re-planned epoch re-planned again is refused
-                check_in_plan(self, saved, where, done)
-        return saved
+        return checked_state(self, state_dict, elastic, slot, where, done)
 
     def begin_elastic_epoch(self, epoch: int, world_size: int, num_workers: int,
                             saved: list[tuple[WorkerState, bool]]) -> None:
         """Re-plan the rest of ``epoch`` from the states of every old (rank, worker) slot, in slot
         order (each with whether its loader had finished the epoch), for this topology."""
-        # the epoch as the old topology read it, with its own even_batches
-        old = self._layouts.layout(epoch, SlotGrid(world_size, num_workers),
-                                   even_batches=bool(saved and saved[0][0].options.get("even_batches")))
-        self._elastic = replanned_source(old, saved, self._options.interleave, self._options.drops_rows)
+        self._elastic = replanned_epoch(self, epoch, world_size, num_workers, saved)
         self._pending, self._active = None, None
 
     def __getstate__(self) -> dict[str, Any]:
