@@ -10,11 +10,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ._collective import agree, callable_name, collective_world_size, fingerprint_of, share_from_rank0
+from ._collective import agree, collective_world_size, fingerprint_of, plan_arguments, share_from_rank0
 from ._convert import check_output_columns, resolve_fill_nulls
 from ._credentials import as_provider
 from ._cursor import Cursor
-from ._elastic import share_runs
 from ._layout import (
     EpochLayout,
     Layouts,
@@ -27,13 +26,13 @@ from ._layout import (
     slot_yields,
 )
 from ._metrics import Meter
-from ._options import Options, check_bool, check_int, validate_options
+from ._options import Options, check_bool, check_even_batches, check_int, check_storage_arguments, validate_options
 from ._order import Slot, SlotGrid
 from ._plan_types import Split
 from ._planning import Plan
 from ._resume import checked_state, loaded_state, pending_for_epoch, replanned_epoch
 from ._retry import RetryPolicy
-from ._runtime import EpochIterator, OpenEpoch, Transport, WorkerRuntime, build_runtime
+from ._runtime import EpochIterator, OpenEpoch, Transport, WorkerRuntime, build_runtime, files_between, open_stream
 from ._shm import guard_feeder, share
 from ._source import FileSource, Source, check_file_format
 from ._state import ElasticSource, WorkerState
@@ -156,11 +155,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             shuffle_buffer_size=shuffle_buffer_size, interleave=interleave, columns=columns, filter=filter,
             output_format=output_format, transform=transform, drop_last=drop_last, split_bytes=split_bytes,
             fill_nulls=fill_nulls, parse_options=parse_options)
-        if storage_options is not None and not isinstance(storage_options, dict):
-            raise ArgumentTypeError(f"storage_options: expected a dict, got {type(storage_options).__name__}")
-        if credential_provider is not None and not callable(credential_provider):
-            raise ArgumentTypeError(f"credential_provider: expected a callable returning storage options, got "
-                                    f"{type(credential_provider).__name__}")
+        check_storage_arguments(storage_options, credential_provider)
         # wrapped once: its picklability is checked here, for loaders that start workers by spawn or forkserver
         self._credential_provider = as_provider(credential_provider)
         self._source: Source = source or FileSource(path, format, storage_options, self._credential_provider)
@@ -174,14 +169,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._collective = not plan_locally and collective_world_size() > 1
         self._rank, self._world_size = self._topology.data_rank, self._topology.data_world_size
         # with one reader of distinct data there is nothing to even out
-        self._even_batches = check_bool("even_batches", even_batches) and self._world_size > 1
-        if self._even_batches and self._options.drops_rows:
-            raise InvalidArgumentError(
-                f"even_batches: with world_size={self._world_size} and a filter (filter= or row_filter=, or "
-                "parse_options bad_rows='skip'), the batches each rank yields "
-                "are unknown before reading, so they cannot be evened out from metadata. Pass "
-                "even_batches=False and keep ranks in step yourself (torch.distributed.algorithms.Join), "
-                "or filter in transform= instead")
+        self._even_batches = check_even_batches(even_batches, self._world_size, self._options)
         self._state_options = {**self._options.state_options(), "even_batches": self._even_batches}
         self._read_ahead_depth = check_int("read_ahead", read_ahead, 0)
         # shared, so that set_epoch reaches persistent workers
@@ -208,16 +196,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
     def _arguments(self) -> dict[str, Any]:
         """What decides the plan and the batches, compared between ranks: the source's (no credentials), the
         options and the topology; ``transform`` is compared by its qualified name."""
-        options = self._options
-        return {**self._source.arguments(), "format": options.format, "batch_size": options.batch_size,
-                "shuffle": options.shuffle, "seed": options.seed, "shuffle_buffer_size": options.shuffle_buffer_size,
-                "interleave": options.interleave, "drop_last": options.drop_last, "split_bytes": options.split_bytes,
-                "columns": options.columns and list(options.columns),
-                "filter": None if options.filter is None else str(options.filter),
-                "parse_options": None if options.parse_options is None else options.parse_options.state(),
-                "output_format": options.output_format, "transform": callable_name(options.transform),
-                "fill_nulls": options.fill_nulls, "even_batches": self._even_batches,
-                "world_size": self._topology.world_size, "group_size": self._topology.group_size}
+        return plan_arguments(self._source.arguments(), self._options, self._even_batches,
+                              self._topology.world_size, self._topology.group_size)
 
     def _use_plan(self, storage: Storage, plan: Plan) -> None:
         self._storage, self._plan = storage.reading(self._read_ahead_depth, self._options.interleave), plan
@@ -428,29 +408,13 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
 
     def _files_between(self, slot: Slot, epoch: int, start: Cursor, end: Cursor) -> list[str]:
         """The files of the splits a worker read from cursor ``start`` to ``end`` (for error messages)."""
-        layout = self._epoch_layout(epoch, slot.grid)
-        if layout.replanned:
-            return [f"the files of worker slot {slot.index} (re-planned epoch {epoch})"]
-        splits = layout.share(slot).splits
-        first = min([index for index, _ in start.lanes] + [start.next_split_index])
-        last = min(max(end.next_split_index, first + 1), len(splits))
-        return [self._plan.url(index) for index in sorted({splits[i].file_index for i in range(first, last)})]
+        return files_between(self._plan, self._epoch_layout(epoch, slot.grid), slot, start, end)
 
     def _stream(self, slot: Slot, epoch: int, start: WorkerState | None) -> EpochStream:
         runtime = self._worker_runtime()
-        options = self._options
         start = start or self._initial_state(slot, epoch)
-        layout = self._layouts.layout(epoch, slot.grid, start.elastic)
-        share = layout.share(slot)
-        if runtime.read_ahead is not None:  # replays and ranges of another topology: no read-ahead
-            runtime.read_ahead.begin(() if layout.replanned else share.splits)
-        runs = share_runs(runtime.readers, share, seed=options.seed, epoch=epoch, slot=slot,
-                          batch_size=options.batch_size, interleave=options.interleave,
-                          buffer_rows=options.shuffle_buffer_size, start=start.cursor)
-        end = Cursor((), len(share.splits), replay_index=len(share.replays))
-        return EpochStream(runs=runs, end=end, batch_size=options.batch_size, drop_last=options.drop_last,
-                           max_batches=layout.limit(slot), convert=runtime.convert, data=self._data,
-                           options=self._state_options, epoch=epoch, slot=slot, start=start)
+        return open_stream(runtime, self._layouts.layout(epoch, slot.grid, start.elastic), slot, start,
+                           self._options, self._data, self._state_options)
 
     # -- state --------------------------------------------------------------------------------
 
