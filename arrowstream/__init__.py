@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from . import errors
 from ._checkpoint import gather_state_dict, merge_state_dicts
-from ._iceberg import default_catalog_config as iceberg_catalog_config
+from ._iceberg_table import default_catalog_config as iceberg_catalog_config
 from ._metrics import gather_metrics
 from ._retry import RetryPolicy
 from .dataset import StructuredDataset

@@ -24,9 +24,12 @@ import os
 import weakref
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from .errors import ArrowStreamError, InvalidArgumentError, TopologyError
+
+if TYPE_CHECKING:
+    from ._options import Options
 
 TIMEOUT_VARIABLE = "ARROWSTREAM_HANDSHAKE_TIMEOUT"
 DEFAULT_TIMEOUT_S = 300.0  # ranks reach the constructor seconds apart; a rank absent 5 minutes is not coming
@@ -106,6 +109,21 @@ def path_names(path: Any) -> Any:
     if not isinstance(name, str):
         return name
     return (name.rstrip("/") or name) if "://" in name else os.path.normpath(name)
+
+
+def plan_arguments(source_arguments: dict[str, Any], options: Options, even_batches: bool, world_size: int,
+                   group_size: int) -> dict[str, Any]:
+    """What decides a dataset's plan and batches, compared between ranks: the source's arguments (no
+    credentials), the options and the topology; ``transform`` is compared by its qualified name."""
+    return {**source_arguments, "format": options.format, "batch_size": options.batch_size,
+            "shuffle": options.shuffle, "seed": options.seed, "shuffle_buffer_size": options.shuffle_buffer_size,
+            "interleave": options.interleave, "drop_last": options.drop_last, "split_bytes": options.split_bytes,
+            "columns": options.columns and list(options.columns),
+            "filter": None if options.filter is None else str(options.filter),
+            "parse_options": None if options.parse_options is None else options.parse_options.state(),
+            "output_format": options.output_format, "transform": callable_name(options.transform),
+            "fill_nulls": options.fill_nulls, "even_batches": even_batches,
+            "world_size": world_size, "group_size": group_size}
 
 
 def fingerprint_of(arguments: dict[str, Any]) -> dict[str, str]:

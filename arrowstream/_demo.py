@@ -67,7 +67,7 @@ def write_dataset(folder: str, rows: int, seed: int = 0) -> None:
 def _catalog(root: str) -> tuple[Any, dict[str, str]]:
     from pyiceberg.catalog import load_catalog
 
-    from ._iceberg import default_catalog_config, import_pyiceberg
+    from ._iceberg_table import default_catalog_config, import_pyiceberg
 
     import_pyiceberg()
     config = default_catalog_config(root)

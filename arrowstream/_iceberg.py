@@ -7,6 +7,7 @@ keeps after the deletes. Workers read units of a data file with the ``iceberg`` 
 the inner format reads the file's physical columns, the deletes are taken out by position, and
 pyiceberg's own projection (by field id: renamed, added, dropped and promoted columns, partition
 values) turns the batch into the snapshot's schema. The rest of arrowstream sees plain splits.
+The catalog, the table and the pinned snapshot (schema, filter, projection) are ``_iceberg_table``'s.
 
 pyiceberg's projection helpers are private (``pyiceberg.io.pyarrow``); they are used here and
 nowhere else, and the supported pyiceberg versions are pinned in ``pyproject.toml``.
@@ -24,41 +25,19 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ._discovery import FileEntry
 from ._failures import is_missing
 from ._formats import FileFooter, UnitFile, get_format, register_format
-from ._formats._base import sliced
+from ._iceberg_table import IcebergSource, requested_schema
 from ._planning import MAX_PLANNING_THREADS, Plan, build_plan, read_footer
 from ._retry import RetryPolicy
 from ._storage import Storage
 from .errors import (
-    DatasetNotFoundError,
     EmptyDatasetError,
     FileReadError,
-    InvalidArgumentError,
-    MissingDependencyError,
     NotSupportedYetError,
-    StateMismatchError,
 )
-
-
-def import_pyiceberg() -> None:
-    try:
-        import pyiceberg  # noqa: F401
-    except ImportError:
-        raise MissingDependencyError(
-            'reading Iceberg tables needs pyiceberg, which is not installed; pip install "arrowstream[iceberg]"'
-        ) from None
-
-
-def default_catalog_config(root: str = ".") -> dict[str, str]:
-    """pyiceberg's SQL catalog on SQLite with a local warehouse, both under ``root`` (created if missing)."""
-    root = os.path.abspath(root)
-    os.makedirs(root, exist_ok=True)
-    return {"type": "sql", "uri": f"sqlite:///{os.path.join(root, 'catalog.db')}",
-            "warehouse": f"file://{os.path.join(root, 'warehouse')}"}
 
 
 class IcebergStorage(Storage):
@@ -183,144 +162,6 @@ class IcebergFormat:
 register_format(IcebergFormat())
 
 
-@dataclass
-class IcebergSource:
-    """The table, the pinned snapshot and what to read of it."""
-
-    table_name: str
-    table: Any
-    snapshot_id: int
-    schema_id: int            # the schema the rows are read in
-    row_filter: Any           # a pyiceberg BooleanExpression
-    selected_fields: tuple[str, ...]
-    arrow_filter: pc.Expression | None
-    output_columns: list[str]
-
-    def baseline_batches(self, batch_size: int) -> Iterator[pa.RecordBatch]:
-        """The snapshot's rows through pyiceberg's own scan, in batches of at most ``batch_size`` rows: the
-        raw loop ``arrowstream bench`` compares the loader with on a table."""
-        scan = self.table.scan(snapshot_id=self.snapshot_id, row_filter=self.row_filter,
-                               selected_fields=self.selected_fields)
-        for batch in scan.to_arrow_batch_reader():
-            yield from sliced(batch, batch_size)
-
-
-def load_table(table_name: str, catalog_config: dict[str, Any] | None) -> Any:
-    import_pyiceberg()
-    from pyiceberg.catalog import load_catalog
-    from pyiceberg.exceptions import NoSuchTableError
-
-    if not isinstance(table_name, str) or not table_name:
-        raise InvalidArgumentError(f"table: expected a table identifier such as 'db.events', got {table_name!r}")
-    config = dict(catalog_config if catalog_config is not None else default_catalog_config())
-    name = str(config.pop("name", "default"))
-    try:
-        catalog = load_catalog(name, **config)
-    except (ValueError, ImportError) as exc:
-        raise InvalidArgumentError(
-            f"catalog_config: pyiceberg cannot load catalog {name!r} of type {config.get('type')!r} ({exc}); "
-            "see pyiceberg's catalog configuration (sql, rest, glue, hive)") from None
-    try:
-        return catalog.load_table(table_name)
-    except NoSuchTableError:
-        raise DatasetNotFoundError(
-            f"table: {table_name!r} does not exist in catalog {name!r}; check the identifier (namespace.table) "
-            "and catalog_config") from None
-
-
-def open_source(table: Any, table_name: str, snapshot_id: int | None, row_filter: Any,
-                selected_fields: Sequence[str] | None, schema_id: int | None = None) -> IcebergSource:
-    """Pin the snapshot and the schema, bind the filter and the projection.
-
-    As in pyiceberg: the current snapshot is read in the table's current schema, an explicit
-    ``snapshot_id`` in the schema of that snapshot; ``schema_id`` (from a checkpoint) overrides both.
-    """
-    from pyiceberg.expressions import AlwaysTrue, BooleanExpression
-    from pyiceberg.expressions.parser import parse
-    from pyparsing import ParseBaseException
-
-    metadata = table.metadata
-    if snapshot_id is None:
-        current = table.current_snapshot()
-        if current is None:
-            raise EmptyDatasetError(f"table: {table_name!r} has no snapshot yet (no rows were ever committed); "
-                                    "append data to it first")
-        snapshot_id = int(current.snapshot_id)
-        default_schema = metadata.current_schema_id
-    else:
-        snapshot = table.snapshot_by_id(snapshot_id)
-        if snapshot is None:
-            known = [s.snapshot_id for s in table.snapshots()][-5:]
-            raise InvalidArgumentError(
-                f"snapshot_id: {table_name!r} has no snapshot {snapshot_id} (expired or never existed; latest ones: "
-                f"{known}); pass one of its snapshots, or None for the latest")
-        default_schema = snapshot.schema_id if snapshot.schema_id is not None else metadata.current_schema_id
-    schema_id = default_schema if schema_id is None else schema_id
-    if row_filter is None:
-        row_filter = AlwaysTrue()
-    elif isinstance(row_filter, str):
-        try:
-            row_filter = parse(row_filter)
-        except (ParseBaseException, ValueError) as exc:
-            raise InvalidArgumentError(f"row_filter: cannot parse {row_filter!r} ({exc})") from None
-    elif not isinstance(row_filter, BooleanExpression):
-        raise InvalidArgumentError(
-            f"row_filter: expected a pyiceberg expression or a string such as \"id > 10\", got {type(row_filter).__name__}")
-    fields = ("*",) if selected_fields is None else tuple(selected_fields)
-    if not fields or not all(isinstance(f, str) for f in fields):
-        raise InvalidArgumentError(f"selected_fields: expected a non-empty list of column names, got {selected_fields!r}")
-    source = IcebergSource(table_name, table, snapshot_id, schema_id, row_filter, fields, None, [])
-    try:
-        projected = _projected(source)
-    except ValueError as exc:
-        raise InvalidArgumentError(f"selected_fields: {exc} (table {table_name!r}); pick columns of the table") from None
-    try:
-        source.arrow_filter = _arrow_filter(source, _requested_schema(source))
-    except ValueError as exc:
-        raise InvalidArgumentError(f"row_filter: {exc} (table {table_name!r}); filter on columns of the table") from None
-    names = [field.name for field in projected.fields]
-    # the columns in the order asked for, like `columns=` of file datasets (nested selections: schema order)
-    source.output_columns = list(fields) if sorted(fields) == sorted(names) else names
-    return source
-
-
-def _schema(source: IcebergSource) -> Any:
-    schema = next((s for s in source.table.metadata.schemas if s.schema_id == source.schema_id), None)
-    if schema is None:
-        raise StateMismatchError(f"table: {source.table_name!r} has no schema {source.schema_id} any more; "
-                                 "start without loading the checkpoint")
-    return schema
-
-
-def _projected(source: IcebergSource) -> Any:
-    schema = _schema(source)
-    return schema if "*" in source.selected_fields else schema.select(*source.selected_fields, case_sensitive=True)
-
-
-def _requested_schema(source: IcebergSource) -> Any:
-    """The columns to read: the selected ones and those the filter needs."""
-    from pyiceberg.expressions.visitors import bind, extract_field_ids
-
-    full = _schema(source)
-    if "*" in source.selected_fields:
-        return full
-    filter_ids = extract_field_ids(bind(full, source.row_filter, case_sensitive=True))
-    extra = [full.find_column_name(i) for i in sorted(filter_ids)]
-    names = list(source.selected_fields) + [n for n in extra if n is not None and n not in source.selected_fields]
-    return full.select(*names, case_sensitive=True)
-
-
-def _arrow_filter(source: IcebergSource, requested: Any) -> pc.Expression | None:
-    from pyiceberg.expressions import AlwaysTrue
-    from pyiceberg.expressions.visitors import bind
-    from pyiceberg.io.pyarrow import expression_to_pyarrow
-
-    if source.row_filter == AlwaysTrue():
-        return None
-    expression: pc.Expression = expression_to_pyarrow(bind(requested, source.row_filter, case_sensitive=True))
-    return expression
-
-
 def _deleted_positions(chunks: list[Any] | None) -> npt.NDArray[np.int64] | None:
     if not chunks:
         return None
@@ -355,7 +196,7 @@ def plan_iceberg(source: IcebergSource, split_bytes: int | None,
                 "or read a snapshot from before the deletes") from None
         raise
     storage = IcebergStorage(dict(table.io.properties), metadata.location, retry)
-    requested = _requested_schema(source)
+    requested = requested_schema(source)
     if not tasks:
         raise EmptyDatasetError(
             f"table: {source.table_name!r} snapshot {source.snapshot_id} has no data file that may match "

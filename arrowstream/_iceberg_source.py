@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ._iceberg import IcebergSource, open_source, plan_iceberg
+from ._iceberg import plan_iceberg
+from ._iceberg_table import IcebergSource, open_source
 from ._source import Source
 from ._state import DataIdentity, check_same_table
 from .errors import StateMismatchError

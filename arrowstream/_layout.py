@@ -23,7 +23,16 @@ import numpy as np
 
 from ._cursor import Cursor
 from ._elastic import Share, assign_shares, remaining_items
-from ._order import Slot, SlotGrid, assign_lpt, epoch_order, even_batch_limits, natural_batches, rows_yielded
+from ._order import (
+    Slot,
+    SlotGrid,
+    assign_lpt,
+    epoch_order,
+    even_batch_limits,
+    natural_batches,
+    rows_yielded,
+    slot_row_counts,
+)
 from ._state import ElasticSource
 from .errors import StateMismatchError
 
@@ -152,3 +161,60 @@ class Layouts:
         state = self.__dict__.copy()
         state["_kept"] = {}  # recomputed where needed: workers lay out only their own epochs
         return state
+
+
+# -- facts from the plan: what StructuredDataset.num_batches, slot_yields ... answer -----------------
+
+
+def slot_rows(plan: Plan, grid: SlotGrid) -> list[int]:
+    """Rows (before the filter) each slot of ``grid`` reads per epoch planned for its topology."""
+    num_slots = grid.num_slots
+    return slot_row_counts([s.num_rows for s in plan.splits_for(num_slots)], num_slots)
+
+
+def batch_limits(rows: Sequence[int], world_size: int, options: Options, even_batches: bool) -> list[int] | None:
+    """Batches each slot of ``rows`` rows may yield under ``even_batches``; ``None`` when they are not evened."""
+    if not even_batches:
+        return None
+    return even_batch_limits(rows, world_size, options.batch_size, options.drop_last)
+
+
+def check_known(options: Options, what: str) -> None:
+    """Refuse (``TypeError``) a count that a filter (or ``bad_rows='skip'``) leaves unknown before reading."""
+    if options.drops_rows:
+        raise TypeError(f"the {what} unknown before reading: the filter (or bad_rows='skip') decides how many "
+                        "rows each worker yields")
+
+
+def rows_dropped(yields: Sequence[tuple[int, int, int]], options: Options) -> int:
+    """Rows ``drop_last`` drops from slots of ``yields`` (rows, batches, rows yielded): each short last batch."""
+    if not options.drop_last:
+        return 0
+    check_known(options, "rows drop_last drops are")
+    size = options.batch_size
+    return sum(r % size for r, limit, _ in yields if limit == r // size)
+
+
+def rows_trimmed(yields: Sequence[tuple[int, int, int]], options: Options, even_batches: bool) -> int:
+    """Rows ``even_batches`` leaves out of slots of ``yields``: the last rows of those with the most batches."""
+    if not even_batches:
+        return 0
+    size, drop_last = options.batch_size, options.drop_last
+    return sum(r - kept for r, limit, kept in yields if limit < natural_batches(r, size, drop_last))
+
+
+def batches_left(layout: EpochLayout, state: WorkerState, slot: Slot, options: Options) -> int | None:
+    """Batches a worker state of ``slot`` has still to hand out in the epoch of ``layout``; ``None`` when
+    a filter (or ``bad_rows='skip'``) decides, which only reading tells."""
+    if state.epoch_complete:
+        return 0
+    share, limit = layout.share(slot), layout.limit(slot)
+    at_end = (state.cursor.replay_index >= len(share.replays)
+              and state.cursor.at_end([s.num_rows for s in share.splits]))
+    allowed = None if limit is None else max(limit - state.batches, 0)
+    if at_end or allowed == 0:
+        return 0
+    if options.drops_rows:
+        return None
+    left = natural_batches(share.num_rows - state.rows - state.rows_dropped, options.batch_size, options.drop_last)
+    return left if allowed is None else min(left, allowed)

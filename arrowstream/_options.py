@@ -145,3 +145,26 @@ def validate_options(*, format: str, batch_size: int, shuffle: bool, seed: int, 
         fill_nulls=fill_nulls,
         parse_options=settings,
     )
+
+
+def check_storage_arguments(storage_options: Any, credential_provider: Any) -> None:
+    """Refuse ``storage_options`` that are not a dict and a ``credential_provider`` that is not a callable."""
+    if storage_options is not None and not isinstance(storage_options, dict):
+        raise ArgumentTypeError(f"storage_options: expected a dict, got {type(storage_options).__name__}")
+    if credential_provider is not None and not callable(credential_provider):
+        raise ArgumentTypeError(f"credential_provider: expected a callable returning storage options, got "
+                                f"{type(credential_provider).__name__}")
+
+
+def check_even_batches(even_batches: Any, world_size: int, options: Options) -> bool:
+    """Whether batches are evened out across ``world_size`` ranks: asked, and more than one reader of
+    distinct data (with one there is nothing to even out); refused with a filter, which makes them unknown."""
+    even = check_bool("even_batches", even_batches) and world_size > 1
+    if even and options.drops_rows:
+        raise InvalidArgumentError(
+            f"even_batches: with world_size={world_size} and a filter (filter= or row_filter=, or "
+            "parse_options bad_rows='skip'), the batches each rank yields "
+            "are unknown before reading, so they cannot be evened out from metadata. Pass "
+            "even_batches=False and keep ranks in step yourself (torch.distributed.algorithms.Join), "
+            "or filter in transform= instead")
+    return even

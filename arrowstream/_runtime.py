@@ -17,19 +17,21 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._convert import make_converter, make_value_check
+from ._cursor import Cursor
+from ._elastic import share_runs
 from ._metrics import Board, Meter
 from ._reader import ReadAhead, SplitReader
+from ._stream import EpochStream
 from ._transport import Chunk
 from ._watchdog import watch_trainer
 
 if TYPE_CHECKING:
-    from ._cursor import Cursor
+    from ._layout import EpochLayout
     from ._options import Options
     from ._order import Slot
     from ._planning import Plan
-    from ._state import WorkerState
+    from ._state import DataIdentity, WorkerState
     from ._storage import Storage
-    from ._stream import EpochStream
 
 READ_BATCH_ROWS = 65536
 
@@ -103,6 +105,31 @@ class OpenEpoch(NamedTuple):
     stream: EpochStream
     runtime: WorkerRuntime
     files_between: Callable[[Cursor, Cursor], list[str]]
+
+
+def open_stream(runtime: WorkerRuntime, layout: EpochLayout, slot: Slot, start: WorkerState, options: Options,
+                data: DataIdentity, state_options: dict[str, Any]) -> EpochStream:
+    """The stream of ``slot`` in the epoch of ``layout``, from worker state ``start``, read by ``runtime``."""
+    share = layout.share(slot)
+    if runtime.read_ahead is not None:  # replays and ranges of another topology: no read-ahead
+        runtime.read_ahead.begin(() if layout.replanned else share.splits)
+    runs = share_runs(runtime.readers, share, seed=options.seed, epoch=layout.epoch, slot=slot,
+                      batch_size=options.batch_size, interleave=options.interleave,
+                      buffer_rows=options.shuffle_buffer_size, start=start.cursor)
+    end = Cursor((), len(share.splits), replay_index=len(share.replays))
+    return EpochStream(runs=runs, end=end, batch_size=options.batch_size, drop_last=options.drop_last,
+                       max_batches=layout.limit(slot), convert=runtime.convert, data=data,
+                       options=state_options, epoch=layout.epoch, slot=slot, start=start)
+
+
+def files_between(plan: Plan, layout: EpochLayout, slot: Slot, start: Cursor, end: Cursor) -> list[str]:
+    """The files of the splits ``slot`` read from cursor ``start`` to ``end`` (for error messages)."""
+    if layout.replanned:
+        return [f"the files of worker slot {slot.index} (re-planned epoch {layout.epoch})"]
+    splits = layout.share(slot).splits
+    first = min([index for index, _ in start.lanes] + [start.next_split_index])
+    last = min(max(end.next_split_index, first + 1), len(splits))
+    return [plan.url(index) for index in sorted({splits[i].file_index for i in range(first, last)})]
 
 
 class EpochIterator:

@@ -10,27 +10,36 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ._collective import agree, callable_name, collective_world_size, fingerprint_of, share_from_rank0
+from ._collective import agree, collective_world_size, fingerprint_of, plan_arguments, share_from_rank0
 from ._convert import check_output_columns, resolve_fill_nulls
 from ._credentials import as_provider
 from ._cursor import Cursor
-from ._elastic import share_runs
-from ._layout import EpochLayout, Layouts, replanned_source, slot_yields
+from ._layout import (
+    EpochLayout,
+    Layouts,
+    batch_limits,
+    batches_left,
+    check_known,
+    rows_dropped,
+    rows_trimmed,
+    slot_rows,
+    slot_yields,
+)
 from ._metrics import Meter
-from ._options import Options, check_bool, check_int, validate_options
-from ._order import Slot, SlotGrid, even_batch_limits, natural_batches, slot_row_counts
+from ._options import Options, check_bool, check_even_batches, check_int, check_storage_arguments, validate_options
+from ._order import Slot, SlotGrid
 from ._plan_types import Split
 from ._planning import Plan
-from ._position import check_in_plan
+from ._resume import checked_state, loaded_state, pending_for_epoch, replanned_epoch
 from ._retry import RetryPolicy
-from ._runtime import EpochIterator, OpenEpoch, Transport, WorkerRuntime, build_runtime
+from ._runtime import EpochIterator, OpenEpoch, Transport, WorkerRuntime, build_runtime, files_between, open_stream
 from ._shm import guard_feeder, share
 from ._source import FileSource, Source, check_file_format
-from ._state import ElasticSource, WorkerState, check_compatible, check_slot
+from ._state import ElasticSource, WorkerState
 from ._storage import Storage
 from ._stream import EpochStream
 from ._topology import resolve_topology
-from .errors import ArgumentTypeError, InvalidArgumentError, StateMismatchError
+from .errors import ArgumentTypeError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from .loader import ArrowStreamDataLoader
@@ -146,11 +155,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             shuffle_buffer_size=shuffle_buffer_size, interleave=interleave, columns=columns, filter=filter,
             output_format=output_format, transform=transform, drop_last=drop_last, split_bytes=split_bytes,
             fill_nulls=fill_nulls, parse_options=parse_options)
-        if storage_options is not None and not isinstance(storage_options, dict):
-            raise ArgumentTypeError(f"storage_options: expected a dict, got {type(storage_options).__name__}")
-        if credential_provider is not None and not callable(credential_provider):
-            raise ArgumentTypeError(f"credential_provider: expected a callable returning storage options, got "
-                                    f"{type(credential_provider).__name__}")
+        check_storage_arguments(storage_options, credential_provider)
         # wrapped once: its picklability is checked here, for loaders that start workers by spawn or forkserver
         self._credential_provider = as_provider(credential_provider)
         self._source: Source = source or FileSource(path, format, storage_options, self._credential_provider)
@@ -164,14 +169,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._collective = not plan_locally and collective_world_size() > 1
         self._rank, self._world_size = self._topology.data_rank, self._topology.data_world_size
         # with one reader of distinct data there is nothing to even out
-        self._even_batches = check_bool("even_batches", even_batches) and self._world_size > 1
-        if self._even_batches and self._options.drops_rows:
-            raise InvalidArgumentError(
-                f"even_batches: with world_size={self._world_size} and a filter (filter= or row_filter=, or "
-                "parse_options bad_rows='skip'), the batches each rank yields "
-                "are unknown before reading, so they cannot be evened out from metadata. Pass "
-                "even_batches=False and keep ranks in step yourself (torch.distributed.algorithms.Join), "
-                "or filter in transform= instead")
+        self._even_batches = check_even_batches(even_batches, self._world_size, self._options)
         self._state_options = {**self._options.state_options(), "even_batches": self._even_batches}
         self._read_ahead_depth = check_int("read_ahead", read_ahead, 0)
         # shared, so that set_epoch reaches persistent workers
@@ -198,16 +196,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
     def _arguments(self) -> dict[str, Any]:
         """What decides the plan and the batches, compared between ranks: the source's (no credentials), the
         options and the topology; ``transform`` is compared by its qualified name."""
-        options = self._options
-        return {**self._source.arguments(), "format": options.format, "batch_size": options.batch_size,
-                "shuffle": options.shuffle, "seed": options.seed, "shuffle_buffer_size": options.shuffle_buffer_size,
-                "interleave": options.interleave, "drop_last": options.drop_last, "split_bytes": options.split_bytes,
-                "columns": options.columns and list(options.columns),
-                "filter": None if options.filter is None else str(options.filter),
-                "parse_options": None if options.parse_options is None else options.parse_options.state(),
-                "output_format": options.output_format, "transform": callable_name(options.transform),
-                "fill_nulls": options.fill_nulls, "even_batches": self._even_batches,
-                "world_size": self._topology.world_size, "group_size": self._topology.group_size}
+        return plan_arguments(self._source.arguments(), self._options, self._even_batches,
+                              self._topology.world_size, self._topology.group_size)
 
     def _use_plan(self, storage: Storage, plan: Plan) -> None:
         self._storage, self._plan = storage.reading(self._read_ahead_depth, self._options.interleave), plan
@@ -306,16 +296,12 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
 
     def slot_rows(self, num_workers: int = 0) -> list[int]:
         """Rows (before the filter) each slot reads per epoch, for every (rank, worker) slot."""
-        num_slots = self._grid(num_workers).num_slots
-        return slot_row_counts([s.num_rows for s in self._plan.splits_for(num_slots)], num_slots)
+        return slot_rows(self._plan, self._grid(num_workers))
 
     def batch_limits(self, num_workers: int = 0) -> list[int] | None:
         """Batches each slot may yield per epoch under ``even_batches`` (every slot of every rank);
         ``None`` when the batches are not evened out (one rank, or ``even_batches=False``)."""
-        if not self._even_batches:
-            return None
-        return even_batch_limits(self.slot_rows(num_workers), self._world_size, self._options.batch_size,
-                                 self._options.drop_last)
+        return batch_limits(self.slot_rows(num_workers), self._world_size, self._options, self._even_batches)
 
     def slot_yields(self, num_workers: int = 0) -> list[tuple[int, int, int]]:
         """Per (rank, worker) slot of every rank, in an epoch planned for this topology: its rows, the
@@ -329,32 +315,19 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         layout = self._epoch_layout(self.epoch, self._grid(num_workers))
         return layout.yields(self._rank, self._options.batch_size, self._options.drop_last)
 
-    def _check_known(self, what: str) -> None:
-        if self._options.drops_rows:
-            raise TypeError(f"the {what} unknown before reading: the filter (or bad_rows='skip') decides how many "
-                            "rows each worker yields")
-
     def rows_dropped_per_epoch(self, num_workers: int = 0) -> int:
         """Rows ``drop_last`` drops each epoch on this rank (each worker's short last batch)."""
-        if not self._options.drop_last:
-            return 0
-        self._check_known("rows drop_last drops are")
-        size = self._options.batch_size
-        return sum(r % size for r, limit, _ in self._rank_yields(num_workers) if limit == r // size)
+        return rows_dropped(self._rank_yields(num_workers), self._options)
 
     def rows_trimmed_per_epoch(self, num_workers: int = 0) -> int:
         """Rows ``even_batches`` leaves out each epoch on this rank, so that every rank yields
         the same number of batches (the last rows of the workers with the most batches)."""
-        if not self._even_batches:
-            return 0
-        size, drop_last = self._options.batch_size, self._options.drop_last
-        return sum(r - kept for r, limit, kept in self._rank_yields(num_workers)
-                   if limit < natural_batches(r, size, drop_last))
+        return rows_trimmed(self._rank_yields(num_workers), self._options, self._even_batches)
 
     def num_batches(self, num_workers: int = 0) -> int:
         """Exact batches per epoch on this rank; ``TypeError`` when a filter makes it unknowable.
         With ``even_batches`` (the default on more than one rank) every rank has the same number."""
-        self._check_known("number of batches is")
+        check_known(self._options, "number of batches is")
         return sum(limit for _, limit, _ in self._rank_yields(num_workers))
 
     # -- iteration ----------------------------------------------------------------------------
@@ -401,16 +374,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
 
     def _open(self, slot: Slot, pending: WorkerState | None) -> OpenEpoch:
         epoch = self.epoch
-        if pending is not None:
-            check_slot(pending, slot)
-            if not (pending.epoch == epoch or (epoch > pending.epoch and self._nothing_left(pending, slot))):
-                raise StateMismatchError(
-                    f"the checkpoint is in epoch {pending.epoch} "
-                    f"({'complete' if pending.epoch_complete else 'mid-epoch'}) but the dataset is set to "
-                    f"epoch {epoch}; call dataset.set_epoch({pending.epoch}) before iterating to finish the "
-                    "saved epoch, or start without loading the checkpoint")
-            if pending.epoch != epoch:
-                pending = None
+        pending = pending_for_epoch(self, pending, slot, epoch)
         return OpenEpoch(self._stream(slot, epoch, pending), self._worker_runtime(),
                          functools.partial(self._files_between, slot, epoch))
 
@@ -428,27 +392,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         ``None`` when a filter (or ``bad_rows='skip'``) decides, which only reading tells."""
         if state.epoch_complete:
             return 0
-        layout = self._layouts.layout(state.epoch, slot.grid, state.elastic)
-        share, limit = layout.share(slot), layout.limit(slot)
-        at_end = (state.cursor.replay_index >= len(share.replays)
-                  and state.cursor.at_end([s.num_rows for s in share.splits]))
-        allowed = None if limit is None else max(limit - state.batches, 0)
-        if at_end or allowed == 0:
-            return 0
-        if self._options.drops_rows:
-            return None
-        left = natural_batches(share.num_rows - state.rows - state.rows_dropped, self._options.batch_size,
-                               self._options.drop_last)
-        return left if allowed is None else min(left, allowed)
-
-    def _nothing_left(self, state: WorkerState, slot: Slot) -> bool:
-        """True when a worker state has handed out every row of its epoch it ever will."""
-        left = self.batches_left(state, slot)
-        if left is not None:
-            return left == 0
-        wanted = self._options.batch_size if self._options.drop_last else 1  # fewer rows than that: none
-        # the filter decides what is left: look ahead from the cursor (the rows a resumed run reads first)
-        return not self._stream(slot, state.epoch, state).holds(wanted)
+        return batches_left(self._layouts.layout(state.epoch, slot.grid, state.elastic), state, slot, self._options)
 
     def _elastic_source(self, epoch: int) -> ElasticSource | None:
         return self._elastic if self._elastic is not None and self._elastic.epoch == epoch else None
@@ -464,29 +408,13 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
 
     def _files_between(self, slot: Slot, epoch: int, start: Cursor, end: Cursor) -> list[str]:
         """The files of the splits a worker read from cursor ``start`` to ``end`` (for error messages)."""
-        layout = self._epoch_layout(epoch, slot.grid)
-        if layout.replanned:
-            return [f"the files of worker slot {slot.index} (re-planned epoch {epoch})"]
-        splits = layout.share(slot).splits
-        first = min([index for index, _ in start.lanes] + [start.next_split_index])
-        last = min(max(end.next_split_index, first + 1), len(splits))
-        return [self._plan.url(index) for index in sorted({splits[i].file_index for i in range(first, last)})]
+        return files_between(self._plan, self._epoch_layout(epoch, slot.grid), slot, start, end)
 
     def _stream(self, slot: Slot, epoch: int, start: WorkerState | None) -> EpochStream:
         runtime = self._worker_runtime()
-        options = self._options
         start = start or self._initial_state(slot, epoch)
-        layout = self._layouts.layout(epoch, slot.grid, start.elastic)
-        share = layout.share(slot)
-        if runtime.read_ahead is not None:  # replays and ranges of another topology: no read-ahead
-            runtime.read_ahead.begin(() if layout.replanned else share.splits)
-        runs = share_runs(runtime.readers, share, seed=options.seed, epoch=epoch, slot=slot,
-                          batch_size=options.batch_size, interleave=options.interleave,
-                          buffer_rows=options.shuffle_buffer_size, start=start.cursor)
-        end = Cursor((), len(share.splits), replay_index=len(share.replays))
-        return EpochStream(runs=runs, end=end, batch_size=options.batch_size, drop_last=options.drop_last,
-                           max_batches=layout.limit(slot), convert=runtime.convert, data=self._data,
-                           options=self._state_options, epoch=epoch, slot=slot, start=start)
+        return open_stream(runtime, self._layouts.layout(epoch, slot.grid, start.elastic), slot, start,
+                           self._options, self._data, self._state_options)
 
     # -- state --------------------------------------------------------------------------------
 
@@ -510,11 +438,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         The state is checked against the plan here too, for a plain ``StatefulDataLoader``
         (``ArrowStreamDataLoader.load_state_dict`` has checked it already, in the main process).
         """
-        saved = WorkerState.from_dict(state_dict)
-        self._follow_source(saved)
-        check_compatible(saved, self._data, self._state_options)
-        if saved.slot == self._slot():  # another slot's state is refused when the epoch opens (check_slot)
-            check_in_plan(self, saved, "worker state")
+        saved = loaded_state(self, state_dict, self._slot())
         self._pending = saved
         self._active = None
 
@@ -528,31 +452,13 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         ``where`` names the state in errors; ``done`` says why the checkpoint counts the worker as done
         with its epoch, which it then must be.
         """
-        saved = WorkerState.from_dict(state_dict, where)
-        self._follow_source(saved)
-        options = self._state_options
-        if elastic:
-            options = {**options, "even_batches": saved.options.get("even_batches")}
-        check_compatible(saved, self._data, options)
-        if slot is not None:
-            if saved.slot != slot:
-                raise StateMismatchError(
-                    f"the {where} belongs to rank {saved.slot.rank} worker {saved.slot.worker_id} of world_size="
-                    f"{saved.slot.world_size}, num_workers={saved.slot.num_workers}, but stands where the checkpoint "
-                    f"keeps rank {slot.rank} worker {slot.worker_id} of world_size={slot.world_size}, num_workers="
-                    f"{slot.num_workers}; pass the dict returned by loader.state_dict() (or merge_state_dicts) unchanged")
-            if not (elastic and saved.elastic is not None):  # a re-planned epoch re-planned again is refused
-                check_in_plan(self, saved, where, done)
-        return saved
+        return checked_state(self, state_dict, elastic, slot, where, done)
 
     def begin_elastic_epoch(self, epoch: int, world_size: int, num_workers: int,
                             saved: list[tuple[WorkerState, bool]]) -> None:
         """Re-plan the rest of ``epoch`` from the states of every old (rank, worker) slot, in slot
         order (each with whether its loader had finished the epoch), for this topology."""
-        # the epoch as the old topology read it, with its own even_batches
-        old = self._layouts.layout(epoch, SlotGrid(world_size, num_workers),
-                                   even_batches=bool(saved and saved[0][0].options.get("even_batches")))
-        self._elastic = replanned_source(old, saved, self._options.interleave, self._options.drops_rows)
+        self._elastic = replanned_epoch(self, epoch, world_size, num_workers, saved)
         self._pending, self._active = None, None
 
     def __getstate__(self) -> dict[str, Any]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._iceberg import load_table, open_source
 from ._iceberg_source import IcebergTableSource
+from ._iceberg_table import load_table, open_source
 from .dataset import StructuredDataset
 from .errors import InvalidArgumentError
 

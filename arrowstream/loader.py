@@ -27,11 +27,13 @@ from typing import Any
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from ._batches import BatchIterator, PerBatchCollate, rewind_into_chunk
 from ._boundary import check_replanned_epoch_over, later_epoch_starts_whole
 from ._convert import passthrough_collate
 from ._credentials import as_provider
 from ._fields import shorten
 from ._loader_options import check_loader_options
+from ._loader_resume import check_workers, elastic_slots, mark_epoch_complete
 from ._loader_state import read_checkpoint, read_loader_state
 from ._metrics import FIELDS, Board, Meter, flatten, summarize
 from ._options import check_int
@@ -41,21 +43,17 @@ from ._shm import semaphore_failure
 from ._state import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, WorkerState
 from ._storage import logger
 from ._torchdata_state import (
-    InnerState,
     clear_steps_since_snapshot,
     is_inner_state,
     iterator_finished,
     read_inner,
-    set_iterator_finished,
     set_last_yielded_worker,
     set_worker_state,
     steps_since_snapshot,
-    worker_state,
     worker_states,
 )
-from ._transport import Chunk
-from ._watchdog import guard_reads, name_dead_workers, worker_death
-from .errors import ArgumentTypeError, ArrowStreamError, InvalidArgumentError, StateError, StateMismatchError
+from ._watchdog import guard_reads, name_dead_workers
+from .errors import ArgumentTypeError, InvalidArgumentError, StateError, StateMismatchError
 
 ROWS_PER_TRANSFER = 16384  # default message size: ~0.2 ms of loader overhead spread over this many rows
 MAX_BATCHES_PER_TRANSFER = 16
@@ -108,7 +106,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         self._transport = Transport(batches_per_transfer, send_chunks=self.num_workers > 0,
                                     board=Board(self.num_workers) if self.num_workers > 0 else None)
         self._set_batches_per_transfer(batches_per_transfer)
-        self._batch_iterator: _BatchIterator | None = None
+        self._batch_iterator: BatchIterator | None = None
         self._elastic_loaded = False  # a checkpoint re-planned for this topology, its epoch not started yet
 
     def _set_batches_per_transfer(self, value: int) -> None:
@@ -162,7 +160,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             return inner
         name_dead_workers(inner)
         guard_reads(inner)
-        self._batch_iterator = _BatchIterator(inner)
+        self._batch_iterator = BatchIterator(inner)
         return self._batch_iterator
 
     def __len__(self) -> int:
@@ -207,7 +205,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
 
         inner = super().state_dict()
         if self._batch_iterator is not None and self._batch_iterator.inside_chunk:
-            inner = _rewind_into_chunk(inner, self._batch_iterator, self.num_workers)
+            inner = rewind_into_chunk(inner, self._batch_iterator, self.num_workers)
         return {
             "kind": LOADER_KIND,
             "version": STATE_VERSION,
@@ -267,12 +265,12 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             raise StateMismatchError(
                 f"checkpoint was taken with num_workers={parsed.num_workers}, this loader has "
                 f"num_workers={self.num_workers}; build the loader with num_workers={parsed.num_workers} to resume")
-        saved = self._check_workers(parsed, self.dataset.rank, self.dataset.world_size)
+        saved = check_workers(self.dataset, parsed, self.dataset.rank, self.dataset.world_size)
         self.dataset.set_epoch(max(s.epoch for s in saved))
         # inside an epoch re-planned for this topology: the counts of that epoch (len, trimmed rows)
         self.dataset._use_elastic(next((s.elastic for s in saved if s.elastic is not None), None))
         if iterator_finished(inner):
-            self._mark_epoch_complete(inner, self.dataset)
+            mark_epoch_complete(inner, self.dataset)
         if per_transfer > 1 and self.snapshot_every_n_steps != 1:
             raise StateMismatchError(
                 f"checkpoint was taken with batches_per_transfer={per_transfer}, which needs "
@@ -286,63 +284,10 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         self._elastic_loaded = False
         super().load_state_dict(inner)
 
-    def _check_workers(self, parsed: InnerState, rank: int, world_size: int, elastic: bool = False) -> list[WorkerState]:
-        """Check the worker states of one rank's torchdata dict against the plan, in worker order.
-
-        A worker the checkpoint counts as done (the loop ended, its fetcher ended, or another
-        worker is in a later epoch) must have nothing left to yield in its epoch.
-        """
-        def check(index: int, done: str | None) -> WorkerState:
-            state = parsed.worker_states[index]
-            where = f"rank {rank} worker {index} state"
-            if state is None:
-                raise StateError(f"load_state_dict: the checkpoint holds no state for {where.removesuffix(' state')}; "
-                                 "pass the dict returned by loader.state_dict() (or gather_state_dict) unchanged")
-            slot = SlotGrid(world_size, parsed.num_workers).slot(rank, index)
-            return self.dataset.check_state(state, elastic, slot=slot, where=where, done=done)  # type: ignore[no-any-return]
-
-        saved = [check(index, "the checkpoint says its loop ended" if done else None)
-                 for index, done in enumerate(parsed.done)]
-        epoch = max(s.epoch for s in saved)
-        for index, state in enumerate(saved):
-            if state.epoch < epoch and not parsed.done[index]:
-                check(index, f"another worker of the checkpoint is in epoch {epoch}")
-        if parsed.finished and parsed.steps_since_snapshot:
-            # the loop ended after batches the snapshots do not count: exactly the ones the workers had left
-            left = [self.dataset.batches_left(state, state.slot) for state in saved]
-            if all(n is not None for n in left) and sum(n or 0 for n in left) != parsed.steps_since_snapshot:
-                raise StateError(
-                    f"load_state_dict: rank {rank}'s checkpoint says its loop ended {parsed.steps_since_snapshot} "
-                    f"batch(es) after the workers' snapshots, but the workers had {sum(n or 0 for n in left)} left; "
-                    "it is not a position this dataset's plan reaches. Pass the dict returned by loader.state_dict() "
-                    "unchanged")
-        return saved
-
     def _load_elastic(self, outers: list[dict[str, Any]]) -> None:
         """Resume every old rank's states with this loader's topology: the rest of the saved
         epoch is re-planned over the new (rank, worker) slots (see ``arrowstream._elastic``)."""
-        old_world, old_workers = int(outers[0]["world_size"]), int(outers[0]["num_workers"])
-        slots: list[tuple[WorkerState, bool]] = []
-        for rank, outer in enumerate(outers):
-            # the re-plan starts from the workers' snapshots: no batch may have been yielded since
-            parsed = read_inner(outer["dataloader"], 1, f"ranks[{rank}].dataloader")
-            if parsed.num_workers != old_workers:
-                raise StateError(f"load_state_dict: rank {rank}'s loader state says num_workers={old_workers}, its "
-                                 f"torchdata state holds {parsed.num_workers} worker(s); pass the dict returned by "
-                                 "loader.state_dict() (or gather_state_dict) unchanged")
-            states = self._check_workers(parsed, rank, old_world, elastic=True)
-            slots.extend(zip(states, parsed.done))
-        old_grid = SlotGrid(old_world, old_workers)
-        if len(slots) != old_grid.num_slots:
-            raise StateError(f"load_state_dict: the checkpoint holds {len(slots)} worker state(s), expected "
-                             f"{old_grid.num_slots} for world_size={old_world}, num_workers={old_workers}")
-        for saved, _ in slots:
-            if saved.elastic is not None:
-                raise StateMismatchError(
-                    f"the checkpoint was taken in epoch {saved.epoch}, itself re-planned from world_size="
-                    f"{saved.elastic.world_size}, num_workers={saved.elastic.num_workers} to world_size={old_world}, "
-                    f"num_workers={old_workers}; resume it with world_size={old_world}, num_workers={old_workers} "
-                    "(another topology works again from the next epoch's checkpoints)")
+        old_world, old_workers, slots = elastic_slots(self.dataset, outers)
         epoch = max(saved.epoch for saved, _ in slots)
         self.dataset.set_epoch(epoch)
         self.dataset.begin_elastic_epoch(epoch, old_world, old_workers,
@@ -353,113 +298,6 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
                     self.dataset.world_size, self.num_workers)
         self._batch_iterator = None
         super().load_state_dict({})
-
-    @staticmethod
-    def _mark_epoch_complete(inner: dict[str, Any], dataset: Any) -> None:
-        """A state taken after the epoch ended: every worker is done with that epoch.
-
-        torchdata would replay the epoch from the start; marking the workers complete, their cursors
-        at the end of their epoch, makes the saved epoch yield nothing more and the next epoch start
-        whole. (A snapshot taken before the last batches stands before the end: the loader checked
-        that those batches are the ones yielded since.)
-        """
-        def complete(state: dict[str, Any] | None) -> dict[str, Any] | None:
-            if state is None:
-                return None
-            saved = WorkerState.from_dict(state)
-            return dataclasses.replace(saved, cursor=dataset._end_cursor(saved), epoch_complete=True).to_dict()
-
-        for worker_id, state in enumerate(worker_states(inner)):
-            set_worker_state(inner, worker_id, complete(state))
-        clear_steps_since_snapshot(inner)
-        set_iterator_finished(inner, False)
-
-
-class PerBatchCollate:
-    """A user's ``collate_fn`` (or None), applied in the worker to each batch of a chunk; then the
-    chunk is packed in the worker's own thread, so a failure to pack reaches the trainer."""
-
-    def __init__(self, collate_fn: Any) -> None:
-        self.collate_fn = collate_fn
-
-    def __call__(self, item: Any) -> Any:
-        if isinstance(item, Chunk):
-            return (item if self.collate_fn is None else item.map_batches(self.collate_fn)).pack()
-        return item if self.collate_fn is None else self.collate_fn(item)
-
-
-class _BatchIterator:
-    """Yields the batches of the chunks a worker loader delivers, one by one."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.chunk: Chunk | None = None
-        self.taken = 0
-        self._pending: list[Any] = []
-
-    @property
-    def inside_chunk(self) -> bool:
-        return self.chunk is not None and 0 < self.taken < len(self.chunk)
-
-    def __iter__(self) -> _BatchIterator:
-        return self
-
-    def __next__(self) -> Any:
-        if self.taken == len(self._pending):
-            try:
-                item = next(self._inner)
-            except (StopIteration, ArrowStreamError):
-                raise
-            except Exception as exc:
-                error = worker_death(getattr(self._inner, "_workers", []), exc)
-                if error is None:
-                    raise
-                shutdown = getattr(self._inner, "_shutdown_workers", None)
-                if shutdown is not None:  # now, rather than in a __del__ that a later fork may inherit
-                    shutdown()
-                _drop_frames(exc)
-                raise error from exc
-            if not isinstance(item, Chunk):  # e.g. a dataset that is not chunked
-                self.chunk, self._pending, self.taken = None, [], 0
-                return item
-            self.chunk, self._pending, self.taken = item, item.batches(), 0
-        batch = self._pending[self.taken]
-        self._pending[self.taken] = None
-        self.taken += 1
-        assert self.chunk is not None
-        return self.chunk.finish(batch)
-
-    def __len__(self) -> int:
-        return len(self._inner)
-
-
-def _drop_frames(exc: BaseException | None) -> None:
-    """Forget the frames of ``exc`` and the errors it was raised from: they hold torch's locals (the
-    ten NamedTemporaryFile objects its open-files probe makes), which forked workers of a later
-    loader would inherit and delete on exit, under the trainer's feet."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        exc.__traceback__ = None
-        exc = exc.__cause__ or exc.__context__
-
-
-def _rewind_into_chunk(inner: dict[str, Any], batches: _BatchIterator, num_workers: int) -> dict[str, Any]:
-    """torchdata's state stands after the whole chunk; move it back to the last batch handed out.
-
-    The chunk's worker gets the cursor it had after that batch, and the round robin points at
-    that worker again, so the rest of the chunk is the next thing the resumed loader yields.
-    """
-    assert batches.chunk is not None
-    state = copy.deepcopy(inner)
-    worker_id = batches.chunk.worker_id
-    position = batches.chunk.positions[batches.taken - 1]
-    set_worker_state(state, worker_id, dataclasses.replace(
-        WorkerState.from_dict(worker_state(state, worker_id)), cursor=position.cursor, rows=position.rows,
-        batches=position.batches, rows_dropped=position.rows_dropped, epoch_complete=False).to_dict())
-    set_last_yielded_worker(state, (worker_id - 1) % num_workers)
-    return state
-
 
 _RESERVED = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
 _LOADER_SIGNATURE = inspect.signature(StatefulDataLoader.__init__)

@@ -45,6 +45,7 @@ PURE_MODULES = [
     "_loader_state",
     "errors",
     "_layout",        # the epoch layout: every slot's share and limit (issue #18 point 2)
+    "_resume",        # resume checks of the dataset: a loaded state against the plan, elastic re-planning
 ]
 
 REFUSED_PACKAGES = ("torch", "torchdata", "fsspec")

@@ -1,0 +1,89 @@
+"""Resume checks of ``StructuredDataset``: a loaded worker state checked against the plan, and an epoch
+re-planned from the states of another topology.
+
+The bodies of :meth:`StructuredDataset.check_state <arrowstream.StructuredDataset.check_state>`,
+``load_state_dict`` and ``begin_elastic_epoch``, and the check of a pending state when its epoch opens.
+Pure: the dataset is handed in, and nothing here reads files (see ``tests/test_layers.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ._layout import replanned_source
+from ._order import Slot, SlotGrid
+from ._position import check_in_plan
+from ._state import ElasticSource, WorkerState, check_compatible, check_slot
+from .errors import StateMismatchError
+
+if TYPE_CHECKING:
+    from .dataset import StructuredDataset
+
+
+def checked_state(dataset: StructuredDataset, state_dict: dict[str, Any], elastic: bool, slot: Slot | None,
+                  where: str, done: str | None) -> WorkerState:
+    """A worker state parsed and checked against ``dataset`` (see ``StructuredDataset.check_state``)."""
+    saved = WorkerState.from_dict(state_dict, where)
+    dataset._follow_source(saved)
+    options = dataset._state_options
+    if elastic:
+        options = {**options, "even_batches": saved.options.get("even_batches")}
+    check_compatible(saved, dataset._data, options)
+    if slot is not None:
+        if saved.slot != slot:
+            raise StateMismatchError(
+                f"the {where} belongs to rank {saved.slot.rank} worker {saved.slot.worker_id} of world_size="
+                f"{saved.slot.world_size}, num_workers={saved.slot.num_workers}, but stands where the checkpoint "
+                f"keeps rank {slot.rank} worker {slot.worker_id} of world_size={slot.world_size}, num_workers="
+                f"{slot.num_workers}; pass the dict returned by loader.state_dict() (or merge_state_dicts) unchanged")
+        if not (elastic and saved.elastic is not None):  # a re-planned epoch re-planned again is refused
+            check_in_plan(dataset, saved, where, done)
+    return saved
+
+
+def loaded_state(dataset: StructuredDataset, state_dict: dict[str, Any], slot: Slot) -> WorkerState:
+    """A worker state to resume from in ``slot`` (this process's), checked against the plan."""
+    saved = WorkerState.from_dict(state_dict)
+    dataset._follow_source(saved)
+    check_compatible(saved, dataset._data, dataset._state_options)
+    if saved.slot == slot:  # another slot's state is refused when the epoch opens (check_slot)
+        check_in_plan(dataset, saved, "worker state")
+    return saved
+
+
+def pending_for_epoch(dataset: StructuredDataset, pending: WorkerState | None, slot: Slot,
+                      epoch: int) -> WorkerState | None:
+    """The state ``slot`` resumes from in ``epoch``: ``pending``, or ``None`` when it had finished an
+    earlier epoch; a state of another slot, or of an epoch it cannot lead to, is refused."""
+    if pending is None:
+        return None
+    check_slot(pending, slot)
+    if not (pending.epoch == epoch or (epoch > pending.epoch and nothing_left(dataset, pending, slot))):
+        raise StateMismatchError(
+            f"the checkpoint is in epoch {pending.epoch} "
+            f"({'complete' if pending.epoch_complete else 'mid-epoch'}) but the dataset is set to "
+            f"epoch {epoch}; call dataset.set_epoch({pending.epoch}) before iterating to finish the "
+            "saved epoch, or start without loading the checkpoint")
+    return pending if pending.epoch == epoch else None
+
+
+def nothing_left(dataset: StructuredDataset, state: WorkerState, slot: Slot) -> bool:
+    """True when a worker state has handed out every row of its epoch it ever will."""
+    left = dataset.batches_left(state, slot)
+    if left is not None:
+        return left == 0
+    options = dataset._options
+    wanted = options.batch_size if options.drop_last else 1  # fewer rows than that: none
+    # the filter decides what is left: look ahead from the cursor (the rows a resumed run reads first)
+    return not dataset._stream(slot, state.epoch, state).holds(wanted)
+
+
+def replanned_epoch(dataset: StructuredDataset, epoch: int, world_size: int, num_workers: int,
+                    saved: Sequence[tuple[WorkerState, bool]]) -> ElasticSource:
+    """The rest of ``epoch`` from the states of every old (rank, worker) slot, in slot order (each with
+    whether its loader had finished the epoch), to be laid out for this topology."""
+    # the epoch as the old topology read it, with its own even_batches
+    old = dataset._layouts.layout(epoch, SlotGrid(world_size, num_workers),
+                                  even_batches=bool(saved and saved[0][0].options.get("even_batches")))
+    return replanned_source(old, saved, dataset._options.interleave, dataset._options.drops_rows)
