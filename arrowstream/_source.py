@@ -42,6 +42,11 @@ class Source:
     # under torch.distributed, whether rank 0 plans and hands the plan to the other ranks (else each plans)
     plans_on_rank0: bool
 
+    @property
+    def table_name(self) -> str | None:
+        """The table a table source reads (reports show it); None for files."""
+        return None
+
     def arguments(self) -> dict[str, Any]:
         """What decides the data, compared between ranks before planning; no credentials."""
         raise NotImplementedError
