@@ -20,7 +20,7 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "seeded"))
 
 from helpers import write_dataset
-from leaks import Snapshot, record_semaphores
+from leaks import Snapshot, descendants, record_semaphores
 from servers import azure_server, gcs_server, s3_server, server_process_groups  # noqa: F401 (fixtures)
 
 # a test about to hit its timeout first makes every process below it print its stacks (workers
@@ -40,15 +40,6 @@ def _nothing_left_behind(request):
     leaks = before.leaks(server_process_groups())
     if leaks:
         pytest.fail(f"{request.node.nodeid} left behind: {'; '.join(leaks)}", pytrace=False)
-
-
-def _descendants(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            children = [int(c) for c in f.read().split()]
-    except OSError:
-        return []
-    return [d for c in children for d in (c, *_descendants(c))]
 
 
 def _catches_sigusr1(pid: int) -> bool:
@@ -71,7 +62,7 @@ def _group(pid: int) -> int:
 def _print_stacks() -> None:
     faulthandler.dump_traceback(all_threads=True)
     servers = server_process_groups()
-    for pid in _descendants(os.getpid()):
+    for pid in descendants(os.getpid()):
         if _catches_sigusr1(pid) and _group(pid) not in servers:
             try:
                 os.kill(pid, signal.SIGUSR1)
