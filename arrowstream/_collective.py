@@ -18,6 +18,7 @@ dataset meets under the same ``n`` on every rank.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -30,6 +31,10 @@ from .errors import ArrowStreamError, InvalidArgumentError, TopologyError
 
 if TYPE_CHECKING:
     from ._options import Options
+    from ._planning import Plan
+    from ._retry import RetryPolicy
+    from ._source import Source
+    from ._storage import Storage
 
 TIMEOUT_VARIABLE = "ARROWSTREAM_HANDSHAKE_TIMEOUT"
 DEFAULT_TIMEOUT_S = 300.0  # ranks reach the constructor seconds apart; a rank absent 5 minutes is not coming
@@ -236,6 +241,20 @@ def _difference_message(answers: dict[int, list[list[str]]]) -> str:
     return (f"the ranks build different datasets: {named}{more}{also}. Rank 0 plans for every rank, so every rank "
             "must pass the same path and options: fix the rank(s) that differ, or pass plan_locally=True (with "
             "rank= and world_size=) to a dataset that each rank plans and reads apart")
+
+
+def plan_together(source: Source, options: Options, retry: RetryPolicy, arguments: dict[str, Any], *,
+                  collective: bool) -> tuple[Storage, Plan]:
+    """The storage and the plan of ``source``. ``collective`` (under torch.distributed, unless
+    ``plan_locally``): every rank first checks that it builds what rank 0 builds (:func:`agree` on
+    ``arguments``, see :func:`plan_arguments`); then rank 0 lists and reads the metadata once and hands
+    the plan to the other ranks, which list nothing (a source that plans on every rank, such as an
+    Iceberg table's, plans on each)."""
+    if collective:
+        agree(fingerprint_of(arguments))
+    if not collective or not source.plans_on_rank0:
+        return source.plan(options, retry)
+    return share_from_rank0(functools.partial(source.plan, options, retry))
 
 
 def share_from_rank0(make: Callable[[], T]) -> T:

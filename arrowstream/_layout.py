@@ -10,7 +10,8 @@ replays and ranges (see :mod:`arrowstream._elastic`), given out by the same poli
 An assignment policy is a function ``(weights, num_slots) -> items of each slot`` that is
 deterministic and keeps each slot's items in their given order: :func:`~arrowstream._order.assign_lpt`
 (longest processing time on rows) today. A new policy is a new function handed to
-:class:`Layouts`, not a branch in the dataset.
+:class:`Layouts`, not a branch in the dataset. :class:`Epochs` is what a dataset asks of its
+plan's epochs: layouts, where a slot starts and ends, what it has left.
 """
 
 from __future__ import annotations
@@ -33,13 +34,14 @@ from ._order import (
     rows_yielded,
     slot_row_counts,
 )
-from ._state import ElasticSource
+from ._state import ElasticSource, WorkerState
 from .errors import StateMismatchError
 
 if TYPE_CHECKING:
     from ._options import Options
+    from ._plan_types import Split
     from ._planning import Plan
-    from ._state import WorkerState
+    from ._state import DataIdentity
 
 Assignment = Callable[[Sequence[int], int], list[list[int]]]
 """A policy: items (their weights, in order) over ``num_slots`` slots, each slot's item indices in order."""
@@ -161,6 +163,54 @@ class Layouts:
         state = self.__dict__.copy()
         state["_kept"] = {}  # recomputed where needed: workers lay out only their own epochs
         return state
+
+
+class Epochs:
+    """The epochs of one plan as one dataset reads them: its :class:`Layouts`, the data identity and
+    options its worker states carry, and ``elastic``: the epoch re-planned from a loaded checkpoint of
+    another topology, if any, which that epoch is laid out from."""
+
+    def __init__(self, plan: Plan, options: Options, even_batches: bool, data: DataIdentity,
+                 state_options: dict[str, Any], elastic: ElasticSource | None = None) -> None:
+        self.plan, self.options, self.data, self.state_options = plan, options, data, state_options
+        self.layouts = Layouts(plan, options, even_batches)
+        self.elastic = elastic
+
+    def layout(self, epoch: int, grid: SlotGrid, source: ElasticSource | None = None) -> EpochLayout:
+        """The layout of ``epoch`` for ``grid``: re-planned from ``source`` (by default ``elastic``, when
+        it is of that epoch), else the plan's for this topology."""
+        if source is None and self.elastic is not None and self.elastic.epoch == epoch:
+            source = self.elastic
+        return self.layouts.layout(epoch, grid, source)
+
+    def start(self, slot: Slot, epoch: int) -> WorkerState:
+        """The state of ``slot`` before the first batch of ``epoch``."""
+        layout = self.layout(epoch, slot.grid)
+        cursor = Cursor.start(len(layout.share(slot).splits), self.options.interleave)
+        return WorkerState(self.data, self.state_options, epoch, slot, cursor, 0, 0, 0, False, layout.source)
+
+    def end_cursor(self, state: WorkerState) -> Cursor:
+        """Past the last row of the epoch of a worker state (its share, when re-planned)."""
+        share = self.layouts.layout(state.epoch, state.slot.grid, state.elastic).share(state.slot)
+        return Cursor((), len(share.splits), replay_index=len(share.replays))
+
+    def batches_left(self, state: WorkerState, slot: Slot) -> int | None:
+        """See :func:`batches_left`: in the layout the state was taken in."""
+        return batches_left(self.layouts.layout(state.epoch, slot.grid, state.elastic), state, slot, self.options)
+
+    def planned_splits(self, slot: Slot, epoch: int) -> tuple[Split, ...]:
+        """The splits ``slot`` reads in ``epoch`` as planned for its topology, in reading order."""
+        return self.layouts.layout(epoch, slot.grid).share(slot).splits
+
+    def files_between(self, slot: Slot, epoch: int, start: Cursor, end: Cursor) -> list[str]:
+        """The files of the splits ``slot`` read from cursor ``start`` to ``end`` (for error messages)."""
+        layout = self.layout(epoch, slot.grid)
+        if layout.replanned:
+            return [f"the files of worker slot {slot.index} (re-planned epoch {layout.epoch})"]
+        splits = layout.share(slot).splits
+        first = min([index for index, _ in start.lanes] + [start.next_split_index])
+        last = min(max(end.next_split_index, first + 1), len(splits))
+        return [self.plan.url(index) for index in sorted({splits[i].file_index for i in range(first, last)})]
 
 
 # -- facts from the plan: what StructuredDataset.num_batches, slot_yields ... answer -----------------

@@ -102,7 +102,7 @@ def mark_epoch_complete(inner: dict[str, Any], dataset: StructuredDataset) -> No
         if state is None:
             return None
         saved = WorkerState.from_dict(state)
-        return dataclasses.replace(saved, cursor=dataset._end_cursor(saved), epoch_complete=True).to_dict()
+        return dataclasses.replace(saved, cursor=dataset._epochs.end_cursor(saved), epoch_complete=True).to_dict()
 
     for worker_id, state in enumerate(worker_states(inner)):
         set_worker_state(inner, worker_id, complete(state))

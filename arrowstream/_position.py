@@ -65,7 +65,7 @@ def cursor_at(split_rows: Sequence[int], interleave: int, block_size: int | None
 def _slot_rows(dataset: StructuredDataset, slot: Slot, epoch: int) -> list[int]:
     """The rows of each split ``slot`` reads in ``epoch`` as planned for its topology, in reading order
     (the epoch's layout, computed once for every slot)."""
-    return [s.num_rows for s in dataset._slot_splits(slot, epoch)]
+    return [s.num_rows for s in dataset._epochs.planned_splits(slot, epoch)]
 
 
 def _refuse(where: str, what: str) -> StateError:
@@ -183,7 +183,7 @@ def check_in_plan(dataset: StructuredDataset, saved: WorkerState, where: str, do
     slot = saved.slot
     replay_rows: list[int] | None = None
     if saved.elastic is None:  # the epoch as the state's topology reads it, with the state's even_batches
-        layout = dataset._layouts.layout(saved.epoch, slot.grid, even_batches=bool(saved.options.get("even_batches")))
+        layout = dataset._epochs.layouts.layout(saved.epoch, slot.grid, even_batches=bool(saved.options.get("even_batches")))
         split_rows, limit = [s.num_rows for s in layout.share(slot).splits], layout.limit(slot)
     else:
         source = saved.elastic
@@ -198,7 +198,7 @@ def check_in_plan(dataset: StructuredDataset, saved: WorkerState, where: str, do
             check_cursor(old, _slot_rows(dataset, old_slot, source.epoch), exact=exact,
                          where=f"{where}.elastic.cursors[{index}]", **common)
         dataset._checked_sources.add(source)  # every new worker carries the same source: checked once
-        layout = dataset._layouts.layout(saved.epoch, slot.grid, source)
+        layout = dataset._epochs.layouts.layout(saved.epoch, slot.grid, source)
         share, limit = layout.share(slot), layout.limit(slot)
         split_rows, replay_rows = [s.num_rows for s in share.splits], [r.rows for r in share.replays]
     at_end = check_position(saved, split_rows, replay_rows, batch_size=options.batch_size, drop_last=options.drop_last,

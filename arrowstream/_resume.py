@@ -84,6 +84,6 @@ def replanned_epoch(dataset: StructuredDataset, epoch: int, world_size: int, num
     """The rest of ``epoch`` from the states of every old (rank, worker) slot, in slot order (each with
     whether its loader had finished the epoch), to be laid out for this topology."""
     # the epoch as the old topology read it, with its own even_batches
-    old = dataset._layouts.layout(epoch, SlotGrid(world_size, num_workers),
+    old = dataset._epochs.layouts.layout(epoch, SlotGrid(world_size, num_workers),
                                   even_batches=bool(saved and saved[0][0].options.get("even_batches")))
     return replanned_source(old, saved, dataset._options.interleave, dataset._options.drops_rows)

@@ -125,6 +125,16 @@ class RetryPolicy:
         return retrying(fn, Attempts(self, what, self.deadline, per="request", credentials=credentials))
 
 
+def check_retry(retry: object) -> RetryPolicy:
+    """The ``retry`` argument of a dataset: a :class:`RetryPolicy`, or the defaults for ``None``."""
+    if retry is None:
+        return RetryPolicy()
+    if not isinstance(retry, RetryPolicy):
+        raise ArgumentTypeError(f"retry: expected an arrowstream.RetryPolicy, got {type(retry).__name__}; "
+                                "pass retry=arrowstream.RetryPolicy(attempts=..., timeout=...)")
+    return retry
+
+
 def retrying(fn: Callable[[], T], attempts: Attempts) -> T:
     """Run ``fn`` until it returns or ``attempts`` gives up (see :meth:`Attempts.after`)."""
     while True:

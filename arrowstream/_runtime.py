@@ -3,18 +3,23 @@
 The loader hands its transport settings to the dataset in one call (:class:`Transport`); each
 process that reads (a worker, or the trainer with ``num_workers=0``) builds one
 :class:`WorkerRuntime` from the plan, the storage and the options: its readers, the read-ahead of
-remote splits, the converters to the output format and its meter. :class:`EpochIterator` is what
-``iter(dataset)`` returns: it is handed the runtime and how to open the slot's epoch, and reads
-nothing else of the dataset.
+remote splits, the converters to the output format and its meter. :class:`WorkerSide` is the
+dataset's handle on it: the transport settings, the runtime once built, the meter, and where the
+dataset was pickled (a worker started by spawn watches the process that pickled it).
+:class:`EpochIterator` is what ``iter(dataset)`` returns: it is handed the runtime and how to open
+the slot's epoch, and reads nothing else of the dataset.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, NamedTuple
+
+from torch.utils.data import get_worker_info
 
 from ._convert import make_converter, make_value_check
 from ._cursor import Cursor
@@ -38,7 +43,7 @@ READ_BATCH_ROWS = 65536
 
 @dataclass(frozen=True)
 class Transport:
-    """How a worker hands its batches over, as the loader sets it (one call: ``dataset._use_transport``)."""
+    """How a worker hands its batches over, as the loader sets it (one call: ``WorkerSide.use_transport``)."""
 
     batches_per_transfer: int = 1  # consecutive batches per message (worker processes only)
     send_chunks: bool = False  # workers send Chunks, which the loader unpacks
@@ -98,6 +103,49 @@ def build_runtime(plan: Plan, storage: Storage, options: Options, fill_nulls: An
     return WorkerRuntime(readers, read_ahead, meter, convert, span_convert, objects, as_torch, transport)
 
 
+class WorkerSide:
+    """A dataset's side in the process that reads it: the loader's :class:`Transport`, this process's
+    meter, and its :class:`WorkerRuntime`, built on the first read. Pickled for a worker (spawn,
+    forkserver), it keeps the transport and which process pickled it, and leaves the rest behind."""
+
+    def __init__(self) -> None:
+        self.transport = Transport()
+        self.meter: Meter | None = None  # this process's metrics, once it reads
+        self._runtime: WorkerRuntime | None = None
+        self._pickled_by: int | None = None  # the process that pickled this side for a worker
+        self._unpickled_in: int | None = None
+
+    def use_transport(self, transport: Transport) -> None:
+        """How workers hand their batches over: the loader's one call, before its workers start."""
+        if transport != self.transport:
+            self._runtime = None  # its converters follow batches_per_transfer
+        self.transport = transport
+
+    def forget(self) -> None:
+        """Drop the runtime (a new plan): the next read builds one for it."""
+        self._runtime = None
+
+    def runtime(self, plan: Plan, storage: Storage, options: Options, fill_nulls: Any) -> WorkerRuntime:
+        """This process's readers and converters, built once."""
+        if self._runtime is None:
+            info = get_worker_info()
+            if self.meter is None:
+                board = self.transport.board
+                self.meter = Meter(board.row(info.id) if info is not None and board is not None else None)
+            # pickled for this worker (spawn, forkserver): by the trainer, which may not be the parent
+            pickled_by = self._pickled_by if self._unpickled_in == os.getpid() else None
+            self._runtime = build_runtime(plan, storage, options, fill_nulls, self.transport, self.meter,
+                                          worker_id=None if info is None else info.id, pickled_by=pickled_by)
+        return self._runtime
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "meter": None, "_runtime": None, "_pickled_by": os.getpid()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._unpickled_in = os.getpid()
+
+
 class OpenEpoch(NamedTuple):
     """A slot's epoch, opened: its stream, the runtime it reads with, and the files read between two
     of its cursors (asked only for error messages)."""
@@ -120,16 +168,6 @@ def open_stream(runtime: WorkerRuntime, layout: EpochLayout, slot: Slot, start: 
     return EpochStream(runs=runs, end=end, batch_size=options.batch_size, drop_last=options.drop_last,
                        max_batches=layout.limit(slot), convert=runtime.convert, data=data,
                        options=state_options, epoch=layout.epoch, slot=slot, start=start)
-
-
-def files_between(plan: Plan, layout: EpochLayout, slot: Slot, start: Cursor, end: Cursor) -> list[str]:
-    """The files of the splits ``slot`` read from cursor ``start`` to ``end`` (for error messages)."""
-    if layout.replanned:
-        return [f"the files of worker slot {slot.index} (re-planned epoch {layout.epoch})"]
-    splits = layout.share(slot).splits
-    first = min([index for index, _ in start.lanes] + [start.next_split_index])
-    last = min(max(end.next_split_index, first + 1), len(splits))
-    return [plan.url(index) for index in sorted({splits[i].file_index for i in range(first, last)})]
 
 
 class EpochIterator:

@@ -10,36 +10,23 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ._collective import agree, collective_world_size, fingerprint_of, plan_arguments, share_from_rank0
+from ._collective import collective_world_size, plan_arguments, plan_together
 from ._convert import check_output_columns, resolve_fill_nulls
 from ._credentials import as_provider
-from ._cursor import Cursor
-from ._layout import (
-    EpochLayout,
-    Layouts,
-    batch_limits,
-    batches_left,
-    check_known,
-    rows_dropped,
-    rows_trimmed,
-    slot_rows,
-    slot_yields,
-)
-from ._metrics import Meter
+from ._layout import Epochs, batch_limits, check_known, rows_dropped, rows_trimmed, slot_rows, slot_yields
 from ._options import Options, check_bool, check_even_batches, check_int, check_storage_arguments, validate_options
 from ._order import Slot, SlotGrid
-from ._plan_types import Split
 from ._planning import Plan
 from ._resume import checked_state, loaded_state, pending_for_epoch, replanned_epoch
-from ._retry import RetryPolicy
-from ._runtime import EpochIterator, OpenEpoch, Transport, WorkerRuntime, build_runtime, files_between, open_stream
+from ._retry import RetryPolicy, check_retry
+from ._runtime import EpochIterator, OpenEpoch, WorkerRuntime, WorkerSide, open_stream
 from ._shm import guard_feeder, share
 from ._source import FileSource, Source, check_file_format
 from ._state import ElasticSource, WorkerState
 from ._storage import Storage
 from ._stream import EpochStream
 from ._topology import resolve_topology
-from .errors import ArgumentTypeError, InvalidArgumentError
+from .errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from .loader import ArrowStreamDataLoader
@@ -159,14 +146,9 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         # wrapped once: its picklability is checked here, for loaders that start workers by spawn or forkserver
         self._credential_provider = as_provider(credential_provider)
         self._source: Source = source or FileSource(path, format, storage_options, self._credential_provider)
-        if retry is not None and not isinstance(retry, RetryPolicy):
-            raise ArgumentTypeError(f"retry: expected an arrowstream.RetryPolicy, got {type(retry).__name__}; "
-                                    "pass retry=arrowstream.RetryPolicy(attempts=..., timeout=...)")
-        self._retry = retry or RetryPolicy()
+        self._retry = check_retry(retry)
         plan_locally = check_bool("plan_locally", plan_locally)
         self._topology = resolve_topology(rank, world_size, accelerator, group_size, plan_locally=plan_locally)
-        # under torch.distributed the ranks build the dataset together: rank 0 plans, after they agree
-        self._collective = not plan_locally and collective_world_size() > 1
         self._rank, self._world_size = self._topology.data_rank, self._topology.data_world_size
         # with one reader of distinct data there is nothing to even out
         self._even_batches = check_even_batches(even_batches, self._world_size, self._options)
@@ -176,36 +158,24 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._epoch_cell = share(torch.zeros(1, dtype=torch.int64), "StructuredDataset: the epoch cell")
         self._pending: WorkerState | None = None
         self._active: EpochIterator | None = None
-        self._transport = Transport()  # the loader's, by _use_transport
-        self._runtime: WorkerRuntime | None = None  # this process's readers and converters, built once
-        self._elastic: ElasticSource | None = None  # by the loader: the epoch re-planned for this topology
-        self._meter: Meter | None = None  # this process's metrics
-        self._checked_sources: set[ElasticSource] = set()  # elastic sources found valid for this plan
-        if self._collective:  # every rank checks that it builds what rank 0 builds (arrowstream._collective)
-            agree(fingerprint_of(self._arguments()))
-        self._use_plan(*self._make_plan())
-
-    def _make_plan(self) -> tuple[Storage, Plan]:
-        """The storage and the plan of the source. Under torch.distributed (unless ``plan_locally``), once the
-        ranks agreed, rank 0 lists and reads the metadata once and hands the plan to the other ranks, which
-        list nothing (sources that plan on every rank, such as an Iceberg table's, plan here)."""
-        if not self._collective or not self._source.plans_on_rank0:
-            return self._source.plan(self._options, self._retry)
-        return share_from_rank0(functools.partial(self._source.plan, self._options, self._retry))
-
-    def _arguments(self) -> dict[str, Any]:
-        """What decides the plan and the batches, compared between ranks: the source's (no credentials), the
-        options and the topology; ``transform`` is compared by its qualified name."""
-        return plan_arguments(self._source.arguments(), self._options, self._even_batches,
-                              self._topology.world_size, self._topology.group_size)
+        self._side = WorkerSide()  # the loader's transport settings; this process's runtime and meter
+        # what decides the plan and the batches, compared between ranks (transform by its qualified name)
+        arguments = plan_arguments(self._source.arguments(), self._options, self._even_batches,
+                                   self._topology.world_size, self._topology.group_size)
+        self._use_plan(*plan_together(self._source, self._options, self._retry, arguments,
+                                      collective=not plan_locally and collective_world_size() > 1))
 
     def _use_plan(self, storage: Storage, plan: Plan) -> None:
         self._storage, self._plan = storage.reading(self._read_ahead_depth, self._options.interleave), plan
         check_output_columns(self._options.output_format, plan.schema)
         self._fill_nulls = resolve_fill_nulls(self._options.fill_nulls, plan.schema)
         self._data = self._source.identity(plan)
-        self._layouts = Layouts(plan, self._options, self._even_batches)
-        self._runtime, self._checked_sources = None, set()
+        # the epoch re-planned for a loaded checkpoint of another topology (by the loader) stays
+        previous: Epochs | None = vars(self).get("_epochs")
+        self._epochs = Epochs(plan, self._options, self._even_batches, self._data, self._state_options,
+                              previous.elastic if previous is not None else None)
+        self._checked_sources: set[ElasticSource] = set()  # elastic sources found valid for this plan
+        self._side.forget()
 
     def _follow_source(self, saved: WorkerState) -> None:
         """Make the dataset read what a loaded state was taken on, when the source has moved on since
@@ -312,7 +282,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
     def _rank_yields(self, num_workers: int) -> list[tuple[int, int, int]]:
         """Per worker of this rank: (rows, batches it yields, rows it yields), this epoch (re-planned for
         this topology, when a checkpoint of another was loaded)."""
-        layout = self._epoch_layout(self.epoch, self._grid(num_workers))
+        layout = self._epochs.layout(self.epoch, self._grid(num_workers))
         return layout.yields(self._rank, self._options.batch_size, self._options.drop_last)
 
     def rows_dropped_per_epoch(self, num_workers: int = 0) -> int:
@@ -349,80 +319,35 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         pending, self._pending = self._pending, None
         slot = self._slot()
         self._active = EpochIterator(slot, functools.partial(self._open, slot, pending),
-                                     before=lambda: pending or self._initial_state(slot))
+                                     before=lambda: pending or self._epochs.start(slot, self.epoch))
         return self._active
-
-    def _use_transport(self, transport: Transport) -> None:
-        """How workers hand their batches over: the loader's one call, before its workers start."""
-        if transport != self._transport:
-            self._runtime = None  # its converters follow batches_per_transfer
-        self._transport = transport
 
     def _worker_runtime(self) -> WorkerRuntime:
         """This process's readers and converters, built once."""
-        if self._runtime is None:
-            info = get_worker_info()
-            if self._meter is None:
-                board = self._transport.board
-                self._meter = Meter(board.row(info.id) if info is not None and board is not None else None)
-            # pickled for this worker (spawn, forkserver): by the trainer, which may not be the parent
-            came_by_pickle = self.__dict__.get("_unpickled_in") == os.getpid()
-            self._runtime = build_runtime(self._plan, self._storage, self._options, self._fill_nulls,
-                                          self._transport, self._meter, worker_id=None if info is None else info.id,
-                                          pickled_by=self.__dict__.get("_pickled_by") if came_by_pickle else None)
-        return self._runtime
+        return self._side.runtime(self._plan, self._storage, self._options, self._fill_nulls)
 
     def _open(self, slot: Slot, pending: WorkerState | None) -> OpenEpoch:
         epoch = self.epoch
         pending = pending_for_epoch(self, pending, slot, epoch)
         return OpenEpoch(self._stream(slot, epoch, pending), self._worker_runtime(),
-                         functools.partial(self._files_between, slot, epoch))
-
-    def _epoch_layout(self, epoch: int, grid: SlotGrid, source: ElasticSource | None = None) -> EpochLayout:
-        """The layout of ``epoch`` for ``grid``: re-planned from ``source`` (by default the checkpoint of
-        another topology loaded for that epoch, if any), else the plan's for this topology."""
-        return self._layouts.layout(epoch, grid, source if source is not None else self._elastic_source(epoch))
-
-    def _slot_splits(self, slot: Slot, epoch: int) -> tuple[Split, ...]:
-        """The splits ``slot`` reads in ``epoch`` as planned for its topology, in reading order."""
-        return self._layouts.layout(epoch, slot.grid).share(slot).splits
+                         functools.partial(self._epochs.files_between, slot, epoch))
 
     def batches_left(self, state: WorkerState, slot: Slot) -> int | None:
         """Batches a worker state of ``slot`` has still to hand out in its epoch, from the plan;
         ``None`` when a filter (or ``bad_rows='skip'``) decides, which only reading tells."""
-        if state.epoch_complete:
-            return 0
-        return batches_left(self._layouts.layout(state.epoch, slot.grid, state.elastic), state, slot, self._options)
-
-    def _elastic_source(self, epoch: int) -> ElasticSource | None:
-        return self._elastic if self._elastic is not None and self._elastic.epoch == epoch else None
+        return self._epochs.batches_left(state, slot)
 
     def _use_elastic(self, source: ElasticSource | None) -> None:
         """The epoch a loaded checkpoint was re-planned into for this topology (its counts: len, trimmed rows)."""
-        self._elastic = source
-
-    def _end_cursor(self, state: WorkerState) -> Cursor:
-        """Past the last row of the epoch of a worker state (its share, when re-planned)."""
-        share = self._layouts.layout(state.epoch, state.slot.grid, state.elastic).share(state.slot)
-        return Cursor((), len(share.splits), replay_index=len(share.replays))
-
-    def _files_between(self, slot: Slot, epoch: int, start: Cursor, end: Cursor) -> list[str]:
-        """The files of the splits a worker read from cursor ``start`` to ``end`` (for error messages)."""
-        return files_between(self._plan, self._epoch_layout(epoch, slot.grid), slot, start, end)
+        self._epochs.elastic = source
 
     def _stream(self, slot: Slot, epoch: int, start: WorkerState | None) -> EpochStream:
         runtime = self._worker_runtime()
-        start = start or self._initial_state(slot, epoch)
-        return open_stream(runtime, self._layouts.layout(epoch, slot.grid, start.elastic), slot, start,
+        start = start or self._epochs.start(slot, epoch)
+        return open_stream(runtime, self._epochs.layouts.layout(epoch, slot.grid, start.elastic), slot, start,
                            self._options, self._data, self._state_options)
 
     # -- state --------------------------------------------------------------------------------
-
-    def _initial_state(self, slot: Slot, epoch: int | None = None) -> WorkerState:
-        epoch = self.epoch if epoch is None else epoch
-        layout = self._epoch_layout(epoch, slot.grid)
-        cursor = Cursor.start(len(layout.share(slot).splits), self._options.interleave)
-        return WorkerState(self._data, self._state_options, epoch, slot, cursor, 0, 0, 0, False, layout.source)
 
     def state_dict(self) -> dict[str, Any]:
         """This worker's position: a small JSON dict (see docs/state-format.md)."""
@@ -430,7 +355,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             return self._active.state().to_dict()
         if self._pending is not None:
             return self._pending.to_dict()
-        return self._initial_state(self._slot()).to_dict()
+        return self._epochs.start(self._slot(), self.epoch).to_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from a worker state: the next iteration continues right after it.
@@ -458,18 +383,11 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                             saved: list[tuple[WorkerState, bool]]) -> None:
         """Re-plan the rest of ``epoch`` from the states of every old (rank, worker) slot, in slot
         order (each with whether its loader had finished the epoch), for this topology."""
-        self._elastic = replanned_epoch(self, epoch, world_size, num_workers, saved)
+        self._epochs.elastic = replanned_epoch(self, epoch, world_size, num_workers, saved)
         self._pending, self._active = None, None
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state.update(_pending=None, _active=None, _runtime=None, _meter=None, _pickled_by=os.getpid(),
-                     _source=self._source.for_workers())
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._unpickled_in = os.getpid()
+        return {**self.__dict__, "_pending": None, "_active": None, "_source": self._source.for_workers()}
 
     def __repr__(self) -> str:
         return (f"StructuredDataset(format={self._options.format!r}, files={len(self._plan.files)}, "

@@ -112,7 +112,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
     def _set_batches_per_transfer(self, value: int) -> None:
         self.batches_per_transfer = value
         self._transport = dataclasses.replace(self._transport, batches_per_transfer=value)
-        self.dataset._use_transport(self._transport)
+        self.dataset._side.use_transport(self._transport)
 
     def _get_iterator(self) -> Any:
         """torchdata's hook that starts an epoch's iterator (from a loaded state, if any): a loaded
@@ -144,7 +144,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             dataset = self.dataset
             for worker_id in range(len(states)):
                 slot = SlotGrid(dataset.world_size, self.num_workers).slot(dataset.rank, worker_id)
-                set_worker_state(inner, worker_id, dataset._initial_state(slot, dataset.epoch).to_dict())
+                set_worker_state(inner, worker_id, dataset._epochs.start(slot, dataset.epoch).to_dict())
             clear_steps_since_snapshot(inner)
         set_last_yielded_worker(inner, self.num_workers - 1)  # the next batch comes from worker 0
         return inner
@@ -191,7 +191,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             (10, 3, 1, 1)
         """
         if self.num_workers == 0:
-            meter = self.dataset._meter  # this process's, which reads
+            meter = self.dataset._side.meter  # this process's, which reads
             raw = [dict(zip(FIELDS, meter.values() if meter is not None else Meter().values()))]
         else:
             assert self._transport.board is not None

@@ -67,8 +67,8 @@ def test_the_loader_hands_the_dataset_its_transport_in_one_call(uneven_dataset):
 
     loader = ArrowStreamDataLoader(dataset, batch_size=None, num_workers=2, batches_per_transfer=3)
     assert set(vars(dataset)) == before
-    assert dataset._transport == Transport(batches_per_transfer=3, send_chunks=True)
-    assert dataset._transport.board is loader._transport.board is not None
+    assert dataset._side.transport == Transport(batches_per_transfer=3, send_chunks=True)
+    assert dataset._side.transport.board is loader._transport.board is not None
     assert sorted(i for batch in loader for i in ids_of(batch)) == list(range(dataset.num_rows))
     assert loader.metrics()["rows"] == dataset.num_rows  # the workers' meters write to the loader's board
 
