@@ -168,7 +168,7 @@ def child_pyarrow(spec: dict[str, Any]) -> dict[str, Any]:
                     units = sum(pool.map(footer, fragments))
             else:
                 units = sum(footer(f) for f in fragments)
-            rows = sum(f.count_rows() for f in fragments) if spec.get("count_rows") else -1
+            rows = -1   # footers only, as planning reads them
     return {"probe": vars(probe), "units": units, "rows": rows}
 
 
