@@ -671,6 +671,14 @@ def int_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
+def has_cache_api() -> bool:
+    import inspect
+
+    from arrowstream import StructuredDataset
+
+    return "plan_cache" in inspect.signature(StructuredDataset.__init__).parameters
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: small sizes, 1 repeat, prints only")
@@ -700,6 +708,9 @@ def parse_args() -> argparse.Namespace:
     args.skip = {s for s in args.skip.split(",") if s}
     if args.skip - {"local", "synthetic", "s3", "csv"}:
         parser.error(f"--skip: unknown parts {sorted(args.skip - {'local', 'synthetic', 's3', 'csv'})}")
+    if not args.no_cache_api and args.child is None and not has_cache_api():
+        parser.error("this arrowstream's StructuredDataset takes no `plan_cache` keyword; run with --no-cache-api "
+                     "(restart then re-plans, as cold does)")
     if args.out is None and not quick:
         args.out = BENCH_DIR / "results" / f"{dt.date.today().isoformat()}-planning.md"
     return args
