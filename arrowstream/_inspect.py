@@ -94,7 +94,7 @@ def describe(dataset: Any, num_workers: int) -> dict[str, Any]:
     footers = plan.files
     files = [{"name": f.entry.name, "rows": sum(f.unit_rows), "units": len(f.unit_rows), "bytes": f.entry.size}
              for f in footers]
-    splits = plan.splits_for(num_slots)
+    splits = plan.splits_for(num_slots, options.planning)
     split_rows = [s.num_rows for s in splits]
     owned = assign_lpt(split_rows, num_slots)  # the loader's assignment: splits per slot
     slots = []
