@@ -109,6 +109,7 @@ def test_inspect_shows_a_cut_file_over_3_ranks_of_2_workers_trimmed_by_at_most_a
     assert all(s["rows_trimmed"] <= 128 for s in report["slots"])
     assert report["rows_trimmed"] == 0
     assert len({r["batches"] for r in report["ranks"]}) == 1
+    assert report["topology"]["planning"] == 2
 
 
 def test_inspect_prints_the_same_report_as_text(skewed):

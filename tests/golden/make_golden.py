@@ -3,7 +3,9 @@
 Run once per released state version, commit the output, and never edit it afterwards:
 ``python tests/golden/make_golden.py``. The data fixture (``data/``, two tiny Parquet files)
 is committed too, because a state is only valid on the exact files it was taken on; the test
-restores the files' modification times from ``data/mtimes.json``.
+restores the files' modification times from ``data/mtimes.json``. ``data-cut/`` (one file of two row
+groups) holds the data of the cases whose plan cuts row groups into ranges (``CUT_CASES``); a case names
+its data folder in its ``data`` key.
 """
 
 from __future__ import annotations
