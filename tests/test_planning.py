@@ -182,6 +182,19 @@ def test_one_file_of_two_row_groups_over_3_ranks_of_2_workers_trims_at_most_a_ba
     assert sum(d.rows_trimmed_per_epoch(2) for d in datasets) == 976
 
 
+def test_cut_units_of_two_files_over_four_ranks_are_read_once_in_equal_shares(tmp_path):
+    folder = write_dataset(tmp_path / "d", [(37, 37), (6, 6)])   # 2 units, 43 rows, 4 readers: 10 or 11 each
+    ids = []
+    for rank in range(4):
+        dataset = StructuredDataset(folder, batch_size=4, rank=rank, world_size=4, even_batches=False,
+                                    plan_locally=True)
+        assert sorted(dataset.slot_rows()) == [10, 11, 11, 11]
+        mine = [i for batch in dataset for i in batch["id"].tolist()]
+        assert len(mine) == dataset.slot_rows()[rank]
+        ids += mine
+    assert sorted(ids) == list(range(43))
+
+
 def test_filter_prunes_row_groups_by_statistics(tmp_path):
     folder = write_dataset(tmp_path / "d", [(1000, 100)])
     dataset = StructuredDataset(folder, filter=pc.field("id") >= 950)
