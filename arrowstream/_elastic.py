@@ -98,14 +98,14 @@ def _halve(split: Split) -> tuple[Split, Split]:
 
 
 def remaining_items(plan: Plan, source: ElasticSource, *, shuffle: bool, seed: int, batch_size: int,
-                    interleave: int, buffer_rows: int) -> tuple[list[Replay], list[Split]]:
+                    interleave: int, buffer_rows: int, planning: int) -> tuple[list[Replay], list[Split]]:
     """Every row of ``source.epoch`` the old workers had not handed out, as replays and ranges.
 
     A shuffle window's extent follows from row counts, which a filter makes unknown before
     reading: the loader refuses a source with a worker inside a window and a filter.
     """
     grid = SlotGrid(source.world_size, source.num_workers)
-    splits = plan.splits_for(grid.num_slots)
+    splits = plan.splits_for(grid.num_slots, planning)  # as the old topology read them
     rows = [s.num_rows for s in splits]
     block_size = block_size_for(batch_size, interleave)
     replays: list[Replay] = []

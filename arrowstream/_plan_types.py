@@ -8,6 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+PLANNING_VERSION = 2
+"""How splits are cut for a number of slots (``arrowstream._planning.REFINERS``): recorded in every worker
+state (``options.planning``), so that a checkpoint keeps the layout it was taken in. 1: row groups cut into
+ranges of about ``rows // slots`` (state versions up to 5); 2: cut so that every slot has ``rows // slots``
+rows or one more."""
+PLANNING_VERSIONS = (1, 2)
+
 
 @dataclass(frozen=True, slots=True)
 class Split:

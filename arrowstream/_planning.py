@@ -7,7 +7,8 @@ are cut into row ranges, so no worker idles). Everything after :func:`plan_files
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +20,7 @@ from ._discovery import FileEntry
 from ._failures import wrap_read_error
 from ._formats import FileFooter, FileFormat, check_counts
 from ._hashing import fingerprint  # also importable from here, its old home
-from ._plan_types import Split  # also importable from here, its old home
+from ._plan_types import PLANNING_VERSION, PLANNING_VERSIONS, Split  # Split: also importable from here, its old home
 from ._storage import Storage, display_url
 from .errors import ArrowStreamError, CorruptFileError, EmptyDatasetError, InvalidArgumentError, SchemaMismatchError
 
@@ -39,16 +40,18 @@ class Plan:
     filter: pc.Expression | None
     data_fingerprint: str
     num_rows: int                     # before the filter
-    _refined: dict[int, list[Split]] = field(default_factory=dict, repr=False)
+    _refined: dict[tuple[int, int], list[Split]] = field(default_factory=dict, repr=False)
 
     def url(self, file_index: int) -> str:
         return display_url(self.protocol, self.files[file_index].entry.path)
 
-    def splits_for(self, num_slots: int) -> list[Split]:
-        """The splits with large ones cut until there are at least ``num_slots`` (when rows allow)."""
-        if num_slots not in self._refined:
-            self._refined[num_slots] = refine_splits(self.splits, num_slots, self.files)
-        return self._refined[num_slots]
+    def splits_for(self, num_slots: int, planning: int = PLANNING_VERSION) -> list[Split]:
+        """The splits with large ones cut until there are at least ``num_slots`` (when rows allow), as
+        planning version ``planning`` cuts them (see :data:`PLANNING_VERSION`)."""
+        key = (num_slots, planning)
+        if key not in self._refined:
+            self._refined[key] = REFINERS[planning](self.splits, num_slots, self.files)
+        return self._refined[key]
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -176,30 +179,90 @@ def _single_units(split: Split, footer: FileFooter) -> list[Split]:
             for rg in range(split.unit_start, split.unit_stop)]
 
 
-def _row_ranges(split: Split, pieces: int) -> list[Split]:
-    base, extra = divmod(split.num_rows, pieces)
+def _row_ranges(split: Split, sizes: Sequence[int]) -> list[Split]:
+    """``split`` cut into consecutive row ranges of ``sizes`` rows (summing to its rows), bytes pro rata."""
     out, start = [], split.row_start
-    for k in range(pieces):
-        rows = base + (1 if k < extra else 0)
+    for rows in sizes:
         out.append(Split(split.file_index, split.unit_start, split.unit_stop, start, rows,
                          split.num_bytes * rows // max(split.num_rows, 1)))
         start += rows
     return out
 
 
-def refine_splits(splits: Sequence[Split], num_slots: int, footers: Sequence[FileFooter]) -> list[Split]:
-    """Make at least ``num_slots`` splits when the rows allow, so that no worker idles.
-
-    First whole row groups come apart; if that is not enough, row groups are cut into
-    near-equal row ranges of about ``total_rows // num_slots`` rows. Pure and deterministic.
-    """
+def _units_or_none(splits: Sequence[Split], num_slots: int, footers: Sequence[FileFooter]) -> list[Split] | None:
+    """The splits, or their single units, when there are enough of them for ``num_slots``; None: units must be cut."""
     if len(splits) >= num_slots:
         return list(splits)
     singles = [s for split in splits for s in _single_units(split, footers[split.file_index])]
-    if len(singles) >= num_slots:
-        return singles
-    target = max(sum(s.num_rows for s in singles) // num_slots, 1)
-    return [piece for s in singles for piece in _row_ranges(s, -(-s.num_rows // target))]
+    return singles if len(singles) >= num_slots else None
+
+
+def refine_splits_v1(splits: Sequence[Split], num_slots: int, footers: Sequence[FileFooter]) -> list[Split]:
+    """Planning version 1 (states of version 5 and before): units cut into ranges of about
+    ``total_rows // num_slots`` rows, each unit on its own; the remainder ranges left slots uneven."""
+    units = _units_or_none(splits, num_slots, footers)
+    if units is not None:
+        return units
+    target = max(sum(s.num_rows for s in splits) // num_slots, 1)
+    out = []
+    for unit in (s for split in splits for s in _single_units(split, footers[split.file_index])):
+        pieces = -(-unit.num_rows // target)
+        base, extra = divmod(unit.num_rows, pieces)
+        out += _row_ranges(unit, [base + (1 if k < extra else 0) for k in range(pieces)])
+    return out
+
+
+def _balanced_cuts(unit_rows: Sequence[int], num_slots: int) -> list[list[int]]:
+    """The row counts each unit is cut into, in row order, so that LPT gives every slot
+    ``total // num_slots`` or one more row.
+
+    The cut *is* an LPT run: each piece goes to the least-loaded slot (ties: the lowest) and takes
+    the rest of the unit with the most rows left (ties: the first), up to what fills that slot (the
+    first ``total % num_slots`` slots to fill may take one row more). Pieces come out in
+    non-increasing size (the most rows left only shrinks, the room of the least-loaded slot too), so
+    ``assign_lpt``, which takes pieces heaviest first, replays this run whatever the epoch's order
+    among equal pieces, and lands on the same loads. Each piece ends a unit or fills a slot: at most
+    ``len(unit_rows) + num_slots`` pieces.
+    """
+    level, extra = divmod(sum(unit_rows), num_slots)
+    loads = [(0, slot) for slot in range(num_slots)]
+    rests = [(-rows, index) for index, rows in enumerate(unit_rows) if rows > 0]
+    heapq.heapify(rests)
+    cuts: list[list[int]] = [[] for _ in unit_rows]
+    while rests:
+        load, slot = heapq.heappop(loads)
+        neg_rest, index = heapq.heappop(rests)
+        piece = min(-neg_rest, level + (1 if extra else 0) - load)
+        assert piece > 0, "a slot below its share is always left while rows are"
+        cuts[index].append(piece)
+        if load + piece == level + 1:
+            extra -= 1
+        heapq.heappush(loads, (load + piece, slot))
+        if piece < -neg_rest:
+            heapq.heappush(rests, (neg_rest + piece, index))
+    return cuts
+
+
+def refine_splits(splits: Sequence[Split], num_slots: int, footers: Sequence[FileFooter]) -> list[Split]:
+    """Make at least ``num_slots`` splits when the rows allow, so that no worker idles (planning version 2).
+
+    First whole row groups come apart; if that is not enough, row groups are cut into row ranges
+    (each inside one unit) so that after LPT assignment every slot has ``total_rows // num_slots``
+    rows or one more (see :func:`_balanced_cuts`). Pure and deterministic.
+    """
+    units = _units_or_none(splits, num_slots, footers)
+    if units is not None:
+        return units
+    singles = [s for split in splits for s in _single_units(split, footers[split.file_index])]
+    cuts = _balanced_cuts([s.num_rows for s in singles], num_slots)
+    return [piece for unit, sizes in zip(singles, cuts) for piece in _row_ranges(unit, sizes)]
+
+
+REFINERS: dict[int, Callable[[Sequence[Split], int, Sequence[FileFooter]], list[Split]]] = {
+    1: refine_splits_v1,
+    2: refine_splits,
+}
+assert tuple(REFINERS) == PLANNING_VERSIONS
 
 
 def plan_files(storage: Storage, entries: Sequence[FileEntry], file_format: FileFormat, *,
