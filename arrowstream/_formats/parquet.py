@@ -20,6 +20,7 @@ from ..errors import CorruptFileError
 from ._base import FileFooter, MetadataFormat
 
 _ENCRYPTION_MARKERS = ("encrypted", "decrypt")
+_FRAGMENTS = ds.ParquetFileFormat()   # one for every footer read: making one per file costs as much as a read
 
 
 def _encrypted(exc: BaseException, url: str) -> CorruptFileError | None:
@@ -78,7 +79,7 @@ class ParquetFormat(MetadataFormat):
 
     def inspect_source(self, source: Any, entry: FileEntry, filter: pc.Expression | None,
                        filter_columns: list[str]) -> FileFooter:
-        fragment = ds.ParquetFileFormat().make_fragment(source)
+        fragment = _FRAGMENTS.make_fragment(source)
         metadata = fragment.metadata
         schema = fragment.physical_schema
         rows = tuple(metadata.row_group(i).num_rows for i in range(metadata.num_row_groups))
