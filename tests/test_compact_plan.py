@@ -10,13 +10,12 @@ import tracemalloc
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.feather as feather
-import pyarrow.orc as orc
 import pyarrow.parquet as pq
 import pytest
 from helpers import make_table
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pyarrow import feather, orc
 
 from arrowstream import StructuredDataset
 from arrowstream._discovery import FileEntry, discover_files
