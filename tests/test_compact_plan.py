@@ -193,7 +193,6 @@ def test_plan_memory_per_unit_is_bounded():
     num_files, units = 25_000, 2
     footers = list(_synthetic_footers(num_files, units))   # made before tracing: only the plan is measured
     plan, held = _held_bytes(lambda: build_plan("file", footers, SCHEMA, ["id"], None, None, identity={}))
-    del footers
     names = sum(len(f"/data/part-{i:07d}.parquet") + len(f"part-{i:07d}.parquet") for i in range(num_files))
     assert len(plan.splits) == num_files * units
     assert (held - names) / (num_files * units) < 300
