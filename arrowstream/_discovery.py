@@ -173,8 +173,19 @@ def discover_files(path: Any, storage_options: dict[str, Any] | None,
     root = posixpath.commonpath(paths) if len(paths) > 1 else posixpath.dirname(paths[0])
     if root in paths:  # a single file given twice
         root = posixpath.dirname(root)
-    entries = [FileEntry(path=p, name=posixpath.relpath(p, root) if root else p,
-                         size=int(infos[p].get("size") or 0), tag=_modification_tag(infos[p]),
-                         version=version_of(storage.protocol, infos[p]))
+    entries = [FileEntry(path=p, name=_relative(p, root), size=int(infos[p].get("size") or 0),
+                         tag=_modification_tag(infos[p]), version=version_of(storage.protocol, infos[p]))
                for p in paths]
     return storage, entries
+
+
+def _relative(path: str, root: str) -> str:
+    """``posixpath.relpath(path, root)`` (``path`` itself without a root), by cutting the prefix where
+    ``path`` is already normal (no ``//``, ``.`` or trailing ``/``), which is what listings give:
+    ``relpath`` costs ~40 µs a file, a third of a cold plan of small local files."""
+    if not root:
+        return path
+    prefix = root if root.endswith("/") else root + "/"   # commonpath is normal: "/" ends in one already
+    if path.startswith(prefix) and len(path) > len(prefix) and posixpath.normpath(path) == path:
+        return path[len(prefix):]
+    return posixpath.relpath(path, root)

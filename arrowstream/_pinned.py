@@ -61,6 +61,11 @@ def version_of(protocol: str, info: dict[str, Any]) -> str:
     return ""
 
 
+def local_version(status: os.stat_result) -> str:
+    """What :func:`version_of` makes of a local file's status (its modification time), without the lookup."""
+    return str(status.st_mtime)
+
+
 def _version_name(protocol: str) -> str:
     return next((name for protocols, _, name in _VERSION_KEYS if protocol in protocols), "version")
 

@@ -25,6 +25,7 @@ from ._footers import FooterTable, as_table, files_fingerprint, handle_budget
 from ._formats import FileFooter, FileFormat, check_counts
 from ._formats._base import MetadataFormat
 from ._hashing import fingerprint  # noqa: F401 (also importable from here, its old home)
+from ._pinned import local_version
 from ._plan_types import PLANNING_VERSION, PLANNING_VERSIONS, Split, SplitTable  # Split: also importable from here
 from ._storage import Storage, display_url
 from .errors import ArrowStreamError, CorruptFileError, EmptyDatasetError, InvalidArgumentError, SchemaMismatchError
@@ -325,7 +326,12 @@ def plan_files(storage: Storage, entries: Sequence[FileEntry], file_format: File
         footer = read_footer(storage, file_format, entry, filter, filter_columns)
         return footer if keep_handles or footer.handle is None else footer.without_handle()
 
-    footers = FooterTable.build(_read_all(read, entries, lead, first, _planning_threads(storage, len(entries))))
+    def read_short(chunk: Sequence[FileEntry]) -> list[FileFooter] | None:
+        return _read_local(file_format, chunk, keep_handles)
+
+    short = storage.is_local and filter is None and isinstance(file_format, MetadataFormat)
+    footers = FooterTable.build(_read_all(read, entries, lead, first, _planning_threads(storage, len(entries)),
+                                          read_short if short else None))
     if not isinstance(file_format, MetadataFormat):   # text formats: one schema for every file
         footers = FooterTable.build(file_format.reconcile(list(footers), storage.protocol))
     # a text file of no rows has names but no types: the schema is that of the first file with rows
@@ -350,18 +356,59 @@ def _planning_threads(storage: Storage, num_files: int) -> int:
     return max(1, min(threads, num_files // _FILES_PER_CHUNK))
 
 
+def _read_local(file_format: FileFormat, entries: Sequence[FileEntry], keep_handles: bool) -> list[FileFooter] | None:
+    """The footers of local files without a filter, read the short way: one stat, one footer read and a few
+    comparisons per file, the UTF-8 check of names once per distinct schema. The checks are those of
+    :func:`read_footer` (the stat of ``open_input``, ``check_counts``, ``_check_names``, the rows the footer
+    announces); None at the first file that fails one or cannot be read: the caller reads the chunk file
+    by file, which retries what is transient and raises the error that names the file."""
+    if not isinstance(file_format, MetadataFormat):
+        return None
+    footers = []
+    known: pa.Schema | None = None   # the last schema whose names were checked
+    try:
+        for entry in entries:
+            status = os.stat(entry.path)
+            if status.st_size != entry.size or (entry.version and local_version(status) != entry.version):
+                return None
+            read = file_format.read_local(entry.path)
+            if read is None or sum(read.unit_rows) != read.num_rows or len(read.unit_rows) != len(read.unit_bytes):
+                return None
+            if read.unit_rows and (min(read.unit_rows) < 0 or min(read.unit_bytes) < 0):
+                return None
+            schema = read.schema
+            if known is not None and schema.equals(known, check_metadata=True):
+                schema = known   # equal names need no second check; the same object is one schema of the table
+            else:
+                _check_names(schema, entry.path, file_format.label)
+                known = schema
+            footers.append(FileFooter(entry, file_format.name, schema, read.unit_rows, read.unit_bytes,
+                                      tuple(range(len(read.unit_rows))), read.handle if keep_handles else None))
+    except Exception:  # noqa: BLE001 (the careful read raises it again, classified and naming the file)
+        return None
+    return footers
+
+
 def _read_all(read: Callable[[FileEntry], FileFooter], entries: Sequence[FileEntry], lead: int, first: FileFooter,
-              threads: int) -> Iterator[FileFooter]:
+              threads: int,
+              read_short: Callable[[Sequence[FileEntry]], list[FileFooter] | None] | None = None) -> Iterator[FileFooter]:
     """Every file's footer in file order (``first`` is the lead's, already read), read by ``threads`` threads
-    in chunks of consecutive files: one task per chunk, not per file, keeps the pool's own cost small."""
+    in chunks of consecutive files: one task per chunk, not per file, keeps the pool's own cost small.
+    ``read_short`` reads a chunk the short way where it can (None: that chunk is read file by file)."""
     def chunk(start: int, stop: int) -> list[FileFooter]:
+        footers = read_short(entries[start:stop]) if read_short is not None else None
+        if footers is not None:
+            if start <= lead < stop:
+                footers[lead - start] = first
+            return footers
         return [first if i == lead else read(entries[i]) for i in range(start, stop)]
 
-    if threads <= 1:
-        yield from chunk(0, len(entries))
-        return
     size = max(_FILES_PER_CHUNK, -(-len(entries) // (threads * 8)))
     bounds = [(start, min(start + size, len(entries))) for start in range(0, len(entries), size)]
+    if threads <= 1:
+        for start, stop in bounds:
+            yield from chunk(start, stop)
+        return
     with ThreadPoolExecutor(max_workers=threads) as pool:
         for footers in pool.map(lambda b: chunk(*b), bounds):
             yield from footers

@@ -133,6 +133,24 @@ class MetadataFormat:
     def reconcile(self, footers: list[FileFooter], protocol: str) -> list[FileFooter]:
         return footers
 
+    def read_local(self, path: str) -> LocalFooter | None:
+        """The footer of a local file read the short way (no filter, no retries, no wrapping: planning
+        checks what it returns and reads the file the careful way on any doubt); None: the format has
+        no short way."""
+        return None
+
+
+@dataclass(frozen=True)
+class LocalFooter:
+    """What :meth:`MetadataFormat.read_local` read: the schema, each unit's rows and bytes, the rows the
+    file announces in all, and the format's handle."""
+
+    schema: pa.Schema
+    unit_rows: tuple[int, ...]
+    unit_bytes: tuple[int, ...]
+    num_rows: int
+    handle: Any
+
 
 def name_units(unit: str, units: Sequence[int]) -> str:
     """How an error names a run of units: ``row group 3``, ``stripes 2-4``."""

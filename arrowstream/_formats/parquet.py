@@ -12,15 +12,17 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from .._discovery import FileEntry
 from .._storage import Storage, display_url
 from ..errors import CorruptFileError
-from ._base import FileFooter, MetadataFormat
+from ._base import FileFooter, LocalFooter, MetadataFormat
 
 _ENCRYPTION_MARKERS = ("encrypted", "decrypt")
 _FRAGMENTS = ds.ParquetFileFormat()   # one for every footer read: making one per file costs as much as a read
+_LOCAL_FS = pafs.LocalFileSystem()
 
 
 def _encrypted(exc: BaseException, url: str) -> CorruptFileError | None:
@@ -92,6 +94,15 @@ class ParquetFormat(MetadataFormat):
         if filter is not None and all(name in schema.names for name in filter_columns):
             kept = tuple(f.row_groups[0].id for f in fragment.split_by_row_group(filter, schema=schema))
         return FileFooter(entry, self.name, schema, rows, sizes, kept, metadata)
+
+    def read_local(self, path: str) -> LocalFooter:
+        """The footer of a local file as pyarrow.dataset reads it (a fragment of the path on pyarrow's local
+        filesystem: no Python file object in between)."""
+        fragment = _FRAGMENTS.make_fragment(path, filesystem=_LOCAL_FS)
+        metadata = fragment.metadata
+        groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
+        return LocalFooter(fragment.physical_schema, tuple(group.num_rows for group in groups),
+                           tuple(group.total_byte_size for group in groups), metadata.num_rows, metadata)
 
     def open(self, storage: Storage, footer: FileFooter) -> ParquetFile:
         return ParquetFile(storage, footer)

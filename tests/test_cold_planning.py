@@ -1,0 +1,97 @@
+"""The short way of reading local footers (``_planning._read_local``): the same footers as the careful
+way, and every check of the careful way still made, for a file anywhere in a large folder."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import arrowstream._planning as planning
+from arrowstream import errors
+from arrowstream._discovery import _relative, discover_files
+from arrowstream._formats import get_format
+from arrowstream._pinned import local_version, version_of
+
+NUM_FILES = 150   # over two chunks of _FILES_PER_CHUNK: read by threads, in three chunks
+
+
+def _write_folder(folder, num_files=NUM_FILES):
+    folder.mkdir()
+    for index in range(num_files):
+        rows = 0 if index == 7 else 3 + index % 5
+        table = pa.table({"id": pa.array(range(rows), pa.int64()), "name": pa.array([str(i) for i in range(rows)], pa.string())})
+        pq.write_table(table, folder / f"part-{index:03d}.parquet", row_group_size=2)
+    return folder
+
+
+def _plan(folder):
+    storage, entries = discover_files(str(folder), None)
+    return planning.plan_files(storage, entries, get_format("parquet"), columns=None, filter=None, split_bytes=None)
+
+
+def _careful(*args, **kwargs):
+    return None
+
+
+def test_the_short_way_plans_what_the_careful_way_plans(tmp_path, monkeypatch):
+    folder = _write_folder(tmp_path / "d")
+    short = _plan(folder)
+    monkeypatch.setattr(planning, "_read_local", _careful)
+    careful = _plan(folder)
+    assert short.data_fingerprint == careful.data_fingerprint
+    assert list(short.files) == list(careful.files)
+    assert list(short.splits) == list(careful.splits)
+    assert short.files.unit_bytes.tolist() == careful.files.unit_bytes.tolist()
+    assert len(short.files.schemas) == len(careful.files.schemas) == 1 and short.schema.equals(careful.schema)
+
+
+def test_a_corrupt_footer_among_many_equal_files_is_named(tmp_path):
+    folder = _write_folder(tmp_path / "d")
+    path = folder / "part-140.parquet"
+    data = path.read_bytes()
+    path.write_bytes(data[:-12] + b"\xff" * 4 + data[-8:])   # the footer's last bytes flipped, its length kept
+    with pytest.raises(errors.CorruptFileError, match=r"part-140\.parquet"):
+        _plan(folder)
+
+
+def test_a_column_name_not_utf8_in_a_late_file_is_refused(tmp_path):
+    """Names are checked once per distinct schema: a late file with a schema of its own is checked."""
+    folder = _write_folder(tmp_path / "d")
+    path = folder / "part-130.parquet"
+    pq.write_table(pa.table({"id": [1, 2], "zzzz": ["a", "b"]}), path, store_schema=False)
+    path.write_bytes(path.read_bytes().replace(b"zzzz", b"z\xffzz"))
+    with pytest.raises(errors.CorruptFileError, match=r"part-130\.parquet: a column name .* is not valid UTF-8"):
+        _plan(folder)
+
+
+def test_a_file_rewritten_after_listing_is_named(tmp_path):
+    folder = _write_folder(tmp_path / "d")
+    storage, entries = discover_files(str(folder), None)
+    pq.write_table(pa.table({"id": pa.array(range(50), pa.int64()), "name": ["x"] * 50}),
+                   folder / "part-100.parquet")
+    with pytest.raises(errors.FileChangedError, match=r"part-100\.parquet"):
+        planning.plan_files(storage, entries, get_format("parquet"), columns=None, filter=None, split_bytes=None)
+
+
+def test_a_schema_that_differs_late_is_named(tmp_path):
+    folder = _write_folder(tmp_path / "d")
+    pq.write_table(pa.table({"id": pa.array([1, 2], pa.int32()), "name": ["a", "b"]}), folder / "part-120.parquet")
+    with pytest.raises(errors.SchemaMismatchError, match=r"column 'id' is int32 in .*part-120\.parquet"):
+        _plan(folder)
+
+
+def test_local_version_is_what_listings_record():
+    status = os.stat(__file__)
+    assert local_version(status) == version_of("file", {"mtime": status.st_mtime})
+
+
+@pytest.mark.parametrize("path, root", [
+    ("/a/b/c.parquet", "/a/b"), ("/a/b/c/d", "/a"), ("/x", "/"), ("a/b", "a"), ("../x/a", "../x"),
+    ("/a//b/c", "/a"), ("/a/./b", "/a"), ("/a/b/", "/a"), ("/a/b/../c", "/a"), ("/ab/c", "/a"),
+    ("bucket/key", "bucket"), ("/a/b", "/a/b/"), ("/a/b", "")])
+def test_relative_names_are_those_of_relpath(path, root):
+    assert _relative(path, root) == (posixpath.relpath(path, root) if root else path)
