@@ -32,6 +32,7 @@ from .errors import ArrowStreamError, CorruptFileError, EmptyDatasetError, Inval
 
 MAX_PLANNING_THREADS = 32
 MAX_LOCAL_THREADS = 4
+MIN_CORES_FOR_LOCAL_THREADS = 2   # local footers are read in one thread on a machine of this many cores or fewer
 _FILES_PER_CHUNK = 64   # files a planning thread reads per task; fewer files than that: no threads
 
 
@@ -349,10 +350,16 @@ def plan_files(storage: Storage, entries: Sequence[FileEntry], file_format: File
                       identity={"schema": [[fld.name, str(fld.type)] for fld in reference]})
 
 
-def _planning_threads(storage: Storage, num_files: int) -> int:
+def _planning_threads(storage: Storage, num_files: int, cores: int | None = None) -> int:
     """Threads reading footers: many for a remote store (each read waits on the network), the cores for
-    local files (a read is mostly CPU: decoding; pyarrow lets go of the GIL for it, Python does not)."""
-    threads = MAX_PLANNING_THREADS if not storage.is_local else min(os.cpu_count() or 1, MAX_LOCAL_THREADS)
+    local files (a read is mostly CPU: decoding; pyarrow lets go of the GIL for it, Python does not), but
+    one on a machine of :data:`MIN_CORES_FOR_LOCAL_THREADS` cores or fewer: there a second thread gained
+    nothing (10,000 small files: 1.0-1.1 s in one thread or two, the Python share of a read holding the GIL)."""
+    cores = cores if cores is not None else os.cpu_count() or 1
+    if storage.is_local:
+        threads = 1 if cores <= MIN_CORES_FOR_LOCAL_THREADS else min(cores, MAX_LOCAL_THREADS)
+    else:
+        threads = MAX_PLANNING_THREADS
     return max(1, min(threads, num_files // _FILES_PER_CHUNK))
 
 

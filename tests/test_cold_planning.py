@@ -16,7 +16,7 @@ from arrowstream._discovery import _relative, discover_files
 from arrowstream._formats import get_format
 from arrowstream._pinned import local_version, version_of
 
-NUM_FILES = 150   # over two chunks of _FILES_PER_CHUNK: read by threads, in three chunks
+NUM_FILES = 150   # over two chunks of _FILES_PER_CHUNK: read in three chunks
 
 
 def _write_folder(folder, num_files=NUM_FILES):
@@ -37,7 +37,11 @@ def _careful(*args, **kwargs):
     return None
 
 
-def test_the_short_way_plans_what_the_careful_way_plans(tmp_path, monkeypatch):
+@pytest.mark.parametrize("threaded", [False, True])
+def test_the_short_way_plans_what_the_careful_way_plans(tmp_path, monkeypatch, threaded):
+    if threaded:   # threads whatever the cores of the machine running the test
+        monkeypatch.setattr(planning, "MIN_CORES_FOR_LOCAL_THREADS", 0)
+        monkeypatch.setattr(planning.os, "cpu_count", lambda: 2)
     folder = _write_folder(tmp_path / "d")
     short = _plan(folder)
     monkeypatch.setattr(planning, "_read_local", _careful)
@@ -95,3 +99,9 @@ def test_local_version_is_what_listings_record():
     ("bucket/key", "bucket"), ("/a/b", "/a/b/"), ("/a/b", "")])
 def test_relative_names_are_those_of_relpath(path, root):
     assert _relative(path, root) == (posixpath.relpath(path, root) if root else path)
+
+
+def test_local_footers_are_read_in_one_thread_on_two_cores(tmp_path):
+    storage, _ = discover_files(str(_write_folder(tmp_path / "d", 1)), None)
+    assert [planning._planning_threads(storage, 10_000, cores) for cores in (1, 2, 3, 8)] == [1, 1, 3, 4]
+    assert planning._planning_threads(storage, 100, 8) == 1   # fewer files than two chunks
