@@ -374,12 +374,15 @@ def _read_local(file_format: FileFormat, entries: Sequence[FileEntry], keep_hand
     footers = []
     known: pa.Schema | None = None   # the last schema whose names were checked
     try:
-        for entry in entries:
+        for entry in entries:   # each file as it was listed: what open_input checks before it reads
             status = os.stat(entry.path)
             if status.st_size != entry.size or (entry.version and local_version(status) != entry.version):
                 return None
-            read = file_format.read_local(entry.path)
-            if read is None or sum(read.unit_rows) != read.num_rows or len(read.unit_rows) != len(read.unit_bytes):
+        reads = file_format.read_local([entry.path for entry in entries])
+        if reads is None:
+            return None
+        for entry, read in zip(entries, reads, strict=True):
+            if sum(read.unit_rows) != read.num_rows or len(read.unit_rows) != len(read.unit_bytes):
                 return None
             if read.unit_rows and (min(read.unit_rows) < 0 or min(read.unit_bytes) < 0):
                 return None

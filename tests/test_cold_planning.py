@@ -105,3 +105,11 @@ def test_local_footers_are_read_in_one_thread_on_two_cores(tmp_path):
     storage, _ = discover_files(str(_write_folder(tmp_path / "d", 1)), None)
     assert [planning._planning_threads(storage, 10_000, cores) for cores in (1, 2, 3, 8)] == [1, 1, 3, 4]
     assert planning._planning_threads(storage, 100, 8) == 1   # fewer files than two chunks
+
+
+def test_plain_local_files_take_the_short_way(tmp_path):
+    """Not timed: the short way must not fall back to the careful one on files it is for."""
+    _, entries = discover_files(str(_write_folder(tmp_path / "d")), None)
+    footers = planning._read_local(get_format("parquet"), entries, False)
+    assert footers is not None and [footer.entry for footer in footers] == entries
+    assert all(footer.handle is None for footer in footers)

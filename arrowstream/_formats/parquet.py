@@ -23,6 +23,7 @@ from ._base import FileFooter, LocalFooter, MetadataFormat
 _ENCRYPTION_MARKERS = ("encrypted", "decrypt")
 _FRAGMENTS = ds.ParquetFileFormat()   # one for every footer read: making one per file costs as much as a read
 _LOCAL_FS = pafs.LocalFileSystem()
+_NO_COLUMNS = pa.schema([])   # the schema a dataset of fragments asks for: each fragment keeps its own
 
 
 def _encrypted(exc: BaseException, url: str) -> CorruptFileError | None:
@@ -95,14 +96,21 @@ class ParquetFormat(MetadataFormat):
             kept = tuple(f.row_groups[0].id for f in fragment.split_by_row_group(filter, schema=schema))
         return FileFooter(entry, self.name, schema, rows, sizes, kept, metadata)
 
-    def read_local(self, path: str) -> LocalFooter:
-        """The footer of a local file as pyarrow.dataset reads it (a fragment of the path on pyarrow's local
-        filesystem: no Python file object in between)."""
-        fragment = _FRAGMENTS.make_fragment(path, filesystem=_LOCAL_FS)
-        metadata = fragment.metadata
-        groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
-        return LocalFooter(fragment.physical_schema, tuple(group.num_rows for group in groups),
-                           tuple(group.total_byte_size for group in groups), metadata.num_rows, metadata)
+    def read_local(self, paths: Sequence[str]) -> list[LocalFooter]:
+        """The footers of local files as pyarrow.dataset reads them: fragments of one dataset of the paths on
+        pyarrow's local filesystem, made in C++ (no Python file object, ~8 µs a file less than one
+        ``make_fragment`` each)."""
+        dataset = ds.FileSystemDataset.from_paths(list(paths), schema=_NO_COLUMNS, format=_FRAGMENTS,
+                                                  filesystem=_LOCAL_FS)
+        footers = []
+        for path, fragment in zip(paths, dataset.get_fragments(), strict=True):
+            if fragment.path != path:
+                raise ValueError(f"pyarrow listed {fragment.path!r} for {path!r}")
+            metadata = fragment.metadata
+            groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
+            footers.append(LocalFooter(fragment.physical_schema, tuple(group.num_rows for group in groups),
+                                       tuple(group.total_byte_size for group in groups), metadata.num_rows, metadata))
+        return footers
 
     def open(self, storage: Storage, footer: FileFooter) -> ParquetFile:
         return ParquetFile(storage, footer)
