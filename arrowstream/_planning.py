@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -202,26 +202,57 @@ def refine_splits(splits: Sequence[Split], num_slots: int, footers: Sequence[Fil
     return [piece for s in singles for piece in _row_ranges(s, -(-s.num_rows // target))]
 
 
+class FooterCache(Protocol):
+    """Where planning keeps the footers of a listing between runs (``arrowstream._plan_cache``)."""
+
+    def load(self, entries: Sequence[FileEntry]) -> list[FileFooter] | None: ...
+
+    def store(self, entries: Sequence[FileEntry], footers: Sequence[FileFooter]) -> None: ...
+
+
 def plan_files(storage: Storage, entries: Sequence[FileEntry], file_format: FileFormat, *,
-               columns: list[str] | None, filter: pc.Expression | None, split_bytes: int | None) -> Plan:
-    """Read every file's metadata once (concurrently) and build the plan of the dataset."""
-    # columns and filter are checked on the first file that is not empty (an empty text file names no columns)
-    lead = next((i for i, e in enumerate(entries) if e.size != 0), 0)
+               columns: list[str] | None, filter: pc.Expression | None, split_bytes: int | None,
+               cache: FooterCache | None = None) -> Plan:
+    """Read every file's metadata once (concurrently; from ``cache`` when it holds this listing's) and
+    build the plan of the dataset."""
+    footers = cache.load(entries) if cache is not None else None
+    if footers is None:
+        footers = read_footers(storage, entries, file_format, columns=columns, filter=filter)
+        if cache is not None:
+            cache.store(entries, footers)
+    return plan_footers(storage.protocol, footers, columns=columns, filter=filter, split_bytes=split_bytes)
+
+
+def _lead(entries: Sequence[FileEntry]) -> int:
+    """The file that columns and filter are checked on: the first that is not empty (an empty text file
+    names no columns)."""
+    return next((i for i, e in enumerate(entries) if e.size != 0), 0)
+
+
+def _check_columns(columns: list[str] | None, schema: pa.Schema, url: str) -> None:
+    if columns is None:
+        return
+    unknown = [c for c in columns if c not in schema.names]
+    if unknown:
+        raise InvalidArgumentError(f"columns: {unknown} not found in {url}; its columns are {schema.names}")
+    shared = sorted({c for c in columns if schema.names.count(c) > 1})
+    if shared:
+        raise InvalidArgumentError(
+            f"columns: {shared} each name several columns of {url}, so `columns` cannot choose "
+            "between them; leave them out of `columns`, or rewrite the file with distinct names")
+
+
+def read_footers(storage: Storage, entries: Sequence[FileEntry], file_format: FileFormat, *,
+                 columns: list[str] | None, filter: pc.Expression | None) -> list[FileFooter]:
+    """Every file's footer (concurrently), reconciled; columns and filter checked on the first file
+    before the others are read."""
+    lead = _lead(entries)
     first_url = display_url(storage.protocol, entries[lead].path)
     first = read_footer(storage, file_format, entries[lead], None, [])
     filter_columns = check_filter(filter, first.schema, first_url) if filter is not None else []
     if filter is not None:  # now that the filter is known to fit, prune the first file too
         first = read_footer(storage, file_format, entries[lead], filter, filter_columns)
-    if columns is not None:
-        unknown = [c for c in columns if c not in first.schema.names]
-        if unknown:
-            raise InvalidArgumentError(
-                f"columns: {unknown} not found in {first_url}; its columns are {first.schema.names}")
-        shared = sorted({c for c in columns if first.schema.names.count(c) > 1})
-        if shared:
-            raise InvalidArgumentError(
-                f"columns: {shared} each name several columns of {first_url}, so `columns` cannot choose "
-                "between them; leave them out of `columns`, or rewrite the file with distinct names")
+    _check_columns(columns, first.schema, first_url)
     rest = [e for i, e in enumerate(entries) if i != lead]
     if len(rest) > 1:
         with ThreadPoolExecutor(max_workers=min(MAX_PLANNING_THREADS, len(rest))) as pool:
@@ -229,19 +260,28 @@ def plan_files(storage: Storage, entries: Sequence[FileEntry], file_format: File
     else:
         others = [read_footer(storage, file_format, e, filter, filter_columns) for e in rest]
     footers = [*others[:lead], first, *others[lead:]]
-    footers = file_format.reconcile(footers, storage.protocol)   # text formats: one schema for every file
+    return file_format.reconcile(footers, storage.protocol)   # text formats: one schema for every file
+
+
+def plan_footers(protocol: str, footers: list[FileFooter], *, columns: list[str] | None,
+                 filter: pc.Expression | None, split_bytes: int | None) -> Plan:
+    """The plan of the reconciled footers of every file: columns, filter and schemas checked."""
+    lead = _lead([f.entry for f in footers])
+    first_url = display_url(protocol, footers[lead].entry.path)
+    filter_columns = check_filter(filter, footers[lead].schema, first_url) if filter is not None else []
+    _check_columns(columns, footers[lead].schema, first_url)
     # a text file of no rows has names but no types: the schema is that of the first file with rows
     with_rows = [f for f in footers if any(f.unit_rows)] or footers
     reference = with_rows[0]
 
     output_columns = list(columns) if columns is not None else list(reference.schema.names)
     read_columns = output_columns + [c for c in filter_columns if c not in output_columns]
-    _check_schemas(with_rows, storage.protocol, read_columns, all_columns=columns is None)
+    _check_schemas(with_rows, protocol, read_columns, all_columns=columns is None)
     if columns is None:  # every column, in file order: duplicate names are legal in Arrow IPC and Parquet
         schema = pa.schema(list(reference.schema))
     else:
         schema = pa.schema([reference.schema.field(c) for c in output_columns])
-    return build_plan(storage.protocol, footers, schema, read_columns, filter, split_bytes,
+    return build_plan(protocol, footers, schema, read_columns, filter, split_bytes,
                       identity={"schema": [[fld.name, str(fld.type)] for fld in reference.schema]})
 
 

@@ -1,0 +1,269 @@
+"""The plan cache (issue 19): a restart lists once and reads no footer; a stale or damaged entry is rebuilt.
+
+Footer reads are counted where they happen (``FileFormat.inspect``, the call that reads a file's
+metadata, or scans a text file) and, on S3, as requests through the counting proxy.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.feather as feather
+import pyarrow.orc as orc
+import pyarrow.parquet as pq
+import pytest
+from helpers import ids_of, json_roundtrip, make_loader, make_table, write_dataset
+
+import arrowstream._plan_cache as plan_cache
+from arrowstream import StructuredDataset, errors
+from arrowstream._formats import FILE_FORMATS
+from arrowstream._formats import _rowscan
+
+LAYOUT = [(300, 100), (250, 100), (120, 60)]
+ROWS = sum(rows for rows, _ in LAYOUT)
+
+
+@pytest.fixture
+def inspections(monkeypatch):
+    """Counts of ``inspect`` (one footer read or text scan per call), by format."""
+    counts: Counter[str] = Counter()
+    for name, file_format in FILE_FORMATS.items():
+        original = type(file_format).inspect
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            counts[_name] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(type(file_format), "inspect", counted)
+    return counts
+
+
+def cache_files(folder: str | Path) -> list[Path]:
+    return sorted(p for p in Path(folder).iterdir() if p.name.endswith(".plan") and not p.name.startswith("."))
+
+
+def the_entry() -> Path:
+    (entry,) = cache_files(os.environ["ARROWSTREAM_CACHE_DIR"])
+    return entry
+
+
+def all_ids(path, **options) -> list[int]:
+    dataset = StructuredDataset(path, batch_size=64, **options)
+    return sorted(i for batch in dataset for i in ids_of(batch))
+
+
+def plan_of(dataset):
+    return [(f.entry, f.format, f.schema, tuple(f.unit_rows), tuple(f.unit_bytes), tuple(f.kept_units),
+             f.handle if isinstance(f.handle, tuple) else None, f.extra) for f in dataset._plan.files]
+
+
+def write_format(folder: Path, kind: str) -> str:
+    folder.mkdir()
+    start = 0
+    for index, (rows, group) in enumerate(LAYOUT):
+        table = make_table(start, rows).select(["id", "x", "name"])
+        target = folder / f"part-{index}.{kind}"
+        if kind == "parquet":
+            pq.write_table(table, target, row_group_size=group)
+        elif kind == "arrow":
+            feather.write_feather(table, target, chunksize=group)
+        elif kind == "orc":
+            orc.write_table(table, target, stripe_size=4096)
+        else:
+            pa_csv.write_csv(table, target)
+        start += rows
+    return str(folder)
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow", "orc", "csv"])
+def test_warm_restart_reads_no_footer_and_the_same_plan(tmp_path, inspections, kind):
+    path = write_format(tmp_path / "data", kind)
+    options = {"split_bytes": 2000} if kind == "csv" else {}
+    cold = StructuredDataset(path, format=kind, batch_size=64, **options)
+    assert inspections[kind] == len(LAYOUT) and cold._source.cache_outcome.action == "built"
+    inspections.clear()
+    warm = StructuredDataset(path, format=kind, batch_size=64, **options)
+    assert inspections[kind] == 0, "a warm restart read footers"
+    assert warm._source.cache_outcome.action == "hit"
+    assert plan_of(warm) == plan_of(cold)
+    assert warm._plan.data_fingerprint == cold._plan.data_fingerprint
+    assert [s for s in warm._plan.splits] == [s for s in cold._plan.splits]
+    if kind == "csv":
+        assert max(len(f.unit_rows) for f in warm._plan.files) > 1   # several units: layouts were cached
+    assert sorted(i for batch in warm for i in ids_of(batch)) == list(range(ROWS))
+
+
+def test_csv_warm_restart_scans_no_text(tmp_path, monkeypatch):
+    path = write_format(tmp_path / "data", "csv")
+    scans = Counter()
+    original = _rowscan.scan_units
+
+    def counted(*args, **kwargs):
+        scans["scan"] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr("arrowstream._formats.text.scan_units", counted)
+    StructuredDataset(path, format="csv", batch_size=64, split_bytes=2000)
+    assert scans["scan"] == len(LAYOUT)
+    scans.clear()
+    assert all_ids(path, format="csv", split_bytes=2000) == list(range(ROWS))
+    assert scans["scan"] == 0
+    # parse options shape units and types: other options are another entry, scanned again
+    StructuredDataset(path, format="csv", batch_size=64, split_bytes=1000)
+    assert scans["scan"] == len(LAYOUT)
+    assert len(cache_files(os.environ["ARROWSTREAM_CACHE_DIR"])) == 2
+
+
+def test_filter_and_columns(tmp_path, inspections):
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    import pyarrow.compute as pc
+
+    narrow = StructuredDataset(path, batch_size=64, filter=pc.field("id") < 100)
+    assert len(narrow._plan.splits) == 1                  # statistics pruned every other row group
+    inspections.clear()
+    wide = StructuredDataset(path, batch_size=64, filter=pc.field("id") < 100.5)   # prints like id < 100 would
+    assert inspections["parquet"] > 0 and len(wide._plan.splits) == 2
+    inspections.clear()
+    # columns do not change the footers: the same entry serves them, and still checks them
+    assert StructuredDataset(path, batch_size=64, columns=["id"])._plan.schema.names == ["id"]
+    assert StructuredDataset(path, batch_size=64, columns=["x", "id"])._plan.schema.names == ["x", "id"]
+    assert inspections["parquet"] == len(LAYOUT)   # the first unfiltered dataset; the second was a hit
+    with pytest.raises(errors.InvalidArgumentError, match="columns: \\['nope'\\] not found"):
+        StructuredDataset(path, batch_size=64, columns=["nope"])
+    with pytest.raises(errors.InvalidArgumentError, match="filter: "):
+        StructuredDataset(path, batch_size=64, filter=pc.field("nope") > 1)
+
+
+@pytest.mark.parametrize("change", ["rewritten", "added", "removed"])
+def test_stale_entry_is_rebuilt(tmp_path, inspections, caplog, change):
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    StructuredDataset(path, batch_size=64)
+    folder = Path(path)
+    if change == "rewritten":
+        pq.write_table(make_table(300, 250), folder / "part-001.parquet", row_group_size=50)
+        expected = list(range(ROWS))
+    elif change == "added":
+        pq.write_table(make_table(ROWS, 10), folder / "part-009.parquet")
+        expected = list(range(ROWS + 10))
+    else:
+        (folder / "part-002.parquet").unlink()
+        expected = list(range(550))
+    inspections.clear()
+    with caplog.at_level(logging.INFO, logger="arrowstream"):
+        dataset = StructuredDataset(path, batch_size=64)
+    assert dataset._source.cache_outcome.action == "rebuilt"
+    assert "listing changed" in caplog.text
+    assert inspections["parquet"] == {"rewritten": 3, "added": 4, "removed": 2}[change]
+    assert sorted(i for batch in dataset for i in ids_of(batch)) == expected
+    inspections.clear()
+    StructuredDataset(path, batch_size=64)   # the rebuilt entry serves the next start
+    assert inspections["parquet"] == 0
+    assert len(cache_files(os.environ["ARROWSTREAM_CACHE_DIR"])) == 1   # replaced, not beside the old one
+
+
+def _truncate(data: bytes) -> bytes:
+    return data[: len(data) // 2]
+
+
+def _flip(data: bytes) -> bytes:
+    middle = len(data) * 2 // 3
+    return data[:middle] + bytes([data[middle] ^ 0x10]) + data[middle + 1:]
+
+
+def _other_version(data: bytes) -> bytes:
+    # a well-formed entry of another format version (its checksum recomputed): refused by version
+    header, payload = plan_cache._verified(data)
+    material = header["key"]
+    header_bytes = data[len(plan_cache._MAGIC) + 8:len(plan_cache._MAGIC) + 8 + plan_cache._LENGTH.unpack_from(
+        data, len(plan_cache._MAGIC))[0]]
+    changed = header_bytes.replace(b'"cache_version": 1', b'"cache_version": 99', 1)
+    assert changed != header_bytes and material
+    body = plan_cache._LENGTH.pack(len(changed)) + changed + payload
+    import hashlib
+    return plan_cache._MAGIC + body + hashlib.sha256(body).digest()
+
+
+@pytest.mark.parametrize("damage", [_truncate, _flip, _other_version, lambda data: b"", lambda data: b"garbage"],
+                         ids=["truncated", "flipped", "version", "empty", "garbage"])
+def test_damaged_entry_is_logged_and_rebuilt(tmp_path, inspections, caplog, damage):
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    StructuredDataset(path, batch_size=64)
+    entry = the_entry()
+    entry.write_bytes(damage(entry.read_bytes()))
+    inspections.clear()
+    with caplog.at_level(logging.INFO, logger="arrowstream"):
+        dataset = StructuredDataset(path, batch_size=64)
+    assert dataset._source.cache_outcome.action == "rebuilt"
+    assert str(entry) in caplog.text and "rebuilding it" in caplog.text
+    assert inspections["parquet"] == len(LAYOUT)
+    assert sorted(i for batch in dataset for i in ids_of(batch)) == list(range(ROWS))
+    inspections.clear()
+    StructuredDataset(path, batch_size=64)
+    assert inspections["parquet"] == 0   # rebuilt whole
+
+
+def test_entry_of_other_options_in_the_same_file_is_refused(tmp_path, inspections, caplog):
+    """The key inside is checked, not only the file name: an entry of another dataset put in its place."""
+    one = write_dataset(tmp_path / "one", LAYOUT)
+    two = write_dataset(tmp_path / "two", [(40, 20)])
+    StructuredDataset(one, batch_size=64)
+    first = the_entry()
+    saved = first.read_bytes()
+    first.unlink()
+    StructuredDataset(two, batch_size=64)
+    second = the_entry()
+    second.write_bytes(saved)
+    inspections.clear()
+    with caplog.at_level(logging.INFO, logger="arrowstream"):
+        assert all_ids(two) == list(range(40))
+    assert "other options (path)" in caplog.text
+    assert inspections["parquet"] == 1
+
+
+def _write_padded(target: Path, rows: int, groups: int, size: int | None = None) -> int:
+    """``rows`` ids in row groups of ``groups`` rows; with ``size``, padded to exactly that many bytes (a
+    key-value pair in the footer)."""
+    table = pa.table({"id": pa.array(range(10**6, 10**6 + rows), pa.int64())})
+
+    def write(pad: int) -> int:
+        with pq.ParquetWriter(target, table.schema, compression="none", use_dictionary=False,
+                              write_statistics=False, store_schema=False) as writer:
+            writer.write_table(table, row_group_size=groups)
+            writer.add_key_value_metadata({"pad": "x" * pad})
+        return target.stat().st_size
+
+    written = write(0)
+    if size is None:
+        return written
+    pad = 200 + size - write(200)
+    for _ in range(4):
+        written = write(pad)
+        if written == size:
+            return written
+        pad += size - written
+    raise AssertionError(f"could not pad {target} to {size} bytes")
+
+
+def test_rewrite_keeping_size_and_mtime_raises_when_read(tmp_path):
+    """A listing that cannot tell a rewritten file (same size, same modification time) from the cached one
+    gives a plan of the old file; the reader counts each unit's rows and refuses: no row lost silently."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    target = folder / "part-0.parquet"
+    size = _write_padded(target, 600, 300)
+    status = target.stat()
+    assert all_ids(str(folder)) == list(range(10**6, 10**6 + 600))
+    _write_padded(target, 590, 295, size=size)   # other row counts, the same size
+    os.utime(target, ns=(status.st_atime_ns, status.st_mtime_ns))
+    dataset = StructuredDataset(str(folder), batch_size=64)
+    assert dataset._source.cache_outcome.action == "hit"   # the listing is the cached one
+    with pytest.raises(errors.CorruptFileError, match="part-0.parquet"):
+        list(dataset)
