@@ -6,8 +6,9 @@ metadata, or scans a text file) and, on S3, as requests through the counting pro
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -15,17 +16,16 @@ from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
-import pyarrow.feather as feather
-import pyarrow.orc as orc
 import pyarrow.parquet as pq
 import pytest
 from helpers import ids_of, json_roundtrip, make_loader, make_table, write_dataset
+from pyarrow import feather, orc
 
 import arrowstream._plan_cache as plan_cache
 from arrowstream import StructuredDataset, errors
-from arrowstream._formats import FILE_FORMATS
-from arrowstream._formats import _rowscan
+from arrowstream._formats import FILE_FORMATS, _rowscan
 
 LAYOUT = [(300, 100), (250, 100), (120, 60)]
 ROWS = sum(rows for rows, _ in LAYOUT)
@@ -124,8 +124,6 @@ def test_csv_warm_restart_scans_no_text(tmp_path, monkeypatch):
 
 def test_filter_and_columns(tmp_path, inspections):
     path = write_dataset(tmp_path / "data", LAYOUT)
-    import pyarrow.compute as pc
-
     narrow = StructuredDataset(path, batch_size=64, filter=pc.field("id") < 100)
     assert len(narrow._plan.splits) == 1                  # statistics pruned every other row group
     inspections.clear()
@@ -187,7 +185,6 @@ def _other_version(data: bytes) -> bytes:
     changed = header_bytes.replace(b'"cache_version": 1', b'"cache_version": 99', 1)
     assert changed != header_bytes and material
     body = plan_cache._LENGTH.pack(len(changed)) + changed + payload
-    import hashlib
     return plan_cache._MAGIC + body + hashlib.sha256(body).digest()
 
 
@@ -267,3 +264,139 @@ def test_rewrite_keeping_size_and_mtime_raises_when_read(tmp_path):
     assert dataset._source.cache_outcome.action == "hit"   # the listing is the cached one
     with pytest.raises(errors.CorruptFileError, match="part-0.parquet"):
         list(dataset)
+
+
+def test_plan_cache_false_writes_nothing_and_reads_every_footer(tmp_path, inspections):
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    for _ in range(2):
+        dataset = StructuredDataset(path, batch_size=64, plan_cache=False)
+        assert dataset._source.cache_outcome.action == "off"
+    assert inspections["parquet"] == 2 * len(LAYOUT)
+    assert cache_files(os.environ["ARROWSTREAM_CACHE_DIR"]) == []
+
+
+def test_where_the_cache_lives(tmp_path, monkeypatch):
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    StructuredDataset(path, batch_size=64, plan_cache=tmp_path / "mine")   # a folder given (os.PathLike)
+    assert len(cache_files(tmp_path / "mine")) == 1
+    assert cache_files(os.environ["ARROWSTREAM_CACHE_DIR"]) == []
+    monkeypatch.delenv("ARROWSTREAM_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    StructuredDataset(path, batch_size=64)
+    assert len(cache_files(tmp_path / "xdg" / "arrowstream")) == 1
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    StructuredDataset(path, batch_size=64)
+    assert len(cache_files(tmp_path / "home" / ".cache" / "arrowstream")) == 1
+
+
+@pytest.mark.parametrize(("value", "error"), [(True, errors.ArgumentTypeError), (3, errors.ArgumentTypeError),
+                                              ("  ", errors.InvalidArgumentError)])
+def test_bad_plan_cache_argument(small_dataset, value, error):
+    with pytest.raises(error, match=r"plan_cache: expected None .* or False \(no cache\), got"):
+        StructuredDataset(small_dataset, plan_cache=value)
+
+
+def test_not_in_the_rank_fingerprint_nor_the_state(tmp_path):
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    folder = str(tmp_path / "elsewhere-cache")
+    default = StructuredDataset(path, batch_size=64)
+    placed = StructuredDataset(path, batch_size=64, plan_cache=folder)
+    assert placed._source.arguments() == default._source.arguments()
+    loader, dataset = make_loader(path, 0, batch_size=64, plan_cache=folder)
+    dataset.set_epoch(0)
+    next(iter(loader))
+    state = str(json_roundtrip(loader.state_dict()))
+    assert "elsewhere-cache" not in state and "plan_cache" not in state
+
+
+def test_unwritable_folder_warns_once_and_plans_without(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(plan_cache, "_warned_folders", set())
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder should be")
+    with caplog.at_level(logging.WARNING, logger="arrowstream"):
+        for _ in range(2):
+            dataset = StructuredDataset(path, batch_size=64, plan_cache=blocker / "cache")
+            assert dataset._source.cache_outcome.action == "off"
+            assert sorted(i for batch in dataset for i in ids_of(batch)) == list(range(ROWS))
+    assert caplog.text.count("cannot write the plan cache") == 1
+
+
+def test_full_disk_warns_and_plans_without(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(plan_cache, "_warned_folders", set())
+    path = write_dataset(tmp_path / "data", LAYOUT)
+
+    def no_space(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(plan_cache.os, "replace", no_space)
+    with caplog.at_level(logging.WARNING, logger="arrowstream"):
+        assert all_ids(path) == list(range(ROWS))
+    assert "No space left on device" in caplog.text
+    assert os.listdir(os.environ["ARROWSTREAM_CACHE_DIR"]) == []   # the temporary file removed too
+
+
+def test_least_recently_used_entries_are_removed(tmp_path, monkeypatch, inspections):
+    paths = [write_dataset(tmp_path / f"data{i}", LAYOUT) for i in range(3)]
+    StructuredDataset(paths[0], batch_size=64)
+    one_entry = the_entry().stat().st_size
+    monkeypatch.setenv("ARROWSTREAM_CACHE_MAX_BYTES", str(int(one_entry * 2.5)))
+    StructuredDataset(paths[1], batch_size=64)
+    folder = os.environ["ARROWSTREAM_CACHE_DIR"]
+    first, second = sorted(cache_files(folder), key=lambda p: p.stat().st_mtime_ns)
+    os.utime(first, (1000, 1000))      # the entry of paths[0], long unused ...
+    os.utime(second, (2000, 2000))
+    inspections.clear()
+    StructuredDataset(paths[0], batch_size=64)   # ... until now: a hit touches it
+    assert inspections["parquet"] == 0
+    StructuredDataset(paths[2], batch_size=64)   # a third entry: the least recently used goes
+    remaining = cache_files(folder)
+    assert len(remaining) == 2 and second not in remaining and first in remaining
+    inspections.clear()
+    StructuredDataset(paths[1], batch_size=64)
+    assert inspections["parquet"] == len(LAYOUT)
+
+
+_CHILD = """
+import json, sys
+from arrowstream import StructuredDataset
+dataset = StructuredDataset(sys.argv[1], batch_size=64)
+ids = sorted(int(i) for batch in dataset for i in batch["id"])
+print(json.dumps({"action": dataset._source.cache_outcome.action, "rows": len(ids), "unique": len(set(ids))}))
+"""
+
+
+def test_processes_that_start_together_each_write_a_whole_entry(tmp_path, inspections):
+    path = write_dataset(tmp_path / "data", [(60, 20)] * 12)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    children = [subprocess.Popen([sys.executable, "-c", _CHILD, path], stdout=subprocess.PIPE, env=env, text=True)
+                for _ in range(4)]
+    results = [child.communicate(timeout=120)[0] for child in children]
+    assert all(child.returncode == 0 for child in children)
+    answers = [json.loads(r.strip().splitlines()[-1]) for r in results]
+    assert all(a["rows"] == a["unique"] == 720 for a in answers)
+    folder = os.environ["ARROWSTREAM_CACHE_DIR"]
+    assert len(cache_files(folder)) == 1 and not [n for n in os.listdir(folder) if n.startswith(".")]
+    inspections.clear()
+    dataset = StructuredDataset(path, batch_size=64)
+    assert dataset._source.cache_outcome.action == "hit" and inspections["parquet"] == 0
+
+
+def test_cli_plan_builds_and_prints_what_it_holds(tmp_path, capsys):
+    from arrowstream.cli import main
+
+    path = write_format(tmp_path / "data", "csv")
+    folder = tmp_path / "ahead"
+    assert main(["plan", path, "--format", "csv", "--split-bytes", "2000", "--cache-dir", str(folder)]) == 0
+    built = capsys.readouterr().out
+    assert "this run: built" in built and f"{len(LAYOUT)} files" in built and f"{ROWS} rows" in built
+    assert str(folder) in built and "parse options" in built
+    assert main(["plan", path, "--format", "csv", "--split-bytes", "2000", "--cache-dir", str(folder),
+                 "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["action"] == "hit" and info["files"] == len(LAYOUT) and info["rows"] == ROWS
+    assert info["folder_entries"] == 1
+    # the job that follows finds the entry built ahead
+    dataset = StructuredDataset(path, format="csv", batch_size=64, split_bytes=2000, plan_cache=folder)
+    assert dataset._source.cache_outcome.action == "hit"
