@@ -400,3 +400,86 @@ def test_cli_plan_builds_and_prints_what_it_holds(tmp_path, capsys):
     # the job that follows finds the entry built ahead
     dataset = StructuredDataset(path, format="csv", batch_size=64, split_bytes=2000, plan_cache=folder)
     assert dataset._source.cache_outcome.action == "hit"
+
+
+def test_s3_warm_restart_lists_once_reads_no_footer_and_keeps_no_credentials(s3_server, inspections):
+    from proxy import start_proxy
+
+    url = s3_server.url(f"cache-{os.getpid()}-{id(inspections)}")
+    fs = s3_server.filesystem()
+    for index, (rows, group) in enumerate(LAYOUT):
+        with fs.open(f"{url}/part-{index}.parquet", "wb") as f:
+            pq.write_table(make_table(sum(r for r, _ in LAYOUT[:index]), rows), f, row_group_size=group)
+    secrets = {"key": "AKIAPLANCACHEKEY0001", "secret": "plan-cache-secret-value-0001"}
+    with start_proxy(s3_server.endpoint) as proxy:
+        proxy.configure(flavor="s3")
+        options = {**s3_server.options_via(proxy.endpoint), **secrets}
+        cold = StructuredDataset(url, batch_size=64, storage_options=options)
+        assert cold._source.cache_outcome.action == "built"
+        proxy.reset()
+        inspections.clear()
+        warm = StructuredDataset(url, batch_size=64, storage_options=options)
+        planning = proxy.stats()["counts"]
+        assert warm._source.cache_outcome.action == "hit" and inspections["parquet"] == 0
+        assert planning.get("list", 0) == 1 and planning.get("head", 0) == 0
+        assert planning.get("read", 0) == 0, f"a warm restart read footers: {planning}"
+        assert sorted(i for batch in warm for i in ids_of(batch)) == list(range(ROWS))
+    data = the_entry().read_bytes()
+    for value in secrets.values():
+        assert value.encode() not in data
+    assert b"storage_options" not in data and s3_server.endpoint.encode() not in data
+
+
+_RESUME_CHILD = """
+import json, sys
+from helpers import ids_of, make_loader
+loader, dataset = make_loader(sys.argv[1], 2, batch_size=50, shuffle=True, seed=3)
+with open(sys.argv[2]) as f:
+    loader.load_state_dict(json.load(f))
+dataset.set_epoch(0)
+ids = [i for batch in loader for i in ids_of(batch)]
+print(json.dumps({"action": dataset._source.cache_outcome.action, "ids": ids}))
+"""
+
+
+def test_exact_resume_across_a_cached_restart(tmp_path, inspections):
+    """Checkpoint mid-epoch; a new process plans from the warm cache (no footer read), loads the state and
+    reads the rest of the epoch: every row exactly once."""
+    path = write_dataset(tmp_path / "data", [(300, 50), (250, 50), (170, 40)])
+    loader, dataset = make_loader(path, 2, batch_size=50, shuffle=True, seed=3)
+    dataset.set_epoch(0)
+    before = []
+    for step, batch in enumerate(loader):
+        before.extend(ids_of(batch))
+        if step == 4:
+            state = json_roundtrip(loader.state_dict())
+            break
+    del loader
+    state_file = tmp_path / "state.json"
+    state_file.write_text(json.dumps(state))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", _RESUME_CHILD, path, str(state_file)], env=env, timeout=120,
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    after = json.loads(done.stdout.strip().splitlines()[-1])
+    assert after["action"] == "hit"
+    assert Counter(before + after["ids"]) == Counter(range(720))
+
+
+def test_torchrun_ranks_plan_together_from_the_cache(tmp_path):
+    """3 ranks (gloo, 127.0.0.1), one torchrun. First each rank plans on its own (plan_locally): three writers
+    of one entry at once. Then rank 0 plans for all from the entry (a hit) and the ranks read every row once."""
+    from test_distributed import check_epoch, torchrun
+
+    layout = [(300, 50), (250, 50), (170, 40)]
+    path = write_dataset(tmp_path / "data", layout)
+    base = {"path": path, "num_workers": 1, "epochs": [0]}
+    scenarios = [{**base, "name": "local", "options": {"batch_size": 32, "plan_locally": True}},
+                 {**base, "name": "together", "options": {"batch_size": 32}}]
+    per_rank = torchrun(3, {"scenarios": scenarios}, tmp_path)
+    local = [r["local"]["plan_cache"] for r in per_rank]   # built, unless a rank started after another wrote
+    assert set(local) <= {"built", "hit"} and "built" in local
+    assert [r["together"]["plan_cache"] for r in per_rank] == ["hit", None, None]   # only rank 0 plans
+    for name in ("local", "together"):
+        check_epoch(per_rank, name, "0", sum(rows for rows, _ in layout))
+    assert len(cache_files(os.environ["ARROWSTREAM_CACHE_DIR"])) == 1
