@@ -40,8 +40,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ._discovery import FileEntry
-from ._formats import FileFooter, FileFormat, check_counts
-from ._formats._text_settings import TextLayout, TextSettings
+from ._formats import FileFooter, FileFormat, check_counts, unit_format
+from ._formats._footer_table import footer_columns, footers_of, shaping_options, tabled
 from ._storage import display_url
 from .errors import ArgumentTypeError, InvalidArgumentError
 
@@ -124,15 +124,13 @@ def _filter_key(filter: pc.Expression | None) -> dict[str, str] | None:
 
 def key_material(protocol: str, path: Any, file_format: FileFormat, filter: pc.Expression | None) -> dict[str, Any]:
     """What decides an entry, but the listing: it names the entry file and is checked when read."""
-    settings = getattr(file_format, "settings", None)
     return {
         "cache_version": CACHE_VERSION,
         "pyarrow": int(pa.__version__.split(".")[0]),
         "protocol": protocol,
         "path": _without_userinfo(path),
         "format": file_format.name,
-        "parse_options": settings.state() if settings is not None else None,
-        "unit_bytes": getattr(file_format, "unit_bytes", None),   # text: the size of units
+        **shaping_options(file_format),                              # text: parse options, unit size
         "filter": _filter_key(filter),                              # prunes units by statistics
     }
 
@@ -177,7 +175,7 @@ class PlanCache:
             if stale:
                 self._miss(stale)
                 return None
-            footers = _footers(header, payload, entries, getattr(self.file_format, "settings", None))
+            footers = _footers(header, payload, entries, self.file_format)
         except (DamagedEntryError, ValueError, KeyError, TypeError, IndexError, pa.ArrowException) as exc:
             self._miss(f"it is damaged ({exc})", damaged=True)
             return None
@@ -197,7 +195,7 @@ class PlanCache:
     # -- writing ---------------------------------------------------------------------------------
     def store(self, entries: Sequence[FileEntry], footers: Sequence[FileFooter]) -> None:
         """Write the entry of ``footers`` (atomically); a folder that cannot take it is logged once."""
-        if any(f.extra is not None and not isinstance(f.extra, TextLayout) for f in footers):
+        if not tabled(footers):
             return   # a format whose footers carry what the cache cannot write (none of the file formats)
         try:
             data = encode(self.material, entries, footers)
@@ -266,45 +264,11 @@ def _listing(entries: Sequence[FileEntry]) -> dict[str, pa.Array]:
             "version": pa.array([e.version for e in entries], pa.string())}
 
 
-def _ints(values: Any) -> pa.Array:
-    return pa.array(np.asarray(values, dtype=np.int64).reshape(-1), pa.int64())
-
-
-def _int_lists(rows: Sequence[Any]) -> pa.Array:
-    """A list<int64> column, one list per file (None stays null)."""
-    flat = [np.asarray(r, dtype=np.int64).reshape(-1) if r is not None else np.zeros(0, np.int64) for r in rows]
-    offsets = np.zeros(len(flat) + 1, dtype=np.int32)
-    np.cumsum([len(r) for r in flat], out=offsets[1:])
-    values = _ints(np.concatenate(flat) if flat else np.zeros(0, np.int64))
-    mask = pa.array([r is None for r in rows], pa.bool_())
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values, mask=mask)
-
-
-def _table(entries: Sequence[FileEntry], footers: Sequence[FileFooter], schema_index: list[int]) -> pa.Table:
-    layouts: list[TextLayout | None] = [f.extra if isinstance(f.extra, TextLayout) else None for f in footers]
-    spans = [f.handle if isinstance(f.handle, tuple) else None for f in footers]   # IPC, ORC: units' byte ranges
-    return pa.table({
-        **_listing(entries),
-        "format": pa.array([f.format for f in footers], pa.string()),
-        "schema": pa.array(schema_index, pa.int32()),
-        "unit_rows": _int_lists([f.unit_rows for f in footers]),
-        "unit_bytes": _int_lists([f.unit_bytes for f in footers]),
-        "kept_units": _int_lists([f.kept_units for f in footers]),
-        "spans": _int_lists(spans),
-        "text_compression": pa.array([lay.compression if lay else None for lay in layouts], pa.string()),
-        "text_ranges": _int_lists([lay.ranges if lay else None for lay in layouts]),
-        "text_lines": _int_lists([lay.lines if lay else None for lay in layouts]),
-        "text_names": pa.array([list(lay.names) if lay else None for lay in layouts], pa.list_(pa.string())),
-        "text_quoted": pa.array([lay.quoted_newlines if lay else None for lay in layouts], pa.bool_()),
-        "text_lone_cr": pa.array([lay.lone_cr if lay else None for lay in layouts], pa.bool_()),
-    })
-
-
 def encode(material: dict[str, Any], entries: Sequence[FileEntry], footers: Sequence[FileFooter]) -> bytes:
     """The bytes of an entry: magic, header length, JSON header, Arrow IPC stream, SHA-256 of header and stream."""
     schemas: dict[bytes, int] = {}
     schema_index = [schemas.setdefault(f.schema.serialize().to_pybytes(), len(schemas)) for f in footers]
-    table = _table(entries, footers, schema_index)
+    table = pa.table({**_listing(entries), **footer_columns(footers, schema_index)})
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
@@ -365,57 +329,15 @@ def _read_table(payload: bytes) -> pa.Table:
     return table
 
 
-def _row_lists(column: pa.ChunkedArray) -> list[np.ndarray | None]:
-    """A list<int64> column as one int64 array per row (None for a null)."""
-    array = column.combine_chunks()
-    assert isinstance(array, pa.ListArray)
-    offsets = array.offsets.to_numpy()
-    values = array.values.to_numpy(zero_copy_only=False)
-    valid = array.is_valid().to_numpy(zero_copy_only=False)
-    return [values[offsets[i]:offsets[i + 1]] if valid[i] else None for i in range(len(array))]
-
-
-def _units(values: np.ndarray | None) -> tuple[int, ...]:
-    """Unit counts in the form ``FileFooter`` holds them (the one place to change if that form changes)."""
-    return tuple(values.tolist()) if values is not None else ()
-
-
-def _pairs(values: np.ndarray | None) -> tuple[tuple[int, int], ...] | None:
-    if values is None:
-        return None
-    if len(values) % 2:
-        raise DamagedEntryError("an odd number of byte-range bounds")
-    return tuple((int(a), int(b)) for a, b in values.reshape(-1, 2).tolist())
-
-
 def _footers(header: dict[str, Any], payload: bytes, entries: Sequence[FileEntry],
-             settings: TextSettings | None) -> list[FileFooter]:
-    """The footers an entry holds, rebuilt through ``FileFooter`` on the current listing's entries; text
-    layouts take the dataset's parse options (``settings``), which the entry's key was checked to hold."""
-    from ._formats import unit_format
-
-    table = _read_table(payload)
+             file_format: FileFormat) -> list[FileFooter]:
+    """The footers an entry holds, on the current listing's entries, their counts checked."""
     schemas = [pa.ipc.read_schema(pa.py_buffer(base64.b64decode(s))) for s in header["schemas"]]
-    rows, sizes, kept = (_row_lists(table.column(n)) for n in ("unit_rows", "unit_bytes", "kept_units"))
-    spans, ranges, lines = (_row_lists(table.column(n)) for n in ("spans", "text_ranges", "text_lines"))
-    formats, schema_index = table.column("format").to_pylist(), table.column("schema").to_pylist()
-    compression, names = table.column("text_compression").to_pylist(), table.column("text_names").to_pylist()
-    quoted, lone_cr = table.column("text_quoted").to_pylist(), table.column("text_lone_cr").to_pylist()
-    footers = []
-    for i, entry in enumerate(entries):
-        file_format = unit_format(formats[i])
-        layout = None
-        if names[i] is not None:
-            if settings is None:
-                raise DamagedEntryError(f"a text layout for a {formats[i]} file")
-            layout = TextLayout(settings, compression[i], _pairs(ranges[i]) or (), _units(lines[i]),
-                                tuple(names[i]), bool(quoted[i]), bool(lone_cr[i]))
-        footer = FileFooter(entry, formats[i], schemas[schema_index[i]], _units(rows[i]), _units(sizes[i]),
-                            _units(kept[i]), _pairs(spans[i]), layout)
-        check_counts(footer, display_url(header["key"]["protocol"], entry.path), file_format.label, file_format.unit)
-        footers.append(footer)
+    footers = footers_of(_read_table(payload), schemas, entries, file_format)
+    for footer in footers:
+        owner = unit_format(footer.format)
+        check_counts(footer, display_url(header["key"]["protocol"], footer.entry.path), owner.label, owner.unit)
     return footers
-
 
 
 def plan_cache_for(setting: PlanCacheSetting, protocol: str, path: Any, file_format: FileFormat,
