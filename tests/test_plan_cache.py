@@ -127,7 +127,7 @@ def test_filter_and_columns(tmp_path, inspections):
     narrow = StructuredDataset(path, batch_size=64, filter=pc.field("id") < 100)
     assert len(narrow._plan.splits) == 1                  # statistics pruned every other row group
     inspections.clear()
-    wide = StructuredDataset(path, batch_size=64, filter=pc.field("id") < 100.5)   # prints like id < 100 would
+    wide = StructuredDataset(path, batch_size=64, filter=pc.field("id") < 100.5)   # another filter: another entry
     assert inspections["parquet"] > 0 and len(wide._plan.splits) == 2
     inspections.clear()
     # columns do not change the footers: the same entry serves them, and still checks them
@@ -335,6 +335,35 @@ def test_full_disk_warns_and_plans_without(tmp_path, caplog, monkeypatch):
         assert all_ids(path) == list(range(ROWS))
     assert "No space left on device" in caplog.text
     assert os.listdir(os.environ["ARROWSTREAM_CACHE_DIR"]) == []   # the temporary file removed too
+
+
+def test_a_write_cut_short_leaves_the_previous_entry_whole(tmp_path, monkeypatch):
+    """Readers never see a partial entry: the bytes go to a temporary file, renamed over the entry only
+    when whole (a process killed mid-write, or a full disk, leaves the old entry as it was)."""
+    monkeypatch.setattr(plan_cache, "_warned_folders", set())
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    StructuredDataset(path, batch_size=64)
+    entry = the_entry()
+    before = entry.read_bytes()
+    pq.write_table(make_table(ROWS, 10), Path(path) / "part-009.parquet")   # the entry is now stale
+    real_fdopen = os.fdopen
+
+    def half_then_fail(descriptor, mode="r", *args, **kwargs):
+        handle = real_fdopen(descriptor, mode, *args, **kwargs)
+        real_write = handle.write
+
+        def write(data):
+            real_write(data[: len(data) // 2])
+            handle.flush()
+            raise OSError(28, "No space left on device")
+
+        handle.write = write
+        return handle
+
+    monkeypatch.setattr(plan_cache.os, "fdopen", half_then_fail)
+    assert all_ids(path) == list(range(ROWS + 10))
+    assert entry.read_bytes() == before and plan_cache.read_header(str(entry))["num_files"] == len(LAYOUT)
+    assert [p.name for p in Path(entry.parent).iterdir()] == [entry.name]   # no temporary file left
 
 
 def test_least_recently_used_entries_are_removed(tmp_path, monkeypatch, inspections):
