@@ -35,7 +35,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -270,13 +269,14 @@ def encode(material: dict[str, Any], entries: Sequence[FileEntry], footers: Sequ
     schema_index = [schemas.setdefault(f.schema.serialize().to_pybytes(), len(schemas)) for f in footers]
     table = pa.table({**_listing(entries), **footer_columns(footers, schema_index)})
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
+    compression = "zstd" if pa.Codec.is_available("zstd") else None   # paths and tags compress several-fold
+    with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression=compression)) as writer:
         writer.write_table(table)
     payload = bytes(sink.getvalue())
     header = json.dumps({
         "cache_version": CACHE_VERSION, "key": material, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "num_files": len(footers), "num_units": int(sum(len(f.unit_rows) for f in footers)),
-        "num_rows": int(sum(int(np.sum(np.asarray(f.unit_rows, dtype=np.int64))) for f in footers)),
+        "num_files": len(footers), "num_units": len(table.column("unit_rows").combine_chunks().values),
+        "num_rows": int(pc.sum(table.column("unit_rows").combine_chunks().values).as_py() or 0),
         "schemas": [base64.b64encode(s).decode() for s in schemas],
     }, sort_keys=True).encode()
     body = _LENGTH.pack(len(header)) + header + payload
