@@ -208,7 +208,10 @@ class PlanCache:
                 with _quietly():
                     os.unlink(temporary)
                 raise
-            evict(self.folder, max_bytes(), keep=self.path)
+            limit = max_bytes()
+            evict(self.folder, limit, keep=self.path)
+            if not os.path.exists(self.path):
+                self.outcome = CacheOutcome(None, "off", f"the entry alone is over {MAX_BYTES_ENV}={limit}")
         except OSError as exc:
             if self.folder not in _warned_folders:
                 _warned_folders.add(self.folder)
@@ -243,11 +246,11 @@ def evict(folder: str, limit: int, keep: str | None = None) -> None:
                     continue
                 entries.append((status.st_mtime, item.path, status.st_size))
     total = sum(size for _, _, size in entries)
-    for _, path, size in sorted(entries):
+    oldest_first = sorted(entries)
+    # the entry just written goes last, and only when it alone is over the bound
+    for _, path, size in [e for e in oldest_first if e[1] != keep] + [e for e in oldest_first if e[1] == keep]:
         if total <= limit:
             break
-        if path == keep and total - size <= limit and len(entries) > 1:
-            continue
         with _quietly():
             os.unlink(path)
             total -= size

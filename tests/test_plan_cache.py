@@ -385,6 +385,13 @@ def test_least_recently_used_entries_are_removed(tmp_path, monkeypatch, inspecti
     inspections.clear()
     StructuredDataset(paths[1], batch_size=64)
     assert inspections["parquet"] == len(LAYOUT)
+    monkeypatch.setenv("ARROWSTREAM_CACHE_MAX_BYTES", "0")   # room for nothing: every entry goes, reads go on
+    dataset = StructuredDataset(write_dataset(tmp_path / "data3", LAYOUT), batch_size=64)
+    assert dataset._source.cache_outcome.action == "off" and cache_files(folder) == []
+    assert sorted(i for batch in dataset for i in ids_of(batch)) == list(range(ROWS))
+    monkeypatch.setenv("ARROWSTREAM_CACHE_MAX_BYTES", "lots")
+    with pytest.raises(errors.InvalidArgumentError, match="ARROWSTREAM_CACHE_MAX_BYTES='lots' is not a number"):
+        StructuredDataset(paths[2], batch_size=64)
 
 
 _CHILD = """
