@@ -77,16 +77,18 @@ def write_format(folder: Path, kind: str) -> str:
             feather.write_feather(table, target, chunksize=group)
         elif kind == "orc":
             orc.write_table(table, target, stripe_size=4096)
+        elif kind == "jsonl":
+            target.write_text("".join(json.dumps(row) + "\n" for row in table.to_pylist()))
         else:
             pa_csv.write_csv(table, target)
         start += rows
     return str(folder)
 
 
-@pytest.mark.parametrize("kind", ["parquet", "arrow", "orc", "csv"])
+@pytest.mark.parametrize("kind", ["parquet", "arrow", "orc", "csv", "jsonl"])
 def test_warm_restart_reads_no_footer_and_the_same_plan(tmp_path, inspections, kind):
     path = write_format(tmp_path / "data", kind)
-    options = {"split_bytes": 2000} if kind == "csv" else {}
+    options = {"split_bytes": 2000} if kind in ("csv", "jsonl") else {}
     cold = StructuredDataset(path, format=kind, batch_size=64, **options)
     assert inspections[kind] == len(LAYOUT) and cold._source.cache_outcome.action == "built"
     inspections.clear()
@@ -96,7 +98,7 @@ def test_warm_restart_reads_no_footer_and_the_same_plan(tmp_path, inspections, k
     assert plan_of(warm) == plan_of(cold)
     assert warm._plan.data_fingerprint == cold._plan.data_fingerprint
     assert [s for s in warm._plan.splits] == [s for s in cold._plan.splits]
-    if kind == "csv":
+    if kind in ("csv", "jsonl"):
         assert max(len(f.unit_rows) for f in warm._plan.files) > 1   # several units: layouts were cached
     assert sorted(i for batch in warm for i in ids_of(batch)) == list(range(ROWS))
 
@@ -120,6 +122,29 @@ def test_csv_warm_restart_scans_no_text(tmp_path, monkeypatch):
     StructuredDataset(path, format="csv", batch_size=64, split_bytes=1000)
     assert scans["scan"] == len(LAYOUT)
     assert len(cache_files(os.environ["ARROWSTREAM_CACHE_DIR"])) == 2
+
+
+def test_text_layouts_of_every_kind_come_back_whole(tmp_path, inspections):
+    """Compressed (one unit, read as a stream), empty, blank and quoted-newline CSV files: their layouts
+    from the cache equal those planning found."""
+    import gzip
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "a.csv").write_text('id,name\n0,"two\nlines"\n1,b\n')
+    (folder / "b.csv.gz").write_bytes(gzip.compress(b"id,name\n2,c\n3,d\n"))
+    (folder / "c.csv").write_text("")
+    (folder / "d.csv").write_text("\n\n")
+    (folder / "e.csv").write_text("id,name\n4,e\n")
+    (folder / "f.csv").write_bytes(b"id,name\n5,f\r6,g\n")   # a lone carriage return: a line break to pyarrow
+    cold = StructuredDataset(str(folder), format="csv", batch_size=64)
+    layouts = [f.extra for f in cold._plan.files]
+    assert any(lay.quoted_newlines for lay in layouts) and any(lay.lone_cr for lay in layouts)
+    assert any(lay.compression for lay in layouts) and any(not lay.names for lay in layouts)
+    inspections.clear()
+    warm = StructuredDataset(str(folder), format="csv", batch_size=64)
+    assert inspections["csv"] == 0 and plan_of(warm) == plan_of(cold)
+    assert sorted(i for batch in warm for i in ids_of(batch)) == [0, 1, 2, 3, 4, 5, 6]
 
 
 def test_filter_and_columns(tmp_path, inspections):
