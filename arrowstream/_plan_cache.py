@@ -23,6 +23,7 @@ read is touched, the oldest are removed after a write.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import logging
@@ -110,7 +111,7 @@ def _without_userinfo(path: Any) -> Any:
     text = text if isinstance(text, str) else repr(text)
     if "://" in text:
         return re.sub(r"^([A-Za-z][\w+.-]*://)[^/@]*@", r"\1", text).rstrip("/") or text
-    return os.path.normpath(os.path.abspath(text)) if not any(c in text for c in "*?[") else os.path.abspath(text)
+    return os.path.abspath(text)
 
 
 def _filter_key(filter: pc.Expression | None) -> dict[str, str] | None:
@@ -159,6 +160,9 @@ class PlanCache:
     # -- reading ---------------------------------------------------------------------------------
     def load(self, entries: Sequence[FileEntry]) -> list[FileFooter] | None:
         """The cached footers of ``entries``; None (logged, to be rebuilt) when there are none to trust."""
+        if not _tagged(entries):
+            self.outcome = CacheOutcome(None, "off", "the listing gives no modification tag of some files")
+            return None
         try:
             with open(self.path, "rb") as f:
                 data = f.read()
@@ -175,13 +179,11 @@ class PlanCache:
                 self._miss(stale)
                 return None
             footers = _footers(header, payload, entries, self.file_format)
-        except (DamagedEntryError, ValueError, KeyError, TypeError, IndexError, pa.ArrowException) as exc:
+        except (ValueError, KeyError, TypeError, IndexError, struct.error, pa.ArrowException) as exc:
             self._miss(f"it is damaged ({exc})", damaged=True)
             return None
-        try:
+        with contextlib.suppress(OSError):
             os.utime(self.path)   # most recently used
-        except OSError:
-            pass
         self.outcome = CacheOutcome(self.path, "hit")
         return footers
 
@@ -194,8 +196,8 @@ class PlanCache:
     # -- writing ---------------------------------------------------------------------------------
     def store(self, entries: Sequence[FileEntry], footers: Sequence[FileFooter]) -> None:
         """Write the entry of ``footers`` (atomically); a folder that cannot take it is logged once."""
-        if not tabled(footers):
-            return   # a format whose footers carry what the cache cannot write (none of the file formats)
+        if not tabled(footers) or not _tagged(entries):
+            return   # footers the cache cannot write (none of the file formats'), or files it could not tell apart
         try:
             data = encode(self.material, entries, footers)
             os.makedirs(self.folder, exist_ok=True)
@@ -205,7 +207,7 @@ class PlanCache:
                     f.write(data)
                 os.replace(temporary, self.path)
             except BaseException:
-                with _quietly():
+                with contextlib.suppress(OSError):
                     os.unlink(temporary)
                 raise
             limit = max_bytes()
@@ -221,12 +223,10 @@ class PlanCache:
             self.outcome = CacheOutcome(None, "off", f"cannot write: {exc}")
 
 
-class _quietly:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> bool:
-        return exc[0] is not None and issubclass(exc[0], OSError)  # type: ignore[arg-type]
+def _tagged(entries: Sequence[FileEntry]) -> bool:
+    """Whether the listing tells a rewritten file from the one it was (a modification tag or a version for
+    every file): without, an entry could only be checked by names and sizes, and is not kept."""
+    return all(entry.tag or entry.version for entry in entries)
 
 
 def evict(folder: str, limit: int, keep: str | None = None) -> None:
@@ -238,7 +238,7 @@ def evict(folder: str, limit: int, keep: str | None = None) -> None:
         for item in scan:
             if not item.name.endswith(_SUFFIX):
                 continue
-            with _quietly():
+            with contextlib.suppress(OSError):
                 status = item.stat()
                 if item.name.startswith(_TEMP_PREFIX):
                     if now - status.st_mtime > _ABANDONED_TEMP_S:
@@ -251,7 +251,7 @@ def evict(folder: str, limit: int, keep: str | None = None) -> None:
     for _, path, size in [e for e in oldest_first if e[1] != keep] + [e for e in oldest_first if e[1] == keep]:
         if total <= limit:
             break
-        with _quietly():
+        with contextlib.suppress(OSError):
             os.unlink(path)
             total -= size
             logger.info("arrowstream: removed the plan cache entry %s (least recently used; the folder holds "

@@ -300,6 +300,19 @@ def test_plan_cache_false_writes_nothing_and_reads_every_footer(tmp_path, inspec
     assert cache_files(os.environ["ARROWSTREAM_CACHE_DIR"]) == []
 
 
+def test_a_listing_without_modification_tags_is_not_cached(tmp_path, monkeypatch, inspections):
+    """A filesystem whose listing gives no modification tag nor version: a rewrite of the same size could not
+    be told apart, so nothing is cached."""
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    monkeypatch.setattr("arrowstream._discovery._modification_tag", lambda info: "")
+    monkeypatch.setattr("arrowstream._discovery.version_of", lambda protocol, info: "")
+    for _ in range(2):
+        dataset = StructuredDataset(path, batch_size=64)
+        assert dataset._source.cache_outcome.action == "off"
+    assert inspections["parquet"] == 2 * len(LAYOUT)
+    assert cache_files(os.environ["ARROWSTREAM_CACHE_DIR"]) == []
+
+
 def test_where_the_cache_lives(tmp_path, monkeypatch):
     path = write_dataset(tmp_path / "data", LAYOUT)
     StructuredDataset(path, batch_size=64, plan_cache=tmp_path / "mine")   # a folder given (os.PathLike)
