@@ -557,3 +557,11 @@ def test_torchrun_ranks_plan_together_from_the_cache(tmp_path):
     for name in ("local", "together"):
         check_epoch(per_rank, name, "0", sum(rows for rows, _ in layout))
     assert len(cache_files(os.environ["ARROWSTREAM_CACHE_DIR"])) == 1
+
+
+def test_iceberg_refuses_plan_cache():
+    """Iceberg tables are planned from their manifests, not cached: the keyword is refused, not ignored."""
+    from arrowstream import IcebergDataset
+
+    with pytest.raises(errors.InvalidArgumentError, match="plan_cache: IcebergDataset does not take plan_cache="):
+        IcebergDataset("ns.table", catalog_config={}, plan_cache="/tmp/anywhere")
