@@ -30,7 +30,7 @@ from ._cursor import Cursor, Run
 from ._interleave import PieceReader, block_size_for, interleave_runs
 from ._order import Slot, SlotGrid, assign_lpt, slot_split_ids, window_seed
 from ._piece import Piece
-from ._plan_types import Split
+from ._plan_types import Split, split_rows
 from ._state import ElasticSource
 from ._stream import open_runs
 
@@ -53,11 +53,11 @@ class Share:
     """What one new slot reads in the re-planned epoch."""
 
     replays: tuple[Replay, ...]
-    splits: tuple[Split, ...]
+    splits: Sequence[Split]   # a tuple, or a SplitTable: a slot's share of a plan's table, in reading order
 
     @property
     def num_rows(self) -> int:
-        return sum(r.rows for r in self.replays) + sum(s.num_rows for s in self.splits)
+        return sum(r.rows for r in self.replays) + int(split_rows(self.splits).sum())
 
 
 class _CountReader:
@@ -98,15 +98,15 @@ def _halve(split: Split) -> tuple[Split, Split]:
 
 
 def remaining_items(plan: Plan, source: ElasticSource, *, shuffle: bool, seed: int, batch_size: int,
-                    interleave: int, buffer_rows: int) -> tuple[list[Replay], list[Split]]:
+                    interleave: int, buffer_rows: int, planning: int) -> tuple[list[Replay], list[Split]]:
     """Every row of ``source.epoch`` the old workers had not handed out, as replays and ranges.
 
     A shuffle window's extent follows from row counts, which a filter makes unknown before
     reading: the loader refuses a source with a worker inside a window and a filter.
     """
     grid = SlotGrid(source.world_size, source.num_workers)
-    splits = plan.splits_for(grid.num_slots)
-    rows = [s.num_rows for s in splits]
+    splits = plan.splits_for(grid.num_slots, planning)  # as the old topology read them
+    rows = split_rows(splits)
     block_size = block_size_for(batch_size, interleave)
     replays: list[Replay] = []
     ranges: list[Split] = []

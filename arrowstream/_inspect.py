@@ -94,7 +94,7 @@ def describe(dataset: Any, num_workers: int) -> dict[str, Any]:
     footers = plan.files
     files = [{"name": f.entry.name, "rows": sum(f.unit_rows), "units": len(f.unit_rows), "bytes": f.entry.size}
              for f in footers]
-    splits = plan.splits_for(num_slots)
+    splits = plan.splits_for(num_slots, options.planning)
     split_rows = [s.num_rows for s in splits]
     owned = assign_lpt(split_rows, num_slots)  # the loader's assignment: splits per slot
     slots = []
@@ -119,7 +119,8 @@ def describe(dataset: Any, num_workers: int) -> dict[str, Any]:
         "file_list": files,
         "topology": {"world_size": world_size, "num_workers": num_workers, "slots": num_slots,
                      "batch_size": options.batch_size, "drop_last": options.drop_last,
-                     "even_batches": dataset.batch_limits(num_workers) is not None},
+                     "even_batches": dataset.batch_limits(num_workers) is not None,
+                     "planning": options.planning},
         "splits": {"count": len(splits), "rows_min": min(split_rows, default=0),
                    "rows_median": statistics.median(split_rows) if split_rows else 0,
                    "rows_max": max(split_rows, default=0)},
@@ -145,7 +146,7 @@ def render(report: dict[str, Any], max_files: int = 20) -> str:
     lines += ["", (f"world_size={topology['world_size']} num_workers={topology['num_workers']} "
                    f"batch_size={topology['batch_size']} drop_last={topology['drop_last']} "
                    f"even_batches={topology['even_batches']}: {topology['slots']} slots"),
-              (f"splits: {splits['count']:,} (rows per split: min {splits['rows_min']:,}, median "
+              (f"splits: {splits['count']:,} (planning version {topology['planning']}; rows per split: min {splits['rows_min']:,}, median "
                f"{splits['rows_median']:,.0f}, max {splits['rows_max']:,})"), "",
               "rank  worker  splits        rows   batches  rows trimmed  rows dropped"]
     for s in report["slots"]:

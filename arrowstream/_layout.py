@@ -93,15 +93,15 @@ def lay_out_epoch(plan: Plan, grid: SlotGrid, epoch: int, options: Options, *, e
     """The layout of ``epoch`` for ``grid``: the plan's splits in the epoch's order given out by
     ``assign``, or, with ``source``, the rest of that epoch of another topology, re-planned."""
     if source is None:
-        splits = plan.splits_for(grid.num_slots)
+        splits = plan.splits_for(grid.num_slots, options.planning)
         order = epoch_order(len(splits), shuffle=options.shuffle, seed=options.seed, epoch=epoch)
-        rows = np.asarray([s.num_rows for s in splits], dtype=np.int64)[order]
-        shares = tuple(Share((), tuple(splits[int(order[i])] for i in owned))
+        rows = splits.num_rows[order]
+        shares = tuple(Share((), splits.take(order[np.asarray(owned, dtype=np.int64)]))   # columns, no Split objects
                        for owned in assign(rows.tolist(), grid.num_slots))
     else:
         replays, ranges = remaining_items(
             plan, source, shuffle=options.shuffle, seed=options.seed, batch_size=options.batch_size,
-            interleave=options.interleave, buffer_rows=options.shuffle_buffer_size)
+            interleave=options.interleave, buffer_rows=options.shuffle_buffer_size, planning=options.planning)
         shares = tuple(assign_shares(replays, ranges, grid.num_slots, assign))
     limits = None
     if even_batches:
@@ -198,7 +198,7 @@ class Epochs:
         """See :func:`batches_left`: in the layout the state was taken in."""
         return batches_left(self.layouts.layout(state.epoch, slot.grid, state.elastic), state, slot, self.options)
 
-    def planned_splits(self, slot: Slot, epoch: int) -> tuple[Split, ...]:
+    def planned_splits(self, slot: Slot, epoch: int) -> Sequence[Split]:
         """The splits ``slot`` reads in ``epoch`` as planned for its topology, in reading order."""
         return self.layouts.layout(epoch, slot.grid).share(slot).splits
 
@@ -216,10 +216,11 @@ class Epochs:
 # -- facts from the plan: what StructuredDataset.num_batches, slot_yields ... answer -----------------
 
 
-def slot_rows(plan: Plan, grid: SlotGrid) -> list[int]:
-    """Rows (before the filter) each slot of ``grid`` reads per epoch planned for its topology."""
+def slot_rows(plan: Plan, grid: SlotGrid, planning: int) -> list[int]:
+    """Rows (before the filter) each slot of ``grid`` reads per epoch planned for its topology (with
+    planning version ``planning``)."""
     num_slots = grid.num_slots
-    return slot_row_counts([s.num_rows for s in plan.splits_for(num_slots)], num_slots)
+    return slot_row_counts(plan.splits_for(num_slots, planning).num_rows, num_slots)
 
 
 def batch_limits(rows: Sequence[int], world_size: int, options: Options, even_batches: bool) -> list[int] | None:

@@ -12,6 +12,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from ._order import SlotGrid
+from ._resume import follow_planning
 from ._state import WorkerState
 from ._torchdata_state import (
     InnerState,
@@ -27,9 +28,20 @@ if TYPE_CHECKING:
     from .dataset import StructuredDataset
 
 
+def follow_checkpoint_planning(dataset: StructuredDataset, parsed: list[InnerState]) -> None:
+    """Make ``dataset`` plan as the checkpoint of these ranks' torchdata dicts did: by the planning version of
+    its first worker state (the others are compared with it as they are checked)."""
+    for rank, inner in enumerate(parsed):
+        for index, state in enumerate(inner.worker_states):
+            if state is not None:
+                follow_planning(dataset, state, f"rank {rank} worker {index} state")
+                return
+
+
 def check_workers(dataset: StructuredDataset, parsed: InnerState, rank: int, world_size: int,
                   elastic: bool = False) -> list[WorkerState]:
-    """Check the worker states of one rank's torchdata dict against the plan, in worker order.
+    """Check the worker states of one rank's torchdata dict against the plan, in worker order
+    (the dataset planning as the checkpoint did: :func:`follow_checkpoint_planning`).
 
     A worker the checkpoint counts as done (the loop ended, its fetcher ended, or another
     worker is in a later epoch) must have nothing left to yield in its epoch.
@@ -67,9 +79,10 @@ def elastic_slots(dataset: StructuredDataset,
     slot order with whether its loader had finished the epoch, checked for an elastic resume."""
     old_world, old_workers = int(outers[0]["world_size"]), int(outers[0]["num_workers"])
     slots: list[tuple[WorkerState, bool]] = []
-    for rank, outer in enumerate(outers):
-        # the re-plan starts from the workers' snapshots: no batch may have been yielded since
-        parsed = read_inner(outer["dataloader"], 1, f"ranks[{rank}].dataloader")
+    # the re-plan starts from the workers' snapshots: no batch may have been yielded since
+    every_rank = [read_inner(outer["dataloader"], 1, f"ranks[{rank}].dataloader") for rank, outer in enumerate(outers)]
+    follow_checkpoint_planning(dataset, every_rank)
+    for rank, parsed in enumerate(every_rank):
         if parsed.num_workers != old_workers:
             raise StateError(f"load_state_dict: rank {rank}'s loader state says num_workers={old_workers}, its "
                              f"torchdata state holds {parsed.num_workers} worker(s); pass the dict returned by "

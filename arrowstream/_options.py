@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 from ._convert import OUTPUT_FORMATS
 from ._formats import TextSettings
 from ._hashing import fingerprint
+from ._plan_types import PLANNING_VERSION
 from .errors import ArgumentTypeError, InvalidArgumentError
 
 TEXT_FORMATS = ("csv", "jsonl")
@@ -36,6 +37,7 @@ class Options:
     split_bytes: int | None
     fill_nulls: Any
     parse_options: TextSettings | None = None
+    planning: int = PLANNING_VERSION  # how splits are cut for slots: a loaded checkpoint's version (_resume)
 
     @property
     def drops_rows(self) -> bool:
@@ -54,6 +56,7 @@ class Options:
             "interleave": self.interleave,
             "drop_last": self.drop_last,
             "split_bytes": self.split_bytes,
+            "planning": self.planning,
             "columns": None if self.columns is None else fingerprint(list(self.columns))[:16],
             "filter": None if self.filter is None else fingerprint(str(self.filter))[:16],
             **({} if self.parse_options is None else {"parse_options": fingerprint(self.parse_options.state())[:16]}),

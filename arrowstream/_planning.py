@@ -7,54 +7,71 @@ are cut into row ranges, so no worker idles). Everything after :func:`plan_files
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+import os
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ._discovery import FileEntry
 from ._failures import wrap_read_error
+from ._footers import FooterTable, as_table, files_fingerprint, handle_budget
 from ._formats import FileFooter, FileFormat, check_counts
-from ._hashing import fingerprint  # also importable from here, its old home
-from ._plan_types import Split  # also importable from here, its old home
+from ._formats._base import MetadataFormat
+from ._hashing import fingerprint  # noqa: F401 (also importable from here, its old home)
+from ._plan_types import PLANNING_VERSION, PLANNING_VERSIONS, Split, SplitTable  # Split: also importable from here
 from ._storage import Storage, display_url
 from .errors import ArrowStreamError, CorruptFileError, EmptyDatasetError, InvalidArgumentError, SchemaMismatchError
 
+if TYPE_CHECKING:
+    from ._plan_cache import PlanCache
+
 MAX_PLANNING_THREADS = 32
-_SHIPPED_METADATA_BYTES = 64 << 20  # footers travel to workers below this total size
+MAX_LOCAL_THREADS = 4
+_FILES_PER_CHUNK = 64   # files a planning thread reads per task; fewer files than that: no threads
 
 
 @dataclass
 class Plan:
-    """The splits of a dataset plus what readers need to read them."""
+    """The splits of a dataset plus what readers need to read them.
+
+    ``files`` and ``splits`` are columns (:class:`~arrowstream._footers.FooterTable`,
+    :class:`~arrowstream._plan_types.SplitTable`) that read as lists of footers and splits: a plan of a
+    million units holds no object per unit and pickles to workers as a few buffers.
+    """
 
     protocol: str
-    files: list[FileFooter]
-    splits: list[Split]
+    files: FooterTable
+    splits: SplitTable
     schema: pa.Schema                 # of the output columns
     read_columns: list[str]           # output columns plus the filter's
     filter: pc.Expression | None
     data_fingerprint: str
     num_rows: int                     # before the filter
-    _refined: dict[int, list[Split]] = field(default_factory=dict, repr=False)
+    _refined: dict[tuple[int, int], SplitTable] = field(default_factory=dict, repr=False)
 
     def url(self, file_index: int) -> str:
-        return display_url(self.protocol, self.files[file_index].entry.path)
+        return display_url(self.protocol, self.files.path(file_index))
 
-    def splits_for(self, num_slots: int) -> list[Split]:
-        """The splits with large ones cut until there are at least ``num_slots`` (when rows allow)."""
-        if num_slots not in self._refined:
-            self._refined[num_slots] = refine_splits(self.splits, num_slots, self.files)
-        return self._refined[num_slots]
+    def splits_for(self, num_slots: int, planning: int = PLANNING_VERSION) -> SplitTable:
+        """The splits with large ones cut until there are at least ``num_slots`` (when rows allow), as
+        planning version ``planning`` cuts them (see :data:`PLANNING_VERSION`)."""
+        if len(self.splits) >= num_slots:   # nothing to cut (either version): the plan's own table, never a copy
+            return self.splits
+        key = (num_slots, planning)
+        if key not in self._refined:
+            self._refined[key] = SplitTable.from_splits(REFINERS[planning](self.splits, num_slots, self.files))
+        return self._refined[key]
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_refined"] = {}
-        if sum(f.handle_bytes for f in self.files) > _SHIPPED_METADATA_BYTES:
-            state["files"] = [f.without_handle() for f in self.files]
         return state
 
 
@@ -114,59 +131,79 @@ def _type_of(schema: pa.Schema, name: str) -> str:
     return ", ".join(str(f.type) for f in schema if f.name == name)
 
 
-def _check_schemas(footers: Sequence[FileFooter], protocol: str, required: list[str],
-                   all_columns: bool) -> None:
-    reference = footers[0]
-    ref_url = display_url(protocol, reference.entry.path)
-    for footer in footers[1:]:
-        url = display_url(protocol, footer.entry.path)
-        names = set(footer.schema.names)
-        if all_columns and names != set(reference.schema.names):
-            extra = sorted(names - set(reference.schema.names))
-            missing = sorted(set(reference.schema.names) - names)
+def _check_schemas(footers: FooterTable, protocol: str, required: list[str], all_columns: bool) -> None:
+    """Refuse files whose columns differ from the reference (the first file with rows): each distinct
+    schema is checked once, at its first file, which is the first file the error can name."""
+    with_rows = np.flatnonzero(footers.file_rows() > 0)
+    if not len(with_rows):
+        with_rows = np.arange(len(footers))
+    _, firsts = np.unique(footers.schema_index[with_rows], return_index=True)
+    reference = int(with_rows[0])
+    ref_schema = footers.schema_of(reference)
+    for first in sorted(int(with_rows[f]) for f in firsts):
+        schema = footers.schema_of(first)
+        if first != reference and not schema.equals(ref_schema):   # equal schemas: nothing can differ
+            _check_schema(schema, display_url(protocol, footers.path(first)), ref_schema,
+                          display_url(protocol, footers.path(reference)), required, all_columns)
+
+
+def _check_schema(schema: pa.Schema, url: str, ref_schema: pa.Schema, ref_url: str, required: list[str],
+                  all_columns: bool) -> None:
+    names = set(schema.names)
+    if all_columns and names != set(ref_schema.names):
+        extra = sorted(names - set(ref_schema.names))
+        missing = sorted(set(ref_schema.names) - names)
+        raise SchemaMismatchError(
+            f"{url} has columns that differ from {ref_url}: missing {missing}, extra {extra}; "
+            "pass `columns=[...]` with the columns all files share, or fix the files")
+    for name in required:
+        if name not in names:
             raise SchemaMismatchError(
-                f"{url} has columns that differ from {ref_url}: missing {missing}, extra {extra}; "
-                "pass `columns=[...]` with the columns all files share, or fix the files")
-        for name in required:
-            if name not in names:
-                raise SchemaMismatchError(
-                    f"{url} has no column {name!r}, which {ref_url} has; "
-                    "leave the column out of `columns` or fix the file")
-            ref_type = _type_of(reference.schema, name)
-            this_type = _type_of(footer.schema, name)
-            if ref_type != this_type:
-                raise SchemaMismatchError(
-                    f"column {name!r} is {this_type} in {url} but {ref_type} in {ref_url}; "
-                    "rewrite the files with one type, or leave the column out of `columns`")
+                f"{url} has no column {name!r}, which {ref_url} has; "
+                "leave the column out of `columns` or fix the file")
+        ref_type = _type_of(ref_schema, name)
+        this_type = _type_of(schema, name)
+        if ref_type != this_type:
+            raise SchemaMismatchError(
+                f"column {name!r} is {this_type} in {url} but {ref_type} in {ref_url}; "
+                "rewrite the files with one type, or leave the column out of `columns`")
 
 
-def _runs(footer: FileFooter, split_bytes: int | None) -> list[list[int]]:
-    """Kept row groups in runs of neighbours whose bytes fit ``split_bytes`` (one each when None)."""
-    runs: list[list[int]] = []
-    run_bytes = 0
-    for rg in footer.kept_units:
-        if footer.unit_rows[rg] == 0:
-            continue
-        size = footer.unit_bytes[rg]
-        joins = (split_bytes is not None and runs and runs[-1][-1] == rg - 1
-                 and run_bytes + size <= split_bytes)
-        if joins:
-            runs[-1].append(rg)
-            run_bytes += size
+def _base_splits(footers: Sequence[FileFooter] | FooterTable, split_bytes: int | None) -> SplitTable:
+    """The plan's splits: each kept unit with rows, or with ``split_bytes`` runs of neighbouring kept units
+    whose bytes fit it, file by file. From the footers' columns: no object per unit."""
+    table = as_table(footers)
+    counts = np.diff(table.kept_offsets)
+    file_index = np.repeat(np.arange(len(table), dtype=np.int64), counts)
+    unit = table.kept_units
+    rows = table.unit_rows[table.unit_offsets[file_index] + unit]
+    size = table.unit_bytes[table.unit_offsets[file_index] + unit]
+    has_rows = rows != 0   # a unit of no rows is never read
+    file_index, unit, rows, size = file_index[has_rows], unit[has_rows], rows[has_rows], size[has_rows]
+    if split_bytes is None:
+        return SplitTable(file_index, unit, unit + 1, np.zeros_like(unit), rows, size)
+    return _joined_runs(file_index, unit, rows, size, split_bytes)
+
+
+def _joined_runs(file_index: npt.NDArray[np.int64], unit: npt.NDArray[np.int64], rows: npt.NDArray[np.int64],
+                 size: npt.NDArray[np.int64], split_bytes: int) -> SplitTable:
+    """Units (with rows, in file order) joined into runs of neighbours of one file while their bytes fit
+    ``split_bytes``: one pass over plain ints (the greedy join is sequential by nature)."""
+    starts: list[int] = []    # the position of each run's first unit
+    run_bytes, last_file, last_unit = 0, -1, -2
+    for position, (f, u, b) in enumerate(zip(file_index.tolist(), unit.tolist(), size.tolist(), strict=True)):
+        if f == last_file and u == last_unit + 1 and run_bytes + b <= split_bytes:
+            run_bytes += b
         else:
-            runs.append([rg])
-            run_bytes = size
-    return runs
-
-
-def _base_splits(footers: Sequence[FileFooter], split_bytes: int | None) -> list[Split]:
-    splits: list[Split] = []
-    for file_index, footer in enumerate(footers):
-        for run in _runs(footer, split_bytes):
-            rows = sum(footer.unit_rows[i] for i in run)
-            size = sum(footer.unit_bytes[i] for i in run)
-            splits.append(Split(file_index, run[0], run[-1] + 1, 0, rows, size))
-    return splits
+            starts.append(position)
+            run_bytes = b
+        last_file, last_unit = f, u
+    first = np.asarray(starts, dtype=np.int64)
+    if not len(first):
+        return SplitTable(first, first, first, first, first, first)
+    last = np.append(first[1:], len(unit)) - 1
+    return SplitTable(file_index[first], unit[first], unit[last] + 1, np.zeros_like(first),
+                      np.add.reduceat(rows, first), np.add.reduceat(size, first))
 
 
 def _single_units(split: Split, footer: FileFooter) -> list[Split]:
@@ -176,57 +213,103 @@ def _single_units(split: Split, footer: FileFooter) -> list[Split]:
             for rg in range(split.unit_start, split.unit_stop)]
 
 
-def _row_ranges(split: Split, pieces: int) -> list[Split]:
-    base, extra = divmod(split.num_rows, pieces)
+def _row_ranges(split: Split, sizes: Sequence[int]) -> list[Split]:
+    """``split`` cut into consecutive row ranges of ``sizes`` rows (summing to its rows), bytes pro rata."""
     out, start = [], split.row_start
-    for k in range(pieces):
-        rows = base + (1 if k < extra else 0)
+    for rows in sizes:
         out.append(Split(split.file_index, split.unit_start, split.unit_stop, start, rows,
                          split.num_bytes * rows // max(split.num_rows, 1)))
         start += rows
     return out
 
 
-def refine_splits(splits: Sequence[Split], num_slots: int, footers: Sequence[FileFooter]) -> list[Split]:
-    """Make at least ``num_slots`` splits when the rows allow, so that no worker idles.
-
-    First whole row groups come apart; if that is not enough, row groups are cut into
-    near-equal row ranges of about ``total_rows // num_slots`` rows. Pure and deterministic.
-    """
+def _units_or_none(splits: Sequence[Split], num_slots: int, footers: Sequence[FileFooter]) -> list[Split] | None:
+    """The splits, or their single units, when there are enough of them for ``num_slots``; None: units must be cut."""
     if len(splits) >= num_slots:
         return list(splits)
     singles = [s for split in splits for s in _single_units(split, footers[split.file_index])]
-    if len(singles) >= num_slots:
-        return singles
-    target = max(sum(s.num_rows for s in singles) // num_slots, 1)
-    return [piece for s in singles for piece in _row_ranges(s, -(-s.num_rows // target))]
+    return singles if len(singles) >= num_slots else None
 
 
-class FooterCache(Protocol):
-    """Where planning keeps the footers of a listing between runs (``arrowstream._plan_cache``)."""
+def refine_splits_v1(splits: Sequence[Split], num_slots: int, footers: Sequence[FileFooter]) -> list[Split]:
+    """Planning version 1 (states of version 5 and before): units cut into ranges of about
+    ``total_rows // num_slots`` rows, each unit on its own; the remainder ranges left slots uneven."""
+    units = _units_or_none(splits, num_slots, footers)
+    if units is not None:
+        return units
+    target = max(sum(s.num_rows for s in splits) // num_slots, 1)
+    out = []
+    for unit in (s for split in splits for s in _single_units(split, footers[split.file_index])):
+        pieces = -(-unit.num_rows // target)
+        base, extra = divmod(unit.num_rows, pieces)
+        out += _row_ranges(unit, [base + (1 if k < extra else 0) for k in range(pieces)])
+    return out
 
-    def load(self, entries: Sequence[FileEntry]) -> list[FileFooter] | None: ...
 
-    def store(self, entries: Sequence[FileEntry], footers: Sequence[FileFooter]) -> None: ...
+def _balanced_cuts(unit_rows: Sequence[int], num_slots: int) -> list[list[int]]:
+    """The row counts each unit is cut into, in row order, so that LPT gives every slot
+    ``total // num_slots`` or one more row.
+
+    The cut *is* an LPT run: each piece goes to the least-loaded slot (ties: the lowest) and takes
+    the rest of the unit with the most rows left (ties: the first), up to what fills that slot (the
+    first ``total % num_slots`` slots to fill may take one row more). Pieces come out in
+    non-increasing size (the most rows left only shrinks, the room of the least-loaded slot too), so
+    ``assign_lpt``, which takes pieces heaviest first, replays this run whatever the epoch's order
+    among equal pieces, and lands on the same loads. Each piece ends a unit or fills a slot: at most
+    ``len(unit_rows) + num_slots`` pieces.
+    """
+    level, extra = divmod(sum(unit_rows), num_slots)
+    loads = [(0, slot) for slot in range(num_slots)]
+    rests = [(-rows, index) for index, rows in enumerate(unit_rows) if rows > 0]
+    heapq.heapify(rests)
+    cuts: list[list[int]] = [[] for _ in unit_rows]
+    while rests:
+        load, slot = heapq.heappop(loads)
+        neg_rest, index = heapq.heappop(rests)
+        piece = min(-neg_rest, level + (1 if extra else 0) - load)
+        assert piece > 0, "a slot below its share is always left while rows are"
+        cuts[index].append(piece)
+        if load + piece == level + 1:
+            extra -= 1
+        heapq.heappush(loads, (load + piece, slot))
+        if piece < -neg_rest:
+            heapq.heappush(rests, (neg_rest + piece, index))
+    return cuts
+
+
+def refine_splits(splits: Sequence[Split], num_slots: int, footers: Sequence[FileFooter]) -> list[Split]:
+    """Make at least ``num_slots`` splits when the rows allow, so that no worker idles (planning version 2).
+
+    First whole row groups come apart; if that is not enough, row groups are cut into row ranges
+    (each inside one unit) so that after LPT assignment every slot has ``total_rows // num_slots``
+    rows or one more (see :func:`_balanced_cuts`). Pure and deterministic.
+    """
+    units = _units_or_none(splits, num_slots, footers)
+    if units is not None:
+        return units
+    singles = [s for split in splits for s in _single_units(split, footers[split.file_index])]
+    cuts = _balanced_cuts([s.num_rows for s in singles], num_slots)
+    return [piece for unit, sizes in zip(singles, cuts) for piece in _row_ranges(unit, sizes)]
+
+
+REFINERS: dict[int, Callable[[Sequence[Split], int, Sequence[FileFooter]], list[Split]]] = {
+    1: refine_splits_v1,
+    2: refine_splits,
+}
+assert tuple(REFINERS) == PLANNING_VERSIONS
 
 
 def plan_files(storage: Storage, entries: Sequence[FileEntry], file_format: FileFormat, *,
                columns: list[str] | None, filter: pc.Expression | None, split_bytes: int | None,
-               cache: FooterCache | None = None) -> Plan:
+               cache: PlanCache | None = None) -> Plan:
     """Read every file's metadata once (concurrently; from ``cache`` when it holds this listing's) and
     build the plan of the dataset."""
-    footers = cache.load(entries) if cache is not None else None
+    footers: Sequence[FileFooter] | None = cache.load(entries) if cache is not None else None
     if footers is None:
         footers = read_footers(storage, entries, file_format, columns=columns, filter=filter)
         if cache is not None:
             cache.store(entries, footers)
     return plan_footers(storage.protocol, footers, columns=columns, filter=filter, split_bytes=split_bytes)
-
-
-def _lead(entries: Sequence[FileEntry]) -> int:
-    """The file that columns and filter are checked on: the first that is not empty (an empty text file
-    names no columns)."""
-    return next((i for i, e in enumerate(entries) if e.size != 0), 0)
 
 
 def _check_columns(columns: list[str] | None, schema: pa.Schema, url: str) -> None:
@@ -243,64 +326,94 @@ def _check_columns(columns: list[str] | None, schema: pa.Schema, url: str) -> No
 
 
 def read_footers(storage: Storage, entries: Sequence[FileEntry], file_format: FileFormat, *,
-                 columns: list[str] | None, filter: pc.Expression | None) -> list[FileFooter]:
+                 columns: list[str] | None, filter: pc.Expression | None) -> FooterTable:
     """Every file's footer (concurrently), reconciled; columns and filter checked on the first file
     before the others are read."""
-    lead = _lead(entries)
+    # columns and filter are checked on the first file that is not empty (an empty text file names no columns)
+    lead = next((i for i, e in enumerate(entries) if e.size != 0), 0)
     first_url = display_url(storage.protocol, entries[lead].path)
     first = read_footer(storage, file_format, entries[lead], None, [])
     filter_columns = check_filter(filter, first.schema, first_url) if filter is not None else []
     if filter is not None:  # now that the filter is known to fit, prune the first file too
         first = read_footer(storage, file_format, entries[lead], filter, filter_columns)
     _check_columns(columns, first.schema, first_url)
-    rest = [e for i, e in enumerate(entries) if i != lead]
-    if len(rest) > 1:
-        with ThreadPoolExecutor(max_workers=min(MAX_PLANNING_THREADS, len(rest))) as pool:
-            others = list(pool.map(lambda e: read_footer(storage, file_format, e, filter, filter_columns), rest))
-    else:
-        others = [read_footer(storage, file_format, e, filter, filter_columns) for e in rest]
-    footers = [*others[:lead], first, *others[lead:]]
-    return file_format.reconcile(footers, storage.protocol)   # text formats: one schema for every file
+    # handles (Parquet FileMetaData) are kept by the rule in _footers, which the lead file decides
+    keep_handles = first.handle_bytes * len(entries) <= handle_budget(storage.is_local)
+    if not keep_handles:
+        first = first.without_handle()
+
+    def read(entry: FileEntry) -> FileFooter:
+        footer = read_footer(storage, file_format, entry, filter, filter_columns)
+        return footer if keep_handles or footer.handle is None else footer.without_handle()
+
+    footers = FooterTable.build(_read_all(read, entries, lead, first, _planning_threads(storage, len(entries))))
+    if not isinstance(file_format, MetadataFormat):   # text formats: one schema for every file
+        footers = FooterTable.build(file_format.reconcile(list(footers), storage.protocol))
+    return footers
 
 
-def plan_footers(protocol: str, footers: list[FileFooter], *, columns: list[str] | None,
+def plan_footers(protocol: str, footers: Sequence[FileFooter] | FooterTable, *, columns: list[str] | None,
                  filter: pc.Expression | None, split_bytes: int | None) -> Plan:
     """The plan of the reconciled footers of every file: columns, filter and schemas checked."""
-    lead = _lead([f.entry for f in footers])
-    first_url = display_url(protocol, footers[lead].entry.path)
-    filter_columns = check_filter(filter, footers[lead].schema, first_url) if filter is not None else []
-    _check_columns(columns, footers[lead].schema, first_url)
+    footers = as_table(footers)
+    not_empty = np.flatnonzero(footers.sizes != 0)
+    lead = int(not_empty[0]) if len(not_empty) else 0   # as read_footers chose it
+    first_url = display_url(protocol, footers.path(lead))
+    filter_columns = check_filter(filter, footers.schema_of(lead), first_url) if filter is not None else []
+    _check_columns(columns, footers.schema_of(lead), first_url)
     # a text file of no rows has names but no types: the schema is that of the first file with rows
-    with_rows = [f for f in footers if any(f.unit_rows)] or footers
-    reference = with_rows[0]
+    with_rows = np.flatnonzero(footers.file_rows() > 0)
+    reference = footers.schema_of(int(with_rows[0]) if len(with_rows) else 0)
 
-    output_columns = list(columns) if columns is not None else list(reference.schema.names)
+    output_columns = list(columns) if columns is not None else list(reference.names)
     read_columns = output_columns + [c for c in filter_columns if c not in output_columns]
-    _check_schemas(with_rows, protocol, read_columns, all_columns=columns is None)
+    _check_schemas(footers, protocol, read_columns, all_columns=columns is None)
     if columns is None:  # every column, in file order: duplicate names are legal in Arrow IPC and Parquet
-        schema = pa.schema(list(reference.schema))
+        schema = pa.schema(list(reference))
     else:
-        schema = pa.schema([reference.schema.field(c) for c in output_columns])
+        schema = pa.schema([reference.field(c) for c in output_columns])
     return build_plan(protocol, footers, schema, read_columns, filter, split_bytes,
-                      identity={"schema": [[fld.name, str(fld.type)] for fld in reference.schema]})
+                      identity={"schema": [[fld.name, str(fld.type)] for fld in reference]})
 
 
-def build_plan(protocol: str, footers: list[FileFooter], schema: pa.Schema, read_columns: list[str],
-               filter: pc.Expression | None, split_bytes: int | None, identity: dict[str, Any]) -> Plan:
+def _planning_threads(storage: Storage, num_files: int) -> int:
+    """Threads reading footers: many for a remote store (each read waits on the network), the cores for
+    local files (a read is mostly CPU: decoding; pyarrow lets go of the GIL for it, Python does not)."""
+    threads = MAX_PLANNING_THREADS if not storage.is_local else min(os.cpu_count() or 1, MAX_LOCAL_THREADS)
+    return max(1, min(threads, num_files // _FILES_PER_CHUNK))
+
+
+def _read_all(read: Callable[[FileEntry], FileFooter], entries: Sequence[FileEntry], lead: int, first: FileFooter,
+              threads: int) -> Iterator[FileFooter]:
+    """Every file's footer in file order (``first`` is the lead's, already read), read by ``threads`` threads
+    in chunks of consecutive files: one task per chunk, not per file, keeps the pool's own cost small."""
+    def chunk(start: int, stop: int) -> list[FileFooter]:
+        return [first if i == lead else read(entries[i]) for i in range(start, stop)]
+
+    if threads <= 1:
+        yield from chunk(0, len(entries))
+        return
+    size = max(_FILES_PER_CHUNK, -(-len(entries) // (threads * 8)))
+    bounds = [(start, min(start + size, len(entries))) for start in range(0, len(entries), size)]
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        for footers in pool.map(lambda b: chunk(*b), bounds):
+            yield from footers
+
+
+def build_plan(protocol: str, footers: Sequence[FileFooter] | FooterTable, schema: pa.Schema,
+               read_columns: list[str], filter: pc.Expression | None, split_bytes: int | None,
+               identity: dict[str, Any]) -> Plan:
     """The plan of checked footers; ``identity`` joins the files in the data fingerprint."""
-    first_url = display_url(protocol, footers[0].entry.path)
-    num_rows = sum(sum(f.unit_rows) for f in footers)
+    table = as_table(footers)
+    first_url = display_url(protocol, table.path(0))
+    num_rows = table.num_rows
     if num_rows == 0:
         raise EmptyDatasetError(
-            f"path: the {len(footers)} file(s) starting with {first_url} hold no rows; "
+            f"path: the {len(table)} file(s) starting with {first_url} hold no rows; "
             "point `path` at data that has rows")
-    splits = _base_splits(footers, split_bytes)
+    splits = _base_splits(table, split_bytes)
     if not splits:
         raise EmptyDatasetError(
-            f"filter: {filter} excludes every row group of the {len(footers)} file(s) by their "
+            f"filter: {filter} excludes every row group of the {len(table)} file(s) by their "
             "statistics, so an epoch would be empty; loosen the filter or check the data")
-    data_fingerprint = fingerprint({
-        "files": [[f.entry.name, f.entry.size, f.entry.tag, list(f.unit_rows)] for f in footers],
-        **identity,
-    })
-    return Plan(protocol, footers, splits, schema, read_columns, filter, data_fingerprint, num_rows)
+    return Plan(protocol, table, splits, schema, read_columns, filter, files_fingerprint(table, identity), num_rows)

@@ -8,13 +8,15 @@ Pure: the dataset is handed in, and nothing here reads files (see ``tests/test_l
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ._fields import Fields
 from ._layout import replanned_source
 from ._order import Slot, SlotGrid
 from ._position import check_in_plan
-from ._state import ElasticSource, WorkerState, check_compatible, check_slot
+from ._state import WORKER_KIND, ElasticSource, WorkerState, check_compatible, check_planning, check_slot, upgrade
 from .errors import StateMismatchError
 
 if TYPE_CHECKING:
@@ -42,9 +44,26 @@ def checked_state(dataset: StructuredDataset, state_dict: dict[str, Any], elasti
     return saved
 
 
+def use_planning(dataset: StructuredDataset, planning: int) -> None:
+    """Make ``dataset`` cut splits for slots as planning version ``planning`` does (a loaded checkpoint's),
+    in this epoch and the later ones (see docs/state-format.md, Planning version)."""
+    if planning != dataset._options.planning:
+        dataset._options = dataclasses.replace(dataset._options, planning=planning)
+        dataset._use_plan(dataset._storage, dataset._plan)
+
+
+def follow_planning(dataset: StructuredDataset, state_dict: Any, where: str) -> None:
+    """Make ``dataset`` cut splits as the worker state ``state_dict`` was planned (its ``options.planning``):
+    a job that resumes from a checkpoint keeps the checkpoint's planning version, in every later epoch too.
+    The other states of the checkpoint must agree (their options are compared with the dataset's)."""
+    if state_dict is not None:
+        use_planning(dataset, check_planning(Fields(upgrade(state_dict, WORKER_KIND), where).mapping("options")))
+
+
 def loaded_state(dataset: StructuredDataset, state_dict: dict[str, Any], slot: Slot) -> WorkerState:
     """A worker state to resume from in ``slot`` (this process's), checked against the plan."""
     saved = WorkerState.from_dict(state_dict)
+    use_planning(dataset, saved.options["planning"])
     dataset._follow_source(saved)
     check_compatible(saved, dataset._data, dataset._state_options)
     if saved.slot == slot:  # another slot's state is refused when the epoch opens (check_slot)

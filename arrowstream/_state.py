@@ -16,9 +16,10 @@ from typing import Any
 from ._cursor import Cursor
 from ._fields import REMEDY, Fields, is_int, shorten
 from ._order import Slot, SlotGrid
+from ._plan_types import PLANNING_VERSION, PLANNING_VERSIONS
 from .errors import StateError, StateMismatchError, StateVersionError
 
-STATE_VERSION = 5
+STATE_VERSION = 6
 WORKER_KIND = "arrowstream.worker"
 LOADER_KIND = "arrowstream.loader"
 CHECKPOINT_KIND = "arrowstream.checkpoint"  # every rank's loader state, merged
@@ -76,6 +77,22 @@ def _checkpoint_v4_to_v5(state: dict[str, Any]) -> dict[str, Any]:
     return dict(state)
 
 
+def _worker_v5_to_v6(state: dict[str, Any]) -> dict[str, Any]:
+    """v6 names the planning version the worker's splits were cut with (``options.planning``); every
+    earlier state was taken on planning version 1."""
+    return {**state, "options": {**state["options"], "planning": 1}}
+
+
+def _loader_v5_to_v6(state: dict[str, Any]) -> dict[str, Any]:
+    """The loader state did not change in v6 (its worker states migrate on their own)."""
+    return dict(state)
+
+
+def _checkpoint_v5_to_v6(state: dict[str, Any]) -> dict[str, Any]:
+    """The merged checkpoint did not change in v6 (its rank states migrate on their own)."""
+    return dict(state)
+
+
 # (kind, n) -> the step from version n to n + 1 of that kind; each takes and returns a plain dict
 MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
     (LOADER_KIND, 1): _loader_v1_to_v2,
@@ -87,7 +104,25 @@ MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = 
     (LOADER_KIND, 4): _loader_v4_to_v5,
     (WORKER_KIND, 4): _worker_v4_to_v5,
     (CHECKPOINT_KIND, 4): _checkpoint_v4_to_v5,
+    (WORKER_KIND, 5): _worker_v5_to_v6,
+    (LOADER_KIND, 5): _loader_v5_to_v6,
+    (CHECKPOINT_KIND, 5): _checkpoint_v5_to_v6,
 }
+
+
+def check_planning(options: Fields) -> int:
+    """The planning version a worker state's options name: one this arrowstream cuts splits by, or a
+    ``StateError`` (``StateVersionError`` for a version it does not know)."""
+    planning = options.value.get("planning")
+    if not is_int(planning):
+        raise StateError(f"the state's {options.name('planning')} is {shorten(planning)}, expected the planning "
+                         f"version as an int (1 to {PLANNING_VERSION}); {REMEDY}")
+    if planning not in PLANNING_VERSIONS:
+        raise StateVersionError(
+            f"the state's {options.name('planning')} is {planning}: its splits were cut by a planning version "
+            f"this arrowstream does not know (it knows {', '.join(map(str, PLANNING_VERSIONS))}); upgrade "
+            "arrowstream to load it, or start without loading the checkpoint")
+    return int(planning)
 
 
 @dataclass(frozen=True)
@@ -190,11 +225,12 @@ class WorkerState:
         fields = Fields(upgrade(state, WORKER_KIND), where)
         data, slot, counters = fields.mapping("data"), fields.mapping("slot"), fields.mapping("counters")
         world_size, num_workers = slot.integer("world_size", 1), slot.integer("num_workers")
-        options = fields.mapping("options").value
+        options = fields.mapping("options")
+        check_planning(options)
         elastic = fields.get("elastic")
         return cls(
             data=DataIdentity.from_dict(data),
-            options=dict(options),
+            options=dict(options.value),
             epoch=fields.integer("epoch"),
             slot=Slot(slot.integer("rank", 0, world_size - 1), world_size,
                       slot.integer("worker_id", 0, SlotGrid(world_size, num_workers).workers_per_rank - 1),
@@ -269,6 +305,12 @@ def check_compatible(saved: WorkerState, data: DataIdentity, options: dict[str, 
             f"with {data.num_rows} rows (fingerprint {data.fingerprint[:12]}); the files, their sizes "
             "or modification times differ. Point the dataset at the same data, or start without "
             "loading the checkpoint")
+    if saved.options.get("planning") != options.get("planning"):
+        raise StateMismatchError(
+            f"checkpoint's splits were cut by planning version {shorten(saved.options.get('planning'))}, this "
+            f"dataset cuts them by version {shorten(options.get('planning'))}; load the whole checkpoint with "
+            "loader.load_state_dict() (or dataset.load_state_dict()), which makes the dataset plan as the "
+            "checkpoint did, and keep its workers' states together")
     differing = sorted(str(k) for k in set(saved.options) | set(options)  # True is not 1, 1.0 is not 1
                        if saved.options.get(k) != options.get(k) or type(saved.options.get(k)) is not type(options.get(k)))
     if differing:

@@ -156,7 +156,6 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._rank, self._world_size = self._topology.data_rank, self._topology.data_world_size
         # with one reader of distinct data there is nothing to even out
         self._even_batches = check_even_batches(even_batches, self._world_size, self._options)
-        self._state_options = {**self._options.state_options(), "even_batches": self._even_batches}
         self._read_ahead_depth = check_int("read_ahead", read_ahead, 0)
         # shared, so that set_epoch reaches persistent workers
         self._epoch_cell = share(torch.zeros(1, dtype=torch.int64), "StructuredDataset: the epoch cell")
@@ -174,6 +173,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         check_output_columns(self._options.output_format, plan.schema)
         self._fill_nulls = resolve_fill_nulls(self._options.fill_nulls, plan.schema)
         self._data = self._source.identity(plan)
+        self._state_options = {**self._options.state_options(), "even_batches": self._even_batches}
         # the epoch re-planned for a loaded checkpoint of another topology (by the loader) stays
         previous: Epochs | None = vars(self).get("_epochs")
         self._epochs = Epochs(plan, self._options, self._even_batches, self._data, self._state_options,
@@ -266,11 +266,11 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
 
     def num_splits(self, num_workers: int = 0) -> int:
         """Splits of an epoch when read by ``num_workers`` workers per rank."""
-        return len(self._plan.splits_for(self._grid(num_workers).num_slots))
+        return len(self._plan.splits_for(self._grid(num_workers).num_slots, self._options.planning))
 
     def slot_rows(self, num_workers: int = 0) -> list[int]:
         """Rows (before the filter) each slot reads per epoch, for every (rank, worker) slot."""
-        return slot_rows(self._plan, self._grid(num_workers))
+        return slot_rows(self._plan, self._grid(num_workers), self._options.planning)
 
     def batch_limits(self, num_workers: int = 0) -> list[int] | None:
         """Batches each slot may yield per epoch under ``even_batches`` (every slot of every rank);

@@ -33,11 +33,12 @@ from ._convert import passthrough_collate
 from ._credentials import as_provider
 from ._fields import shorten
 from ._loader_options import check_loader_options
-from ._loader_resume import check_workers, elastic_slots, mark_epoch_complete
+from ._loader_resume import check_workers, elastic_slots, follow_checkpoint_planning, mark_epoch_complete
 from ._loader_state import read_checkpoint, read_loader_state
 from ._metrics import FIELDS, Board, Meter, flatten, summarize
 from ._options import check_int
 from ._order import SlotGrid
+from ._resume import use_planning
 from ._runtime import Transport
 from ._shm import semaphore_failure
 from ._state import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, WorkerState
@@ -222,8 +223,17 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
 
         Every field is checked before anything is loaded (types, ranges, and each worker's cursor
         and counters against the plan): a state that would not yield every row once raises a
-        ``StateError`` (see docs/state-format.md, Validation).
+        ``StateError`` (see docs/state-format.md, Validation). The dataset then cuts splits by the
+        checkpoint's planning version, in this epoch and the later ones (docs/state-format.md).
         """
+        planning = self.dataset._options.planning
+        try:
+            self._load_state_dict(state_dict)
+        except BaseException:  # a refused checkpoint leaves the dataset planning as it did
+            use_planning(self.dataset, planning)
+            raise
+
+    def _load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if isinstance(state_dict, dict) and not state_dict:
             self._elastic_loaded = False
             super().load_state_dict({})
@@ -265,6 +275,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             raise StateMismatchError(
                 f"checkpoint was taken with num_workers={parsed.num_workers}, this loader has "
                 f"num_workers={self.num_workers}; build the loader with num_workers={parsed.num_workers} to resume")
+        follow_checkpoint_planning(self.dataset, [parsed])
         saved = check_workers(self.dataset, parsed, self.dataset.rank, self.dataset.world_size)
         self.dataset.set_epoch(max(s.epoch for s in saved))
         # inside an epoch re-planned for this topology: the counts of that epoch (len, trimmed rows)

@@ -100,6 +100,18 @@ def test_inspect_reports_the_assignment_the_loader_uses(skewed, world_size, num_
     assert report["rows_trimmed"] == sum(r["rows"] - r["rows_yielded"] for r in report["ranks"])
 
 
+def test_inspect_shows_a_cut_file_over_3_ranks_of_2_workers_trimmed_by_at_most_a_batch_per_slot(tmp_path):
+    """Issue #19: 4,000 rows in 2 row groups used to be cut into 8 ranges of 500 and lose 976 rows an epoch."""
+    folder = write_dataset(tmp_path / "d", [(4000, 2000)])
+    report = json.loads(arrowstream_cli("inspect", folder, "--world-size", "3", "--num-workers", "2",
+                                        "--batch-size", "128", "--json"))
+    assert sorted(s["rows"] for s in report["slots"]) == [666, 666, 667, 667, 667, 667]
+    assert all(s["rows_trimmed"] <= 128 for s in report["slots"])
+    assert report["rows_trimmed"] == 0
+    assert len({r["batches"] for r in report["ranks"]}) == 1
+    assert report["topology"]["planning"] == 2
+
+
 def test_inspect_prints_the_same_report_as_text(skewed):
     text = arrowstream_cli("inspect", skewed, "--world-size", "2", "--num-workers", "2", "--batch-size", "1000")
     report = json.loads(arrowstream_cli("inspect", skewed, "--world-size", "2", "--num-workers", "2",

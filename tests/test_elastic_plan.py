@@ -26,6 +26,7 @@ from arrowstream._discovery import FileEntry
 from arrowstream._elastic import assign_shares, remaining_items, share_runs
 from arrowstream._formats import FileFooter
 from arrowstream._order import Slot, slot_split_ids, window_seed
+from arrowstream._plan_types import PLANNING_VERSION
 from arrowstream._planning import Plan, Split, build_plan
 from arrowstream._reader import Piece
 from arrowstream._state import DataIdentity, ElasticSource, WorkerState
@@ -33,6 +34,7 @@ from arrowstream._stream import EpochStream, open_runs
 
 ROWS_PER_FILE = 1_000_000
 DATA = DataIdentity("0" * 32, 1, 0)
+OPTIONS = {"planning": PLANNING_VERSION}  # what a worker state must name
 SCHEMA = pa.schema([("id", pa.int64())])
 
 
@@ -76,7 +78,7 @@ def through_json(state: WorkerState) -> WorkerState:
 
 def stream_of(runs: Iterator[Run], end: Cursor, layout: dict[str, Any], slot: Slot, start: WorkerState) -> EpochStream:
     return EpochStream(runs=runs, end=end, batch_size=layout["batch_size"], drop_last=False,
-                       convert=lambda batch: batch, data=DATA, options={}, epoch=start.epoch, slot=slot, start=start)
+                       convert=lambda batch: batch, data=DATA, options=OPTIONS, epoch=start.epoch, slot=slot, start=start)
 
 
 def take(stream: EpochStream, batches: int | None = None) -> tuple[list[int], bool]:
@@ -102,7 +104,7 @@ def normal_stream(plan: Plan, layout: dict[str, Any], slot: Slot, epoch: int) ->
                      buffer_rows=layout["buffer_rows"], start=start,
                      window_seed=functools.partial(window_seed, layout["seed"], epoch, slot))
     return stream_of(runs, Cursor.end(len(mine)), layout, slot,
-                     WorkerState(DATA, {}, epoch, slot, start, 0, 0, 0, False))
+                     WorkerState(DATA, OPTIONS, epoch, slot, start, 0, 0, 0, False))
 
 
 def share_stream(plan: Plan, layout: dict[str, Any], source: ElasticSource, shares: list[Any], slot: Slot,
@@ -111,7 +113,7 @@ def share_stream(plan: Plan, layout: dict[str, Any], source: ElasticSource, shar
     share = shares[slot.index]
     if state is None:
         start = Cursor.start(len(share.splits), layout["interleave"])
-        state = WorkerState(DATA, {}, source.epoch, slot, start, 0, 0, 0, False, source)
+        state = WorkerState(DATA, OPTIONS, source.epoch, slot, start, 0, 0, 0, False, source)
     readers = [IdReader(plan, layout["piece_rows"]) for _ in range(layout["interleave"])]
     runs = share_runs(readers, share, seed=layout["seed"], epoch=source.epoch, slot=slot,
                       batch_size=layout["batch_size"], interleave=layout["interleave"],
@@ -156,7 +158,7 @@ def test_the_replanned_epoch_hands_out_every_row_left_exactly_once(layout):
     source = ElasticSource(epoch, *layout["old"], tuple(cursors))
     replays, ranges = remaining_items(plan, source, shuffle=layout["shuffle"], seed=layout["seed"],
                                       batch_size=layout["batch_size"], interleave=layout["interleave"],
-                                      buffer_rows=layout["buffer_rows"])
+                                      buffer_rows=layout["buffer_rows"], planning=PLANNING_VERSION)
     new_slots = slots(*layout["new"])
     shares = assign_shares(replays, ranges, len(new_slots))
     assert len(shares) == len(new_slots)

@@ -30,7 +30,7 @@ def test_there_is_a_golden_file_for_the_current_version():
 def test_golden_state_resumes_to_the_recorded_batches(tmp_path, golden_file):
     with open(golden_file) as f:
         golden = json.load(f)
-    path = prepare_copy(str(tmp_path / "data"))
+    path = prepare_copy(str(tmp_path / "data"), golden.get("data", "data"))   # data-cut: a plan cut into ranges
     loader, dataset = make_loader(path, golden["num_workers"], **golden["options"])
     loader.load_state_dict(golden["state"])
     resumed = []

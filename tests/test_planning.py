@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from arrowstream import StructuredDataset
 from arrowstream._discovery import discover_files
-from arrowstream._planning import Split, _base_splits, refine_splits
+from arrowstream._order import assign_lpt, epoch_order, even_batch_limits, rows_yielded, slot_row_counts
+from arrowstream._planning import Split, _base_splits, _single_units, refine_splits, refine_splits_v1
 
 
 def test_directory_is_listed_recursively_sorted_and_skips_hidden(tmp_path):
@@ -106,6 +107,92 @@ def test_refine_covers_every_row_once_and_feeds_every_slot(group_rows, num_slots
         covered += list(range(base + s.row_start, base + s.row_start + s.num_rows))
     assert covered == list(range(sum(group_rows)))
     assert len(refined) >= min(num_slots, sum(group_rows))
+
+
+def _footers(files: list[list[int]]):
+    from arrowstream._discovery import FileEntry
+    from arrowstream._formats import FileFooter
+
+    return [FileFooter(FileEntry(f"f{i}", f"f{i}", 1, ""), "parquet", pa.schema([]), tuple(units),
+                       tuple(10 * r for r in units), tuple(range(len(units)))) for i, units in enumerate(files)]
+
+
+def _covered(refined: list[Split], files: list[list[int]]) -> list[tuple[int, int]]:
+    """(file, row) of every row the splits hold, in split order."""
+    rows = []
+    for s in refined:
+        base = sum(files[s.file_index][: s.unit_start])
+        rows += [(s.file_index, r) for r in range(base + s.row_start, base + s.row_start + s.num_rows)]
+    return rows
+
+
+def _trimmed_per_slot(loads: list[int], world_size: int, batch_size: int) -> list[int]:
+    """Rows even_batches leaves out of each slot of ``loads`` (rank by rank)."""
+    limits = even_batch_limits(loads, world_size, batch_size, False)
+    return [rows - rows_yielded(rows, limit, batch_size, False) for rows, limit in zip(loads, limits, strict=True)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3000), min_size=1, max_size=3), min_size=1, max_size=3),
+       st.integers(1, 4), st.integers(0, 3), st.integers(1, 512), st.integers(0, 3), st.booleans())
+def test_cut_units_give_every_slot_its_share_within_one_batch(files, world_size, num_workers, batch_size, seed,
+                                                              shuffle):
+    """Planning version 2: every row once; when units are cut for idle slots, every slot holds
+    ``rows // slots`` rows or one more under LPT, in any epoch order, so ``even_batches`` trims at
+    most one batch per slot."""
+    num_slots = world_size * max(num_workers, 1)
+    footers = _footers(files)
+    splits = _base_splits(footers, split_bytes=None)
+    refined = refine_splits(splits, num_slots, footers)
+    assert sorted(_covered(refined, files)) == [(f, r) for f, units in enumerate(files) for r in range(sum(units))]
+    singles = [u for s in splits for u in _single_units(s, footers[s.file_index])]
+    if len(singles) >= num_slots:  # nothing is cut: whole units (or splits), as in version 1
+        assert refined == refine_splits_v1(splits, num_slots, footers)
+        return
+    assert len(refined) <= len(singles) + num_slots          # each piece ends a unit or fills a slot
+    assert all(s.unit_stop - s.unit_start == 1 for s in refined)   # a cut piece stays inside its unit
+    order = epoch_order(len(refined), shuffle=shuffle, seed=seed, epoch=seed)
+    rows = [refined[int(i)].num_rows for i in order]
+    owned = assign_lpt(rows, num_slots)
+    assert sorted(i for items in owned for i in items) == list(range(len(refined)))   # each split to one slot
+    loads = [sum(rows[i] for i in items) for items in owned]
+    mean = sum(loads) / num_slots
+    assert all(abs(load - mean) < 1 for load in loads)                                # hence within one batch
+    assert loads == slot_row_counts(rows, num_slots)
+    if world_size > 1:
+        assert all(trimmed <= batch_size for trimmed in _trimmed_per_slot(loads, world_size, batch_size))
+
+
+def test_one_file_of_two_row_groups_over_3_ranks_of_2_workers_trims_at_most_a_batch_per_slot(tmp_path):
+    """Issue #19: 4,000 rows in 2 row groups over 3 ranks x 2 workers, batch_size=128. Version 1 cut
+    8 ranges of 500 rows, two slots got 1,000 and even_batches trimmed 976 rows every epoch."""
+    from arrowstream._resume import use_planning
+
+    folder = write_dataset(tmp_path / "d", [(4000, 2000)])
+    datasets = [StructuredDataset(folder, batch_size=128, rank=rank, world_size=3, plan_locally=True)
+                for rank in range(3)]
+    assert sorted(datasets[0].slot_rows(2)) == [666, 666, 667, 667, 667, 667]
+    trimmed = [d.rows_trimmed_per_epoch(2) for d in datasets]
+    assert sum(trimmed) <= 6 * 128
+    assert trimmed == [0, 0, 0]
+    assert len({d.num_batches(2) for d in datasets}) == 1
+    for dataset in datasets:   # the layout older checkpoints were taken in, which they keep
+        use_planning(dataset, 1)
+    assert sorted(datasets[0].slot_rows(2)) == [500, 500, 500, 500, 1000, 1000]
+    assert sum(d.rows_trimmed_per_epoch(2) for d in datasets) == 976
+
+
+def test_cut_units_of_two_files_over_four_ranks_are_read_once_in_equal_shares(tmp_path):
+    folder = write_dataset(tmp_path / "d", [(37, 37), (6, 6)])   # 2 units, 43 rows, 4 readers: 10 or 11 each
+    ids = []
+    for rank in range(4):
+        dataset = StructuredDataset(folder, batch_size=4, rank=rank, world_size=4, even_batches=False,
+                                    plan_locally=True)
+        assert sorted(dataset.slot_rows()) == [10, 11, 11, 11]
+        mine = [i for batch in dataset for i in batch["id"].tolist()]
+        assert len(mine) == dataset.slot_rows()[rank]
+        ids += mine
+    assert sorted(ids) == list(range(43))
 
 
 def test_filter_prunes_row_groups_by_statistics(tmp_path):

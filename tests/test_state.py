@@ -90,14 +90,25 @@ def test_dataset_in_a_users_own_stateful_dataloader(uneven_dataset):
 
 
 def test_v4_worker_state_migrates_to_v5_without_a_snapshot():
-    from arrowstream._state import WORKER_KIND, upgrade
+    from arrowstream._state import MIGRATIONS, WORKER_KIND, upgrade
 
     v4 = {"kind": WORKER_KIND, "version": 4, "data": {"fingerprint": "f" * 32, "num_files": 2, "num_rows": 10},
           "options": {}, "epoch": 0, "slot": {"rank": 0, "world_size": 1, "worker_id": 0, "num_workers": 0},
           "cursor": {}, "counters": {}, "epoch_complete": False, "elastic": None}
-    v5 = upgrade(v4, WORKER_KIND)
-    assert v5["version"] == 5
+    v5 = MIGRATIONS[(WORKER_KIND, 4)](v4)
     assert v5["data"] == {**v4["data"], "snapshot_id": None, "schema_id": None}
+    assert upgrade(v4, WORKER_KIND)["data"] == v5["data"]
+
+
+def test_v5_worker_state_migrates_to_v6_on_planning_version_1():
+    """Every state before v6 was taken on the splits planning version 1 cut (issue #19, point 3)."""
+    from arrowstream._state import MIGRATIONS, STATE_VERSION, WORKER_KIND, upgrade
+
+    v5 = {"kind": WORKER_KIND, "version": 5, "data": {}, "options": {"batch_size": 4, "even_batches": True},
+          "epoch": 0, "slot": {}, "cursor": {}, "counters": {}, "epoch_complete": False, "elastic": None}
+    v6 = MIGRATIONS[(WORKER_KIND, 5)](v5)
+    assert v6["options"] == {"batch_size": 4, "even_batches": True, "planning": 1}
+    assert STATE_VERSION == 6 and upgrade(v5, WORKER_KIND)["options"]["planning"] == 1
 
 
 def test_the_package_docstrings_show_the_current_state_version():

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from arrowstream._cursor import Cursor
 from arrowstream._interleave import block_size_for
 from arrowstream._order import Slot, window_seed
+from arrowstream._plan_types import PLANNING_VERSION
 from arrowstream._planning import Split
 from arrowstream._reader import Piece
 from arrowstream._state import DataIdentity, WorkerState
@@ -27,6 +28,7 @@ from arrowstream._stream import EpochStream, open_runs
 ROWS_PER_SPLIT = 10_000  # split i holds ids i * ROWS_PER_SPLIT + source offset
 SLOT = Slot(0, 1, 0, 0)
 DATA = DataIdentity("0" * 32, 1, 0)
+OPTIONS = {"planning": PLANNING_VERSION}  # what a worker state must name
 
 
 class IntReader:
@@ -62,14 +64,14 @@ def open_stream(splits, reader_factory, *, batch_size, interleave, buffer_rows, 
                 seed=0, epoch=0, run_rows=16_384):
     readers = [reader_factory() for _ in range(interleave)]
     if start is None:
-        start = WorkerState(DATA, {}, epoch, SLOT, Cursor.start(len(splits), interleave), 0, 0, 0, False)
+        start = WorkerState(DATA, OPTIONS, epoch, SLOT, Cursor.start(len(splits), interleave), 0, 0, 0, False)
 
     runs = open_runs(readers, splits, batch_size=batch_size, interleave=interleave, buffer_rows=buffer_rows,
                      window_seed=functools.partial(window_seed, seed, epoch, SLOT), start=start.cursor,
                      run_rows=run_rows)
 
     stream = EpochStream(runs=runs, end=Cursor.end(len(splits)), batch_size=batch_size, drop_last=drop_last,
-                         convert=lambda batch: batch.column("id").to_pylist(), data=DATA, options={},
+                         convert=lambda batch: batch.column("id").to_pylist(), data=DATA, options=OPTIONS,
                          epoch=epoch, slot=SLOT, start=start)
     return stream, readers
 

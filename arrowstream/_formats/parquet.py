@@ -20,6 +20,7 @@ from ..errors import CorruptFileError
 from ._base import FileFooter, MetadataFormat
 
 _ENCRYPTION_MARKERS = ("encrypted", "decrypt")
+_FRAGMENTS = ds.ParquetFileFormat()   # one for every footer read: making one per file costs as much as a read
 
 
 def _encrypted(exc: BaseException, url: str) -> CorruptFileError | None:
@@ -78,14 +79,15 @@ class ParquetFormat(MetadataFormat):
 
     def inspect_source(self, source: Any, entry: FileEntry, filter: pc.Expression | None,
                        filter_columns: list[str]) -> FileFooter:
-        fragment = ds.ParquetFileFormat().make_fragment(source)
+        fragment = _FRAGMENTS.make_fragment(source)
         metadata = fragment.metadata
         schema = fragment.physical_schema
-        rows = tuple(metadata.row_group(i).num_rows for i in range(metadata.num_row_groups))
+        groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
+        rows = tuple(group.num_rows for group in groups)
         if sum(rows) != metadata.num_rows:
             raise ValueError(f"the footer announces {metadata.num_rows} rows but its row groups {sum(rows)} "
                              f"({', '.join(map(str, rows[:8]))}{', ...' if len(rows) > 8 else ''})")
-        sizes = tuple(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
+        sizes = tuple(group.total_byte_size for group in groups)
         kept: tuple[int, ...] = tuple(range(len(rows)))
         if filter is not None and all(name in schema.names for name in filter_columns):
             kept = tuple(f.row_groups[0].id for f in fragment.split_by_row_group(filter, schema=schema))

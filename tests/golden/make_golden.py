@@ -3,7 +3,9 @@
 Run once per released state version, commit the output, and never edit it afterwards:
 ``python tests/golden/make_golden.py``. The data fixture (``data/``, two tiny Parquet files)
 is committed too, because a state is only valid on the exact files it was taken on; the test
-restores the files' modification times from ``data/mtimes.json``.
+restores the files' modification times from ``data/mtimes.json``. ``data-cut/`` (one file of two row
+groups) holds the data of the cases whose plan cuts row groups into ranges (``CUT_CASES``); a case names
+its data folder in its ``data`` key.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import pyarrow.parquet as pq
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "data")
+# one file of two row groups, fewer units than slots: the plan cuts row groups into row ranges (refine_splits)
+CUT_DATA = os.path.join(HERE, "data-cut")
 MTIME = 1_790_000_000  # whole seconds: every filesystem keeps them exactly
 
 CASES = [
@@ -53,6 +57,33 @@ CASES = [
 ]
 
 
+# states of a plan whose row groups are cut for idle slots: 3 ranks x 2 workers over 2 row groups. Written at
+# state version 5 with refine version 1 (planning version 1), the last one before planning was versioned:
+# ``python tests/golden/make_golden.py --cut`` with the arrowstream of that version on PYTHONPATH
+CUT_CASES = [
+    {"name": "cut-rank0of3-workers2-shuffle-mid", "num_workers": 2, "data": "data-cut",
+     "options": {"batch_size": 4, "shuffle": True, "seed": 5, "rank": 0, "world_size": 3},
+     "epochs": [0, 1], "point": ("mid", 0, 3)},
+    # a merged checkpoint of the 3 ranks x 2 workers, resumed on 1 rank of 2 workers (elastic resume)
+    {"name": "cut-elastic-rank0of1-workers2-from-3x2-mid", "num_workers": 2, "data": "data-cut",
+     "elastic_ranks": (3, 2, 2),
+     "options": {"batch_size": 4, "shuffle": True, "seed": 5, "rank": 0, "world_size": 1},
+     "epochs": [0, 1], "point": ("elastic", 0, 0)},
+]
+
+
+def write_cut_data() -> None:
+    """``data-cut/part-0.parquet``: ids 0..79, two row groups of 40 rows."""
+    if os.path.isdir(CUT_DATA):
+        return
+    os.makedirs(CUT_DATA)
+    ids = np.arange(80, dtype=np.int64)
+    table = pa.table({"id": ids, "x": (ids * 0.5).astype(np.float32)})
+    pq.write_table(table, os.path.join(CUT_DATA, "part-0.parquet"), row_group_size=40)
+    with open(os.path.join(CUT_DATA, "mtimes.json"), "w") as f:
+        json.dump({"part-0.parquet": MTIME}, f)
+
+
 def write_data() -> None:
     if os.path.isdir(DATA):
         return
@@ -67,10 +98,11 @@ def write_data() -> None:
         json.dump({name: MTIME for name in sorted(os.listdir(DATA)) if name.endswith(".parquet")}, f)
 
 
-def prepare_copy(target: str) -> str:
-    """Copy the fixture data to ``target`` with its recorded modification times."""
-    shutil.copytree(DATA, target, ignore=shutil.ignore_patterns("*.json"))
-    with open(os.path.join(DATA, "mtimes.json")) as f:
+def prepare_copy(target: str, data: str = "data") -> str:
+    """Copy the fixture data (folder ``data`` here) to ``target`` with its recorded modification times."""
+    source = os.path.join(HERE, data)
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("*.json"))
+    with open(os.path.join(source, "mtimes.json")) as f:
         for name, mtime in json.load(f).items():
             os.utime(os.path.join(target, name), (mtime, mtime))
     return target
@@ -89,6 +121,25 @@ def capture(case: dict, path: str) -> dict:
             if step + 1 == steps:
                 break
         loader.load_state_dict(json.loads(json.dumps(old.state_dict())))
+    if case.get("elastic_ranks"):
+        # every rank of another topology after some batches, merged, loaded here: the rest of the epoch re-planned
+        old_world, old_workers, steps = case["elastic_ranks"]
+        states = []
+        for rank in range(old_world):
+            options = {**case["options"], "rank": rank, "world_size": old_world}
+            old, old_dataset = StructuredDataset.create_dataloader(path=path, num_workers=old_workers, **options)
+            old_dataset.set_epoch(0)
+            for step, _ in enumerate(old):
+                if step + 1 == steps:
+                    break
+            states.append(old.state_dict())
+        state = json.loads(json.dumps(merge_state_dicts(states)))
+        loader.load_state_dict(state)
+        all_ids = []
+        for epoch in case["epochs"]:
+            dataset.set_epoch(epoch)
+            all_ids += [batch["id"].tolist() for batch in loader]
+        return {"state": state, "consumed": 0, "epoch": case["point"][1], "continuation_ids": all_ids}
     if case.get("merge_ranks"):
         # every rank's state at the same step, merged; the recorded continuation is the case's rank's
         record = capture({**case, "merge_ranks": 0}, path)
@@ -117,16 +168,26 @@ def main() -> None:
     from arrowstream._state import STATE_VERSION
 
     write_data()
+    write_cut_data()
+    cut = "--cut" in sys.argv
     out_dir = os.path.join(HERE, f"v{STATE_VERSION}")
-    if os.path.isdir(out_dir) and "--force" not in sys.argv:
+    if os.path.isdir(out_dir) and "--force" not in sys.argv and not cut:
         sys.exit(f"{out_dir} exists; golden files are never rewritten")
     os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        path = prepare_copy(os.path.join(tmp, "data"))
-        for case in CASES:
+        for case in CUT_CASES if cut else CASES + CUT_CASES:
+            out = os.path.join(out_dir, f"{case['name']}.json")
+            if cut and os.path.exists(out):
+                sys.exit(f"{out} exists; golden files are never rewritten")
+            data = case.get("data", "data")
+            path = os.path.join(tmp, data)
+            if not os.path.isdir(path):
+                prepare_copy(path, data)
             record = {key: case[key] for key in ("num_workers", "options", "epochs")}
+            if "data" in case:
+                record["data"] = data
             record.update(capture(case, path))
-            with open(os.path.join(out_dir, f"{case['name']}.json"), "w") as f:
+            with open(out, "w") as f:
                 json.dump(record, f, indent=1, sort_keys=True)
                 f.write("\n")
 

@@ -1,0 +1,123 @@
+"""The planning version in the state: a checkpoint keeps the layout it was taken in (issue #19, point 3).
+
+Version 2 cuts units so that every slot has its share of rows; states of version 5 and before were
+taken on version 1's cuts and keep them, in the saved epoch, the later ones and an elastic re-plan.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+
+import pytest
+from helpers import ids_of, make_loader, write_dataset
+
+from arrowstream._plan_types import PLANNING_VERSION
+from arrowstream._torchdata_state import worker_state
+from arrowstream.errors import StateError, StateMismatchError, StateVersionError
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
+sys.path.insert(0, GOLDEN)
+
+from make_golden import prepare_copy
+
+
+def _epoch(loader, dataset, epoch):
+    dataset.set_epoch(epoch)
+    return [ids_of(batch) for batch in loader]
+
+
+@pytest.fixture(scope="module")
+def cut(tmp_path_factory):
+    """One file of two row groups (400 rows): 3 workers cut them into ranges."""
+    return write_dataset(tmp_path_factory.mktemp("cut") / "d", [(400, 200)])
+
+
+def _v6_state(folder, steps=2, **options):
+    loader, dataset = make_loader(folder, 3, batch_size=16, shuffle=True, seed=3, **options)
+    dataset.set_epoch(0)
+    for step, _ in enumerate(loader):
+        if step + 1 == steps:
+            break
+    return json.loads(json.dumps(loader.state_dict()))
+
+
+def test_a_fresh_dataset_plans_with_the_current_version_and_says_so(cut):
+    loader, dataset = make_loader(cut, 3, batch_size=16)
+    assert dataset._options.planning == PLANNING_VERSION == 2
+    assert sorted(dataset.slot_rows(3)) == [133, 133, 134]
+    state = loader.state_dict()
+    assert worker_state(state["dataloader"], 0)["options"]["planning"] == 2
+
+
+def test_a_mid_epoch_checkpoint_of_a_cut_plan_resumes_every_row_once(cut):
+    loader, dataset = make_loader(cut, 3, batch_size=16, shuffle=True, seed=3)
+    first, second = _epoch(loader, dataset, 0), _epoch(loader, dataset, 1)
+    assert sorted(i for batch in first for i in batch) == list(range(400))
+    for steps in (1, 7):
+        resumed_loader, resumed = make_loader(cut, 3, batch_size=16, shuffle=True, seed=3)
+        resumed_loader.load_state_dict(_v6_state(cut, steps))
+        assert first[:steps] + _epoch(resumed_loader, resumed, 0) == first
+        assert _epoch(resumed_loader, resumed, 1) == second
+
+
+@pytest.mark.parametrize("planning, error", [(3, StateVersionError), (0, StateVersionError), ("2", StateError),
+                                             (True, StateError), (None, StateError), ("missing", StateError)])
+def test_a_state_claiming_another_planning_version_is_refused(cut, planning, error):
+    state = _v6_state(cut)
+    worker = worker_state(state["dataloader"], 1)
+    if planning == "missing":
+        del worker["options"]["planning"]
+    else:
+        worker["options"]["planning"] = planning
+    loader, dataset = make_loader(cut, 3, batch_size=16, shuffle=True, seed=3)
+    with pytest.raises(error, match=r"worker 1 state.*options\.planning|options\.planning"):
+        loader.load_state_dict(state)
+    with pytest.raises(error, match="planning"):
+        dataset.load_state_dict(worker)
+    assert dataset._options.planning == PLANNING_VERSION
+
+
+def test_workers_of_one_checkpoint_on_other_planning_versions_are_refused_and_nothing_changes(cut):
+    state = _v6_state(cut)
+    first = worker_state(state["dataloader"], 0)
+    first["options"]["planning"] = 1   # worker 0 says version 1, the others 2: not one job's checkpoint
+    loader, dataset = make_loader(cut, 3, batch_size=16, shuffle=True, seed=3)
+    before = dataset.slot_rows(3)
+    with pytest.raises(StateMismatchError, match="planning version 2, this dataset cuts them by version 1"):
+        loader.load_state_dict(state)
+    assert dataset._options.planning == PLANNING_VERSION and dataset.slot_rows(3) == before
+    assert sorted(i for batch in _epoch(loader, dataset, 0) for i in batch) == list(range(400))
+
+
+def _golden(name):
+    with open(os.path.join(GOLDEN, "v5", f"{name}.json")) as f:
+        return json.load(f)
+
+
+def test_a_v5_state_of_a_cut_plan_keeps_the_old_ranges_for_the_rest_of_the_job(tmp_path):
+    golden = _golden("cut-rank0of3-workers2-shuffle-mid")
+    path = prepare_copy(str(tmp_path / "data"), golden["data"])
+    loader, dataset = make_loader(path, golden["num_workers"], **golden["options"])
+    assert sorted(dataset.slot_rows(2)) == [13, 13, 13, 13, 14, 14]             # version 2, fresh
+    loader.load_state_dict(copy.deepcopy(golden["state"]))
+    assert dataset._options.planning == 1
+    assert sorted(dataset.slot_rows(2)) == [10, 10, 10, 10, 20, 20]             # version 1, as saved
+    assert _epoch(loader, dataset, 0) + _epoch(loader, dataset, 1) == golden["continuation_ids"]
+    state = loader.state_dict()   # the checkpoints of the resumed job say version 1 too
+    assert worker_state(state["dataloader"], 0)["options"]["planning"] == 1
+    assert state["version"] == 6
+
+
+def test_an_elastic_resume_of_a_v5_checkpoint_replans_from_the_old_ranges(tmp_path):
+    golden = _golden("cut-elastic-rank0of1-workers2-from-3x2-mid")
+    path = prepare_copy(str(tmp_path / "data"), golden["data"])
+    loader, dataset = make_loader(path, golden["num_workers"], **golden["options"])
+    loader.load_state_dict(copy.deepcopy(golden["state"]))
+    assert dataset._options.planning == 1
+    resumed = _epoch(loader, dataset, 0)
+    assert resumed + _epoch(loader, dataset, 1) == golden["continuation_ids"]
+    ids = [i for batch in resumed for i in batch]
+    assert len(ids) == len(set(ids)) > 0
