@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -29,6 +29,9 @@ from ._pinned import local_version
 from ._plan_types import PLANNING_VERSION, PLANNING_VERSIONS, Split, SplitTable  # Split: also importable from here
 from ._storage import Storage, display_url
 from .errors import ArrowStreamError, CorruptFileError, EmptyDatasetError, InvalidArgumentError, SchemaMismatchError
+
+if TYPE_CHECKING:
+    from ._plan_cache import PlanCache
 
 MAX_PLANNING_THREADS = 32
 MAX_LOCAL_THREADS = 4
@@ -299,8 +302,35 @@ assert tuple(REFINERS) == PLANNING_VERSIONS
 
 
 def plan_files(storage: Storage, entries: Sequence[FileEntry], file_format: FileFormat, *,
-               columns: list[str] | None, filter: pc.Expression | None, split_bytes: int | None) -> Plan:
-    """Read every file's metadata once (concurrently) and build the plan of the dataset."""
+               columns: list[str] | None, filter: pc.Expression | None, split_bytes: int | None,
+               cache: PlanCache | None = None) -> Plan:
+    """Read every file's metadata once (concurrently; from ``cache`` when it holds this listing's) and
+    build the plan of the dataset."""
+    footers: Sequence[FileFooter] | None = cache.load(entries) if cache is not None else None
+    if footers is None:
+        footers = read_footers(storage, entries, file_format, columns=columns, filter=filter)
+        if cache is not None:
+            cache.store(entries, footers)
+    return plan_footers(storage.protocol, footers, columns=columns, filter=filter, split_bytes=split_bytes)
+
+
+def _check_columns(columns: list[str] | None, schema: pa.Schema, url: str) -> None:
+    if columns is None:
+        return
+    unknown = [c for c in columns if c not in schema.names]
+    if unknown:
+        raise InvalidArgumentError(f"columns: {unknown} not found in {url}; its columns are {schema.names}")
+    shared = sorted({c for c in columns if schema.names.count(c) > 1})
+    if shared:
+        raise InvalidArgumentError(
+            f"columns: {shared} each name several columns of {url}, so `columns` cannot choose "
+            "between them; leave them out of `columns`, or rewrite the file with distinct names")
+
+
+def read_footers(storage: Storage, entries: Sequence[FileEntry], file_format: FileFormat, *,
+                 columns: list[str] | None, filter: pc.Expression | None) -> FooterTable:
+    """Every file's footer (concurrently), reconciled; columns and filter checked on the first file
+    before the others are read."""
     # columns and filter are checked on the first file that is not empty (an empty text file names no columns)
     lead = next((i for i, e in enumerate(entries) if e.size != 0), 0)
     first_url = display_url(storage.protocol, entries[lead].path)
@@ -308,16 +338,7 @@ def plan_files(storage: Storage, entries: Sequence[FileEntry], file_format: File
     filter_columns = check_filter(filter, first.schema, first_url) if filter is not None else []
     if filter is not None:  # now that the filter is known to fit, prune the first file too
         first = read_footer(storage, file_format, entries[lead], filter, filter_columns)
-    if columns is not None:
-        unknown = [c for c in columns if c not in first.schema.names]
-        if unknown:
-            raise InvalidArgumentError(
-                f"columns: {unknown} not found in {first_url}; its columns are {first.schema.names}")
-        shared = sorted({c for c in columns if first.schema.names.count(c) > 1})
-        if shared:
-            raise InvalidArgumentError(
-                f"columns: {shared} each name several columns of {first_url}, so `columns` cannot choose "
-                "between them; leave them out of `columns`, or rewrite the file with distinct names")
+    _check_columns(columns, first.schema, first_url)
     # handles (Parquet FileMetaData) are kept by the rule in _footers, which the lead file decides
     keep_handles = first.handle_bytes * len(entries) <= handle_budget(storage.is_local)
     if not keep_handles:
@@ -335,18 +356,30 @@ def plan_files(storage: Storage, entries: Sequence[FileEntry], file_format: File
                                           read_short if short else None))
     if not isinstance(file_format, MetadataFormat):   # text formats: one schema for every file
         footers = FooterTable.build(file_format.reconcile(list(footers), storage.protocol))
+    return footers
+
+
+def plan_footers(protocol: str, footers: Sequence[FileFooter] | FooterTable, *, columns: list[str] | None,
+                 filter: pc.Expression | None, split_bytes: int | None) -> Plan:
+    """The plan of the reconciled footers of every file: columns, filter and schemas checked."""
+    footers = as_table(footers)
+    not_empty = np.flatnonzero(footers.sizes != 0)
+    lead = int(not_empty[0]) if len(not_empty) else 0   # as read_footers chose it
+    first_url = display_url(protocol, footers.path(lead))
+    filter_columns = check_filter(filter, footers.schema_of(lead), first_url) if filter is not None else []
+    _check_columns(columns, footers.schema_of(lead), first_url)
     # a text file of no rows has names but no types: the schema is that of the first file with rows
     with_rows = np.flatnonzero(footers.file_rows() > 0)
     reference = footers.schema_of(int(with_rows[0]) if len(with_rows) else 0)
 
     output_columns = list(columns) if columns is not None else list(reference.names)
     read_columns = output_columns + [c for c in filter_columns if c not in output_columns]
-    _check_schemas(footers, storage.protocol, read_columns, all_columns=columns is None)
+    _check_schemas(footers, protocol, read_columns, all_columns=columns is None)
     if columns is None:  # every column, in file order: duplicate names are legal in Arrow IPC and Parquet
         schema = pa.schema(list(reference))
     else:
         schema = pa.schema([reference.field(c) for c in output_columns])
-    return build_plan(storage.protocol, footers, schema, read_columns, filter, split_bytes,
+    return build_plan(protocol, footers, schema, read_columns, filter, split_bytes,
                       identity={"schema": [[fld.name, str(fld.type)] for fld in reference]})
 
 

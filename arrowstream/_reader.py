@@ -189,7 +189,8 @@ class SplitReader:
         return CorruptFileError(
             f"{self._plan.url(split.file_index)}: {file_format.label} {name_units(file_format.unit, units)} "
             f"yielded {rows} rows where the metadata the dataset was planned on announced {announced}; the file "
-            "is corrupt or changed after planning: rewrite it (or rebuild the dataset), or leave it out of `path`")
+            "is corrupt or changed after planning: rewrite it (or rebuild the dataset, with plan_cache=False if the "
+            "change kept its size and modification time), or leave it out of `path`")
 
     def _piece(self, batch: pa.RecordBatch, position: int, start: int) -> Piece:
         end = start + batch.num_rows

@@ -20,6 +20,7 @@ import pyarrow as pa
 from ._collective import path_names
 from ._discovery import discover_files
 from ._formats import FILE_FORMATS, get_format
+from ._plan_cache import CacheOutcome, PlanCacheSetting, check_plan_cache, plan_cache_for
 from ._planning import plan_files
 from ._state import DataIdentity
 from .errors import InvalidArgumentError, NotSupportedYetError
@@ -96,9 +97,13 @@ class FileSource(Source):
     plans_on_rank0 = True
 
     def __init__(self, path: Any, format: str, storage_options: dict[str, Any] | None,
-                 credential_provider: Callable[[], dict[str, Any]] | CredentialProvider | None) -> None:
+                 credential_provider: Callable[[], dict[str, Any]] | CredentialProvider | None,
+                 plan_cache: Any = None) -> None:
         self.path, self.format = path, format
         self._storage_options, self._credential_provider = storage_options, credential_provider
+        # not in arguments(): where the footers are kept decides nothing about the data or the batches
+        self._plan_cache: PlanCacheSetting = check_plan_cache(plan_cache)
+        self.cache_outcome: CacheOutcome | None = None   # what the last plan did with the cache
 
     def arguments(self) -> dict[str, Any]:
         return {"path": path_names(self.path)}
@@ -108,8 +113,10 @@ class FileSource(Source):
         file_format = get_format(self.format)
         if options.parse_options is not None:   # text: parse options and unit size travel in every footer
             file_format = file_format.configured(options.parse_options, options.split_bytes)
+        cache = plan_cache_for(self._plan_cache, storage.protocol, self.path, file_format, options.filter)
         plan = plan_files(storage, entries, file_format, columns=list(options.columns) if options.columns else None,
-                          filter=options.filter, split_bytes=options.split_bytes)
+                          filter=options.filter, split_bytes=options.split_bytes, cache=cache)
+        self.cache_outcome = cache.outcome if cache is not None else CacheOutcome(None, "off")
         return storage, plan
 
     def identity(self, plan: Plan) -> DataIdentity:
@@ -117,7 +124,7 @@ class FileSource(Source):
 
     def for_workers(self) -> FileSource:
         # workers never list files: the credentials stay with the storage (which refreshes them)
-        return FileSource(self.path, self.format, None, None)
+        return FileSource(self.path, self.format, None, None, plan_cache=False)
 
     def baseline_batches(self, plan: Plan, storage: Storage, batch_size: int) -> Iterator[pa.RecordBatch]:
         """File after file, each through its format's own pyarrow reader (``baseline_batches``)."""

@@ -2,7 +2,8 @@
 
 - ``arrowstream demo``: train on a generated dataset, crash, resume, prove exactly-once;
 - ``arrowstream inspect PATH``: files, rows, schema, splits and their assignment to ranks and workers;
-- ``arrowstream bench PATH``: throughput against the raw pyarrow loop, per-worker metrics, a plot.
+- ``arrowstream bench PATH``: throughput against the raw pyarrow loop, per-worker metrics, a plot;
+- ``arrowstream plan PATH``: build the plan cache entry of a dataset ahead of a job, and print what it holds.
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
                        help="draw each worker's rows/s and idle share over time (needs matplotlib)")
     bench.add_argument("--json", action="store_true", help="print the results as JSON (metrics samples included)")
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
+    plan = commands.add_parser("plan", help="build the plan cache entry of a dataset ahead of a job (list once, "
+                               "read every footer), and print what it holds")
+    from ._plan_report import add_arguments
+
+    add_arguments(plan)
     args = parser.parse_args(argv)
     from .errors import ArrowStreamError
 
@@ -60,6 +66,10 @@ def _run(args: argparse.Namespace) -> int:
         from . import _inspect
 
         return _inspect.run(args)
+    if args.command == "plan":
+        from . import _plan_report
+
+        return _plan_report.run(args)
     if args.command == "bench":
         from . import _bench
 

@@ -102,6 +102,9 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             the per-request timeout that cuts a stalled connection, deadlines per request and per
             split); ``None`` for the defaults. The backends' own retries are turned down, so these
             are all the attempts made. See docs/storage.md.
+        plan_cache: Where the files' metadata is kept so a restart reads no footer: ``None`` (default:
+            ``$ARROWSTREAM_CACHE_DIR``, else the user cache folder), a folder, or ``False`` (no cache).
+            Keyed by the listing and the options that shape units. See docs/large-datasets.md.
 
     Example:
         >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
@@ -131,7 +134,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                  rank: int | None = None, world_size: int | None = None, even_batches: bool = True,
                  group_size: int = 1, read_ahead: int = 1,
                  credential_provider: Callable[[], dict[str, Any]] | None = None, plan_locally: bool = False,
-                 retry: RetryPolicy | None = None) -> None:
+                 retry: RetryPolicy | None = None, plan_cache: Any = None) -> None:
         super().__init__()
         # a Source (arrowstream._source) comes from a front door such as IcebergDataset; else files of a format
         source: Source | None = path if isinstance(path, Source) else None
@@ -145,7 +148,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         check_storage_arguments(storage_options, credential_provider)
         # wrapped once: its picklability is checked here, for loaders that start workers by spawn or forkserver
         self._credential_provider = as_provider(credential_provider)
-        self._source: Source = source or FileSource(path, format, storage_options, self._credential_provider)
+        self._source: Source = source or FileSource(path, format, storage_options, self._credential_provider,
+                                                    plan_cache)
         self._retry = check_retry(retry)
         plan_locally = check_bool("plan_locally", plan_locally)
         self._topology = resolve_topology(rank, world_size, accelerator, group_size, plan_locally=plan_locally)

@@ -55,13 +55,15 @@ class IcebergDataset(StructuredDataset):
     def __init__(self, table: str, catalog_config: dict[str, Any] | None = None, snapshot_id: int | None = None,
                  row_filter: Any = None, selected_fields: Sequence[str] | None = None, batch_size: int = 1024,
                  **kwargs: Any) -> None:
-        for name in ("path", "format", "columns", "filter", "storage_options", "credential_provider"):
+        for name in ("path", "format", "columns", "filter", "storage_options", "credential_provider", "plan_cache"):
             if name in kwargs:
                 hint = {"columns": "use selected_fields=", "filter": "use row_filter=",
                         "credential_provider": "put the FileIO properties (s3.access-key-id, ...) into "
                                                "catalog_config",
                         "storage_options": "put the FileIO properties (s3.access-key-id, ...) into catalog_config, "
-                                           "which pyiceberg hands to the table's FileIO"}.get(name, "the table decides it")
+                                           "which pyiceberg hands to the table's FileIO",
+                        "plan_cache": "a table is planned from its own manifests, not from the plan cache (leave it "
+                                      "out)"}.get(name, "the table decides it")
                 raise InvalidArgumentError(f"{name}: IcebergDataset does not take {name}=; {hint}")
         if snapshot_id is not None and (isinstance(snapshot_id, bool) or not isinstance(snapshot_id, int)):
             raise InvalidArgumentError(f"snapshot_id: expected an int or None, got {snapshot_id!r}")

@@ -185,7 +185,7 @@ def raw_loop(source: Source) -> Iterator[Batch]:
 def arrowstream_loop(source: Source, num_workers: int) -> Iterator[Batch]:
     loader, dataset = StructuredDataset.create_dataloader(
         path=str(source.folder), format=source.format, batch_size=BATCH, num_workers=num_workers,
-        output_format="torch", shuffle=False)
+        output_format="torch", shuffle=False, plan_cache=False)
     dataset.set_epoch(0)
     return iter(loader)
 

@@ -159,7 +159,7 @@ def child(folder: str, num_workers: int, rows_expected: int, root: str) -> int:
     cpu_start = cpu_seconds()
     start = perf_counter()
     loader, dataset = StructuredDataset.create_dataloader(path=folder, batch_size=BATCH, num_workers=num_workers,
-                                                          shuffle=False, output_format="torch")
+                                                          shuffle=False, output_format="torch", plan_cache=False)
     dataset.set_epoch(0)
     iterator = iter(loader)
     batch = next(iterator)

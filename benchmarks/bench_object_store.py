@@ -231,7 +231,7 @@ def write_small_files(store: servers.ObjectStore, sizes: list[int], rows: int) -
 
 
 def plan_arrowstream(env: Env, url: str, files: int, rows: int) -> int:
-    dataset = StructuredDataset(url, batch_size=BATCH, storage_options=env.options)
+    dataset = StructuredDataset(url, batch_size=BATCH, storage_options=env.options, plan_cache=False)
     if dataset.num_files != files or dataset.num_rows != files * rows:
         raise RuntimeError(f"planned {dataset.num_files} files / {dataset.num_rows} rows, expected {files} / "
                            f"{files * rows}")
@@ -388,7 +388,7 @@ def arrowstream_loop(env: Env, url: str, workers: int, read_ahead: int, columns:
                      split_bytes: int | None) -> Iterator[Batch]:
     loader, dataset = StructuredDataset.create_dataloader(
         path=url, num_workers=workers, batch_size=BATCH, storage_options=env.options, read_ahead=read_ahead,
-        columns=columns, split_bytes=split_bytes, output_format="torch", shuffle=False)
+        columns=columns, split_bytes=split_bytes, output_format="torch", shuffle=False, plan_cache=False)
     dataset.set_epoch(0)
     return iter(loader)
 
@@ -538,7 +538,7 @@ def rss_child(spec: dict[str, Any]) -> dict[str, Any]:
     """In a fresh process: plan, reset the peak RSS, read one epoch, report the growth of the peak."""
     loader, dataset = StructuredDataset.create_dataloader(
         path=spec["url"], num_workers=0, batch_size=BATCH, storage_options=spec["options"],
-        read_ahead=spec["read_ahead"], output_format="torch", shuffle=False)
+        read_ahead=spec["read_ahead"], output_format="torch", shuffle=False, plan_cache=False)
     dataset.set_epoch(0)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")   # resets VmHWM to the current RSS

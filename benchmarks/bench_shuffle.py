@@ -75,7 +75,7 @@ class Config:
     def loader(self, files: list[str]) -> Iterator[Any]:
         loader, dataset = StructuredDataset.create_dataloader(
             path=files, batch_size=BATCH, num_workers=self.num_workers, output_format="torch", shuffle=True,
-            seed=0, shuffle_buffer_size=self.buffer, interleave=self.interleave)
+            seed=0, shuffle_buffer_size=self.buffer, interleave=self.interleave, plan_cache=False)
         dataset.set_epoch(0)
         return iter(loader)
 
@@ -206,7 +206,7 @@ def order_name(buffer: int, interleave: int) -> str:
 def epoch_ids(table: tables.Table, buffer: int, interleave: int) -> np.ndarray:
     dataset = StructuredDataset([str(f) for f in table.files], batch_size=BATCH, shuffle=True, seed=0,
                                 shuffle_buffer_size=buffer, interleave=interleave, output_format="numpy",
-                                columns=["id"])
+                                columns=["id"], plan_cache=False)
     dataset.set_epoch(0)
     return np.concatenate([batch["id"] for batch in dataset])
 

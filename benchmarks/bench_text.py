@@ -110,7 +110,7 @@ def whole_file(path: Path, fmt: str) -> Iterator[Batch]:
 
 def arrowstream_loop(path: Path, fmt: str, num_workers: int) -> Iterator[Batch]:
     loader, dataset = StructuredDataset.create_dataloader(path=str(path), format=fmt, batch_size=BATCH,
-                                                          num_workers=num_workers, shuffle=False)
+                                                          num_workers=num_workers, shuffle=False, plan_cache=False)
     dataset.set_epoch(0)
     return iter(loader)
 
@@ -128,7 +128,7 @@ def maker(loader: str, path: Path, fmt: str) -> Callable[[], Iterator[Batch]]:
 
 def planning_seconds(path: Path, fmt: str) -> float:
     start = time.perf_counter()
-    StructuredDataset(str(path), format=fmt, batch_size=BATCH)
+    StructuredDataset(str(path), format=fmt, batch_size=BATCH, plan_cache=False)
     return time.perf_counter() - start
 
 

@@ -202,7 +202,7 @@ def sliced_batches(files: list[Path], batch_size: int) -> Iterator[dict[str, tor
 def build_loader(folder: Path, config: Config, num_workers: int) -> tuple[Any, StructuredDataset]:
     return StructuredDataset.create_dataloader(
         path=str(folder), batch_size=config.batch_size, num_workers=num_workers,
-        shuffle=False, output_format="torch")
+        shuffle=False, output_format="torch", plan_cache=False)
 
 
 def shutdown(iterator: Any) -> None:

@@ -95,3 +95,10 @@ def uneven_dataset(tmp_path):
 def small_dataset(tmp_path):
     """2 files of 2 row groups each, 400 rows."""
     return write_dataset(tmp_path / "small", [(200, 100), (200, 100)])
+
+
+@pytest.fixture(autouse=True)
+def _plan_cache_per_test(tmp_path_factory, monkeypatch):
+    """Each test its own plan cache folder (child processes inherit it): none uses ~/.cache, none sees
+    another's entries."""
+    monkeypatch.setenv("ARROWSTREAM_CACHE_DIR", str(tmp_path_factory.mktemp("plan-cache")))

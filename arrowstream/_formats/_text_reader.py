@@ -122,7 +122,8 @@ class TextFile:
             if rows != self._footer.unit_rows[0]:
                 raise MalformedRowError(
                     f"{self._url}: holds {rows} rows now but held {self._footer.unit_rows[0]} when the dataset was "
-                    "planned; the file changed since: rebuild the dataset")
+                    "planned; the file changed since: rebuild the dataset (with plan_cache=False if the change kept "
+                    "its size and modification time)")
 
     def _parse_stream(self, stream: pa.NativeFile, include: list[str], use_threads: bool) -> Iterator[pa.Table]:
         """The whole file through pyarrow's streaming reader, with the planned types."""

@@ -35,7 +35,8 @@ def source_hash() -> str:
 
 def build(files: list[str], batch_size: int, num_workers: int) -> tuple[Any, StructuredDataset]:
     loader, dataset = StructuredDataset.create_dataloader(path=files, batch_size=batch_size, num_workers=num_workers,
-                                                          shuffle=False, output_format="torch")
+                                                          shuffle=False, output_format="torch",
+                                                          plan_cache=False)  # planning cold, as the peers' is
     return loader, dataset
 
 

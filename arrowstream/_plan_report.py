@@ -1,0 +1,81 @@
+"""``arrowstream plan PATH``: build the plan cache entry of a dataset ahead of a job, and say what it holds.
+
+It plans as a loader would (the same listing, footers and options), so the entry it writes is the one
+the job finds; a second run reads no footer and says so (``hit``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from ._plan_cache import CACHE_DIR_ENV, cache_folder, max_bytes, read_header
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ._inspect import add_source_arguments
+
+    add_source_arguments(parser)
+    parser.add_argument("--cache-dir", default=None,
+                        help=f"the cache folder (default: ${CACHE_DIR_ENV}, else the user cache folder)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _folder_usage(folder: str) -> dict[str, int]:
+    sizes = [entry.stat().st_size for entry in os.scandir(folder)
+             if entry.name.endswith(".plan") and not entry.name.startswith(".")]
+    return {"entries": len(sizes), "bytes": sum(sizes), "max_bytes": max_bytes()}
+
+
+def report(dataset: Any) -> dict[str, Any]:
+    """What the plan cache did for ``dataset`` and what its entry holds, as plain data."""
+    outcome = dataset._source.cache_outcome
+    out: dict[str, Any] = {"action": outcome.action, "reason": outcome.reason, "entry": outcome.path}
+    if outcome.path is None:
+        return out
+    header = read_header(outcome.path)
+    key = header["key"]
+    out.update({
+        "entry_bytes": os.path.getsize(outcome.path), "written": header["created"],
+        "files": header["num_files"], "units": header["num_units"], "rows": header["num_rows"],
+        "format": key["format"], "path": key["path"], "protocol": key["protocol"],
+        "parse_options": key["parse_options"], "filter": (key["filter"] or {}).get("text"),
+        "folder": os.path.dirname(outcome.path), **{f"folder_{k}": v for k, v in
+                                                    _folder_usage(os.path.dirname(outcome.path)).items()},
+    })
+    return out
+
+
+def _text(info: dict[str, Any]) -> str:
+    why = f" ({info['reason']})" if info["reason"] else ""
+    if info["entry"] is None:
+        return f"plan cache: {info['action']}{why}; nothing was written"
+    lines = [
+        f"plan cache entry: {info['entry']}",
+        f"  this run: {info['action']}{why}",
+        f"  dataset: {info['format']} at {info['path']} ({info['protocol']})",
+        (f"  holds: {info['files']} files, {info['units']} units, {info['rows']} rows "
+         "(the footers: unit rows and bytes, schemas, byte ranges, text row offsets)"),
+        f"  entry: {info['entry_bytes']} bytes, written {info['written']}",
+        (f"  folder: {info['folder']}: {info['folder_entries']} entries, {info['folder_bytes']} bytes "
+         f"(at most {info['folder_max_bytes']}, least recently used removed first)"),
+    ]
+    if info["parse_options"]:
+        lines.insert(3, f"  parse options: {json.dumps(info['parse_options'], sort_keys=True)}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ._inspect import open_dataset
+    from .errors import InvalidArgumentError
+
+    if args.iceberg_table:
+        raise InvalidArgumentError("--iceberg-table: the plan cache holds file datasets (Parquet, ORC, Arrow IPC, "
+                                   "CSV, JSON Lines); an Iceberg table is planned from its own manifests")
+    folder = cache_folder(args.cache_dir)
+    dataset = open_dataset(args, plan_cache=folder)
+    info = report(dataset)
+    print(json.dumps(info, indent=2, sort_keys=True) if args.json else _text(info))
+    return 0

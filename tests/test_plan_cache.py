@@ -1,0 +1,567 @@
+"""The plan cache (issue 19): a restart lists once and reads no footer; a stale or damaged entry is rebuilt.
+
+Footer reads are counted where they happen (``FileFormat.inspect``, the call that reads a file's
+metadata, or scans a text file) and, on S3, as requests through the counting proxy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+import pytest
+from helpers import ids_of, json_roundtrip, make_loader, make_table, write_dataset
+from pyarrow import feather, orc
+
+import arrowstream._plan_cache as plan_cache
+from arrowstream import StructuredDataset, errors
+from arrowstream._formats import FILE_FORMATS, _rowscan
+
+LAYOUT = [(300, 100), (250, 100), (120, 60)]
+ROWS = sum(rows for rows, _ in LAYOUT)
+
+
+@pytest.fixture
+def inspections(monkeypatch):
+    """Counts of ``inspect`` (one footer read or text scan per call), by format."""
+    counts: Counter[str] = Counter()
+    for name, file_format in FILE_FORMATS.items():
+        original = type(file_format).inspect
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            counts[_name] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(type(file_format), "inspect", counted)
+    return counts
+
+
+def cache_files(folder: str | Path) -> list[Path]:
+    return sorted(p for p in Path(folder).iterdir() if p.name.endswith(".plan") and not p.name.startswith("."))
+
+
+def the_entry() -> Path:
+    (entry,) = cache_files(os.environ["ARROWSTREAM_CACHE_DIR"])
+    return entry
+
+
+def all_ids(path, **options) -> list[int]:
+    dataset = StructuredDataset(path, batch_size=64, **options)
+    return sorted(i for batch in dataset for i in ids_of(batch))
+
+
+def plan_of(dataset):
+    return [(f.entry, f.format, f.schema, tuple(f.unit_rows), tuple(f.unit_bytes), tuple(f.kept_units),
+             f.handle if isinstance(f.handle, tuple) else None, f.extra) for f in dataset._plan.files]
+
+
+def write_format(folder: Path, kind: str) -> str:
+    folder.mkdir()
+    start = 0
+    for index, (rows, group) in enumerate(LAYOUT):
+        table = make_table(start, rows).select(["id", "x", "name"])
+        target = folder / f"part-{index}.{kind}"
+        if kind == "parquet":
+            pq.write_table(table, target, row_group_size=group)
+        elif kind == "arrow":
+            feather.write_feather(table, target, chunksize=group)
+        elif kind == "orc":
+            orc.write_table(table, target, stripe_size=4096)
+        elif kind == "jsonl":
+            target.write_text("".join(json.dumps(row) + "\n" for row in table.to_pylist()))
+        else:
+            pa_csv.write_csv(table, target)
+        start += rows
+    return str(folder)
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow", "orc", "csv", "jsonl"])
+def test_warm_restart_reads_no_footer_and_the_same_plan(tmp_path, inspections, kind):
+    path = write_format(tmp_path / "data", kind)
+    options = {"split_bytes": 2000} if kind in ("csv", "jsonl") else {}
+    cold = StructuredDataset(path, format=kind, batch_size=64, **options)
+    assert inspections[kind] == len(LAYOUT) and cold._source.cache_outcome.action == "built"
+    inspections.clear()
+    warm = StructuredDataset(path, format=kind, batch_size=64, **options)
+    assert inspections[kind] == 0, "a warm restart read footers"
+    assert warm._source.cache_outcome.action == "hit"
+    assert plan_of(warm) == plan_of(cold)
+    assert warm._plan.data_fingerprint == cold._plan.data_fingerprint
+    assert [s for s in warm._plan.splits] == [s for s in cold._plan.splits]
+    if kind in ("csv", "jsonl"):
+        assert max(len(f.unit_rows) for f in warm._plan.files) > 1   # several units: layouts were cached
+    assert sorted(i for batch in warm for i in ids_of(batch)) == list(range(ROWS))
+
+
+def test_csv_warm_restart_scans_no_text(tmp_path, monkeypatch):
+    path = write_format(tmp_path / "data", "csv")
+    scans = Counter()
+    original = _rowscan.scan_units
+
+    def counted(*args, **kwargs):
+        scans["scan"] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr("arrowstream._formats.text.scan_units", counted)
+    StructuredDataset(path, format="csv", batch_size=64, split_bytes=2000)
+    assert scans["scan"] == len(LAYOUT)
+    scans.clear()
+    assert all_ids(path, format="csv", split_bytes=2000) == list(range(ROWS))
+    assert scans["scan"] == 0
+    # parse options shape units and types: other options are another entry, scanned again
+    StructuredDataset(path, format="csv", batch_size=64, split_bytes=1000)
+    assert scans["scan"] == len(LAYOUT)
+    assert len(cache_files(os.environ["ARROWSTREAM_CACHE_DIR"])) == 2
+
+
+def test_text_layouts_of_every_kind_come_back_whole(tmp_path, inspections):
+    """Compressed (one unit, read as a stream), empty, blank and quoted-newline CSV files: their layouts
+    from the cache equal those planning found."""
+    import gzip
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "a.csv").write_text('id,name\n0,"two\nlines"\n1,b\n')
+    (folder / "b.csv.gz").write_bytes(gzip.compress(b"id,name\n2,c\n3,d\n"))
+    (folder / "c.csv").write_text("")
+    (folder / "d.csv").write_text("\n\n")
+    (folder / "e.csv").write_text("id,name\n4,e\n")
+    (folder / "f.csv").write_bytes(b"id,name\n5,f\r6,g\n")   # a lone carriage return: a line break to pyarrow
+    cold = StructuredDataset(str(folder), format="csv", batch_size=64)
+    layouts = [f.extra for f in cold._plan.files]
+    assert any(lay.quoted_newlines for lay in layouts) and any(lay.lone_cr for lay in layouts)
+    assert any(lay.compression for lay in layouts) and any(not lay.names for lay in layouts)
+    inspections.clear()
+    warm = StructuredDataset(str(folder), format="csv", batch_size=64)
+    assert inspections["csv"] == 0 and plan_of(warm) == plan_of(cold)
+    assert sorted(i for batch in warm for i in ids_of(batch)) == [0, 1, 2, 3, 4, 5, 6]
+
+
+def test_filter_and_columns(tmp_path, inspections):
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    narrow = StructuredDataset(path, batch_size=64, filter=pc.field("id") < 100)
+    assert len(narrow._plan.splits) == 1                  # statistics pruned every other row group
+    inspections.clear()
+    wide = StructuredDataset(path, batch_size=64, filter=pc.field("id") < 100.5)   # another filter: another entry
+    assert inspections["parquet"] > 0 and len(wide._plan.splits) == 2
+    inspections.clear()
+    # columns do not change the footers: the same entry serves them, and still checks them
+    assert StructuredDataset(path, batch_size=64, columns=["id"])._plan.schema.names == ["id"]
+    assert StructuredDataset(path, batch_size=64, columns=["x", "id"])._plan.schema.names == ["x", "id"]
+    assert inspections["parquet"] == len(LAYOUT)   # the first unfiltered dataset; the second was a hit
+    with pytest.raises(errors.InvalidArgumentError, match="columns: \\['nope'\\] not found"):
+        StructuredDataset(path, batch_size=64, columns=["nope"])
+    with pytest.raises(errors.InvalidArgumentError, match="filter: "):
+        StructuredDataset(path, batch_size=64, filter=pc.field("nope") > 1)
+
+
+@pytest.mark.parametrize("change", ["rewritten", "added", "removed"])
+def test_stale_entry_is_rebuilt(tmp_path, inspections, caplog, change):
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    StructuredDataset(path, batch_size=64)
+    folder = Path(path)
+    if change == "rewritten":
+        pq.write_table(make_table(300, 250), folder / "part-001.parquet", row_group_size=50)
+        expected = list(range(ROWS))
+    elif change == "added":
+        pq.write_table(make_table(ROWS, 10), folder / "part-009.parquet")
+        expected = list(range(ROWS + 10))
+    else:
+        (folder / "part-002.parquet").unlink()
+        expected = list(range(550))
+    inspections.clear()
+    with caplog.at_level(logging.INFO, logger="arrowstream"):
+        dataset = StructuredDataset(path, batch_size=64)
+    assert dataset._source.cache_outcome.action == "rebuilt"
+    assert "listing changed" in caplog.text
+    assert inspections["parquet"] == {"rewritten": 3, "added": 4, "removed": 2}[change]
+    assert sorted(i for batch in dataset for i in ids_of(batch)) == expected
+    inspections.clear()
+    StructuredDataset(path, batch_size=64)   # the rebuilt entry serves the next start
+    assert inspections["parquet"] == 0
+    assert len(cache_files(os.environ["ARROWSTREAM_CACHE_DIR"])) == 1   # replaced, not beside the old one
+
+
+def _truncate(data: bytes) -> bytes:
+    return data[: len(data) // 2]
+
+
+def _flip(data: bytes) -> bytes:
+    middle = len(data) * 2 // 3
+    return data[:middle] + bytes([data[middle] ^ 0x10]) + data[middle + 1:]
+
+
+def _other_version(data: bytes) -> bytes:
+    # a well-formed entry of another format version (its checksum recomputed): refused by version
+    header, payload = plan_cache._verified(data)
+    material = header["key"]
+    header_bytes = data[len(plan_cache._MAGIC) + 8:len(plan_cache._MAGIC) + 8 + plan_cache._LENGTH.unpack_from(
+        data, len(plan_cache._MAGIC))[0]]
+    changed = header_bytes.replace(b'"cache_version": 1', b'"cache_version": 99', 1)
+    assert changed != header_bytes and material
+    body = plan_cache._LENGTH.pack(len(changed)) + changed + payload
+    return plan_cache._MAGIC + body + hashlib.sha256(body).digest()
+
+
+@pytest.mark.parametrize("damage", [_truncate, _flip, _other_version, lambda data: b"", lambda data: b"garbage"],
+                         ids=["truncated", "flipped", "version", "empty", "garbage"])
+def test_damaged_entry_is_logged_and_rebuilt(tmp_path, inspections, caplog, damage):
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    StructuredDataset(path, batch_size=64)
+    entry = the_entry()
+    entry.write_bytes(damage(entry.read_bytes()))
+    inspections.clear()
+    with caplog.at_level(logging.INFO, logger="arrowstream"):
+        dataset = StructuredDataset(path, batch_size=64)
+    assert dataset._source.cache_outcome.action == "rebuilt"
+    assert str(entry) in caplog.text and "rebuilding it" in caplog.text
+    assert inspections["parquet"] == len(LAYOUT)
+    assert sorted(i for batch in dataset for i in ids_of(batch)) == list(range(ROWS))
+    inspections.clear()
+    StructuredDataset(path, batch_size=64)
+    assert inspections["parquet"] == 0   # rebuilt whole
+
+
+def test_entry_of_other_options_in_the_same_file_is_refused(tmp_path, inspections, caplog):
+    """The key inside is checked, not only the file name: an entry of another dataset put in its place."""
+    one = write_dataset(tmp_path / "one", LAYOUT)
+    two = write_dataset(tmp_path / "two", [(40, 20)])
+    StructuredDataset(one, batch_size=64)
+    first = the_entry()
+    saved = first.read_bytes()
+    first.unlink()
+    StructuredDataset(two, batch_size=64)
+    second = the_entry()
+    second.write_bytes(saved)
+    inspections.clear()
+    with caplog.at_level(logging.INFO, logger="arrowstream"):
+        assert all_ids(two) == list(range(40))
+    assert "other options (path)" in caplog.text
+    assert inspections["parquet"] == 1
+
+
+def _write_padded(target: Path, rows: int, groups: int, size: int | None = None) -> int:
+    """``rows`` ids in row groups of ``groups`` rows; with ``size``, padded to exactly that many bytes (a
+    key-value pair in the footer)."""
+    table = pa.table({"id": pa.array(range(10**6, 10**6 + rows), pa.int64())})
+
+    def write(pad: int) -> int:
+        with pq.ParquetWriter(target, table.schema, compression="none", use_dictionary=False,
+                              write_statistics=False, store_schema=False) as writer:
+            writer.write_table(table, row_group_size=groups)
+            writer.add_key_value_metadata({"pad": "x" * pad})
+        return target.stat().st_size
+
+    written = write(0)
+    if size is None:
+        return written
+    pad = 200 + size - write(200)
+    for _ in range(4):
+        written = write(pad)
+        if written == size:
+            return written
+        pad += size - written
+    raise AssertionError(f"could not pad {target} to {size} bytes")
+
+
+def test_rewrite_keeping_size_and_mtime_raises_when_read(tmp_path):
+    """A listing that cannot tell a rewritten file (same size, same modification time) from the cached one
+    gives a plan of the old file; the reader counts each unit's rows and refuses: no row lost silently."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    target = folder / "part-0.parquet"
+    size = _write_padded(target, 600, 300)
+    status = target.stat()
+    assert all_ids(str(folder)) == list(range(10**6, 10**6 + 600))
+    _write_padded(target, 590, 295, size=size)   # other row counts, the same size
+    os.utime(target, ns=(status.st_atime_ns, status.st_mtime_ns))
+    dataset = StructuredDataset(str(folder), batch_size=64)
+    assert dataset._source.cache_outcome.action == "hit"   # the listing is the cached one
+    with pytest.raises(errors.CorruptFileError, match="part-0.parquet"):
+        list(dataset)
+
+
+def test_plan_cache_false_writes_nothing_and_reads_every_footer(tmp_path, inspections):
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    for _ in range(2):
+        dataset = StructuredDataset(path, batch_size=64, plan_cache=False)
+        assert dataset._source.cache_outcome.action == "off"
+    assert inspections["parquet"] == 2 * len(LAYOUT)
+    assert cache_files(os.environ["ARROWSTREAM_CACHE_DIR"]) == []
+
+
+def test_a_listing_without_modification_tags_is_not_cached(tmp_path, monkeypatch, inspections):
+    """A filesystem whose listing gives no modification tag nor version: a rewrite of the same size could not
+    be told apart, so nothing is cached."""
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    monkeypatch.setattr("arrowstream._discovery._modification_tag", lambda info: "")
+    monkeypatch.setattr("arrowstream._discovery.version_of", lambda protocol, info: "")
+    for _ in range(2):
+        dataset = StructuredDataset(path, batch_size=64)
+        assert dataset._source.cache_outcome.action == "off"
+    assert inspections["parquet"] == 2 * len(LAYOUT)
+    assert cache_files(os.environ["ARROWSTREAM_CACHE_DIR"]) == []
+
+
+def test_where_the_cache_lives(tmp_path, monkeypatch):
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    StructuredDataset(path, batch_size=64, plan_cache=tmp_path / "mine")   # a folder given (os.PathLike)
+    assert len(cache_files(tmp_path / "mine")) == 1
+    assert cache_files(os.environ["ARROWSTREAM_CACHE_DIR"]) == []
+    monkeypatch.delenv("ARROWSTREAM_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    StructuredDataset(path, batch_size=64)
+    assert len(cache_files(tmp_path / "xdg" / "arrowstream")) == 1
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    StructuredDataset(path, batch_size=64)
+    assert len(cache_files(tmp_path / "home" / ".cache" / "arrowstream")) == 1
+
+
+@pytest.mark.parametrize(("value", "error"), [(True, errors.ArgumentTypeError), (3, errors.ArgumentTypeError),
+                                              ("  ", errors.InvalidArgumentError)])
+def test_bad_plan_cache_argument(small_dataset, value, error):
+    with pytest.raises(error, match=r"plan_cache: expected None .* or False \(no cache\), got"):
+        StructuredDataset(small_dataset, plan_cache=value)
+
+
+def test_not_in_the_rank_fingerprint_nor_the_state(tmp_path):
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    folder = str(tmp_path / "elsewhere-cache")
+    default = StructuredDataset(path, batch_size=64)
+    placed = StructuredDataset(path, batch_size=64, plan_cache=folder)
+    assert placed._source.arguments() == default._source.arguments()
+    loader, dataset = make_loader(path, 0, batch_size=64, plan_cache=folder)
+    dataset.set_epoch(0)
+    next(iter(loader))
+    state = str(json_roundtrip(loader.state_dict()))
+    assert "elsewhere-cache" not in state and "plan_cache" not in state
+
+
+def test_unwritable_folder_warns_once_and_plans_without(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(plan_cache, "_warned_folders", set())
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder should be")
+    with caplog.at_level(logging.WARNING, logger="arrowstream"):
+        for _ in range(2):
+            dataset = StructuredDataset(path, batch_size=64, plan_cache=blocker / "cache")
+            assert dataset._source.cache_outcome.action == "off"
+            assert sorted(i for batch in dataset for i in ids_of(batch)) == list(range(ROWS))
+    assert caplog.text.count("cannot write the plan cache") == 1
+
+
+def test_full_disk_warns_and_plans_without(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(plan_cache, "_warned_folders", set())
+    path = write_dataset(tmp_path / "data", LAYOUT)
+
+    def no_space(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(plan_cache.os, "replace", no_space)
+    with caplog.at_level(logging.WARNING, logger="arrowstream"):
+        assert all_ids(path) == list(range(ROWS))
+    assert "No space left on device" in caplog.text
+    assert os.listdir(os.environ["ARROWSTREAM_CACHE_DIR"]) == []   # the temporary file removed too
+
+
+def test_a_write_cut_short_leaves_the_previous_entry_whole(tmp_path, monkeypatch):
+    """Readers never see a partial entry: the bytes go to a temporary file, renamed over the entry only
+    when whole (a process killed mid-write, or a full disk, leaves the old entry as it was)."""
+    monkeypatch.setattr(plan_cache, "_warned_folders", set())
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    StructuredDataset(path, batch_size=64)
+    entry = the_entry()
+    before = entry.read_bytes()
+    pq.write_table(make_table(ROWS, 10), Path(path) / "part-009.parquet")   # the entry is now stale
+    real_fdopen = os.fdopen
+
+    def half_then_fail(descriptor, mode="r", *args, **kwargs):
+        handle = real_fdopen(descriptor, mode, *args, **kwargs)
+        real_write = handle.write
+
+        def write(data):
+            real_write(data[: len(data) // 2])
+            handle.flush()
+            raise OSError(28, "No space left on device")
+
+        handle.write = write
+        return handle
+
+    monkeypatch.setattr(plan_cache.os, "fdopen", half_then_fail)
+    assert all_ids(path) == list(range(ROWS + 10))
+    assert entry.read_bytes() == before and plan_cache.read_header(str(entry))["num_files"] == len(LAYOUT)
+    assert [p.name for p in Path(entry.parent).iterdir()] == [entry.name]   # no temporary file left
+
+
+def test_least_recently_used_entries_are_removed(tmp_path, monkeypatch, inspections):
+    paths = [write_dataset(tmp_path / f"data{i}", LAYOUT) for i in range(3)]
+    StructuredDataset(paths[0], batch_size=64)
+    one_entry = the_entry().stat().st_size
+    monkeypatch.setenv("ARROWSTREAM_CACHE_MAX_BYTES", str(int(one_entry * 2.5)))
+    StructuredDataset(paths[1], batch_size=64)
+    folder = os.environ["ARROWSTREAM_CACHE_DIR"]
+    first, second = sorted(cache_files(folder), key=lambda p: p.stat().st_mtime_ns)
+    os.utime(first, (1000, 1000))      # the entry of paths[0], long unused ...
+    os.utime(second, (2000, 2000))
+    inspections.clear()
+    StructuredDataset(paths[0], batch_size=64)   # ... until now: a hit touches it
+    assert inspections["parquet"] == 0
+    StructuredDataset(paths[2], batch_size=64)   # a third entry: the least recently used goes
+    remaining = cache_files(folder)
+    assert len(remaining) == 2 and second not in remaining and first in remaining
+    inspections.clear()
+    StructuredDataset(paths[1], batch_size=64)
+    assert inspections["parquet"] == len(LAYOUT)
+    monkeypatch.setenv("ARROWSTREAM_CACHE_MAX_BYTES", "0")   # room for nothing: every entry goes, reads go on
+    dataset = StructuredDataset(write_dataset(tmp_path / "data3", LAYOUT), batch_size=64)
+    assert dataset._source.cache_outcome.action == "off" and cache_files(folder) == []
+    assert sorted(i for batch in dataset for i in ids_of(batch)) == list(range(ROWS))
+    monkeypatch.setenv("ARROWSTREAM_CACHE_MAX_BYTES", "lots")
+    with pytest.raises(errors.InvalidArgumentError, match="ARROWSTREAM_CACHE_MAX_BYTES='lots' is not a number"):
+        StructuredDataset(paths[2], batch_size=64)
+
+
+_CHILD = """
+import json, sys
+from arrowstream import StructuredDataset
+dataset = StructuredDataset(sys.argv[1], batch_size=64)
+ids = sorted(int(i) for batch in dataset for i in batch["id"])
+print(json.dumps({"action": dataset._source.cache_outcome.action, "rows": len(ids), "unique": len(set(ids))}))
+"""
+
+
+def test_processes_that_start_together_each_write_a_whole_entry(tmp_path, inspections):
+    path = write_dataset(tmp_path / "data", [(60, 20)] * 12)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    children = [subprocess.Popen([sys.executable, "-c", _CHILD, path], stdout=subprocess.PIPE, env=env, text=True)
+                for _ in range(2)]
+    results = [child.communicate(timeout=120)[0] for child in children]
+    assert all(child.returncode == 0 for child in children)
+    answers = [json.loads(r.strip().splitlines()[-1]) for r in results]
+    assert all(a["rows"] == a["unique"] == 720 for a in answers)
+    folder = os.environ["ARROWSTREAM_CACHE_DIR"]
+    assert len(cache_files(folder)) == 1 and not [n for n in os.listdir(folder) if n.startswith(".")]
+    inspections.clear()
+    dataset = StructuredDataset(path, batch_size=64)
+    assert dataset._source.cache_outcome.action == "hit" and inspections["parquet"] == 0
+
+
+def test_cli_plan_builds_and_prints_what_it_holds(tmp_path, capsys):
+    from arrowstream.cli import main
+
+    path = write_format(tmp_path / "data", "csv")
+    folder = tmp_path / "ahead"
+    assert main(["plan", path, "--format", "csv", "--split-bytes", "2000", "--cache-dir", str(folder)]) == 0
+    built = capsys.readouterr().out
+    assert "this run: built" in built and f"{len(LAYOUT)} files" in built and f"{ROWS} rows" in built
+    assert str(folder) in built and "parse options" in built
+    assert main(["plan", path, "--format", "csv", "--split-bytes", "2000", "--cache-dir", str(folder),
+                 "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["action"] == "hit" and info["files"] == len(LAYOUT) and info["rows"] == ROWS
+    assert info["folder_entries"] == 1
+    # the job that follows finds the entry built ahead
+    dataset = StructuredDataset(path, format="csv", batch_size=64, split_bytes=2000, plan_cache=folder)
+    assert dataset._source.cache_outcome.action == "hit"
+
+
+def test_s3_warm_restart_lists_once_reads_no_footer_and_keeps_no_credentials(s3_server, inspections):
+    from proxy import start_proxy
+
+    url = s3_server.url(f"cache-{os.getpid()}-{id(inspections)}")
+    fs = s3_server.filesystem()
+    for index, (rows, group) in enumerate(LAYOUT):
+        with fs.open(f"{url}/part-{index}.parquet", "wb") as f:
+            pq.write_table(make_table(sum(r for r, _ in LAYOUT[:index]), rows), f, row_group_size=group)
+    secrets = {"key": "AKIAPLANCACHEKEY0001", "secret": "plan-cache-secret-value-0001"}
+    with start_proxy(s3_server.endpoint) as proxy:
+        proxy.configure(flavor="s3")
+        options = {**s3_server.options_via(proxy.endpoint), **secrets}
+        cold = StructuredDataset(url, batch_size=64, storage_options=options)
+        assert cold._source.cache_outcome.action == "built"
+        proxy.reset()
+        inspections.clear()
+        warm = StructuredDataset(url, batch_size=64, storage_options=options)
+        planning = proxy.stats()["counts"]
+        assert warm._source.cache_outcome.action == "hit" and inspections["parquet"] == 0
+        assert planning.get("list", 0) == 1 and planning.get("head", 0) == 0
+        assert planning.get("read", 0) == 0, f"a warm restart read footers: {planning}"
+        assert sorted(i for batch in warm for i in ids_of(batch)) == list(range(ROWS))
+    data = the_entry().read_bytes()
+    for value in secrets.values():
+        assert value.encode() not in data
+    assert b"storage_options" not in data and s3_server.endpoint.encode() not in data
+
+
+_RESUME_CHILD = """
+import json, sys
+from helpers import ids_of, make_loader
+loader, dataset = make_loader(sys.argv[1], 2, batch_size=50, shuffle=True, seed=3)
+with open(sys.argv[2]) as f:
+    loader.load_state_dict(json.load(f))
+dataset.set_epoch(0)
+ids = [i for batch in loader for i in ids_of(batch)]
+print(json.dumps({"action": dataset._source.cache_outcome.action, "ids": ids}))
+"""
+
+
+def test_exact_resume_across_a_cached_restart(tmp_path, inspections):
+    """Checkpoint mid-epoch; a new process plans from the warm cache (no footer read), loads the state and
+    reads the rest of the epoch: every row exactly once."""
+    path = write_dataset(tmp_path / "data", [(300, 50), (250, 50), (170, 40)])
+    loader, dataset = make_loader(path, 2, batch_size=50, shuffle=True, seed=3)
+    dataset.set_epoch(0)
+    before = []
+    for step, batch in enumerate(loader):
+        before.extend(ids_of(batch))
+        if step == 4:
+            state = json_roundtrip(loader.state_dict())
+            break
+    del loader
+    state_file = tmp_path / "state.json"
+    state_file.write_text(json.dumps(state))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", _RESUME_CHILD, path, str(state_file)], env=env, timeout=120,
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    after = json.loads(done.stdout.strip().splitlines()[-1])
+    assert after["action"] == "hit"
+    assert Counter(before + after["ids"]) == Counter(range(720))
+
+
+def test_torchrun_ranks_plan_together_from_the_cache(tmp_path):
+    """3 ranks (gloo, 127.0.0.1), one torchrun. First each rank plans on its own (plan_locally): three writers
+    of one entry at once. Then rank 0 plans for all from the entry (a hit) and the ranks read every row once."""
+    from test_distributed import check_epoch, torchrun
+
+    layout = [(300, 50), (250, 50), (170, 40)]
+    path = write_dataset(tmp_path / "data", layout)
+    base = {"path": path, "num_workers": 1, "epochs": [0]}
+    scenarios = [{**base, "name": "local", "options": {"batch_size": 32, "plan_locally": True}},
+                 {**base, "name": "together", "options": {"batch_size": 32}}]
+    per_rank = torchrun(3, {"scenarios": scenarios}, tmp_path)
+    local = [r["local"]["plan_cache"] for r in per_rank]   # built, unless a rank started after another wrote
+    assert set(local) <= {"built", "hit"} and "built" in local
+    assert [r["together"]["plan_cache"] for r in per_rank] == ["hit", None, None]   # only rank 0 plans
+    for name in ("local", "together"):
+        check_epoch(per_rank, name, "0", sum(rows for rows, _ in layout))
+    assert len(cache_files(os.environ["ARROWSTREAM_CACHE_DIR"])) == 1
+
+
+def test_iceberg_refuses_plan_cache():
+    """Iceberg tables are planned from their manifests, not cached: the keyword is refused, not ignored."""
+    from arrowstream import IcebergDataset
+
+    with pytest.raises(errors.InvalidArgumentError, match="plan_cache: IcebergDataset does not take plan_cache="):
+        IcebergDataset("ns.table", catalog_config={}, plan_cache="/tmp/anywhere")
