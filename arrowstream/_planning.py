@@ -439,11 +439,15 @@ def _read_all(read: Callable[[FileEntry], FileFooter], entries: Sequence[FileEnt
     in chunks of consecutive files: one task per chunk, not per file, keeps the pool's own cost small.
     ``read_short`` reads a chunk the short way where it can (None: that chunk is read file by file)."""
     def chunk(start: int, stop: int) -> list[FileFooter]:
-        footers = read_short(entries[start:stop]) if read_short is not None else None
-        if footers is not None:
-            if start <= lead < stop:
-                footers[lead - start] = first
-            return footers
+        if read_short is not None:
+            if not start <= lead < stop:
+                footers = read_short(entries[start:stop])
+            else:   # the lead's footer is read already
+                footers = read_short([*entries[start:lead], *entries[lead + 1:stop]])
+                if footers is not None:
+                    footers.insert(lead - start, first)
+            if footers is not None:
+                return footers
         return [first if i == lead else read(entries[i]) for i in range(start, stop)]
 
     size = max(_FILES_PER_CHUNK, -(-len(entries) // (threads * 8)))

@@ -33,7 +33,7 @@ ROWS = sum(rows for rows, _ in LAYOUT)
 
 @pytest.fixture
 def inspections(monkeypatch):
-    """Counts of ``inspect`` (one footer read or text scan per call), by format."""
+    """Counts of footer reads and text scans (``inspect`` calls, footers of ``read_local``), by format."""
     counts: Counter[str] = Counter()
     for name, file_format in FILE_FORMATS.items():
         original = type(file_format).inspect
@@ -43,6 +43,15 @@ def inspections(monkeypatch):
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(type(file_format), "inspect", counted)
+        read_local = getattr(type(file_format), "read_local", None)
+        if read_local is not None:   # the short way of local footers: one read per footer it returns
+
+            def counted_local(self, paths, _original=read_local, _name=name):
+                footers = _original(self, paths)
+                counts[_name] += len(footers) if footers is not None else 0
+                return footers
+
+            monkeypatch.setattr(type(file_format), "read_local", counted_local)
     return counts
 
 
