@@ -13,9 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arrowstream import StructuredDataset
+from arrowstream._cutting import _base_splits, _single_units, refine_splits, refine_splits_v1
 from arrowstream._discovery import discover_files
 from arrowstream._order import assign_lpt, epoch_order, even_batch_limits, rows_yielded, slot_row_counts
-from arrowstream._planning import Split, _base_splits, _single_units, refine_splits, refine_splits_v1
+from arrowstream._plan_types import Split
 
 
 def test_directory_is_listed_recursively_sorted_and_skips_hidden(tmp_path):
