@@ -201,16 +201,26 @@ def _flip(data: bytes) -> bytes:
     return data[:middle] + bytes([data[middle] ^ 0x10]) + data[middle + 1:]
 
 
+def _entry_parts(data: bytes) -> tuple[bytes, bytes]:
+    """The JSON header and the payload of an entry, as bytes."""
+    (length,) = plan_cache._LENGTH.unpack_from(data, len(plan_cache._MAGIC))
+    start = len(plan_cache._MAGIC) + plan_cache._LENGTH.size
+    return data[start:start + length], data[start + length:-32]
+
+
+def _entry_of(header: bytes, payload: bytes, digest: bytes | None = None) -> bytes:
+    """An entry of these parts, with their SHA-256 (or ``digest``, that of other bytes)."""
+    body = plan_cache._LENGTH.pack(len(header)) + header + payload
+    return plan_cache._MAGIC + body + (digest if digest is not None else hashlib.sha256(body).digest())
+
+
 def _other_version(data: bytes) -> bytes:
     # a well-formed entry of another format version (its checksum recomputed): refused by version
-    header, payload = plan_cache._verified(data)
-    material = header["key"]
-    header_bytes = data[len(plan_cache._MAGIC) + 8:len(plan_cache._MAGIC) + 8 + plan_cache._LENGTH.unpack_from(
-        data, len(plan_cache._MAGIC))[0]]
-    changed = header_bytes.replace(b'"cache_version": 1', b'"cache_version": 99', 1)
-    assert changed != header_bytes and material
-    body = plan_cache._LENGTH.pack(len(changed)) + changed + payload
-    return plan_cache._MAGIC + body + hashlib.sha256(body).digest()
+    header, payload = _entry_parts(data)
+    version = f'"cache_version": {plan_cache.CACHE_VERSION}'.encode()
+    changed = header.replace(version, b'"cache_version": 99', 1)
+    assert changed != header
+    return _entry_of(changed, payload)
 
 
 @pytest.mark.parametrize("damage", [_truncate, _flip, _other_version, lambda data: b"", lambda data: b"garbage"],
