@@ -149,6 +149,10 @@ class DamagedEntryError(ValueError):
     """A cache entry that does not verify (internal: it is logged and rebuilt, never raised to users)."""
 
 
+class OtherVersionError(DamagedEntryError):
+    """A whole cache entry of another format version (stale, not damaged: rebuilt)."""
+
+
 @dataclass
 class CacheOutcome:
     """What a planning did with the cache: ``hit``, ``built``, ``rebuilt`` (with why), or ``off``."""
@@ -189,6 +193,9 @@ class PlanCache:
                 self._miss(stale)
                 return None
             footers = _footers(header, payload, entries, self.file_format)
+        except OtherVersionError as exc:   # written by another release: stale, not damaged
+            self._miss(str(exc))
+            return None
         except (ValueError, KeyError, TypeError, IndexError, struct.error, pa.ArrowException) as exc:
             self._miss(f"it is damaged ({exc})", damaged=True)
             return None
@@ -306,8 +313,8 @@ def _verified(data: bytes) -> tuple[dict[str, Any], bytes]:
     (length,) = _LENGTH.unpack_from(body)
     header = json.loads(body[_LENGTH.size:_LENGTH.size + length])
     if header.get("cache_version") != CACHE_VERSION:
-        raise DamagedEntryError(f"cache format version {header.get('cache_version')!r}, this release reads "
-                                f"{CACHE_VERSION}")
+        raise OtherVersionError(f"it is of cache format version {header.get('cache_version')!r}, this release "
+                                f"reads {CACHE_VERSION}")
     return header, body[_LENGTH.size + length:]
 
 
