@@ -196,7 +196,7 @@ class PlanCache:
         except OtherVersionError as exc:   # written by another release: stale, not damaged
             self._miss(str(exc))
             return None
-        except (ValueError, KeyError, TypeError, IndexError, struct.error, pa.ArrowException) as exc:
+        except (ValueError, KeyError, TypeError, IndexError, struct.error, pa.ArrowException, OSError) as exc:
             self._miss(f"it is damaged ({exc})", damaged=True)
             return None
         with contextlib.suppress(OSError):
