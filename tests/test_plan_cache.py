@@ -224,8 +224,25 @@ def _other_version(data: bytes) -> bytes:
     return _entry_of(changed, payload)
 
 
-@pytest.mark.parametrize("damage", [_truncate, _flip, _other_version, lambda data: b"", lambda data: b"garbage"],
-                         ids=["truncated", "flipped", "version", "empty", "garbage"])
+def _flip_payload_keeping_checksum_valid(data: bytes) -> bytes:
+    # bytes a bug wrote: the checksum matches, the stream does not decode, and pyarrow says so with a plain
+    # OSError (not an ArrowException); the byte to flip is searched from the end
+    header, payload = _entry_parts(data)
+    for position in range(len(payload) - 1, 0, -1):
+        flipped = payload[:position] + bytes([payload[position] ^ 0x10]) + payload[position + 1:]
+        try:
+            plan_cache._read_table(flipped)
+        except OSError as exc:
+            if not isinstance(exc, pa.ArrowException):
+                return _entry_of(header, flipped)
+        except pa.ArrowException:
+            pass
+    raise AssertionError("no flipped byte makes the payload raise OSError")
+
+
+@pytest.mark.parametrize("damage", [_truncate, _flip, _other_version, lambda data: b"", lambda data: b"garbage",
+                                    _flip_payload_keeping_checksum_valid],
+                         ids=["truncated", "flipped", "version", "empty", "garbage", "flipped, checksum valid"])
 def test_damaged_entry_is_logged_and_rebuilt(tmp_path, inspections, caplog, damage):
     path = write_dataset(tmp_path / "data", LAYOUT)
     StructuredDataset(path, batch_size=64)
