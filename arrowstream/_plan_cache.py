@@ -8,11 +8,17 @@ they were read from (path, size, modification tag and version of every file) ins
 the same listing takes them from the entry and runs only the cheap rest of planning (column and
 schema checks, splits).
 
+The footers come back as planning kept them, handles included: a Parquet ``FileMetaData`` that the
+cold plan kept (within the handle budget of its storage, ``_footers.handle_budget``, which is part
+of the key) is kept as its Thrift bytes and read back, so that workers read no footer and remote
+splits get their read-ahead (byte ranges of column chunks) after a warm restart too. They are as
+safe as the rest of the entry: remote reads are pinned to the listed version, local files are
+checked by size and modification tag, and readers count every unit's rows.
+
 An entry is one file: a magic line, a JSON header (format version, the key material, the schemas),
 an Arrow IPC stream of one row per file (units, byte ranges, text layouts), and a SHA-256 of header
-and payload. It holds no pickle (a cache folder may be shared, and unpickling runs code), no
-credentials (storage options are not part of it) and no Parquet ``FileMetaData`` (workers read a
-footer when they open a file, as they do when a large plan drops them). Writes go to a temporary
+and payload. It holds no pickle (a cache folder may be shared, and unpickling runs code) and no
+credentials (storage options are not part of it). Writes go to a temporary
 file in the folder, then ``os.replace``: readers see a whole entry or none, and processes that start
 together each write a whole one. An entry that does not verify (damaged, cut short, of another
 version, of another listing) is logged and rebuilt, never trusted; a folder that cannot be written
@@ -40,14 +46,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ._discovery import FileEntry
+from ._footers import handle_budget
 from ._formats import FileFooter, FileFormat, check_counts, unit_format
 from ._formats._footer_table import footer_columns, footers_of, shaping_options, tabled
-from ._storage import display_url
+from ._storage import display_url, is_local_protocol
 from .errors import ArgumentTypeError, InvalidArgumentError
 
 logger = logging.getLogger("arrowstream")
 
-CACHE_VERSION = 1
+# 2: Parquet footers (FileMetaData handles) as bytes, the handle budget in the key. Entries of another
+# version are named by another key (so not read), and refused by version if one is found in place.
+CACHE_VERSION = 2
 CACHE_DIR_ENV = "ARROWSTREAM_CACHE_DIR"
 MAX_BYTES_ENV = "ARROWSTREAM_CACHE_MAX_BYTES"
 DEFAULT_MAX_BYTES = 1 << 30          # 1 GiB of entries per cache folder
@@ -132,11 +141,16 @@ def key_material(protocol: str, path: Any, file_format: FileFormat, filter: pc.E
         "format": file_format.name,
         **shaping_options(file_format),                              # text: parse options, unit size
         "filter": _filter_key(filter),                              # prunes units by statistics
+        "handle_budget": handle_budget(is_local_protocol(protocol)),  # which footers keep handles
     }
 
 
 class DamagedEntryError(ValueError):
     """A cache entry that does not verify (internal: it is logged and rebuilt, never raised to users)."""
+
+
+class OtherVersionError(DamagedEntryError):
+    """A whole cache entry of another format version (stale, not damaged: rebuilt)."""
 
 
 @dataclass
@@ -179,7 +193,10 @@ class PlanCache:
                 self._miss(stale)
                 return None
             footers = _footers(header, payload, entries, self.file_format)
-        except (ValueError, KeyError, TypeError, IndexError, struct.error, pa.ArrowException) as exc:
+        except OtherVersionError as exc:   # written by another release: stale, not damaged
+            self._miss(str(exc))
+            return None
+        except (ValueError, KeyError, TypeError, IndexError, struct.error, pa.ArrowException, OSError) as exc:
             self._miss(f"it is damaged ({exc})", damaged=True)
             return None
         with contextlib.suppress(OSError):
@@ -296,8 +313,8 @@ def _verified(data: bytes) -> tuple[dict[str, Any], bytes]:
     (length,) = _LENGTH.unpack_from(body)
     header = json.loads(body[_LENGTH.size:_LENGTH.size + length])
     if header.get("cache_version") != CACHE_VERSION:
-        raise DamagedEntryError(f"cache format version {header.get('cache_version')!r}, this release reads "
-                                f"{CACHE_VERSION}")
+        raise OtherVersionError(f"it is of cache format version {header.get('cache_version')!r}, this release "
+                                f"reads {CACHE_VERSION}")
     return header, body[_LENGTH.size + length:]
 
 

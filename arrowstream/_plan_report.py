@@ -57,7 +57,7 @@ def _text(info: dict[str, Any]) -> str:
         f"  this run: {info['action']}{why}",
         f"  dataset: {info['format']} at {info['path']} ({info['protocol']})",
         (f"  holds: {info['files']} files, {info['units']} units, {info['rows']} rows "
-         "(the footers: unit rows and bytes, schemas, byte ranges, text row offsets)"),
+         "(the footers: unit rows and bytes, schemas, byte ranges, text row offsets, Parquet footers within the budget)"),
         f"  entry: {info['entry_bytes']} bytes, written {info['written']}",
         (f"  folder: {info['folder']}: {info['folder_entries']} entries, {info['folder_bytes']} bytes "
          f"(at most {info['folder_max_bytes']}, least recently used removed first)"),

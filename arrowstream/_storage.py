@@ -35,6 +35,11 @@ T = TypeVar("T")
 _LOCAL_PROTOCOLS = frozenset({"file", "local"})
 _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure",
            "abfss": "azure", "adl": "azure"}
+def is_local_protocol(protocol: str) -> bool:
+    """Whether files of ``protocol`` are on this machine's file system."""
+    return protocol in _LOCAL_PROTOCOLS
+
+
 def display_url(protocol: str, path: str) -> str:
     """The name a user recognizes for ``path``: ``s3://bucket/key`` or a local path."""
     if protocol in _LOCAL_PROTOCOLS or "://" in path:  # local, or a full URL already (Iceberg data files)
@@ -73,7 +78,7 @@ class Storage:
 
     @property
     def is_local(self) -> bool:
-        return self.protocol in _LOCAL_PROTOCOLS
+        return is_local_protocol(self.protocol)
 
     def options(self, what: str = "") -> dict[str, Any]:
         """``storage_options`` with what the credential provider returns now laid over them."""

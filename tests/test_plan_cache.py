@@ -23,6 +23,7 @@ import pytest
 from helpers import ids_of, json_roundtrip, make_loader, make_table, write_dataset
 from pyarrow import feather, orc
 
+import arrowstream._footers as footers_module
 import arrowstream._plan_cache as plan_cache
 from arrowstream import StructuredDataset, errors
 from arrowstream._formats import FILE_FORMATS, _rowscan
@@ -210,20 +211,47 @@ def _flip(data: bytes) -> bytes:
     return data[:middle] + bytes([data[middle] ^ 0x10]) + data[middle + 1:]
 
 
+def _entry_parts(data: bytes) -> tuple[bytes, bytes]:
+    """The JSON header and the payload of an entry, as bytes."""
+    (length,) = plan_cache._LENGTH.unpack_from(data, len(plan_cache._MAGIC))
+    start = len(plan_cache._MAGIC) + plan_cache._LENGTH.size
+    return data[start:start + length], data[start + length:-32]
+
+
+def _entry_of(header: bytes, payload: bytes, digest: bytes | None = None) -> bytes:
+    """An entry of these parts, with their SHA-256 (or ``digest``, that of other bytes)."""
+    body = plan_cache._LENGTH.pack(len(header)) + header + payload
+    return plan_cache._MAGIC + body + (digest if digest is not None else hashlib.sha256(body).digest())
+
+
 def _other_version(data: bytes) -> bytes:
     # a well-formed entry of another format version (its checksum recomputed): refused by version
-    header, payload = plan_cache._verified(data)
-    material = header["key"]
-    header_bytes = data[len(plan_cache._MAGIC) + 8:len(plan_cache._MAGIC) + 8 + plan_cache._LENGTH.unpack_from(
-        data, len(plan_cache._MAGIC))[0]]
-    changed = header_bytes.replace(b'"cache_version": 1', b'"cache_version": 99', 1)
-    assert changed != header_bytes and material
-    body = plan_cache._LENGTH.pack(len(changed)) + changed + payload
-    return plan_cache._MAGIC + body + hashlib.sha256(body).digest()
+    header, payload = _entry_parts(data)
+    version = f'"cache_version": {plan_cache.CACHE_VERSION}'.encode()
+    changed = header.replace(version, b'"cache_version": 99', 1)
+    assert changed != header
+    return _entry_of(changed, payload)
 
 
-@pytest.mark.parametrize("damage", [_truncate, _flip, _other_version, lambda data: b"", lambda data: b"garbage"],
-                         ids=["truncated", "flipped", "version", "empty", "garbage"])
+def _flip_payload_keeping_checksum_valid(data: bytes) -> bytes:
+    # bytes a bug wrote: the checksum matches, the stream does not decode, and pyarrow says so with a plain
+    # OSError (not an ArrowException); the byte to flip is searched from the end
+    header, payload = _entry_parts(data)
+    for position in range(len(payload) - 1, 0, -1):
+        flipped = payload[:position] + bytes([payload[position] ^ 0x10]) + payload[position + 1:]
+        try:
+            plan_cache._read_table(flipped)
+        except OSError as exc:
+            if not isinstance(exc, pa.ArrowException):
+                return _entry_of(header, flipped)
+        except pa.ArrowException:
+            pass
+    raise AssertionError("no flipped byte makes the payload raise OSError")
+
+
+@pytest.mark.parametrize("damage", [_truncate, _flip, _other_version, lambda data: b"", lambda data: b"garbage",
+                                    _flip_payload_keeping_checksum_valid],
+                         ids=["truncated", "flipped", "version", "empty", "garbage", "flipped, checksum valid"])
 def test_damaged_entry_is_logged_and_rebuilt(tmp_path, inspections, caplog, damage):
     path = write_dataset(tmp_path / "data", LAYOUT)
     StructuredDataset(path, batch_size=64)
@@ -239,6 +267,151 @@ def test_damaged_entry_is_logged_and_rebuilt(tmp_path, inspections, caplog, dama
     inspections.clear()
     StructuredDataset(path, batch_size=64)
     assert inspections["parquet"] == 0   # rebuilt whole
+
+
+def _same_footers(warm, cold) -> None:
+    """The warm plan holds the cold plan's Parquet footers: row groups, column chunk offsets and sizes,
+    statistics, and so the same read-ahead byte ranges."""
+    parquet = FILE_FORMATS["parquet"]
+    for warm_file, cold_file in zip(warm._plan.files, cold._plan.files, strict=True):
+        assert isinstance(cold_file.handle, pq.FileMetaData) and isinstance(warm_file.handle, pq.FileMetaData)
+        assert warm_file.handle.equals(cold_file.handle) and warm_file.handle.to_dict() == cold_file.handle.to_dict()
+        units = list(range(len(cold_file.unit_rows)))
+        ranges = parquet.byte_ranges(cold_file, units, ["id", "x"])
+        assert ranges and parquet.byte_ranges(warm_file, units, ["id", "x"]) == ranges
+
+
+def test_warm_plan_keeps_the_cold_plans_parquet_footers(tmp_path, inspections, monkeypatch):
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    cold = StructuredDataset(path, batch_size=64)
+    inspections.clear()
+    warm = StructuredDataset(path, batch_size=64)
+    assert warm._source.cache_outcome.action == "hit" and inspections["parquet"] == 0
+    _same_footers(warm, cold)
+    opened_without = []   # files a worker opens without the planned footer (it reads the footer then)
+    original = pq.ParquetFile.__init__
+
+    def counted(self, source, *args, metadata=None, **kwargs):
+        if metadata is None:
+            opened_without.append(source)
+        original(self, source, *args, metadata=metadata, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "__init__", counted)
+    assert sorted(i for batch in warm for i in ids_of(batch)) == list(range(ROWS))
+    assert opened_without == []
+
+
+def _cached_parquet_footers(entry: Path) -> list[bytes | None]:
+    _, payload = plan_cache._verified(entry.read_bytes())
+    return plan_cache._read_table(payload).column("parquet_footer").to_pylist()
+
+
+def test_warm_plan_follows_the_handle_budget(tmp_path, inspections, monkeypatch):
+    """Over the budget the cold plan keeps no footer, and the entry none; another budget is another entry."""
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    default = footers_module.LOCAL_HANDLE_BUDGET
+    monkeypatch.setattr(footers_module, "LOCAL_HANDLE_BUDGET", 100)
+    cold = StructuredDataset(path, batch_size=64)
+    assert all(f.handle is None for f in cold._plan.files)
+    assert _cached_parquet_footers(the_entry()) == [None] * len(LAYOUT)
+    inspections.clear()
+    warm = StructuredDataset(path, batch_size=64)
+    assert warm._source.cache_outcome.action == "hit" and inspections["parquet"] == 0
+    assert all(f.handle is None for f in warm._plan.files)
+    monkeypatch.setattr(footers_module, "LOCAL_HANDLE_BUDGET", default)
+    larger = StructuredDataset(path, batch_size=64)   # a cold plan now keeps them: so does the entry
+    assert (larger._source.cache_outcome.action, larger._source.cache_outcome.reason) == ("built", "no entry yet")
+    assert all(isinstance(f.handle, pq.FileMetaData) for f in larger._plan.files)
+    assert all(_cached_parquet_footers(Path(larger._source.cache_outcome.path)))
+    inspections.clear()
+    _same_footers(StructuredDataset(path, batch_size=64), larger)
+    assert inspections["parquet"] == 0
+
+
+def _as_version_1(data: bytes) -> tuple[bytes, dict]:
+    """An entry as release 1 of the cache wrote it (no Parquet footers, no budget in the key), and its key."""
+    header, payload = _entry_parts(data)
+    fields = json.loads(header)
+    fields["cache_version"] = fields["key"]["cache_version"] = 1
+    del fields["key"]["handle_budget"]
+    table = plan_cache._read_table(payload).drop_columns(["parquet_footer"])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return _entry_of(json.dumps(fields, sort_keys=True).encode(), bytes(sink.getvalue())), fields["key"]
+
+
+@pytest.mark.parametrize("where", ["its own name", "in place"])
+def test_an_entry_of_version_1_is_rebuilt_not_misread(tmp_path, inspections, caplog, where):
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    cold = StructuredDataset(path, batch_size=64)
+    entry = the_entry()
+    old, old_key = _as_version_1(entry.read_bytes())
+    entry.unlink()
+    if where == "in place":
+        target = entry
+    else:
+        target = entry.with_name(hashlib.sha256(json.dumps(old_key, sort_keys=True).encode()).hexdigest()[:32] + ".plan")
+        assert target != entry
+    target.write_bytes(old)
+    inspections.clear()
+    with caplog.at_level(logging.INFO, logger="arrowstream"):
+        dataset = StructuredDataset(path, batch_size=64)
+    outcome = dataset._source.cache_outcome
+    if where == "in place":
+        assert outcome.action == "rebuilt"
+        assert outcome.reason == f"it is of cache format version 1, this release reads {plan_cache.CACHE_VERSION}"
+    else:
+        assert (outcome.action, outcome.reason) == ("built", "no entry yet")
+    assert inspections["parquet"] == len(LAYOUT)
+    _same_footers(dataset, cold)
+    assert sorted(i for batch in dataset for i in ids_of(batch)) == list(range(ROWS))
+
+
+def _with_parquet_footer(data: bytes, change, keep_digest: bool = False) -> bytes:
+    """The entry with the first file's Parquet footer changed by ``change(footers)``; its checksum recomputed,
+    unless ``keep_digest`` (then it is the original bytes')."""
+    header, payload = _entry_parts(data)
+    table = plan_cache._read_table(payload)
+    footers = table.column("parquet_footer").to_pylist()
+    footers[0] = change(footers)
+    table = table.set_column(table.schema.get_field_index("parquet_footer"), "parquet_footer",
+                             pa.array(footers, pa.binary()))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return _entry_of(header, bytes(sink.getvalue()), data[-32:] if keep_digest else None)
+
+
+FOOTER_DAMAGE = {
+    # bytes changed, checksum not: the checksum refuses the entry
+    "checksum": (lambda f: f[0][:10] + bytes(20) + f[0][30:], True, "checksum does not match"),
+    # checksum recomputed (as a bug that wrote bad bytes would): the footer itself does not parse
+    "thrift": (lambda f: f[0][:10] + bytes(20) + f[0][30:], False, "Parquet footer that does not parse"),
+    "cut": (lambda f: f[0][:4] + f[0][-8:], False, "Parquet footer that does not parse"),
+    # parses, but is another file's: its row groups are not this file's units
+    "other file's": (lambda f: f[1], False, "row groups that are not the file's"),
+}
+
+
+@pytest.mark.parametrize("damage", FOOTER_DAMAGE)
+def test_damaged_parquet_footer_in_an_entry_is_logged_and_rebuilt(tmp_path, inspections, caplog, damage):
+    change, keep_digest, reason = FOOTER_DAMAGE[damage]
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    cold = StructuredDataset(path, batch_size=64)
+    entry = the_entry()
+    entry.write_bytes(_with_parquet_footer(entry.read_bytes(), change, keep_digest))
+    inspections.clear()
+    with caplog.at_level(logging.INFO, logger="arrowstream"):
+        dataset = StructuredDataset(path, batch_size=64)
+    assert dataset._source.cache_outcome.action == "rebuilt"
+    assert reason in dataset._source.cache_outcome.reason
+    assert str(entry) in caplog.text and "rebuilding it" in caplog.text
+    assert inspections["parquet"] == len(LAYOUT)
+    assert sorted(i for batch in dataset for i in ids_of(batch)) == list(range(ROWS))
+    inspections.clear()
+    _same_footers(StructuredDataset(path, batch_size=64), cold)   # rebuilt whole
+    assert inspections["parquet"] == 0
 
 
 def test_entry_of_other_options_in_the_same_file_is_refused(tmp_path, inspections, caplog):
@@ -511,6 +684,48 @@ def test_s3_warm_restart_lists_once_reads_no_footer_and_keeps_no_credentials(s3_
     for value in secrets.values():
         assert value.encode() not in data
     assert b"storage_options" not in data and s3_server.endpoint.encode() not in data
+
+
+def test_s3_warm_restart_reads_with_the_cold_requests_and_read_ahead(s3_server, inspections, monkeypatch):
+    """A warm start reads the data as a cold one does: no footer request by the reader, every byte range
+    fetched ahead (none read directly)."""
+    from proxy import start_proxy
+
+    from arrowstream import _prefetch
+
+    url = s3_server.url(f"cache-footers-{os.getpid()}-{id(inspections)}")
+    fs = s3_server.filesystem()
+    for index, (rows, group) in enumerate(LAYOUT):
+        with fs.open(f"{url}/part-{index}.parquet", "wb") as f:
+            pq.write_table(make_table(sum(r for r, _ in LAYOUT[:index]), rows), f, row_group_size=group)
+    prefetchers: list[_prefetch.Prefetcher] = []
+    original = _prefetch.Prefetcher.__init__
+
+    def recorded(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        prefetchers.append(self)
+
+    monkeypatch.setattr(_prefetch.Prefetcher, "__init__", recorded)
+    with start_proxy(s3_server.endpoint) as proxy:
+        proxy.configure(flavor="s3")
+
+        def read(action: str) -> tuple[dict[str, int], int]:
+            dataset = StructuredDataset(url, batch_size=64, read_ahead=2,
+                                        storage_options=s3_server.options_via(proxy.endpoint))
+            assert dataset._source.cache_outcome.action == action
+            prefetchers.clear()
+            proxy.reset()
+            assert sorted(i for batch in dataset for i in ids_of(batch)) == list(range(ROWS))
+            (prefetcher,) = prefetchers
+            return proxy.stats()["counts"], prefetcher.direct_requests
+
+        cold_counts, cold_direct = read("built")
+        inspections.clear()
+        warm_counts, warm_direct = read("hit")
+    assert inspections["parquet"] == 0
+    assert cold_direct == 0 and warm_direct == 0, "the reader read bytes that read-ahead did not fetch"
+    assert cold_counts.get("read", 0) > 0
+    assert warm_counts.get("read", 0) == cold_counts["read"], f"warm {warm_counts}, cold {cold_counts}"
 
 
 _RESUME_CHILD = """

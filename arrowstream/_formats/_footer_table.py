@@ -3,9 +3,11 @@ keeps in a footer, written column by column, never pickled.
 
 One row per file: the format, the schema (an index into the entry's schemas), the units' rows and
 bytes, the kept units; the units' byte ranges where a format keeps them in ``handle`` (Arrow IPC,
-ORC); a text file's layout (``TextLayout``: compression, byte ranges, line counts, names, flags),
-whose parse options are the dataset's own (the cache key holds them). Parquet's ``FileMetaData`` is
-not written: a worker reads a file's footer when it opens it, as when a large plan drops them.
+ORC); a Parquet ``FileMetaData`` kept as ``handle`` as its Thrift bytes (a Parquet metadata file,
+read back with ``pq.read_metadata`` and checked against the units' rows and bytes); a text file's
+layout (``TextLayout``: compression, byte ranges, line counts, names, flags), whose parse options are
+the dataset's own (the cache key holds them). Handles are written exactly where the footers have
+them: planning keeps them within the handle budget (``_footers``), which bounds the entry too.
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from .._discovery import FileEntry
 from ._base import FileFooter, FileFormat
 from ._text_settings import TextLayout, TextSettings
+from .parquet import parsed_metadata, serialized_metadata
 
 COLUMNS = ("format", "schema", "unit_rows", "unit_bytes", "kept_units", "spans", "text_compression",
-           "text_ranges", "text_lines", "text_names", "text_quoted", "text_lone_cr")
+           "text_ranges", "text_lines", "text_names", "text_quoted", "text_lone_cr", "parquet_footer")
 
 
 def shaping_options(file_format: FileFormat) -> dict[str, Any]:
@@ -63,6 +67,8 @@ def footer_columns(footers: Sequence[FileFooter], schema_index: Sequence[int]) -
         "text_names": pa.array([list(lay.names) if lay else None for lay in layouts], pa.list_(pa.string())),
         "text_quoted": pa.array([lay.quoted_newlines if lay else None for lay in layouts], pa.bool_()),
         "text_lone_cr": pa.array([lay.lone_cr if lay else None for lay in layouts], pa.bool_()),
+        "parquet_footer": pa.array([serialized_metadata(f.handle) if isinstance(f.handle, pq.FileMetaData) else None
+                                    for f in footers], pa.binary()),
     }
 
 
@@ -100,6 +106,7 @@ def footers_of(table: pa.Table, schemas: Sequence[pa.Schema], entries: Sequence[
     formats, schema_index = table.column("format").to_pylist(), table.column("schema").to_pylist()
     compression, names = table.column("text_compression").to_pylist(), table.column("text_names").to_pylist()
     quoted, lone_cr = table.column("text_quoted").to_pylist(), table.column("text_lone_cr").to_pylist()
+    parquet_footers = table.column("parquet_footer").to_pylist()
     settings: TextSettings | None = getattr(file_format, "settings", None)
     footers = []
     for i, entry in enumerate(entries):
@@ -111,6 +118,12 @@ def footers_of(table: pa.Table, schemas: Sequence[pa.Schema], entries: Sequence[
                 raise ValueError(f"a text layout for a {formats[i]} file")
             layout = TextLayout(settings, compression[i], _pairs(ranges[i]) or (), _units(lines[i]),
                                 tuple(names[i]), bool(quoted[i]), bool(lone_cr[i]))
-        footers.append(FileFooter(entry, formats[i], schemas[schema_index[i]], _units(rows[i]), _units(sizes[i]),
-                                  _units(kept[i]), _pairs(spans[i]), layout))
+        unit_rows, unit_bytes = _units(rows[i]), _units(sizes[i])
+        handle: Any = _pairs(spans[i])
+        if parquet_footers[i] is not None:
+            if handle is not None or formats[i] != "parquet":
+                raise ValueError(f"a Parquet footer kept for a {formats[i]} file")
+            handle = parsed_metadata(parquet_footers[i], unit_rows, unit_bytes)
+        footers.append(FileFooter(entry, formats[i], schemas[schema_index[i]], unit_rows, unit_bytes,
+                                  _units(kept[i]), handle, layout))
     return footers

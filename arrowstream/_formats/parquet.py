@@ -36,6 +36,28 @@ def _encrypted(exc: BaseException, url: str) -> CorruptFileError | None:
         "decryption_properties, then write_table without encryption), or leave it out of `path`")
 
 
+def serialized_metadata(metadata: pq.FileMetaData) -> bytes:
+    """A footer as the bytes of a Parquet metadata file (Thrift, as in the file; what the plan cache keeps)."""
+    sink = pa.BufferOutputStream()
+    metadata.write_metadata_file(sink)
+    return bytes(sink.getvalue())
+
+
+def parsed_metadata(data: bytes, unit_rows: Sequence[int], unit_bytes: Sequence[int]) -> pq.FileMetaData:
+    """The footer :func:`serialized_metadata` wrote, checked to describe the units it is kept for (rows and
+    bytes of every row group); ValueError when ``data`` does not parse or describes other row groups."""
+    try:
+        metadata = pq.read_metadata(pa.BufferReader(data))
+    except (OSError, pa.ArrowException) as exc:   # Thrift that does not parse is an OSError
+        raise ValueError(f"a Parquet footer that does not parse ({str(exc).splitlines()[0] if str(exc) else exc!r})"
+                         ) from exc
+    groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
+    if (tuple(g.num_rows for g in groups) != tuple(unit_rows)
+            or tuple(g.total_byte_size for g in groups) != tuple(unit_bytes)):
+        raise ValueError(f"a Parquet footer of {len(groups)} row groups that are not the file's {len(unit_rows)} units")
+    return metadata
+
+
 class ParquetFile:
     """An open Parquet file; reads runs of row groups."""
 
