@@ -48,7 +48,7 @@ import pyarrow.compute as pc
 from ._discovery import FileEntry
 from ._footers import handle_budget
 from ._formats import FileFooter, FileFormat, check_counts, unit_format
-from ._formats._footer_table import footer_columns, footers_of, shaping_options, tabled
+from ._formats._footer_table import footer_columns, footer_table_of, footers_of, shaping_options, tabled
 from ._storage import display_url, is_local_protocol
 from .errors import ArgumentTypeError, InvalidArgumentError
 
@@ -172,7 +172,7 @@ class PlanCache:
         self.outcome = CacheOutcome(self.path, "built")
 
     # -- reading ---------------------------------------------------------------------------------
-    def load(self, entries: Sequence[FileEntry]) -> list[FileFooter] | None:
+    def load(self, entries: Sequence[FileEntry]) -> Sequence[FileFooter] | None:
         """The cached footers of ``entries``; None (logged, to be rebuilt) when there are none to trust."""
         if not _tagged(entries):
             self.outcome = CacheOutcome(None, "off", "the listing gives no modification tag of some files")
@@ -350,10 +350,15 @@ def _read_table(payload: bytes) -> pa.Table:
 
 
 def _footers(header: dict[str, Any], payload: bytes, entries: Sequence[FileEntry],
-             file_format: FileFormat) -> list[FileFooter]:
-    """The footers an entry holds, on the current listing's entries, their counts checked."""
+             file_format: FileFormat) -> Sequence[FileFooter]:
+    """The footers an entry holds, on the current listing's entries, their counts checked: as columns
+    when no file keeps a handle or a text layout (many files), else file by file."""
     schemas = [pa.ipc.read_schema(pa.py_buffer(base64.b64decode(s))) for s in header["schemas"]]
-    footers = footers_of(_read_table(payload), schemas, entries, file_format)
+    table = _read_table(payload)
+    columns = footer_table_of(table, schemas, entries, file_format)
+    if columns is not None:
+        return columns
+    footers = footers_of(table, schemas, entries, file_format)
     for footer in footers:
         owner = unit_format(footer.format)
         check_counts(footer, display_url(header["key"]["protocol"], footer.entry.path), owner.label, owner.unit)

@@ -789,3 +789,64 @@ def test_iceberg_refuses_plan_cache():
 
     with pytest.raises(errors.InvalidArgumentError, match="plan_cache: IcebergDataset does not take plan_cache="):
         IcebergDataset("ns.table", catalog_config={}, plan_cache="/tmp/anywhere")
+
+
+def _plan_facts(dataset) -> tuple:
+    files = dataset._plan.files
+    return (dataset._plan.data_fingerprint, list(dataset._plan.splits), [f.entry for f in files],
+            [(f.unit_rows, f.unit_bytes, f.kept_units, f.schema) for f in files])
+
+
+def test_an_entry_without_handles_loads_as_columns_into_the_cold_plan(tmp_path, inspections, monkeypatch):
+    """Past the handle budget (many files) an entry loads column by column, no FileFooter per file, into the
+    plan a cold start makes; where a file keeps a handle it loads file by file (ORC: byte ranges)."""
+    monkeypatch.setattr(footers_module, "LOCAL_HANDLE_BUDGET", 100)
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    cold = StructuredDataset(path, batch_size=64, plan_cache=False)
+    StructuredDataset(path, batch_size=64)   # writes the entry
+    built = []
+    original = footers_module.FooterTable.build
+    monkeypatch.setattr(footers_module.FooterTable, "build",
+                        classmethod(lambda cls, *a, **k: built.append(1) or original(*a, **k)))
+    inspections.clear()
+    warm = StructuredDataset(path, batch_size=64)
+    assert warm._source.cache_outcome.action == "hit" and inspections["parquet"] == 0
+    assert built == []   # the columns of the entry are the plan's: no table built of FileFooters
+    assert _plan_facts(warm) == _plan_facts(cold)
+    assert sorted(i for batch in warm for i in ids_of(batch)) == list(range(ROWS))
+    orc_path = write_format(tmp_path / "orc", "orc")
+    StructuredDataset(orc_path, format="orc", batch_size=64)
+    orc_warm = StructuredDataset(orc_path, format="orc", batch_size=64)
+    assert orc_warm._source.cache_outcome.action == "hit" and built   # byte ranges: file by file
+
+
+@pytest.mark.parametrize("change", ["negative rows", "kept unit out of range", "fewer sizes than counts"])
+def test_impossible_counts_in_an_entry_are_caught_on_the_columnar_path(tmp_path, inspections, caplog, monkeypatch,
+                                                                      change):
+    """Counts that pass the checksum but cannot be (a bug's entry) are found as ``check_counts`` finds them
+    in a footer: the entry is logged and rebuilt from the files, never planned on."""
+    monkeypatch.setattr(footers_module, "LOCAL_HANDLE_BUDGET", 100)
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    StructuredDataset(path, batch_size=64)
+    entry = the_entry()
+    header, payload = _entry_parts(entry.read_bytes())
+    table = plan_cache._read_table(payload)
+    lists = {name: table.column(name).to_pylist() for name in ("unit_rows", "unit_bytes", "kept_units")}
+    if change == "negative rows":
+        lists["unit_rows"][1][0] = -lists["unit_rows"][1][0]
+    elif change == "kept unit out of range":
+        lists["kept_units"][2].append(len(lists["unit_rows"][2]))
+    else:
+        lists["unit_bytes"][0] = lists["unit_bytes"][0][:-1]
+    for name, values in lists.items():
+        table = table.set_column(table.schema.get_field_index(name), name, pa.array(values, pa.list_(pa.int64())))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    entry.write_bytes(_entry_of(header, bytes(sink.getvalue())))
+    inspections.clear()
+    with caplog.at_level(logging.INFO, logger="arrowstream"):
+        dataset = StructuredDataset(path, batch_size=64)
+    assert dataset._source.cache_outcome.action == "rebuilt" and "damaged" in caplog.text
+    assert inspections["parquet"] == len(LAYOUT)
+    assert sorted(i for batch in dataset for i in ids_of(batch)) == list(range(ROWS))

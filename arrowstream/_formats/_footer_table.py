@@ -13,7 +13,7 @@ them: planning keeps them within the handle budget (``_footers``), which bounds 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +23,9 @@ from .._discovery import FileEntry
 from ._base import FileFooter, FileFormat
 from ._text_settings import TextLayout, TextSettings
 from .parquet import parsed_metadata, serialized_metadata
+
+if TYPE_CHECKING:
+    from .._footers import FooterTable
 
 COLUMNS = ("format", "schema", "unit_rows", "unit_bytes", "kept_units", "spans", "text_compression",
            "text_ranges", "text_lines", "text_names", "text_quoted", "text_lone_cr", "parquet_footer")
@@ -127,3 +130,56 @@ def footers_of(table: pa.Table, schemas: Sequence[pa.Schema], entries: Sequence[
         footers.append(FileFooter(entry, formats[i], schemas[schema_index[i]], unit_rows, unit_bytes,
                                   _units(kept[i]), handle, layout))
     return footers
+
+
+def _flat_lists(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray] | None:
+    """A list<int64> column without nulls as (offsets from 0, values), read-only; None when it has nulls."""
+    array = column.combine_chunks()
+    if not isinstance(array, pa.ListArray) or not pa.types.is_int64(array.type.value_type) or array.null_count:
+        return None
+    offsets = array.offsets.to_numpy().astype(np.int64)
+    values = array.values.to_numpy(zero_copy_only=False)[offsets[0]:offsets[-1]]
+    offsets -= offsets[0]
+    for out in (offsets, values):
+        out.flags.writeable = False
+    return offsets, values
+
+
+def footer_table_of(table: pa.Table, schemas: Sequence[pa.Schema], entries: Sequence[FileEntry],
+                    file_format: FileFormat) -> FooterTable | None:
+    """The footers a table holds as a :class:`~arrowstream._footers.FooterTable`, column by column: no
+    ``FileFooter`` per file, their counts checked as ``check_counts`` checks them, all at once. For the
+    common case of many files past the handle budget; None when some file keeps a handle (byte ranges, a
+    Parquet footer) or a text layout, or when a count fails a check: :func:`footers_of` then rebuilds the
+    files one by one, and names the file whose counts cannot be."""
+    from .._footers import FooterTable  # imports this package: here, not at the top
+
+    num_files = len(entries)
+    if table.num_rows != num_files:
+        raise ValueError(f"{table.num_rows} files in an entry of a listing of {num_files}")
+    if any(table.column(name).null_count != num_files for name in ("spans", "text_names", "parquet_footer")):
+        return None
+    formats = table.column("format")
+    if formats.null_count or formats.to_pylist() != [file_format.name] * num_files:
+        return None
+    schema_index = table.column("schema").to_numpy()
+    if num_files and (schema_index.min() < 0 or schema_index.max() >= len(schemas)):
+        return None
+    lists = [_flat_lists(table.column(name)) for name in ("unit_rows", "unit_bytes", "kept_units")]
+    if any(flat is None for flat in lists):
+        return None
+    (unit_offsets, unit_rows), (byte_offsets, unit_bytes), (kept_offsets, kept_units) = lists  # type: ignore[misc]
+    units_per_file = np.diff(unit_offsets)
+    owner = np.repeat(np.arange(num_files), np.diff(kept_offsets))
+    if (not np.array_equal(unit_offsets, byte_offsets) or (unit_rows < 0).any() or (unit_bytes < 0).any()
+            or ((kept_units < 0) | (kept_units >= units_per_file[owner])).any()):
+        return None
+    return FooterTable(paths=pa.array([e.path for e in entries], pa.large_string()),
+                       names=pa.array([e.name for e in entries], pa.large_string()),
+                       tags=pa.array([e.tag for e in entries], pa.large_string()),
+                       versions=pa.array([e.version for e in entries], pa.large_string()),
+                       sizes=np.fromiter((e.size for e in entries), dtype=np.int64, count=num_files),
+                       formats=[file_format.name], format_index=np.zeros(num_files, dtype=np.int8),
+                       schemas=list(schemas), schema_index=schema_index.astype(np.int32),
+                       unit_offsets=unit_offsets, unit_rows=unit_rows, unit_bytes=unit_bytes,
+                       kept_offsets=kept_offsets, kept_units=kept_units, handles={}, extras={})
