@@ -3,7 +3,7 @@ idle slots by each planning version (:data:`REFINERS`).
 
 A split is a contiguous range of rows of one file that never cuts a unit (Parquet row group, ORC
 stripe, IPC record batch) unless the plan has fewer splits than slots: then single units are cut into
-row ranges, so no worker idles. Pure and deterministic (no I/O).
+row ranges, so no worker idles. Deterministic, no I/O.
 """
 
 from __future__ import annotations
