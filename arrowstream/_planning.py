@@ -282,7 +282,7 @@ def _read_local(file_format: FileFormat, entries: Sequence[FileEntry], keep_hand
             status = os.stat(entry.path)
             if status.st_size != entry.size or (entry.version and local_version(status) != entry.version):
                 return None
-        reads = file_format.read_local([entry.path for entry in entries])
+        reads = file_format.read_local([entry.path for entry in entries], handles=keep_handles)
         if reads is None:
             return None
         for entry, read in zip(entries, reads, strict=True):

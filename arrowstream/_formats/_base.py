@@ -133,10 +133,10 @@ class MetadataFormat:
     def reconcile(self, footers: list[FileFooter], protocol: str) -> list[FileFooter]:
         return footers
 
-    def read_local(self, paths: Sequence[str]) -> list[LocalFooter] | None:
+    def read_local(self, paths: Sequence[str], handles: bool = True) -> list[LocalFooter] | None:
         """The footers of local files, in order, read the short way (no filter, no retries, no wrapping:
-        planning checks what it returns and reads the files the careful way on any doubt); None: the
-        format has no short way."""
+        planning checks what it returns and reads the files the careful way on any doubt); with their
+        handles when ``handles`` (else None: the plan keeps none); None: the format has no short way."""
         return None
 
 

@@ -6,6 +6,7 @@ Encrypted files (Parquet modular encryption) are refused by name: with an encryp
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -34,6 +35,23 @@ def _encrypted(exc: BaseException, url: str) -> CorruptFileError | None:
         f"{url}: is an encrypted Parquet file (Parquet modular encryption), which arrowstream does not support "
         f"(pyarrow: {str(exc).splitlines()[0]}); decrypt it (pyarrow.parquet.read_table with "
         "decryption_properties, then write_table without encryption), or leave it out of `path`")
+
+
+def plain_footer(tail: bytes, metadata: pq.FileMetaData) -> bool:
+    """Whether a file's footer is its metadata alone, from the file's last 8 bytes (the footer's length,
+    ``PAR1``). An encrypted file with a plaintext footer signs it: its length counts 28 bytes more than
+    the metadata. pyarrow aborts the whole process when such a footer's encrypted columns are touched
+    (serialized for the plan cache, their byte ranges asked for read-ahead), so planning keeps no handle
+    of it: a worker reads the footer itself, and an encrypted column raises a named error there."""
+    return len(tail) == 8 and tail[4:] == b"PAR1" and struct.unpack("<I", tail[:4])[0] == metadata.serialized_size
+
+
+def _tail(path: str) -> bytes:
+    """The last 8 bytes of a local file."""
+    with open(path, "rb") as file:
+        file.seek(0, 2)
+        file.seek(max(file.tell() - 8, 0))
+        return file.read(8)
 
 
 def serialized_metadata(metadata: pq.FileMetaData) -> bytes:
@@ -95,7 +113,10 @@ class ParquetFormat(MetadataFormat):
                 filter_columns: list[str]) -> FileFooter:
         try:
             with storage.open_input(entry) as source:
-                return self.inspect_source(source, entry, filter, filter_columns)
+                footer = self.inspect_source(source, entry, filter, filter_columns)
+                # the tail: in the block the footer was read with (remote), or one pread (local)
+                tail = source.read_at(8, entry.size - 8) if entry.size >= 8 else b""
+                return footer if plain_footer(tail, footer.handle) else footer.without_handle()
         except OSError as exc:   # an encrypted footer
             encrypted = _encrypted(exc, display_url(storage.protocol, entry.path))
             if encrypted is None:
@@ -118,10 +139,11 @@ class ParquetFormat(MetadataFormat):
             kept = tuple(f.row_groups[0].id for f in fragment.split_by_row_group(filter, schema=schema))
         return FileFooter(entry, self.name, schema, rows, sizes, kept, metadata)
 
-    def read_local(self, paths: Sequence[str]) -> list[LocalFooter]:
+    def read_local(self, paths: Sequence[str], handles: bool = True) -> list[LocalFooter]:
         """The footers of local files as pyarrow.dataset reads them: fragments of one dataset of the paths on
         pyarrow's local filesystem, made in C++ (no Python file object, ~8 µs a file less than one
-        ``make_fragment`` each)."""
+        ``make_fragment`` each). A handle is kept only of a footer that is its metadata alone (one pread of
+        the file's last 8 bytes: see :func:`plain_footer`)."""
         dataset = ds.FileSystemDataset.from_paths(list(paths), schema=_NO_COLUMNS, format=_FRAGMENTS,
                                                   filesystem=_LOCAL_FS)
         footers = []
@@ -130,8 +152,9 @@ class ParquetFormat(MetadataFormat):
                 raise ValueError(f"pyarrow listed {fragment.path!r} for {path!r}")
             metadata = fragment.metadata
             groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
+            handle = metadata if handles and plain_footer(_tail(path), metadata) else None
             footers.append(LocalFooter(fragment.physical_schema, tuple(group.num_rows for group in groups),
-                                       tuple(group.total_byte_size for group in groups), metadata.num_rows, metadata))
+                                       tuple(group.total_byte_size for group in groups), metadata.num_rows, handle))
         return footers
 
     def open(self, storage: Storage, footer: FileFooter) -> ParquetFile:
