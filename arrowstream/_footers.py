@@ -75,9 +75,9 @@ class FooterTable(Sequence[FileFooter]):
         self._last: tuple[int, FileFooter] | None = None   # readers ask for one file many times in a row
 
     @classmethod
-    def build(cls, footers: Iterable[FileFooter], handle_bytes: int | None = None) -> FooterTable:
-        """The table of ``footers`` (one pass; they may come from a generator). Handles are kept when
-        ``handle_bytes`` is None, else only while their total serialized size stays within it."""
+    def build(cls, footers: Iterable[FileFooter]) -> FooterTable:
+        """The table of ``footers`` (one pass; they may come from a generator), their handles kept (planning
+        has dropped those over the budget: see :func:`handle_budget`)."""
         paths: list[str] = []
         names: list[str] = []
         tags: list[str] = []
@@ -89,7 +89,6 @@ class FooterTable(Sequence[FileFooter]):
         schemas: list[pa.Schema] = []
         handles: dict[int, Any] = {}
         extras: dict[int, Any] = {}
-        kept_handle_bytes = 0
         for index, footer in enumerate(footers):
             entry = footer.entry
             paths.append(entry.path)
@@ -107,10 +106,7 @@ class FooterTable(Sequence[FileFooter]):
             unit_offsets.append(len(rows))
             kept_offsets.append(len(kept))
             if footer.handle is not None:
-                size = footer.handle_bytes
-                if handle_bytes is None or kept_handle_bytes + size <= handle_bytes:
-                    handles[index] = footer.handle
-                    kept_handle_bytes += size
+                handles[index] = footer.handle
             if footer.extra is not None:
                 extras[index] = footer.extra
         return cls(paths=pa.array(paths, pa.large_string()), names=pa.array(names, pa.large_string()),
@@ -138,14 +134,6 @@ class FooterTable(Sequence[FileFooter]):
 
     def schema_of(self, index: int) -> pa.Schema:
         return self.schemas[int(self.schema_index[index])]
-
-    def without_handles(self) -> FooterTable:
-        """The same files with no format handle kept (workers read the metadata again)."""
-        return FooterTable(paths=self.paths, names=self.names, tags=self.tags, versions=self.versions,
-                           sizes=self.sizes, formats=self.formats, format_index=self.format_index,
-                           schemas=self.schemas, schema_index=self.schema_index, unit_offsets=self.unit_offsets,
-                           unit_rows=self.unit_rows, unit_bytes=self.unit_bytes, kept_offsets=self.kept_offsets,
-                           kept_units=self.kept_units, handles={}, extras=self.extras)
 
     def __len__(self) -> int:
         return len(self.sizes)

@@ -286,9 +286,7 @@ def _read_local(file_format: FileFormat, entries: Sequence[FileEntry], keep_hand
         if reads is None:
             return None
         for entry, read in zip(entries, reads, strict=True):
-            if sum(read.unit_rows) != read.num_rows or len(read.unit_rows) != len(read.unit_bytes):
-                return None
-            if read.unit_rows and (min(read.unit_rows) < 0 or min(read.unit_bytes) < 0):
+            if sum(read.unit_rows) != read.num_rows:
                 return None
             schema = read.schema
             if known is not None and schema.equals(known, check_metadata=True):
@@ -296,8 +294,10 @@ def _read_local(file_format: FileFormat, entries: Sequence[FileEntry], keep_hand
             else:
                 _check_names(schema, entry.path, file_format.label)
                 known = schema
-            footers.append(FileFooter(entry, file_format.name, schema, read.unit_rows, read.unit_bytes,
-                                      tuple(range(len(read.unit_rows))), read.handle if keep_handles else None))
+            footer = FileFooter(entry, file_format.name, schema, read.unit_rows, read.unit_bytes,
+                                tuple(range(len(read.unit_rows))), read.handle if keep_handles else None)
+            check_counts(footer, entry.path, file_format.label, file_format.unit)   # raises: read carefully
+            footers.append(footer)
     except Exception:  # noqa: BLE001 (the careful read raises it again, classified and naming the file)
         return None
     return footers
