@@ -34,6 +34,7 @@ from ._order import (
     rows_yielded,
     slot_row_counts,
 )
+from ._plan_types import split_rows
 from ._state import ElasticSource, WorkerState
 from .errors import StateMismatchError
 
@@ -261,7 +262,7 @@ def batches_left(layout: EpochLayout, state: WorkerState, slot: Slot, options: O
         return 0
     share, limit = layout.share(slot), layout.limit(slot)
     at_end = (state.cursor.replay_index >= len(share.replays)
-              and state.cursor.at_end([s.num_rows for s in share.splits]))
+              and state.cursor.at_end(split_rows(share.splits).tolist()))
     allowed = None if limit is None else max(limit - state.batches, 0)
     if at_end or allowed == 0:
         return 0

@@ -18,6 +18,7 @@ from ._cursor import Cursor
 from ._fields import REMEDY
 from ._interleave import block_size_for
 from ._order import Slot, SlotGrid
+from ._plan_types import split_rows as rows_of
 from ._state import WorkerState
 from .errors import StateError
 
@@ -65,7 +66,8 @@ def cursor_at(split_rows: Sequence[int], interleave: int, block_size: int | None
 def _slot_rows(dataset: StructuredDataset, slot: Slot, epoch: int) -> list[int]:
     """The rows of each split ``slot`` reads in ``epoch`` as planned for its topology, in reading order
     (the epoch's layout, computed once for every slot)."""
-    return [s.num_rows for s in dataset._epochs.planned_splits(slot, epoch)]
+    rows: list[int] = rows_of(dataset._epochs.planned_splits(slot, epoch)).tolist()
+    return rows
 
 
 def _refuse(where: str, what: str) -> StateError:
@@ -184,7 +186,7 @@ def check_in_plan(dataset: StructuredDataset, saved: WorkerState, where: str, do
     replay_rows: list[int] | None = None
     if saved.elastic is None:  # the epoch as the state's topology reads it, with the state's even_batches
         layout = dataset._epochs.layouts.layout(saved.epoch, slot.grid, even_batches=bool(saved.options.get("even_batches")))
-        split_rows, limit = [s.num_rows for s in layout.share(slot).splits], layout.limit(slot)
+        split_rows, limit = rows_of(layout.share(slot).splits).tolist(), layout.limit(slot)
     else:
         source = saved.elastic
         if source.epoch != saved.epoch:
@@ -200,7 +202,7 @@ def check_in_plan(dataset: StructuredDataset, saved: WorkerState, where: str, do
         dataset._checked_sources.add(source)  # every new worker carries the same source: checked once
         layout = dataset._epochs.layouts.layout(saved.epoch, slot.grid, source)
         share, limit = layout.share(slot), layout.limit(slot)
-        split_rows, replay_rows = [s.num_rows for s in share.splits], [r.rows for r in share.replays]
+        split_rows, replay_rows = rows_of(share.splits).tolist(), [r.rows for r in share.replays]
     at_end = check_position(saved, split_rows, replay_rows, batch_size=options.batch_size, drop_last=options.drop_last,
                             limit=limit, exact=exact, where=where, **common)
     if (saved.epoch_complete or done) and not at_end and exact:
