@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import io
+import itertools
 import json
 import math
 import os
@@ -388,9 +389,13 @@ def measure_local(args: argparse.Namespace, folder: Path, files: int, work: Path
     state_file = work / f"state-{files}.json"
     checkpoint = run_child("checkpoint", {"path": path, "cache": warm_cache, "at": args.checkpoint_at,
                                           "state_file": str(state_file)})
+    fresh = itertools.count()
     variants = {
         "pyarrow": lambda: run_child("pyarrow", {"path": path, "format": "parquet"}),
         "cold": lambda: run_child("plan", {"path": path, "cache": cold_cache}),
+        # the default on a first start: the cache on, its folder empty (the plan is read and the entry written)
+        "first": lambda: run_child("plan", {"path": path, "cache": None if args.no_cache_api else
+                                            str(work / f"first-{files}-{next(fresh)}")}),
         "restart": lambda: run_child("plan", {"path": path, "cache": warm_cache}),
         "resume": lambda: run_child("resume", {"path": path, "cache": warm_cache, "state_file": str(state_file),
                                                "next_id": checkpoint["next_id"]}),
@@ -493,14 +498,15 @@ def timing(series: Series, key: Callable[[dict[str, Any]], float] = seconds_of) 
 
 
 def local_section(results: list[LocalResult], args: argparse.Namespace) -> list[str]:
-    header = ["files", "row groups", "pyarrow s", "cold s", "cold / pyarrow", "restart s", "restart / pyarrow",
-              "resume to 1st batch s", "resume / pyarrow"]
+    header = ["files", "row groups", "pyarrow s", "cold s", "cold / pyarrow", "first start s", "first / pyarrow",
+              "restart s", "restart / pyarrow", "resume to 1st batch s", "resume / pyarrow"]
     rows, memory, curve = [], [], []
     for r in results:
         s = r.series
         base = s["pyarrow"].seconds
         rows.append([f"{r.files:,}", f"{r.units:,}", timing(s["pyarrow"]), timing(s["cold"]),
-                     fmt_ratio(s["cold"].seconds / base), timing(s["restart"]),
+                     fmt_ratio(s["cold"].seconds / base), timing(s["first"]), fmt_ratio(s["first"].seconds / base),
+                     timing(s["restart"]),
                      fmt_ratio(s["restart"].seconds / base), timing(s["resume"]),
                      fmt_ratio(s["resume"].seconds / base)])
         rss = s["cold"].median(lambda run: run["probe"]["rss_kib"])
@@ -512,13 +518,15 @@ def local_section(results: list[LocalResult], args: argparse.Namespace) -> list[
                        f"{r.checkpoint['state_bytes']:,}", f"{r.writing['state_bytes']:,}",
                        f"{s['resume'].median(lambda run: run['construct_s']):.2f}"])
         curve.append([f"{r.files:,}"] + [f"{s[k].seconds / r.files * 1e6:.0f}"
-                                         for k in ("pyarrow", "cold", "restart", "resume")])
+                                         for k in ("pyarrow", "cold", "first", "restart", "resume")])
     lines = [
         "## 1. Local Parquet files", "",
         (f"Files of {args.rows_per_file} rows in {args.units_per_file} row groups (`id` int64, `value` float64), "
          f"page cache warm. Seconds: median of {args.repeats} (best in brackets), each run a fresh process. "
          "pyarrow: `dataset(folder, format=\"parquet\")`, then `ensure_complete_metadata()` and `row_groups` of "
-         f"every fragment (one thread). Resume: 2 workers, a checkpoint at {args.checkpoint_at:.0%} of the epoch "
+         "every fragment (one thread). Cold: `plan_cache=False`; first start: the default, the cache on with its "
+         "folder empty (the plan read and its entry written). "
+         f"Resume: 2 workers, a checkpoint at {args.checkpoint_at:.0%} of the epoch "
          "(JSON), from before construction to the first batch (checked to be the batch after the checkpoint)."),
         "", *table(header, rows), "",
         ("Memory and state (the cold plan; RSS in MiB, after minus before construction; the peak is the growth of "
@@ -528,12 +536,12 @@ def local_section(results: list[LocalResult], args: argparse.Namespace) -> list[
                 "read MiB cold", "read MiB restart", "state bytes at checkpoint (2 workers)",
                 "state bytes, fresh loader", "resume: construction s"], memory), "",
         "Cost per file, µs (median seconds / files): linear growth keeps each column flat.", "",
-        *table(["files", "pyarrow", "cold", "restart", "resume"], curve), "",
+        *table(["files", "pyarrow", "cold", "first start", "restart", "resume"], curve), "",
     ]
     if len(results) > 1:
         first, last = results[0], results[-1]
         slopes = []
-        for k in ("pyarrow", "cold", "restart", "resume"):
+        for k in ("pyarrow", "cold", "first", "restart", "resume"):
             slope = (math.log(last.series[k].seconds / first.series[k].seconds) / math.log(last.files / first.files))
             slopes.append(f"{k} {slope:.2f}")
         lines += [f"Growth exponent from {first.files:,} to {last.files:,} files (log-log slope; 1.0 is linear): "
@@ -618,8 +626,10 @@ def goal_lines(local: list[LocalResult], synthetic: list[dict[str, Any]], s3: Re
     if local:
         at = next((r for r in local if r.files == GOAL_FILES), local[-1])
         base = at.series["pyarrow"].seconds
-        cold, restart, resume = (at.series[k].seconds / base for k in ("cold", "restart", "resume"))
-        out += [f"- Cold plan of {at.files:,} files ≤ 1.0x pyarrow: {fmt_ratio(cold)}, {verdict(cold <= 1.0)}",
+        cold, first, restart, resume = (at.series[k].seconds / base for k in ("cold", "first", "restart", "resume"))
+        out += [(f"- Cold plan of {at.files:,} files ≤ 1.0x pyarrow: {fmt_ratio(cold)} without the cache, "
+                 f"{verdict(cold <= 1.0)}; {fmt_ratio(first)} on a first start with the cache on (the default: the "
+                 f"entry written too), {verdict(first <= 1.0)}"),
                 (f"- Restart ≤ 0.3x pyarrow: {fmt_ratio(restart)}, {verdict(restart <= 0.3)}; resume to the first "
                 f"batch ≤ 0.3x: {fmt_ratio(resume)}, {verdict(resume <= 0.3)}")]
         if len(local) > 1:
