@@ -18,24 +18,30 @@ from test_types import C_FORMATS, COLUMNS, _writable, with_c_formats
 
 import arrowstream._planning as planning
 from arrowstream._discovery import discover_files
-from arrowstream._footers import files_fingerprint
+from arrowstream._footers import FooterTable, files_fingerprint
 from arrowstream._formats import get_format
 from arrowstream._formats.parquet import serialized_metadata
 
 PARQUET = get_format("parquet")
 
 
-def _read(folder: Path, careful: bool, monkeypatch: pytest.MonkeyPatch, handles: bool = True) -> planning.FooterTable:
+def _read(folder: Path, careful: bool, monkeypatch: pytest.MonkeyPatch, handles: bool = True) -> FooterTable:
+    """The short way: ``read_footers``. The careful way: ``read_footer`` of each file, the footers made one
+    table by ``FooterTable.build`` (nothing of the short way's, nor of its joining of runs of files), the
+    handles kept by the rule ``read_footers`` applies."""
+    storage, entries = discover_files(str(folder), None)
     with monkeypatch.context() as patch:
-        if careful:
-            patch.setattr(planning, "_read_local", lambda *args: None)
         if not handles:
             patch.setattr(planning, "handle_budget", lambda is_local: 0)
-        storage, entries = discover_files(str(folder), None)
-        return planning.read_footers(storage, entries, PARQUET, columns=None, filter=None)
+        if not careful:
+            return planning.read_footers(storage, entries, PARQUET, columns=None, filter=None)
+    footers = [planning.read_footer(storage, PARQUET, entry, None, []) for entry in entries]
+    if not handles or footers[0].handle_bytes * len(footers) > planning.handle_budget(True):
+        footers = [footer.without_handle() for footer in footers]
+    return FooterTable.build(footers)
 
 
-def _columns(table: planning.FooterTable) -> dict[str, object]:
+def _columns(table: FooterTable) -> dict[str, object]:
     return {"paths": table.paths.to_pylist(), "names": table.names.to_pylist(), "tags": table.tags.to_pylist(),
             "versions": table.versions.to_pylist(), "sizes": table.sizes.tolist(), "formats": table.formats,
             "format_index": table.format_index.tolist(), "schema_index": table.schema_index.tolist(),
@@ -46,7 +52,7 @@ def _columns(table: planning.FooterTable) -> dict[str, object]:
             "fingerprint": files_fingerprint(table, {})}
 
 
-def assert_same_tables(short: planning.FooterTable, careful: planning.FooterTable) -> None:
+def assert_same_tables(short: FooterTable, careful: FooterTable) -> None:
     assert _columns(short) == _columns(careful)
     assert len(short.schemas) == len(careful.schemas)
     for mine, theirs in zip(short.schemas, careful.schemas, strict=True):
@@ -102,6 +108,20 @@ def test_key_value_metadata_field_ids_and_distinct_schemas_mixed(tmp_path, monke
     pq.write_table(kinds[1], folder / "part-99.parquet", store_schema=False)
     assert_same_footers(folder, monkeypatch)
     assert len(_read(folder, False, monkeypatch).schemas) == 7
+
+
+def test_many_runs_of_files_on_threads_join_into_one_table(tmp_path, monkeypatch):
+    """150 files in three runs read by two threads, schemas alternating: the runs' tables joined, each
+    file's schema index pointing at its own schema."""
+    monkeypatch.setattr(planning, "MIN_CORES_FOR_LOCAL_THREADS", 0)
+    monkeypatch.setattr(planning.os, "cpu_count", lambda: 2)
+    folder = tmp_path / "d"
+    folder.mkdir()
+    kinds = [pa.table({"id": pa.array([1, 2, 3], pa.int64())}), pa.table({"id": pa.array([1, 2], pa.int32())}),
+             pa.table({"x": [1.5]})]
+    for index in range(150):
+        pq.write_table(kinds[(index // 7) % 3], folder / f"part-{index:03d}.parquet", row_group_size=2)
+    assert_same_footers(folder, monkeypatch)
 
 
 def test_empty_row_groups_a_file_of_no_rows_and_many_row_groups(tmp_path, monkeypatch):
