@@ -124,7 +124,7 @@ def test_many_runs_of_files_on_threads_join_into_one_table(tmp_path, monkeypatch
     assert_same_footers(folder, monkeypatch)
 
 
-def test_empty_row_groups_a_file_of_no_rows_and_many_row_groups(tmp_path, monkeypatch):
+def test_empty_row_groups_a_file_of_no_rows_many_row_groups_and_a_large_file(tmp_path, monkeypatch):
     folder = tmp_path / "d"
     folder.mkdir()
     table = pa.table({"id": pa.array(range(40), pa.int64()), "s": [str(i) for i in range(40)]})
@@ -135,6 +135,9 @@ def test_empty_row_groups_a_file_of_no_rows_and_many_row_groups(tmp_path, monkey
         writer.write_table(table.slice(0, 5))
         writer.write_table(table.slice(0, 0))
     pq.write_table(table, folder / "d.parquet", row_group_size=1)
+    big = pa.table({"id": pa.array(range(150_000), pa.int64())})
+    pq.write_table(big, folder / "e-over-the-first-read.parquet", row_group_size=40_000, compression="none")
+    assert (folder / "e-over-the-first-read.parquet").stat().st_size > 64 << 10   # the tail read is not the file
     assert pq.ParquetFile(folder / "c-empty-groups.parquet").metadata.num_row_groups >= 2
     assert_same_footers(folder, monkeypatch)
 

@@ -76,10 +76,10 @@ _TAIL_BYTES = 64 << 10   # read from a file's end at once: the footer of most fi
 
 
 def _local_footer(path: str) -> tuple[os.stat_result, bytes, int] | None:
-    """A local file's status, its last bytes and its footer's length (the Thrift bytes before the last 8), in one pread (two for a footer larger than
-    :data:`_TAIL_BYTES`); None where the file does not end as a plain Parquet file does (``PAR1``; an
-    encrypted footer ends ``PARE``) or its footer's length does not fit the file (the careful read, which
-    names the file, also refuses most of these)."""
+    """A local file's status, its last bytes and its footer's length (the footer is the Thrift before the
+    last 8 bytes), in one pread (two for a footer larger than :data:`_TAIL_BYTES`); None where the file
+    does not end as a plain Parquet file does (``PAR1``; an encrypted footer ends ``PARE``) or its footer's
+    length does not fit the file: the careful read then names the file, or reads what it can."""
     fd = os.open(path, os.O_RDONLY)
     try:
         status = os.fstat(fd)
@@ -102,9 +102,10 @@ def _local_footer(path: str) -> tuple[os.stat_result, bytes, int] | None:
 
 
 def _parsed(tail: bytes) -> pq.FileMetaData:
-    """The footer at the end of ``tail``, parsed by pyarrow's reader as it parses a file's (the checks of
-    a footer's length included). Not ``_reconstruct_filemetadata`` (pickle's way, ~10 µs less): it lets
-    a C++ exception of a corrupt footer through, which aborts the process."""
+    """The footer at the end of ``tail``, parsed by pyarrow's reader as it parses a file's (its checks of
+    the footer's length included; an error it raises is an exception). Not ``_reconstruct_filemetadata``
+    (pickle's way, ~15 µs a file less): that lets the C++ exception of a footer that does not parse
+    through, which aborts the whole process (found by a flipped byte in a footer)."""
     reader = _pq.ParquetReader()
     reader.open(pa.BufferReader(tail), pre_buffer=False)
     return reader.metadata
@@ -208,12 +209,13 @@ class ParquetFormat(MetadataFormat):
 
     def read_local(self, paths: Sequence[str], handles: bool = True) -> LocalFooters | None:
         """The footers of local files the short way: one pread of a file's tail, its Thrift footer parsed
-        into ``FileMetaData`` (no fragment, no reader: ~25 µs a file), its row groups' rows and bytes read
-        into columns. The Arrow schema is ``physical_schema`` of a fragment (as :meth:`inspect` reads it),
-        made once per distinct Parquet schema and key-value metadata from the first file that has them and
-        shared by the files that have the same. None at the first file that is not a plain Parquet file
-        (no ``PAR1`` at its end, a footer that does not fit it or does not parse, a signed plaintext
-        footer: see :func:`plain_footer`): the careful read then names what is wrong with it."""
+        into ``FileMetaData`` by a reader of those bytes (no fragment, no file object), its row groups'
+        rows and bytes read into columns. The Arrow schema is the ``physical_schema`` of a fragment (as
+        :meth:`inspect` reads it), made once per distinct Parquet schema and key-value metadata from the
+        first file that has them and shared by the files that have the same. None at the first file that
+        is not a plain Parquet file (no ``PAR1`` at its end, a footer that does not fit it or does not
+        parse, a signed plaintext footer, see :func:`plain_footer`: such a file keeps no handle): the
+        careful read then names what is wrong, or reads what it can."""
         statuses: list[os.stat_result] = []
         rows, sizes, offsets, announced, schema_index = array("q"), array("q"), array("q", [0]), array("q"), array("i")
         schemas: list[pa.Schema] = []
