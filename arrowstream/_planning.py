@@ -285,7 +285,7 @@ def _read_local(file_format: FileFormat, entries: Sequence[FileEntry], keep_hand
         for entry, status in zip(entries, read.statuses, strict=True):   # each file as it was listed
             if status.st_size != entry.size or (entry.version and local_version(status) != entry.version):
                 return None
-        offsets, rows, sizes = read.unit_offsets, read.unit_rows, read.unit_bytes
+        offsets, rows, sizes = (_frozen(a) for a in (read.unit_offsets, read.unit_rows, read.unit_bytes))
         sums = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])
         if ((rows < 0).any() or (sizes < 0).any() or len(rows) != len(sizes)   # what check_counts refuses
                 or not np.array_equal(sums[offsets[1:]] - sums[offsets[:-1]], read.num_rows)):
@@ -301,13 +301,14 @@ def _read_local(file_format: FileFormat, entries: Sequence[FileEntry], keep_hand
                        versions=pa.array([e.version for e in entries], pa.large_string()),
                        sizes=_frozen(np.fromiter((e.size for e in entries), dtype=np.int64, count=len(entries))),
                        formats=[file_format.name], format_index=np.zeros(len(entries), dtype=np.int8),
-                       schemas=list(read.schemas), schema_index=read.schema_index,
+                       schemas=list(read.schemas), schema_index=_frozen(read.schema_index),
                        unit_offsets=offsets, unit_rows=rows, unit_bytes=sizes, kept_offsets=offsets,
                        kept_units=_frozen(np.arange(len(rows), dtype=np.int64) - np.repeat(offsets[:-1], per_file)),
                        handles=dict(read.handles) if keep_handles else {}, extras={})
 
 
-def _frozen(values: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+def _frozen(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """``values``, read-only (as ``FooterTable.build`` leaves its columns)."""
     values.flags.writeable = False
     return values
 
