@@ -19,7 +19,7 @@ from test_types import C_FORMATS, COLUMNS, _writable, with_c_formats
 import arrowstream._planning as planning
 from arrowstream._discovery import discover_files
 from arrowstream._footers import FooterTable, files_fingerprint
-from arrowstream._formats import get_format
+from arrowstream._formats import FileFooter, get_format, parquet
 from arrowstream._formats.parquet import serialized_metadata
 
 PARQUET = get_format("parquet")
@@ -239,3 +239,32 @@ def test_damaged_files_end_as_the_careful_way_ends_them(tmp_path, monkeypatch):
             assert all(a.equals(b, check_metadata=True) for a, b in zip(short[1], careful[1], strict=True)), what
         victim.write_bytes(original)
     assert errors > len(cases) // 2
+
+
+def test_the_short_way_makes_no_footer_object_per_file_and_one_schema_per_kind(tmp_path, monkeypatch):
+    """150 files of two schemas: a ``FileFooter`` for the lead file alone, a fragment (the Arrow schema read
+    the careful way) for the first file of each schema in a run of files alone; the rest is columns."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    kinds = [pa.table({"id": pa.array([1, 2, 3], pa.int64())}), pa.table({"id": pa.array([1, 2], pa.int32())})]
+    for index in range(150):
+        pq.write_table(kinds[index % 7 == 3], folder / f"part-{index:03d}.parquet")
+    footers, fragments = [], []
+    made = FileFooter.__init__
+    monkeypatch.setattr(FileFooter, "__init__", lambda self, *a, **k: (footers.append(1), made(self, *a, **k))[1])
+    original = parquet._FRAGMENTS
+
+    class Counted:
+        def make_fragment(self, *args, **kwargs):
+            fragments.append(1)
+            return original.make_fragment(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(original, name)
+
+    monkeypatch.setattr(parquet, "_FRAGMENTS", Counted())
+    table = _read(folder, False, monkeypatch)
+    assert len(table) == 150 and len(table.schemas) == 2
+    assert len(footers) == 1   # the lead's (read_footer); none for the others
+    runs = -(-150 // planning._FILES_PER_CHUNK)   # each run of files (a task) knows its own schemas
+    assert runs == 3 and len(fragments) == 1 + 2 * runs   # the lead's (inspect), then one per schema and run
