@@ -111,20 +111,22 @@ def _parsed(tail: bytes) -> pq.FileMetaData:
     return reader.metadata
 
 
-def _schema_of(metadata: pq.FileMetaData, kinds: list[tuple[Any, dict[bytes, bytes] | None, str, int]],
+def _schema_of(metadata: pq.FileMetaData, kinds: list[tuple[Any, dict[bytes, bytes] | None, tuple[str, str], int]],
                schemas: list[pa.Schema], path: str) -> int | None:
     """The index in ``schemas`` of the Arrow schema of a file of this footer. The Arrow schema follows from
     the Parquet schema and the key-value metadata (``ARROW:schema`` and the rest) alone: files equal in
-    these (and in the writer, for safety) share the one made for the first of them, which is read the way
-    :meth:`ParquetFormat.inspect` reads it (a fragment's ``physical_schema``). None when that read finds
-    another footer than the one given (the file changed in between)."""
-    parquet_schema, key_values, writer = metadata.schema, metadata.metadata, metadata.created_by
+    these (and in the writer and format version, for safety) share the one made for the first of them,
+    which is read the way :meth:`ParquetFormat.inspect` reads it (a fragment's ``physical_schema``). None
+    when that read finds another footer than the one given (the file changed in between)."""
+    parquet_schema, key_values = metadata.schema, metadata.metadata
+    writer = (metadata.created_by, metadata.format_version)
     for known_schema, known_values, known_writer, index in reversed(kinds):
         if known_writer == writer and known_values == key_values and known_schema.equals(parquet_schema):
             return int(index)
     fragment = _FRAGMENTS.make_fragment(path, filesystem=_LOCAL_FS)
     read = fragment.metadata
-    if read.metadata != key_values or read.created_by != writer or not read.schema.equals(parquet_schema):
+    if (read.metadata != key_values or (read.created_by, read.format_version) != writer
+            or not read.schema.equals(parquet_schema)):
         return None
     index = _shared(schemas, fragment.physical_schema)
     kinds.append((parquet_schema, key_values, writer, index))
@@ -219,7 +221,7 @@ class ParquetFormat(MetadataFormat):
         statuses: list[os.stat_result] = []
         rows, sizes, offsets, announced, schema_index = array("q"), array("q"), array("q", [0]), array("q"), array("i")
         schemas: list[pa.Schema] = []
-        kinds: list[tuple[Any, dict[bytes, bytes] | None, str, int]] = []   # Parquet schema, key-values, writer: schema
+        kinds: list[tuple[Any, dict[bytes, bytes] | None, tuple[str, str], int]] = []   # what makes a schema: its index
         kept: dict[int, Any] = {}
         for index, path in enumerate(paths):
             read = _local_footer(path)
