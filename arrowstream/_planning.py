@@ -8,19 +8,20 @@ which cuts them into splits. Everything after the footers is pure and cheap to r
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ._cutting import REFINERS, _base_splits, refine_splits  # noqa: F401 (refine_splits: also importable from here)
 from ._discovery import FileEntry
 from ._failures import wrap_read_error
-from ._footers import FooterTable, as_table, files_fingerprint, handle_budget
+from ._footers import FooterTable, _shared_schema, as_table, files_fingerprint, handle_budget
 from ._formats import FileFooter, FileFormat, check_counts
 from ._formats._base import MetadataFormat
 from ._hashing import fingerprint  # noqa: F401 (also importable from here, its old home)
@@ -217,14 +218,15 @@ def read_footers(storage: Storage, entries: Sequence[FileEntry], file_format: Fi
         footer = read_footer(storage, file_format, entry, filter, filter_columns)
         return footer if keep_handles or footer.handle is None else footer.without_handle()
 
-    def read_short(chunk: Sequence[FileEntry]) -> list[FileFooter] | None:
-        return _read_local(file_format, chunk, keep_handles)
+    def read_short(run: Sequence[FileEntry]) -> FooterTable | None:
+        return _read_local(file_format, run, keep_handles)
 
     short = storage.is_local and filter is None and isinstance(file_format, MetadataFormat)
     # local reads are CPU: chunks of files per task; remote ones wait on the network: one file per task
     per_task = _FILES_PER_CHUNK if storage.is_local else 1
-    footers = FooterTable.build(_read_all(read, entries, lead, first, _planning_threads(storage, len(entries)),
-                                          per_task, read_short if short else None))
+    parts = _read_parts(read, entries, lead, first, _planning_threads(storage, len(entries)), per_task,
+                        read_short if short else None)
+    footers = _joined(part if isinstance(part, FooterTable) else FooterTable.build(part) for part in parts)
     if not isinstance(file_format, MetadataFormat):   # text formats: one schema for every file
         footers = FooterTable.build(file_format.reconcile(list(footers), storage.protocol))
     return footers
@@ -267,60 +269,114 @@ def _planning_threads(storage: Storage, num_files: int, cores: int | None = None
     return max(1, min(threads, num_files // _FILES_PER_CHUNK))
 
 
-def _read_local(file_format: FileFormat, entries: Sequence[FileEntry], keep_handles: bool) -> list[FileFooter] | None:
-    """The footers of local files without a filter, read the short way: one stat, one footer read and a few
-    comparisons per file, the UTF-8 check of names once per distinct schema. The checks are those of
-    :func:`read_footer` (the stat of ``open_input``, ``check_counts``, ``_check_names``, the rows the footer
-    announces); None at the first file that fails one or cannot be read: the caller reads the chunk file
-    by file, which retries what is transient and raises the error that names the file."""
-    if not isinstance(file_format, MetadataFormat):
+def _read_local(file_format: FileFormat, entries: Sequence[FileEntry], keep_handles: bool) -> FooterTable | None:
+    """The footers of local files without a filter, read the short way into the plan's columns (no
+    ``FileFooter`` per file): one open, fstat and footer read per file, the UTF-8 check of names once per
+    distinct schema. The checks are those of :func:`read_footer` (the size and version ``open_input``
+    checks, ``check_counts``, ``_check_names``, the rows the footer announces), made on the columns; None
+    when a file fails one or cannot be read: the caller reads the files one by one, which retries what is
+    transient and raises the error that names the file."""
+    if not isinstance(file_format, MetadataFormat) or not entries:
         return None
-    footers = []
-    known: pa.Schema | None = None   # the last schema whose names were checked
     try:
-        for entry in entries:   # each file as it was listed: what open_input checks before it reads
-            status = os.stat(entry.path)
+        read = file_format.read_local([entry.path for entry in entries], handles=keep_handles)
+        if read is None or len(read) != len(entries):
+            return None
+        for entry, status in zip(entries, read.statuses, strict=True):   # each file as it was listed
             if status.st_size != entry.size or (entry.version and local_version(status) != entry.version):
                 return None
-        reads = file_format.read_local([entry.path for entry in entries], handles=keep_handles)
-        if reads is None:
+        offsets, rows, sizes = (_frozen(a) for a in (read.unit_offsets, read.unit_rows, read.unit_bytes))
+        sums = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])
+        if ((rows < 0).any() or (sizes < 0).any() or len(rows) != len(sizes)   # what check_counts refuses
+                or not np.array_equal(sums[offsets[1:]] - sums[offsets[:-1]], read.num_rows)):
             return None
-        for entry, read in zip(entries, reads, strict=True):
-            if sum(read.unit_rows) != read.num_rows:
-                return None
-            schema = read.schema
-            if known is not None and schema.equals(known, check_metadata=True):
-                schema = known   # equal names need no second check; the same object is one schema of the table
-            else:
-                _check_names(schema, entry.path, file_format.label)
-                known = schema
-            footer = FileFooter(entry, file_format.name, schema, read.unit_rows, read.unit_bytes,
-                                tuple(range(len(read.unit_rows))), read.handle if keep_handles else None)
-            check_counts(footer, entry.path, file_format.label, file_format.unit)   # raises: read carefully
-            footers.append(footer)
+        for schema in read.schemas:
+            _check_names(schema, entries[0].path, file_format.label)   # raises: read carefully
     except Exception:  # noqa: BLE001 (the careful read raises it again, classified and naming the file)
         return None
-    return footers
+    per_file = np.diff(offsets)
+    return FooterTable(paths=pa.array([e.path for e in entries], pa.large_string()),
+                       names=pa.array([e.name for e in entries], pa.large_string()),
+                       tags=pa.array([e.tag for e in entries], pa.large_string()),
+                       versions=pa.array([e.version for e in entries], pa.large_string()),
+                       sizes=_frozen(np.fromiter((e.size for e in entries), dtype=np.int64, count=len(entries))),
+                       formats=[file_format.name], format_index=np.zeros(len(entries), dtype=np.int8),
+                       schemas=list(read.schemas), schema_index=_frozen(read.schema_index),
+                       unit_offsets=offsets, unit_rows=rows, unit_bytes=sizes, kept_offsets=offsets,
+                       kept_units=_frozen(np.arange(len(rows), dtype=np.int64) - np.repeat(offsets[:-1], per_file)),
+                       handles=dict(read.handles) if keep_handles else {}, extras={})
+
+
+def _frozen(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """``values``, read-only (as ``FooterTable.build`` leaves its columns)."""
+    values.flags.writeable = False
+    return values
+
+
+def _joined(parts: Iterable[FooterTable]) -> FooterTable:
+    """One table of the files of ``parts``, in order, as :meth:`FooterTable.build` of all their footers
+    makes it: formats and schemas listed in the order files first have them, equal schemas one."""
+    tables = list(parts)
+    if len(tables) == 1:
+        return tables[0]
+    formats: list[str] = []
+    schemas: list[pa.Schema] = []
+    format_index, schema_index, handles, extras = [], [], {}, {}
+    unit_offsets, kept_offsets = [np.zeros(1, np.int64)], [np.zeros(1, np.int64)]
+    files = units = kept = 0
+    for table in tables:
+        for name in table.formats:
+            if name not in formats:
+                formats.append(name)
+        format_index.append(np.array([formats.index(n) for n in table.formats], np.int8)[table.format_index])
+        schema_index.append(np.array([_shared_schema(schemas, s) for s in table.schemas], np.int32)[table.schema_index])
+        unit_offsets.append(table.unit_offsets[1:] + units)
+        kept_offsets.append(table.kept_offsets[1:] + kept)
+        handles.update({files + i: handle for i, handle in table.handles.items()})
+        extras.update({files + i: extra for i, extra in table.extras.items()})
+        files, units, kept = files + len(table), units + table.num_units, kept + len(table.kept_units)
+
+    def joined(name: str) -> pa.Array:
+        return pa.concat_arrays([getattr(t, name) for t in tables])
+
+    def stacked(arrays: Sequence[npt.NDArray[Any]], dtype: type[Any] = np.int64) -> Any:
+        return _frozen(np.concatenate(arrays).astype(dtype, copy=False))
+
+    return FooterTable(paths=joined("paths"), names=joined("names"), tags=joined("tags"), versions=joined("versions"),
+                       sizes=stacked([t.sizes for t in tables]), formats=formats,
+                       format_index=stacked(format_index, np.int8), schemas=schemas,
+                       schema_index=stacked(schema_index, np.int32), unit_offsets=stacked(unit_offsets),
+                       unit_rows=stacked([t.unit_rows for t in tables]),
+                       unit_bytes=stacked([t.unit_bytes for t in tables]), kept_offsets=stacked(kept_offsets),
+                       kept_units=stacked([t.kept_units for t in tables]), handles=handles, extras=extras)
 
 
 def _read_all(read: Callable[[FileEntry], FileFooter], entries: Sequence[FileEntry], lead: int, first: FileFooter,
               threads: int, per_task: int = _FILES_PER_CHUNK,
-              read_short: Callable[[Sequence[FileEntry]], list[FileFooter] | None] | None = None) -> Iterator[FileFooter]:
-    """Every file's footer in file order (``first`` is the lead's, already read), read by ``threads`` threads
-    in chunks of at least ``per_task`` consecutive files: for local files one task per chunk, not per file,
-    keeps the pool's own cost small; a remote read waits on the network, so there each file is a task.
-    ``read_short`` reads a chunk the short way where it can (None: that chunk is read file by file)."""
-    def chunk(start: int, stop: int) -> list[FileFooter]:
-        if read_short is not None:
-            if not start <= lead < stop:
-                footers = read_short(entries[start:stop])
-            else:   # the lead's footer is read already
-                footers = read_short([*entries[start:lead], *entries[lead + 1:stop]])
-                if footers is not None:
-                    footers.insert(lead - start, first)
-            if footers is not None:
-                return footers
-        return [first if i == lead else read(entries[i]) for i in range(start, stop)]
+              read_short: Callable[[Sequence[FileEntry]], Sequence[FileFooter] | None] | None = None
+              ) -> Iterator[FileFooter]:
+    """Every file's footer in file order: the footers of :func:`_read_parts`, one after another."""
+    for part in _read_parts(read, entries, lead, first, threads, per_task, read_short):
+        yield from part
+
+
+def _read_parts(read: Callable[[FileEntry], FileFooter], entries: Sequence[FileEntry], lead: int, first: FileFooter,
+                threads: int, per_task: int = _FILES_PER_CHUNK,
+                read_short: Callable[[Sequence[FileEntry]], Sequence[FileFooter] | None] | None = None
+                ) -> Iterator[Sequence[FileFooter]]:
+    """Every file's footer in file order, as runs of consecutive files (``first`` is the lead's, already
+    read), read by ``threads`` threads in chunks of at least ``per_task`` consecutive files: for local files
+    one task per chunk, not per file, keeps the pool's own cost small; a remote read waits on the network,
+    so there each file is a task. ``read_short`` reads a run the short way where it can (a table, or None:
+    that run is read file by file)."""
+    def run(start: int, stop: int) -> Sequence[FileFooter]:   # files start:stop, the lead not among them
+        footers = read_short(entries[start:stop]) if read_short is not None and start < stop else None
+        return footers if footers is not None else [read(entries[i]) for i in range(start, stop)]
+
+    def chunk(start: int, stop: int) -> list[Sequence[FileFooter]]:
+        if not start <= lead < stop:
+            return [run(start, stop)]
+        return [run(start, lead), [first], run(lead + 1, stop)]   # the lead's footer is read already
 
     size = max(per_task, -(-len(entries) // (threads * 8))) if per_task > 1 else 1
     bounds = [(start, min(start + size, len(entries))) for start in range(0, len(entries), size)]
@@ -329,8 +385,8 @@ def _read_all(read: Callable[[FileEntry], FileFooter], entries: Sequence[FileEnt
             yield from chunk(start, stop)
         return
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        for footers in pool.map(lambda b: chunk(*b), bounds):
-            yield from footers
+        for parts in pool.map(lambda b: chunk(*b), bounds):
+            yield from parts
 
 
 def build_plan(protocol: str, footers: Sequence[FileFooter] | FooterTable, schema: pa.Schema,

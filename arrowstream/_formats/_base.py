@@ -8,10 +8,13 @@ filters, shuffles, resume) is format-free and lives above this contract.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -133,23 +136,32 @@ class MetadataFormat:
     def reconcile(self, footers: list[FileFooter], protocol: str) -> list[FileFooter]:
         return footers
 
-    def read_local(self, paths: Sequence[str], handles: bool = True) -> list[LocalFooter] | None:
+    def read_local(self, paths: Sequence[str], handles: bool = True) -> LocalFooters | None:
         """The footers of local files, in order, read the short way (no filter, no retries, no wrapping:
         planning checks what it returns and reads the files the careful way on any doubt); with their
-        handles when ``handles`` (else None: the plan keeps none); None: the format has no short way."""
+        handles when ``handles`` (else none: the plan keeps none); None: the format has no short way, or
+        some file is not one it reads the short way."""
         return None
 
 
 @dataclass(frozen=True)
-class LocalFooter:
-    """What :meth:`MetadataFormat.read_local` read: the schema, each unit's rows and bytes, the rows the
-    file announces in all, and the format's handle."""
+class LocalFooters:
+    """What :meth:`MetadataFormat.read_local` read of a run of local files, as columns (no object per
+    file or unit): each file's status when it was read, its schema (an index into ``schemas``, equal
+    schemas one object), its units' rows and bytes (file ``i``'s are ``unit_offsets[i]:unit_offsets[i + 1]``),
+    the rows it announces in all, and the handles kept, by file index."""
 
-    schema: pa.Schema
-    unit_rows: tuple[int, ...]
-    unit_bytes: tuple[int, ...]
-    num_rows: int
-    handle: Any
+    statuses: list[os.stat_result]
+    schemas: list[pa.Schema]
+    schema_index: npt.NDArray[np.int32]
+    unit_offsets: npt.NDArray[np.int64]
+    unit_rows: npt.NDArray[np.int64]
+    unit_bytes: npt.NDArray[np.int64]
+    num_rows: npt.NDArray[np.int64]
+    handles: dict[int, Any]
+
+    def __len__(self) -> int:
+        return len(self.statuses)
 
 
 def name_units(unit: str, units: Sequence[int]) -> str:

@@ -6,11 +6,16 @@ Encrypted files (Parquet modular encryption) are refused by name: with an encryp
 
 from __future__ import annotations
 
+import os
 import struct
+from array import array
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
+import pyarrow._parquet as _pq
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
@@ -19,12 +24,11 @@ import pyarrow.parquet as pq
 from .._discovery import FileEntry
 from .._storage import Storage, display_url
 from ..errors import CorruptFileError
-from ._base import FileFooter, LocalFooter, MetadataFormat
+from ._base import FileFooter, LocalFooters, MetadataFormat
 
 _ENCRYPTION_MARKERS = ("encrypted", "decrypt")
 _FRAGMENTS = ds.ParquetFileFormat()   # one for every footer read: making one per file costs as much as a read
 _LOCAL_FS = pafs.LocalFileSystem()
-_NO_COLUMNS = pa.schema([])   # the schema a dataset of fragments asks for: each fragment keeps its own
 
 
 def _encrypted(exc: BaseException, url: str) -> CorruptFileError | None:
@@ -44,14 +48,6 @@ def plain_footer(tail: bytes, metadata: pq.FileMetaData) -> bool:
     (serialized for the plan cache, their byte ranges asked for read-ahead), so planning keeps no handle
     of it: a worker reads the footer itself, and an encrypted column raises a named error there."""
     return len(tail) == 8 and tail[4:] == b"PAR1" and struct.unpack("<I", tail[:4])[0] == metadata.serialized_size
-
-
-def _tail(path: str) -> bytes:
-    """The last 8 bytes of a local file."""
-    with open(path, "rb") as file:
-        file.seek(0, 2)
-        file.seek(max(file.tell() - 8, 0))
-        return file.read(8)
 
 
 def serialized_metadata(metadata: pq.FileMetaData) -> bytes:
@@ -74,6 +70,80 @@ def parsed_metadata(data: bytes, unit_rows: Sequence[int], unit_bytes: Sequence[
             or tuple(g.total_byte_size for g in groups) != tuple(unit_bytes)):
         raise ValueError(f"a Parquet footer of {len(groups)} row groups that are not the file's {len(unit_rows)} units")
     return metadata
+
+
+_TAIL_BYTES = 64 << 10   # read from a file's end at once: the footer of most files and its last 8 bytes
+
+
+def _local_footer(path: str) -> tuple[os.stat_result, bytes, int] | None:
+    """A local file's status, its last bytes and its footer's length (the footer is the Thrift before the
+    last 8 bytes), in one pread (two for a footer larger than :data:`_TAIL_BYTES`); None where the file
+    does not end as a plain Parquet file does (``PAR1``; an encrypted footer ends ``PARE``) or its footer's
+    length does not fit the file: the careful read then names the file, or reads what it can."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        status = os.fstat(fd)
+        size = status.st_size
+        if size < 12:   # PAR1, a footer length, PAR1
+            return None
+        tail = os.pread(fd, min(size, _TAIL_BYTES), size - min(size, _TAIL_BYTES))
+        if len(tail) < 8 or tail[-4:] != b"PAR1":
+            return None
+        length = int.from_bytes(tail[-8:-4], "little")
+        if length + 12 > size:
+            return None
+        if length + 8 > len(tail):
+            tail = os.pread(fd, length + 8, size - length - 8)
+            if len(tail) != length + 8:
+                return None
+    finally:
+        os.close(fd)
+    return status, tail, length
+
+
+def _parsed(tail: bytes) -> pq.FileMetaData:
+    """The footer at the end of ``tail``, parsed by pyarrow's reader as it parses a file's (its checks of
+    the footer's length included; an error it raises is an exception). Not ``_reconstruct_filemetadata``
+    (pickle's way, ~15 µs a file less): that lets the C++ exception of a footer that does not parse
+    through, which aborts the whole process (found by a flipped byte in a footer)."""
+    reader = _pq.ParquetReader()
+    reader.open(pa.BufferReader(tail), pre_buffer=False)
+    return reader.metadata
+
+
+def _schema_of(metadata: pq.FileMetaData, kinds: list[tuple[Any, dict[bytes, bytes] | None, tuple[str, str], int]],
+               schemas: list[pa.Schema], path: str) -> int | None:
+    """The index in ``schemas`` of the Arrow schema of a file of this footer. The Arrow schema follows from
+    the Parquet schema and the key-value metadata (``ARROW:schema`` and the rest) alone: files equal in
+    these (and in the writer and format version, for safety) share the one made for the first of them,
+    which is read the way :meth:`ParquetFormat.inspect` reads it (a fragment's ``physical_schema``). None
+    when that read finds another footer than the one given (the file changed in between)."""
+    parquet_schema, key_values = metadata.schema, metadata.metadata
+    writer = (metadata.created_by, metadata.format_version)
+    for known_schema, known_values, known_writer, index in reversed(kinds):
+        if known_writer == writer and known_values == key_values and known_schema.equals(parquet_schema):
+            return int(index)
+    fragment = _FRAGMENTS.make_fragment(path, filesystem=_LOCAL_FS)
+    read = fragment.metadata
+    if (read.metadata != key_values or (read.created_by, read.format_version) != writer
+            or not read.schema.equals(parquet_schema)):
+        return None
+    index = _shared(schemas, fragment.physical_schema)
+    kinds.append((parquet_schema, key_values, writer, index))
+    return index
+
+
+def _shared(schemas: list[pa.Schema], schema: pa.Schema) -> int:
+    """The index of ``schema`` in ``schemas``, appended when no equal one (metadata included) is there."""
+    for index, known in enumerate(schemas):
+        if known.equals(schema, check_metadata=True):
+            return index
+    schemas.append(schema)
+    return len(schemas) - 1
+
+
+def _int64(values: array[int]) -> npt.NDArray[np.int64]:
+    return np.frombuffer(values, dtype=np.int64) if len(values) else np.zeros(0, dtype=np.int64)
 
 
 class ParquetFile:
@@ -139,23 +209,43 @@ class ParquetFormat(MetadataFormat):
             kept = tuple(f.row_groups[0].id for f in fragment.split_by_row_group(filter, schema=schema))
         return FileFooter(entry, self.name, schema, rows, sizes, kept, metadata)
 
-    def read_local(self, paths: Sequence[str], handles: bool = True) -> list[LocalFooter]:
-        """The footers of local files as pyarrow.dataset reads them: fragments of one dataset of the paths on
-        pyarrow's local filesystem, made in C++ (no Python file object, ~8 µs a file less than one
-        ``make_fragment`` each). A handle is kept only of a footer that is its metadata alone (one pread of
-        the file's last 8 bytes: see :func:`plain_footer`)."""
-        dataset = ds.FileSystemDataset.from_paths(list(paths), schema=_NO_COLUMNS, format=_FRAGMENTS,
-                                                  filesystem=_LOCAL_FS)
-        footers = []
-        for path, fragment in zip(paths, dataset.get_fragments(), strict=True):
-            if fragment.path != path:
-                raise ValueError(f"pyarrow listed {fragment.path!r} for {path!r}")
-            metadata = fragment.metadata
-            groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
-            handle = metadata if handles and plain_footer(_tail(path), metadata) else None
-            footers.append(LocalFooter(fragment.physical_schema, tuple(group.num_rows for group in groups),
-                                       tuple(group.total_byte_size for group in groups), metadata.num_rows, handle))
-        return footers
+    def read_local(self, paths: Sequence[str], handles: bool = True) -> LocalFooters | None:
+        """The footers of local files the short way: one pread of a file's tail, its Thrift footer parsed
+        into ``FileMetaData`` by a reader of those bytes (no fragment, no file object), its row groups'
+        rows and bytes read into columns. The Arrow schema is the ``physical_schema`` of a fragment (as
+        :meth:`inspect` reads it), made once per distinct Parquet schema and key-value metadata from the
+        first file that has them and shared by the files that have the same. None at the first file that
+        is not a plain Parquet file (no ``PAR1`` at its end, a footer that does not fit it or does not
+        parse, a signed plaintext footer, see :func:`plain_footer`: such a file keeps no handle): the
+        careful read then names what is wrong, or reads what it can."""
+        statuses: list[os.stat_result] = []
+        rows, sizes, offsets, announced, schema_index = array("q"), array("q"), array("q", [0]), array("q"), array("i")
+        schemas: list[pa.Schema] = []
+        kinds: list[tuple[Any, dict[bytes, bytes] | None, tuple[str, str], int]] = []   # what makes a schema: its index
+        kept: dict[int, Any] = {}
+        for index, path in enumerate(paths):
+            read = _local_footer(path)
+            if read is None:
+                return None
+            status, tail, length = read
+            metadata = _parsed(tail)
+            if metadata.serialized_size != length:   # signed (encrypted columns), or bytes past the Thrift
+                return None
+            known = _schema_of(metadata, kinds, schemas, path)
+            if known is None:
+                return None
+            for group in map(metadata.row_group, range(metadata.num_row_groups)):
+                rows.append(group.num_rows)
+                sizes.append(group.total_byte_size)
+            offsets.append(len(rows))
+            announced.append(metadata.num_rows)
+            schema_index.append(known)
+            statuses.append(status)
+            if handles:
+                kept[index] = metadata
+        return LocalFooters(statuses, schemas, np.frombuffer(schema_index, dtype=np.int32) if schema_index
+                            else np.zeros(0, np.int32), _int64(offsets), _int64(rows), _int64(sizes),
+                            _int64(announced), kept)
 
     def open(self, storage: Storage, footer: FileFooter) -> ParquetFile:
         return ParquetFile(storage, footer)
