@@ -175,12 +175,19 @@ def plan_files(storage: Storage, entries: Sequence[FileEntry], file_format: File
                cache: PlanCache | None = None) -> Plan:
     """Read every file's metadata once (concurrently; from ``cache`` when it holds this listing's) and
     build the plan of the dataset."""
-    footers: Sequence[FileFooter] | None = cache.load(entries) if cache is not None else None
-    if footers is None:
-        footers = read_footers(storage, entries, file_format, columns=columns, filter=filter)
-        if cache is not None:
-            cache.store(entries, footers)
-    return plan_footers(storage.protocol, footers, columns=columns, filter=filter, split_bytes=split_bytes)
+    footers = cache.load(entries) if cache is not None else None
+    if footers is not None or cache is None:
+        footers = footers if footers is not None else read_footers(storage, entries, file_format, columns=columns,
+                                                                   filter=filter)
+        return plan_footers(storage.protocol, footers, columns=columns, filter=filter, split_bytes=split_bytes)
+    footers = read_footers(storage, entries, file_format, columns=columns, filter=filter)
+    try:
+        plan = plan_footers(storage.protocol, footers, columns=columns, filter=filter, split_bytes=split_bytes)
+    except ArrowStreamError:   # the footers are sound: a start with other columns or filter plans from them
+        cache.store(entries, footers)
+        raise
+    cache.store(entries, plan.files)   # after planning, so that the entry keeps the data fingerprint too
+    return plan
 
 
 def _check_columns(columns: list[str] | None, schema: pa.Schema, url: str) -> None:
