@@ -15,15 +15,22 @@ splits get their read-ahead (byte ranges of column chunks) after a warm restart 
 safe as the rest of the entry: remote reads are pinned to the listed version, local files are
 checked by size and modification tag, and readers count every unit's rows.
 
-An entry is one file: a magic line, a JSON header (format version, the key material, the schemas),
-an Arrow IPC stream of one row per file (units, byte ranges, text layouts), and a SHA-256 of header
-and payload. It holds no pickle (a cache folder may be shared, and unpickling runs code) and no
+An entry is one file: a magic line, a JSON header (format version, the key material, the schemas,
+the data fingerprints planning computed of the files), an Arrow IPC stream of one row per file (units,
+byte ranges, text layouts), and a SHA-256 of header and payload. It is written and read column by
+column from and into the plan's ``FooterTable``, file by file only where a file keeps a handle or a
+text layout. It holds no pickle (a cache folder may be shared, and unpickling runs code) and no
 credentials (storage options are not part of it). Writes go to a temporary
 file in the folder, then ``os.replace``: readers see a whole entry or none, and processes that start
 together each write a whole one. An entry that does not verify (damaged, cut short, of another
 version, of another listing) is logged and rebuilt, never trusted; a folder that cannot be written
 is logged once and planning goes on without the cache. The folder is bounded in bytes: an entry
 read is touched, the oldest are removed after a write.
+
+The trust boundary: the SHA-256 catches damage, not intent. An entry that verifies and whose key and
+listing are the dataset's is taken as a whole, its data fingerprint included: wrong counts are caught
+when readers count rows, a changed fingerprint is not (checking it means computing it, which is what
+keeping it saves). A cache folder is as trusted as the checkpoints it plans resumes for.
 """
 
 from __future__ import annotations
