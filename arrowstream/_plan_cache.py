@@ -183,8 +183,7 @@ class PlanCache:
     # -- reading ---------------------------------------------------------------------------------
     def load(self, entries: Sequence[FileEntry]) -> FooterTable | None:
         """The cached footers of ``entries``; None (logged, to be rebuilt) when there are none to trust."""
-        listing = _listing(entries)
-        if _untagged(listing["tag"], listing["version"]):
+        if not all(map(_tagged, entries)):
             self.outcome = CacheOutcome(None, "off", "the listing gives no modification tag of some files")
             return None
         try:
@@ -198,6 +197,7 @@ class PlanCache:
             return None
         try:
             header, payload = _verified(data)
+            listing = _listing(entries)
             stale = _stale_key(header, self.material)
             table = _read_table(payload) if not stale else None
             stale = stale or _stale_listing(table, listing, entries)
@@ -293,9 +293,14 @@ def _listing(entries: Sequence[FileEntry]) -> dict[str, pa.Array]:
             "name": pa.array(list(map(attrgetter("name"), entries)), pa.string())}
 
 
+def _tagged(entry: FileEntry) -> bool:
+    """Whether the listing tells a rewrite of the file from the file it was (a modification tag or a
+    version): a listing where some file has neither could only be checked by names and sizes, and is not kept."""
+    return bool(entry.tag or entry.version)
+
+
 def _untagged(tags: pa.Array, versions: pa.Array) -> bool:
-    """Whether some file has neither a modification tag nor a version: such a listing does not tell a
-    rewritten file from the one it was, an entry could only be checked by names and sizes, and is not kept."""
+    """Whether some file has neither a modification tag nor a version (see :func:`_tagged`), as columns."""
     return bool(pc.any(pc.and_(pc.equal(pc.binary_length(tags), 0), pc.equal(pc.binary_length(versions), 0))).as_py())
 
 
