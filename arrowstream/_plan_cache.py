@@ -183,21 +183,24 @@ class PlanCache:
     # -- reading ---------------------------------------------------------------------------------
     def load(self, entries: Sequence[FileEntry]) -> FooterTable | None:
         """The cached footers of ``entries``; None (logged, to be rebuilt) when there are none to trust."""
-        if not all(map(_tagged, entries)):
-            self.outcome = CacheOutcome(None, "off", "the listing gives no modification tag of some files")
-            return None
+        untagged = CacheOutcome(None, "off", "the listing gives no modification tag of some files")
         try:
             with open(self.path, "rb") as f:
                 data = f.read()
-        except FileNotFoundError:
-            self.outcome = CacheOutcome(self.path, "built", "no entry yet")
-            return None
         except OSError as exc:
-            self._miss(f"it cannot be read ({exc})")
+            if not all(map(_tagged, entries)):
+                self.outcome = untagged
+            elif isinstance(exc, FileNotFoundError):
+                self.outcome = CacheOutcome(self.path, "built", "no entry yet")
+            else:
+                self._miss(f"it cannot be read ({exc})")
+            return None
+        listing = _listing(entries)
+        if _untagged(listing["tag"], listing["version"]):   # as columns: the listing is built to be checked
+            self.outcome = untagged
             return None
         try:
             header, payload = _verified(data)
-            listing = _listing(entries)
             stale = _stale_key(header, self.material)
             table = _read_table(payload) if not stale else None
             stale = stale or _stale_listing(table, listing, entries)

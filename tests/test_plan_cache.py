@@ -495,6 +495,20 @@ def test_a_listing_without_modification_tags_is_not_cached(tmp_path, monkeypatch
     assert cache_files(os.environ["ARROWSTREAM_CACHE_DIR"]) == []
 
 
+def test_an_entry_is_not_used_by_a_listing_without_modification_tags(tmp_path, monkeypatch, inspections):
+    """An entry written from a tagged listing is not used once the listing gives no tags (a rewrite could
+    not be told apart): the footers are read, the entry left as it is."""
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    StructuredDataset(path, batch_size=64)
+    written = the_entry().read_bytes()
+    monkeypatch.setattr("arrowstream._discovery._modification_tag", lambda info: "")
+    monkeypatch.setattr("arrowstream._discovery.version_of", lambda protocol, info: "")
+    inspections.clear()
+    dataset = StructuredDataset(path, batch_size=64)
+    assert dataset._source.cache_outcome.action == "off" and inspections["parquet"] == len(LAYOUT)
+    assert the_entry().read_bytes() == written
+
+
 def test_where_the_cache_lives(tmp_path, monkeypatch):
     path = write_dataset(tmp_path / "data", LAYOUT)
     StructuredDataset(path, batch_size=64, plan_cache=tmp_path / "mine")   # a folder given (os.PathLike)
