@@ -50,7 +50,8 @@ class FooterTable(Sequence[FileFooter]):
 
     ``unit_offsets[i]:unit_offsets[i + 1]`` are file ``i``'s units in ``unit_rows`` and ``unit_bytes``,
     ``kept_offsets`` the same for ``kept_units``. Handles and format extras (Iceberg deletes, text row
-    layouts) are kept by file index where there are any.
+    layouts) are kept by file index where there are any. ``known_fingerprints`` holds the data fingerprints
+    of the files computed so far (:func:`files_fingerprint`), by identity.
 
     Example:
         >>> import pyarrow as pa
@@ -66,12 +67,16 @@ class FooterTable(Sequence[FileFooter]):
                  schemas: list[pa.Schema], schema_index: npt.NDArray[np.int32],
                  unit_offsets: npt.NDArray[np.int64], unit_rows: npt.NDArray[np.int64],
                  unit_bytes: npt.NDArray[np.int64], kept_offsets: npt.NDArray[np.int64],
-                 kept_units: npt.NDArray[np.int64], handles: dict[int, Any], extras: dict[int, Any]) -> None:
+                 kept_units: npt.NDArray[np.int64], handles: dict[int, Any], extras: dict[int, Any],
+                 known_fingerprints: dict[str, str] | None = None) -> None:
         self.paths, self.names, self.tags, self.versions, self.sizes = paths, names, tags, versions, sizes
         self.formats, self.format_index, self.schemas, self.schema_index = formats, format_index, schemas, schema_index
         self.unit_offsets, self.unit_rows, self.unit_bytes = unit_offsets, unit_rows, unit_bytes
         self.kept_offsets, self.kept_units = kept_offsets, kept_units
         self.handles, self.extras = handles, extras
+        # data fingerprints of these files, by the JSON of the identity they were computed with: computed
+        # once per table, and kept in the plan cache's entry so that a warm restart computes none
+        self.known_fingerprints: dict[str, str] = dict(known_fingerprints or {})
         self._last: tuple[int, FileFooter] | None = None   # readers ask for one file many times in a row
 
     @classmethod
@@ -192,7 +197,15 @@ def _shared_schema(schemas: list[pa.Schema], schema: pa.Schema) -> int:
 def files_fingerprint(table: FooterTable, identity: dict[str, Any]) -> str:
     """The data fingerprint of a plan's files: the same digest as
     ``fingerprint({"files": [[name, size, tag, list(unit_rows)] ...], **identity})`` (what checkpoints of
-    earlier releases hold), hashed a few thousand files at a time instead of as one JSON text of every unit."""
+    earlier releases hold), hashed a few thousand files at a time instead of as one JSON text of every unit.
+    Kept in ``table.known_fingerprints``: a table asked again, or loaded from the plan cache, computes none."""
+    known = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
+    if known not in table.known_fingerprints:
+        table.known_fingerprints[known] = _computed_fingerprint(table, identity)
+    return table.known_fingerprints[known]
+
+
+def _computed_fingerprint(table: FooterTable, identity: dict[str, Any]) -> str:
     marker = "\x00files of the plan\x00"
     head, _, tail = json.dumps({**identity, "files": marker}, sort_keys=True, separators=(",", ":"),
                                default=str).partition(json.dumps(marker))

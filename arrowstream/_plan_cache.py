@@ -15,15 +15,22 @@ splits get their read-ahead (byte ranges of column chunks) after a warm restart 
 safe as the rest of the entry: remote reads are pinned to the listed version, local files are
 checked by size and modification tag, and readers count every unit's rows.
 
-An entry is one file: a magic line, a JSON header (format version, the key material, the schemas),
-an Arrow IPC stream of one row per file (units, byte ranges, text layouts), and a SHA-256 of header
-and payload. It holds no pickle (a cache folder may be shared, and unpickling runs code) and no
+An entry is one file: a magic line, a JSON header (format version, the key material, the schemas,
+the data fingerprints planning computed of the files), an Arrow IPC stream of one row per file (units,
+byte ranges, text layouts), and a SHA-256 of header and payload. It is written and read column by
+column from and into the plan's ``FooterTable``, file by file only where a file keeps a handle or a
+text layout. It holds no pickle (a cache folder may be shared, and unpickling runs code) and no
 credentials (storage options are not part of it). Writes go to a temporary
 file in the folder, then ``os.replace``: readers see a whole entry or none, and processes that start
 together each write a whole one. An entry that does not verify (damaged, cut short, of another
 version, of another listing) is logged and rebuilt, never trusted; a folder that cannot be written
 is logged once and planning goes on without the cache. The folder is bounded in bytes: an entry
 read is touched, the oldest are removed after a write.
+
+The trust boundary: the SHA-256 catches damage, not intent. An entry that verifies and whose key and
+listing are the dataset's is taken as a whole, its data fingerprint included: wrong counts are caught
+when readers count rows, a changed fingerprint is not (checking it means computing it, which is what
+keeping it saves). A cache folder is as trusted as the checkpoints it plans resumes for.
 """
 
 from __future__ import annotations
@@ -40,14 +47,16 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Literal
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ._discovery import FileEntry
-from ._footers import handle_budget
-from ._formats import FileFooter, FileFormat, check_counts, unit_format
+from ._footers import FooterTable, handle_budget
+from ._formats import FileFormat, check_counts, unit_format
 from ._formats._footer_table import footer_columns, footer_table_of, footers_of, shaping_options, tabled
 from ._storage import display_url, is_local_protocol
 from .errors import ArgumentTypeError, InvalidArgumentError
@@ -172,27 +181,34 @@ class PlanCache:
         self.outcome = CacheOutcome(self.path, "built")
 
     # -- reading ---------------------------------------------------------------------------------
-    def load(self, entries: Sequence[FileEntry]) -> Sequence[FileFooter] | None:
+    def load(self, entries: Sequence[FileEntry]) -> FooterTable | None:
         """The cached footers of ``entries``; None (logged, to be rebuilt) when there are none to trust."""
-        if not _tagged(entries):
-            self.outcome = CacheOutcome(None, "off", "the listing gives no modification tag of some files")
-            return None
+        untagged = CacheOutcome(None, "off", "the listing gives no modification tag of some files")
         try:
             with open(self.path, "rb") as f:
                 data = f.read()
-        except FileNotFoundError:
-            self.outcome = CacheOutcome(self.path, "built", "no entry yet")
-            return None
         except OSError as exc:
-            self._miss(f"it cannot be read ({exc})")
+            if not all(map(_tagged, entries)):
+                self.outcome = untagged
+            elif isinstance(exc, FileNotFoundError):
+                self.outcome = CacheOutcome(self.path, "built", "no entry yet")
+            else:
+                self._miss(f"it cannot be read ({exc})")
+            return None
+        listing = _listing(entries)
+        if _untagged(listing["tag"], listing["version"]):   # as columns: the listing is built to be checked
+            self.outcome = untagged
             return None
         try:
             header, payload = _verified(data)
-            stale = _stale(header, payload, self.material, entries)
+            stale = _stale_key(header, self.material)
+            table = _read_table(payload) if not stale else None
+            stale = stale or _stale_listing(table, listing, entries)
             if stale:
                 self._miss(stale)
                 return None
-            footers = _footers(header, payload, entries, self.file_format)
+            assert table is not None
+            footers = _footers(header, table, listing, entries, self.file_format)
         except OtherVersionError as exc:   # written by another release: stale, not damaged
             self._miss(str(exc))
             return None
@@ -211,12 +227,13 @@ class PlanCache:
             self.path, reason)
 
     # -- writing ---------------------------------------------------------------------------------
-    def store(self, entries: Sequence[FileEntry], footers: Sequence[FileFooter]) -> None:
-        """Write the entry of ``footers`` (atomically); a folder that cannot take it is logged once."""
-        if not tabled(footers) or not _tagged(entries):
+    def store(self, entries: Sequence[FileEntry], footers: FooterTable) -> None:
+        """Write the entry of ``footers``, the footers of ``entries``, with the data fingerprints planning
+        computed of them (``footers.known_fingerprints``), atomically; a folder that cannot take it is logged once."""
+        if not tabled(footers) or _untagged(footers.tags, footers.versions):
             return   # footers the cache cannot write (none of the file formats'), or files it could not tell apart
         try:
-            data = encode(self.material, entries, footers)
+            data = encode(self.material, footers)
             os.makedirs(self.folder, exist_ok=True)
             descriptor, temporary = tempfile.mkstemp(dir=self.folder, prefix=_TEMP_PREFIX, suffix=_SUFFIX)
             try:
@@ -238,12 +255,6 @@ class PlanCache:
                                "(set plan_cache= or $%s to a writable folder, or plan_cache=False)",
                                self.folder, exc, CACHE_DIR_ENV)
             self.outcome = CacheOutcome(None, "off", f"cannot write: {exc}")
-
-
-def _tagged(entries: Sequence[FileEntry]) -> bool:
-    """Whether the listing tells a rewritten file from the one it was (a modification tag or a version for
-    every file): without, an entry could only be checked by names and sizes, and is not kept."""
-    return all(entry.tag or entry.version for entry in entries)
 
 
 def evict(folder: str, limit: int, keep: str | None = None) -> None:
@@ -277,17 +288,39 @@ def evict(folder: str, limit: int, keep: str | None = None) -> None:
 
 # -- the entry's bytes -------------------------------------------------------------------------------
 def _listing(entries: Sequence[FileEntry]) -> dict[str, pa.Array]:
-    return {"path": pa.array([e.path for e in entries], pa.string()),
-            "size": pa.array([e.size for e in entries], pa.int64()),
-            "tag": pa.array([e.tag for e in entries], pa.string()),
-            "version": pa.array([e.version for e in entries], pa.string())}
+    """The current listing as the entry's listing columns, and the files' names (not in the entry)."""
+    return {"path": pa.array(list(map(attrgetter("path"), entries)), pa.string()),
+            "size": pa.array(list(map(attrgetter("size"), entries)), pa.int64()),
+            "tag": pa.array(list(map(attrgetter("tag"), entries)), pa.string()),
+            "version": pa.array(list(map(attrgetter("version"), entries)), pa.string()),
+            "name": pa.array(list(map(attrgetter("name"), entries)), pa.string())}
 
 
-def encode(material: dict[str, Any], entries: Sequence[FileEntry], footers: Sequence[FileFooter]) -> bytes:
-    """The bytes of an entry: magic, header length, JSON header, Arrow IPC stream, SHA-256 of header and stream."""
+def _tagged(entry: FileEntry) -> bool:
+    """Whether the listing tells a rewrite of the file from the file it was (a modification tag or a
+    version): a listing where some file has neither could only be checked by names and sizes, and is not kept."""
+    return bool(entry.tag or entry.version)
+
+
+def _untagged(tags: pa.Array, versions: pa.Array) -> bool:
+    """Whether some file has neither a modification tag nor a version (see :func:`_tagged`), as columns."""
+    return bool(pc.any(pc.and_(pc.equal(pc.binary_length(tags), 0), pc.equal(pc.binary_length(versions), 0))).as_py())
+
+
+_LISTED = ("path", "size", "tag", "version")   # the listing columns of an entry
+
+
+def encode(material: dict[str, Any], footers: FooterTable) -> bytes:
+    """The bytes of an entry: magic, header length, JSON header, Arrow IPC stream, SHA-256 of header and stream.
+    Column by column from the table (no ``FileFooter`` per file); the header keeps the table's known data
+    fingerprints (identity JSON -> digest, see ``_footers.files_fingerprint``)."""
+    serialized = [s.serialize().to_pybytes() for s in footers.schemas]
     schemas: dict[bytes, int] = {}
-    schema_index = [schemas.setdefault(f.schema.serialize().to_pybytes(), len(schemas)) for f in footers]
-    table = pa.table({**_listing(entries), **footer_columns(footers, schema_index)})
+    renumbered = np.array([schemas.setdefault(s, len(schemas)) for s in serialized], dtype=np.int32)
+    schema_index = renumbered[footers.schema_index] if len(footers) else np.zeros(0, dtype=np.int32)
+    listing = {"path": footers.paths.cast(pa.string()), "size": pa.array(footers.sizes, pa.int64()),
+               "tag": footers.tags.cast(pa.string()), "version": footers.versions.cast(pa.string())}
+    table = pa.table({**listing, **footer_columns(footers, schema_index)})
     sink = pa.BufferOutputStream()
     compression = "zstd" if pa.Codec.is_available("zstd") else None   # paths and tags compress several-fold
     with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression=compression)) as writer:
@@ -295,9 +328,9 @@ def encode(material: dict[str, Any], entries: Sequence[FileEntry], footers: Sequ
     payload = bytes(sink.getvalue())
     header = json.dumps({
         "cache_version": CACHE_VERSION, "key": material, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "num_files": len(footers), "num_units": len(table.column("unit_rows").combine_chunks().values),
-        "num_rows": int(pc.sum(table.column("unit_rows").combine_chunks().values).as_py() or 0),
+        "num_files": len(footers), "num_units": footers.num_units, "num_rows": footers.num_rows,
         "schemas": [base64.b64encode(s).decode() for s in schemas],
+        "fingerprints": dict(footers.known_fingerprints),
     }, sort_keys=True).encode()
     body = _LENGTH.pack(len(header)) + header + payload
     return _MAGIC + body + hashlib.sha256(body).digest()
@@ -325,19 +358,26 @@ def read_header(path: str) -> dict[str, Any]:
     return header
 
 
-def _stale(header: dict[str, Any], payload: bytes, material: dict[str, Any], entries: Sequence[FileEntry]) -> str:
-    """Why the entry is not that of this dataset and listing ("" when it is)."""
+def _stale_key(header: dict[str, Any], material: dict[str, Any]) -> str:
+    """Why the entry is not that of this dataset's options ("" when it is)."""
     if header.get("key") != material:
         differing = sorted(k for k in set(material) | set(header.get("key", {}))
                            if header.get("key", {}).get(k) != material.get(k))
         return f"it was written for other options ({', '.join(differing)})"
-    cached = _read_table(payload)
-    current = _listing(entries)
+    return ""
+
+
+def _stale_listing(cached: pa.Table | None, current: dict[str, pa.Array], entries: Sequence[FileEntry]) -> str:
+    """Why the entry's listing is not the current one ("" when it is): column against column, Python
+    objects only to name the first file that differs."""
+    if cached is None:
+        return ""
     if cached.num_rows != len(entries):
         return f"the listing changed: {cached.num_rows} files cached, {len(entries)} now"
-    for name, column in current.items():
-        if not cached.column(name).combine_chunks().equals(column):
-            changed = next(i for i, (a, b) in enumerate(zip(cached.column(name).to_pylist(), column.to_pylist(),
+    for name in _LISTED:
+        column = cached.column(name).combine_chunks()
+        if not column.equals(current[name]):
+            changed = next(i for i, (a, b) in enumerate(zip(column.to_pylist(), current[name].to_pylist(),
                                                             strict=True)) if a != b)
             return f"the listing changed: the {name} of {entries[changed].name} differs"
     return ""
@@ -349,19 +389,22 @@ def _read_table(payload: bytes) -> pa.Table:
     return table
 
 
-def _footers(header: dict[str, Any], payload: bytes, entries: Sequence[FileEntry],
-             file_format: FileFormat) -> Sequence[FileFooter]:
-    """The footers an entry holds, on the current listing's entries, their counts checked: as columns
-    when no file keeps a handle or a text layout (many files), else file by file."""
+def _footers(header: dict[str, Any], table: pa.Table, listing: dict[str, pa.Array], entries: Sequence[FileEntry],
+             file_format: FileFormat) -> FooterTable:
+    """The footers an entry holds, on the current listing, their counts checked, with the data fingerprints
+    it keeps: as columns, else (a count fails a check) file by file, which names the file."""
     schemas = [pa.ipc.read_schema(pa.py_buffer(base64.b64decode(s))) for s in header["schemas"]]
-    table = _read_table(payload)
-    columns = footer_table_of(table, schemas, entries, file_format)
-    if columns is not None:
-        return columns
-    footers = footers_of(table, schemas, entries, file_format)
-    for footer in footers:
-        owner = unit_format(footer.format)
-        check_counts(footer, display_url(header["key"]["protocol"], footer.entry.path), owner.label, owner.unit)
+    footers = footer_table_of(table, schemas, listing, file_format)
+    if footers is None:
+        files = footers_of(table, schemas, entries, file_format)
+        for footer in files:
+            owner = unit_format(footer.format)
+            check_counts(footer, display_url(header["key"]["protocol"], footer.entry.path), owner.label, owner.unit)
+        footers = FooterTable.build(files)
+    fingerprints = header.get("fingerprints", {})   # entries written before they were kept have none
+    if not isinstance(fingerprints, dict) or not all(isinstance(v, str) for v in fingerprints.values()):
+        raise ValueError("data fingerprints that are not a map of text to text")
+    footers.known_fingerprints.update(fingerprints)
     return footers
 
 

@@ -176,12 +176,24 @@ def plan_files(storage: Storage, entries: Sequence[FileEntry], file_format: File
                cache: PlanCache | None = None) -> Plan:
     """Read every file's metadata once (concurrently; from ``cache`` when it holds this listing's) and
     build the plan of the dataset."""
-    footers: Sequence[FileFooter] | None = cache.load(entries) if cache is not None else None
-    if footers is None:
+    if cache is None:
         footers = read_footers(storage, entries, file_format, columns=columns, filter=filter)
-        if cache is not None:
+        return plan_footers(storage.protocol, footers, columns=columns, filter=filter, split_bytes=split_bytes)
+    cached = cache.load(entries)
+    footers = cached if cached is not None else read_footers(storage, entries, file_format, columns=columns,
+                                                             filter=filter)
+    known = set(footers.known_fingerprints)
+    try:
+        plan = plan_footers(storage.protocol, footers, columns=columns, filter=filter, split_bytes=split_bytes)
+    except ArrowStreamError:   # the footers are sound: a start with other columns plans from them
+        if cached is None:
             cache.store(entries, footers)
-    return plan_footers(storage.protocol, footers, columns=columns, filter=filter, split_bytes=split_bytes)
+        raise
+    # written after planning, so that the entry keeps the data fingerprint too; an entry that lacked it
+    # (written by a start that failed, or by an earlier release) is written again, once, with it
+    if cached is None or set(plan.files.known_fingerprints) != known:
+        cache.store(entries, plan.files)
+    return plan
 
 
 def _check_columns(columns: list[str] | None, schema: pa.Schema, url: str) -> None:

@@ -495,6 +495,20 @@ def test_a_listing_without_modification_tags_is_not_cached(tmp_path, monkeypatch
     assert cache_files(os.environ["ARROWSTREAM_CACHE_DIR"]) == []
 
 
+def test_an_entry_is_not_used_by_a_listing_without_modification_tags(tmp_path, monkeypatch, inspections):
+    """An entry written from a tagged listing is not used once the listing gives no tags (a rewrite could
+    not be told apart): the footers are read, the entry left as it is."""
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    StructuredDataset(path, batch_size=64)
+    written = the_entry().read_bytes()
+    monkeypatch.setattr("arrowstream._discovery._modification_tag", lambda info: "")
+    monkeypatch.setattr("arrowstream._discovery.version_of", lambda protocol, info: "")
+    inspections.clear()
+    dataset = StructuredDataset(path, batch_size=64)
+    assert dataset._source.cache_outcome.action == "off" and inspections["parquet"] == len(LAYOUT)
+    assert the_entry().read_bytes() == written
+
+
 def test_where_the_cache_lives(tmp_path, monkeypatch):
     path = write_dataset(tmp_path / "data", LAYOUT)
     StructuredDataset(path, batch_size=64, plan_cache=tmp_path / "mine")   # a folder given (os.PathLike)
@@ -799,7 +813,7 @@ def _plan_facts(dataset) -> tuple:
 
 def test_an_entry_without_handles_loads_as_columns_into_the_cold_plan(tmp_path, inspections, monkeypatch):
     """Past the handle budget (many files) an entry loads column by column, no FileFooter per file, into the
-    plan a cold start makes; where a file keeps a handle it loads file by file (ORC: byte ranges)."""
+    plan a cold start makes; so does one whose files keep handles (ORC: byte ranges)."""
     monkeypatch.setattr(footers_module, "LOCAL_HANDLE_BUDGET", 100)
     path = write_dataset(tmp_path / "data", LAYOUT)
     cold = StructuredDataset(path, batch_size=64, plan_cache=False)
@@ -815,9 +829,12 @@ def test_an_entry_without_handles_loads_as_columns_into_the_cold_plan(tmp_path, 
     assert _plan_facts(warm) == _plan_facts(cold)
     assert sorted(i for batch in warm for i in ids_of(batch)) == list(range(ROWS))
     orc_path = write_format(tmp_path / "orc", "orc")
-    StructuredDataset(orc_path, format="orc", batch_size=64)
+    orc_cold = StructuredDataset(orc_path, format="orc", batch_size=64)
+    built.clear()
     orc_warm = StructuredDataset(orc_path, format="orc", batch_size=64)
-    assert orc_warm._source.cache_outcome.action == "hit" and built   # byte ranges: file by file
+    assert orc_warm._source.cache_outcome.action == "hit" and built == []   # byte ranges kept: columns too
+    assert all(isinstance(f.handle, tuple) for f in orc_warm._plan.files)
+    assert plan_of(orc_warm) == plan_of(orc_cold)
 
 
 @pytest.mark.parametrize("change", ["negative rows", "kept unit out of range", "fewer sizes than counts"])
@@ -850,3 +867,164 @@ def test_impossible_counts_in_an_entry_are_caught_on_the_columnar_path(tmp_path,
     assert dataset._source.cache_outcome.action == "rebuilt" and "damaged" in caplog.text
     assert inspections["parquet"] == len(LAYOUT)
     assert sorted(i for batch in dataset for i in ids_of(batch)) == list(range(ROWS))
+
+
+# -- the entry as columns (no FileFooter per file), with the data fingerprint ---------------------------------
+def _columns_of(table) -> dict:
+    """Everything a FooterTable holds, comparable with ==."""
+    handles = {i: h.to_dict() if isinstance(h, pq.FileMetaData) else h for i, h in table.handles.items()}
+    return {"listing": [table.paths.to_pylist(), table.names.to_pylist(), table.tags.to_pylist(),
+                        table.versions.to_pylist(), table.sizes.tolist()],
+            "formats": [table.formats[i] for i in table.format_index], "schemas": [table.schema_of(i) for i in
+                                                                                range(len(table))],
+            "units": [table.unit_offsets.tolist(), table.unit_rows.tolist(), table.unit_bytes.tolist(),
+                      table.kept_offsets.tolist(), table.kept_units.tolist()],
+            "handles": handles, "extras": table.extras, "fingerprints": table.known_fingerprints}
+
+
+def _text_folder(folder: Path) -> str:
+    """CSV files of every layout: quoted newlines, compressed, empty, blank, a lone carriage return."""
+    import gzip
+
+    folder.mkdir()
+    (folder / "a.csv").write_text('id,name\n0,"two\nlines"\n1,b\n')
+    (folder / "b.csv.gz").write_bytes(gzip.compress(b"id,name\n2,c\n3,d\n"))
+    (folder / "c.csv").write_text("")
+    (folder / "d.csv").write_text("\n\n")
+    (folder / "e.csv").write_text("id,name\n" + "".join(f"{i},e\n" for i in range(4, 300)))
+    (folder / "f.csv").write_bytes(b"id,name\n300,f\r301,g\n")
+    return str(folder)
+
+
+@pytest.fixture
+def computed_fingerprints(monkeypatch):
+    """Data fingerprints computed from the files (not taken from a table that knows them)."""
+    calls = []
+    original = footers_module._computed_fingerprint
+    monkeypatch.setattr(footers_module, "_computed_fingerprint",
+                        lambda *args: calls.append(1) or original(*args))
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow", "orc", "csv", "jsonl", "csv layouts"])
+def test_a_default_cold_start_writes_the_entry_of_its_plan(tmp_path, inspections, computed_fingerprints, kind):
+    """The entry a first start writes (the cache on, no entry yet) loads into the very table that start
+    planned on: listing, formats, schemas, counts, handles (Parquet footers, byte ranges), text layouts and
+    the data fingerprint; the warm start computes no fingerprint."""
+    if kind == "csv layouts":
+        path, options = _text_folder(tmp_path / "data"), {"format": "csv", "split_bytes": 1000}
+    else:
+        path = write_format(tmp_path / "data", kind)
+        options = {"format": kind, **({"split_bytes": 2000} if kind in ("csv", "jsonl") else {})}
+    cold = StructuredDataset(path, batch_size=64, **options)
+    assert cold._source.cache_outcome.action == "built" and computed_fingerprints == [1]
+    assert cold._plan.files.known_fingerprints == {
+        json.dumps({"schema": [[f.name, str(f.type)] for f in cold._plan.schema]}, separators=(",", ":")):
+            cold._plan.data_fingerprint}
+    if kind == "parquet":
+        assert all(isinstance(f.handle, pq.FileMetaData) for f in cold._plan.files)
+    if kind in ("arrow", "orc"):
+        assert all(isinstance(f.handle, tuple) for f in cold._plan.files)
+    if kind in ("csv", "jsonl", "csv layouts"):
+        assert all(f.extra is not None for f in cold._plan.files)
+    inspections.clear()
+    computed_fingerprints.clear()
+    warm = StructuredDataset(path, batch_size=64, **options)
+    assert warm._source.cache_outcome.action == "hit" and sum(inspections.values()) == 0
+    assert computed_fingerprints == [], "a warm start computed the data fingerprint"
+    assert warm._plan.data_fingerprint == cold._plan.data_fingerprint
+    assert _columns_of(warm._plan.files) == _columns_of(cold._plan.files)
+    assert list(warm._plan.splits) == list(cold._plan.splits)
+
+
+def _many_footers(num_files: int, handles: dict[int, object] | None = None) -> tuple[list, object]:
+    """A listing of ``num_files`` Parquet files and their footers as a FooterTable (nothing on disk: the
+    cache's own columns are what is tested), handles at the given indices."""
+    from arrowstream._discovery import FileEntry
+    from arrowstream._formats import FileFooter
+
+    schema = pa.schema([("id", pa.int64())])
+    entries = [FileEntry(f"/d/part-{i:05}.parquet", f"part-{i:05}.parquet", 1000 + i, f"mtime={i}", str(i))
+               for i in range(num_files)]
+    footers = [FileFooter(e, "parquet", schema, (10, i % 7), (500, 30 + i), (0, 1) if i % 3 else (1,),
+                          (handles or {}).get(i)) for i, e in enumerate(entries)]
+    return entries, footers_module.FooterTable.build(footers)
+
+
+@pytest.mark.parametrize("with_handles", [False, True], ids=["no handles", "a few Parquet footers"])
+def test_the_entry_is_written_and_read_as_columns(tmp_path, monkeypatch, with_handles):
+    """Writing and reading the entry of 2,000 files makes no FileFooter per file (9 per file was 6.5 s at
+    50,000 files): it goes file by file only for the few files that keep a handle."""
+    handles = {}
+    if with_handles:
+        buffer = pa.BufferOutputStream()
+        pq.write_table(pa.table({"id": list(range(10)) + list(range(5))}), buffer, row_group_size=10)
+        metadata = pq.read_metadata(pa.BufferReader(buffer.getvalue()))
+        groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
+        handles = {3: metadata, 1999: metadata}
+    entries, table = _many_footers(2000, handles)
+    if with_handles:   # the footer must describe its file's units: those of files 3 and 1999 are made so
+        rows, sizes = [g.num_rows for g in groups], [g.total_byte_size for g in groups]
+        for index in handles:
+            start = table.unit_offsets[index]
+            table.unit_rows.flags.writeable = table.unit_bytes.flags.writeable = True
+            table.unit_rows[start:start + 2], table.unit_bytes[start:start + 2] = rows, sizes
+    table.known_fingerprints["{}"] = "f" * 32
+    made = []
+    original = footers_module.FooterTable._footer
+    monkeypatch.setattr(footers_module.FooterTable, "_footer", lambda self, i: made.append(i) or original(self, i))
+    cache = plan_cache.PlanCache(str(tmp_path / "cache"), {"k": 1}, FILE_FORMATS["parquet"])
+    cache.store(entries, table)
+    loaded = cache.load(entries)
+    assert cache.outcome.action == "hit" and made == [], "the entry was written or read file by file"
+    assert _columns_of(loaded) == _columns_of(table)
+    assert set(loaded.handles) == set(handles) and loaded.known_fingerprints == {"{}": "f" * 32}
+
+
+def test_the_data_fingerprint_is_kept_and_taken_from_the_entry(tmp_path, computed_fingerprints):
+    """A warm start takes the fingerprint the cold one computed; an entry without one (a start that failed
+    after reading the footers, or an earlier release) is a hit, computes it once and is written again with it."""
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    pq.write_table(make_table(ROWS, 10).append_column("extra", pa.array([1] * 10)), Path(path) / "part-9.parquet")
+    with pytest.raises(errors.SchemaMismatchError, match="extra \\['extra'\\]"):
+        StructuredDataset(path, batch_size=64)
+    header = json.loads(_entry_parts(the_entry().read_bytes())[0])
+    assert header["fingerprints"] == {} and computed_fingerprints == []   # the footers kept, planning failed
+    columns = ["id", "x", "name"]   # what the files share: planned from the entry
+    first = StructuredDataset(path, batch_size=64, columns=columns)
+    assert first._source.cache_outcome.action == "hit" and computed_fingerprints == [1]
+    assert json.loads(_entry_parts(the_entry().read_bytes())[0])["fingerprints"] == \
+        first._plan.files.known_fingerprints != {}
+    computed_fingerprints.clear()
+    again = StructuredDataset(path, batch_size=64, columns=columns)
+    assert again._source.cache_outcome.action == "hit" and computed_fingerprints == []
+    assert again._plan.data_fingerprint == first._plan.data_fingerprint == \
+        StructuredDataset(path, batch_size=64, columns=columns, plan_cache=False)._plan.data_fingerprint
+
+
+def _with_fingerprints(data: bytes, fingerprints) -> bytes:
+    """The entry with other data fingerprints in its header, re-sealed (its SHA-256 valid)."""
+    header, payload = _entry_parts(data)
+    changed = json.loads(header)
+    changed["fingerprints"] = fingerprints
+    return _entry_of(json.dumps(changed, sort_keys=True).encode(), payload)
+
+
+def test_the_entry_is_trusted_as_a_whole_fingerprint_included(tmp_path, caplog):
+    """The trust boundary: an entry whose digest verifies and whose key and listing are this dataset's is
+    taken as a whole (it holds no code); a fingerprint changed and re-sealed is taken as written, as counts
+    would be (readers catch wrong counts; nothing can catch a fingerprint without computing it, which is
+    what the entry saves). A header whose fingerprints are not text is damaged: logged and rebuilt."""
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    cold = StructuredDataset(path, batch_size=64)
+    entry = the_entry()
+    original = entry.read_bytes()
+    (identity,) = json.loads(_entry_parts(original)[0])["fingerprints"]
+    entry.write_bytes(_with_fingerprints(original, {identity: "0" * 32}))
+    forged = StructuredDataset(path, batch_size=64)
+    assert forged._source.cache_outcome.action == "hit" and forged._plan.data_fingerprint == "0" * 32
+    entry.write_bytes(_with_fingerprints(original, {identity: 5}))
+    with caplog.at_level(logging.INFO, logger="arrowstream"):
+        rebuilt = StructuredDataset(path, batch_size=64)
+    assert rebuilt._source.cache_outcome.action == "rebuilt" and "damaged" in caplog.text
+    assert rebuilt._plan.data_fingerprint == cold._plan.data_fingerprint

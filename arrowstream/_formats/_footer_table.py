@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .._discovery import FileEntry
@@ -38,40 +39,55 @@ def shaping_options(file_format: FileFormat) -> dict[str, Any]:
             "unit_bytes": getattr(file_format, "unit_bytes", None)}
 
 
-def tabled(footers: Sequence[FileFooter]) -> bool:
-    """Whether ``footers`` can be written as a table (every file format's can)."""
-    return all(f.extra is None or isinstance(f.extra, TextLayout) for f in footers)
+def tabled(table: FooterTable) -> bool:
+    """Whether ``table`` can be written as columns (every file format's can): handles are byte ranges or
+    Parquet footers, extras text layouts."""
+    return (all(isinstance(h, (tuple, pq.FileMetaData)) for h in table.handles.values())
+            and all(isinstance(x, TextLayout) for x in table.extras.values()))
 
 
-def _int_lists(rows: Sequence[Any]) -> pa.Array:
-    """A list<int64> column, one list per file (None stays null)."""
-    flat = [np.asarray(r, dtype=np.int64).reshape(-1) if r is not None else np.zeros(0, np.int64) for r in rows]
-    offsets = np.zeros(len(flat) + 1, dtype=np.int32)
-    np.cumsum([len(r) for r in flat], out=offsets[1:])
-    values = pa.array(np.concatenate(flat) if flat else np.zeros(0, np.int64), pa.int64())
-    mask = pa.array([r is None for r in rows], pa.bool_())
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values, mask=mask)
+def _lists(offsets: np.ndarray, values: np.ndarray) -> pa.Array:
+    """A list<int64> column of the files' slices ``values[offsets[i]:offsets[i + 1]]`` (no copy per file)."""
+    if len(offsets) and offsets[-1] > np.iinfo(np.int32).max:
+        raise ValueError(f"{offsets[-1]} units are more than an entry's list<int64> columns hold")
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32), pa.int32()), pa.array(values, pa.int64()))
 
 
-def footer_columns(footers: Sequence[FileFooter], schema_index: Sequence[int]) -> dict[str, pa.Array]:
-    """The columns of ``footers`` (see the module docstring)."""
-    layouts: list[TextLayout | None] = [f.extra if isinstance(f.extra, TextLayout) else None for f in footers]
-    spans = [f.handle if isinstance(f.handle, tuple) else None for f in footers]   # IPC, ORC: units' byte ranges
+def _sparse(num_files: int, values: dict[int, Any], type: pa.DataType) -> pa.Array:
+    """A column of ``num_files`` nulls but at the indices of ``values`` (the few files with a handle or extra)."""
+    if not values:
+        return pa.nulls(num_files, type)
+    column: list[Any] = [None] * num_files
+    for index, value in values.items():
+        column[index] = value
+    return pa.array(column, type)
+
+
+def _flat(pairs: Sequence[tuple[int, int]]) -> list[int]:
+    return [bound for pair in pairs for bound in pair]
+
+
+def footer_columns(table: FooterTable, schema_index: np.ndarray) -> dict[str, pa.Array]:
+    """The columns of ``table``'s footers (see the module docstring), ``schema_index`` into the entry's
+    schemas: the counts as the table holds them, file by file only where a file keeps a handle or a layout."""
+    num_files = len(table)
+    layouts = {i: x for i, x in table.extras.items() if isinstance(x, TextLayout)}
+    spans = {i: _flat(h) for i, h in table.handles.items() if isinstance(h, tuple)}   # IPC, ORC: byte ranges
+    parquet = {i: serialized_metadata(h) for i, h in table.handles.items() if isinstance(h, pq.FileMetaData)}
     return {
-        "format": pa.array([f.format for f in footers], pa.string()),
+        "format": pa.array(table.formats, pa.string()).take(pa.array(table.format_index, pa.int8())),
         "schema": pa.array(schema_index, pa.int32()),
-        "unit_rows": _int_lists([f.unit_rows for f in footers]),
-        "unit_bytes": _int_lists([f.unit_bytes for f in footers]),
-        "kept_units": _int_lists([f.kept_units for f in footers]),
-        "spans": _int_lists(spans),
-        "text_compression": pa.array([lay.compression if lay else None for lay in layouts], pa.string()),
-        "text_ranges": _int_lists([lay.ranges if lay else None for lay in layouts]),
-        "text_lines": _int_lists([lay.lines if lay else None for lay in layouts]),
-        "text_names": pa.array([list(lay.names) if lay else None for lay in layouts], pa.list_(pa.string())),
-        "text_quoted": pa.array([lay.quoted_newlines if lay else None for lay in layouts], pa.bool_()),
-        "text_lone_cr": pa.array([lay.lone_cr if lay else None for lay in layouts], pa.bool_()),
-        "parquet_footer": pa.array([serialized_metadata(f.handle) if isinstance(f.handle, pq.FileMetaData) else None
-                                    for f in footers], pa.binary()),
+        "unit_rows": _lists(table.unit_offsets, table.unit_rows),
+        "unit_bytes": _lists(table.unit_offsets, table.unit_bytes),
+        "kept_units": _lists(table.kept_offsets, table.kept_units),
+        "spans": _sparse(num_files, spans, pa.list_(pa.int64())),
+        "text_compression": _sparse(num_files, {i: x.compression for i, x in layouts.items()}, pa.string()),
+        "text_ranges": _sparse(num_files, {i: _flat(x.ranges) for i, x in layouts.items()}, pa.list_(pa.int64())),
+        "text_lines": _sparse(num_files, {i: list(x.lines) for i, x in layouts.items()}, pa.list_(pa.int64())),
+        "text_names": _sparse(num_files, {i: list(x.names) for i, x in layouts.items()}, pa.list_(pa.string())),
+        "text_quoted": _sparse(num_files, {i: x.quoted_newlines for i, x in layouts.items()}, pa.bool_()),
+        "text_lone_cr": _sparse(num_files, {i: x.lone_cr for i, x in layouts.items()}, pa.bool_()),
+        "parquet_footer": _sparse(num_files, parquet, pa.binary()),
     }
 
 
@@ -145,22 +161,26 @@ def _flat_lists(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray] | None
     return offsets, values
 
 
-def footer_table_of(table: pa.Table, schemas: Sequence[pa.Schema], entries: Sequence[FileEntry],
+def _present(column: pa.ChunkedArray) -> list[int]:
+    """The indices of the files a sparse column holds a value for."""
+    return np.flatnonzero(column.combine_chunks().is_valid().to_numpy(zero_copy_only=False)).tolist()
+
+
+def footer_table_of(table: pa.Table, schemas: Sequence[pa.Schema], listing: dict[str, pa.Array],
                     file_format: FileFormat) -> FooterTable | None:
-    """The footers a table holds as a :class:`~arrowstream._footers.FooterTable`, column by column: no
-    ``FileFooter`` per file, their counts checked as ``check_counts`` checks them, all at once. For the
-    common case of many files past the handle budget; None when some file keeps a handle (byte ranges, a
-    Parquet footer) or a text layout, or when a count fails a check: :func:`footers_of` then rebuilds the
-    files one by one, and names the file whose counts cannot be."""
+    """The footers a table holds as a :class:`~arrowstream._footers.FooterTable` on the current ``listing``
+    (its path, name, size, tag and version columns, which the caller checked the table was written from):
+    column by column, no ``FileFooter`` per file, the counts checked as ``check_counts`` checks them, all at
+    once; handles (byte ranges, Parquet footers) and text layouts rebuilt for the files that have them.
+    None when a check fails: :func:`footers_of` then rebuilds the files one by one, and names the file whose
+    counts cannot be. ValueError when a Parquet footer does not describe its file's units."""
     from .._footers import FooterTable  # imports this package: here, not at the top
 
-    num_files = len(entries)
+    num_files = len(listing["path"])
     if table.num_rows != num_files:
         raise ValueError(f"{table.num_rows} files in an entry of a listing of {num_files}")
-    if any(table.column(name).null_count != num_files for name in ("spans", "text_names", "parquet_footer")):
-        return None
     formats = table.column("format")
-    if formats.null_count or formats.to_pylist() != [file_format.name] * num_files:
+    if formats.null_count or pc.any(pc.not_equal(formats, file_format.name)).as_py():
         return None
     schema_index = table.column("schema").to_numpy()
     if num_files and (schema_index.min() < 0 or schema_index.max() >= len(schemas)):
@@ -174,12 +194,49 @@ def footer_table_of(table: pa.Table, schemas: Sequence[pa.Schema], entries: Sequ
     if (not np.array_equal(unit_offsets, byte_offsets) or (unit_rows < 0).any() or (unit_bytes < 0).any()
             or ((kept_units < 0) | (kept_units >= units_per_file[owner])).any()):
         return None
-    return FooterTable(paths=pa.array([e.path for e in entries], pa.large_string()),
-                       names=pa.array([e.name for e in entries], pa.large_string()),
-                       tags=pa.array([e.tag for e in entries], pa.large_string()),
-                       versions=pa.array([e.version for e in entries], pa.large_string()),
-                       sizes=np.fromiter((e.size for e in entries), dtype=np.int64, count=num_files),
-                       formats=[file_format.name], format_index=np.zeros(num_files, dtype=np.int8),
+    handles, extras = _kept_per_file(table, unit_offsets, unit_rows, unit_bytes, file_format)
+    if handles is None or extras is None:
+        return None
+    large = {name: listing[name].cast(pa.large_string()) for name in ("path", "name", "tag", "version")}
+    return FooterTable(paths=large["path"], names=large["name"], tags=large["tag"], versions=large["version"],
+                       sizes=listing["size"].to_numpy(), formats=[file_format.name],
+                       format_index=np.zeros(num_files, dtype=np.int8),
                        schemas=list(schemas), schema_index=schema_index.astype(np.int32),
                        unit_offsets=unit_offsets, unit_rows=unit_rows, unit_bytes=unit_bytes,
-                       kept_offsets=kept_offsets, kept_units=kept_units, handles={}, extras={})
+                       kept_offsets=kept_offsets, kept_units=kept_units, handles=handles, extras=extras)
+
+
+def _kept_per_file(table: pa.Table, unit_offsets: np.ndarray, unit_rows: np.ndarray, unit_bytes: np.ndarray,
+                   file_format: FileFormat) -> tuple[dict[int, Any] | None, dict[int, Any] | None]:
+    """The handles and text layouts of the files that keep one, by file index; (None, None) when one is
+    where it cannot be (a Parquet footer beside byte ranges or of another format, a layout of no text format)."""
+    handles: dict[int, Any] = {}
+    spans = table.column("spans").combine_chunks()
+    for index in _present(table.column("spans")):
+        handles[index] = _pairs(spans[index].values.to_numpy(zero_copy_only=False))
+    footers = table.column("parquet_footer").combine_chunks()
+    for index in _present(table.column("parquet_footer")):
+        if index in handles or file_format.name != "parquet":
+            return None, None
+        units = slice(int(unit_offsets[index]), int(unit_offsets[index + 1]))
+        handles[index] = parsed_metadata(footers[index].as_py(), unit_rows[units].tolist(),
+                                         unit_bytes[units].tolist())
+    present = _present(table.column("text_names"))
+    settings: TextSettings | None = getattr(file_format, "settings", None)
+    if present and settings is None:
+        return None, None
+    extras: dict[int, Any] = {}
+    if present:
+        assert settings is not None
+        columns = {name: table.column(name).combine_chunks() for name in
+                   ("text_compression", "text_ranges", "text_lines", "text_names", "text_quoted", "text_lone_cr")}
+        for index in present:
+            ranges, lines = (columns[name][index].values for name in ("text_ranges", "text_lines"))
+            extras[index] = TextLayout(settings, columns["text_compression"][index].as_py(),
+                                       (_pairs(ranges.to_numpy(zero_copy_only=False)) if ranges is not None
+                                        else None) or (),
+                                       _units(lines.to_numpy(zero_copy_only=False) if lines is not None else None),
+                                       tuple(columns["text_names"][index].as_py()),
+                                       bool(columns["text_quoted"][index].as_py()),
+                                       bool(columns["text_lone_cr"][index].as_py()))
+    return handles, extras
