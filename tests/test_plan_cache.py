@@ -47,8 +47,8 @@ def inspections(monkeypatch):
         read_local = getattr(type(file_format), "read_local", None)
         if read_local is not None:   # the short way of local footers: one read per footer it returns
 
-            def counted_local(self, paths, _original=read_local, _name=name):
-                footers = _original(self, paths)
+            def counted_local(self, paths, *args, _original=read_local, _name=name, **kwargs):
+                footers = _original(self, paths, *args, **kwargs)
                 counts[_name] += len(footers) if footers is not None else 0
                 return footers
 
