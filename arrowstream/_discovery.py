@@ -226,15 +226,16 @@ def _names(paths: list[str]) -> list[str]:
     """The names of sorted ``paths``: each one relative to their common folder (to its folder for a
     single path), as ``_relative`` makes it. Where the first and the last path lie below the common
     folder of the two, every path does (sorted strings), so that folder is ``commonpath`` of all, no
-    path is the folder itself, and one prefix is cut off all paths at once when they are normal."""
+    path is the folder itself, and one prefix is cut off all paths at once when no name has an empty,
+    ``.`` or ``..`` part (a name starting with ``.`` takes the careful way too)."""
     if len(paths) > 1:
         root = posixpath.commonpath([paths[0], paths[-1]])
         prefix = root if root.endswith("/") else root + "/"
-        if root and paths[0].startswith(prefix) and paths[-1].startswith(prefix):
+        if paths[0].startswith(prefix) and paths[-1].startswith(prefix):
             names = [p[len(prefix):] for p in paths]
             joined = "\0" + "\0".join(names) + "\0"
-            if posixpath.normpath(root) == root and not any(s in joined for s in _NOT_PLAIN):
-                return names   # every name plain and the root normal: the paths are normal, cut as _relative cuts
+            if not any(s in joined for s in _NOT_PLAIN):
+                return names   # every name plain: what _relative cuts off a normal path, relpath of any other
             return [_relative(p, root) for p in paths]
         root = posixpath.commonpath(paths)   # the careful way (and its ValueError on relative and absolute paths)
     else:
