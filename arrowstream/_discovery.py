@@ -30,8 +30,9 @@ from .errors import (
 )
 
 _GLOB_CHARS = frozenset("*?[")
-_NOT_PLAIN = ("\0\0", "\0.", "\0/", "/\0", "//", "/.")   # in "\0"-joined names: one empty, starting
-# with "." or "/", ending in "/", or holding "//", "." or ".." parts: normpath would change its path
+# what, in "\0"-joined names, makes a name other than what relpath gives: an empty one, one starting with
+# "/" or "." (a "." or ".." part; a hidden name takes the careful way too), ending in "/", holding "//" or "/."
+_NOT_PLAIN = ("\0\0", "\0.", "\0/", "/\0", "//", "/.")
 _Files = TypeVar("_Files")
 _TAG_KEYS = ("ETag", "etag", "generation", "version_id", "mtime", "LastModified", "last_modified",
              "updated", "created")
