@@ -6,6 +6,7 @@ metadata, or scans a text file) and, on S3, as requests through the counting pro
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -23,6 +24,7 @@ import pytest
 from helpers import ids_of, json_roundtrip, make_loader, make_table, write_dataset
 from pyarrow import feather, orc
 
+import arrowstream._discovery as discovery
 import arrowstream._footers as footers_module
 import arrowstream._plan_cache as plan_cache
 from arrowstream import StructuredDataset, errors
@@ -486,8 +488,9 @@ def test_a_listing_without_modification_tags_is_not_cached(tmp_path, monkeypatch
     """A filesystem whose listing gives no modification tag nor version: a rewrite of the same size could not
     be told apart, so nothing is cached."""
     path = write_dataset(tmp_path / "data", LAYOUT)
-    monkeypatch.setattr("arrowstream._discovery._modification_tag", lambda info: "")
-    monkeypatch.setattr("arrowstream._discovery.version_of", lambda protocol, info: "")
+    local_entries = discovery._local_entries   # a local listing's entries are built in one loop (no tag lookup)
+    monkeypatch.setattr(discovery, "_local_entries",
+                        lambda statuses: [dataclasses.replace(e, tag="", version="") for e in local_entries(statuses)])
     for _ in range(2):
         dataset = StructuredDataset(path, batch_size=64)
         assert dataset._source.cache_outcome.action == "off"
