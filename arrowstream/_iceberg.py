@@ -20,6 +20,7 @@ import posixpath
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -28,8 +29,11 @@ import pyarrow as pa
 
 from ._discovery import FileEntry
 from ._failures import is_missing
+from ._footers import FooterTable, handle_budget
 from ._formats import FileFooter, UnitFile, get_format, register_format
+from ._iceberg_cache import Deleted, iceberg_cache_for
 from ._iceberg_table import IcebergSource, requested_schema
+from ._plan_cache import CacheOutcome, PlanCacheSetting
 from ._planning import MAX_PLANNING_THREADS, Plan, build_plan, read_footer
 from ._retry import RetryPolicy
 from ._storage import Storage
@@ -169,83 +173,37 @@ def _deleted_positions(chunks: list[Any] | None) -> npt.NDArray[np.int64] | None
     return np.unique(positions) if positions.size else None
 
 
-def plan_iceberg(source: IcebergSource, split_bytes: int | None,
-                 retry: RetryPolicy | None = None) -> tuple[IcebergStorage, Plan]:
-    """The plan of the pinned snapshot: one file per scan task, its row groups or stripes as units."""
-    from pyiceberg.io.pyarrow import (
-        _get_column_projection_values,
-        _read_all_delete_files,
-        _to_requested_schema,
-        pyarrow_to_schema,
-    )
-    from pyiceberg.manifest import FileFormat
-    from pyiceberg.schema import prune_columns
-    from pyiceberg.types import ListType, MapType
-
+def plan_iceberg(source: IcebergSource, split_bytes: int | None, retry: RetryPolicy | None = None,
+                 plan_cache: PlanCacheSetting = False) -> tuple[IcebergStorage, Plan, CacheOutcome]:
+    """The plan of the pinned snapshot: one file per scan task, its row groups or stripes as units; what
+    was read of the data and delete files comes from the snapshot's plan cache entry where it has one
+    (``_iceberg_cache``), and the cache's outcome."""
     table = source.table
     metadata = table.metadata
-    scan = table.scan(row_filter=source.row_filter, selected_fields=source.selected_fields,
-                      snapshot_id=source.snapshot_id)
-    try:
-        tasks = list(scan.plan_files())
-    except ValueError as exc:
-        if "equality deletes" in str(exc):
-            raise NotSupportedYetError(
-                f"table: {source.table_name!r} snapshot {source.snapshot_id} has equality delete files, which "
-                "arrowstream (like pyiceberg) cannot apply yet; rewrite the table's data files (compaction) "
-                "or read a snapshot from before the deletes") from None
-        raise
+    tasks = _scan_tasks(source)
     storage = IcebergStorage(dict(table.io.properties), metadata.location, retry)
-    requested = requested_schema(source)
     if not tasks:
         raise EmptyDatasetError(
             f"table: {source.table_name!r} snapshot {source.snapshot_id} has no data file that may match "
             f"row_filter {source.row_filter}; loosen the filter or check the table")
-    try:
-        deletes = _read_all_delete_files(table.io, tasks)
-    except Exception as exc:
-        if not is_missing(exc):
-            raise
-        paths = sorted({d.file_path for task in tasks for d in task.delete_files})
-        named = next((p for p in paths if p.removeprefix("file://") in str(exc)), f"one of {paths}")
-        raise missing_file(source, "positional delete file", named, exc) from exc
-    table_schema = metadata.schema()
-    name_mapping = metadata.name_mapping()
-    downcast_ns = metadata.format_version <= 2
-    read_ids = {i for i in requested.field_ids if not isinstance(requested.find_type(i), (MapType, ListType))}
-
-    def plan_task(task: Any) -> FileFooter:
-        data_file = task.file
-        formats = {FileFormat.PARQUET: "parquet", FileFormat.ORC: "orc"}
-        if data_file.file_format not in formats:
-            raise NotSupportedYetError(f"{data_file.file_path}: Iceberg data files in {data_file.file_format} are not "
-                                       "read yet (Parquet and ORC are)")
-        path = data_file.file_path
-        entry = FileEntry(path, _relative(path, metadata.location), int(data_file.file_size_in_bytes), "")
-        try:
-            inner = read_footer(storage, get_format(formats[data_file.file_format]), entry, None, []).without_handle()
-        except FileReadError as exc:
-            if exc.__cause__ is None or not is_missing(exc.__cause__):
-                raise
-            raise missing_file(source, "data file", path, exc.__cause__) from exc.__cause__
-        file_schema = pyarrow_to_schema(inner.schema, name_mapping, downcast_ns_timestamp_to_us=downcast_ns,
-                                        format_version=metadata.format_version)
-        file_project = prune_columns(file_schema, read_ids, select_full_types=False)
-        missing = _get_column_projection_values(data_file, requested, table_schema,
-                                                metadata.specs().get(data_file.spec_id), file_schema.field_ids)
-        deleted = _deleted_positions(deletes.get(path))
-        physical = pa.schema([inner.schema.field(c.name) for c in file_project.columns])
-        out_schema = _to_requested_schema(requested, file_project, pa.RecordBatch.from_pylist([], schema=physical),
-                                          downcast_ns_timestamp_to_us=downcast_ns, projected_missing_fields=missing,
-                                          allow_timestamp_tz_mismatch=True).schema
-        spec = DataFileSpec(inner, deleted, [c.name for c in file_project.columns], file_project, requested,
-                            dict(missing), downcast_ns, out_schema)
-        return FileFooter(entry, "iceberg", inner.schema, kept_rows(inner.unit_rows, deleted), inner.unit_bytes,
-                          inner.kept_units, None, spec)
-
-    with ThreadPoolExecutor(max_workers=min(MAX_PLANNING_THREADS, len(tasks))) as pool:
-        footers = list(pool.map(plan_task, tasks))
-    footers.sort(key=lambda f: f.entry.name)
+    # the plan lists the files by their names under the table's location (sorted stably: the order tasks came in)
+    entries = sorted((FileEntry(t.file.file_path, _relative(t.file.file_path, metadata.location),
+                                int(t.file.file_size_in_bytes), "") for t in tasks), key=attrgetter("name"))
+    by_path = {t.file.file_path: t for t in tasks}
+    tasks = [by_path[e.path] for e in entries]
+    formats = [_data_format(task) for task in tasks]
+    # an entry holds the footers of one format (a table of Parquet and ORC files is planned without the cache)
+    cache = iceberg_cache_for(plan_cache, source, get_format(formats[0])) if len(set(formats)) == 1 else None
+    cached = cache.load_snapshot(entries) if cache is not None else None
+    if cached is not None:
+        inner, deleted = list(cached[0]), cached[1]
+    else:
+        inner, deleted = _read_files(source, storage, tasks, entries, formats)
+        if cache is not None:
+            cache.store_snapshot(FooterTable.build(inner), deleted)
+    outcome = cache.outcome if cache is not None else CacheOutcome(
+        None, "off", "no cache" if plan_cache is False else "the data files are of several formats")
+    footers = _planned_files(source, tasks, inner, deleted)
     # files written by different writers may differ in physical types (string / large_string): one schema
     arrow_schema = footers[0].extra.arrow_schema
     footers = [replace(f, extra=replace(f.extra, arrow_schema=arrow_schema)) for f in footers]
@@ -254,7 +212,103 @@ def plan_iceberg(source: IcebergSource, split_bytes: int | None,
                       identity={"table": str(metadata.table_uuid), "snapshot_id": source.snapshot_id,
                                 "schema_id": source.schema_id,
                                 "schema": [[f.name, str(f.type)] for f in arrow_schema]})
-    return storage, plan
+    return storage, plan, outcome
+
+
+def _scan_tasks(source: IcebergSource) -> list[Any]:
+    """pyiceberg's scan tasks of the snapshot (it reads the manifests), the row filter pushed down."""
+    scan = source.table.scan(row_filter=source.row_filter, selected_fields=source.selected_fields,
+                             snapshot_id=source.snapshot_id)
+    try:
+        return list(scan.plan_files())
+    except ValueError as exc:
+        if "equality deletes" in str(exc):
+            raise NotSupportedYetError(
+                f"table: {source.table_name!r} snapshot {source.snapshot_id} has equality delete files, which "
+                "arrowstream (like pyiceberg) cannot apply yet; rewrite the table's data files (compaction) "
+                "or read a snapshot from before the deletes") from None
+        raise
+
+
+def _data_format(task: Any) -> str:
+    from pyiceberg.manifest import FileFormat
+
+    data_file = task.file
+    formats = {FileFormat.PARQUET: "parquet", FileFormat.ORC: "orc"}
+    if data_file.file_format not in formats:
+        raise NotSupportedYetError(f"{data_file.file_path}: Iceberg data files in {data_file.file_format} are not "
+                                   "read yet (Parquet and ORC are)")
+    return formats[data_file.file_format]
+
+
+def _read_files(source: IcebergSource, storage: IcebergStorage, tasks: list[Any], entries: list[FileEntry],
+                formats: list[str]) -> tuple[list[FileFooter], list[Deleted]]:
+    """What planning reads from storage: every data file's footer (kept as a handle within the remote handle
+    budget, the rule of ``_planning.read_footers``: workers then read no footer) and every positional delete file."""
+    from pyiceberg.io.pyarrow import _read_all_delete_files
+
+    try:
+        deletes = _read_all_delete_files(source.table.io, tasks)
+    except Exception as exc:
+        if not is_missing(exc):
+            raise
+        paths = sorted({d.file_path for task in tasks for d in task.delete_files})
+        named = next((p for p in paths if p.removeprefix("file://") in str(exc)), f"one of {paths}")
+        raise missing_file(source, "positional delete file", named, exc) from exc
+
+    def read(index: int) -> FileFooter:
+        try:
+            return read_footer(storage, get_format(formats[index]), entries[index], None, [])
+        except FileReadError as exc:
+            if exc.__cause__ is None or not is_missing(exc.__cause__):
+                raise
+            raise missing_file(source, "data file", entries[index].path, exc.__cause__) from exc.__cause__
+
+    lead = next((i for i, e in enumerate(entries) if e.size != 0), 0)
+    first = read(lead)
+    keep_handles = first.handle_bytes * len(entries) <= handle_budget(storage.is_local)
+
+    def kept(index: int) -> FileFooter:
+        footer = first if index == lead else read(index)
+        return footer if keep_handles or footer.handle is None else footer.without_handle()
+
+    with ThreadPoolExecutor(max_workers=min(MAX_PLANNING_THREADS, len(tasks))) as pool:
+        footers = list(pool.map(kept, range(len(tasks))))
+    return footers, [_deleted_positions(deletes.get(entry.path)) for entry in entries]
+
+
+def _planned_files(source: IcebergSource, tasks: list[Any], inner: list[FileFooter],
+                   deleted: list[Deleted]) -> list[FileFooter]:
+    """The plan's files (format ``iceberg``): each data file's footer, deletes counted out of its units, and
+    how a worker projects its rows (by field id) into the snapshot's schema. Reads nothing from storage."""
+    from pyiceberg.io.pyarrow import _get_column_projection_values, _to_requested_schema, pyarrow_to_schema
+    from pyiceberg.schema import prune_columns
+    from pyiceberg.types import ListType, MapType
+
+    metadata = source.table.metadata
+    requested = requested_schema(source)
+    table_schema = metadata.schema()
+    name_mapping = metadata.name_mapping()
+    downcast_ns = metadata.format_version <= 2
+    read_ids = {i for i in requested.field_ids if not isinstance(requested.find_type(i), (MapType, ListType))}
+
+    def plan_file(task: Any, footer: FileFooter, positions: Deleted) -> FileFooter:
+        data_file = task.file
+        file_schema = pyarrow_to_schema(footer.schema, name_mapping, downcast_ns_timestamp_to_us=downcast_ns,
+                                        format_version=metadata.format_version)
+        file_project = prune_columns(file_schema, read_ids, select_full_types=False)
+        missing = _get_column_projection_values(data_file, requested, table_schema,
+                                                metadata.specs().get(data_file.spec_id), file_schema.field_ids)
+        physical = pa.schema([footer.schema.field(c.name) for c in file_project.columns])
+        out_schema = _to_requested_schema(requested, file_project, pa.RecordBatch.from_pylist([], schema=physical),
+                                          downcast_ns_timestamp_to_us=downcast_ns, projected_missing_fields=missing,
+                                          allow_timestamp_tz_mismatch=True).schema
+        spec = DataFileSpec(footer, positions, [c.name for c in file_project.columns], file_project, requested,
+                            dict(missing), downcast_ns, out_schema)
+        return FileFooter(footer.entry, "iceberg", footer.schema, kept_rows(footer.unit_rows, positions),
+                          footer.unit_bytes, footer.kept_units, None, spec)
+
+    return [plan_file(task, footer, positions) for task, footer, positions in zip(tasks, inner, deleted, strict=True)]
 
 
 def missing_file(source: IcebergSource, kind: str, path: str, exc: BaseException) -> FileReadError:

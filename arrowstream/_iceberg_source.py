@@ -8,10 +8,11 @@ the user pinned one, by a source of that snapshot, which the dataset plans inste
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ._iceberg import plan_iceberg
 from ._iceberg_table import IcebergSource, open_source
+from ._plan_cache import CacheOutcome, PlanCacheSetting
 from ._source import Source
 from ._state import DataIdentity, check_same_table
 from .errors import StateMismatchError
@@ -30,10 +31,14 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class IcebergTableSource(Source):
     """One snapshot of a table: ``snapshot`` (table, snapshot, schema, filter and projection) and whether
-    the user pinned it (then a checkpoint of another snapshot is refused, not followed)."""
+    the user pinned it (then a checkpoint of another snapshot is refused, not followed); ``plan_cache``
+    where the snapshot's planning is kept (``_iceberg_cache``; not in ``arguments()``: where the footers
+    are kept decides nothing about the data or the batches)."""
 
     snapshot: IcebergSource
     pinned_by_user: bool
+    plan_cache: PlanCacheSetting = None
+    cache_outcome: ClassVar[CacheOutcome | None] = None   # what the last plan did with the cache (set by plan)
 
     format = "iceberg"
     plans_on_rank0 = False  # each rank reads the table's manifests through its own catalog connection
@@ -66,7 +71,9 @@ class IcebergTableSource(Source):
                 "row_filter": str(snapshot.row_filter), "selected_fields": list(snapshot.selected_fields)}
 
     def plan(self, options: Options, retry: RetryPolicy) -> tuple[Storage, Plan]:
-        return plan_iceberg(self.snapshot, options.split_bytes, retry)
+        storage, plan, outcome = plan_iceberg(self.snapshot, options.split_bytes, retry, self.plan_cache)
+        object.__setattr__(self, "cache_outcome", outcome)   # a record of this planning, not of the source
+        return storage, plan
 
     def identity(self, plan: Plan) -> DataIdentity:
         # the table's uuid joins the data identity: a state taken on a table since dropped and recreated under
@@ -107,4 +114,5 @@ class IcebergTableSource(Source):
         snapshot = self.snapshot
         return replace(self, snapshot=IcebergSource(snapshot.table_name, None, snapshot.snapshot_id, snapshot.schema_id,
                                                     snapshot.row_filter, snapshot.selected_fields,
-                                                    snapshot.arrow_filter, snapshot.output_columns))
+                                                    snapshot.arrow_filter, snapshot.output_columns),
+                       plan_cache=False)

@@ -11,7 +11,8 @@ import json
 import os
 from typing import Any
 
-from ._plan_cache import CACHE_DIR_ENV, cache_folder, max_bytes, read_header
+from ._cache_entry import read_header
+from ._plan_cache import CACHE_DIR_ENV, cache_folder, max_bytes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

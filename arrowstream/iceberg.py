@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._iceberg_source import IcebergTableSource
 from ._iceberg_table import load_table, open_source
+from ._plan_cache import check_plan_cache
 from .dataset import StructuredDataset
 from .errors import InvalidArgumentError
 
@@ -32,6 +33,9 @@ class IcebergDataset(StructuredDataset):
         snapshot_id: The snapshot to read; ``None`` for the current one.
         row_filter: A pyiceberg expression or its string form (``"label = 3 and x > 0.5"``).
         selected_fields: Columns to read; all when ``None``.
+        plan_cache: Where what planning read of the snapshot's data and delete files is kept, so that a restart
+            reads only the manifests: ``None`` (default: ``$ARROWSTREAM_CACHE_DIR``, else the user cache folder),
+            a folder, or ``False`` (no cache). See docs/iceberg.md.
         batch_size: Rows per yielded batch.
         **kwargs: The other knobs of :class:`StructuredDataset` (``shuffle``, ``seed``,
             ``shuffle_buffer_size``, ``interleave``, ``output_format``, ``rank``, ``plan_locally`` ...).
@@ -55,22 +59,21 @@ class IcebergDataset(StructuredDataset):
     def __init__(self, table: str, catalog_config: dict[str, Any] | None = None, snapshot_id: int | None = None,
                  row_filter: Any = None, selected_fields: Sequence[str] | None = None, batch_size: int = 1024,
                  **kwargs: Any) -> None:
-        for name in ("path", "format", "columns", "filter", "storage_options", "credential_provider", "plan_cache"):
+        for name in ("path", "format", "columns", "filter", "storage_options", "credential_provider"):
             if name in kwargs:
                 hint = {"columns": "use selected_fields=", "filter": "use row_filter=",
                         "credential_provider": "put the FileIO properties (s3.access-key-id, ...) into "
                                                "catalog_config",
                         "storage_options": "put the FileIO properties (s3.access-key-id, ...) into catalog_config, "
-                                           "which pyiceberg hands to the table's FileIO",
-                        "plan_cache": "a table is planned from its own manifests, not from the plan cache (leave it "
-                                      "out)"}.get(name, "the table decides it")
+                                           "which pyiceberg hands to the table's FileIO"}.get(name, "the table decides it")
                 raise InvalidArgumentError(f"{name}: IcebergDataset does not take {name}=; {hint}")
         if snapshot_id is not None and (isinstance(snapshot_id, bool) or not isinstance(snapshot_id, int)):
             raise InvalidArgumentError(f"snapshot_id: expected an int or None, got {snapshot_id!r}")
+        plan_cache = check_plan_cache(kwargs.pop("plan_cache", None))
         snapshot = open_source(load_table(table, catalog_config), table, snapshot_id, row_filter, selected_fields)
         columns = None if "*" in snapshot.selected_fields else list(snapshot.output_columns)
-        super().__init__(IcebergTableSource(snapshot, pinned_by_user=snapshot_id is not None), batch_size=batch_size,
-                         columns=columns, filter=snapshot.arrow_filter, **kwargs)
+        super().__init__(IcebergTableSource(snapshot, pinned_by_user=snapshot_id is not None, plan_cache=plan_cache),
+                         batch_size=batch_size, columns=columns, filter=snapshot.arrow_filter, **kwargs)
 
     @classmethod
     def create_dataloader(cls, table: str, catalog_config: dict[str, Any] | None = None,  # type: ignore[override]

@@ -800,14 +800,6 @@ def test_torchrun_ranks_plan_together_from_the_cache(tmp_path):
     assert len(cache_files(os.environ["ARROWSTREAM_CACHE_DIR"])) == 1
 
 
-def test_iceberg_refuses_plan_cache():
-    """Iceberg tables are planned from their manifests, not cached: the keyword is refused, not ignored."""
-    from arrowstream import IcebergDataset
-
-    with pytest.raises(errors.InvalidArgumentError, match="plan_cache: IcebergDataset does not take plan_cache="):
-        IcebergDataset("ns.table", catalog_config={}, plan_cache="/tmp/anywhere")
-
-
 def _plan_facts(dataset) -> tuple:
     files = dataset._plan.files
     return (dataset._plan.data_fingerprint, list(dataset._plan.splits), [f.entry for f in files],
