@@ -26,9 +26,10 @@ from ._formats import FileFooter, FileFormat, check_counts
 from ._formats._base import MetadataFormat
 from ._hashing import fingerprint  # noqa: F401 (also importable from here, its old home)
 from ._pinned import local_version
+from ._plan_checks import _check_columns, _check_names, _check_schemas, check_filter
 from ._plan_types import PLANNING_VERSION, Split, SplitTable  # noqa: F401 (Split: also importable from here)
 from ._storage import Storage, display_url
-from .errors import ArrowStreamError, CorruptFileError, EmptyDatasetError, InvalidArgumentError, SchemaMismatchError
+from .errors import ArrowStreamError, EmptyDatasetError
 
 if TYPE_CHECKING:
     from ._plan_cache import PlanCache
@@ -93,84 +94,6 @@ def read_footer(storage: Storage, file_format: FileFormat, entry: FileEntry, fil
     return footer
 
 
-def _check_names(schema: pa.Schema, url: str, label: str) -> None:
-    """Refuse a schema whose field names (nested ones too) are not valid UTF-8."""
-    try:
-        schema.to_string(show_field_metadata=False, show_schema_metadata=False)
-        schema.names  # noqa: B018 (decoding is the check)
-    except UnicodeDecodeError as exc:
-        raise CorruptFileError(
-            f"{url}: a column name in the {label} metadata is not valid UTF-8 "
-            f"({exc.object[max(exc.start - 16, 0):exc.end + 16]!r}); the file is corrupt: rewrite it with UTF-8 "
-            "column names, or leave it out of `path`") from None
-
-
-def _referenced(filter: pc.Expression, schema: pa.Schema) -> list[str]:
-    """Column names a filter expression reads, found by elimination on empty tables."""
-    empty = schema.empty_table()
-    needed = []
-    for name in schema.names:
-        try:
-            empty.drop_columns([name]).filter(filter)
-        except (pa.ArrowException, ValueError, TypeError, KeyError):
-            needed.append(name)
-    return needed
-
-
-def check_filter(filter: pc.Expression, schema: pa.Schema, url: str) -> list[str]:
-    """Validate ``filter`` on ``schema``; return the columns it reads."""
-    try:
-        schema.empty_table().filter(filter)
-    except (pa.ArrowException, ValueError, TypeError, KeyError) as exc:
-        raise InvalidArgumentError(
-            f"filter: {filter} cannot be evaluated on the columns of {url} ({exc}); "
-            f"the file has columns {schema.names}") from None
-    return _referenced(filter, schema)
-
-
-def _type_of(schema: pa.Schema, name: str) -> str:
-    """The type of column ``name`` (of each column of that name, where several share it)."""
-    return ", ".join(str(f.type) for f in schema if f.name == name)
-
-
-def _check_schemas(footers: FooterTable, protocol: str, required: list[str], all_columns: bool) -> None:
-    """Refuse files whose columns differ from the reference (the first file with rows): each distinct
-    schema is checked once, at its first file, which is the first file the error can name."""
-    with_rows = np.flatnonzero(footers.file_rows() > 0)
-    if not len(with_rows):
-        with_rows = np.arange(len(footers))
-    _, firsts = np.unique(footers.schema_index[with_rows], return_index=True)
-    reference = int(with_rows[0])
-    ref_schema = footers.schema_of(reference)
-    for first in sorted(int(with_rows[f]) for f in firsts):
-        schema = footers.schema_of(first)
-        if first != reference and not schema.equals(ref_schema):   # equal schemas: nothing can differ
-            _check_schema(schema, display_url(protocol, footers.path(first)), ref_schema,
-                          display_url(protocol, footers.path(reference)), required, all_columns)
-
-
-def _check_schema(schema: pa.Schema, url: str, ref_schema: pa.Schema, ref_url: str, required: list[str],
-                  all_columns: bool) -> None:
-    names = set(schema.names)
-    if all_columns and names != set(ref_schema.names):
-        extra = sorted(names - set(ref_schema.names))
-        missing = sorted(set(ref_schema.names) - names)
-        raise SchemaMismatchError(
-            f"{url} has columns that differ from {ref_url}: missing {missing}, extra {extra}; "
-            "pass `columns=[...]` with the columns all files share, or fix the files")
-    for name in required:
-        if name not in names:
-            raise SchemaMismatchError(
-                f"{url} has no column {name!r}, which {ref_url} has; "
-                "leave the column out of `columns` or fix the file")
-        ref_type = _type_of(ref_schema, name)
-        this_type = _type_of(schema, name)
-        if ref_type != this_type:
-            raise SchemaMismatchError(
-                f"column {name!r} is {this_type} in {url} but {ref_type} in {ref_url}; "
-                "rewrite the files with one type, or leave the column out of `columns`")
-
-
 def plan_files(storage: Storage, entries: Sequence[FileEntry], file_format: FileFormat, *,
                columns: list[str] | None, filter: pc.Expression | None, split_bytes: int | None,
                cache: PlanCache | None = None) -> Plan:
@@ -194,19 +117,6 @@ def plan_files(storage: Storage, entries: Sequence[FileEntry], file_format: File
     if cached is None or set(plan.files.known_fingerprints) != known:
         cache.store(entries, plan.files)
     return plan
-
-
-def _check_columns(columns: list[str] | None, schema: pa.Schema, url: str) -> None:
-    if columns is None:
-        return
-    unknown = [c for c in columns if c not in schema.names]
-    if unknown:
-        raise InvalidArgumentError(f"columns: {unknown} not found in {url}; its columns are {schema.names}")
-    shared = sorted({c for c in columns if schema.names.count(c) > 1})
-    if shared:
-        raise InvalidArgumentError(
-            f"columns: {shared} each name several columns of {url}, so `columns` cannot choose "
-            "between them; leave them out of `columns`, or rewrite the file with distinct names")
 
 
 def read_footers(storage: Storage, entries: Sequence[FileEntry], file_format: FileFormat, *,

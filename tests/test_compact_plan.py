@@ -80,7 +80,10 @@ def footers_of(draw):
         rows = draw(st.lists(st.integers(0, 30), max_size=6))
         sizes = [draw(st.integers(0, 400)) for _ in rows]
         kept = sorted(draw(st.sets(st.integers(0, max(len(rows) - 1, 0)), max_size=len(rows)))) if rows else []
-        footers.append(FileFooter(FileEntry(f"/d/f{index}", f"f{index}", 10 + index, f"mtime={index}"), "parquet",
+        # names and tags as JSON writes them plainly, or with escapes (quotes, backslashes, control, non-ASCII)
+        name = draw(st.sampled_from([f"f{index}", f"a/b-{index}.parquet"]) | st.text(max_size=6))
+        tag = draw(st.sampled_from([f"mtime={index}.25", 'ETag="0x8D"', ""]) | st.text(max_size=4))
+        footers.append(FileFooter(FileEntry(f"/d/f{index}", name, draw(st.integers(0, 2**62)), tag), "parquet",
                                   SCHEMA, tuple(rows), tuple(sizes), tuple(kept)))
     return footers
 

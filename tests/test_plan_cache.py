@@ -504,8 +504,9 @@ def test_an_entry_is_not_used_by_a_listing_without_modification_tags(tmp_path, m
     path = write_dataset(tmp_path / "data", LAYOUT)
     StructuredDataset(path, batch_size=64)
     written = the_entry().read_bytes()
-    monkeypatch.setattr("arrowstream._discovery._modification_tag", lambda info: "")
-    monkeypatch.setattr("arrowstream._discovery.version_of", lambda protocol, info: "")
+    local_entries = discovery._local_entries
+    monkeypatch.setattr(discovery, "_local_entries",
+                        lambda statuses: [dataclasses.replace(e, tag="", version="") for e in local_entries(statuses)])
     inspections.clear()
     dataset = StructuredDataset(path, batch_size=64)
     assert dataset._source.cache_outcome.action == "off" and inspections["parquet"] == len(LAYOUT)
