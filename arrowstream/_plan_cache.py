@@ -27,6 +27,10 @@ version, of another listing) is logged and rebuilt, never trusted; a folder that
 is logged once and planning goes on without the cache. The folder is bounded in bytes: an entry
 read is touched, the oldest are removed after a write.
 
+The entry's bytes (header, columns, checksum) and its checks are ``_cache_entry``'s. An Iceberg
+snapshot's entry (``_iceberg_cache``) is a ``PlanCache`` too: keyed by the snapshot, checked against
+the scan tasks' paths and sizes (a snapshot's files are never rewritten in place: no tags needed).
+
 The trust boundary: the SHA-256 catches damage, not intent. An entry that verifies and whose key and
 listing are the dataset's is taken as a whole, its data fingerprint included: wrong counts are caught
 when readers count rows, a changed fingerprint is not (checking it means computing it, which is what

@@ -58,7 +58,7 @@ class IcebergDataset(StructuredDataset):
 
     def __init__(self, table: str, catalog_config: dict[str, Any] | None = None, snapshot_id: int | None = None,
                  row_filter: Any = None, selected_fields: Sequence[str] | None = None, batch_size: int = 1024,
-                 **kwargs: Any) -> None:
+                 plan_cache: Any = None, **kwargs: Any) -> None:
         for name in ("path", "format", "columns", "filter", "storage_options", "credential_provider"):
             if name in kwargs:
                 hint = {"columns": "use selected_fields=", "filter": "use row_filter=",
@@ -69,7 +69,7 @@ class IcebergDataset(StructuredDataset):
                 raise InvalidArgumentError(f"{name}: IcebergDataset does not take {name}=; {hint}")
         if snapshot_id is not None and (isinstance(snapshot_id, bool) or not isinstance(snapshot_id, int)):
             raise InvalidArgumentError(f"snapshot_id: expected an int or None, got {snapshot_id!r}")
-        plan_cache = check_plan_cache(kwargs.pop("plan_cache", None))
+        plan_cache = check_plan_cache(plan_cache)
         snapshot = open_source(load_table(table, catalog_config), table, snapshot_id, row_filter, selected_fields)
         columns = None if "*" in snapshot.selected_fields else list(snapshot.output_columns)
         super().__init__(IcebergTableSource(snapshot, pinned_by_user=snapshot_id is not None, plan_cache=plan_cache),
