@@ -276,3 +276,25 @@ def test_deleted_positions_are_one_list_column(table_with_deletes):
     assert again._source.cache_outcome.action == "rebuilt" and "not sorted" in again._source.cache_outcome.reason
     assert np.array_equal(sorted(f.extra.deleted.size for f in again._plan.files if f.extra.deleted is not None),
                           [7, 161])
+
+
+def test_row_filter_and_selected_fields_are_part_of_the_key(table_with_deletes):
+    _, config = table_with_deletes
+    options = {"row_filter": "id >= 1200 and score > 0.5", "selected_fields": ["id"]}
+    first = IcebergDataset(TABLE, catalog_config=config, **options)
+    again = IcebergDataset(TABLE, catalog_config=config, **options)
+    other = IcebergDataset(TABLE, catalog_config=config, row_filter="id >= 1300", selected_fields=["id"])
+    fields = IcebergDataset(TABLE, catalog_config=config, row_filter=options["row_filter"])
+    assert [d._source.cache_outcome.action for d in (first, again, other, fields)] == ["built", "hit", "built", "built"]
+    assert len(cache_files()) == 3 and plan_facts(again) == plan_facts(first)
+
+
+def test_an_unwritable_folder_is_one_warning_and_planning_goes_on(table_with_deletes, tmp_path, caplog):
+    _, config = table_with_deletes
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    with caplog.at_level(logging.WARNING, logger="arrowstream"):
+        datasets = [IcebergDataset(TABLE, catalog_config=config, plan_cache=blocked / "cache") for _ in range(2)]
+    assert [d._source.cache_outcome.action for d in datasets] == ["off", "off"]
+    assert sum("cannot write the plan cache" in r.message for r in caplog.records) == 1
+    assert datasets[1]._plan.num_rows == 2000 - 7 - 161
