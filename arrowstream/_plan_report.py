@@ -41,8 +41,10 @@ def report(dataset: Any) -> dict[str, Any]:
     out.update({
         "entry_bytes": os.path.getsize(outcome.path), "written": header["created"],
         "files": header["num_files"], "units": header["num_units"], "rows": header["num_rows"],
-        "format": key["format"], "path": key["path"], "protocol": key["protocol"],
-        "parse_options": key["parse_options"], "filter": (key["filter"] or {}).get("text"),
+        "format": key["format"], "path": key.get("path"), "protocol": key["protocol"],
+        "parse_options": key.get("parse_options"), "filter": (key.get("filter") or {}).get("text"),
+        **({"table_uuid": key["table_uuid"], "snapshot_id": key["snapshot_id"], "row_filter": key["row_filter"]}
+           if key["protocol"] == "iceberg" else {}),
         "folder": os.path.dirname(outcome.path), **{f"folder_{k}": v for k, v in
                                                     _folder_usage(os.path.dirname(outcome.path)).items()},
     })
@@ -56,9 +58,14 @@ def _text(info: dict[str, Any]) -> str:
     lines = [
         f"plan cache entry: {info['entry']}",
         f"  this run: {info['action']}{why}",
-        f"  dataset: {info['format']} at {info['path']} ({info['protocol']})",
+        (f"  dataset: {info['format']} at {info['path']} ({info['protocol']})" if "snapshot_id" not in info else
+         f"  table: {info['table_uuid']}, snapshot {info['snapshot_id']}, row filter {info['row_filter']} "
+         f"({info['format']} data files)"),
         (f"  holds: {info['files']} files, {info['units']} units, {info['rows']} rows "
-         "(the footers: unit rows and bytes, schemas, byte ranges, text row offsets, Parquet footers within the budget)"),
+         "(the footers: unit rows and bytes, schemas, byte ranges, text row offsets, Parquet footers within the budget)"
+         if "snapshot_id" not in info else
+         f"  holds: {info['files']} data files, {info['units']} units, {info['rows']} rows before positional deletes "
+         "(the data files' footers and the positions their delete files remove)"),
         f"  entry: {info['entry_bytes']} bytes, written {info['written']}",
         (f"  folder: {info['folder']}: {info['folder_entries']} entries, {info['folder_bytes']} bytes "
          f"(at most {info['folder_max_bytes']}, least recently used removed first)"),
@@ -70,11 +77,7 @@ def _text(info: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ._inspect import open_dataset
-    from .errors import InvalidArgumentError
 
-    if args.iceberg_table:
-        raise InvalidArgumentError("--iceberg-table: the plan cache holds file datasets (Parquet, ORC, Arrow IPC, "
-                                   "CSV, JSON Lines); an Iceberg table is planned from its own manifests")
     folder = cache_folder(args.cache_dir)
     dataset = open_dataset(args, plan_cache=folder)
     info = report(dataset)

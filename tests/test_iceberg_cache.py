@@ -298,3 +298,23 @@ def test_an_unwritable_folder_is_one_warning_and_planning_goes_on(table_with_del
     assert [d._source.cache_outcome.action for d in datasets] == ["off", "off"]
     assert sum("cannot write the plan cache" in r.message for r in caplog.records) == 1
     assert datasets[1]._plan.num_rows == 2000 - 7 - 161
+
+
+def test_cli_plan_builds_a_table_entry_ahead_of_a_job(table_with_deletes, tmp_path, capsys, reads):
+    from arrowstream.cli import main
+
+    table, _config = table_with_deletes
+    folder = tmp_path / "ahead"
+    args = ["plan", "--iceberg-table", TABLE, "--catalog-root", str(tmp_path / "iceberg"), "--cache-dir", str(folder)]
+    assert main(args) == 0
+    built = capsys.readouterr().out
+    assert "this run: built" in built and f"snapshot {table.current_snapshot().snapshot_id}" in built
+    assert "3 data files" in built and "2000 rows before positional deletes" in built
+    assert main([*args, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["action"] == "hit" and info["snapshot_id"] == table.current_snapshot().snapshot_id
+    assert info["rows"] == 2000 and info["files"] == 3
+    # the job that follows finds the entry built ahead and reads no footer
+    reads["footers"] = 0
+    dataset = IcebergDataset(TABLE, catalog_config=_config, batch_size=64, plan_cache=folder)
+    assert dataset._source.cache_outcome.action == "hit" and reads["footers"] == 0
