@@ -12,6 +12,7 @@ from . import errors
 from ._checkpoint import gather_state_dict, merge_state_dicts
 from ._iceberg_table import default_catalog_config as iceberg_catalog_config
 from ._metrics import gather_metrics
+from ._mix_loader import MixtureDataLoader
 from ._retry import RetryPolicy
 from .dataset import StructuredDataset
 from .errors import (
@@ -38,6 +39,7 @@ from .errors import (
 )
 from .iceberg import IcebergDataset
 from .loader import ArrowStreamDataLoader
+from .mixture import IcebergSource, Mixture, Source
 
 __version__ = "0.1.0"
 
@@ -52,14 +54,18 @@ __all__ = [
     "FileChangedError",
     "FileReadError",
     "IcebergDataset",
+    "IcebergSource",
     "InvalidArgumentError",
     "MalformedRowError",
     "MissingDependencyError",
+    "Mixture",
+    "MixtureDataLoader",
     "NotSupportedYetError",
     "NullValueError",
     "RetryPolicy",
     "SchemaMismatchError",
     "SharedMemoryError",
+    "Source",
     "StateError",
     "StateMismatchError",
     "StateVersionError",

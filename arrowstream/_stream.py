@@ -36,6 +36,55 @@ def open_runs(readers: Sequence[PieceReader], splits: Sequence[Split], *, batch_
     return shuffle_windows(runs, buffer_rows, window_seed, start, run_rows)
 
 
+class RunQueue:
+    """Runs read ahead of the rows handed out, and the cursor past the last row handed out."""
+
+    def __init__(self, runs: Iterator[Run] | None, cursor: Cursor) -> None:
+        self._reading = runs
+        self._held: deque[Run] = deque()
+        self.buffered = 0
+        self.cursor = cursor
+
+    def fill(self, rows: int) -> None:
+        """Read runs until ``rows`` rows are held or the runs end."""
+        while self.buffered < rows and self._reading is not None:
+            run = next(self._reading, None)
+            if run is None:
+                self._reading = None
+            elif run.num_rows == 0:
+                if not self._held:  # nothing held back: the filtered-out rows are behind us
+                    self.cursor = run.after(0)
+            else:
+                self._held.append(run)
+                self.buffered += run.num_rows
+
+    def take(self, num_rows: int) -> pa.RecordBatch:
+        """The next ``num_rows`` held rows (``fill`` first), the cursor moved past them."""
+        parts: list[pa.RecordBatch] = []
+        remaining = num_rows
+        while remaining:
+            run = self._held[0]
+            if run.num_rows <= remaining:
+                self._held.popleft()
+                parts.append(run.batch)
+                remaining -= run.num_rows
+                last, taken = run, run.num_rows
+            else:
+                parts.append(run.batch.slice(0, remaining))
+                self._held[0] = run.tail(remaining)
+                last, taken, remaining = run, remaining, 0
+        self.buffered -= num_rows
+        self.cursor = last.after(taken)
+        return parts[0] if len(parts) == 1 else pa.concat_batches(parts)
+
+    def stop(self, cursor: Cursor) -> None:
+        """Drop what is held, read no more, and stand at ``cursor``."""
+        self._held.clear()
+        self.buffered = 0
+        self._reading = None
+        self.cursor = cursor
+
+
 class EpochStream:
     """Batches of one slot in one epoch, from a cursor on; :meth:`state` is where it stands."""
 
@@ -52,56 +101,20 @@ class EpochStream:
         self._options = options
         self._epoch = epoch
         self._slot = slot
-        self._held: deque[Run] = deque()
-        self._buffered = 0
-        self._cursor = start.cursor
         self._rows, self._batches, self._rows_dropped = start.rows, start.batches, start.rows_dropped
         self._complete = start.epoch_complete
-        self._reading: Iterator[Run] | None = None if self._complete else runs
-
-    def _fill(self, rows: int) -> None:
-        while self._buffered < rows and self._reading is not None:
-            run = next(self._reading, None)
-            if run is None:
-                self._reading = None
-            elif run.num_rows == 0:
-                if not self._held:  # nothing held back: the filtered-out rows are behind us
-                    self._cursor = run.after(0)
-            else:
-                self._held.append(run)
-                self._buffered += run.num_rows
-
-    def _take(self, num_rows: int) -> pa.RecordBatch:
-        parts: list[pa.RecordBatch] = []
-        remaining = num_rows
-        while remaining:
-            run = self._held[0]
-            if run.num_rows <= remaining:
-                self._held.popleft()
-                parts.append(run.batch)
-                remaining -= run.num_rows
-                last, taken = run, run.num_rows
-            else:
-                parts.append(run.batch.slice(0, remaining))
-                self._held[0] = run.tail(remaining)
-                last, taken, remaining = run, remaining, 0
-        self._buffered -= num_rows
-        self._cursor = last.after(taken)
-        return parts[0] if len(parts) == 1 else pa.concat_batches(parts)
+        self._queue = RunQueue(None if self._complete else runs, start.cursor)
 
     def _finish(self) -> None:
         if self._max_batches is not None and self._batches >= self._max_batches:
             logger.info("even_batches: rank %d worker %d stops after %d batch(es) of epoch %d; the rest of its "
                         "rows are trimmed this epoch", self._slot.rank, self._slot.worker_id, self._batches,
                         self._epoch)
-        elif self._drop_last and self._buffered:
-            self._rows_dropped += self._buffered
+        elif self._drop_last and self._queue.buffered:
+            self._rows_dropped += self._queue.buffered
             logger.info("drop_last: rank %d worker %d dropped its last %d row(s) of epoch %d",
-                        self._slot.rank, self._slot.worker_id, self._buffered, self._epoch)
-        self._held.clear()
-        self._buffered = 0
-        self._reading = None
-        self._cursor = self._end
+                        self._slot.rank, self._slot.worker_id, self._queue.buffered, self._epoch)
+        self._queue.stop(self._end)
         self._complete = True
 
     def __iter__(self) -> EpochStream:
@@ -114,11 +127,12 @@ class EpochStream:
         if self._max_batches is not None and self._batches >= self._max_batches:
             self._finish()
             raise StopIteration
-        self._fill(self._batch_size)
-        if self._buffered == 0 or (self._drop_last and self._buffered < self._batch_size):
+        queue = self._queue
+        queue.fill(self._batch_size)
+        if queue.buffered == 0 or (self._drop_last and queue.buffered < self._batch_size):
             self._finish()
             raise StopIteration
-        batch = self._take(min(self._batch_size, self._buffered))
+        batch = queue.take(min(self._batch_size, queue.buffered))
         self._rows += batch.num_rows
         self._batches += 1
         return batch
@@ -134,7 +148,7 @@ class EpochStream:
             raise StopIteration
         if self._max_batches is not None:  # never read rows that even_batches trims
             max_batches = min(max_batches, self._max_batches - self._batches)
-        self._fill(self._batch_size * max(max_batches, 0))
+        self._queue.fill(self._batch_size * max(max_batches, 0))
         parts: list[pa.RecordBatch] = []
         positions: list[Position] = []
         while len(parts) < max(max_batches, 1):  # at the limit, the first next() ends the epoch
@@ -152,19 +166,19 @@ class EpochStream:
         """Whether at least ``rows`` rows are left in the epoch (reads ahead as far as needed)."""
         if self._complete:
             return False
-        self._fill(rows)
-        return self._buffered >= rows
+        self._queue.fill(rows)
+        return self._queue.buffered >= rows
 
     @property
     def batches(self) -> int:
         return self._batches
 
     def position(self) -> Position:
-        return Position(self._cursor, self._rows, self._batches, self._rows_dropped)
+        return Position(self._queue.cursor, self._rows, self._batches, self._rows_dropped)
 
     def state(self) -> WorkerState:
         return WorkerState(
             data=self._data, options=self._options, epoch=self._epoch, slot=self._slot,
-            cursor=self._cursor, rows=self._rows,
+            cursor=self._queue.cursor, rows=self._rows,
             batches=self._batches, rows_dropped=self._rows_dropped, epoch_complete=self._complete,
             elastic=self._elastic)

@@ -46,6 +46,10 @@ PURE_MODULES = [
     "errors",
     "_layout",        # the epoch layout: every slot's share and limit (issue #18 point 2)
     "_resume",        # resume checks of the dataset: a loaded state against the plan, elastic re-planning
+    "_mix_plan",      # a mixture's quotas, passes, slots' segments and batch shares
+    "_mix_stream",    # a mixture slot's batches and its state
+    "_mix_resume",    # a mixture's state checks and following a checkpoint
+    "_mix_schema",    # one schema for a mixture's sources
 ]
 
 REFUSED_PACKAGES = ("torch", "torchdata", "fsspec")

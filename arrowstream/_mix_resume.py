@@ -1,0 +1,115 @@
+"""Checks of a mixture's saved states, and following a checkpoint into the mixture (a new one between epochs).
+
+Inside an epoch, a state loads only into the mixture it was taken with: the same sources, data, quotas
+and options. At an epoch boundary (every worker done with its epoch), the mixture may differ: other
+weights, ``epoch_rows``, sources added (they start at their first pass) or removed; every kept source
+goes on at its exact position in its passes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._fields import REMEDY
+from ._mix_plan import positions, quotas_at
+from ._mix_stream import MixSlot, MixWorkerState
+from .errors import StateError, StateMismatchError
+
+if TYPE_CHECKING:
+    from .mixture import Mixture
+
+_FINISH = ("finish the saved epoch with the saved mixture (same sources, weights and epoch_rows), then change it "
+           "at the next epoch boundary; or resume with the saved mixture")
+
+
+def _describe(epochs: dict[str, tuple[int, int]]) -> str:
+    return ", ".join(f"{name}: quota {quota}" for name, (_, quota) in epochs.items())
+
+
+def follow(mixture: Mixture, saved: list[MixWorkerState]) -> int:
+    """Make ``mixture`` stand where the checkpoint of ``saved`` (every worker's state) stands; returns
+    the saved epoch. Refuses, naming saved vs current, a mid-epoch checkpoint of another mixture."""
+    epoch = max(state.epoch for state in saved)
+    latest = [state for state in saved if state.epoch == epoch]
+    first = latest[0]
+    for state in latest[1:]:
+        if (state.epochs, state.history) != (first.epochs, first.history):
+            raise StateError(f"the workers' states disagree on the sources of mixture epoch {epoch}; {REMEDY}")
+    starts, in_effect = positions(first.history, epoch), quotas_at(first.history, epoch)
+    for name, e in first.epochs.items():
+        if (starts.get(name, 0), in_effect.get(name, 0)) != (e.start, e.quota):
+            raise StateError(f"the checkpoint's source {name!r} starts mixture epoch {epoch} at row {e.start} of its "
+                             f"passes with quota {e.quota}, but its history {first.history} gives "
+                             f"{starts.get(name, 0)} and {in_effect.get(name, 0)}; {REMEDY}")
+    current_data = {s.name: s.data for s in mixture._sources}
+    for name, data in first.data.items():
+        if name in current_data and current_data[name] != data:
+            raise StateMismatchError(
+                f"source {name!r} is not the data the checkpoint was taken on: saved {data}, current "
+                f"{current_data[name]}; a source's passes count its rows, so resume on the same data (or "
+                "start the source afresh under a new name)")
+    saved_quotas = {name: (e.start, e.quota) for name, e in first.epochs.items()}
+    boundary = all(state.epoch_complete for state in latest)
+    if not boundary:
+        current = {name: (0, quota) for name, quota in mixture.quotas().items()}
+        if sorted(current) != sorted(saved_quotas) or any(current[n][1] != saved_quotas[n][1] for n in current):
+            raise StateMismatchError(
+                f"the checkpoint is inside mixture epoch {epoch}, taken with sources and quotas "
+                f"{{{_describe(saved_quotas)}}}; this mixture has {{{_describe(current)}}}. Mid-epoch, the mixture "
+                f"cannot change: {_FINISH}")
+        mixture._history = [(e, dict(q)) for e, q in first.history]
+    else:   # the next epoch may differ: kept sources go on from where the saved epoch left them
+        names = set(mixture.names)
+        kept = [(e, {n: q for n, q in quotas.items() if n in names}) for e, quotas in first.history if e <= epoch]
+        mixture._history = [*kept, (epoch + 1, mixture.quotas())]
+    mixture._epoch_cell[0] = epoch
+    return epoch
+
+
+def check_worker_state(mixture: Mixture, state: MixWorkerState, slot: MixSlot) -> MixWorkerState:
+    """``state``, refused unless it is a position the worker ``slot`` reaches in the mixture as it stands."""
+    saved_slot = (state.rank, state.world_size, state.worker_id, state.num_workers)
+    current_slot = (slot.rank, slot.world_size, slot.worker_id, slot.num_workers)
+    if saved_slot != current_slot:
+        raise StateMismatchError(f"this mixture worker state belongs to (rank, world_size, worker, num_workers) = "
+                                 f"{saved_slot}, but it is loaded into {current_slot}; {REMEDY}")
+    options = mixture.state_options()
+    changed = sorted(k for k in set(options) | set(state.options) if options.get(k) != state.options.get(k))
+    if changed:
+        raise StateMismatchError(
+            "the mixture's options differ from the checkpoint's: " + ", ".join(
+                f"{k}: saved {state.options.get(k)!r}, current {options.get(k)!r}" for k in changed)
+            + "; build the mixture with the saved options to resume")
+    if state.epoch_complete:
+        return state
+    starts = mixture.epoch_starts(state.epoch)
+    quotas = mixture.quotas()
+    for name, e in state.epochs.items():
+        if name not in starts or (starts[name], quotas[name]) != (e.start, e.quota):
+            raise StateMismatchError(
+                f"source {name!r} of the checkpoint's mixture epoch {state.epoch} starts at row {e.start} of its "
+                f"passes with quota {e.quota}; this mixture has {starts.get(name)} and {quotas.get(name)}: {_FINISH}")
+    mine = mixture.slot_quotas(slot.num_workers, state.epoch)[slot.index]
+    total = sum(mine.values())
+    batch_size = mixture.batch_size
+    if state.rows > total or sum(c.taken for c in state.cursors.values()) != state.rows \
+            or not (state.batches - 1) * batch_size < state.rows <= state.batches * batch_size \
+            and not state.rows == state.batches == 0:
+        raise StateError(f"the mixture worker state of rank {slot.rank} worker {slot.worker_id} counts {state.rows} "
+                         f"row(s) in {state.batches} batch(es) of {batch_size}, its sources "
+                         f"{ {n: c.taken for n, c in state.cursors.items()} } of quotas {mine}: not a position its "
+                         f"epoch reaches; {REMEDY}")
+    for name, cursor in state.cursors.items():
+        ideal = state.rows * mine[name] / total if total else 0
+        if cursor.taken > mine[name] or abs(cursor.taken - ideal) >= 1 + 1e-9 * total:
+            raise StateError(f"the mixture worker state has {cursor.taken} row(s) of source {name!r} after {state.rows} "
+                             f"row(s); its share is {ideal:.1f} of quota {mine[name]}: not a position its epoch "
+                             f"reaches; {REMEDY}")
+        segments = mixture._segments(state.epoch, slot.num_slots)[name][slot.index]
+        before = sum(seg.num_rows for seg in segments[:cursor.segment])
+        inside = segments[cursor.segment].num_rows if cursor.segment < len(segments) else 0
+        if cursor.segment > len(segments) or not before <= cursor.taken <= before + inside:
+            raise StateError(f"the mixture worker state of source {name!r} stands in segment {cursor.segment} of "
+                             f"{len(segments)} with {cursor.taken} row(s) taken: not a position its epoch reaches; "
+                             f"{REMEDY}")
+    return state

@@ -1,0 +1,80 @@
+"""One output schema for a mixture's sources: equal names, types equal or safely widened."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pyarrow as pa
+import pyarrow.types as pat
+
+from .errors import InvalidArgumentError, SchemaMismatchError
+
+SAFE_CASTS = "int8/16/32 into a wider int, uint into a wider int, float16/32 into float64, string into " \
+             "large_string, binary into large_binary"
+
+
+def widens(narrow: pa.DataType, wide: pa.DataType) -> bool:
+    """Whether every value of ``narrow`` is a value of ``wide`` (a safe cast, or the same type)."""
+    if narrow == wide:
+        return True
+    if pat.is_signed_integer(narrow) and pat.is_signed_integer(wide):
+        return bool(narrow.bit_width <= wide.bit_width)
+    if pat.is_unsigned_integer(narrow) and pat.is_signed_integer(wide):
+        return bool(narrow.bit_width < wide.bit_width)
+    if pat.is_unsigned_integer(narrow) and pat.is_unsigned_integer(wide):
+        return bool(narrow.bit_width <= wide.bit_width)
+    if pat.is_floating(narrow) and pat.is_floating(wide):
+        return bool(narrow.bit_width <= wide.bit_width)
+    return bool((pat.is_string(narrow) and pat.is_large_string(wide))
+                or (pat.is_binary(narrow) and pat.is_large_binary(wide)))
+
+
+def unify(schemas: Mapping[str, pa.Schema], source_column: str | None) -> pa.Schema:
+    """The mixture's schema: the first source's column order, each column of the type every source's
+    type widens into; else ``SchemaMismatchError`` naming the column and both sources."""
+    names = list(schemas)
+    first = names[0]
+    columns = schemas[first].names
+    for name in names[1:]:
+        if sorted(schemas[name].names) != sorted(columns):
+            missing = sorted(set(columns) - set(schemas[name].names))
+            extra = sorted(set(schemas[name].names) - set(columns))
+            raise SchemaMismatchError(
+                f"sources {first!r} and {name!r} have other columns: {name!r} lacks {missing} and has {extra} "
+                f"that {first!r} lacks; give each source columns=[...] (selected_fields for Iceberg) with the same names")
+    fields = []
+    for column in columns:
+        types = {name: schemas[name].field(column).type for name in names}
+        target = next((t for t in types.values() if all(widens(other, t) for other in types.values())), None)
+        if target is None:
+            other = next(name for name in names[1:] if not widens(types[name], types[first])
+                         and not widens(types[first], types[name])) if len(names) > 1 else first
+            raise SchemaMismatchError(
+                f"column {column!r} is {types[first]} in source {first!r} and {types[other]} in source {other!r}, "
+                f"and neither type holds the other's values; mixtures apply only safe casts ({SAFE_CASTS}): "
+                "cast in the data, or select other columns")
+        fields.append(pa.field(column, target))
+    if source_column is not None:
+        if source_column in columns:
+            raise InvalidArgumentError(f"source_column: {source_column!r} is already a column of the sources; "
+                                       "choose another name")
+        fields.append(pa.field(source_column, pa.string()))
+    return pa.schema(fields)
+
+
+def caster(source: pa.Schema, target: pa.Schema, name: str, source_column: str | None):  # type: ignore[no-untyped-def]
+    """A function from a batch of ``source`` to one of ``target`` (columns in order, safe casts, the
+    source's name as ``source_column``)."""
+    data = pa.schema([target.field(c) for c in target.names if c != source_column])
+    same = source.names == data.names and all(source.field(c).type == data.field(c).type for c in data.names)
+    label = pa.scalar(name, pa.string())
+
+    def cast(batch: pa.RecordBatch) -> pa.RecordBatch:
+        if not same:
+            batch = batch.select(data.names).cast(data)
+        if source_column is not None:
+            column = pa.repeat(label, batch.num_rows) if batch.num_rows else pa.array([], pa.string())
+            batch = pa.RecordBatch.from_arrays([*batch.columns, column], schema=target)
+        return batch
+
+    return cast

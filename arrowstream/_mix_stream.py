@@ -1,0 +1,276 @@
+"""One slot's epoch of a mixture: each source's rows, taken batch by batch in proportion, and its state.
+
+A :class:`SourceRows` reads one source's segments of the slot's epoch (see :mod:`arrowstream._mix_plan`)
+through the usual pipeline (interleaved splits, shuffle windows), segment after segment, and hands out
+exactly the rows asked for. A :class:`MixStream` cuts batches: each takes from every source its share
+(:func:`~arrowstream._mix_plan.shares_after`), casts them to the mixture's schema, and mixes them when
+the shuffle buffer is on. :class:`MixWorkerState` is where it stands: a small JSON dict.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from ._cursor import Cursor
+from ._fields import REMEDY, Fields, shorten
+from ._interleave import PieceReader
+from ._mix_plan import batch_permutation, shares_after, window_seed
+from ._plan_types import Split
+from ._stream import RunQueue, open_runs
+from .errors import FileChangedError, StateError
+
+logger = logging.getLogger("arrowstream")
+
+MIX_WORKER_KIND = "arrowstream.mixture_worker"
+MIX_STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SourceCursor:
+    """Where a slot stands in one source's rows of an epoch: the segment, the cursor in it, rows taken."""
+
+    segment: int
+    cursor: Cursor | None  # None: the segment's first row
+    taken: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"segment": self.segment, "cursor": None if self.cursor is None else self.cursor.to_dict(),
+                "taken": self.taken}
+
+    @classmethod
+    def from_dict(cls, value: Any, where: str) -> SourceCursor:
+        fields = Fields(value, where)
+        raw = fields.value.get("cursor")
+        cursor = None if raw is None else Cursor.from_dict(raw, f"{where}.cursor")
+        return cls(fields.integer("segment"), cursor, fields.integer("taken"))
+
+
+@dataclass(frozen=True)
+class SourceEpoch:
+    """A source in a mixture epoch: where its passes stand when the epoch starts, and its quota."""
+
+    start: int
+    quota: int
+
+
+@dataclass(frozen=True)
+class MixWorkerState:
+    """A mixture worker's position in its epoch; see docs/mixing.md."""
+
+    epoch: int
+    rank: int
+    world_size: int
+    worker_id: int
+    num_workers: int
+    rows: int
+    batches: int
+    rows_dropped: int
+    epoch_complete: bool
+    options: dict[str, Any]
+    history: list[tuple[int, dict[str, int]]]  # the quotas in effect from each epoch on (see _mix_plan.positions)
+    epochs: dict[str, SourceEpoch]      # every source's start and quota in this epoch
+    cursors: dict[str, SourceCursor]    # this slot's place in each source's rows
+    data: dict[str, dict[str, Any]]     # each source's data identity
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": MIX_WORKER_KIND, "version": MIX_STATE_VERSION, "epoch": self.epoch,
+                "slot": {"rank": self.rank, "world_size": self.world_size, "worker_id": self.worker_id,
+                         "num_workers": self.num_workers},
+                "rows": self.rows, "batches": self.batches, "rows_dropped": self.rows_dropped,
+                "epoch_complete": self.epoch_complete, "options": dict(self.options),
+                "history": [[first, dict(quotas)] for first, quotas in self.history],
+                "sources": {name: {"start": e.start, "quota": e.quota, **self.cursors[name].to_dict(),
+                                   "data": self.data[name]} for name, e in self.epochs.items()}}
+
+    @classmethod
+    def from_dict(cls, value: Any, where: str = "mixture worker state") -> MixWorkerState:
+        fields = Fields(value, where)
+        if fields.value.get("kind") != MIX_WORKER_KIND:
+            raise StateError(f"the {where} has kind {shorten(fields.value.get('kind'))}, expected "
+                             f"{MIX_WORKER_KIND!r}: not a mixture's state (a StructuredDataset's state loads into "
+                             f"its own loader); {REMEDY}")
+        version = fields.integer("version")
+        if version != MIX_STATE_VERSION:
+            raise StateError(f"the {where} has version {version}; this arrowstream reads mixture states of version "
+                             f"{MIX_STATE_VERSION}: upgrade arrowstream to load it")
+        slot = fields.mapping("slot")
+        options = fields.mapping("options").value
+        history = _history(fields.sequence("history"), f"{where}.history")
+        sources = fields.mapping("sources")
+        epochs, cursors, data = {}, {}, {}
+        for name in sources.value:
+            entry = sources.mapping(name)
+            epochs[name] = SourceEpoch(entry.integer("start"), entry.integer("quota"))
+            cursors[name] = SourceCursor.from_dict(entry.value, f"{where}.sources.{name}")
+            data[name] = entry.mapping("data").value
+        return cls(fields.integer("epoch"), slot.integer("rank"), slot.integer("world_size"),
+                   slot.integer("worker_id"), slot.integer("num_workers"), fields.integer("rows"),
+                   fields.integer("batches"), fields.integer("rows_dropped"), fields.boolean("epoch_complete"),
+                   dict(options), history, epochs, cursors, data)
+
+
+def _history(entries: list[Any], where: str) -> list[tuple[int, dict[str, int]]]:
+    """``[[first epoch, {source: quota}], ...]``, first epochs rising from 0."""
+    history: list[tuple[int, dict[str, int]]] = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, (list, tuple)) or len(entry) != 2 or not isinstance(entry[1], dict):
+            raise StateError(f"the {where}[{index}] is {shorten(entry)}, expected [first epoch, {{source: quota}}]; {REMEDY}")
+        first = Fields({"epoch": entry[0]}, f"{where}[{index}]").integer("epoch")
+        quotas = Fields(entry[1], f"{where}[{index}][1]")
+        history.append((first, {str(name): quotas.integer(name) for name in entry[1]}))
+    firsts = [first for first, _ in history]
+    if not history or firsts[0] != 0 or any(b <= a for a, b in itertools.pairwise(firsts)):
+        raise StateError(f"the {where} starts its epochs at {shorten(firsts)}, expected rising epochs from 0; {REMEDY}")
+    return history
+
+
+class SourceRows:
+    """One source's rows of a slot's epoch, from a :class:`SourceCursor` on, handed out as asked."""
+
+    def __init__(self, name: str, readers: Sequence[PieceReader], segments: Sequence[tuple[Split, ...]], *,
+                 batch_size: int, interleave: int, buffer_rows: int, seeds: Callable[[int, int], int],
+                 start: SourceCursor, url: str) -> None:
+        self.name = name
+        self._readers = readers
+        self._segments = segments
+        self._batch_size, self._interleave, self._buffer_rows = batch_size, interleave, buffer_rows
+        self._seeds = seeds   # (segment, window) -> seed
+        self._segment = start.segment
+        self._start = start.cursor
+        self._queue: RunQueue | None = None
+        self.taken = start.taken
+        self._url = url
+
+    def _open(self) -> RunQueue:
+        splits = self._segments[self._segment]
+        start = self._start or Cursor.start(len(splits), self._interleave)
+        runs = open_runs(self._readers, splits, batch_size=self._batch_size, interleave=self._interleave,
+                         buffer_rows=self._buffer_rows, window_seed=functools.partial(self._seeds, self._segment),
+                         start=start)
+        return RunQueue(runs, start)
+
+    def take(self, num_rows: int) -> pa.RecordBatch | None:
+        """Exactly ``num_rows`` next rows (``None`` for none); ``DataError`` if the source has fewer."""
+        parts: list[pa.RecordBatch] = []
+        left = num_rows
+        while left:
+            if self._segment >= len(self._segments):
+                raise FileChangedError(f"source {self.name!r} ({self._url}) gave {num_rows - left} of the {num_rows} "
+                                "row(s) its plan promised: a file changed or lost rows since planning; re-plan "
+                                "(restart) to read the data as it is now")
+            if self._queue is None:
+                self._queue = self._open()
+            queue = self._queue
+            queue.fill(left)
+            if queue.buffered == 0:   # this segment is done: the next one, from its first row
+                for reader in self._readers:
+                    reader.close()
+                self._segment, self._start, self._queue = self._segment + 1, None, None
+                continue
+            rows = min(left, queue.buffered)
+            parts.append(queue.take(rows))
+            left -= rows
+        self.taken += num_rows
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else pa.concat_batches(parts)
+
+    def cursor(self) -> SourceCursor:
+        return SourceCursor(self._segment, self._start if self._queue is None else self._queue.cursor, self.taken)
+
+
+@dataclass(frozen=True)
+class MixSlot:
+    """A slot's identity in an epoch, for seeds and states."""
+
+    epoch: int
+    rank: int
+    world_size: int
+    worker_id: int
+    num_workers: int
+
+    @property
+    def index(self) -> int:
+        return self.rank * max(self.num_workers, 1) + self.worker_id
+
+    @property
+    def num_slots(self) -> int:
+        return self.world_size * max(self.num_workers, 1)
+
+
+def source_seeds(seed: int, name: str, slot: MixSlot) -> Callable[[int, int], int]:
+    return functools.partial(_seed_of, seed, name, slot.epoch, slot.index, slot.num_slots)
+
+
+def _seed_of(seed: int, name: str, epoch: int, slot_index: int, num_slots: int, segment: int, window: int) -> int:
+    return window_seed(seed, name, epoch, slot_index, num_slots, segment, window)
+
+
+class MixStream:
+    """A slot's batches of a mixture epoch: each takes every source's share, cast to one schema."""
+
+    def __init__(self, sources: Sequence[SourceRows], quotas: Sequence[int], *, cast: Callable[[str, pa.RecordBatch], pa.RecordBatch],
+                 batch_size: int, drop_last: bool, max_batches: int | None, mix_rows: bool, seed: int,
+                 slot: MixSlot, start: MixWorkerState) -> None:
+        self._sources = list(sources)
+        self._quotas = list(quotas)
+        self._total = sum(quotas)
+        self._cast = cast
+        self._batch_size, self._drop_last, self._max_batches = batch_size, drop_last, max_batches
+        self._mix_rows, self._seed, self._slot = mix_rows, seed, slot
+        self._start = start
+        self.rows, self.batches, self.rows_dropped = start.rows, start.batches, start.rows_dropped
+        self.complete = start.epoch_complete
+
+    def _finish(self) -> None:
+        left = self._total - self.rows
+        if self._max_batches is not None and self.batches >= self._max_batches and left:
+            logger.info("even_batches: rank %d worker %d stops after %d batch(es) of mixture epoch %d; %d row(s) of "
+                        "its quotas are trimmed", self._slot.rank, self._slot.worker_id, self.batches,
+                        self._slot.epoch, left)
+        elif self._drop_last and left:
+            self.rows_dropped += left
+            logger.info("drop_last: rank %d worker %d dropped its last %d row(s) of mixture epoch %d",
+                        self._slot.rank, self._slot.worker_id, left, self._slot.epoch)
+        self.complete = True
+
+    def __iter__(self) -> MixStream:
+        return self
+
+    def __next__(self) -> pa.RecordBatch:
+        if self.complete:
+            raise StopIteration
+        left = self._total - self.rows
+        if (self._max_batches is not None and self.batches >= self._max_batches) or left == 0 \
+                or (self._drop_last and left < self._batch_size):
+            self._finish()
+            raise StopIteration
+        rows = min(self._batch_size, left)
+        taken = [source.taken for source in self._sources]
+        after = shares_after(taken, self._quotas, self.rows + rows)
+        parts = []
+        for source, before, now in zip(self._sources, taken, after, strict=True):
+            part = source.take(now - before)
+            if part is not None:
+                parts.append(self._cast(source.name, part))
+        batch = parts[0] if len(parts) == 1 else pa.concat_batches(parts)
+        if self._mix_rows:
+            batch = batch.take(batch_permutation(batch.num_rows, self._seed, self._slot.epoch, self._slot.index,
+                                                 self._slot.num_slots, self.batches))
+        self.rows += rows
+        self.batches += 1
+        return batch
+
+    def state(self) -> MixWorkerState:
+        start = self._start
+        cursors = {s.name: s.cursor() for s in self._sources}
+        return MixWorkerState(start.epoch, start.rank, start.world_size, start.worker_id, start.num_workers,
+                              self.rows, self.batches, self.rows_dropped, self.complete, start.options,
+                              start.history, start.epochs, {**start.cursors, **cursors}, start.data)

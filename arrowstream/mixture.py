@@ -1,0 +1,459 @@
+"""Weighted mixtures of sources: :class:`Mixture`, :class:`Source` and :class:`IcebergSource`.
+
+See docs/mixing.md for the semantics: quotas per epoch, passes, per-batch shares, resume and changing
+the mixture between epochs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from . import _source
+from ._collective import collective_world_size, plan_arguments, plan_together
+from ._convert import check_output_columns, make_converter, make_value_check, resolve_fill_nulls
+from ._credentials import as_provider
+from ._iceberg_source import IcebergTableSource
+from ._iceberg_table import load_table, open_source
+from ._metrics import Meter
+from ._mix_plan import epoch_segments, pass_order, positions, quotas, quotas_at, segment_splits
+from ._mix_schema import caster, unify
+from ._mix_stream import MixSlot, MixStream, MixWorkerState, SourceCursor, SourceEpoch, SourceRows, source_seeds
+from ._options import Options, check_bool, check_even_batches, check_storage_arguments, validate_options
+from ._order import even_batch_limits, natural_batches
+from ._plan_cache import check_plan_cache
+from ._planning import Plan
+from ._reader import SplitReader
+from ._retry import RetryPolicy, check_retry
+from ._runtime import READ_BATCH_ROWS
+from ._shm import guard_feeder, share
+from ._storage import Storage
+from ._topology import resolve_topology
+from .errors import ArgumentTypeError, InvalidArgumentError, NotSupportedYetError, StateMismatchError
+
+if TYPE_CHECKING:
+    from ._mix_loader import MixtureDataLoader
+
+
+@dataclass(frozen=True)
+class Source:
+    """One source of a :class:`Mixture`: files of one format, with its own reading knobs (see
+    :class:`~arrowstream.StructuredDataset` for each).
+
+    Example:
+        >>> import arrowstream
+        >>> arrowstream.Source(path="data/code/", format="jsonl", columns=["text"]).format
+        'jsonl'
+    """
+
+    path: Any
+    format: str = "parquet"
+    columns: list[str] | None = None
+    filter: Any = None
+    parse_options: dict[str, Any] | None = None
+    storage_options: dict[str, Any] | None = None
+    credential_provider: Callable[[], dict[str, Any]] | None = None
+    split_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class IcebergSource:
+    """One Apache Iceberg table of a :class:`Mixture` (see :class:`~arrowstream.IcebergDataset`).
+
+    Example:
+        >>> import arrowstream
+        >>> arrowstream.IcebergSource(table="db.wiki", selected_fields=["text"]).table
+        'db.wiki'
+    """
+
+    table: str
+    catalog_config: dict[str, Any] | None = None
+    snapshot_id: int | None = None
+    selected_fields: Sequence[str] | None = None
+    row_filter: Any = None
+
+
+@dataclass
+class _Planned:
+    """A source of the mixture, planned."""
+
+    name: str
+    source: _source.Source
+    options: Options
+    storage: Storage
+    plan: Plan
+    data: dict[str, Any]
+
+
+def _check_weights(names: list[str], weights: Any) -> dict[str, float] | None:
+    if weights is None:
+        return None
+    if not isinstance(weights, Mapping):
+        raise ArgumentTypeError(f"weights: expected a dict of source name to weight, or None, got {type(weights).__name__}")
+    if sorted(weights) != sorted(names):
+        raise InvalidArgumentError(f"weights: names {sorted(map(str, weights))} differ from the sources {sorted(names)}; "
+                                   "give one weight per source")
+    for name, value in weights.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise InvalidArgumentError(f"weights: the weight of {name!r} is {value!r}; expected a finite number >= 0")
+    if sum(weights.values()) <= 0:
+        raise InvalidArgumentError("weights: every weight is 0; give at least one source a weight above 0")
+    return {name: float(weights[name]) for name in names}
+
+
+class Mixture(IterableDataset):  # type: ignore[type-arg]
+    """Batches of several sources mixed by weight, each epoch exactly ``weight × epoch_rows`` rows of each.
+
+    A source is read in passes (every row once per pass, its own order per pass); a pass that runs out
+    inside an epoch starts the next, and one left unfinished at the end of an epoch goes on in the next,
+    so no row of a source comes twice before all its rows came once. Every batch holds each source in
+    proportion to its quota, within one row. Build it with :meth:`create_dataloader`. See docs/mixing.md.
+
+    Args:
+        sources: Name to :class:`Source` or :class:`IcebergSource`.
+        weights: Name to weight (any scale); ``None``: each source's share of the rows.
+        epoch_rows: Rows per mixture epoch; ``None``: the sum of the sources' rows.
+        source_column: A column name: each row's source name is added under it.
+        The other keywords are those of :class:`~arrowstream.StructuredDataset` (shared by every source).
+
+    Example:
+        >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
+        >>> a, b = tempfile.mkdtemp(), tempfile.mkdtemp()
+        >>> pq.write_table(pa.table({"x": list(range(100))}), os.path.join(a, "a.parquet"))
+        >>> pq.write_table(pa.table({"x": list(range(1000, 1010))}), os.path.join(b, "b.parquet"))
+        >>> loader, mixture = arrowstream.Mixture.create_dataloader(
+        ...     sources={"big": arrowstream.Source(a), "small": arrowstream.Source(b)},
+        ...     weights={"big": 0.5, "small": 0.5}, epoch_rows=40, batch_size=8, source_column="source")
+        >>> mixture.set_epoch(0)
+        >>> batches = list(loader)
+        >>> [batch["source"].count("small") for batch in batches]
+        [4, 4, 4, 4, 4]
+    """
+
+    def __init__(self, sources: Mapping[str, Source | IcebergSource], weights: Mapping[str, float] | None = None,
+                 epoch_rows: int | None = None, source_column: str | None = None, batch_size: int = 1024, *,
+                 shuffle: bool = False, seed: int = 0, shuffle_buffer_size: int = 0, interleave: int = 1,
+                 output_format: str = "torch", transform: Callable[[Any], Any] | None = None,
+                 drop_last: bool = False, fill_nulls: Any = None, accelerator: Any = None,
+                 rank: int | None = None, world_size: int | None = None, even_batches: bool = True,
+                 group_size: int = 1, plan_locally: bool = False, retry: RetryPolicy | None = None,
+                 plan_cache: Any = None) -> None:
+        super().__init__()
+        if not isinstance(sources, Mapping) or not sources:
+            raise ArgumentTypeError("sources: expected a non-empty dict of name to arrowstream.Source or "
+                                    f"arrowstream.IcebergSource, got {sources!r:.80}")
+        for name, spec in sources.items():
+            if not isinstance(name, str) or not name:
+                raise InvalidArgumentError(f"sources: source names are non-empty strings, got {name!r}")
+            if not isinstance(spec, (Source, IcebergSource)):
+                raise ArgumentTypeError(f"sources[{name!r}]: expected arrowstream.Source or arrowstream.IcebergSource, "
+                                        f"got {type(spec).__name__}")
+        names = list(sources)
+        self._weights = _check_weights(names, weights)
+        if epoch_rows is not None and (isinstance(epoch_rows, bool) or not isinstance(epoch_rows, int) or epoch_rows < 1):
+            raise InvalidArgumentError(f"epoch_rows: expected an int >= 1 or None, got {epoch_rows!r}")
+        if source_column is not None and (not isinstance(source_column, str) or not source_column):
+            raise InvalidArgumentError(f"source_column: expected a column name or None, got {source_column!r}")
+        self._epoch_rows, self._source_column = epoch_rows, source_column
+        shared: dict[str, Any] = {"batch_size": batch_size, "shuffle": shuffle, "seed": seed,
+                  "shuffle_buffer_size": shuffle_buffer_size, "interleave": interleave,
+                  "output_format": output_format, "transform": None, "drop_last": drop_last, "fill_nulls": None}
+        self._options = validate_options(format="parquet", columns=None, filter=None, split_bytes=None, **shared)
+        if transform is not None and not callable(transform):
+            raise ArgumentTypeError(f"transform: expected a callable, got {type(transform).__name__}")
+        self._transform = transform
+        self._retry = check_retry(retry)
+        plan_locally = check_bool("plan_locally", plan_locally)
+        self._topology = resolve_topology(rank, world_size, accelerator, group_size, plan_locally=plan_locally)
+        self._rank, self._world_size = self._topology.data_rank, self._topology.data_world_size
+        self._even_batches = check_even_batches(even_batches, self._world_size, self._options)
+        plan_cache = check_plan_cache(plan_cache)
+        collective = not plan_locally and collective_world_size() > 1
+        self._sources = [self._plan_source(name, spec, shared, plan_cache, collective) for name, spec in sources.items()]
+        self._schema = unify({s.name: s.plan.schema for s in self._sources}, source_column)
+        check_output_columns(output_format, self._schema)
+        self._fill_nulls = resolve_fill_nulls(fill_nulls, self._schema)
+        self._quotas = quotas({s.name: s.plan.num_rows for s in self._sources}, self._weights, epoch_rows)
+        for s in self._sources:
+            if self._quotas[s.name] and not s.plan.num_rows:
+                raise InvalidArgumentError(f"sources[{s.name!r}] has no rows but its weight asks for "
+                                           f"{self._quotas[s.name]} per epoch; give it weight 0 or leave it out")
+        # the quotas in effect from each epoch on: a checkpoint loaded at an epoch boundary may change them
+        self._history: list[tuple[int, dict[str, int]]] = [(0, dict(self._quotas))]
+        self._epoch_cell = share(torch.zeros(1, dtype=torch.int64), "Mixture: the epoch cell")
+        self._pending: MixWorkerState | None = None
+        self._active: _MixIterator | None = None
+        self._meter: Meter | None = None
+
+    def _plan_source(self, name: str, spec: Source | IcebergSource, shared: dict[str, Any], plan_cache: Any,
+                     collective: bool) -> _Planned:
+        where = f"sources[{name!r}]"
+        if isinstance(spec, Source):
+            fmt = _source.check_file_format(spec.format)
+            check_storage_arguments(spec.storage_options, spec.credential_provider)
+            source: _source.Source = _source.FileSource(spec.path, fmt, spec.storage_options,
+                                                        as_provider(spec.credential_provider), plan_cache)
+            options = validate_options(format=fmt, columns=spec.columns, filter=spec.filter,
+                                       split_bytes=spec.split_bytes, parse_options=spec.parse_options, **shared)
+        else:
+            snapshot = open_source(load_table(spec.table, spec.catalog_config), spec.table, spec.snapshot_id,
+                                   spec.row_filter, spec.selected_fields)
+            source = IcebergTableSource(snapshot, pinned_by_user=spec.snapshot_id is not None, plan_cache=plan_cache)
+            columns = None if "*" in snapshot.selected_fields else list(snapshot.output_columns)
+            options = validate_options(format=source.format, columns=columns, filter=snapshot.arrow_filter,
+                                       split_bytes=None, **shared)
+        if options.drops_rows:
+            raise NotSupportedYetError(
+                f"{where}: a filter (filter=, row_filter= or parse_options bad_rows='skip') makes the rows a source "
+                "gives unknown before reading, and a mixture's quotas are counted from metadata; filter the data "
+                "beforehand, or filter in transform= (the quotas then count rows before it)")
+        arguments = {**plan_arguments(source.arguments(), options, self._even_batches, self._topology.world_size,
+                                      self._topology.group_size), "mixture_source": name}
+        storage, plan = plan_together(source, options, self._retry, arguments, collective=collective)
+        return _Planned(name, source, options, storage.reading(0, options.interleave), plan,
+                        source.identity(plan).to_dict())
+
+    @classmethod
+    def create_dataloader(cls, sources: Mapping[str, Source | IcebergSource], weights: Mapping[str, float] | None = None,
+                          epoch_rows: int | None = None, source_column: str | None = None, batch_size: int = 1024, *,
+                          num_workers: int = 0, **kwargs: Any) -> tuple[MixtureDataLoader, Mixture]:
+        """Build the mixture and its ``StatefulDataLoader``; returns ``(loader, mixture)``. Mixture
+        keywords are those of :class:`Mixture`; every other keyword goes to the loader.
+
+        Example:
+            >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
+            >>> a = tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"x": list(range(10))}), os.path.join(a, "a.parquet"))
+            >>> loader, mixture = arrowstream.Mixture.create_dataloader(
+            ...     sources={"a": arrowstream.Source(a)}, batch_size=4)
+            >>> sum(len(batch["x"]) for batch in loader)
+            10
+        """
+        from ._mix_loader import build_mixture_loader
+
+        return build_mixture_loader(cls, {"sources": sources, "weights": weights, "epoch_rows": epoch_rows,
+                                              "source_column": source_column, "batch_size": batch_size},
+                                    num_workers=num_workers, **kwargs)
+
+    # -- epochs -------------------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch_cell[0])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the mixture epoch to read next; call it before iterating the loader each epoch."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise InvalidArgumentError(f"set_epoch: epoch must be an int >= 0, got {epoch!r}")
+        self._epoch_cell[0] = epoch
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def batch_size(self) -> int:
+        return self._options.batch_size
+
+    @property
+    def names(self) -> list[str]:
+        """The sources' names, in order."""
+        return [s.name for s in self._sources]
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The batches' Arrow schema (after safe casts; with ``source_column`` last)."""
+        return self._schema
+
+    def quotas(self, epoch: int | None = None) -> dict[str, int]:
+        """Rows each source gives in ``epoch`` (``None``: the epochs from the last change of the mixture on)."""
+        if epoch is None:
+            return dict(self._quotas)
+        return dict(quotas_at(self._history, epoch))
+
+    @property
+    def history(self) -> list[tuple[int, dict[str, int]]]:
+        """The quotas in effect from each epoch on, as checkpoints loaded at epoch boundaries changed them."""
+        return [(epoch, dict(q)) for epoch, q in self._history]
+
+    def source_rows(self) -> dict[str, int]:
+        """Rows of one pass of each source."""
+        return {s.name: s.plan.num_rows for s in self._sources}
+
+    def epoch_starts(self, epoch: int) -> dict[str, int]:
+        """Each source's position (rows of its passes taken before) when ``epoch`` starts."""
+        taken = positions(self._history, epoch)
+        return {name: taken.get(name, 0) for name in self._quotas}
+
+    def passes(self, epoch: int) -> dict[str, tuple[int, int]]:
+        """Per source: the pass its epoch starts in and the row of that pass it starts at."""
+        return {s.name: divmod(start, s.plan.num_rows) if s.plan.num_rows else (0, 0)
+                for s, start in zip(self._sources, self.epoch_starts(epoch).values(), strict=True)}
+
+    def _num_slots(self, num_workers: int) -> int:
+        return self._world_size * max(num_workers, 1)
+
+    def _segments(self, epoch: int, num_slots: int) -> dict[str, list[list[Any]]]:
+        starts, quotas = self.epoch_starts(epoch), quotas_at(self._history, epoch)
+        return {s.name: epoch_segments(s.plan.num_rows, starts[s.name], quotas[s.name], num_slots)
+                if quotas.get(s.name) else [[] for _ in range(num_slots)] for s in self._sources}
+
+    def slot_quotas(self, num_workers: int = 0, epoch: int | None = None) -> list[dict[str, int]]:
+        """Per (rank, worker) slot of every rank: rows of each source it takes in ``epoch`` (this one)."""
+        segments = self._segments(self.epoch if epoch is None else epoch, self._num_slots(num_workers))
+        return [{name: sum(seg.num_rows for seg in per_slot[slot]) for name, per_slot in segments.items()}
+                for slot in range(self._num_slots(num_workers))]
+
+    def batch_limits(self, num_workers: int = 0, epoch: int | None = None) -> list[int]:
+        """Batches each slot yields in ``epoch`` (``even_batches`` and ``drop_last`` applied)."""
+        rows = [sum(q.values()) for q in self.slot_quotas(num_workers, epoch)]
+        options = self._options
+        if self._even_batches:
+            return even_batch_limits(rows, self._world_size, options.batch_size, options.drop_last)
+        return [natural_batches(r, options.batch_size, options.drop_last) for r in rows]
+
+    def num_batches(self, num_workers: int = 0) -> int:
+        """Exact batches of this epoch on this rank (every rank the same with ``even_batches``)."""
+        per_rank = max(num_workers, 1)
+        return sum(self.batch_limits(num_workers)[self._rank * per_rank:(self._rank + 1) * per_rank])
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def _slot(self) -> MixSlot:
+        info = get_worker_info()
+        if info is None:
+            return MixSlot(self.epoch, self._rank, self._world_size, 0, 0)
+        return MixSlot(self.epoch, self._rank, self._world_size, info.id, info.num_workers)
+
+    def start_state(self, slot: MixSlot) -> MixWorkerState:
+        """The state of ``slot`` before the first batch of its epoch."""
+        starts, quotas = self.epoch_starts(slot.epoch), quotas_at(self._history, slot.epoch)
+        return MixWorkerState(slot.epoch, slot.rank, slot.world_size, slot.worker_id, slot.num_workers, 0, 0, 0,
+                              False, self.state_options(), self.history,
+                              {name: SourceEpoch(starts[name], quotas.get(name, 0)) for name in starts},
+                              {name: SourceCursor(0, None, 0) for name in starts},
+                              {s.name: s.data for s in self._sources})
+
+    def state_options(self) -> dict[str, Any]:
+        """The options a checkpoint must match to resume inside an epoch."""
+        o = self._options
+        return {"batch_size": o.batch_size, "shuffle": o.shuffle, "seed": o.seed,
+                "shuffle_buffer_size": o.shuffle_buffer_size, "interleave": o.interleave, "drop_last": o.drop_last,
+                "even_batches": self._even_batches, "source_column": self._source_column}
+
+    def __iter__(self) -> _MixIterator:
+        info = get_worker_info()
+        if info is not None:
+            guard_feeder(info.id)
+        pending, self._pending = self._pending, None
+        self._active = _MixIterator(self, pending)
+        return self._active
+
+    def _open(self, pending: MixWorkerState | None) -> MixStream:
+        slot = self._slot()
+        if pending is not None and pending.epoch != slot.epoch:
+            if not (pending.epoch_complete and pending.epoch < slot.epoch):
+                raise StateMismatchError(
+                    f"the checkpoint is in mixture epoch {pending.epoch} (mid-epoch) but the mixture is set to epoch "
+                    f"{slot.epoch}; call mixture.set_epoch({pending.epoch}) before iterating to finish the saved "
+                    "epoch, or start without loading the checkpoint")
+            pending = None
+        start = pending or self.start_state(slot)
+        if start.epoch_complete:   # a checkpoint taken after the epoch: nothing left in it
+            return MixStream([], [], cast=lambda name, batch: batch, batch_size=self._options.batch_size,
+                             drop_last=False, max_batches=None, mix_rows=False, seed=0, slot=slot, start=start)
+        if self._meter is None:
+            self._meter = Meter()
+        in_worker = get_worker_info() is not None
+        segments = self._segments(slot.epoch, slot.num_slots)
+        options = self._options
+        rows = []
+        for s in self._sources:
+            check = make_value_check(options.output_format, s.plan.schema, self._fill_nulls)
+            readers = [SplitReader(s.plan, s.storage, max(options.batch_size, READ_BATCH_ROWS), use_threads=not in_worker,
+                                   meter=self._meter, check=check) for _ in range(options.interleave)]
+            mine = segments[s.name][slot.index]
+            orders: dict[int, Any] = {}
+            splits = []
+            for seg in mine:
+                if seg.pass_index not in orders:
+                    orders[seg.pass_index] = pass_order(len(s.plan.splits), shuffle=options.shuffle, seed=options.seed,
+                                                        name=s.name, pass_index=seg.pass_index)
+                splits.append(segment_splits(s.plan.splits, orders[seg.pass_index], seg))
+            rows.append(SourceRows(s.name, readers, splits, batch_size=options.batch_size, interleave=options.interleave,
+                                   buffer_rows=options.shuffle_buffer_size, seeds=source_seeds(options.seed, s.name, slot),
+                                   start=start.cursors[s.name], url=str(s.source.arguments().get("path", s.name))))
+        casts = {s.name: caster(s.plan.schema, self._schema, s.name, self._source_column) for s in self._sources}
+        limit = self.batch_limits(slot.num_workers, slot.epoch)[slot.index] if self._even_batches else None
+        return MixStream(rows, [sum(seg.num_rows for seg in segments[s.name][slot.index]) for s in self._sources],
+                         cast=lambda name, batch: casts[name](batch), batch_size=options.batch_size,
+                         drop_last=options.drop_last, max_batches=limit, mix_rows=options.shuffle_buffer_size > 0,
+                         seed=options.seed, slot=slot, start=start)
+
+    def _converter(self) -> Callable[[pa.RecordBatch], Any]:
+        convert = make_converter(self._options.output_format, self._schema, self._fill_nulls,
+                                 in_worker=get_worker_info() is not None)
+        transform = self._transform
+        return convert if transform is None else (lambda batch: transform(convert(batch)))
+
+    # -- state --------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """This worker's position: a small JSON dict (see docs/mixing.md)."""
+        if self._active is not None:
+            return self._active.state().to_dict()
+        if self._pending is not None:
+            return self._pending.to_dict()
+        return self.start_state(self._slot()).to_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from a worker state (checked here too, for a plain ``StatefulDataLoader``)."""
+        from ._mix_resume import check_worker_state
+
+        slot = self._slot()
+        self._pending = check_worker_state(self, MixWorkerState.from_dict(state_dict), slot)
+        self._active = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_pending": None, "_active": None, "_meter": None,
+                "_sources": [_Planned(s.name, s.source.for_workers(), s.options, s.storage, s.plan, s.data)
+                             for s in self._sources]}
+
+    def __repr__(self) -> str:
+        return (f"Mixture(sources={self.names}, quotas={self._quotas}, batch_size={self._options.batch_size}, "
+                f"shuffle={self._options.shuffle}, epoch={self.epoch})")
+
+
+class _MixIterator:
+    """What ``iter(mixture)`` returns: binds the epoch on the first batch."""
+
+    def __init__(self, mixture: Mixture, pending: MixWorkerState | None) -> None:
+        self._mixture = mixture
+        self._pending = pending
+        self._stream: MixStream | None = None
+        self._convert: Callable[[pa.RecordBatch], Any] | None = None
+
+    def __iter__(self) -> _MixIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self._stream is None:
+            self._stream = self._mixture._open(self._pending)
+            self._convert = self._mixture._converter()
+        assert self._convert is not None
+        return self._convert(next(self._stream))
+
+    def state(self) -> MixWorkerState:
+        if self._stream is not None:
+            return self._stream.state()
+        return self._pending or self._mixture.start_state(self._mixture._slot())

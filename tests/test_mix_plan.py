@@ -1,0 +1,87 @@
+"""The pure layout of a mixture, property-tested: quotas, tracks, passes over epochs, batch shares."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from arrowstream._mix_plan import (
+    consumed,
+    epoch_segments,
+    positions,
+    quotas,
+    quotas_at,
+    segment_splits,
+    shares_after,
+    tracks,
+)
+from arrowstream._plan_types import SplitTable
+
+
+@given(st.dictionaries(st.text(min_size=1, max_size=3), st.integers(0, 10_000), min_size=1, max_size=5),
+       st.integers(1, 100_000), st.data())
+def test_quotas_are_the_largest_remainders_of_the_weights_and_sum_to_epoch_rows(rows, epoch_rows, data):
+    weights = {name: data.draw(st.floats(0.001, 100)) for name in rows}
+    given_rows = quotas(rows, weights, epoch_rows)
+    assert sum(given_rows.values()) == epoch_rows
+    total = sum(weights.values())
+    for name, quota in given_rows.items():
+        assert abs(quota - epoch_rows * weights[name] / total) < 1 + 1e-6
+    if sum(rows.values()):
+        assert quotas(rows, None, None) == rows   # no weights: every row of every source once
+
+
+@settings(max_examples=200)
+@given(st.integers(1, 60), st.integers(1, 8), st.integers(0, 5))
+def test_tracks_advance_together_and_cover_the_pass(rows, slots, pass_index):
+    track = tracks(rows, slots, pass_index)
+    assert int(track.lengths.sum()) == rows and int(track.lengths.max() - track.lengths.min()) <= 1
+    previous = consumed(track, 0)
+    for position in range(rows + 1):
+        now = consumed(track, position)
+        assert int(now.sum()) == position and (now >= previous).all() and (now <= track.lengths).all()
+        assert (abs(now - position / slots) < 1 + 1e-9).all()
+        previous = now
+
+
+@settings(max_examples=200)
+@given(st.integers(1, 40), st.integers(1, 6), st.lists(st.integers(0, 90), min_size=1, max_size=6))
+def test_epochs_read_every_row_once_per_pass_with_no_row_twice_before_all_once(rows, slots, epoch_quotas):
+    seen: Counter[tuple[int, int]] = Counter()
+    history = [(epoch, {"a": quota}) for epoch, quota in enumerate(epoch_quotas)]
+    for epoch, quota in enumerate(epoch_quotas):
+        start = positions(history, epoch)["a"]
+        assert quotas_at(history, epoch)["a"] == quota
+        per_slot = epoch_segments(rows, start, quota, slots)
+        assert sum(seg.num_rows for segments in per_slot for seg in segments) == quota
+        for segments in per_slot:
+            for seg in segments:
+                seen.update((seg.pass_index, row) for row in range(seg.start, seg.stop))
+    total = sum(epoch_quotas)
+    assert sum(seen.values()) == total and set(seen.values()) <= {1}
+    assert all((p, row) in seen for p in range(total // rows) for row in range(rows))
+    assert all(p <= total // rows for p, _ in seen)
+
+
+@given(st.lists(st.integers(0, 300), min_size=1, max_size=4), st.integers(1, 64))
+def test_batch_shares_stay_within_one_row_and_end_at_the_quotas(slot_quotas, batch_size):
+    total = sum(slot_quotas)
+    taken, rows = [0] * len(slot_quotas), 0
+    while rows < total:
+        rows = min(total, rows + batch_size)
+        after = shares_after(taken, slot_quotas, rows)
+        assert sum(after) == rows and all(a >= t for a, t in zip(after, taken, strict=True))
+        assert all(abs(a - rows * q / total) < 1 + 1e-9 for a, q in zip(after, slot_quotas, strict=True))
+        taken = after
+    assert taken == slot_quotas
+
+
+def test_a_segment_is_cut_from_the_splits_in_pass_order():
+    table = SplitTable([0, 1, 2], [0, 0, 0], [1, 1, 1], [0, 0, 0], [10, 5, 20], [100, 50, 200])
+    order = __import__("numpy").array([2, 0, 1])
+    from arrowstream._mix_plan import Segment
+
+    splits = segment_splits(table, order, Segment(0, 15, 32))   # rows 15..32 of (20, 10, 5)
+    assert [(s.file_index, s.row_start, s.num_rows) for s in splits] == [(2, 15, 5), (0, 0, 10), (1, 0, 2)]

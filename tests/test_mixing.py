@@ -1,0 +1,322 @@
+"""Weighted mixtures: quotas, passes, per-batch shares, exact resume, changing the mixture between epochs,
+schemas, and refusals. The pure layout is property-tested in test_mix_plan.py."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from arrowstream import Mixture, Source, errors
+
+WEIGHTS = {"big": 0.6, "small": 0.1, "mid": 0.3}
+BASES = {"big": 0, "small": 100_000, "mid": 200_000}
+
+
+FLOAT64, INT64 = pa.float64(), pa.int64()
+
+
+def write_source(folder, base: int, rows: int, *, files: int = 2, group: int = 50, x_type=FLOAT64,
+                 id_type=INT64) -> str:
+    os.makedirs(folder, exist_ok=True)
+    per = rows // files
+    for f in range(files):
+        count = per if f < files - 1 else rows - per * (files - 1)
+        ids = list(range(base + f * per, base + f * per + count))
+        pq.write_table(pa.table({"id": pa.array(ids, id_type), "x": pa.array([i * 0.5 for i in ids], x_type)}),
+                       os.path.join(folder, f"part-{f}.parquet"), row_group_size=group)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mix")
+    return {"big": Source(write_source(root / "big", BASES["big"], 1000)),
+            "small": Source(write_source(root / "small", BASES["small"], 10, files=1)),
+            "mid": Source(write_source(root / "mid", BASES["mid"], 300, x_type=pa.float32()))}
+
+
+def loader_of(sources, num_workers=0, **kwargs):
+    options = {"weights": WEIGHTS, "epoch_rows": 500, "batch_size": 32, "source_column": "src",
+               "plan_cache": False, **kwargs}
+    return Mixture.create_dataloader(sources=sources, num_workers=num_workers, **options)
+
+
+def source_of(row_id: int) -> str:
+    return max((base, name) for name, base in BASES.items() if base <= row_id)[1]
+
+
+def epoch_batches(loader, mixture, epoch):
+    mixture.set_epoch(epoch)
+    return [(list(b["src"]), [int(i) for i in b["id"]]) for b in loader]
+
+
+@pytest.mark.parametrize("num_workers,buffer", [(0, 0), (0, 64), (2, 0), (2, 64)])
+def test_each_epoch_takes_the_quotas_exactly_and_each_batch_its_share(three, num_workers, buffer):
+    loader, mixture = loader_of(three, num_workers, shuffle=True, shuffle_buffer_size=buffer)
+    assert mixture.quotas() == {"big": 300, "small": 50, "mid": 150}
+    per_slot = mixture.slot_quotas(num_workers)
+    for epoch in range(2):
+        batches = epoch_batches(loader, mixture, epoch)
+        assert len(batches) == len(loader)
+        assert Counter(s for names, _ in batches for s in names) == mixture.quotas()
+        for names, ids in batches:
+            assert [source_of(i) for i in ids] == names   # source_column names each row's source
+        # per batch: each source within one row of its slot's proportion (the slot's quotas, summed over
+        # slots, are the epoch's; batches come from the workers in turn)
+        for index, (names, _) in enumerate(batches):
+            quotas = per_slot[index % max(num_workers, 1)]
+            total = sum(quotas.values())
+            for name, quota in quotas.items():
+                assert abs(names.count(name) - len(names) * quota / total) < 1 + 1e-9, (index, name, names)
+
+
+def test_the_slots_quotas_are_balanced_and_sum_to_the_epoch(three):
+    _, mixture = loader_of(three, 3)
+    for epoch in range(4):
+        per_slot = mixture.slot_quotas(3, epoch)
+        for name, quota in mixture.quotas().items():
+            shares = [q[name] for q in per_slot]
+            assert sum(shares) == quota and max(shares) - min(shares) <= 2
+
+
+def test_weights_none_reads_every_row_of_every_source_once_per_epoch(three):
+    loader, mixture = Mixture.create_dataloader(sources=three, batch_size=64, num_workers=2, shuffle=True,
+                                                plan_cache=False)
+    assert mixture.quotas() == {"big": 1000, "small": 10, "mid": 300}
+    for epoch in range(2):
+        mixture.set_epoch(epoch)
+        ids = [int(i) for b in loader for i in b["id"]]
+        assert sorted(ids) == sorted(list(range(1000)) + list(range(100_000, 100_010)) + list(range(200_000, 200_300)))
+
+
+def test_a_small_source_is_read_in_whole_passes_that_run_on_across_epochs(tmp_path):
+    sources = {"small": Source(write_source(tmp_path / "s", 0, 10, files=1, group=4)),
+               "large": Source(write_source(tmp_path / "l", 1_000_000, 10_000, files=2, group=1000))}
+    loader, mixture = Mixture.create_dataloader(sources=sources, weights={"small": 0.013, "large": 0.987},
+                                                epoch_rows=1000, batch_size=100, shuffle=True, seed=3,
+                                                shuffle_buffer_size=7, plan_cache=False)
+    assert mixture.quotas()["small"] == 13   # 13 rows an epoch: passes end inside epochs
+    small = []
+    for epoch in range(5):
+        mixture.set_epoch(epoch)
+        small += [int(i) for b in loader for i in b["id"] if int(i) < 1_000_000]
+    assert len(small) == 65
+    passes = [small[p * 10:(p + 1) * 10] for p in range(6)]
+    for rows in passes[:6]:
+        if len(rows) == 10:
+            assert sorted(rows) == list(range(10))   # every row once per pass, before any row again
+    assert passes[0] != passes[1]   # each pass has its own order
+    assert mixture.passes(5)["small"] == (6, 5)
+
+
+def test_passes_stay_whole_across_workers(tmp_path):
+    sources = {"small": Source(write_source(tmp_path / "s", 0, 10, files=1, group=3)),
+               "large": Source(write_source(tmp_path / "l", 1_000_000, 2000, files=2, group=200))}
+    loader, mixture = Mixture.create_dataloader(sources=sources, weights={"small": 1, "large": 9}, epoch_rows=300,
+                                                batch_size=20, num_workers=2, shuffle=True, plan_cache=False)
+    seen: Counter[int] = Counter()
+    for epoch in range(4):   # 30 rows of the small source an epoch: 3 passes each
+        mixture.set_epoch(epoch)
+        seen.update(int(i) for b in loader for i in b["id"] if int(i) < 1_000_000)
+        assert set(seen.values()) == {3 * (epoch + 1)} and len(seen) == 10
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_is_exact_at_every_point_of_an_epoch(three, num_workers):
+    options = {"shuffle": True, "shuffle_buffer_size": 40, "interleave": 2, "seed": 5}
+    loader, mixture = loader_of(three, num_workers, **options)
+    mixture.set_epoch(2)   # the small source's pass boundary falls inside this epoch
+    reference = [(list(b["src"]), b["id"].tolist()) for b in loader]
+    for point in (0, 1, 7, len(reference) - 1, len(reference)):
+        loader, mixture = loader_of(three, num_workers, **options)
+        mixture.set_epoch(2)
+        it = iter(loader)
+        for _ in range(point):
+            next(it)
+        state = json.loads(json.dumps(loader.state_dict()))
+        fresh, _again = loader_of(three, num_workers, **options)
+        fresh.load_state_dict(state)
+        rest = [(list(b["src"]), b["id"].tolist()) for b in fresh]
+        assert rest == reference[point:], point
+
+
+def test_an_epoch_boundary_state_resumes_into_the_next_epoch(three):
+    loader, mixture = loader_of(three, 2, shuffle=True)
+    full = {e: epoch_batches(loader, mixture, e) for e in range(3)}
+    loader, mixture = loader_of(three, 2, shuffle=True)
+    epoch_batches(loader, mixture, 0)
+    state = loader.state_dict()
+    fresh, again = loader_of(three, 2, shuffle=True)
+    fresh.load_state_dict(state)
+    assert epoch_batches(fresh, again, 1) == full[1]
+    assert epoch_batches(fresh, again, 2) == full[2]
+
+
+def _positions(loader, mixture, epochs):
+    """Rows of each source, in order, with one slot and no shuffle: a source's ids run on from pass to pass."""
+    out: dict[str, list[int]] = {}
+    for epoch in epochs:
+        for names, ids in epoch_batches(loader, mixture, epoch):
+            for name, i in zip(names, ids, strict=True):
+                out.setdefault(name, []).append(i - BASES[name])
+    return out
+
+
+def test_weights_change_at_an_epoch_boundary_and_every_source_keeps_its_place(three):
+    loader, mixture = loader_of(three)
+    first = _positions(loader, mixture, [0])
+    state = loader.state_dict()
+    changed, remixed = loader_of(three, weights={"big": 0.2, "small": 0.4, "mid": 0.4}, epoch_rows=200)
+    changed.load_state_dict(state)
+    assert remixed.quotas() == {"big": 40, "small": 80, "mid": 80}
+    then = _positions(changed, remixed, [1, 2])
+    for name, rows in {"big": 1000, "small": 10, "mid": 300}.items():
+        sequence = first[name] + then[name]
+        assert sequence == [p % rows for p in range(len(sequence))], name   # no row skipped, none repeated
+    # the loader's state after the change resumes like any other
+    state = json.loads(json.dumps(changed.state_dict()))
+    again, mixture_again = loader_of(three, weights={"big": 0.2, "small": 0.4, "mid": 0.4}, epoch_rows=200)
+    again.load_state_dict(state)
+    assert _positions(again, mixture_again, [3]) == _positions(changed, remixed, [3])
+
+
+def test_a_source_added_starts_at_its_first_pass_and_one_removed_is_left_out(three, tmp_path):
+    loader, mixture = loader_of(three)
+    first = _positions(loader, mixture, [0])
+    state = loader.state_dict()
+    sources = {"big": three["big"], "mid": three["mid"],
+               "new": Source(write_source(tmp_path / "new", 0, 50, files=1))}
+    BASES_NEW = {"big": 0, "mid": 200_000, "new": 0}
+    changed, remixed = Mixture.create_dataloader(sources=sources, weights={"big": 1, "mid": 1, "new": 2},
+                                                 epoch_rows=100, batch_size=32, source_column="src", plan_cache=False)
+    changed.load_state_dict(state)
+    remixed.set_epoch(1)
+    rows: dict[str, list[int]] = {}
+    for b in changed:
+        for name, i in zip(b["src"], b["id"].tolist(), strict=True):
+            rows.setdefault(name, []).append(i - BASES_NEW[name])
+    assert rows["new"] == list(range(50))
+    assert rows["big"] == list(range(300, 325)) and rows["mid"] == list(range(150, 175))
+    assert first["big"] == list(range(300))
+
+
+def test_another_mixture_is_refused_inside_an_epoch_naming_saved_and_current(three):
+    loader, mixture = loader_of(three)
+    mixture.set_epoch(0)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    other, _ = loader_of(three, weights={"big": 0.2, "small": 0.4, "mid": 0.4})
+    with pytest.raises(errors.StateMismatchError, match=r"inside mixture epoch 0.*big: quota 300.*big: quota 100.*finish"):
+        other.load_state_dict(state)
+    fewer, _ = loader_of({"big": three["big"], "mid": three["mid"]}, weights={"big": 0.5, "mid": 0.5})
+    with pytest.raises(errors.StateMismatchError, match="cannot change"):
+        fewer.load_state_dict(state)
+    bigger_batches, _ = loader_of(three, batch_size=16)
+    with pytest.raises(errors.StateMismatchError, match="batch_size: saved 32, current 16"):
+        bigger_batches.load_state_dict(state)
+    two_workers, _ = loader_of(three, 2)
+    with pytest.raises(errors.NotSupportedYetError, match="num_workers=0"):
+        two_workers.load_state_dict(state)
+
+
+def _tampered(state, edit):
+    state = json.loads(json.dumps(state))
+    edit(state["dataloader"]["dataset_state"])
+    return state
+
+
+@pytest.mark.parametrize("edit", [
+    lambda s: s.update(rows=s["rows"] + 1),
+    lambda s: s.update(batches=s["batches"] + 3),
+    lambda s: s["sources"]["big"].update(taken=s["sources"]["big"]["taken"] + 5),
+    lambda s: s["sources"]["small"].update(segment=40),
+    lambda s: s["sources"]["big"].update(start=7),
+    lambda s: s.update(kind="arrowstream.worker"),
+    lambda s: s.update(version=99),
+    lambda s: s["slot"].update(worker_id=1),
+    lambda s: s.pop("sources"),
+], ids=["rows", "batches", "taken", "segment", "start", "kind", "version", "slot", "no-sources"])
+def test_a_tampered_state_is_refused(three, edit):
+    loader, mixture = loader_of(three, shuffle=True)
+    mixture.set_epoch(0)
+    it = iter(loader)
+    for _ in range(4):
+        next(it)
+    state = _tampered(loader.state_dict(), edit)
+    fresh, _ = loader_of(three, shuffle=True)
+    with pytest.raises(errors.StateError):
+        fresh.load_state_dict(state)
+
+
+def test_safe_casts_make_one_schema_and_other_types_are_refused(tmp_path):
+    a = write_source(tmp_path / "a", 0, 20, files=1, x_type=pa.float32(), id_type=pa.int32())
+    b = write_source(tmp_path / "b", 100, 20, files=1)
+    loader, mixture = Mixture.create_dataloader(sources={"a": Source(a), "b": Source(b)}, batch_size=8,
+                                                output_format="arrow", plan_cache=False)
+    assert mixture.schema == pa.schema([("id", pa.int64()), ("x", pa.float64())])
+    batches = list(loader)
+    assert all(batch.schema == mixture.schema for batch in batches)
+    assert sorted(i for batch in batches for i in batch.column("id").to_pylist()) == list(range(20)) + list(range(100, 120))
+    os.makedirs(tmp_path / "c")
+    pq.write_table(pa.table({"id": pa.array(["a"] * 5), "x": pa.array([1.0] * 5)}), tmp_path / "c" / "c.parquet")
+    with pytest.raises(errors.SchemaMismatchError, match=r"column 'id' is int32 in source 'a' and string in source 'c'"):
+        Mixture(sources={"a": Source(a), "c": Source(str(tmp_path / "c"))}, plan_cache=False)
+    with pytest.raises(errors.SchemaMismatchError, match=r"'c' lacks \['x'\]"):
+        Mixture(sources={"a": Source(a), "c": Source(str(tmp_path / "c"), columns=["id"])}, plan_cache=False)
+    os.makedirs(tmp_path / "s")
+    pq.write_table(pa.table({"id": pa.array(["a"]), "x": pa.array([1.0])}), tmp_path / "s" / "s.parquet")
+    os.makedirs(tmp_path / "ls")
+    pq.write_table(pa.table({"id": pa.array(["b"], pa.large_string()), "x": pa.array([2.0])}), tmp_path / "ls" / "l.parquet")
+    _, strings = Mixture.create_dataloader(sources={"s": Source(str(tmp_path / "s")), "l": Source(str(tmp_path / "ls"))},
+                                           plan_cache=False)
+    assert strings.schema.field("id").type == pa.large_string()
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"weights": {"big": 1}}, errors.InvalidArgumentError, "one weight per source"),
+    ({"weights": {"big": -1, "small": 1, "mid": 1}}, errors.InvalidArgumentError, "finite number >= 0"),
+    ({"weights": {"big": 0, "small": 0, "mid": 0}}, errors.InvalidArgumentError, "every weight is 0"),
+    ({"weights": [1, 2, 3]}, errors.ArgumentTypeError, "weights"),
+    ({"epoch_rows": 0}, errors.InvalidArgumentError, "epoch_rows"),
+    ({"source_column": "id"}, errors.InvalidArgumentError, "already a column"),
+    ({"sources": {}}, errors.ArgumentTypeError, "non-empty dict"),
+    ({"sources": {"a": "data/"}}, errors.ArgumentTypeError, "arrowstream.Source"),
+    ({"sources": "x"}, errors.ArgumentTypeError, "sources"),
+    ({"bogus": 1}, errors.ArgumentTypeError, "unknown keyword"),
+], ids=["names", "negative", "zeros", "type", "epoch_rows", "column", "empty", "spec", "not-a-dict", "unknown"])
+def test_bad_arguments_are_refused_by_name(three, kwargs, error, match):
+    options = {"sources": three, "weights": WEIGHTS, "plan_cache": False, **kwargs}
+    with pytest.raises(error, match=match):
+        Mixture.create_dataloader(**options)
+
+
+def test_a_filter_is_refused_until_quotas_can_count_filtered_rows(three, tmp_path):
+    import pyarrow.compute as pc
+
+    filtered = {**three, "big": Source(three["big"].path, filter=pc.field("id") > 10)}
+    with pytest.raises(errors.NotSupportedYetError, match=r"sources\['big'\].*filter"):
+        Mixture(sources=filtered, plan_cache=False)
+
+
+def test_ranks_split_every_quota_between_them_with_equal_batches(three):
+    rows: Counter[str] = Counter()
+    ids: list[int] = []
+    lengths = []
+    for rank in range(3):
+        loader, mixture = loader_of(three, 2, rank=rank, world_size=3, plan_locally=True, shuffle=True)
+        batches = epoch_batches(loader, mixture, 1)
+        lengths.append((len(batches), len(loader)))
+        rows.update(s for names, _ in batches for s in names)
+        ids += [i for _, batch in batches for i in batch]
+    assert len({n for n, _ in lengths}) == 1 and all(n == m for n, m in lengths)
+    large = [i for i in ids if source_of(i) != "small"]   # the small source gives 5 passes an epoch
+    assert len(large) == len(set(large))
+    quotas = mixture.quotas()
+    trimmed = sum(quotas.values()) - sum(rows.values())
+    assert all(rows[name] <= quotas[name] for name in quotas) and trimmed < 3 * 2 * mixture.batch_size
