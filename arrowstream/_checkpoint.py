@@ -14,6 +14,7 @@ from typing import Any
 
 from ._fields import MAX_INT, shorten
 from ._loader_state import read_loader_state
+from ._mix_loader import MIX_LOADER_KIND, merge_mixture_states
 from ._state import CHECKPOINT_KIND, STATE_VERSION
 from ._torchdata_state import read_inner
 from .errors import StateError, StateMismatchError, TopologyError
@@ -47,6 +48,8 @@ def merge_state_dicts(states: list[dict[str, Any]]) -> dict[str, Any]:
     """
     if not isinstance(states, (list, tuple)) or not states:
         raise StateError(f"merge_state_dicts: expected a non-empty list of loader.state_dict() results, got {shorten(states)}")
+    if isinstance(states[0], dict) and states[0].get("kind") == MIX_LOADER_KIND:
+        return merge_mixture_states(list(states))
     by_rank: dict[int, dict[str, Any]] = {}
     first = read_loader_state(states[0], "state 0")
     for index, state in enumerate(states):

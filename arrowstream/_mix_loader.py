@@ -26,13 +26,57 @@ from ._torchdata_state import (
     worker_states,
 )
 from ._watchdog import name_dead_workers
-from .errors import ArgumentTypeError, NotSupportedYetError, StateError
+from .errors import ArgumentTypeError, NotSupportedYetError, StateError, StateMismatchError
 
 if TYPE_CHECKING:
     from .mixture import Mixture
 
 MIX_LOADER_KIND = "arrowstream.mixture_loader"
+MIX_CHECKPOINT_KIND = "arrowstream.mixture_checkpoint"
 MIX_LOADER_VERSION = 1
+
+
+def merge_mixture_states(states: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every rank's mixture loader state in one checkpoint (see ``arrowstream.merge_state_dicts``)."""
+    by_rank: dict[int, dict[str, Any]] = {}
+    first = Fields(states[0], "state 0")
+    for index, state in enumerate(states):
+        fields = Fields(state, f"state {index}")
+        if fields.value.get("kind") != MIX_LOADER_KIND:
+            raise StateError(f"merge_state_dicts: state {index} has kind {shorten(fields.value.get('kind'))}, state 0 is "
+                             f"a mixture loader's; merge the states of one training run")
+        for key in ("world_size", "num_workers"):
+            if fields.integer(key) != first.integer(key):
+                raise StateMismatchError(f"merge_state_dicts: state {index} has {key}={fields.integer(key)}, state 0 "
+                                         f"has {key}={first.integer(key)}; merge the states of one training run")
+        rank = fields.integer("rank", 0, first.integer("world_size") - 1)
+        by_rank.setdefault(rank, copy.deepcopy(state))
+    world_size = first.integer("world_size")
+    missing = sorted(set(range(world_size)) - set(by_rank))
+    if missing:
+        raise StateMismatchError(f"merge_state_dicts: no state for rank(s) {missing} of world_size={world_size}; "
+                                 "pass the state of every rank")
+    return {"kind": MIX_CHECKPOINT_KIND, "version": MIX_LOADER_VERSION, "world_size": world_size,
+            "num_workers": first.integer("num_workers"), "ranks": [by_rank[r] for r in range(world_size)]}
+
+
+def _read_checkpoint(fields: Fields) -> list[dict[str, Any]]:
+    """The ranks' states of a merged mixture checkpoint, each checked to be its rank's."""
+    version = fields.integer("version")
+    if version != MIX_LOADER_VERSION:
+        raise StateError(f"the mixture checkpoint has version {version}; this arrowstream reads version "
+                         f"{MIX_LOADER_VERSION}: upgrade arrowstream to load it")
+    ranks = fields.sequence("ranks")
+    world_size = fields.integer("world_size", 1)
+    if len(ranks) != world_size:
+        raise StateError(f"the mixture checkpoint has {len(ranks)} rank state(s) for world_size={world_size}; {REMEDY}")
+    for rank, outer in enumerate(ranks):
+        part = Fields(outer, f"the mixture checkpoint's ranks[{rank}]")
+        if (part.integer("rank"), part.integer("world_size")) != (rank, world_size) or \
+                part.value.get("kind") != MIX_LOADER_KIND:
+            raise StateError(f"the mixture checkpoint's ranks[{rank}] is not rank {rank} of {world_size}'s mixture "
+                             f"loader state; {REMEDY}")
+    return [dict(outer) for outer in ranks]
 
 
 class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
@@ -87,7 +131,7 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
             super().load_state_dict({})
             return
         fields = Fields(state_dict, "mixture loader state")
-        if fields.value.get("kind") != MIX_LOADER_KIND:
+        if fields.value.get("kind") not in (MIX_LOADER_KIND, MIX_CHECKPOINT_KIND):
             raise StateError(f"load_state_dict: expected the dict returned by a mixture loader's state_dict(), got kind "
                              f"{shorten(fields.value.get('kind'))}; {REMEDY}")
         version = fields.integer("version")
@@ -95,14 +139,23 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
             raise StateError(f"the mixture loader state has version {version}; this arrowstream reads version "
                              f"{MIX_LOADER_VERSION}: upgrade arrowstream to load it")
         mixture = self.dataset
+        if fields.value.get("kind") == MIX_CHECKPOINT_KIND:
+            outers = _read_checkpoint(fields)
+            if (len(outers), outers[0]["num_workers"]) != (mixture.world_size, self.num_workers):
+                self._load_at_boundary(outers)
+                return
+            fields = Fields(outers[mixture.rank], f"rank {mixture.rank}'s mixture loader state")
         saved = (fields.integer("rank"), fields.integer("world_size"), fields.integer("num_workers"))
         current = (mixture.rank, mixture.world_size, self.num_workers)
         if saved != current:
-            raise NotSupportedYetError(
+            if saved[1] == 1:   # one rank's state is all of it: a new topology can start its next epoch
+                self._load_at_boundary([fields.value])
+                return
+            raise StateMismatchError(
                 f"the checkpoint was taken by rank {saved[0]} of {saved[1]} with num_workers={saved[2]}; this loader is "
-                f"rank {current[0]} of {current[1]} with num_workers={current[2]}. Mixtures resume with the same ranks "
-                "and workers (elastic resume of mixtures is not available yet): build the loader with "
-                f"world_size={saved[1]} and num_workers={saved[2]}")
+                f"rank {current[0]} of {current[1]} with num_workers={current[2]}. Merge every rank's state with "
+                "arrowstream.gather_state_dict(loader) (or merge_state_dicts) and load the merged checkpoint; a "
+                "mixture changes ranks or workers at an epoch boundary")
         inner = copy.deepcopy(fields.value.get("dataloader"))
         if not isinstance(inner, dict) or not is_inner_state(inner):
             raise StateError(f"the mixture loader state's dataloader is not a StatefulDataLoader state; {REMEDY}")
@@ -120,24 +173,55 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
                     check_worker_state(mixture, state, MixSlot(state.epoch, mixture.rank, mixture.world_size,
                                                                 worker_id, self.num_workers))
             if iterator_finished(inner):   # taken after the loop ended: every worker is done with the epoch
-                self._mark_complete(inner, states, epoch)
+                _mark_complete(inner, states, mixture.batch_limits(self.num_workers, epoch), mixture.rank)
+        mixture._finished_epoch = -1
         super().load_state_dict(inner)
 
-    def _mark_complete(self, inner: dict[str, Any], states: list[MixWorkerState | None], epoch: int) -> None:
+    def _load_at_boundary(self, outers: list[dict[str, Any]]) -> None:
+        """A checkpoint of other ranks or workers: accepted at an epoch boundary, where the next epoch is laid
+        out afresh for this topology from every source's position."""
         mixture = self.dataset
-        limits = mixture.batch_limits(self.num_workers, epoch)
-        per_rank = max(self.num_workers, 1)
-        left = sum(limits[mixture.rank * per_rank + i] - s.batches for i, s in enumerate(states)
-                   if s is not None and not s.epoch_complete)
-        if left != steps_since_snapshot(inner):
-            raise StateError(f"the mixture loader state says the epoch ended, but its workers have {left} batch(es) "
-                             f"left against {steps_since_snapshot(inner)} yielded since their snapshots; {REMEDY}")
-        for worker_id, state in enumerate(states):
-            if state is not None:
-                done = MixWorkerState(**{**state.__dict__, "epoch_complete": True})
-                set_worker_state(inner, worker_id, done.to_dict())
-        clear_steps_since_snapshot(inner)
-        set_iterator_finished(inner, False)
+        states: list[MixWorkerState] = []
+        for outer in outers:
+            fields = Fields(outer, f"rank {outer.get('rank')}'s mixture loader state")
+            inner = copy.deepcopy(fields.value.get("dataloader"))
+            if not isinstance(inner, dict) or not is_inner_state(inner):
+                raise StateError(f"the mixture loader state's dataloader is not a StatefulDataLoader state; {REMEDY}")
+            ranks = [None if s is None else MixWorkerState.from_dict(s) for s in worker_states(inner)]
+            if iterator_finished(inner):
+                last = max((s for s in ranks if s is not None), key=lambda s: s.epoch)
+                limits = mixture.limits_of(last.history, last.epoch, fields.integer("world_size"),
+                                           fields.integer("num_workers"), bool(last.options.get("even_batches")))
+                _mark_complete(inner, ranks, limits, fields.integer("rank"))
+                ranks = [None if s is None else MixWorkerState.from_dict(s) for s in worker_states(inner)]
+            if any(s is None or not s.epoch_complete for s in ranks):
+                raise NotSupportedYetError(
+                    f"the checkpoint was taken inside a mixture epoch by world_size={fields.integer('world_size')}, "
+                    f"num_workers={fields.integer('num_workers')}; this loader has world_size={mixture.world_size}, "
+                    f"num_workers={self.num_workers}. A mixture changes ranks or workers at an epoch boundary (resume "
+                    "with the saved topology to finish the epoch, save, then change it); mid-epoch elastic resume of "
+                    "mixtures is not available yet")
+            states += [s for s in ranks if s is not None]
+        epoch = follow(mixture, states)
+        mixture._finished_epoch = epoch
+        super().load_state_dict({})
+
+
+def _mark_complete(inner: dict[str, Any], states: list[MixWorkerState | None], limits: list[int], rank: int) -> None:
+    """A state taken after the loop ended: every worker is done with the epoch (checked: the batches they had
+    left are those yielded after their snapshots)."""
+    per_rank = max(len(states), 1)
+    left = sum(limits[rank * per_rank + i] - s.batches for i, s in enumerate(states)
+               if s is not None and not s.epoch_complete)
+    if left != steps_since_snapshot(inner):
+        raise StateError(f"the mixture loader state says the epoch ended, but its workers have {left} batch(es) "
+                         f"left against {steps_since_snapshot(inner)} yielded since their snapshots; {REMEDY}")
+    for worker_id, state in enumerate(states):
+        if state is not None:
+            done = MixWorkerState(**{**state.__dict__, "epoch_complete": True})
+            set_worker_state(inner, worker_id, done.to_dict())
+    clear_steps_since_snapshot(inner)
+    set_iterator_finished(inner, False)
 
 
 _LOADER_PARAMS = set(inspect.signature(StatefulDataLoader.__init__).parameters) - {"self", "dataset"}

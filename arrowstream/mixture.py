@@ -187,6 +187,7 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         # the quotas in effect from each epoch on: a checkpoint loaded at an epoch boundary may change them
         self._history: list[tuple[int, dict[str, int]]] = [(0, dict(self._quotas))]
         self._epoch_cell = share(torch.zeros(1, dtype=torch.int64), "Mixture: the epoch cell")
+        self._finished_epoch = -1   # epochs up to it were finished by a checkpoint loaded with another topology
         self._pending: MixWorkerState | None = None
         self._active: _MixIterator | None = None
         self._meter: Meter | None = None
@@ -303,9 +304,11 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
     def _num_slots(self, num_workers: int) -> int:
         return self._world_size * max(num_workers, 1)
 
-    def _segments(self, epoch: int, num_slots: int) -> dict[str, list[list[Any]]]:
-        starts, quotas = self.epoch_starts(epoch), quotas_at(self._history, epoch)
-        return {s.name: epoch_segments(s.plan.num_rows, starts[s.name], quotas[s.name], num_slots)
+    def _segments(self, epoch: int, num_slots: int,
+                  history: list[tuple[int, dict[str, int]]] | None = None) -> dict[str, list[list[Any]]]:
+        history = self._history if history is None else history
+        starts, quotas = positions(history, epoch), quotas_at(history, epoch)
+        return {s.name: epoch_segments(s.plan.num_rows, starts.get(s.name, 0), quotas[s.name], num_slots)
                 if quotas.get(s.name) else [[] for _ in range(num_slots)] for s in self._sources}
 
     def slot_quotas(self, num_workers: int = 0, epoch: int | None = None) -> list[dict[str, int]]:
@@ -316,10 +319,18 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
 
     def batch_limits(self, num_workers: int = 0, epoch: int | None = None) -> list[int]:
         """Batches each slot yields in ``epoch`` (``even_batches`` and ``drop_last`` applied)."""
-        rows = [sum(q.values()) for q in self.slot_quotas(num_workers, epoch)]
+        return self.limits_of(self._history, self.epoch if epoch is None else epoch, self._world_size, num_workers,
+                              self._even_batches)
+
+    def limits_of(self, history: list[tuple[int, dict[str, int]]], epoch: int, world_size: int, num_workers: int,
+                  even_batches: bool) -> list[int]:
+        """Batches each slot of a topology yields in ``epoch`` of a mixture with ``history``."""
+        num_slots = world_size * max(num_workers, 1)
+        segments = self._segments(epoch, num_slots, history)
+        rows = [sum(seg.num_rows for per_slot in segments.values() for seg in per_slot[slot]) for slot in range(num_slots)]
         options = self._options
-        if self._even_batches:
-            return even_batch_limits(rows, self._world_size, options.batch_size, options.drop_last)
+        if even_batches:
+            return even_batch_limits(rows, world_size, options.batch_size, options.drop_last)
         return [natural_batches(r, options.batch_size, options.drop_last) for r in rows]
 
     def num_batches(self, num_workers: int = 0) -> int:
@@ -369,6 +380,8 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
                     "epoch, or start without loading the checkpoint")
             pending = None
         start = pending or self.start_state(slot)
+        if slot.epoch <= self._finished_epoch:
+            start = MixWorkerState(**{**start.__dict__, "epoch_complete": True})
         if start.epoch_complete:   # a checkpoint taken after the epoch: nothing left in it
             return MixStream([], [], cast=lambda name, batch: batch, batch_size=self._options.batch_size,
                              drop_last=False, max_batches=None, mix_rows=False, seed=0, slot=slot, start=start)

@@ -320,3 +320,43 @@ def test_ranks_split_every_quota_between_them_with_equal_batches(three):
     quotas = mixture.quotas()
     trimmed = sum(quotas.values()) - sum(rows.values())
     assert all(rows[name] <= quotas[name] for name in quotas) and trimmed < 3 * 2 * mixture.batch_size
+
+
+def test_workers_change_at_an_epoch_boundary_and_mid_epoch_is_refused(three):
+    loader, mixture = loader_of(three, 2, shuffle=True)
+    epoch_batches(loader, mixture, 0)
+    state = json.loads(json.dumps(loader.state_dict()))
+    three_workers, mixture3 = loader_of(three, 3, shuffle=True)
+    three_workers.load_state_dict(state)
+    assert epoch_batches(three_workers, mixture3, 0) == []   # the saved epoch is over
+    reference, reference_mixture = loader_of(three, 3, shuffle=True)
+    assert epoch_batches(three_workers, mixture3, 1) == epoch_batches(reference, reference_mixture, 1)
+    mixture.set_epoch(1)
+    it = iter(loader)
+    next(it)
+    inside = loader.state_dict()
+    again, _ = loader_of(three, 3, shuffle=True)
+    with pytest.raises(errors.NotSupportedYetError, match="at an epoch boundary"):
+        again.load_state_dict(inside)
+
+
+def test_ranks_change_at_an_epoch_boundary_through_a_merged_checkpoint(three):
+    import arrowstream
+
+    states = []
+    for rank in range(3):
+        loader, mixture = loader_of(three, 2, rank=rank, world_size=3, plan_locally=True, shuffle=True)
+        epoch_batches(loader, mixture, 0)
+        states.append(loader.state_dict())
+    merged = json.loads(json.dumps(arrowstream.merge_state_dicts(states)))
+    assert merged["kind"] == "arrowstream.mixture_checkpoint" and len(merged["ranks"]) == 3
+    for rank in range(2):
+        loader, mixture = loader_of(three, 2, rank=rank, world_size=2, plan_locally=True, shuffle=True)
+        loader.load_state_dict(merged)
+        reference, reference_mixture = loader_of(three, 2, rank=rank, world_size=2, plan_locally=True, shuffle=True)
+        assert epoch_batches(loader, mixture, 1) == epoch_batches(reference, reference_mixture, 1)
+    same, mixture = loader_of(three, 2, rank=1, world_size=3, plan_locally=True, shuffle=True)
+    same.load_state_dict(merged)   # the same topology takes its own rank's part
+    assert epoch_batches(same, mixture, 0) == []
+    with pytest.raises(errors.StateMismatchError, match="no state for rank"):
+        arrowstream.merge_state_dicts(states[:2])
