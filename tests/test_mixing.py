@@ -360,3 +360,72 @@ def test_ranks_change_at_an_epoch_boundary_through_a_merged_checkpoint(three):
     assert epoch_batches(same, mixture, 0) == []
     with pytest.raises(errors.StateMismatchError, match="no state for rank"):
         arrowstream.merge_state_dicts(states[:2])
+
+
+def test_an_iceberg_table_and_files_in_one_mixture(tmp_path):
+    from iceberg_tables import add_position_deletes, make_catalog
+
+    from arrowstream import IcebergSource
+
+    catalog, config = make_catalog(str(tmp_path / "iceberg"))
+    data = pa.table({"id": pa.array(range(500_000, 500_400), pa.int64()),
+                     "x": pa.array([0.5 * i for i in range(500_000, 500_400)], pa.float32())})
+    table = catalog.create_table("db.events", schema=data.schema)
+    table.append(data)
+    (data_file,) = [task.file.file_path for task in table.scan().plan_files()]
+    add_position_deletes(table, {data_file: [0, 1, 2, 399]})   # 396 rows left
+    sources = {"files": Source(write_source(tmp_path / "files", 0, 200)),
+               "table": IcebergSource("db.events", catalog_config=config)}
+    loader, mixture = Mixture.create_dataloader(sources=sources, weights={"files": 1, "table": 1}, epoch_rows=300,
+                                                batch_size=20, num_workers=2, source_column="src", shuffle=True,
+                                                plan_cache=False)
+    assert mixture.source_rows() == {"files": 200, "table": 396}
+    assert mixture.schema.field("x").type == pa.float64()   # float32 of the table widened to the files' float64
+    seen: Counter[str] = Counter()
+    table_ids: list[int] = []
+    for epoch in range(2):
+        mixture.set_epoch(epoch)
+        for batch in loader:
+            seen.update(batch["src"])
+            table_ids += [int(i) for i, s in zip(batch["id"], batch["src"], strict=True) if s == "table"]
+    assert seen == {"files": 300, "table": 300}
+    assert len(table_ids) == 300 and set(table_ids) <= set(range(500_003, 500_399))   # deleted rows never come
+    assert len(set(table_ids)) == 300   # 300 of the table's 396 rows: no row twice inside a pass
+    mixture.set_epoch(2)
+    it = iter(loader)
+    next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    rest = [b["id"].tolist() for b in it]
+    fresh, _ = Mixture.create_dataloader(sources=sources, weights={"files": 1, "table": 1}, epoch_rows=300,
+                                         batch_size=20, num_workers=2, source_column="src", shuffle=True,
+                                         plan_cache=False)
+    fresh.load_state_dict(state)
+    assert [b["id"].tolist() for b in fresh] == rest
+
+
+def test_a_mixture_resumes_in_a_fresh_process(three, tmp_path):
+    import subprocess
+    import sys
+
+    loader, mixture = loader_of(three, 2, shuffle=True, shuffle_buffer_size=50)
+    mixture.set_epoch(1)
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    (tmp_path / "state.json").write_text(json.dumps(loader.state_dict()))
+    rest = [b["id"].tolist() for b in it]
+    paths = {name: source.path for name, source in three.items()}
+    script = f"""
+import json, sys
+import arrowstream
+sources = {{name: arrowstream.Source(path) for name, path in {paths!r}.items()}}
+loader, mixture = arrowstream.Mixture.create_dataloader(
+    sources=sources, weights={WEIGHTS!r}, epoch_rows=500, batch_size=32, source_column="src", plan_cache=False,
+    num_workers=2, shuffle=True, shuffle_buffer_size=50)
+loader.load_state_dict(json.load(open(sys.argv[1])))
+print(json.dumps([b["id"].tolist() for b in loader]))
+"""
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "state.json")], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == rest

@@ -1,0 +1,63 @@
+"""One rank of a torchrun test of a mixture (tests/test_mixing_ranks.py): quotas over ranks, DDP steps on
+every batch (uneven batch counts would hang the all-reduce), a merged checkpoint mid-epoch and its resume.
+
+argv: spec.json out_dir. The spec names the sources (name -> folder), the weights, epoch_rows and options.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import arrowstream
+
+
+def build(spec: dict) -> tuple:
+    sources = {name: arrowstream.Source(path) for name, path in spec["sources"].items()}
+    return arrowstream.Mixture.create_dataloader(sources=sources, weights=spec["weights"],
+                                                 epoch_rows=spec["epoch_rows"], **spec["options"])
+
+
+def record(batch: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list:
+    loss = model(batch["x"].reshape(-1, 1).float()).square().mean()
+    optimizer.zero_grad()
+    loss.backward()  # DDP all-reduces here: every rank must take this step
+    optimizer.step()
+    return [list(batch["src"]), [int(i) for i in batch["id"]]]
+
+
+def main() -> None:
+    spec = json.loads(open(sys.argv[1]).read())
+    out_dir = sys.argv[2]
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    rank = dist.get_rank()
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    loader, mixture = build(spec)
+    result: dict = {"len": len(loader), "slot_quotas": mixture.slot_quotas(spec["options"]["num_workers"]),
+                    "quotas": mixture.quotas(), "epochs": {}}
+    for epoch in (0, 1):
+        mixture.set_epoch(epoch)
+        result["epochs"][epoch] = [record(b, model, optimizer) for b in loader]
+    stop = spec["stop"]
+    mixture.set_epoch(1)
+    it = iter(loader)
+    for _ in range(stop):
+        record(next(it), model, optimizer)
+    merged = arrowstream.gather_state_dict(loader)
+    del it
+    fresh, fresh_mixture = build(spec)
+    fresh.load_state_dict(json.loads(json.dumps(merged)))
+    result["resumed"] = [record(b, model, optimizer) for b in fresh]
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

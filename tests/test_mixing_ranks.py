@@ -1,0 +1,39 @@
+"""A mixture over 3 ranks started by torchrun (gloo on 127.0.0.1): each epoch's quotas split over the ranks,
+equal batch counts with DDP training on every batch, and a merged mid-epoch checkpoint resumed exactly."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from test_distributed import torchrun
+from test_mixing import BASES, source_of, write_source
+
+
+def test_a_mixture_over_three_ranks_keeps_quotas_equal_batches_and_exact_resume(tmp_path):
+    sources = {"big": write_source(tmp_path / "big", BASES["big"], 1000),
+               "small": write_source(tmp_path / "small", BASES["small"], 10, files=1),
+               "mid": write_source(tmp_path / "mid", BASES["mid"], 300)}
+    spec = {"sources": sources, "weights": {"big": 0.6, "small": 0.1, "mid": 0.3}, "epoch_rows": 600, "stop": 3,
+            "options": {"batch_size": 16, "num_workers": 2, "shuffle": True, "shuffle_buffer_size": 32,
+                        "source_column": "src", "plan_cache": False}}
+    per_rank = torchrun(3, spec, tmp_path, script="mix_child.py")
+    quotas = per_rank[0]["quotas"]
+    assert quotas == {"big": 360, "small": 60, "mid": 180}
+    slot_quotas = per_rank[0]["slot_quotas"]
+    for epoch in ("0", "1"):
+        lengths = {len(r["epochs"][epoch]) for r in per_rank}
+        assert lengths == {per_rank[0]["len"]}   # every rank the same number of batches, as len() said
+        counts = Counter(s for r in per_rank for names, _ in r["epochs"][epoch] for s in names)
+        assert all(counts[name] <= quota for name, quota in quotas.items())
+        assert sum(quotas.values()) - sum(counts.values()) < 6 * 16   # even_batches trims under a batch a slot
+        large = [i for r in per_rank for _, ids in r["epochs"][epoch] for i in ids if source_of(i) != "small"]
+        assert len(large) == len(set(large))
+        for rank, result in enumerate(per_rank):
+            for index, (names, ids) in enumerate(result["epochs"][epoch]):
+                assert [source_of(i) for i in ids] == names
+                share = slot_quotas[rank * 2 + index % 2]
+                total = sum(share.values())
+                for name, quota in share.items():
+                    assert abs(names.count(name) - len(names) * quota / total) < 1 + 1e-9
+    for result in per_rank:
+        assert result["resumed"] == result["epochs"]["1"][3:]
