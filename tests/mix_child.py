@@ -32,7 +32,8 @@ def record(batch: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer
 
 
 def main() -> None:
-    spec = json.loads(open(sys.argv[1]).read())
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
     out_dir = sys.argv[2]
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank = dist.get_rank()
@@ -51,7 +52,7 @@ def main() -> None:
         record(next(it), model, optimizer)
     merged = arrowstream.gather_state_dict(loader)
     del it
-    fresh, fresh_mixture = build(spec)
+    fresh, _ = build(spec)
     fresh.load_state_dict(json.loads(json.dumps(merged)))
     result["resumed"] = [record(b, model, optimizer) for b in fresh]
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
