@@ -7,14 +7,17 @@ import inspect
 import warnings
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ._convert import passthrough_collate
 from ._fields import REMEDY, Fields, shorten
 from ._loader_options import check_loader_options
+from ._metrics import FIELDS, Board, Meter, flatten, summarize
 from ._mix_resume import check_worker_state, follow
 from ._mix_stream import MixSlot, MixWorkerState
 from ._options import check_int
+from ._shm import share
 from ._torchdata_state import (
     clear_steps_since_snapshot,
     is_inner_state,
@@ -94,6 +97,40 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
         with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, deprecated in torch 2.13
             warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
             super().__init__(mixture, **kwargs)
+        rows = max(self.num_workers, 1)
+        self._board = Board(self.num_workers) if self.num_workers > 0 else None
+        self._sources_board = share(torch.zeros((rows, len(mixture.names)), dtype=torch.int64),
+                                    "MixtureDataLoader: rows per source of its workers")
+        mixture._use_boards(self._board, self._sources_board)
+
+    def metrics(self, flat: bool = False) -> dict[str, Any]:
+        """What this rank's workers have done, as ``ArrowStreamDataLoader.metrics`` says, plus the rows
+        of each source: ``"rows/NAME"`` in the totals and in each worker's line.
+
+        Example:
+            >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
+            >>> a, b = tempfile.mkdtemp(), tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"x": list(range(30))}), os.path.join(a, "a.parquet"))
+            >>> pq.write_table(pa.table({"x": list(range(10))}), os.path.join(b, "b.parquet"))
+            >>> loader, mixture = arrowstream.Mixture.create_dataloader(
+            ...     sources={"a": arrowstream.Source(a), "b": arrowstream.Source(b)}, batch_size=8)
+            >>> batches = list(loader)
+            >>> m = loader.metrics()
+            >>> m["rows"], m["rows/a"], m["rows/b"]
+            (40, 30, 10)
+        """
+        mixture = self.dataset
+        if self._board is None:
+            meter = mixture._meter
+            raw = [dict(zip(FIELDS, meter.values() if meter is not None else Meter().values()))]
+        else:
+            raw = self._board.read()
+        metrics = summarize(raw, mixture.rank)
+        per_source = self._sources_board.numpy()
+        for index, line in enumerate(metrics["workers"]):
+            line.update({f"rows/{name}": int(per_source[index][k]) for k, name in enumerate(mixture.names)})
+        metrics.update({f"rows/{name}": int(per_source[:, k].sum()) for k, name in enumerate(mixture.names)})
+        return flatten(metrics) if flat else metrics
 
     def __len__(self) -> int:
         return int(self.dataset.num_batches(self.num_workers))

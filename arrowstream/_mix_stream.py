@@ -228,6 +228,7 @@ class MixStream:
         self._start = start
         self.rows, self.batches, self.rows_dropped = start.rows, start.batches, start.rows_dropped
         self.complete = start.epoch_complete
+        self.last_counts = [0] * len(self._sources)   # rows of each source in the last batch
 
     def _finish(self) -> None:
         left = self._total - self.rows
@@ -255,6 +256,7 @@ class MixStream:
         rows = min(self._batch_size, left)
         taken = [source.taken for source in self._sources]
         after = shares_after(taken, self._quotas, self.rows + rows)
+        self.last_counts = [now - before for before, now in zip(taken, after, strict=True)]
         parts = []
         for source, before, now in zip(self._sources, taken, after, strict=True):
             part = source.take(now - before)

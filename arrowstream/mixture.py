@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -21,7 +22,7 @@ from ._convert import check_output_columns, make_converter, make_value_check, re
 from ._credentials import as_provider
 from ._iceberg_source import IcebergTableSource
 from ._iceberg_table import load_table, open_source
-from ._metrics import Meter
+from ._metrics import Board, Meter
 from ._mix_plan import epoch_segments, pass_order, positions, quotas, quotas_at, segment_splits
 from ._mix_schema import caster, unify
 from ._mix_stream import MixSlot, MixStream, MixWorkerState, SourceCursor, SourceEpoch, SourceRows, source_seeds
@@ -190,7 +191,8 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         self._finished_epoch = -1   # epochs up to it were finished by a checkpoint loaded with another topology
         self._pending: MixWorkerState | None = None
         self._active: _MixIterator | None = None
-        self._meter: Meter | None = None
+        self._meter: Meter | None = None   # this process's, once it reads
+        self._boards: tuple[Board | None, torch.Tensor] | None = None   # the loader's metrics (see _use_boards)
 
     def _plan_source(self, name: str, spec: Source | IcebergSource, shared: dict[str, Any], plan_cache: Any,
                      collective: bool) -> _Planned:
@@ -385,8 +387,7 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         if start.epoch_complete:   # a checkpoint taken after the epoch: nothing left in it
             return MixStream([], [], cast=lambda name, batch: batch, batch_size=self._options.batch_size,
                              drop_last=False, max_batches=None, mix_rows=False, seed=0, slot=slot, start=start)
-        if self._meter is None:
-            self._meter = Meter()
+        meter = self._process_meter()
         in_worker = get_worker_info() is not None
         segments = self._segments(slot.epoch, slot.num_slots)
         options = self._options
@@ -394,7 +395,7 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         for s in self._sources:
             check = make_value_check(options.output_format, s.plan.schema, self._fill_nulls)
             readers = [SplitReader(s.plan, s.storage, max(options.batch_size, READ_BATCH_ROWS), use_threads=not in_worker,
-                                   meter=self._meter, check=check) for _ in range(options.interleave)]
+                                   meter=meter, check=check) for _ in range(options.interleave)]
             mine = segments[s.name][slot.index]
             orders: dict[int, Any] = {}
             splits = []
@@ -412,6 +413,26 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
                          cast=lambda name, batch: casts[name](batch), batch_size=options.batch_size,
                          drop_last=options.drop_last, max_batches=limit, mix_rows=options.shuffle_buffer_size > 0,
                          seed=options.seed, slot=slot, start=start)
+
+    def _use_boards(self, board: Board | None, sources: torch.Tensor) -> None:
+        """The loader's metrics: its workers' board (``None`` with ``num_workers=0``) and rows per source per
+        worker (shared memory, written by each worker in its own row)."""
+        self._boards = (board, sources)
+        self._meter = None
+
+    def _process_meter(self) -> Meter:
+        if self._meter is None:
+            info = get_worker_info()
+            board = self._boards[0] if self._boards is not None else None
+            self._meter = Meter(board.row(info.id) if info is not None and board is not None else None)
+        return self._meter
+
+    def _source_row(self) -> Any:
+        """This worker's row of rows per source, or None without a loader."""
+        if self._boards is None:
+            return None
+        info = get_worker_info()
+        return self._boards[1][0 if info is None else info.id].numpy()
 
     def _converter(self) -> Callable[[pa.RecordBatch], Any]:
         convert = make_converter(self._options.output_format, self._schema, self._fill_nulls,
@@ -448,23 +469,37 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
 
 
 class _MixIterator:
-    """What ``iter(mixture)`` returns: binds the epoch on the first batch."""
+    """What ``iter(mixture)`` returns: binds the epoch on the first batch; counts what it hands out."""
 
     def __init__(self, mixture: Mixture, pending: MixWorkerState | None) -> None:
         self._mixture = mixture
         self._pending = pending
         self._stream: MixStream | None = None
         self._convert: Callable[[pa.RecordBatch], Any] | None = None
+        self._sources: Any = None   # this worker's rows per source on the loader's board
+        self._left_at = 0.0
 
     def __iter__(self) -> _MixIterator:
         return self
 
     def __next__(self) -> Any:
+        entered = perf_counter()
         if self._stream is None:
             self._stream = self._mixture._open(self._pending)
             self._convert = self._mixture._converter()
+            self._sources = self._mixture._source_row()
         assert self._convert is not None
-        return self._convert(next(self._stream))
+        stream = self._stream
+        record = next(stream)
+        read = perf_counter()
+        out = self._convert(record)
+        done = perf_counter()
+        self._mixture._process_meter().batch(record.num_rows, 1, read - entered, done - read,
+                                             entered - self._left_at if self._left_at else 0.0, done)
+        self._left_at = done
+        if self._sources is not None:
+            self._sources += stream.last_counts
+        return out
 
     def state(self) -> MixWorkerState:
         if self._stream is not None:

@@ -429,3 +429,18 @@ print(json.dumps([b["id"].tolist() for b in loader]))
                           timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == rest
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_metrics_count_rows_per_source_and_per_worker(three, num_workers):
+    loader, mixture = loader_of(three, num_workers, shuffle=True)
+    for epoch in range(2):
+        epoch_batches(loader, mixture, epoch)
+    metrics = loader.metrics()
+    assert {name: metrics[f"rows/{name}"] for name in mixture.names} == {n: 2 * q for n, q in mixture.quotas().items()}
+    assert metrics["rows"] == 1000 and metrics["batches"] == 2 * len(loader)
+    assert len(metrics["workers"]) == max(num_workers, 1)
+    for name in mixture.names:
+        assert sum(line[f"rows/{name}"] for line in metrics["workers"]) == metrics[f"rows/{name}"]
+    flat = loader.metrics(flat=True)
+    assert flat["rank0/worker0/rows/small"] == metrics["workers"][0]["rows/small"]
