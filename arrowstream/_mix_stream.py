@@ -14,7 +14,7 @@ import itertools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -25,6 +25,9 @@ from ._mix_plan import batch_permutation, shares_after, window_seed
 from ._plan_types import Split
 from ._stream import RunQueue, open_runs
 from .errors import FileChangedError, StateError
+
+if TYPE_CHECKING:
+    from ._reader import ReadAhead
 
 logger = logging.getLogger("arrowstream")
 
@@ -136,7 +139,7 @@ class SourceRows:
 
     def __init__(self, name: str, readers: Sequence[PieceReader], segments: Sequence[tuple[Split, ...]], *,
                  batch_size: int, interleave: int, buffer_rows: int, seeds: Callable[[int, int], int],
-                 start: SourceCursor, url: str) -> None:
+                 start: SourceCursor, url: str, read_ahead: ReadAhead | None = None) -> None:
         self.name = name
         self._readers = readers
         self._segments = segments
@@ -147,10 +150,13 @@ class SourceRows:
         self._queue: RunQueue | None = None
         self.taken = start.taken
         self._url = url
+        self._read_ahead = read_ahead
 
     def _open(self) -> RunQueue:
         splits = self._segments[self._segment]
         start = self._start or Cursor.start(len(splits), self._interleave)
+        if self._read_ahead is not None:
+            self._read_ahead.begin(splits)
         runs = open_runs(self._readers, splits, batch_size=self._batch_size, interleave=self._interleave,
                          buffer_rows=self._buffer_rows, window_seed=functools.partial(self._seeds, self._segment),
                          start=start)

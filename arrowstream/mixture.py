@@ -26,11 +26,11 @@ from ._metrics import Board, Meter
 from ._mix_plan import epoch_segments, pass_order, positions, quotas, quotas_at, segment_splits
 from ._mix_schema import caster, unify
 from ._mix_stream import MixSlot, MixStream, MixWorkerState, SourceCursor, SourceEpoch, SourceRows, source_seeds
-from ._options import Options, check_bool, check_even_batches, check_storage_arguments, validate_options
+from ._options import Options, check_bool, check_even_batches, check_int, check_storage_arguments, validate_options
 from ._order import even_batch_limits, natural_batches
 from ._plan_cache import check_plan_cache
 from ._planning import Plan
-from ._reader import SplitReader
+from ._reader import ReadAhead, SplitReader
 from ._retry import RetryPolicy, check_retry
 from ._runtime import READ_BATCH_ROWS
 from ._shm import guard_feeder, share
@@ -143,8 +143,8 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
                  output_format: str = "torch", transform: Callable[[Any], Any] | None = None,
                  drop_last: bool = False, fill_nulls: Any = None, accelerator: Any = None,
                  rank: int | None = None, world_size: int | None = None, even_batches: bool = True,
-                 group_size: int = 1, plan_locally: bool = False, retry: RetryPolicy | None = None,
-                 plan_cache: Any = None) -> None:
+                 group_size: int = 1, read_ahead: int = 1, plan_locally: bool = False,
+                 retry: RetryPolicy | None = None, plan_cache: Any = None) -> None:
         super().__init__()
         if not isinstance(sources, Mapping) or not sources:
             raise ArgumentTypeError("sources: expected a non-empty dict of name to arrowstream.Source or "
@@ -170,6 +170,7 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
             raise ArgumentTypeError(f"transform: expected a callable, got {type(transform).__name__}")
         self._transform = transform
         self._retry = check_retry(retry)
+        self._read_ahead_depth = check_int("read_ahead", read_ahead, 0)
         plan_locally = check_bool("plan_locally", plan_locally)
         self._topology = resolve_topology(rank, world_size, accelerator, group_size, plan_locally=plan_locally)
         self._rank, self._world_size = self._topology.data_rank, self._topology.data_world_size
@@ -219,7 +220,7 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         arguments = {**plan_arguments(source.arguments(), options, self._even_batches, self._topology.world_size,
                                       self._topology.group_size), "mixture_source": name}
         storage, plan = plan_together(source, options, self._retry, arguments, collective=collective)
-        return _Planned(name, source, options, storage.reading(0, options.interleave), plan,
+        return _Planned(name, source, options, storage.reading(self._read_ahead_depth, options.interleave), plan,
                         source.identity(plan).to_dict())
 
     @classmethod
@@ -394,8 +395,10 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         rows = []
         for s in self._sources:
             check = make_value_check(options.output_format, s.plan.schema, self._fill_nulls)
+            prefetcher = s.storage.prefetcher   # object stores: each segment's next splits fetched ahead
+            read_ahead = None if prefetcher is None else ReadAhead(s.plan, prefetcher, s.storage.read_ahead)
             readers = [SplitReader(s.plan, s.storage, max(options.batch_size, READ_BATCH_ROWS), use_threads=not in_worker,
-                                   meter=meter, check=check) for _ in range(options.interleave)]
+                                   read_ahead=read_ahead, meter=meter, check=check) for _ in range(options.interleave)]
             mine = segments[s.name][slot.index]
             orders: dict[int, Any] = {}
             splits = []
@@ -406,7 +409,8 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
                 splits.append(segment_splits(s.plan.splits, orders[seg.pass_index], seg))
             rows.append(SourceRows(s.name, readers, splits, batch_size=options.batch_size, interleave=options.interleave,
                                    buffer_rows=options.shuffle_buffer_size, seeds=source_seeds(options.seed, s.name, slot),
-                                   start=start.cursors[s.name], url=str(s.source.arguments().get("path", s.name))))
+                                   start=start.cursors[s.name], url=str(s.source.arguments().get("path", s.name)),
+                                   read_ahead=read_ahead))
         casts = {s.name: caster(s.plan.schema, self._schema, s.name, self._source_column) for s in self._sources}
         limit = self.batch_limits(slot.num_workers, slot.epoch)[slot.index] if self._even_batches else None
         return MixStream(rows, [sum(seg.num_rows for seg in segments[s.name][slot.index]) for s in self._sources],

@@ -444,3 +444,32 @@ def test_metrics_count_rows_per_source_and_per_worker(three, num_workers):
         assert sum(line[f"rows/{name}"] for line in metrics["workers"]) == metrics[f"rows/{name}"]
     flat = loader.metrics(flat=True)
     assert flat["rank0/worker0/rows/small"] == metrics["workers"][0]["rows/small"]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_source_on_s3_beside_local_files_with_read_ahead(three, s3_server, tmp_path, num_workers):
+    fs = s3_server.filesystem()
+    remote = s3_server.url(f"mix-{num_workers}")
+    local = write_source(tmp_path / "remote", 300_000, 400, files=2, group=40)
+    for name in sorted(os.listdir(local)):
+        fs.put(os.path.join(local, name), f"{remote}/{name}")
+    sources = {"big": three["big"], "s3": Source(remote, storage_options=s3_server.storage_options)}
+    make = lambda: Mixture.create_dataloader(  # noqa: E731
+        sources=sources, weights={"big": 1, "s3": 1}, epoch_rows=600, batch_size=25, num_workers=num_workers,
+        source_column="src", shuffle=True, read_ahead=2, plan_cache=False)
+    loader, mixture = make()
+    mixture.set_epoch(0)
+    ids = [(s, int(i)) for b in loader for s, i in zip(b["src"], b["id"], strict=True)]
+    assert Counter(s for s, _ in ids) == {"big": 300, "s3": 300}
+    assert len({i for s, i in ids if s == "s3"}) == 300 and all(300_000 <= i < 300_400 for s, i in ids if s == "s3")
+    text = json.dumps(loader.state_dict())
+    secrets = [v for v in s3_server.storage_options.values() if isinstance(v, str)]
+    assert secrets and not [v for v in secrets if v in text]   # no credentials in the state
+    mixture.set_epoch(1)
+    it = iter(loader)
+    next(it)
+    saved = json.loads(json.dumps(loader.state_dict()))
+    rest = [b["id"].tolist() for b in it]
+    fresh, _ = make()
+    fresh.load_state_dict(saved)
+    assert [b["id"].tolist() for b in fresh] == rest
