@@ -454,7 +454,7 @@ def test_a_source_on_s3_beside_local_files_with_read_ahead(three, s3_server, tmp
     for name in sorted(os.listdir(local)):
         fs.put(os.path.join(local, name), f"{remote}/{name}")
     sources = {"big": three["big"], "s3": Source(remote, storage_options=s3_server.storage_options)}
-    make = lambda: Mixture.create_dataloader(  # noqa: E731
+    make = lambda: Mixture.create_dataloader(
         sources=sources, weights={"big": 1, "s3": 1}, epoch_rows=600, batch_size=25, num_workers=num_workers,
         source_column="src", shuffle=True, read_ahead=2, plan_cache=False)
     loader, mixture = make()
