@@ -202,15 +202,15 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
                              f"{self.num_workers}; {REMEDY}")
         states = [None if s is None else MixWorkerState.from_dict(s, f"worker {i}'s mixture state")
                   for i, s in enumerate(raw)]
+        for worker_id, state in enumerate(states):
+            if state is not None:
+                check_worker_state(mixture, state, MixSlot(state.epoch, mixture.rank, mixture.world_size, worker_id,
+                                                            self.num_workers))
+        if iterator_finished(inner) and any(s is not None for s in states):   # taken after the loop ended
+            states = _finished(inner, states, mixture, mixture.rank, mixture.world_size, self.num_workers)
         present = [s for s in states if s is not None]
         if present:
-            epoch = follow(mixture, present)
-            for worker_id, state in enumerate(states):
-                if state is not None:
-                    check_worker_state(mixture, state, MixSlot(state.epoch, mixture.rank, mixture.world_size,
-                                                                worker_id, self.num_workers))
-            if iterator_finished(inner):   # taken after the loop ended: every worker is done with the epoch
-                _mark_complete(inner, states, mixture.batch_limits(self.num_workers, epoch), mixture.rank)
+            follow(mixture, present)
         mixture._finished_epoch = -1
         super().load_state_dict(inner)
 
@@ -225,12 +225,9 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
             if not isinstance(inner, dict) or not is_inner_state(inner):
                 raise StateError(f"the mixture loader state's dataloader is not a StatefulDataLoader state; {REMEDY}")
             ranks = [None if s is None else MixWorkerState.from_dict(s) for s in worker_states(inner)]
-            if iterator_finished(inner):
-                last = max((s for s in ranks if s is not None), key=lambda s: s.epoch)
-                limits = mixture.limits_of(last.history, last.epoch, fields.integer("world_size"),
-                                           fields.integer("num_workers"), bool(last.options.get("even_batches")))
-                _mark_complete(inner, ranks, limits, fields.integer("rank"))
-                ranks = [None if s is None else MixWorkerState.from_dict(s) for s in worker_states(inner)]
+            if iterator_finished(inner) and any(s is not None for s in ranks):
+                ranks = _finished(inner, ranks, mixture, fields.integer("rank"), fields.integer("world_size"),
+                                  fields.integer("num_workers"))
             if any(s is None or not s.epoch_complete for s in ranks):
                 raise NotSupportedYetError(
                     f"the checkpoint was taken inside a mixture epoch by world_size={fields.integer('world_size')}, "
@@ -244,21 +241,26 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
         super().load_state_dict({})
 
 
-def _mark_complete(inner: dict[str, Any], states: list[MixWorkerState | None], limits: list[int], rank: int) -> None:
-    """A state taken after the loop ended: every worker is done with the epoch (checked: the batches they had
-    left are those yielded after their snapshots)."""
+def _finished(inner: dict[str, Any], states: list[MixWorkerState | None], mixture: Mixture, rank: int,
+              world_size: int, num_workers: int) -> list[MixWorkerState | None]:
+    """The states of a loader whose loop had ended, marked done with their epoch (checked: the batches they
+    had left are those yielded after their snapshots), in ``inner`` too."""
+    last = max((s for s in states if s is not None), key=lambda s: s.epoch)
+    limits = mixture.limits_of(last.history, last.epoch, world_size, num_workers,
+                               bool(last.options.get("even_batches")))
     per_rank = max(len(states), 1)
     left = sum(limits[rank * per_rank + i] - s.batches for i, s in enumerate(states)
                if s is not None and not s.epoch_complete)
     if left != steps_since_snapshot(inner):
         raise StateError(f"the mixture loader state says the epoch ended, but its workers have {left} batch(es) "
                          f"left against {steps_since_snapshot(inner)} yielded since their snapshots; {REMEDY}")
-    for worker_id, state in enumerate(states):
+    done = [None if s is None else MixWorkerState(**{**s.__dict__, "epoch_complete": True}) for s in states]
+    for worker_id, state in enumerate(done):
         if state is not None:
-            done = MixWorkerState(**{**state.__dict__, "epoch_complete": True})
-            set_worker_state(inner, worker_id, done.to_dict())
+            set_worker_state(inner, worker_id, state.to_dict())
     clear_steps_since_snapshot(inner)
     set_iterator_finished(inner, False)
+    return done
 
 
 _LOADER_PARAMS = set(inspect.signature(StatefulDataLoader.__init__).parameters) - {"self", "dataset"}

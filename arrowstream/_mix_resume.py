@@ -82,14 +82,14 @@ def check_worker_state(mixture: Mixture, state: MixWorkerState, slot: MixSlot) -
             + "; build the mixture with the saved options to resume")
     if state.epoch_complete:
         return state
-    starts = mixture.epoch_starts(state.epoch)
-    quotas = mixture.quotas()
-    for name, e in state.epochs.items():
-        if name not in starts or (starts[name], quotas[name]) != (e.start, e.quota):
-            raise StateMismatchError(
-                f"source {name!r} of the checkpoint's mixture epoch {state.epoch} starts at row {e.start} of its "
-                f"passes with quota {e.quota}; this mixture has {starts.get(name)} and {quotas.get(name)}: {_FINISH}")
-    mine = mixture.slot_quotas(slot.num_workers, state.epoch)[slot.index]
+    known = set(mixture.names)
+    unknown = sorted(set(state.epochs) - known)
+    if unknown:
+        raise StateMismatchError(f"the checkpoint is inside mixture epoch {state.epoch} with source(s) {unknown} that this "
+                                 f"mixture lacks: {_FINISH}")
+    # the epoch as the state's own history lays it out (follow() has matched it with the mixture's)
+    segments_of = mixture._segments(state.epoch, slot.num_slots, state.history)
+    mine = {name: sum(seg.num_rows for seg in segments_of[name][slot.index]) for name in state.epochs}
     total = sum(mine.values())
     batch_size = mixture.batch_size
     if state.rows > total or sum(c.taken for c in state.cursors.values()) != state.rows \
@@ -105,7 +105,7 @@ def check_worker_state(mixture: Mixture, state: MixWorkerState, slot: MixSlot) -
             raise StateError(f"the mixture worker state has {cursor.taken} row(s) of source {name!r} after {state.rows} "
                              f"row(s); its share is {ideal:.1f} of quota {mine[name]}: not a position its epoch "
                              f"reaches; {REMEDY}")
-        segments = mixture._segments(state.epoch, slot.num_slots)[name][slot.index]
+        segments = segments_of[name][slot.index]
         before = sum(seg.num_rows for seg in segments[:cursor.segment])
         inside = segments[cursor.segment].num_rows if cursor.segment < len(segments) else 0
         if cursor.segment > len(segments) or not before <= cursor.taken <= before + inside:

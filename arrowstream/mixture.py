@@ -121,7 +121,8 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         weights: Name to weight (any scale); ``None``: each source's share of the rows.
         epoch_rows: Rows per mixture epoch; ``None``: the sum of the sources' rows.
         source_column: A column name: each row's source name is added under it.
-        The other keywords are those of :class:`~arrowstream.StructuredDataset` (shared by every source).
+        batch_size: Rows per batch; this and every other keyword are those of
+            :class:`~arrowstream.StructuredDataset`, shared by every source.
 
     Example:
         >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
