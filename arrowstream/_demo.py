@@ -11,6 +11,10 @@
 
 With ``--iceberg`` the table moves on while the job is down (more rows are appended): the resumed
 run continues on the snapshot its checkpoint pinned, so the epoch still holds each row once.
+
+With ``--mixture`` the files are three sources of a weighted mixture (web: 5 files, code: 2, wiki: 1,
+weighted 0.5/0.3/0.2): each epoch must take each source's quota exactly, each source's passes must run
+on across epochs with no row twice before all its rows once, and the resume must be exact.
 """
 
 from __future__ import annotations
@@ -64,6 +68,48 @@ def write_dataset(folder: str, rows: int, seed: int = 0) -> None:
         pq.write_table(table, os.path.join(folder, f"part-{index:02d}.parquet"), row_group_size=ROW_GROUP_ROWS)
 
 
+MIXTURE = {"web": (range(5), 0.5), "code": (range(5, 7), 0.3), "wiki": (range(7, 8), 0.2)}
+
+
+def write_mixture(folder: str, rows: int, seed: int = 0) -> None:
+    """The demo's files as three sources: a folder each (see ``MIXTURE``)."""
+    tables = _tables(rows, seed, flat=False)
+    for name, (files, _) in MIXTURE.items():
+        os.makedirs(os.path.join(folder, name), exist_ok=True)
+        for index in files:
+            pq.write_table(tables[index], os.path.join(folder, name, f"part-{index:02d}.parquet"),
+                           row_group_size=ROW_GROUP_ROWS)
+
+
+def _source_rows(rows: int) -> dict[str, tuple[int, int]]:
+    """Each source's ids: ``[first, first + count)``."""
+    counts = [rows // NUM_FILES + (1 if index < rows % NUM_FILES else 0) for index in range(NUM_FILES)]
+    return {name: (sum(counts[:files.start]), sum(counts[index] for index in files))
+            for name, (files, _) in MIXTURE.items()}
+
+
+def _check_mixture(rows: int, batches: list[list[Any]], quotas: dict[str, int], epochs: int) -> bool:
+    """Each epoch took every quota exactly; over the epochs no row of a source came twice before all once."""
+    owners = _source_rows(rows)
+    owner = {name: range(first, first + count) for name, (first, count) in owners.items()}
+    ok = True
+    for epoch in range(epochs):
+        taken = Counter(next(n for n, r in owner.items() if i in r) for e, ids in batches if e == epoch for i in ids)
+        exact = taken == Counter(quotas)
+        ok &= exact
+        print(f"  epoch {epoch}: {dict(taken)} {'= the quotas' if exact else 'DIFFER FROM THE QUOTAS ' + str(quotas)}")
+    for name, (first, count) in owners.items():
+        counts = Counter(i for _, ids in batches for i in ids if first <= i < first + count)
+        total = sum(counts.values())
+        passes, extra = divmod(total, count)
+        per_row = Counter(counts.get(i, 0) for i in range(first, first + count))
+        whole = per_row == Counter({passes + 1: extra, passes: count - extra}) - Counter()
+        ok &= whole
+        print(f"  {name}: {total:,} rows over {epochs} epochs = {total / count:.2f} passes of its {count:,}; "
+              f"{'no row twice before all once' if whole else 'A ROW CAME TWICE BEFORE ALL CAME ONCE'}")
+    return ok
+
+
 def _catalog(root: str) -> tuple[Any, dict[str, str]]:
     from pyiceberg.catalog import load_catalog
 
@@ -101,6 +147,12 @@ def _loader(args: argparse.Namespace, data: str, snapshot_id: int | None = None)
 
     common = {"batch_size": args.batch_size, "num_workers": args.workers,
               "persistent_workers": args.workers > 0, **SHUFFLE}
+    if getattr(args, "mixture", False):
+        from . import Mixture, Source
+
+        return Mixture.create_dataloader(sources={name: Source(os.path.join(data, name)) for name in MIXTURE},
+                                         weights={name: weight for name, (_, weight) in MIXTURE.items()},
+                                         epoch_rows=args.rows, **common)
     if args.iceberg:
         _, config = _catalog(data)
         return IcebergDataset.create_dataloader(table="demo.regression", catalog_config=config,
@@ -187,7 +239,13 @@ def run_demo(args: argparse.Namespace) -> int:
     owned = args.dir is None
     args.dir = args.dir or tempfile.mkdtemp(prefix="arrowstream-demo-")
     data = os.path.join(args.dir, "data")
-    if args.iceberg:
+    mixture = getattr(args, "mixture", False)
+    if mixture:
+        print(f"arrowstream demo: {args.rows:,} rows in {NUM_FILES} Parquet files under {data}, three sources of a "
+              "mixture: " + ", ".join(f"{name} ({len(files)} file(s), weight {weight})"
+                                       for name, (files, weight) in MIXTURE.items()))
+        write_mixture(data, args.rows)
+    elif args.iceberg:
         print(f"arrowstream demo: {args.rows:,} rows in {NUM_FILES} appends to the Iceberg table demo.regression "
               f"(SQLite catalog and warehouse under {data})")
         write_table(data, args.rows)
@@ -196,7 +254,7 @@ def run_demo(args: argparse.Namespace) -> int:
         write_dataset(data, args.rows)
     common = ["--dir", args.dir, "--rows", str(args.rows), "--workers", str(args.workers),
               "--batch-size", str(args.batch_size), "--epochs", str(args.epochs), "--stop-at", str(args.stop_at),
-              *(["--iceberg"] if args.iceberg else [])]
+              *(["--iceberg"] if args.iceberg else []), *(["--mixture"] if mixture else [])]
     for phase in ("train", "resume"):
         knobs = ", ".join(f"{k}={v}" for k, v in SHUFFLE.items())
         print(f"- {phase}: fresh process, {args.workers} workers, {knobs}", flush=True)
@@ -215,7 +273,10 @@ def run_demo(args: argparse.Namespace) -> int:
     pinned = torch.load(os.path.join(args.dir, "checkpoint.pt"), weights_only=True)["snapshot_id"]
     reference = _reference(args, data, pinned)
     ok = True
-    for epoch in range(args.epochs):
+    if mixture:
+        _, reference_mixture = _loader(args, data)
+        ok &= _check_mixture(args.rows, first["batches"] + second["batches"], reference_mixture.quotas(), args.epochs)
+    for epoch in range(0 if mixture else args.epochs):
         counts = Counter(i for e, ids in first["batches"] + second["batches"] if e == epoch for i in ids)
         once = sorted(counts) == list(range(args.rows)) and max(counts.values()) == 1
         ok &= once

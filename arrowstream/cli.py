@@ -23,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--phase", choices=["train", "resume"], default=None, help=argparse.SUPPRESS)
     demo.add_argument("--stop-at", type=float, default=0.4, help="fraction of epoch 0 after which to checkpoint")
     demo.add_argument("--epochs", type=int, default=2)
+    demo.add_argument("--mixture", action="store_true",
+                      help="three sources in a weighted mixture: exact quotas, passes across epochs, exact resume")
     demo.add_argument("--iceberg", action="store_true",
                       help="read an Iceberg table (SQLite catalog, local warehouse) instead of Parquet files")
     inspect = commands.add_parser("inspect", help="what a loader will do with this data: files, rows, schema, "
