@@ -62,3 +62,27 @@ def test_v1_states_migrate_step_by_step():
     assert v3["cursor"] == {"lanes": [[old["split_index"], old["row_offset"]]],
                             "next_split_index": old["split_index"] + 1, "turn_index": 0, "block_offset": 0,
                             "window_index": 0, "window_offset": 0}
+
+
+MIXTURE_FILES = sorted(glob.glob(os.path.join(GOLDEN, "mixture-v*", "*.json")))
+
+
+@pytest.mark.parametrize("golden_file", MIXTURE_FILES, ids=[os.path.relpath(f, GOLDEN) for f in MIXTURE_FILES])
+def test_golden_mixture_state_resumes_to_the_recorded_batches(tmp_path, golden_file):
+    from make_golden_mixture import batch_record, make
+
+    with open(golden_file) as f:
+        golden = json.load(f)
+    prepare_copy(str(tmp_path / "data"), "data")
+    prepare_copy(str(tmp_path / "data-cut"), "data-cut")
+    loader, mixture = make(str(tmp_path), golden)
+    loader.load_state_dict(golden["state"])
+    resumed = []
+    for epoch in range(golden["epoch"], golden["epochs"][-1] + 1):
+        mixture.set_epoch(epoch)
+        resumed += [batch_record(batch) for batch in loader]
+    assert resumed == golden["continuation"]
+
+
+def test_there_are_golden_mixture_states():
+    assert len(MIXTURE_FILES) >= 3

@@ -1,0 +1,80 @@
+"""Write the golden states of a mixture (tests/golden/mixture-v1/): run once per state version, never rewritten.
+
+The two sources are the fixture folders ``data`` and ``data-cut`` (their recorded modification times make
+the data fingerprint the same on every machine)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from make_golden import prepare_copy  # noqa: E402
+
+MIXTURE = {"weights": {"a": 2, "b": 1}, "epoch_rows": 90, "batch_size": 8, "source_column": "src",
+           "plan_cache": False}
+CASES = [
+    {"name": "workers0-buffer-mid", "num_workers": 0, "options": {"shuffle": True, "shuffle_buffer_size": 20},
+     "point": ("mid", 1, 3), "epochs": [0, 1, 2]},
+    {"name": "workers2-shuffle-interleave-mid", "num_workers": 2, "options": {"shuffle": True, "interleave": 2},
+     "point": ("mid", 0, 5), "epochs": [0, 1]},
+    {"name": "workers2-after-loop", "num_workers": 2, "options": {"shuffle": True},
+     "point": ("after", 0, 0), "epochs": [0, 1, 2]},
+]
+
+
+def sources(root: str) -> dict:
+    from arrowstream import Source
+
+    return {"a": Source(os.path.join(root, "data")), "b": Source(os.path.join(root, "data-cut"))}
+
+
+def make(root: str, case: dict):
+    from arrowstream import Mixture
+
+    return Mixture.create_dataloader(sources=sources(root), num_workers=case["num_workers"],
+                                     **MIXTURE, **case["options"])
+
+
+def batch_record(batch) -> list:
+    return [list(batch["src"]), batch["id"].tolist()]
+
+
+def capture(root: str, case: dict) -> dict:
+    loader, mixture = make(root, case)
+    kind, at_epoch, at_step = case["point"]
+    out, state, before = [], None, 0
+    for epoch in case["epochs"]:
+        mixture.set_epoch(epoch)
+        for step, batch in enumerate(loader):
+            out.append(batch_record(batch))
+            if kind == "mid" and epoch == at_epoch and step + 1 == at_step:
+                state, before = json.loads(json.dumps(loader.state_dict())), len(out)
+        if kind == "after" and epoch == at_epoch:
+            state, before = json.loads(json.dumps(loader.state_dict())), len(out)
+    assert state is not None
+    return {"state": state, "epoch": at_epoch, "continuation": out[before:]}
+
+
+def main() -> None:
+    out_dir = os.path.join(HERE, "mixture-v1")
+    if os.path.isdir(out_dir) and "--force" not in sys.argv:
+        sys.exit(f"{out_dir} exists; golden files are never rewritten")
+    os.makedirs(out_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory() as root:
+        prepare_copy(os.path.join(root, "data"), "data")
+        prepare_copy(os.path.join(root, "data-cut"), "data-cut")
+        for case in CASES:
+            record = {key: case[key] for key in ("num_workers", "options", "epochs")}
+            record.update(capture(root, case))
+            with open(os.path.join(out_dir, f"{case['name']}.json"), "w") as f:
+                json.dump(record, f, indent=1, sort_keys=True)
+                f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
