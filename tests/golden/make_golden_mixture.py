@@ -13,7 +13,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from make_golden import prepare_copy  # noqa: E402
+from make_golden import prepare_copy
 
 MIXTURE = {"weights": {"a": 2, "b": 1}, "epoch_rows": 90, "batch_size": 8, "source_column": "src",
            "plan_cache": False}
