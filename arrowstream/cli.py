@@ -37,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     inspect.add_argument("--drop-last", action="store_true", help="drop each worker's short last batch")
     inspect.add_argument("--no-even-batches", action="store_true", help="let ranks yield different batch counts")
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
+    from ._mix_inspect import add_mixture_arguments
+
+    add_mixture_arguments(inspect)
     bench = commands.add_parser("bench", help="throughput on this data against the raw pyarrow loop, per-worker "
                                 "metrics, and a plot of them over time")
     add_source_arguments(bench)
@@ -64,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command == "inspect" and args.source:
+        from . import _mix_inspect
+
+        return _mix_inspect.run(args)
     if args.command == "inspect":
         from . import _inspect
 

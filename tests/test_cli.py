@@ -223,3 +223,32 @@ def test_user_errors_are_one_line_without_traceback(tmp_path, capsys):
     assert result.returncode == 2
     assert result.stderr == f"arrowstream: error: path: {missing!r} does not exist; check the path and the " \
                             "storage_options\n"
+
+
+def test_inspect_describes_a_mixture_with_the_loaders_numbers(tmp_path):
+    import os
+
+    import pyarrow as pa
+
+    from arrowstream import Mixture, Source
+
+    for name, rows in (("web", 5000), ("wiki", 150)):
+        (tmp_path / name).mkdir()
+        pq.write_table(pa.table({"id": list(range(rows))}), tmp_path / name / "p.parquet", row_group_size=500)
+    result = subprocess.run(
+        [sys.executable, "-m", "arrowstream", "inspect", "--source", f"web={tmp_path / 'web'}", "--source",
+         f"wiki={tmp_path / 'wiki'}", "--weight", "web=0.9", "--weight", "wiki=0.1", "--epoch-rows", "2000",
+         "--world-size", "3", "--num-workers", "2", "--batch-size", "128", "--epoch", "1", "--json"],
+        capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "ARROWSTREAM_CACHE_DIR": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["sources"]["wiki"] == {"rows": 150, "quota": 200, "pass": 1, "pass_row": 50}
+    assert sum(slot["sources"]["wiki"] for slot in report["slots"]) == 200
+    for rank in range(3):
+        loader, mixture = Mixture.create_dataloader(
+            sources={"web": Source(str(tmp_path / "web")), "wiki": Source(str(tmp_path / "wiki"))},
+            weights={"web": 0.9, "wiki": 0.1}, epoch_rows=2000, batch_size=128, num_workers=2, rank=rank,
+            world_size=3, plan_locally=True, plan_cache=False)
+        mixture.set_epoch(1)
+        assert report["batches_per_rank"][rank] == len(loader) == len(list(loader))
