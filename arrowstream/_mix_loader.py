@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from ._batches import BatchIterator, PerBatchCollate
 from ._convert import passthrough_collate
 from ._fields import REMEDY, Fields, shorten
 from ._loader_options import check_loader_options
@@ -17,6 +18,7 @@ from ._metrics import FIELDS, Board, Meter, flatten, summarize
 from ._mix_resume import check_worker_state, follow
 from ._mix_stream import MixSlot, MixWorkerState
 from ._options import check_int
+from ._runtime import Transport
 from ._shm import share
 from ._torchdata_state import (
     clear_steps_since_snapshot,
@@ -28,7 +30,7 @@ from ._torchdata_state import (
     steps_since_snapshot,
     worker_states,
 )
-from ._watchdog import name_dead_workers
+from ._watchdog import guard_reads, name_dead_workers
 from .errors import ArgumentTypeError, NotSupportedYetError, StateError, StateMismatchError
 
 if TYPE_CHECKING:
@@ -86,7 +88,7 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
     """The ``StatefulDataLoader`` of a :class:`~arrowstream.Mixture` (see ``Mixture.create_dataloader``):
     ``len`` from metadata, and a state that is checked, field by field, before it is loaded."""
 
-    def __init__(self, mixture: Mixture, **kwargs: Any) -> None:
+    def __init__(self, mixture: Mixture, batches_per_transfer: int | None = None, **kwargs: Any) -> None:
         from .mixture import Mixture
 
         if not isinstance(mixture, Mixture):
@@ -94,14 +96,30 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
         kwargs.setdefault("batch_size", None)
         kwargs.setdefault("collate_fn", passthrough_collate)
         check_loader_options(kwargs.get("num_workers", 0), kwargs)
+        collate_fn = kwargs["collate_fn"]
+        if kwargs.get("num_workers", 0) > 0:  # workers send Chunks, packed by the collate step (in the worker)
+            kwargs["collate_fn"] = PerBatchCollate(None if collate_fn in (None, passthrough_collate) else collate_fn)
         with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, deprecated in torch 2.13
             warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
             super().__init__(mixture, **kwargs)
-        rows = max(self.num_workers, 1)
+        if batches_per_transfer is None:
+            from .loader import default_batches_per_transfer
+
+            batches_per_transfer = default_batches_per_transfer(mixture.batch_size)
+        check_int("batches_per_transfer", batches_per_transfer, 1)
+        if self.num_workers == 0 or self.snapshot_every_n_steps != 1:
+            batches_per_transfer = 1
         self._board = Board(self.num_workers) if self.num_workers > 0 else None
-        self._sources_board = share(torch.zeros((rows, len(mixture.names)), dtype=torch.int64),
+        self._sources_board = share(torch.zeros((max(self.num_workers, 1), len(mixture.names)), dtype=torch.int64),
                                     "MixtureDataLoader: rows per source of its workers")
-        mixture._use_boards(self._board, self._sources_board)
+        self._batch_iterator: BatchIterator | None = None
+        self._set_batches_per_transfer(batches_per_transfer)
+
+    def _set_batches_per_transfer(self, value: int) -> None:
+        """Batches per message (it shapes the order of batches: a resumed loader takes its checkpoint's)."""
+        self.batches_per_transfer = value
+        transport = Transport(value, send_chunks=self.num_workers > 0, board=self._board)
+        self.dataset._side.use_transport(transport, self._sources_board)
 
     def metrics(self, flat: bool = False) -> dict[str, Any]:
         """What this rank's workers have done, as ``ArrowStreamDataLoader.metrics`` says, plus the rows
@@ -121,7 +139,7 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
         """
         mixture = self.dataset
         if self._board is None:
-            meter = mixture._meter
+            meter = mixture._side.metered
             raw = [dict(zip(FIELDS, meter.values() if meter is not None else Meter().values()))]
         else:
             raw = self._board.read()
@@ -137,9 +155,13 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
 
     def __iter__(self) -> Any:
         inner = super().__iter__()
-        if self.num_workers > 0:
-            name_dead_workers(inner)
-        return inner
+        if self.num_workers == 0:
+            self._batch_iterator = None
+            return inner
+        name_dead_workers(inner)
+        guard_reads(inner)
+        self._batch_iterator = BatchIterator(inner)
+        return self._batch_iterator
 
     def _get_iterator(self) -> Any:
         loaded: dict[str, Any] | None = self.next_iter_state  # type: ignore[has-type]
@@ -157,9 +179,17 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
         from . import __version__
 
         mixture = self.dataset
+        inner = super().state_dict()
+        batches = self._batch_iterator
+        if batches is not None and batches.inside_chunk:   # torchdata stands after the whole chunk: step back
+            assert batches.chunk is not None
+            inner = copy.deepcopy(inner)
+            worker_id = batches.chunk.worker_id
+            set_worker_state(inner, worker_id, batches.chunk.positions[batches.taken - 1])
+            set_last_yielded_worker(inner, (worker_id - 1) % self.num_workers)
         return {"kind": MIX_LOADER_KIND, "version": MIX_LOADER_VERSION, "arrowstream_version": __version__,
                 "rank": mixture.rank, "world_size": mixture.world_size, "num_workers": self.num_workers,
-                "dataloader": super().state_dict()}
+                "batches_per_transfer": self.batches_per_transfer, "dataloader": inner}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`; the next batch is the one after the saved one. At an epoch
@@ -206,6 +236,15 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
             if state is not None:
                 check_worker_state(mixture, state, MixSlot(state.epoch, mixture.rank, mixture.world_size, worker_id,
                                                             self.num_workers))
+        # absent from the first mixture states, whose workers sent one batch per message
+        per_transfer = fields.integer("batches_per_transfer", 1) if "batches_per_transfer" in fields.value else 1
+        if per_transfer != self.batches_per_transfer and self.num_workers > 0:
+            if self.snapshot_every_n_steps != 1 and per_transfer > 1:
+                raise StateMismatchError(
+                    f"the checkpoint was taken with batches_per_transfer={per_transfer}, which needs "
+                    f"snapshot_every_n_steps=1; this loader has snapshot_every_n_steps={self.snapshot_every_n_steps}")
+            self._set_batches_per_transfer(per_transfer)   # it shapes the order of batches: the checkpoint's
+        self._batch_iterator = None
         if iterator_finished(inner) and any(s is not None for s in states):   # taken after the loop ended
             states = _finished(inner, states, mixture, mixture.rank, mixture.world_size, self.num_workers)
         present = [s for s in states if s is not None]

@@ -74,7 +74,7 @@ class Chunk:
     turns them into tensors (``torch.from_numpy``, no copy), which saves a round trip.
     """
 
-    def __init__(self, worker_id: int, batches: list[Any], positions: list[Position],
+    def __init__(self, worker_id: int, batches: list[Any], positions: list[Position] | list[dict[str, Any]],
                  numpy_as_torch: bool = False, sizes: list[int] | None = None, objects: str | None = None,
                  files: Callable[[], list[str]] | None = None) -> None:
         self.worker_id = worker_id

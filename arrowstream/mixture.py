@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -18,25 +17,23 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from . import _source
 from ._collective import collective_world_size, plan_arguments, plan_together
-from ._convert import check_output_columns, make_converter, make_value_check, resolve_fill_nulls
+from ._convert import check_output_columns, resolve_fill_nulls
 from ._credentials import as_provider
 from ._iceberg_source import IcebergTableSource
 from ._iceberg_table import load_table, open_source
-from ._metrics import Board, Meter
-from ._mix_plan import epoch_segments, pass_order, positions, quotas, quotas_at, segment_splits
-from ._mix_schema import caster, unify
-from ._mix_stream import MixSlot, MixStream, MixWorkerState, SourceCursor, SourceEpoch, SourceRows, source_seeds
+from ._mix_plan import epoch_segments, positions, quotas, quotas_at
+from ._mix_reading import MixIterator, MixSide
+from ._mix_schema import unify
+from ._mix_stream import MixSlot, MixWorkerState, SourceCursor, SourceEpoch
 from ._options import Options, check_bool, check_even_batches, check_int, check_storage_arguments, validate_options
 from ._order import even_batch_limits, natural_batches
 from ._plan_cache import check_plan_cache
 from ._planning import Plan
-from ._reader import ReadAhead, SplitReader
 from ._retry import RetryPolicy, check_retry
-from ._runtime import READ_BATCH_ROWS
 from ._shm import guard_feeder, share
 from ._storage import Storage
 from ._topology import resolve_topology
-from .errors import ArgumentTypeError, InvalidArgumentError, NotSupportedYetError, StateMismatchError
+from .errors import ArgumentTypeError, InvalidArgumentError, NotSupportedYetError
 
 if TYPE_CHECKING:
     from ._mix_loader import MixtureDataLoader
@@ -192,9 +189,8 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         self._epoch_cell = share(torch.zeros(1, dtype=torch.int64), "Mixture: the epoch cell")
         self._finished_epoch = -1   # epochs up to it were finished by a checkpoint loaded with another topology
         self._pending: MixWorkerState | None = None
-        self._active: _MixIterator | None = None
-        self._meter: Meter | None = None   # this process's, once it reads
-        self._boards: tuple[Board | None, torch.Tensor] | None = None   # the loader's metrics (see _use_boards)
+        self._active: MixIterator | None = None
+        self._side = MixSide()   # the loader's transport and metrics; this process's meter
 
     def _plan_source(self, name: str, spec: Source | IcebergSource, shared: dict[str, Any], plan_cache: Any,
                      collective: bool) -> _Planned:
@@ -366,84 +362,13 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
                 "shuffle_buffer_size": o.shuffle_buffer_size, "interleave": o.interleave, "drop_last": o.drop_last,
                 "even_batches": self._even_batches, "source_column": self._source_column}
 
-    def __iter__(self) -> _MixIterator:
+    def __iter__(self) -> MixIterator:
         info = get_worker_info()
         if info is not None:
             guard_feeder(info.id)
         pending, self._pending = self._pending, None
-        self._active = _MixIterator(self, pending)
+        self._active = MixIterator(self, pending)
         return self._active
-
-    def _open(self, pending: MixWorkerState | None) -> MixStream:
-        slot = self._slot()
-        if pending is not None and pending.epoch != slot.epoch:
-            if not (pending.epoch_complete and pending.epoch < slot.epoch):
-                raise StateMismatchError(
-                    f"the checkpoint is in mixture epoch {pending.epoch} (mid-epoch) but the mixture is set to epoch "
-                    f"{slot.epoch}; call mixture.set_epoch({pending.epoch}) before iterating to finish the saved "
-                    "epoch, or start without loading the checkpoint")
-            pending = None
-        start = pending or self.start_state(slot)
-        if slot.epoch <= self._finished_epoch:
-            start = MixWorkerState(**{**start.__dict__, "epoch_complete": True})
-        if start.epoch_complete:   # a checkpoint taken after the epoch: nothing left in it
-            return MixStream([], [], cast=lambda name, batch: batch, batch_size=self._options.batch_size,
-                             drop_last=False, max_batches=None, mix_rows=False, seed=0, slot=slot, start=start)
-        meter = self._process_meter()
-        in_worker = get_worker_info() is not None
-        segments = self._segments(slot.epoch, slot.num_slots)
-        options = self._options
-        rows = []
-        for s in self._sources:
-            check = make_value_check(options.output_format, s.plan.schema, self._fill_nulls)
-            prefetcher = s.storage.prefetcher   # object stores: each segment's next splits fetched ahead
-            read_ahead = None if prefetcher is None else ReadAhead(s.plan, prefetcher, s.storage.read_ahead)
-            readers = [SplitReader(s.plan, s.storage, max(options.batch_size, READ_BATCH_ROWS), use_threads=not in_worker,
-                                   read_ahead=read_ahead, meter=meter, check=check) for _ in range(options.interleave)]
-            mine = segments[s.name][slot.index]
-            orders: dict[int, Any] = {}
-            splits = []
-            for seg in mine:
-                if seg.pass_index not in orders:
-                    orders[seg.pass_index] = pass_order(len(s.plan.splits), shuffle=options.shuffle, seed=options.seed,
-                                                        name=s.name, pass_index=seg.pass_index)
-                splits.append(segment_splits(s.plan.splits, orders[seg.pass_index], seg))
-            rows.append(SourceRows(s.name, readers, splits, batch_size=options.batch_size, interleave=options.interleave,
-                                   buffer_rows=options.shuffle_buffer_size, seeds=source_seeds(options.seed, s.name, slot),
-                                   start=start.cursors[s.name], url=str(s.source.arguments().get("path", s.name)),
-                                   read_ahead=read_ahead))
-        casts = {s.name: caster(s.plan.schema, self._schema, s.name, self._source_column) for s in self._sources}
-        limit = self.batch_limits(slot.num_workers, slot.epoch)[slot.index] if self._even_batches else None
-        return MixStream(rows, [sum(seg.num_rows for seg in segments[s.name][slot.index]) for s in self._sources],
-                         cast=lambda name, batch: casts[name](batch), batch_size=options.batch_size,
-                         drop_last=options.drop_last, max_batches=limit, mix_rows=options.shuffle_buffer_size > 0,
-                         seed=options.seed, slot=slot, start=start)
-
-    def _use_boards(self, board: Board | None, sources: torch.Tensor) -> None:
-        """The loader's metrics: its workers' board (``None`` with ``num_workers=0``) and rows per source per
-        worker (shared memory, written by each worker in its own row)."""
-        self._boards = (board, sources)
-        self._meter = None
-
-    def _process_meter(self) -> Meter:
-        if self._meter is None:
-            info = get_worker_info()
-            board = self._boards[0] if self._boards is not None else None
-            self._meter = Meter(board.row(info.id) if info is not None and board is not None else None)
-        return self._meter
-
-    def _source_row(self) -> Any:
-        """This worker's row of rows per source, or None without a loader."""
-        if self._boards is None:
-            return None
-        info = get_worker_info()
-        return self._boards[1][0 if info is None else info.id].numpy()
-
-    def _converter(self) -> Callable[[pa.RecordBatch], Any]:
-        convert = make_converter(self._options.output_format, self._schema, self._fill_nulls,
-                                 in_worker=get_worker_info() is not None)
-        transform = self._transform
-        return convert if transform is None else (lambda batch: transform(convert(batch)))
 
     # -- state --------------------------------------------------------------------------------
 
@@ -464,49 +389,10 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         self._active = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_pending": None, "_active": None, "_meter": None,
+        return {**self.__dict__, "_pending": None, "_active": None,
                 "_sources": [_Planned(s.name, s.source.for_workers(), s.options, s.storage, s.plan, s.data)
                              for s in self._sources]}
 
     def __repr__(self) -> str:
         return (f"Mixture(sources={self.names}, quotas={self._quotas}, batch_size={self._options.batch_size}, "
                 f"shuffle={self._options.shuffle}, epoch={self.epoch})")
-
-
-class _MixIterator:
-    """What ``iter(mixture)`` returns: binds the epoch on the first batch; counts what it hands out."""
-
-    def __init__(self, mixture: Mixture, pending: MixWorkerState | None) -> None:
-        self._mixture = mixture
-        self._pending = pending
-        self._stream: MixStream | None = None
-        self._convert: Callable[[pa.RecordBatch], Any] | None = None
-        self._sources: Any = None   # this worker's rows per source on the loader's board
-        self._left_at = 0.0
-
-    def __iter__(self) -> _MixIterator:
-        return self
-
-    def __next__(self) -> Any:
-        entered = perf_counter()
-        if self._stream is None:
-            self._stream = self._mixture._open(self._pending)
-            self._convert = self._mixture._converter()
-            self._sources = self._mixture._source_row()
-        assert self._convert is not None
-        stream = self._stream
-        record = next(stream)
-        read = perf_counter()
-        out = self._convert(record)
-        done = perf_counter()
-        self._mixture._process_meter().batch(record.num_rows, 1, read - entered, done - read,
-                                             entered - self._left_at if self._left_at else 0.0, done)
-        self._left_at = done
-        if self._sources is not None:
-            self._sources += stream.last_counts
-        return out
-
-    def state(self) -> MixWorkerState:
-        if self._stream is not None:
-            return self._stream.state()
-        return self._pending or self._mixture.start_state(self._mixture._slot())

@@ -1,0 +1,190 @@
+"""A mixture's side in the process that reads it: the slot's stream, the iterator, chunks for the loader.
+
+:class:`MixSide` holds what the loader hands over before its workers start (the :class:`Transport`:
+batches per message, chunks, the metrics board; and the board of rows per source) and this process's
+meter. :func:`open_stream` opens a slot's :class:`~arrowstream._mix_stream.MixStream` of the mixture's
+epoch. :class:`MixIterator` is what ``iter(mixture)`` returns: in a loader worker it sends
+``batches_per_transfer`` batches per message as one :class:`~arrowstream._transport.Chunk` (the shared
+memory ring, numeric columns as ndarrays that the trainer makes tensors of), each with the worker's state
+after it, so that the loader can stand between two batches of a chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from time import perf_counter
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from torch.utils.data import get_worker_info
+
+from ._convert import make_converter, make_value_check
+from ._metrics import Meter
+from ._mix_plan import pass_order, segment_splits
+from ._mix_schema import caster
+from ._mix_stream import MixStream, MixWorkerState, SourceRows, source_seeds
+from ._reader import ReadAhead, SplitReader
+from ._runtime import READ_BATCH_ROWS, Transport
+from ._transport import Chunk
+from .errors import StateMismatchError
+
+if TYPE_CHECKING:
+    import torch
+
+    from .mixture import Mixture
+
+
+class MixSide:
+    """The loader's transport and per-source board, and this process's meter (built on first read)."""
+
+    def __init__(self) -> None:
+        self.transport = Transport()
+        self.sources_board: torch.Tensor | None = None
+        self._meter: Meter | None = None
+
+    def use_transport(self, transport: Transport, sources_board: torch.Tensor) -> None:
+        """The loader's one call, before its workers start."""
+        self.transport, self.sources_board, self._meter = transport, sources_board, None
+
+    def meter(self) -> Meter:
+        if self._meter is None:
+            info = get_worker_info()
+            board = self.transport.board
+            self._meter = Meter(board.row(info.id) if info is not None and board is not None else None)
+        return self._meter
+
+    @property
+    def metered(self) -> Meter | None:
+        return self._meter
+
+    def source_row(self) -> Any:
+        """This worker's row of rows per source (an ndarray in shared memory), or None without a loader."""
+        if self.sources_board is None:
+            return None
+        info = get_worker_info()
+        return self.sources_board[0 if info is None else info.id].numpy()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_meter": None}
+
+
+def open_stream(mixture: Mixture, pending: MixWorkerState | None) -> MixStream:
+    """The stream of this process's slot in the mixture's epoch, from ``pending`` (a loaded state) if any."""
+    slot = mixture._slot()
+    if pending is not None and pending.epoch != slot.epoch:
+        if not (pending.epoch_complete and pending.epoch < slot.epoch):
+            raise StateMismatchError(
+                f"the checkpoint is in mixture epoch {pending.epoch} (mid-epoch) but the mixture is set to epoch "
+                f"{slot.epoch}; call mixture.set_epoch({pending.epoch}) before iterating to finish the saved "
+                "epoch, or start without loading the checkpoint")
+        pending = None
+    start = pending or mixture.start_state(slot)
+    options = mixture._options
+    if slot.epoch <= mixture._finished_epoch or start.epoch_complete:   # nothing left in this epoch
+        start = MixWorkerState(**{**start.__dict__, "epoch_complete": True})
+        return MixStream([], [], cast=lambda name, batch: batch, batch_size=options.batch_size, drop_last=False,
+                         max_batches=None, mix_rows=False, seed=0, slot=slot, start=start)
+    meter = mixture._side.meter()
+    in_worker = get_worker_info() is not None
+    segments = mixture._segments(slot.epoch, slot.num_slots)
+    sources = []
+    for s in mixture._sources:
+        check = make_value_check(options.output_format, s.plan.schema, mixture._fill_nulls)
+        prefetcher = s.storage.prefetcher   # object stores: each segment's next splits fetched ahead
+        read_ahead = None if prefetcher is None else ReadAhead(s.plan, prefetcher, s.storage.read_ahead)
+        readers = [SplitReader(s.plan, s.storage, max(options.batch_size, READ_BATCH_ROWS), use_threads=not in_worker,
+                               read_ahead=read_ahead, meter=meter, check=check) for _ in range(options.interleave)]
+        orders: dict[int, Any] = {}
+        splits = []
+        for segment in segments[s.name][slot.index]:
+            if segment.pass_index not in orders:
+                orders[segment.pass_index] = pass_order(len(s.plan.splits), shuffle=options.shuffle, seed=options.seed,
+                                                        name=s.name, pass_index=segment.pass_index)
+            splits.append(segment_splits(s.plan.splits, orders[segment.pass_index], segment))
+        sources.append(SourceRows(s.name, readers, splits, batch_size=options.batch_size, interleave=options.interleave,
+                                  buffer_rows=options.shuffle_buffer_size, seeds=source_seeds(options.seed, s.name, slot),
+                                  start=start.cursors[s.name], url=str(s.source.arguments().get("path", s.name)),
+                                  read_ahead=read_ahead))
+    casts = {s.name: caster(s.plan.schema, mixture._schema, s.name, mixture._source_column) for s in mixture._sources}
+    limit = mixture.batch_limits(slot.num_workers, slot.epoch)[slot.index] if mixture._even_batches else None
+    return MixStream(sources, [sum(seg.num_rows for seg in segments[s.name][slot.index]) for s in mixture._sources],
+                     cast=lambda name, batch: casts[name](batch), batch_size=options.batch_size,
+                     drop_last=options.drop_last, max_batches=limit, mix_rows=options.shuffle_buffer_size > 0,
+                     seed=options.seed, slot=slot, start=start)
+
+
+class MixIterator:
+    """What ``iter(mixture)`` returns: binds the epoch on the first batch, counts what it hands out, and in
+    a loader worker packs ``batches_per_transfer`` batches per message."""
+
+    def __init__(self, mixture: Mixture, pending: MixWorkerState | None) -> None:
+        self._mixture = mixture
+        self._pending = pending
+        self._stream: MixStream | None = None
+        self._convert: Callable[[pa.RecordBatch], Any] = lambda batch: batch
+        self._sources: Any = None   # this worker's rows per source on the loader's board
+        self._as_torch = False      # a chunk's numeric columns travel as ndarrays, made tensors by the trainer
+        self._left_at = 0.0
+
+    def __iter__(self) -> MixIterator:
+        return self
+
+    def _open(self) -> MixStream:
+        mixture = self._mixture
+        self._stream = open_stream(mixture, self._pending)
+        info = get_worker_info()
+        transport = mixture._side.transport
+        output_format = mixture._options.output_format
+        self._as_torch = (info is not None and transport.batches_per_transfer > 1 and mixture._transform is None
+                          and output_format == "torch")
+        convert = make_converter("numpy" if self._as_torch else output_format, mixture._schema, mixture._fill_nulls,
+                                 in_worker=info is not None, torch_values=self._as_torch)
+        transform = mixture._transform
+        self._convert = convert if transform is None else (lambda batch: transform(convert(batch)))
+        self._sources = mixture._side.source_row()
+        return self._stream
+
+    def __next__(self) -> Any:
+        entered = perf_counter()
+        stream = self._stream or self._open()
+        info = get_worker_info()
+        transport = self._mixture._side.transport
+        if info is None or not transport.send_chunks:
+            record = next(stream)
+            self._count(stream)
+            read = perf_counter()
+            out = self._convert(record)
+            self._metered(record.num_rows, 1, entered, read)
+            return out
+        per_transfer = transport.batches_per_transfer
+        records, positions = [], []
+        while True:   # up to a multiple of per_transfer batches: chunk ends do not move across a resume
+            try:
+                records.append(next(stream))
+            except StopIteration:
+                break
+            self._count(stream)
+            positions.append(stream.state().to_dict())
+            if stream.batches % per_transfer == 0:
+                break
+        if not records:
+            raise StopIteration
+        read = perf_counter()
+        chunk = Chunk(info.id, [self._convert(record) for record in records], positions, numpy_as_torch=self._as_torch)
+        self._metered(sum(r.num_rows for r in records), len(records), entered, read)
+        return chunk
+
+    def _count(self, stream: MixStream) -> None:
+        if self._sources is not None:
+            self._sources += stream.last_counts
+
+    def _metered(self, rows: int, batches: int, entered: float, read: float) -> None:
+        done = perf_counter()
+        self._mixture._side.meter().batch(rows, batches, read - entered, done - read,
+                                          entered - self._left_at if self._left_at else 0.0, done)
+        self._left_at = done
+
+    def state(self) -> MixWorkerState:
+        if self._stream is not None:
+            return self._stream.state()
+        return self._pending or self._mixture.start_state(self._mixture._slot())
