@@ -187,6 +187,7 @@ class Epoch:
     build_s: float
     first_s: float
     total_s: float
+    cpu_s: float   # CPU time of this process (all its threads) over the epoch: with 0 workers, the whole cost
     rows: int
 
     @property
@@ -197,7 +198,7 @@ class Epoch:
 def time_epoch(variant: str, layout: Layout, num_workers: int, shuffle: bool) -> Epoch:
     start = time.perf_counter()
     loader, _ = build_loader(variant, layout, num_workers, shuffle)
-    built = time.perf_counter()
+    built, cpu_start = time.perf_counter(), time.process_time()
     iterator = iter(loader)
     first = next(iterator)
     first_at = time.perf_counter()
@@ -205,11 +206,11 @@ def time_epoch(variant: str, layout: Layout, num_workers: int, shuffle: bool) ->
     for batch in iterator:
         rows += len(batch["id"])
         id_sum += int(batch["id"].sum())
-    end = time.perf_counter()
+    end, cpu_end = time.perf_counter(), time.process_time()
     if (rows, id_sum) != (layout.rows, layout.id_sum):
         raise RuntimeError(f"{variant}, num_workers={num_workers}, {layout.kind}: {rows} rows (id sum {id_sum}), "
                            f"expected every row once: {layout.rows} (id sum {layout.id_sum})")
-    return Epoch(built - start, first_at - built, end - built, rows)
+    return Epoch(built - start, first_at - built, end - built, cpu_end - cpu_start, rows)
 
 
 def rotate(names: list[Any], round_index: int) -> list[Any]:
@@ -377,11 +378,22 @@ def profile_epoch(label: str, variant: str, layout: Layout, num_workers: int, sh
     return Profile(label, stats.total_tt, rows, entries)  # type: ignore[attr-defined]
 
 
-def run_profiles(layout: Layout, shuffle: bool) -> list[Profile]:
-    return [profile_epoch(f"{SINGLE}, num_workers=0, one epoch", SINGLE, layout, 0, shuffle),
-            profile_epoch(f"{MIXTURE}, num_workers=0, one epoch", MIXTURE, layout, 0, shuffle),
-            profile_epoch(f"{MIXTURE}, num_workers=2, main process, first {PROFILE_WORKER_BATCHES} batches",
-                          MIXTURE, layout, 2, shuffle, PROFILE_WORKER_BATCHES)]
+@dataclass(frozen=True)
+class Profiles:
+    epochs: dict[str, tuple[Profile, Profile]]   # per table: (single, mixture), one num_workers=0 epoch each
+    workers: Profile                               # the mixture's main process with 2 workers
+
+
+def run_profiles(layouts: list[Layout], shuffle: bool) -> Profiles:
+    epochs = {layout.kind: (profile_epoch(f"{layout.kind} table, {SINGLE}, num_workers=0, one epoch", SINGLE,
+                                          layout, 0, shuffle),
+                            profile_epoch(f"{layout.kind} table, {MIXTURE}, num_workers=0, one epoch", MIXTURE,
+                                          layout, 0, shuffle))
+              for layout in layouts}
+    workers = profile_epoch(f"{layouts[0].kind} table, {MIXTURE}, num_workers=2, main process, first "
+                            f"{PROFILE_WORKER_BATCHES} batches", MIXTURE, layouts[0], 2, shuffle,
+                            PROFILE_WORKER_BATCHES)
+    return Profiles(epochs, workers)
 
 
 # == report ====================================================================================
@@ -406,6 +418,13 @@ def throughput_ratio(samples: dict[tuple[str, int], list[Epoch]], workers: int) 
     return median(mixed) / median(single), max(mixed) / max(single)
 
 
+def cpu_ratio(samples: dict[tuple[str, int], list[Epoch]], workers: int) -> float:
+    """Mixture / single CPU time of this process per epoch (medians): with 0 workers, less blurred by the
+    neighbours' load than wall time."""
+    single, mixed = ([e.cpu_s for e in samples[(v, workers)]] for v in (SINGLE, MIXTURE))
+    return median(mixed) / median(single)
+
+
 def throughput_section(layout: Layout, samples: dict[tuple[str, int], list[Epoch]]) -> list[str]:
     rows = []
     for (variant, workers), epochs in samples.items():
@@ -414,7 +433,8 @@ def throughput_section(layout: Layout, samples: dict[tuple[str, int], list[Epoch
         rows.append([variant, str(workers), f"{median([e.build_s * 1e3 for e in epochs]):,.0f}",
                      f"{median([e.first_s * 1e3 for e in epochs]):,.1f}",
                      f"{median([e.total_s for e in epochs]):.2f} ({min(e.total_s for e in epochs):.2f})",
-                     f"{median(rps) / 1e6:.2f} M ({max(rps) / 1e6:.2f} M)", ratio])
+                     f"{median(rps) / 1e6:.2f} M ({max(rps) / 1e6:.2f} M)", ratio,
+                     f"{median([e.cpu_s for e in epochs]):.2f}"])
     kind = ("8 float32, `id` and `user` int64, `label` int8" if layout.kind == "numeric" else
             "8 float32, `id` and `user` int64, `label` int8, `name` string (4-12 chars), "
             f"`emb` fixed_size_list<float32, {EMB_SIZE}>")
@@ -423,7 +443,7 @@ def throughput_section(layout: Layout, samples: dict[tuple[str, int], list[Epoch
             (f"{layout.rows:,} rows ({sizes} in sources a / b / c; {layout.bytes / 2**20:,.0f} MiB of Parquet); "
              f"columns: {kind}."), "",
             *table(["loader", "num_workers", "construction ms", "first batch ms", "epoch s (best)",
-                    "rows/s (best)", "mixture / single: median (best)"], rows), ""]
+                    "rows/s (best)", "mixture / single: median (best)", "CPU s of this process"], rows), ""]
 
 
 def resume_section(series: list[ResumeSeries]) -> list[str]:
@@ -469,18 +489,63 @@ def share_of(profile: Profile, *needles: str, own: bool = False) -> float:
                default=0.0)
 
 
+def seconds_in(profile: Profile, *needles: str, own: bool = False) -> float:
+    """The largest cumulative (or own) seconds of a function whose name holds every needle (0 if none)."""
+    return share_of(profile, *needles, own=own) * profile.total_s
+
+
 def calls_of(profile: Profile, *needles: str) -> int:
     return sum(r.calls for r in matching(profile, needles))
 
 
+@dataclass(frozen=True)
+class Breakdown:
+    """A profiled num_workers=0 epoch in microseconds per batch: reading, conversion, and all the rest
+    (the loader, cutting batches, bookkeeping); for a mixture, the parts of the rest that only it has."""
+
+    batches: int
+    read_us: float
+    convert_us: float
+    rest_us: float
+    shares_us: float        # shares_after: each source's rows in the batch (exact fractions)
+    takes_us: float         # SourceRows.take, reading excluded: three takes per batch instead of one
+    cut_us: float           # MixStream.__next__'s own time: concatenating the parts, casts
+
+    @classmethod
+    def of(cls, profile: Profile) -> Breakdown:
+        batches = -(-profile.rows // BATCH)
+        per = 1e6 / batches
+        read, convert = seconds_in(profile, "(_read_once)"), seconds_in(profile, "(to_torch)")
+        take = seconds_in(profile, "arrowstream/_mix_stream.py", "(take)")   # 0 for the single source
+        takes = max(0.0, take - seconds_in(profile, "arrowstream/_stream.py", "(fill)")) if take else 0.0
+        return cls(batches, read * per, convert * per, (profile.total_s - read - convert) * per,
+                   seconds_in(profile, "(shares_after)") * per, takes * per,
+                   seconds_in(profile, "_mix_stream.py", "(__next__)", own=True) * per)
+
+
+def breakdown_section(profiles: Profiles) -> list[str]:
+    rows = []
+    for kind, pair in profiles.epochs.items():
+        for variant, profile in zip((SINGLE, MIXTURE), pair, strict=True):
+            b = Breakdown.of(profile)
+            extra = (f"{b.shares_us:.0f} / {b.takes_us:.0f} / {b.cut_us:.0f}" if variant == MIXTURE else "–")
+            rows.append([kind, variant, f"{b.batches:,}", f"{profile.total_s:.2f}", f"{b.read_us:.0f}",
+                         f"{b.convert_us:.0f}", f"{b.rest_us:.0f}", extra])
+    return table(["table", "loader", "batches", "profiled s", "reading + decoding", "to_torch", "the rest",
+                  "of the rest: shares_after / SourceRows.take without reading / MixStream own"], rows)
+
+
 def reading(throughput: dict[str, dict[tuple[str, int], list[Epoch]]], resume: list[ResumeSeries],
-            profiles: list[Profile]) -> list[str]:
+            profiles: Profiles | None) -> list[str]:
     lines = []
     for kind, samples in throughput.items():
         for workers in WORKER_COUNTS:
             ratio, best = throughput_ratio(samples, workers)
+            cpu = (f"; CPU time of the process per epoch, mixture / single: {cpu_ratio(samples, 0):.2f}x"
+                   if workers == 0 else "")
             lines.append(f"- Throughput, {kind} table, `num_workers={workers}`: mixture / single = {ratio:.2f}x "
-                         f"(medians; bests {best:.2f}x); goal >= {THROUGHPUT_GOAL}x {verdict(ratio >= THROUGHPUT_GOAL)}")
+                         f"(rows/s, medians; bests {best:.2f}x){cpu}; goal >= {THROUGHPUT_GOAL}x "
+                         f"{verdict(ratio >= THROUGHPUT_GOAL)}")
     if resume:
         ratio, best = resume_ratio(resume, state=True)
         fresh, _ = resume_ratio(resume, state=False)
@@ -491,31 +556,31 @@ def reading(throughput: dict[str, dict[tuple[str, int], list[Epoch]]], resume: l
                      f"{verdict(ratio <= RESUME_GOAL)}. Every resumed process "
                      + ("took exactly the batch that followed its checkpoint." if exact else
                         "**did not take the batch that followed its checkpoint** (see the table)."))
-    if profiles:
-        single, nw0, nw2 = profiles
+    if profiles is not None:
+        for kind, (single, mixture) in profiles.epochs.items():
+            a, b = Breakdown.of(single), Breakdown.of(mixture)
+            lines.append(
+                f"- Where a `num_workers=0` epoch goes, {kind} table (cProfile, microseconds per batch, single / "
+                f"mixture): reading and decoding {a.read_us:.0f} / {b.read_us:.0f}, conversion to tensors "
+                f"{a.convert_us:.0f} / {b.convert_us:.0f}, the rest {a.rest_us:.0f} / {b.rest_us:.0f}; of the "
+                f"mixture's rest, `shares_after` (each source's rows per batch, exact fractions) {b.shares_us:.0f}, "
+                f"`SourceRows.take` without the reading (three takes per batch) {b.takes_us:.0f}, "
+                f"`MixStream.__next__`'s own time (concatenation, casts) {b.cut_us:.0f} (section 3).")
+        nw2 = profiles.workers
         lines.append(
-            f"- Where a `num_workers=0` epoch goes (cumulative shares of the profiled epoch, single / mixture): "
-            f"reading and decoding Parquet (`_read_once`) {share_of(single, '(_read_once)'):.0%} / "
-            f"{share_of(nw0, '(_read_once)'):.0%}; conversion to tensors (`to_torch`) "
-            f"{share_of(single, '(to_torch)'):.0%} / {share_of(nw0, '(to_torch)'):.0%}; the mixture alone: cutting "
-            f"each batch from three sources (`MixStream.__next__`, reading excluded: its own time, casts and "
-            f"concatenation) {share_of(nw0, '_mix_stream.py', '(__next__)', own=True):.0%}, the three per-batch "
-            f"takes (`SourceRows.take`, reading included) {share_of(nw0, '_mix_stream.py', '(take)'):.0%}, the "
-            f"per-batch shares (`shares_after`, exact fractions) {share_of(nw0, '(shares_after)'):.0%}.")
-        lines.append(
-            f"- Where the mixture's main process goes with 2 workers (first {PROFILE_WORKER_BATCHES} batches): "
-            f"unpickling batches (`_pickle.loads`) {share_of(nw2, '_pickle.loads'):.0%}, of which "
-            f"`resource_sharer.get_connection` {share_of(nw2, 'resource_sharer.py', '(get_connection)'):.0%}: "
-            f"a new connection per tensor to receive its shared-memory file descriptor "
-            f"({calls_of(nw2, 'resource_sharer.py', '(get_connection)'):,} connections for {nw2.rows:,} rows). "
-            f"The mixture's loader sends every batch as torch tensors, one message per "
-            f"batch, where `StructuredDataset`'s loader packs several batches into one shared buffer "
+            f"- Where the mixture's main process goes with 2 workers (numeric table, first "
+            f"{PROFILE_WORKER_BATCHES} batches): unpickling batches (`_pickle.loads`) "
+            f"{share_of(nw2, '_pickle.loads'):.0%}, of which `resource_sharer.get_connection` "
+            f"{share_of(nw2, 'resource_sharer.py', '(get_connection)'):.0%}: a new connection per tensor to receive "
+            f"its shared-memory file descriptor ({calls_of(nw2, 'resource_sharer.py', '(get_connection)'):,} "
+            f"connections for {nw2.rows:,} rows). The mixture's loader sends every batch as torch tensors, one "
+            f"message per batch, where `StructuredDataset`'s loader packs several batches into one shared buffer "
             f"(`arrowstream/_transport.py`).")
     return lines
 
 
 def report(args: argparse.Namespace, layouts: list[Layout], throughput: dict[str, dict[tuple[str, int], list[Epoch]]],
-           resume: list[ResumeSeries], profiles: list[Profile], seconds: float, load_before: str) -> str:
+           resume: list[ResumeSeries], profiles: Profiles | None, seconds: float, load_before: str) -> str:
     now = dt.datetime.now(dt.UTC)
     versions = ", ".join(f"{k} {v}" for k, v in main_versions().items())
     lines = [f"# Weighted mixing against one source ({now.date().isoformat()})", "",
@@ -535,7 +600,9 @@ def report(args: argparse.Namespace, layouts: list[Layout], throughput: dict[str
               "with 0 workers; the rounds rotate the order of the four loaders. An epoch is timed from `iter()` to "
               "the last batch (worker start-up included); construction (listing, footers, plan) is timed apart. "
               "The ratio column divides the mixture's rows/s by the single source's: median by median, best by "
-              "best. The files sit in the page cache."), ""]
+              "best; the goals are judged on the medians. \"CPU s\" is this process's CPU time over the epoch "
+              "(all its threads; the median): with 0 workers it is the loader's whole cost, and the neighbours' "
+              "load blurs it less than wall time. The files sit in the page cache."), ""]
     for layout in layouts:
         lines += throughput_section(layout, throughput[layout.kind])
     if resume:
@@ -547,13 +614,18 @@ def report(args: argparse.Namespace, layouts: list[Layout], throughput: dict[str
                    f"batch that followed. Medians of {args.resume_repeats} rounds after a warm-up round (best of "
                    "the totals in brackets); \"fresh start\" is the same process without a state."), "",
                   *resume_section(resume), ""]
-    if profiles:
-        lines += ["## 3. Profiles (numeric table)", "",
-                  ("cProfile in this process (which inflates Python-level costs). cProfile does not see inside "
-                   "pyarrow's Cython iterators: Parquet decoding shows as the own time of `read_units`. Workers are "
-                   "not profiled: the 2-worker profile is the main process, receiving batches."), ""]
-        for profile in profiles:
-            lines += profile_section(profile)
+    if profiles is not None:
+        lines += ["## 3. Profiles", "",
+                  ("cProfile in this process (which inflates Python-level costs), one `num_workers=0` epoch of each "
+                   "loader per table, and the mixture's main process with 2 workers. cProfile does not see inside "
+                   "pyarrow's Cython code: Parquet decoding shows as the own time of `read_units`, "
+                   "`pa.concat_batches` as the own time of its caller. Workers are not profiled. In microseconds per "
+                   "batch: reading + decoding is the cumulative time of `SplitReader._read_once`, `to_torch` that of "
+                   "the conversion, the rest everything else (the loader, cutting batches, bookkeeping)."), "",
+                  *breakdown_section(profiles), ""]
+        for single, mixture in profiles.epochs.values():
+            lines += profile_section(single) + profile_section(mixture)
+        lines += profile_section(profiles.workers)
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -607,7 +679,7 @@ def main() -> int:
             throughput[layout.kind] = run_throughput(layout, args.repeats, args.shuffle)
         resume = [] if "resume" in args.skip else run_resume(layouts[0], args.resume_repeats, args.shuffle, work)
         progress("profiles")
-        profiles = [] if "profiles" in args.skip else run_profiles(layouts[0], args.shuffle)
+        profiles = None if "profiles" in args.skip else run_profiles(layouts, args.shuffle)
     emit_report(report(args, layouts, throughput, resume, profiles, time.perf_counter() - start, load_before),
                 args.out)
     return 0
