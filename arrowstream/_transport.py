@@ -74,11 +74,11 @@ class Chunk:
     turns them into tensors (``torch.from_numpy``, no copy), which saves a round trip.
     """
 
-    def __init__(self, worker_id: int, batches: list[Any], positions: list[Position] | list[dict[str, Any]],
+    def __init__(self, worker_id: int, batches: list[Any], positions: list[Any],
                  numpy_as_torch: bool = False, sizes: list[int] | None = None, objects: str | None = None,
                  files: Callable[[], list[str]] | None = None) -> None:
         self.worker_id = worker_id
-        self.positions = positions
+        self.positions = positions  # after each batch: a Position (a dataset's), or a mixture worker's state dict
         self.sizes = sizes  # set: ``batches`` is one span of these many rows per batch
         self.objects = objects  # set: Python objects are still Arrow, for this output format
         self.files = files  # the files this chunk's rows come from, asked only for an error message
