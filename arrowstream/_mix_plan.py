@@ -189,13 +189,18 @@ def shares_after(taken: Sequence[int], quotas: Sequence[int], rows: int) -> list
     epoch, given ``taken`` before: never less than ``taken``, never more than the quota, each as close to
     ``rows × quota / total`` as the rows before allow (within one row), summing to ``rows``."""
     total = sum(quotas)
-    ideal = [Fraction(rows * q, total) if total else Fraction(0) for q in quotas]
-    new = [min(q, max(t, math.floor(i))) for t, q, i in zip(taken, quotas, ideal, strict=True)]
-    count = len(new)
-    while sum(new) < rows:  # the sources furthest below their ideal take one more, in turn
-        k = max((k for k in range(count) if new[k] < quotas[k]), key=lambda k: (ideal[k] - new[k], -k))
+    if total == 0:
+        return list(taken)
+    # in units of 1/total: source k's ideal is rows * quota, exactly (integers, no Fraction per batch)
+    scaled = [rows * q for q in quotas]
+    new = [min(q, max(t, s // total)) for t, q, s in zip(taken, quotas, scaled, strict=True)]
+    count, given = len(new), sum(new)
+    while given < rows:  # the sources furthest below their ideal take one more, in turn
+        k = max((k for k in range(count) if new[k] < quotas[k]), key=lambda k: (scaled[k] - new[k] * total, -k))
         new[k] += 1
-    while sum(new) > rows:  # (only with rows taken above the ideal before) the furthest above give one back
-        k = max((k for k in range(count) if new[k] > taken[k]), key=lambda k: (new[k] - ideal[k], -k))
+        given += 1
+    while given > rows:  # (only with rows taken above the ideal before) the furthest above give one back
+        k = max((k for k in range(count) if new[k] > taken[k]), key=lambda k: (new[k] * total - scaled[k], -k))
         new[k] -= 1
+        given -= 1
     return new
