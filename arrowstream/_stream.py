@@ -43,7 +43,20 @@ class RunQueue:
         self._reading = runs
         self._held: deque[Run] = deque()
         self.buffered = 0
-        self.cursor = cursor
+        self._cursor: Cursor | None = cursor
+        self._after: tuple[Run, int] | None = None  # the cursor, computed when asked: past rows of this run
+
+    @property
+    def cursor(self) -> Cursor:
+        """Where the stream stands: past the last row handed out."""
+        if self._cursor is None:
+            assert self._after is not None
+            run, taken = self._after
+            self._cursor = run.after(taken)
+        return self._cursor
+
+    def _stand(self, cursor: Cursor | None, after: tuple[Run, int] | None = None) -> None:
+        self._cursor, self._after = cursor, after
 
     def fill(self, rows: int) -> None:
         """Read runs until ``rows`` rows are held or the runs end."""
@@ -53,7 +66,7 @@ class RunQueue:
                 self._reading = None
             elif run.num_rows == 0:
                 if not self._held:  # nothing held back: the filtered-out rows are behind us
-                    self.cursor = run.after(0)
+                    self._stand(run.after(0))
             else:
                 self._held.append(run)
                 self.buffered += run.num_rows
@@ -74,7 +87,7 @@ class RunQueue:
                 self._held[0] = run.tail(remaining)
                 last, taken, remaining = run, remaining, 0
         self.buffered -= num_rows
-        self.cursor = last.after(taken)
+        self._stand(None, (last, taken))
         return parts[0] if len(parts) == 1 else pa.concat_batches(parts)
 
     def stop(self, cursor: Cursor) -> None:
@@ -82,7 +95,7 @@ class RunQueue:
         self._held.clear()
         self.buffered = 0
         self._reading = None
-        self.cursor = cursor
+        self._stand(cursor)
 
 
 class EpochStream:
