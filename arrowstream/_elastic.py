@@ -72,7 +72,7 @@ class _CountReader:
         pass
 
 
-def _window_end(splits: Sequence[Split], start: Cursor, block_size: int | None, lanes: int,
+def window_end(splits: Sequence[Split], start: Cursor, block_size: int | None, lanes: int,
                 buffer_rows: int) -> tuple[int, Cursor]:
     """The rows of the window that starts at ``start`` and the stream cursor past it."""
     begin = dataclasses.replace(start, window_index=0, window_offset=0)
@@ -84,7 +84,7 @@ def _window_end(splits: Sequence[Split], start: Cursor, block_size: int | None, 
     return size, Cursor.end(len(splits))
 
 
-def _rest(split: Split, offset: int) -> Split:
+def split_rest(split: Split, offset: int) -> Split:
     """The rows of ``split`` from source offset ``offset`` on."""
     rows = split.num_rows - offset
     return dataclasses.replace(split, row_start=split.row_start + offset, num_rows=rows,
@@ -94,7 +94,7 @@ def _rest(split: Split, offset: int) -> Split:
 def _halve(split: Split) -> tuple[Split, Split]:
     first = split.num_rows // 2
     return (dataclasses.replace(split, num_rows=first, num_bytes=split.num_bytes // 2),
-            _rest(split, first))
+            split_rest(split, first))
 
 
 def remaining_items(plan: Plan, source: ElasticSource, *, shuffle: bool, seed: int, batch_size: int,
@@ -117,12 +117,12 @@ def remaining_items(plan: Plan, source: ElasticSource, *, shuffle: bool, seed: i
         mine = [splits[i] for i in slot_split_ids(rows, slot, shuffle=shuffle, seed=seed, epoch=source.epoch)]
         end = cursor
         if buffer_rows and cursor.window_offset:
-            size, end = _window_end(mine, cursor, block_size, interleave, buffer_rows)
+            size, end = window_end(mine, cursor, block_size, interleave, buffer_rows)
             if size > cursor.window_offset:
                 replays.append(Replay(slot, tuple(mine), cursor, size - cursor.window_offset))
         for position, offset in end.lanes:
             if position < len(mine) and offset < mine[position].num_rows:
-                ranges.append(_rest(mine[position], offset))
+                ranges.append(split_rest(mine[position], offset))
         ranges.extend(s for s in mine[end.next_split_index:] if s.num_rows)
     return replays, ranges
 

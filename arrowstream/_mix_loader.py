@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import logging
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -15,8 +16,9 @@ from ._convert import passthrough_collate
 from ._fields import REMEDY, Fields, shorten
 from ._loader_options import check_loader_options
 from ._metrics import FIELDS, Board, Meter, flatten, summarize
-from ._mix_resume import check_worker_state, follow
-from ._mix_stream import MixSlot, MixWorkerState
+from ._mix_elastic import MixElastic
+from ._mix_resume import adopt_replanned, check_worker_state, follow
+from ._mix_stream import MixSlot, MixWorkerState, SourceCursor
 from ._options import check_int
 from ._runtime import Transport
 from ._shm import share
@@ -35,6 +37,8 @@ from .errors import ArgumentTypeError, NotSupportedYetError, StateError, StateMi
 
 if TYPE_CHECKING:
     from .mixture import Mixture
+
+logger = logging.getLogger("arrowstream")
 
 MIX_LOADER_KIND = "arrowstream.mixture_loader"
 MIX_CHECKPOINT_KIND = "arrowstream.mixture_checkpoint"
@@ -113,6 +117,7 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
         self._sources_board = share(torch.zeros((max(self.num_workers, 1), len(mixture.names)), dtype=torch.int64),
                                     "MixtureDataLoader: rows per source of its workers")
         self._batch_iterator: BatchIterator | None = None
+        self._replanned_epoch: int | None = None   # a checkpoint re-planned for this topology, its epoch not begun
         self._set_batches_per_transfer(batches_per_transfer)
 
     def _set_batches_per_transfer(self, value: int) -> None:
@@ -154,6 +159,13 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
         return int(self.dataset.num_batches(self.num_workers))
 
     def __iter__(self) -> Any:
+        replanned, self._replanned_epoch = self._replanned_epoch, None
+        if replanned is not None and self.dataset.epoch != replanned:
+            self._replanned_epoch = replanned
+            raise StateMismatchError(
+                f"the checkpoint is inside mixture epoch {replanned}, re-planned for this topology, but the mixture is "
+                f"set to epoch {self.dataset.epoch}; call mixture.set_epoch({replanned}) to finish it first (skipping "
+                "it would lose its rows)")
         inner = super().__iter__()
         if self.num_workers == 0:
             self._batch_iterator = None
@@ -232,6 +244,7 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
                              f"{self.num_workers}; {REMEDY}")
         states = [None if s is None else MixWorkerState.from_dict(s, f"worker {i}'s mixture state")
                   for i, s in enumerate(raw)]
+        adopt_replanned(mixture, [s for s in states if s is not None])
         for worker_id, state in enumerate(states):
             if state is not None:
                 check_worker_state(mixture, state, MixSlot(state.epoch, mixture.rank, mixture.world_size, worker_id,
@@ -254,10 +267,12 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
         super().load_state_dict(inner)
 
     def _load_at_boundary(self, outers: list[dict[str, Any]]) -> None:
-        """A checkpoint of other ranks or workers: accepted at an epoch boundary, where the next epoch is laid
-        out afresh for this topology from every source's position."""
+        """A checkpoint of other ranks or workers (every rank's, in rank order). At an epoch boundary the next
+        epoch is laid out afresh for this topology from every source's position; inside an epoch, the rest
+        of it is re-planned for this topology from every old worker's cursors (``arrowstream._mix_elastic``)."""
         mixture = self.dataset
         states: list[MixWorkerState] = []
+        old: list[tuple[MixWorkerState | None, MixSlot]] = []
         for outer in outers:
             fields = Fields(outer, f"rank {outer.get('rank')}'s mixture loader state")
             inner = copy.deepcopy(fields.value.get("dataloader"))
@@ -267,16 +282,43 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
             if iterator_finished(inner) and any(s is not None for s in ranks):
                 ranks = _finished(inner, ranks, mixture, fields.integer("rank"), fields.integer("world_size"),
                                   fields.integer("num_workers"))
-            if any(s is None or not s.epoch_complete for s in ranks):
-                raise NotSupportedYetError(
-                    f"the checkpoint was taken inside a mixture epoch by world_size={fields.integer('world_size')}, "
-                    f"num_workers={fields.integer('num_workers')}; this loader has world_size={mixture.world_size}, "
-                    f"num_workers={self.num_workers}. A mixture changes ranks or workers at an epoch boundary (resume "
-                    "with the saved topology to finish the epoch, save, then change it); mid-epoch elastic resume of "
-                    "mixtures is not available yet")
+            world_size, num_workers = fields.integer("world_size", 1), fields.integer("num_workers")
+            old += [(s, MixSlot(0, fields.integer("rank"), world_size, worker, num_workers)) for worker, s in enumerate(ranks)]
             states += [s for s in ranks if s is not None]
-        epoch = follow(mixture, states)
-        mixture._finished_epoch = epoch
+        if not states:
+            raise StateError(f"the checkpoint holds no worker state; {REMEDY}")
+        if all(s is not None and s.epoch_complete for s, _ in old):
+            epoch = follow(mixture, states)
+            mixture._finished_epoch = epoch
+            super().load_state_dict({})
+            return
+        self._load_replanned(old, states)
+
+    def _load_replanned(self, old: list[tuple[MixWorkerState | None, MixSlot]], states: list[MixWorkerState]) -> None:
+        """The rest of a saved epoch, re-planned over this loader's ranks and workers."""
+        mixture = self.dataset
+        if any(s.elastic is not None for s in states):
+            raise NotSupportedYetError(
+                "the checkpoint was taken inside an epoch already re-planned for another topology; resume it with "
+                "the topology it was re-planned for, finish that epoch, then change ranks or workers")
+        epoch = max(s.epoch for s in states)
+        for state, slot in old:
+            if state is not None:
+                check_worker_state(mixture, state, MixSlot(state.epoch, slot.rank, slot.world_size, slot.worker_id,
+                                                            slot.num_workers))
+        follow(mixture, states)
+        start = {name: SourceCursor(0, None, 0) for name in mixture.names}
+        cursors = tuple(start if s is None else (None if s.epoch_complete or s.epoch < epoch else dict(s.cursors))
+                        for s, _ in old)
+        _, first = old[0]
+        elastic = MixElastic(epoch, first.world_size, first.num_workers, cursors)
+        mixture._epochs.elastic = (elastic, mixture.world_size, self.num_workers)
+        mixture.slot_quotas(self.num_workers, epoch)   # re-planned now: a state that does not add up is refused here
+        mixture._finished_epoch = -1
+        self._replanned_epoch = epoch
+        logger.info("elastic resume: the rest of mixture epoch %d, saved with world_size=%d, num_workers=%d, is "
+                    "re-planned for world_size=%d, num_workers=%d", epoch, first.world_size, first.num_workers,
+                    mixture.world_size, self.num_workers)
         super().load_state_dict({})
 
 

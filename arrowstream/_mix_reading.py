@@ -20,9 +20,8 @@ from torch.utils.data import get_worker_info
 
 from ._convert import make_converter, make_value_check
 from ._metrics import Meter
-from ._mix_plan import pass_order, segment_splits
 from ._mix_schema import caster
-from ._mix_stream import MixStream, MixWorkerState, SourceRows, source_seeds
+from ._mix_stream import MixStream, MixWorkerState, SourceRows
 from ._reader import ReadAhead, SplitReader
 from ._runtime import READ_BATCH_ROWS, Transport
 from ._transport import Chunk
@@ -86,7 +85,7 @@ def open_stream(mixture: Mixture, pending: MixWorkerState | None) -> MixStream:
                          max_batches=None, mix_rows=False, seed=0, slot=slot, start=start)
     meter = mixture._side.meter()
     in_worker = get_worker_info() is not None
-    segments = mixture._segments(slot.epoch, slot.num_slots)
+    parts = mixture._epochs.parts(mixture._history, slot)
     sources = []
     for s in mixture._sources:
         check = make_value_check(options.output_format, s.plan.schema, mixture._fill_nulls)
@@ -94,20 +93,13 @@ def open_stream(mixture: Mixture, pending: MixWorkerState | None) -> MixStream:
         read_ahead = None if prefetcher is None else ReadAhead(s.plan, prefetcher, s.storage.read_ahead)
         readers = [SplitReader(s.plan, s.storage, max(options.batch_size, READ_BATCH_ROWS), use_threads=not in_worker,
                                read_ahead=read_ahead, meter=meter, check=check) for _ in range(options.interleave)]
-        orders: dict[int, Any] = {}
-        splits = []
-        for segment in segments[s.name][slot.index]:
-            if segment.pass_index not in orders:
-                orders[segment.pass_index] = pass_order(len(s.plan.splits), shuffle=options.shuffle, seed=options.seed,
-                                                        name=s.name, pass_index=segment.pass_index)
-            splits.append(segment_splits(s.plan.splits, orders[segment.pass_index], segment))
-        sources.append(SourceRows(s.name, readers, splits, batch_size=options.batch_size, interleave=options.interleave,
-                                  buffer_rows=options.shuffle_buffer_size, seeds=source_seeds(options.seed, s.name, slot),
+        sources.append(SourceRows(s.name, readers, parts[s.name], batch_size=options.batch_size,
+                                  interleave=options.interleave, buffer_rows=options.shuffle_buffer_size,
                                   start=start.cursors[s.name], url=str(s.source.arguments().get("path", s.name)),
                                   read_ahead=read_ahead))
     casts = {s.name: caster(s.plan.schema, mixture._schema, s.name, mixture._source_column) for s in mixture._sources}
     limit = mixture.batch_limits(slot.num_workers, slot.epoch)[slot.index] if mixture._even_batches else None
-    return MixStream(sources, [sum(seg.num_rows for seg in segments[s.name][slot.index]) for s in mixture._sources],
+    return MixStream(sources, [sum(part.rows for part in parts[s.name]) for s in mixture._sources],
                      cast=lambda name, batch: casts[name](batch), batch_size=options.batch_size,
                      drop_last=options.drop_last, max_batches=limit, mix_rows=options.shuffle_buffer_size > 0,
                      seed=options.seed, slot=slot, start=start)

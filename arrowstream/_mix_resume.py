@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._fields import REMEDY
+from ._mix_elastic import MixElastic
 from ._mix_plan import positions, quotas_at
 from ._mix_stream import MixSlot, MixWorkerState
 from .errors import StateError, StateMismatchError
@@ -66,6 +67,23 @@ def follow(mixture: Mixture, saved: list[MixWorkerState]) -> int:
     return epoch
 
 
+def adopt_replanned(mixture: Mixture, states: list[MixWorkerState]) -> None:
+    """States taken inside an epoch re-planned for their topology: the mixture lays that epoch out again
+    from the old cursors they keep (every worker's the same)."""
+    replanned = [s for s in states if s.elastic is not None]
+    mixture._epochs.elastic = None
+    if not replanned:
+        return
+    first = replanned[0]
+    if any(s.elastic != first.elastic for s in replanned):
+        raise StateError(f"the workers' states disagree on the epoch they were re-planned from; {REMEDY}")
+    elastic = MixElastic.from_dict(first.elastic, "mixture worker state's elastic")
+    if elastic.epoch != first.epoch:
+        raise StateError(f"the mixture worker state in epoch {first.epoch} was re-planned from epoch {elastic.epoch}; "
+                         f"{REMEDY}")
+    mixture._epochs.elastic = (elastic, first.world_size, first.num_workers)
+
+
 def check_worker_state(mixture: Mixture, state: MixWorkerState, slot: MixSlot) -> MixWorkerState:
     """``state``, refused unless it is a position the worker ``slot`` reaches in the mixture as it stands."""
     saved_slot = (state.rank, state.world_size, state.worker_id, state.num_workers)
@@ -88,8 +106,8 @@ def check_worker_state(mixture: Mixture, state: MixWorkerState, slot: MixSlot) -
         raise StateMismatchError(f"the checkpoint is inside mixture epoch {state.epoch} with source(s) {unknown} that this "
                                  f"mixture lacks: {_FINISH}")
     # the epoch as the state's own history lays it out (follow() has matched it with the mixture's)
-    segments_of = mixture._segments(state.epoch, slot.num_slots, state.history)
-    mine = {name: sum(seg.num_rows for seg in segments_of[name][slot.index]) for name in state.epochs}
+    parts_of = mixture._epochs.parts(state.history, slot)
+    mine = {name: sum(part.rows for part in parts_of[name]) for name in state.epochs}
     total = sum(mine.values())
     batch_size = mixture.batch_size
     if state.rows > total or sum(c.taken for c in state.cursors.values()) != state.rows \
@@ -105,9 +123,9 @@ def check_worker_state(mixture: Mixture, state: MixWorkerState, slot: MixSlot) -
             raise StateError(f"the mixture worker state has {cursor.taken} row(s) of source {name!r} after {state.rows} "
                              f"row(s); its share is {ideal:.1f} of quota {mine[name]}: not a position its epoch "
                              f"reaches; {REMEDY}")
-        segments = segments_of[name][slot.index]
-        before = sum(seg.num_rows for seg in segments[:cursor.segment])
-        inside = segments[cursor.segment].num_rows if cursor.segment < len(segments) else 0
+        segments = parts_of[name]
+        before = sum(part.rows for part in segments[:cursor.segment])
+        inside = segments[cursor.segment].rows if cursor.segment < len(segments) else 0
         if cursor.segment > len(segments) or not before <= cursor.taken <= before + inside:
             raise StateError(f"the mixture worker state of source {name!r} stands in segment {cursor.segment} of "
                              f"{len(segments)} with {cursor.taken} row(s) taken: not a position its epoch reaches; "

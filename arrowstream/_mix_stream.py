@@ -81,6 +81,7 @@ class MixWorkerState:
     epochs: dict[str, SourceEpoch]      # every source's start and quota in this epoch
     cursors: dict[str, SourceCursor]    # this slot's place in each source's rows
     data: dict[str, dict[str, Any]]     # each source's data identity
+    elastic: dict[str, Any] | None = None   # an epoch re-planned from another topology: the old cursors
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": MIX_WORKER_KIND, "version": MIX_STATE_VERSION, "epoch": self.epoch,
@@ -90,7 +91,8 @@ class MixWorkerState:
                 "epoch_complete": self.epoch_complete, "options": dict(self.options),
                 "history": [[first, dict(quotas)] for first, quotas in self.history],
                 "sources": {name: {"start": e.start, "quota": e.quota, **self.cursors[name].to_dict(),
-                                   "data": self.data[name]} for name, e in self.epochs.items()}}
+                                   "data": self.data[name]} for name, e in self.epochs.items()},
+                **({} if self.elastic is None else {"elastic": self.elastic})}
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "mixture worker state") -> MixWorkerState:
@@ -116,7 +118,7 @@ class MixWorkerState:
         return cls(fields.integer("epoch"), slot.integer("rank"), slot.integer("world_size"),
                    slot.integer("worker_id"), slot.integer("num_workers"), fields.integer("rows"),
                    fields.integer("batches"), fields.integer("rows_dropped"), fields.boolean("epoch_complete"),
-                   dict(options), history, epochs, cursors, data)
+                   dict(options), history, epochs, cursors, data, fields.value.get("elastic"))
 
 
 def _history(entries: list[Any], where: str) -> list[tuple[int, dict[str, int]]]:
@@ -134,18 +136,34 @@ def _history(entries: list[Any], where: str) -> list[tuple[int, dict[str, int]]]
     return history
 
 
-class SourceRows:
-    """One source's rows of a slot's epoch, from a :class:`SourceCursor` on, handed out as asked."""
+@dataclass(frozen=True)
+class Part:
+    """A stretch of a slot's rows of a source in an epoch, read as one stream: ``splits`` through the usual
+    pipeline from ``start`` (None: their first row), shuffle windows seeded by ``seeds`` (window -> seed),
+    ``rows`` rows of it. A segment of a pass is one; so is the rest of an old worker's shuffle window, or
+    ranges of splits, in an epoch re-planned for another topology (``arrowstream._mix_elastic``)."""
 
-    def __init__(self, name: str, readers: Sequence[PieceReader], segments: Sequence[tuple[Split, ...]], *,
-                 batch_size: int, interleave: int, buffer_rows: int, seeds: Callable[[int, int], int],
-                 start: SourceCursor, url: str, read_ahead: ReadAhead | None = None) -> None:
+    splits: tuple[Split, ...]
+    rows: int
+    seeds: Callable[[int], int]
+    start: Cursor | None = None
+
+
+class SourceRows:
+    """One source's rows of a slot's epoch (its parts, in order), from a :class:`SourceCursor` on, handed
+    out as asked."""
+
+    def __init__(self, name: str, readers: Sequence[PieceReader], parts: Sequence[Part], *, batch_size: int,
+                 interleave: int, buffer_rows: int, start: SourceCursor, url: str,
+                 read_ahead: ReadAhead | None = None) -> None:
         self.name = name
         self._readers = readers
-        self._segments = segments
+        self._parts = parts
+        self._before = [0]   # rows of the parts before each part
+        for part in parts:
+            self._before.append(self._before[-1] + part.rows)
         self._batch_size, self._interleave, self._buffer_rows = batch_size, interleave, buffer_rows
-        self._seeds = seeds   # (segment, window) -> seed
-        self._segment = start.segment
+        self._part = start.segment
         self._start = start.cursor
         self._queue: RunQueue | None = None
         self.taken = start.taken
@@ -153,43 +171,49 @@ class SourceRows:
         self._read_ahead = read_ahead
 
     def _open(self) -> RunQueue:
-        splits = self._segments[self._segment]
-        start = self._start or Cursor.start(len(splits), self._interleave)
+        part = self._parts[self._part]
+        start = self._start or part.start or Cursor.start(len(part.splits), self._interleave)
         if self._read_ahead is not None:
-            self._read_ahead.begin(splits)
-        runs = open_runs(self._readers, splits, batch_size=self._batch_size, interleave=self._interleave,
-                         buffer_rows=self._buffer_rows, window_seed=functools.partial(self._seeds, self._segment),
-                         start=start)
+            self._read_ahead.begin(part.splits)
+        runs = open_runs(self._readers, part.splits, batch_size=self._batch_size, interleave=self._interleave,
+                         buffer_rows=self._buffer_rows, window_seed=part.seeds, start=start)
         return RunQueue(runs, start)
 
+    def _short(self, wanted: int, given: int) -> FileChangedError:
+        return FileChangedError(f"source {self.name!r} ({self._url}) gave {given} of the {wanted} row(s) its plan "
+                                "promised: a file changed or lost rows since planning; re-plan (restart) to read the "
+                                "data as it is now")
+
     def take(self, num_rows: int) -> pa.RecordBatch | None:
-        """Exactly ``num_rows`` next rows (``None`` for none); ``DataError`` if the source has fewer."""
-        parts: list[pa.RecordBatch] = []
+        """Exactly ``num_rows`` next rows (``None`` for none); ``FileChangedError`` if the source has fewer."""
+        pieces: list[pa.RecordBatch] = []
         left = num_rows
         while left:
-            if self._segment >= len(self._segments):
-                raise FileChangedError(f"source {self.name!r} ({self._url}) gave {num_rows - left} of the {num_rows} "
-                                "row(s) its plan promised: a file changed or lost rows since planning; re-plan "
-                                "(restart) to read the data as it is now")
+            if self._part >= len(self._parts):
+                raise self._short(num_rows, num_rows - left)
+            in_part = self._before[self._part + 1] - self.taken
+            if in_part <= 0:   # this part is done: the next one, from its first row
+                for reader in self._readers:
+                    reader.close()
+                self._part, self._start, self._queue = self._part + 1, None, None
+                continue
             if self._queue is None:
                 self._queue = self._open()
             queue = self._queue
-            queue.fill(left)
-            if queue.buffered == 0:   # this segment is done: the next one, from its first row
-                for reader in self._readers:
-                    reader.close()
-                self._segment, self._start, self._queue = self._segment + 1, None, None
-                continue
-            rows = min(left, queue.buffered)
-            parts.append(queue.take(rows))
+            wanted = min(left, in_part)
+            queue.fill(wanted)
+            if queue.buffered == 0:
+                raise self._short(num_rows, num_rows - left)
+            rows = min(wanted, queue.buffered)
+            pieces.append(queue.take(rows))
             left -= rows
-        self.taken += num_rows
-        if not parts:
+            self.taken += rows
+        if not pieces:
             return None
-        return parts[0] if len(parts) == 1 else pa.concat_batches(parts)
+        return pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces)
 
     def cursor(self) -> SourceCursor:
-        return SourceCursor(self._segment, self._start if self._queue is None else self._queue.cursor, self.taken)
+        return SourceCursor(self._part, self._start if self._queue is None else self._queue.cursor, self.taken)
 
 
 @dataclass(frozen=True)
@@ -281,4 +305,4 @@ class MixStream:
         cursors = {s.name: s.cursor() for s in self._sources}
         return MixWorkerState(start.epoch, start.rank, start.world_size, start.worker_id, start.num_workers,
                               self.rows, self.batches, self.rows_dropped, self.complete, start.options,
-                              start.history, start.epochs, {**start.cursors, **cursors}, start.data)
+                              start.history, start.epochs, {**start.cursors, **cursors}, start.data, start.elastic)

@@ -21,7 +21,8 @@ from ._convert import check_output_columns, resolve_fill_nulls
 from ._credentials import as_provider
 from ._iceberg_source import IcebergTableSource
 from ._iceberg_table import load_table, open_source
-from ._mix_plan import epoch_segments, positions, quotas, quotas_at
+from ._mix_layout import MixEpochs, SourcePlan
+from ._mix_plan import positions, quotas, quotas_at
 from ._mix_reading import MixIterator, MixSide
 from ._mix_schema import unify
 from ._mix_stream import MixSlot, MixWorkerState, SourceCursor, SourceEpoch
@@ -186,6 +187,9 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
                                            f"{self._quotas[s.name]} per epoch; give it weight 0 or leave it out")
         # the quotas in effect from each epoch on: a checkpoint loaded at an epoch boundary may change them
         self._history: list[tuple[int, dict[str, int]]] = [(0, dict(self._quotas))]
+        self._epochs = MixEpochs([SourcePlan(s.name, s.plan.splits, s.plan.num_rows) for s in self._sources],
+                                 shuffle=shuffle, seed=seed, batch_size=batch_size, interleave=interleave,
+                                 buffer_rows=shuffle_buffer_size)
         self._epoch_cell = share(torch.zeros(1, dtype=torch.int64), "Mixture: the epoch cell")
         self._finished_epoch = -1   # epochs up to it were finished by a checkpoint loaded with another topology
         self._pending: MixWorkerState | None = None
@@ -304,18 +308,10 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
     def _num_slots(self, num_workers: int) -> int:
         return self._world_size * max(num_workers, 1)
 
-    def _segments(self, epoch: int, num_slots: int,
-                  history: list[tuple[int, dict[str, int]]] | None = None) -> dict[str, list[list[Any]]]:
-        history = self._history if history is None else history
-        starts, quotas = positions(history, epoch), quotas_at(history, epoch)
-        return {s.name: epoch_segments(s.plan.num_rows, starts.get(s.name, 0), quotas[s.name], num_slots)
-                if quotas.get(s.name) else [[] for _ in range(num_slots)] for s in self._sources}
-
     def slot_quotas(self, num_workers: int = 0, epoch: int | None = None) -> list[dict[str, int]]:
         """Per (rank, worker) slot of every rank: rows of each source it takes in ``epoch`` (this one)."""
-        segments = self._segments(self.epoch if epoch is None else epoch, self._num_slots(num_workers))
-        return [{name: sum(seg.num_rows for seg in per_slot[slot]) for name, per_slot in segments.items()}
-                for slot in range(self._num_slots(num_workers))]
+        return self._epochs.slot_rows(self._history, self.epoch if epoch is None else epoch, self._world_size,
+                                      num_workers)
 
     def batch_limits(self, num_workers: int = 0, epoch: int | None = None) -> list[int]:
         """Batches each slot yields in ``epoch`` (``even_batches`` and ``drop_last`` applied)."""
@@ -325,9 +321,7 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
     def limits_of(self, history: list[tuple[int, dict[str, int]]], epoch: int, world_size: int, num_workers: int,
                   even_batches: bool) -> list[int]:
         """Batches each slot of a topology yields in ``epoch`` of a mixture with ``history``."""
-        num_slots = world_size * max(num_workers, 1)
-        segments = self._segments(epoch, num_slots, history)
-        rows = [sum(seg.num_rows for per_slot in segments.values() for seg in per_slot[slot]) for slot in range(num_slots)]
+        rows = [sum(q.values()) for q in self._epochs.slot_rows(history, epoch, world_size, num_workers)]
         options = self._options
         if even_batches:
             return even_batch_limits(rows, world_size, options.batch_size, options.drop_last)
@@ -349,11 +343,12 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
     def start_state(self, slot: MixSlot) -> MixWorkerState:
         """The state of ``slot`` before the first batch of its epoch."""
         starts, quotas = self.epoch_starts(slot.epoch), quotas_at(self._history, slot.epoch)
+        elastic = self._epochs.replanned(slot)
         return MixWorkerState(slot.epoch, slot.rank, slot.world_size, slot.worker_id, slot.num_workers, 0, 0, 0,
                               False, self.state_options(), self.history,
                               {name: SourceEpoch(starts[name], quotas.get(name, 0)) for name in starts},
                               {name: SourceCursor(0, None, 0) for name in starts},
-                              {s.name: s.data for s in self._sources})
+                              {s.name: s.data for s in self._sources}, None if elastic is None else elastic.to_dict())
 
     def state_options(self) -> dict[str, Any]:
         """The options a checkpoint must match to resume inside an epoch."""

@@ -50,6 +50,8 @@ PURE_MODULES = [
     "_mix_stream",    # a mixture slot's batches and its state
     "_mix_resume",    # a mixture's state checks and following a checkpoint
     "_mix_schema",    # one schema for a mixture's sources
+    "_mix_elastic",   # a mixture epoch re-planned for another topology
+    "_mix_layout",    # a mixture's epochs: every slot's parts of every source
 ]
 
 REFUSED_PACKAGES = ("torch", "torchdata", "fsspec")

@@ -1,0 +1,148 @@
+"""A mixture epoch re-planned for another topology from a mid-epoch checkpoint (elastic resume).
+
+For every source, what each old (rank, worker) slot had not handed out is cut into *items*, as for a
+dataset (:mod:`arrowstream._elastic`): the rest of a shuffle window it stood in (read again the way the
+old worker read it, its seeds, and handed out from where it stood), then the rest of the splits it had
+open and the splits of its parts it had not opened. The items of a source, old slot after old slot, are
+then cut into as many contiguous stretches as there are new slots, of equal rows within one: each new
+slot's quota of the source for the rest of the epoch. A new slot reads its stretches as parts
+(:class:`~arrowstream._mix_stream.Part`) and cuts batches in proportion to its quotas, as in any epoch.
+
+Pure: a function of the plans' splits, the old cursors and the options, so a checkpoint taken inside the
+re-planned epoch resumes exactly with the new topology (its states keep the old cursors, ``elastic``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._cursor import Cursor
+from ._elastic import split_rest, window_end
+from ._fields import REMEDY, Fields, shorten
+from ._interleave import block_size_for
+from ._mix_stream import MixSlot, Part, SourceCursor, source_seeds
+from ._plan_types import Split
+from .errors import StateError
+
+
+@dataclass(frozen=True)
+class MixElastic:
+    """An epoch re-planned from the states of another topology: each old slot's place in each source
+    (``None``: that worker was done with the epoch)."""
+
+    epoch: int
+    world_size: int
+    num_workers: int
+    cursors: tuple[dict[str, SourceCursor] | None, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "world_size": self.world_size, "num_workers": self.num_workers,
+                "cursors": [None if c is None else {n: v.to_dict() for n, v in c.items()} for c in self.cursors]}
+
+    @classmethod
+    def from_dict(cls, value: Any, where: str) -> MixElastic:
+        fields = Fields(value, where)
+        cursors: list[dict[str, SourceCursor] | None] = []
+        for index, entry in enumerate(fields.sequence("cursors")):
+            if entry is None:
+                cursors.append(None)
+                continue
+            if not isinstance(entry, dict):
+                raise StateError(f"the {where}.cursors[{index}] is {shorten(entry)}, expected a dict or null; {REMEDY}")
+            cursors.append({str(n): SourceCursor.from_dict(v, f"{where}.cursors[{index}].{n}") for n, v in entry.items()})
+        parsed = cls(fields.integer("epoch"), fields.integer("world_size", 1), fields.integer("num_workers"),
+                     tuple(cursors))
+        if len(parsed.cursors) != parsed.world_size * max(parsed.num_workers, 1):
+            raise StateError(f"the {where} has {len(parsed.cursors)} old slot(s) for world_size={parsed.world_size}, "
+                             f"num_workers={parsed.num_workers}; {REMEDY}")
+        return parsed
+
+
+@dataclass(frozen=True)
+class _Item:
+    """Rows left by an old slot: a replay (``start`` set: the rest of its window, its old seeds) or ranges."""
+
+    splits: tuple[Split, ...]
+    rows: int
+    start: Cursor | None = None
+    seeds: Callable[[int], int] | None = None
+
+
+def _cut(split: Split, lo: int, hi: int) -> Split:
+    """Rows ``[lo, hi)`` of ``split``."""
+    rows = hi - lo
+    return dataclasses.replace(split, row_start=split.row_start + lo, num_rows=rows,
+                               num_bytes=split.num_bytes * rows // max(split.num_rows, 1))
+
+
+def _left_by(parts: Sequence[Part], cursor: SourceCursor, *, batch_size: int, interleave: int,
+             buffer_rows: int) -> list[_Item]:
+    """What an old slot had not handed out of its parts of a source, from its cursor."""
+    items: list[_Item] = []
+    rest = parts[cursor.segment:]
+    if rest and cursor.cursor is not None:
+        part, start = rest[0], cursor.cursor
+        end = start
+        if buffer_rows and start.window_offset:
+            size, end = window_end(part.splits, start, block_size_for(batch_size, interleave), interleave, buffer_rows)
+            if size > start.window_offset:
+                items.append(_Item(part.splits, size - start.window_offset, start, part.seeds))
+        ranges = [split_rest(part.splits[position], offset) for position, offset in end.lanes
+                  if position < len(part.splits) and offset < part.splits[position].num_rows]
+        ranges += [s for s in part.splits[end.next_split_index:] if s.num_rows]
+        items += [_Item((split,), split.num_rows) for split in ranges]
+        rest = rest[1:]
+    for part in rest:
+        items += [_Item((split,), split.num_rows) for split in part.splits if split.num_rows]
+    return items
+
+
+def replanned_parts(old_parts: Sequence[Sequence[Part]], elastic: MixElastic, name: str, quotas: Sequence[int],
+                    new_slots: Sequence[MixSlot], *, seed: int, batch_size: int, interleave: int,
+                    buffer_rows: int) -> list[list[Part]]:
+    """Every new slot's parts of source ``name`` for the rest of the epoch (``old_parts`` and ``quotas``:
+    each old slot's parts of it and rows of it in the epoch)."""
+    items: list[_Item] = []
+    for old, (parts, cursors, quota) in enumerate(zip(old_parts, elastic.cursors, quotas, strict=True)):
+        if cursors is None:
+            continue
+        cursor = cursors.get(name, SourceCursor(0, None, 0))
+        left = _left_by(parts, cursor, batch_size=batch_size, interleave=interleave, buffer_rows=buffer_rows)
+        if sum(item.rows for item in left) != quota - cursor.taken:
+            raise StateError(f"old worker {old}'s state of source {name!r} took {cursor.taken} of its {quota} row(s) "
+                             f"but its cursor leaves {sum(item.rows for item in left)}: not a position its epoch "
+                             f"reaches; {REMEDY}")
+        items += left
+    total = sum(item.rows for item in items)
+    count = len(new_slots)
+    bounds = [total * j // count for j in range(count + 1)]
+    out: list[list[Part]] = [[] for _ in range(count)]
+    item_start = 0
+    for item in items:
+        item_end = item_start + item.rows
+        for j in range(count):
+            lo, hi = max(bounds[j], item_start), min(bounds[j + 1], item_end)
+            if hi > lo:
+                _place(out[j], item, lo - item_start, hi - item_start, new_slots[j], name, seed)
+        item_start = item_end
+    return out
+
+
+def _place(parts: list[Part], item: _Item, lo: int, hi: int, slot: MixSlot, name: str, seed: int) -> None:
+    """Rows ``[lo, hi)`` of ``item`` at the end of a new slot's parts (ranges join the ranges before them)."""
+    if item.start is not None:
+        assert item.seeds is not None
+        start = dataclasses.replace(item.start, window_offset=item.start.window_offset + lo)
+        parts.append(Part(item.splits, hi - lo, item.seeds, start))
+        return
+    piece = _cut(item.splits[0], lo, hi)
+    if parts and parts[-1].start is None:   # ranges after ranges: one part, one stream
+        last = parts[-1]
+        parts[-1] = Part((*last.splits, piece), last.rows + piece.num_rows, last.seeds)
+        return
+    seeds = functools.partial(source_seeds(seed, name, slot), len(parts))   # the new slot's, by part
+    parts.append(Part((piece,), piece.num_rows, seeds))
