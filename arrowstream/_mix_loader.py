@@ -30,8 +30,10 @@ from ._torchdata_state import (
     set_last_yielded_worker,
     set_worker_state,
     steps_since_snapshot,
+    worker_state,
     worker_states,
 )
+from ._transport import default_batches_per_transfer
 from ._watchdog import guard_reads, name_dead_workers
 from .errors import ArgumentTypeError, NotSupportedYetError, StateError, StateMismatchError
 
@@ -107,8 +109,6 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
             warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
             super().__init__(mixture, **kwargs)
         if batches_per_transfer is None:
-            from .loader import default_batches_per_transfer
-
             batches_per_transfer = default_batches_per_transfer(mixture.batch_size)
         check_int("batches_per_transfer", batches_per_transfer, 1)
         if self.num_workers == 0 or self.snapshot_every_n_steps != 1:
@@ -197,7 +197,9 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
             assert batches.chunk is not None
             inner = copy.deepcopy(inner)
             worker_id = batches.chunk.worker_id
-            set_worker_state(inner, worker_id, batches.chunk.positions[batches.taken - 1])
+            after = MixWorkerState.from_dict(worker_state(inner, worker_id))
+            position = batches.chunk.positions[batches.taken - 1]
+            set_worker_state(inner, worker_id, after.at(position, mixture.names).to_dict())
             set_last_yielded_worker(inner, (worker_id - 1) % self.num_workers)
         return {"kind": MIX_LOADER_KIND, "version": MIX_LOADER_VERSION, "arrowstream_version": __version__,
                 "rank": mixture.rank, "world_size": mixture.world_size, "num_workers": self.num_workers,

@@ -11,6 +11,7 @@ after it, so that the loader can stand between two batches of a chunk.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
@@ -21,10 +22,10 @@ from torch.utils.data import get_worker_info
 from ._convert import make_converter, make_value_check
 from ._metrics import Meter
 from ._mix_schema import caster
-from ._mix_stream import MixStream, MixWorkerState, SourceRows
+from ._mix_stream import MixPosition, MixStream, MixWorkerState, SourceRows
 from ._reader import ReadAhead, SplitReader
 from ._runtime import READ_BATCH_ROWS, Transport
-from ._transport import Chunk
+from ._transport import Chunk, default_batches_per_transfer
 from .errors import StateMismatchError
 
 if TYPE_CHECKING:
@@ -106,16 +107,27 @@ def open_stream(mixture: Mixture, pending: MixWorkerState | None) -> MixStream:
 
 
 class MixIterator:
-    """What ``iter(mixture)`` returns: binds the epoch on the first batch, counts what it hands out, and in
-    a loader worker packs ``batches_per_transfer`` batches per message."""
+    """What ``iter(mixture)`` returns: binds the epoch on the first batch and counts what it hands out.
+
+    Without a ``transform``, batches are taken ``batches_per_transfer`` at a time as one span, converted
+    once per column and cut into batches (views): in a loader worker the span travels as one
+    :class:`~arrowstream._transport.Chunk`, in the trainer's process (``num_workers=0``) its batches are
+    handed out one by one. Each batch carries the position after it, so a state taken between two batches
+    of a span is exact.
+    """
 
     def __init__(self, mixture: Mixture, pending: MixWorkerState | None) -> None:
         self._mixture = mixture
         self._pending = pending
         self._stream: MixStream | None = None
         self._convert: Callable[[pa.RecordBatch], Any] = lambda batch: batch
+        self._span_convert: Callable[[pa.RecordBatch], Any] | None = None
+        self._objects: str | None = None
         self._sources: Any = None   # this worker's rows per source on the loader's board
         self._as_torch = False      # a chunk's numeric columns travel as ndarrays, made tensors by the trainer
+        self._ready: deque[tuple[Any, MixPosition]] = deque()   # num_workers=0: a span's batches not handed yet
+        self._chunk: Chunk | None = None
+        self._position: MixPosition | None = None   # after the last batch handed out of a span
         self._left_at = 0.0
 
     def __iter__(self) -> MixIterator:
@@ -125,30 +137,58 @@ class MixIterator:
         mixture = self._mixture
         self._stream = open_stream(mixture, self._pending)
         info = get_worker_info()
+        in_worker = info is not None
         transport = mixture._side.transport
         output_format = mixture._options.output_format
-        self._as_torch = (info is not None and transport.batches_per_transfer > 1 and mixture._transform is None
-                          and output_format == "torch")
-        convert = make_converter("numpy" if self._as_torch else output_format, mixture._schema, mixture._fill_nulls,
-                                 in_worker=info is not None, torch_values=self._as_torch)
         transform = mixture._transform
+        self._as_torch = in_worker and transport.batches_per_transfer > 1 and transform is None and \
+            output_format == "torch"
+        made = "numpy" if self._as_torch else output_format
+        convert = make_converter(made, mixture._schema, mixture._fill_nulls, in_worker=in_worker,
+                                 torch_values=self._as_torch)
         self._convert = convert if transform is None else (lambda batch: transform(convert(batch)))
+        if transform is None:   # a span's columns converted at once; Python objects made batch by batch
+            self._span_convert = make_converter(made, mixture._schema, mixture._fill_nulls, in_worker=in_worker,
+                                                objects_later=True, torch_values=self._as_torch)
+            self._objects = output_format if output_format in ("torch", "numpy", "dict") else None
         self._sources = mixture._side.source_row()
         return self._stream
 
     def __next__(self) -> Any:
         entered = perf_counter()
+        if self._ready:
+            batch, self._position = self._ready.popleft()
+            assert self._chunk is not None
+            return self._chunk.finish(batch)
         stream = self._stream or self._open()
         info = get_worker_info()
         transport = self._mixture._side.transport
-        if info is None or not transport.send_chunks:
-            record = next(stream)
-            self._count(stream)
-            read = perf_counter()
-            out = self._convert(record)
-            self._metered(record.num_rows, 1, entered, read)
-            return out
-        per_transfer = transport.batches_per_transfer
+        chunks = info is not None and transport.send_chunks
+        per_span = transport.batches_per_transfer if chunks else default_batches_per_transfer(stream.batch_size)
+        if self._span_convert is None:   # a transform: batch by batch
+            return self._next_chunk(stream, per_span, entered) if chunks else self._next_batch(stream, entered)
+        span, sizes, positions, counts = stream.next_span(per_span - stream.batches % per_span)
+        if self._sources is not None:
+            self._sources += counts
+        read = perf_counter()
+        chunk = Chunk(info.id if info is not None else 0, [self._span_convert(span)], positions,
+                      numpy_as_torch=self._as_torch, sizes=sizes, objects=self._objects)
+        self._metered(span.num_rows, len(sizes), entered, read)
+        if chunks:
+            return chunk
+        self._chunk, self._ready = chunk, deque(zip(chunk.batches(), positions, strict=True))
+        batch, self._position = self._ready.popleft()
+        return chunk.finish(batch)
+
+    def _next_batch(self, stream: MixStream, entered: float) -> Any:
+        record = next(stream)
+        self._count(stream)
+        read = perf_counter()
+        out = self._convert(record)
+        self._metered(record.num_rows, 1, entered, read)
+        return out
+
+    def _next_chunk(self, stream: MixStream, per_transfer: int, entered: float) -> Chunk:
         records, positions = [], []
         while True:   # up to a multiple of per_transfer batches: chunk ends do not move across a resume
             try:
@@ -156,12 +196,14 @@ class MixIterator:
             except StopIteration:
                 break
             self._count(stream)
-            positions.append(stream.state().to_dict())
+            positions.append(stream.position())
             if stream.batches % per_transfer == 0:
                 break
         if not records:
             raise StopIteration
         read = perf_counter()
+        info = get_worker_info()
+        assert info is not None
         chunk = Chunk(info.id, [self._convert(record) for record in records], positions, numpy_as_torch=self._as_torch)
         self._metered(sum(r.num_rows for r in records), len(records), entered, read)
         return chunk
@@ -177,6 +219,9 @@ class MixIterator:
         self._left_at = done
 
     def state(self) -> MixWorkerState:
-        if self._stream is not None:
-            return self._stream.state()
-        return self._pending or self._mixture.start_state(self._mixture._slot())
+        if self._stream is None:
+            return self._pending or self._mixture.start_state(self._mixture._slot())
+        if self._ready:   # batches of a span are still to be handed out: the state after the last one handed
+            assert self._position is not None
+            return self._stream.state(self._position)
+        return self._stream.state()

@@ -9,6 +9,7 @@ the shuffle buffer is on. :class:`MixWorkerState` is where it stands: a small JS
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import logging
@@ -16,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 
 from ._cursor import Cursor
@@ -64,6 +66,18 @@ class SourceEpoch:
 
 
 @dataclass(frozen=True)
+class MixPosition:
+    """A mixture worker's place after one batch, compact (it travels with every batch of a chunk): its
+    counters and its cursor in each source, in source order."""
+
+    rows: int
+    batches: int
+    rows_dropped: int
+    complete: bool
+    cursors: tuple[SourceCursor, ...]
+
+
+@dataclass(frozen=True)
 class MixWorkerState:
     """A mixture worker's position in its epoch; see docs/mixing.md."""
 
@@ -82,6 +96,13 @@ class MixWorkerState:
     cursors: dict[str, SourceCursor]    # this slot's place in each source's rows
     data: dict[str, dict[str, Any]]     # each source's data identity
     elastic: dict[str, Any] | None = None   # an epoch re-planned from another topology: the old cursors
+
+    def at(self, position: MixPosition, names: Sequence[str]) -> MixWorkerState:
+        """This state, moved to ``position`` (the cursors of sources ``names``, in order)."""
+        cursors = {**self.cursors, **dict(zip(names, position.cursors, strict=True))}
+        return dataclasses.replace(self, rows=position.rows, batches=position.batches,
+                                   rows_dropped=position.rows_dropped, epoch_complete=position.complete,
+                                   cursors=cursors)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": MIX_WORKER_KIND, "version": MIX_STATE_VERSION, "epoch": self.epoch,
@@ -186,6 +207,13 @@ class SourceRows:
 
     def take(self, num_rows: int) -> pa.RecordBatch | None:
         """Exactly ``num_rows`` next rows (``None`` for none); ``FileChangedError`` if the source has fewer."""
+        pieces = self.take_pieces(num_rows)
+        if not pieces:
+            return None
+        return pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces)
+
+    def take_pieces(self, num_rows: int) -> list[pa.RecordBatch]:
+        """:meth:`take`'s rows as the pieces they were read in (no copy)."""
         pieces: list[pa.RecordBatch] = []
         left = num_rows
         while left:
@@ -208,9 +236,7 @@ class SourceRows:
             pieces.append(queue.take(rows))
             left -= rows
             self.taken += rows
-        if not pieces:
-            return None
-        return pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces)
+        return pieces
 
     def cursor(self) -> SourceCursor:
         return SourceCursor(self._part, self._start if self._queue is None else self._queue.cursor, self.taken)
@@ -275,34 +301,74 @@ class MixStream:
     def __iter__(self) -> MixStream:
         return self
 
-    def __next__(self) -> pa.RecordBatch:
+    @property
+    def batch_size(self) -> int:
+        return self._batch_size
+
+    def _next_parts(self) -> list[pa.RecordBatch] | None:
+        """The next batch as its sources' pieces (cast, in source order), or None: the epoch is over."""
         if self.complete:
-            raise StopIteration
+            return None
         left = self._total - self.rows
         if (self._max_batches is not None and self.batches >= self._max_batches) or left == 0 \
                 or (self._drop_last and left < self._batch_size):
             self._finish()
-            raise StopIteration
+            return None
         rows = min(self._batch_size, left)
         taken = [source.taken for source in self._sources]
         after = shares_after(taken, self._quotas, self.rows + rows)
         self.last_counts = [now - before for before, now in zip(taken, after, strict=True)]
         parts = []
         for source, before, now in zip(self._sources, taken, after, strict=True):
-            part = source.take(now - before)
-            if part is not None:
-                parts.append(self._cast(source.name, part))
-        batch = parts[0] if len(parts) == 1 else pa.concat_batches(parts)
-        if self._mix_rows:
-            batch = batch.take(batch_permutation(batch.num_rows, self._seed, self._slot.epoch, self._slot.index,
-                                                 self._slot.num_slots, self.batches))
+            parts += [self._cast(source.name, piece) for piece in source.take_pieces(now - before)]
         self.rows += rows
         self.batches += 1
-        return batch
+        return parts
 
-    def state(self) -> MixWorkerState:
-        start = self._start
-        cursors = {s.name: s.cursor() for s in self._sources}
-        return MixWorkerState(start.epoch, start.rank, start.world_size, start.worker_id, start.num_workers,
-                              self.rows, self.batches, self.rows_dropped, self.complete, start.options,
-                              start.history, start.epochs, {**start.cursors, **cursors}, start.data, start.elastic)
+    def _mixed(self, batch: pa.RecordBatch, number: int) -> pa.RecordBatch:
+        return batch.take(batch_permutation(batch.num_rows, self._seed, self._slot.epoch, self._slot.index,
+                                            self._slot.num_slots, number))
+
+    def __next__(self) -> pa.RecordBatch:
+        parts = self._next_parts()
+        if parts is None:
+            raise StopIteration
+        batch = parts[0] if len(parts) == 1 else pa.concat_batches(parts)
+        return self._mixed(batch, self.batches - 1) if self._mix_rows else batch
+
+    def next_span(self, max_batches: int) -> tuple[pa.RecordBatch, list[int], list[MixPosition], list[int]]:
+        """Up to ``max_batches`` next batches as one record batch (one concatenation), with each batch's
+        rows, the position after each, and the rows of each source among them; the batches are those
+        ``next()`` would give."""
+        parts: list[pa.RecordBatch] = []
+        sizes: list[int] = []
+        positions: list[MixPosition] = []
+        counts = [0] * len(self._sources)
+        first = self.batches
+        while len(sizes) < max_batches:
+            batch = self._next_parts()
+            if batch is None:
+                break
+            parts += batch
+            sizes.append(sum(part.num_rows for part in batch))
+            positions.append(self.position())
+            counts = [c + n for c, n in zip(counts, self.last_counts, strict=True)]
+        if not sizes:
+            raise StopIteration
+        span = parts[0] if len(parts) == 1 else pa.concat_batches(parts)
+        if self._mix_rows:   # each batch's rows mixed inside it, as next() mixes them
+            offsets = np.cumsum([0, *sizes])
+            order = np.concatenate([offsets[j] + batch_permutation(size, self._seed, self._slot.epoch, self._slot.index,
+                                                                   self._slot.num_slots, first + j)
+                                    for j, size in enumerate(sizes)])
+            span = span.take(order)
+        return span, sizes, positions, counts
+
+    def position(self) -> MixPosition:
+        """Where the stream stands: after the last batch it gave."""
+        return MixPosition(self.rows, self.batches, self.rows_dropped, self.complete,
+                           tuple(source.cursor() for source in self._sources))
+
+    def state(self, position: MixPosition | None = None) -> MixWorkerState:
+        """The worker's state where it stands now, or at ``position`` (one of :meth:`position`'s)."""
+        return self._start.at(position or self.position(), [source.name for source in self._sources])

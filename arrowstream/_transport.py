@@ -67,6 +67,15 @@ def _packable(value: Any, numpy_as_torch: bool) -> tuple[np.ndarray, str] | None
     return None
 
 
+ROWS_PER_TRANSFER = 16384  # default message size: ~0.2 ms of loader overhead spread over this many rows
+MAX_BATCHES_PER_TRANSFER = 16
+
+
+def default_batches_per_transfer(batch_size: int) -> int:
+    """Batches per message so that one carries about ``ROWS_PER_TRANSFER`` rows (1 to 16)."""
+    return max(1, min(MAX_BATCHES_PER_TRANSFER, ROWS_PER_TRANSFER // batch_size))
+
+
 class Chunk:
     """Consecutive batches of one worker, packed for one trip through the loader's queue.
 

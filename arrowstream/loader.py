@@ -53,16 +53,9 @@ from ._torchdata_state import (
     steps_since_snapshot,
     worker_states,
 )
+from ._transport import MAX_BATCHES_PER_TRANSFER, ROWS_PER_TRANSFER, default_batches_per_transfer  # noqa: F401 (re-exported)
 from ._watchdog import guard_reads, name_dead_workers
 from .errors import ArgumentTypeError, InvalidArgumentError, StateError, StateMismatchError
-
-ROWS_PER_TRANSFER = 16384  # default message size: ~0.2 ms of loader overhead spread over this many rows
-MAX_BATCHES_PER_TRANSFER = 16
-
-
-def default_batches_per_transfer(batch_size: int) -> int:
-    """Batches per message so that one carries about ``ROWS_PER_TRANSFER`` rows (1 to 16)."""
-    return max(1, min(MAX_BATCHES_PER_TRANSFER, ROWS_PER_TRANSFER // batch_size))
 
 
 class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]

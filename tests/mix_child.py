@@ -31,6 +31,29 @@ def record(batch: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer
     return [list(batch["src"]), [int(i) for i in batch["id"]]]
 
 
+def elastic(spec: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """``save``: the whole epoch 1 of this rank, then a new run stopped after ``stop`` batches of it, and
+    the merged checkpoint (rank 0 writes it); ``resume``: another world size loads it and reads the rest."""
+    loader, mixture = build(spec)
+    mixture.set_epoch(1)
+    if spec["mode"] == "save":
+        whole = [record(b, model, optimizer) for b in loader]
+        loader, mixture = build(spec)
+        mixture.set_epoch(1)
+        it = iter(loader)
+        before = [record(next(it), model, optimizer) for _ in range(spec["stop"])]
+        merged = arrowstream.gather_state_dict(loader)
+        if dist.get_rank() == 0:
+            with open(spec["checkpoint"], "w") as f:
+                json.dump(merged, f)
+        dist.barrier()
+        return {"whole": whole, "before": before}
+    with open(spec["checkpoint"]) as f:
+        loader.load_state_dict(json.load(f))
+    rest = [record(b, model, optimizer) for b in loader]
+    return {"rest": rest, "len": len(loader)}
+
+
 def main() -> None:
     with open(sys.argv[1]) as f:
         spec = json.load(f)
@@ -39,6 +62,12 @@ def main() -> None:
     rank = dist.get_rank()
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    if spec.get("mode") in ("save", "resume"):
+        result = elastic(spec, model, optimizer)
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(result, f)
+        dist.destroy_process_group()
+        return
     loader, mixture = build(spec)
     result: dict = {"len": len(loader), "slot_quotas": mixture.slot_quotas(spec["options"]["num_workers"]),
                     "quotas": mixture.quotas(), "epochs": {}}

@@ -37,3 +37,21 @@ def test_a_mixture_over_three_ranks_keeps_quotas_equal_batches_and_exact_resume(
                     assert abs(names.count(name) - len(names) * quota / total) < 1 + 1e-9
     for result in per_rank:
         assert result["resumed"] == result["epochs"]["1"][3:]
+
+
+def test_a_mixture_checkpoint_of_two_ranks_resumes_mid_epoch_on_three(tmp_path):
+    sources = {"big": write_source(tmp_path / "big", BASES["big"], 1000),
+               "small": write_source(tmp_path / "small", BASES["small"], 10, files=1),
+               "mid": write_source(tmp_path / "mid", BASES["mid"], 300)}
+    options = {"batch_size": 16, "num_workers": 2, "shuffle": True, "shuffle_buffer_size": 32, "interleave": 2,
+               "source_column": "src", "plan_cache": False}
+    spec = {"sources": sources, "weights": {"big": 0.6, "small": 0.1, "mid": 0.3}, "epoch_rows": 600, "stop": 4,
+            "options": options, "checkpoint": str(tmp_path / "merged.json")}
+    saved = torchrun(2, {**spec, "mode": "save"}, tmp_path, script="mix_child.py")
+    resumed = torchrun(3, {**spec, "mode": "resume"}, tmp_path, script="mix_child.py")
+    whole = Counter((s, i) for r in saved for names, ids in r["whole"] for s, i in zip(names, ids, strict=True))
+    before = Counter((s, i) for r in saved for names, ids in r["before"] for s, i in zip(names, ids, strict=True))
+    rest = Counter((s, i) for r in resumed for names, ids in r["rest"] for s, i in zip(names, ids, strict=True))
+    assert {len(r["rest"]) for r in resumed} == {resumed[0]["len"]}   # equal batches on every rank (DDP ran)
+    assert not (before + rest) - whole   # no row more often than in the uninterrupted epoch
+    assert sum((whole - (before + rest)).values()) < 6 * 16   # at most even_batches' trim of the new slots
