@@ -11,6 +11,7 @@ after it, so that the loader can stand between two batches of a chunk.
 
 from __future__ import annotations
 
+import gc
 from collections import deque
 from collections.abc import Callable
 from time import perf_counter
@@ -41,6 +42,7 @@ class MixSide:
         self.transport = Transport()
         self.sources_board: torch.Tensor | None = None
         self._meter: Meter | None = None
+        self.frozen = False   # this worker froze the heap it inherited
 
     def use_transport(self, transport: Transport, sources_board: torch.Tensor) -> None:
         """The loader's one call, before its workers start."""
@@ -65,7 +67,7 @@ class MixSide:
         return self.sources_board[0 if info is None else info.id].numpy()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_meter": None}
+        return {**self.__dict__, "_meter": None, "frozen": False}
 
 
 def open_stream(mixture: Mixture, pending: MixWorkerState | None) -> MixStream:
@@ -86,14 +88,23 @@ def open_stream(mixture: Mixture, pending: MixWorkerState | None) -> MixStream:
                          max_batches=None, mix_rows=False, seed=0, slot=slot, start=start)
     meter = mixture._side.meter()
     in_worker = get_worker_info() is not None
+    if in_worker and not mixture._side.frozen:
+        # the heap inherited from the trainer (torch, pyarrow, ...) never becomes garbage here; freezing it
+        # keeps the collector from walking it for every batch of Python objects (as a dataset's workers do)
+        gc.freeze()
+        mixture._side.frozen = True
     parts = mixture._epochs.parts(mixture._history, slot)
+    quotas = {name: sum(part.rows for part in parts[name]) for name in parts}
+    total = max(sum(quotas.values()), 1)
     sources = []
     for s in mixture._sources:
         check = make_value_check(options.output_format, s.plan.schema, mixture._fill_nulls)
         prefetcher = s.storage.prefetcher   # object stores: each segment's next splits fetched ahead
         read_ahead = None if prefetcher is None else ReadAhead(s.plan, prefetcher, s.storage.read_ahead)
-        readers = [SplitReader(s.plan, s.storage, max(options.batch_size, READ_BATCH_ROWS), use_threads=not in_worker,
-                               read_ahead=read_ahead, meter=meter, check=check) for _ in range(options.interleave)]
+        # each source decodes its share of a dataset's read at a time: the first batch waits for one read's worth
+        read_rows = max(options.batch_size, -(-READ_BATCH_ROWS * quotas[s.name] // total))
+        readers = [SplitReader(s.plan, s.storage, read_rows, use_threads=not in_worker, read_ahead=read_ahead,
+                               meter=meter, check=check) for _ in range(options.interleave)]
         sources.append(SourceRows(s.name, readers, parts[s.name], batch_size=options.batch_size,
                                   interleave=options.interleave, buffer_rows=options.shuffle_buffer_size,
                                   start=start.cursors[s.name], url=str(s.source.arguments().get("path", s.name)),

@@ -15,7 +15,7 @@ import itertools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -65,16 +65,15 @@ class SourceEpoch:
     quota: int
 
 
-@dataclass(frozen=True)
-class MixPosition:
-    """A mixture worker's place after one batch, compact (it travels with every batch of a chunk): its
-    counters and its cursor in each source, in source order."""
+class MixPosition(NamedTuple):
+    """A mixture worker's place after one batch, compact (it travels with every batch of a chunk, so plain
+    tuples that pickle fast): its counters and, per source in order, ``(part, cursor fields or None, taken)``."""
 
     rows: int
     batches: int
     rows_dropped: int
     complete: bool
-    cursors: tuple[SourceCursor, ...]
+    cursors: tuple[tuple[int, tuple[Any, ...] | None, int], ...]
 
 
 @dataclass(frozen=True)
@@ -99,7 +98,9 @@ class MixWorkerState:
 
     def at(self, position: MixPosition, names: Sequence[str]) -> MixWorkerState:
         """This state, moved to ``position`` (the cursors of sources ``names``, in order)."""
-        cursors = {**self.cursors, **dict(zip(names, position.cursors, strict=True))}
+        moved = [SourceCursor(part, None if fields is None else Cursor(*fields), taken)
+                 for part, fields, taken in position.cursors]
+        cursors = {**self.cursors, **dict(zip(names, moved, strict=True))}
         return dataclasses.replace(self, rows=position.rows, batches=position.batches,
                                    rows_dropped=position.rows_dropped, epoch_complete=position.complete,
                                    cursors=cursors)
@@ -241,6 +242,15 @@ class SourceRows:
     def cursor(self) -> SourceCursor:
         return SourceCursor(self._part, self._start if self._queue is None else self._queue.cursor, self.taken)
 
+    def compact_cursor(self) -> tuple[int, tuple[Any, ...] | None, int]:
+        """:meth:`cursor` as plain tuples (see :class:`MixPosition`)."""
+        cursor = self._start if self._queue is None else self._queue.cursor
+        if cursor is None:
+            return self._part, None, self.taken
+        return self._part, (cursor.lanes, cursor.next_split_index, cursor.turn_index, cursor.block_offset,
+                            cursor.window_index, cursor.window_offset, cursor.replay_index,
+                            cursor.replay_offset), self.taken
+
 
 @dataclass(frozen=True)
 class MixSlot:
@@ -367,7 +377,7 @@ class MixStream:
     def position(self) -> MixPosition:
         """Where the stream stands: after the last batch it gave."""
         return MixPosition(self.rows, self.batches, self.rows_dropped, self.complete,
-                           tuple(source.cursor() for source in self._sources))
+                           tuple(source.compact_cursor() for source in self._sources))
 
     def state(self, position: MixPosition | None = None) -> MixWorkerState:
         """The worker's state where it stands now, or at ``position`` (one of :meth:`position`'s)."""
