@@ -17,8 +17,9 @@ from ._fields import REMEDY, Fields, shorten
 from ._loader_options import check_loader_options
 from ._metrics import FIELDS, Board, Meter, flatten, summarize
 from ._mix_elastic import MixElastic
+from ._mix_reading import COMPACT
 from ._mix_resume import adopt_replanned, check_worker_state, follow
-from ._mix_stream import MixSlot, MixWorkerState, SourceCursor
+from ._mix_stream import MixPosition, MixSlot, MixWorkerState, SourceCursor
 from ._options import check_int
 from ._runtime import Transport
 from ._shm import share
@@ -178,6 +179,7 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
     def _get_iterator(self) -> Any:
         loaded: dict[str, Any] | None = self.next_iter_state  # type: ignore[has-type]
         if loaded is not None and self.num_workers > 0:
+            loaded = self.next_iter_state = self._expanded(loaded)   # compact states, if torchdata kept its own
             states = [None if s is None else MixWorkerState.from_dict(s) for s in worker_states(loaded)]
             if all(s is not None and s.epoch_complete and s.epoch < self.dataset.epoch for s in states) \
                     and not steps_since_snapshot(loaded):
@@ -191,7 +193,7 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
         from . import __version__
 
         mixture = self.dataset
-        inner = super().state_dict()
+        inner = self._expanded(super().state_dict())
         batches = self._batch_iterator
         if batches is not None and batches.inside_chunk:   # torchdata stands after the whole chunk: step back
             assert batches.chunk is not None
@@ -204,6 +206,22 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
         return {"kind": MIX_LOADER_KIND, "version": MIX_LOADER_VERSION, "arrowstream_version": __version__,
                 "rank": mixture.rank, "world_size": mixture.world_size, "num_workers": self.num_workers,
                 "batches_per_transfer": self.batches_per_transfer, "dataloader": inner}
+
+    def _expanded(self, inner: dict[str, Any]) -> dict[str, Any]:
+        """torchdata's state with each worker's compact state (see ``Mixture.state_dict``) made whole."""
+        mixture = self.dataset
+        compact = [(index, state[COMPACT]) for index, state in enumerate(worker_states(inner))
+                   if isinstance(state, dict) and COMPACT in state]
+        if not compact:
+            return inner
+        inner = copy.deepcopy(inner)
+        for worker_id, (epoch, rows, batches, dropped, complete, cursors) in compact:
+            position = MixPosition(rows, batches, dropped, complete, tuple(
+                (part, None if fields is None else (tuple(tuple(lane) for lane in fields[0]), *fields[1:]), taken)
+                for part, fields, taken in cursors))
+            slot = MixSlot(epoch, mixture.rank, mixture.world_size, worker_id, self.num_workers)
+            set_worker_state(inner, worker_id, mixture.start_state(slot).at(position, mixture.names).to_dict())
+        return inner
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`; the next batch is the one after the saved one. At an epoch

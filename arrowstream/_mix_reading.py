@@ -35,6 +35,10 @@ if TYPE_CHECKING:
     from .mixture import Mixture
 
 
+COMPACT = "arrowstream.mixture_position"
+"""The key of a worker's compact state inside a MixtureDataLoader (see ``Mixture.state_dict``)."""
+
+
 class MixSide:
     """The loader's transport and per-source board, and this process's meter (built on first read)."""
 
@@ -228,6 +232,14 @@ class MixIterator:
         self._mixture._side.meter().batch(rows, batches, read - entered, done - read,
                                           entered - self._left_at if self._left_at else 0.0, done)
         self._left_at = done
+
+    def position(self) -> tuple[int, MixPosition | None]:
+        """The epoch and where this iterator stands (None: at the state it started from)."""
+        if self._stream is None:
+            return self._mixture.epoch, None
+        if self._ready:
+            return self._stream.epoch, self._position
+        return self._stream.epoch, self._stream.position()
 
     def state(self) -> MixWorkerState:
         if self._stream is None:

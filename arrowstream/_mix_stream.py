@@ -315,6 +315,10 @@ class MixStream:
     def batch_size(self) -> int:
         return self._batch_size
 
+    @property
+    def epoch(self) -> int:
+        return self._slot.epoch
+
     def _next_parts(self) -> list[pa.RecordBatch] | None:
         """The next batch as its sources' pieces (cast, in source order), or None: the epoch is over."""
         if self.complete:

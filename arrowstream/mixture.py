@@ -23,7 +23,7 @@ from ._iceberg_source import IcebergTableSource
 from ._iceberg_table import load_table, open_source
 from ._mix_layout import MixEpochs, SourcePlan
 from ._mix_plan import positions, quotas, quotas_at
-from ._mix_reading import MixIterator, MixSide
+from ._mix_reading import COMPACT, MixIterator, MixSide
 from ._mix_schema import unify
 from ._mix_stream import MixSlot, MixWorkerState, SourceCursor, SourceEpoch
 from ._options import Options, check_bool, check_even_batches, check_int, check_storage_arguments, validate_options
@@ -370,6 +370,12 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
     def state_dict(self) -> dict[str, Any]:
         """This worker's position: a small JSON dict (see docs/mixing.md)."""
         if self._active is not None:
+            if self._side.transport.send_chunks and get_worker_info() is not None:
+                # in a MixtureDataLoader's worker: torchdata takes this after every chunk and diffs it key by
+                # key; the loader makes the whole state of it (MixtureDataLoader.state_dict)
+                epoch, position = self._active.position()
+                if position is not None:
+                    return {COMPACT: [epoch, *position]}
             return self._active.state().to_dict()
         if self._pending is not None:
             return self._pending.to_dict()
