@@ -93,7 +93,22 @@ def _read_checkpoint(fields: Fields) -> list[dict[str, Any]]:
 
 class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
     """The ``StatefulDataLoader`` of a :class:`~arrowstream.Mixture` (see ``Mixture.create_dataloader``):
-    ``len`` from metadata, and a state that is checked, field by field, before it is loaded."""
+    ``len`` from metadata, and a state that is checked, field by field, before it is loaded.
+
+    Args:
+        batches_per_transfer: With workers, how many consecutive batches of one worker travel in one
+            message, as for :class:`~arrowstream.ArrowStreamDataLoader` (by default about 16,384 rows'
+            worth); it shapes the order of batches, so a resumed loader takes its checkpoint's.
+
+    Example:
+        >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
+        >>> a = tempfile.mkdtemp()
+        >>> pq.write_table(pa.table({"x": list(range(10))}), os.path.join(a, "a.parquet"))
+        >>> mixture = arrowstream.Mixture({"a": arrowstream.Source(a)}, batch_size=4)
+        >>> loader = arrowstream.MixtureDataLoader(mixture)
+        >>> len(loader), [len(batch["x"]) for batch in loader]
+        (3, [4, 4, 2])
+    """
 
     def __init__(self, mixture: Mixture, batches_per_transfer: int | None = None, **kwargs: Any) -> None:
         from .mixture import Mixture
@@ -364,7 +379,8 @@ def _finished(inner: dict[str, Any], states: list[MixWorkerState | None], mixtur
     return done
 
 
-_LOADER_PARAMS = set(inspect.signature(StatefulDataLoader.__init__).parameters) - {"self", "dataset"}
+_LOADER_PARAMS = (set(inspect.signature(StatefulDataLoader.__init__).parameters) - {"self", "dataset"}) | {
+    "batches_per_transfer"}
 
 
 def build_mixture_loader(mixture_cls: type, mixture_args: dict[str, Any], *, num_workers: int,

@@ -558,3 +558,21 @@ def test_ranks_change_mid_epoch_through_a_merged_checkpoint(three):
     assert len({n for n, _ in lengths}) == 1 and all(n == m for n, m in lengths)   # equal batches, len() exact
     lost = whole - (before + after)
     assert not (before + after) - whole and sum(lost.values()) < 6 * 32   # only even_batches' trim, never a repeat
+
+
+def test_batches_per_transfer_is_a_loader_keyword_and_a_resume_takes_the_checkpoints(three):
+    loader, mixture = loader_of(three, 2, shuffle=True, batches_per_transfer=3)
+    assert loader.batches_per_transfer == 3
+    mixture.set_epoch(0)
+    it = iter(loader)
+    for _ in range(4):   # inside the second chunk of worker 1
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert state["batches_per_transfer"] == 3
+    rest = [b["id"].tolist() for b in it]
+    fresh, _ = loader_of(three, 2, shuffle=True)   # the default would send 16 at a time
+    fresh.load_state_dict(state)
+    assert fresh.batches_per_transfer == 3
+    assert [b["id"].tolist() for b in fresh] == rest
+    with pytest.raises(errors.InvalidArgumentError, match="batches_per_transfer"):
+        loader_of(three, 2, batches_per_transfer=0)
