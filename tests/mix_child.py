@@ -51,7 +51,11 @@ def elastic(spec: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer
     with open(spec["checkpoint"]) as f:
         loader.load_state_dict(json.load(f))
     rest = [record(b, model, optimizer) for b in loader]
-    return {"rest": rest, "len": len(loader)}
+    result = {"rest": rest, "len": len(loader)}
+    mixture.set_epoch(2)   # a whole epoch of this topology after the re-planned one
+    result.update(epoch2=[record(b, model, optimizer) for b in loader], len2=len(loader), quotas=mixture.quotas(),
+                  slot_quotas=mixture.slot_quotas(spec["options"]["num_workers"], 2))
+    return result
 
 
 def main() -> None:

@@ -9,36 +9,6 @@ from test_distributed import torchrun
 from test_mixing import BASES, source_of, write_source
 
 
-def test_a_mixture_over_three_ranks_keeps_quotas_equal_batches_and_exact_resume(tmp_path):
-    sources = {"big": write_source(tmp_path / "big", BASES["big"], 1000),
-               "small": write_source(tmp_path / "small", BASES["small"], 10, files=1),
-               "mid": write_source(tmp_path / "mid", BASES["mid"], 300)}
-    spec = {"sources": sources, "weights": {"big": 0.6, "small": 0.1, "mid": 0.3}, "epoch_rows": 600, "stop": 3,
-            "options": {"batch_size": 16, "num_workers": 2, "shuffle": True, "shuffle_buffer_size": 32,
-                        "source_column": "src", "plan_cache": False}}
-    per_rank = torchrun(3, spec, tmp_path, script="mix_child.py")
-    quotas = per_rank[0]["quotas"]
-    assert quotas == {"big": 360, "small": 60, "mid": 180}
-    slot_quotas = per_rank[0]["slot_quotas"]
-    for epoch in ("0", "1"):
-        lengths = {len(r["epochs"][epoch]) for r in per_rank}
-        assert lengths == {per_rank[0]["len"]}   # every rank the same number of batches, as len() said
-        counts = Counter(s for r in per_rank for names, _ in r["epochs"][epoch] for s in names)
-        assert all(counts[name] <= quota for name, quota in quotas.items())
-        assert sum(quotas.values()) - sum(counts.values()) < 6 * 16   # even_batches trims under a batch a slot
-        large = [i for r in per_rank for _, ids in r["epochs"][epoch] for i in ids if source_of(i) != "small"]
-        assert len(large) == len(set(large))
-        for rank, result in enumerate(per_rank):
-            for index, (names, ids) in enumerate(result["epochs"][epoch]):
-                assert [source_of(i) for i in ids] == names
-                share = slot_quotas[rank * 2 + index % 2]
-                total = sum(share.values())
-                for name, quota in share.items():
-                    assert abs(names.count(name) - len(names) * quota / total) < 1 + 1e-9
-    for result in per_rank:
-        assert result["resumed"] == result["epochs"]["1"][3:]
-
-
 def test_a_mixture_checkpoint_of_two_ranks_resumes_mid_epoch_on_three(tmp_path):
     sources = {"big": write_source(tmp_path / "big", BASES["big"], 1000),
                "small": write_source(tmp_path / "small", BASES["small"], 10, files=1),
@@ -55,3 +25,18 @@ def test_a_mixture_checkpoint_of_two_ranks_resumes_mid_epoch_on_three(tmp_path):
     assert {len(r["rest"]) for r in resumed} == {resumed[0]["len"]}   # equal batches on every rank (DDP ran)
     assert not (before + rest) - whole   # no row more often than in the uninterrupted epoch
     assert sum((whole - (before + rest)).values()) < 6 * 16   # at most even_batches' trim of the new slots
+    # epoch 2, whole on 3 ranks: the quotas split over the ranks, equal batches, each batch its shares
+    quotas, slot_quotas = resumed[0]["quotas"], resumed[0]["slot_quotas"]
+    assert quotas == {"big": 360, "small": 60, "mid": 180}
+    assert {len(r["epoch2"]) for r in resumed} == {resumed[0]["len2"]}
+    counts = Counter(s for r in resumed for names, _ in r["epoch2"] for s in names)
+    assert all(counts[name] <= quota for name, quota in quotas.items())
+    assert sum(quotas.values()) - sum(counts.values()) < 6 * 16
+    mid = [i for r in resumed for _, ids in r["epoch2"] for i in ids if source_of(i) == "mid"]
+    assert len(mid) == len(set(mid))   # mid's rows 360..540 of its passes: inside its second pass, each once
+    for rank, result in enumerate(resumed):
+        for index, (names, ids) in enumerate(result["epoch2"]):
+            assert [source_of(i) for i in ids] == names
+            share = slot_quotas[rank * 2 + (index // 16) % 2]   # 16 batches per message, workers in turn
+            total = sum(share.values())
+            assert all(abs(names.count(n) - len(names) * q / total) < 1 + 1e-9 for n, q in share.items())
