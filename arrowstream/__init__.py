@@ -13,6 +13,7 @@ from ._checkpoint import gather_state_dict, merge_state_dicts
 from ._iceberg_table import default_catalog_config as iceberg_catalog_config
 from ._metrics import gather_metrics
 from ._mix_loader import MixtureDataLoader
+from ._mix_sources import IcebergSource, Source
 from ._retry import RetryPolicy
 from .dataset import StructuredDataset
 from .errors import (
@@ -39,7 +40,7 @@ from .errors import (
 )
 from .iceberg import IcebergDataset
 from .loader import ArrowStreamDataLoader
-from .mixture import IcebergSource, Mixture, Source
+from .mixture import Mixture
 
 __version__ = "0.1.0"
 

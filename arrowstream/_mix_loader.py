@@ -279,7 +279,10 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
                              f"{self.num_workers}; {REMEDY}")
         states = [None if s is None else MixWorkerState.from_dict(s, f"worker {i}'s mixture state")
                   for i, s in enumerate(raw)]
-        adopt_replanned(mixture, [s for s in states if s is not None])
+        present = [s for s in states if s is not None]
+        if present:   # an Iceberg table moved on since the checkpoint: read its snapshot (before any check)
+            mixture._follow_sources(present[0].data)
+        adopt_replanned(mixture, present)
         for worker_id, state in enumerate(states):
             if state is not None:
                 check_worker_state(mixture, state, MixSlot(state.epoch, mixture.rank, mixture.world_size, worker_id,
@@ -322,6 +325,7 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
             states += [s for s in ranks if s is not None]
         if not states:
             raise StateError(f"the checkpoint holds no worker state; {REMEDY}")
+        mixture._follow_sources(states[0].data)   # an Iceberg table moved on since the checkpoint: its snapshot
         if all(s is not None and s.epoch_complete for s, _ in old):
             epoch = follow(mixture, states)
             mixture._finished_epoch = epoch

@@ -42,6 +42,7 @@ def follow(mixture: Mixture, saved: list[MixWorkerState]) -> int:
             raise StateError(f"the checkpoint's source {name!r} starts mixture epoch {epoch} at row {e.start} of its "
                              f"passes with quota {e.quota}, but its history {first.history} gives "
                              f"{starts.get(name, 0)} and {in_effect.get(name, 0)}; {REMEDY}")
+    mixture._follow_sources(first.data)   # an Iceberg table moved on since: its checkpoint's snapshot
     current_data = {s.name: s.data for s in mixture._sources}
     for name, data in first.data.items():
         if name in current_data and current_data[name] != data:

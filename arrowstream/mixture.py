@@ -6,104 +6,31 @@ the mixture between epochs.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from . import _source
-from ._collective import collective_world_size, plan_arguments, plan_together
+from ._collective import collective_world_size
 from ._convert import check_output_columns, resolve_fill_nulls
-from ._credentials import as_provider
-from ._iceberg_source import IcebergTableSource
-from ._iceberg_table import load_table, open_source
 from ._mix_layout import MixEpochs, SourcePlan
 from ._mix_plan import positions, quotas, quotas_at
 from ._mix_reading import COMPACT, MixIterator, MixSide
 from ._mix_schema import unify
+from ._mix_sources import IcebergSource, Planned, Source, check_weights, followed_source, plan_source
 from ._mix_stream import MixSlot, MixWorkerState, SourceCursor, SourceEpoch
-from ._options import Options, check_bool, check_even_batches, check_int, check_storage_arguments, validate_options
+from ._options import check_bool, check_even_batches, check_int, validate_options
 from ._order import even_batch_limits, natural_batches
 from ._plan_cache import check_plan_cache
-from ._planning import Plan
 from ._retry import RetryPolicy, check_retry
 from ._shm import guard_feeder, share
-from ._storage import Storage
 from ._topology import resolve_topology
-from .errors import ArgumentTypeError, InvalidArgumentError, NotSupportedYetError
+from .errors import ArgumentTypeError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from ._mix_loader import MixtureDataLoader
-
-
-@dataclass(frozen=True)
-class Source:
-    """One source of a :class:`Mixture`: files of one format, with its own reading knobs (see
-    :class:`~arrowstream.StructuredDataset` for each).
-
-    Example:
-        >>> import arrowstream
-        >>> arrowstream.Source(path="data/code/", format="jsonl", columns=["text"]).format
-        'jsonl'
-    """
-
-    path: Any
-    format: str = "parquet"
-    columns: list[str] | None = None
-    filter: Any = None
-    parse_options: dict[str, Any] | None = None
-    storage_options: dict[str, Any] | None = None
-    credential_provider: Callable[[], dict[str, Any]] | None = None
-    split_bytes: int | None = None
-
-
-@dataclass(frozen=True)
-class IcebergSource:
-    """One Apache Iceberg table of a :class:`Mixture` (see :class:`~arrowstream.IcebergDataset`).
-
-    Example:
-        >>> import arrowstream
-        >>> arrowstream.IcebergSource(table="db.wiki", selected_fields=["text"]).table
-        'db.wiki'
-    """
-
-    table: str
-    catalog_config: dict[str, Any] | None = None
-    snapshot_id: int | None = None
-    selected_fields: Sequence[str] | None = None
-    row_filter: Any = None
-
-
-@dataclass
-class _Planned:
-    """A source of the mixture, planned."""
-
-    name: str
-    source: _source.Source
-    options: Options
-    storage: Storage
-    plan: Plan
-    data: dict[str, Any]
-
-
-def _check_weights(names: list[str], weights: Any) -> dict[str, float] | None:
-    if weights is None:
-        return None
-    if not isinstance(weights, Mapping):
-        raise ArgumentTypeError(f"weights: expected a dict of source name to weight, or None, got {type(weights).__name__}")
-    if sorted(weights) != sorted(names):
-        raise InvalidArgumentError(f"weights: names {sorted(map(str, weights))} differ from the sources {sorted(names)}; "
-                                   "give one weight per source")
-    for name, value in weights.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise InvalidArgumentError(f"weights: the weight of {name!r} is {value!r}; expected a finite number >= 0")
-    if sum(weights.values()) <= 0:
-        raise InvalidArgumentError("weights: every weight is 0; give at least one source a weight above 0")
-    return {name: float(weights[name]) for name in names}
 
 
 class Mixture(IterableDataset):  # type: ignore[type-arg]
@@ -155,7 +82,7 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
                 raise ArgumentTypeError(f"sources[{name!r}]: expected arrowstream.Source or arrowstream.IcebergSource, "
                                         f"got {type(spec).__name__}")
         names = list(sources)
-        self._weights = _check_weights(names, weights)
+        self._weights = check_weights(names, weights)
         if epoch_rows is not None and (isinstance(epoch_rows, bool) or not isinstance(epoch_rows, int) or epoch_rows < 1):
             raise InvalidArgumentError(f"epoch_rows: expected an int >= 1 or None, got {epoch_rows!r}")
         if source_column is not None and (not isinstance(source_column, str) or not source_column):
@@ -187,9 +114,7 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
                                            f"{self._quotas[s.name]} per epoch; give it weight 0 or leave it out")
         # the quotas in effect from each epoch on: a checkpoint loaded at an epoch boundary may change them
         self._history: list[tuple[int, dict[str, int]]] = [(0, dict(self._quotas))]
-        self._epochs = MixEpochs([SourcePlan(s.name, s.plan.splits, s.plan.num_rows) for s in self._sources],
-                                 shuffle=shuffle, seed=seed, batch_size=batch_size, interleave=interleave,
-                                 buffer_rows=shuffle_buffer_size)
+        self._epochs = self._layout()
         self._epoch_cell = share(torch.zeros(1, dtype=torch.int64), "Mixture: the epoch cell")
         self._finished_epoch = -1   # epochs up to it were finished by a checkpoint loaded with another topology
         self._pending: MixWorkerState | None = None
@@ -197,32 +122,26 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         self._side = MixSide()   # the loader's transport and metrics; this process's meter
 
     def _plan_source(self, name: str, spec: Source | IcebergSource, shared: dict[str, Any], plan_cache: Any,
-                     collective: bool) -> _Planned:
-        where = f"sources[{name!r}]"
-        if isinstance(spec, Source):
-            fmt = _source.check_file_format(spec.format)
-            check_storage_arguments(spec.storage_options, spec.credential_provider)
-            source: _source.Source = _source.FileSource(spec.path, fmt, spec.storage_options,
-                                                        as_provider(spec.credential_provider), plan_cache)
-            options = validate_options(format=fmt, columns=spec.columns, filter=spec.filter,
-                                       split_bytes=spec.split_bytes, parse_options=spec.parse_options, **shared)
-        else:
-            snapshot = open_source(load_table(spec.table, spec.catalog_config), spec.table, spec.snapshot_id,
-                                   spec.row_filter, spec.selected_fields)
-            source = IcebergTableSource(snapshot, pinned_by_user=spec.snapshot_id is not None, plan_cache=plan_cache)
-            columns = None if "*" in snapshot.selected_fields else list(snapshot.output_columns)
-            options = validate_options(format=source.format, columns=columns, filter=snapshot.arrow_filter,
-                                       split_bytes=None, **shared)
-        if options.drops_rows:
-            raise NotSupportedYetError(
-                f"{where}: a filter (filter=, row_filter= or parse_options bad_rows='skip') makes the rows a source "
-                "gives unknown before reading, and a mixture's quotas are counted from metadata; filter the data "
-                "beforehand, or filter in transform= (the quotas then count rows before it)")
-        arguments = {**plan_arguments(source.arguments(), options, self._even_batches, self._topology.world_size,
-                                      self._topology.group_size), "mixture_source": name}
-        storage, plan = plan_together(source, options, self._retry, arguments, collective=collective)
-        return _Planned(name, source, options, storage.reading(self._read_ahead_depth, options.interleave), plan,
-                        source.identity(plan).to_dict())
+                     collective: bool) -> Planned:
+        return plan_source(name, spec, shared, plan_cache, even_batches=self._even_batches, topology=self._topology,
+                           retry=self._retry, read_ahead=self._read_ahead_depth, collective=collective)
+
+    def _layout(self) -> MixEpochs:
+        o = self._options
+        return MixEpochs([SourcePlan(s.name, s.plan.splits, s.plan.num_rows) for s in self._sources], shuffle=o.shuffle,
+                         seed=o.seed, batch_size=o.batch_size, interleave=o.interleave, buffer_rows=o.shuffle_buffer_size)
+
+    def _follow_sources(self, saved: Mapping[str, Any]) -> None:
+        """Read what a checkpoint was taken on where a source has moved on since (an Iceberg table not pinned
+        here: the checkpoint's snapshot), planned again here; a source that cannot follow stays, and the
+        checkpoint's data check refuses it."""
+        followed = [followed_source(planned, saved.get(planned.name), self._retry, self._read_ahead_depth)
+                    for planned in self._sources]
+        if any(f is not None for f in followed):
+            self._sources = [f or planned for f, planned in zip(followed, self._sources, strict=True)]
+            self._schema = unify({s.name: s.plan.schema for s in self._sources}, self._source_column)
+            self._quotas = quotas({s.name: s.plan.num_rows for s in self._sources}, self._weights, self._epoch_rows)
+            self._epochs = self._layout()
 
     @classmethod
     def create_dataloader(cls, sources: Mapping[str, Source | IcebergSource], weights: Mapping[str, float] | None = None,
@@ -391,7 +310,7 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_pending": None, "_active": None,
-                "_sources": [_Planned(s.name, s.source.for_workers(), s.options, s.storage, s.plan, s.data)
+                "_sources": [Planned(s.name, s.source.for_workers(), s.options, s.storage, s.plan, s.data)
                              for s in self._sources]}
 
     def __repr__(self) -> str:

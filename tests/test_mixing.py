@@ -576,3 +576,34 @@ def test_batches_per_transfer_is_a_loader_keyword_and_a_resume_takes_the_checkpo
     assert [b["id"].tolist() for b in fresh] == rest
     with pytest.raises(errors.InvalidArgumentError, match="batches_per_transfer"):
         loader_of(three, 2, batches_per_transfer=0)
+
+
+def test_an_iceberg_source_that_moved_on_is_read_at_the_checkpoints_snapshot(tmp_path):
+    from iceberg_tables import make_catalog
+
+    from arrowstream import IcebergSource
+
+    catalog, config = make_catalog(str(tmp_path / "iceberg"))
+    data = pa.table({"id": pa.array(range(500_000, 500_300), pa.int64()), "x": pa.array([0.5] * 300, pa.float64())})
+    table = catalog.create_table("db.events", schema=data.schema)
+    table.append(data)
+    sources = {"files": Source(write_source(tmp_path / "files", 0, 200)),
+               "table": IcebergSource("db.events", catalog_config=config)}
+
+    def make():
+        return Mixture.create_dataloader(sources=sources, weights={"files": 1, "table": 1}, epoch_rows=200,
+                                         batch_size=20, num_workers=2, shuffle=True, plan_cache=False)
+
+    loader, mixture = make()
+    mixture.set_epoch(1)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    rest = [b["id"].tolist() for b in it]
+    table.append(pa.table({"id": pa.array(range(600_000, 600_100), pa.int64()), "x": pa.array([1.0] * 100)}))
+    fresh, fresh_mixture = make()
+    assert fresh_mixture.source_rows()["table"] == 400   # the latest snapshot
+    fresh.load_state_dict(state)
+    assert fresh_mixture.source_rows()["table"] == 300   # the checkpoint's
+    assert [b["id"].tolist() for b in fresh] == rest

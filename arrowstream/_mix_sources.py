@@ -1,0 +1,134 @@
+"""A mixture's sources: what a user names (:class:`Source`, :class:`IcebergSource`), planned through the
+source seam of a dataset (one plan and one storage each), and followed to a checkpoint's data."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import _source
+from ._collective import plan_arguments, plan_together
+from ._credentials import as_provider
+from ._fields import Fields
+from ._iceberg_source import IcebergTableSource
+from ._iceberg_table import load_table, open_source
+from ._options import Options, check_storage_arguments, validate_options
+from ._planning import Plan
+from ._retry import RetryPolicy
+from ._state import DataIdentity
+from ._storage import Storage
+from ._topology import Topology
+from .errors import ArgumentTypeError, InvalidArgumentError, NotSupportedYetError
+
+
+@dataclass(frozen=True)
+class Source:
+    """One source of a :class:`Mixture`: files of one format, with its own reading knobs (see
+    :class:`~arrowstream.StructuredDataset` for each).
+
+    Example:
+        >>> import arrowstream
+        >>> arrowstream.Source(path="data/code/", format="jsonl", columns=["text"]).format
+        'jsonl'
+    """
+
+    path: Any
+    format: str = "parquet"
+    columns: list[str] | None = None
+    filter: Any = None
+    parse_options: dict[str, Any] | None = None
+    storage_options: dict[str, Any] | None = None
+    credential_provider: Callable[[], dict[str, Any]] | None = None
+    split_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class IcebergSource:
+    """One Apache Iceberg table of a :class:`Mixture` (see :class:`~arrowstream.IcebergDataset`).
+
+    Example:
+        >>> import arrowstream
+        >>> arrowstream.IcebergSource(table="db.wiki", selected_fields=["text"]).table
+        'db.wiki'
+    """
+
+    table: str
+    catalog_config: dict[str, Any] | None = None
+    snapshot_id: int | None = None
+    selected_fields: Sequence[str] | None = None
+    row_filter: Any = None
+
+
+@dataclass
+class Planned:
+    """A source of the mixture, planned."""
+
+    name: str
+    source: _source.Source
+    options: Options
+    storage: Storage
+    plan: Plan
+    data: dict[str, Any]
+
+
+def check_weights(names: list[str], weights: Any) -> dict[str, float] | None:
+    if weights is None:
+        return None
+    if not isinstance(weights, Mapping):
+        raise ArgumentTypeError(f"weights: expected a dict of source name to weight, or None, got {type(weights).__name__}")
+    if sorted(weights) != sorted(names):
+        raise InvalidArgumentError(f"weights: names {sorted(map(str, weights))} differ from the sources {sorted(names)}; "
+                                   "give one weight per source")
+    for name, value in weights.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise InvalidArgumentError(f"weights: the weight of {name!r} is {value!r}; expected a finite number >= 0")
+    if sum(weights.values()) <= 0:
+        raise InvalidArgumentError("weights: every weight is 0; give at least one source a weight above 0")
+    return {name: float(weights[name]) for name in names}
+
+
+def plan_source(name: str, spec: Source | IcebergSource, shared: dict[str, Any], plan_cache: Any, *,
+                even_batches: bool, topology: Topology, retry: RetryPolicy, read_ahead: int,
+                collective: bool) -> Planned:
+    """Plan source ``name`` of a mixture (a collective under torch.distributed, as a dataset's)."""
+    where = f"sources[{name!r}]"
+    if isinstance(spec, Source):
+        fmt = _source.check_file_format(spec.format)
+        check_storage_arguments(spec.storage_options, spec.credential_provider)
+        source: _source.Source = _source.FileSource(spec.path, fmt, spec.storage_options,
+                                                    as_provider(spec.credential_provider), plan_cache)
+        options = validate_options(format=fmt, columns=spec.columns, filter=spec.filter,
+                                   split_bytes=spec.split_bytes, parse_options=spec.parse_options, **shared)
+    else:
+        snapshot = open_source(load_table(spec.table, spec.catalog_config), spec.table, spec.snapshot_id,
+                               spec.row_filter, spec.selected_fields)
+        source = IcebergTableSource(snapshot, pinned_by_user=spec.snapshot_id is not None, plan_cache=plan_cache)
+        columns = None if "*" in snapshot.selected_fields else list(snapshot.output_columns)
+        options = validate_options(format=source.format, columns=columns, filter=snapshot.arrow_filter,
+                                   split_bytes=None, **shared)
+    if options.drops_rows:
+        raise NotSupportedYetError(
+            f"{where}: a filter (filter=, row_filter= or parse_options bad_rows='skip') makes the rows a source "
+            "gives unknown before reading, and a mixture's quotas are counted from metadata; filter the data "
+            "beforehand, or filter in transform= (the quotas then count rows before it)")
+    arguments = {**plan_arguments(source.arguments(), options, even_batches, topology.world_size,
+                                  topology.group_size), "mixture_source": name}
+    storage, plan = plan_together(source, options, retry, arguments, collective=collective)
+    return Planned(name, source, options, storage.reading(read_ahead, options.interleave), plan,
+                   source.identity(plan).to_dict())
+
+def followed_source(planned: Planned, saved: Any, retry: RetryPolicy, read_ahead: int) -> Planned | None:
+    """``planned``, planned again on the data a checkpoint was taken on (``saved``: its data identity) when
+    the source can follow it (an Iceberg table not pinned here); None when it is that data or cannot follow."""
+    if not isinstance(saved, dict) or saved == planned.data:
+        return None
+    where = f"the checkpoint's data of source {planned.name!r}"
+    followed = planned.source.follow(DataIdentity.from_dict(Fields(saved, where)),
+                                     DataIdentity.from_dict(Fields(planned.data, where)))
+    if followed is None:
+        return None
+    storage, plan = followed.plan(planned.options, retry)
+    return Planned(planned.name, followed, planned.options, storage.reading(read_ahead, planned.options.interleave), plan,
+                   followed.identity(plan).to_dict())
