@@ -18,12 +18,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from ._cursor import Cursor
 from ._fields import REMEDY, Fields, shorten
 from ._interleave import PieceReader
 from ._mix_plan import batch_permutation, shares_after, window_seed
+from ._mix_span import in_batch_order, mixed
 from ._plan_types import Split
 from ._stream import RunQueue, open_runs
 from .errors import FileChangedError, StateError
@@ -348,9 +350,9 @@ class MixStream:
             plan.append((rows, taken))
         return plan, False
 
-    def _mixed(self, batch: pa.RecordBatch, number: int) -> pa.RecordBatch:
-        return batch.take(batch_permutation(batch.num_rows, self._seed, self._slot.epoch, self._slot.index,
-                                            self._slot.num_slots, number))
+    def _permutation(self, num_rows: int, number: int) -> npt.NDArray[np.int64]:
+        return batch_permutation(num_rows, self._seed, self._slot.epoch, self._slot.index, self._slot.num_slots,
+                                 number)
 
     def __next__(self) -> pa.RecordBatch:
         return self.next_span(1)[0]
@@ -381,7 +383,10 @@ class MixStream:
         positions = [MixPosition(rows, first + j + 1, self.rows_dropped, False,
                                  tuple(source_cursors[j] for source_cursors in cursors))
                      for j, (rows, _) in enumerate(plan)]
-        span = self._mixed_span(pieces, marks, sizes, first) if self._mix_rows else _in_batch_order(pieces, marks)
+        if self._mix_rows:   # each batch's rows mixed inside it, by its own permutation (as if taken alone)
+            span = mixed(pieces, marks, [self._permutation(size, first + j) for j, size in enumerate(sizes)])
+        else:
+            span = in_batch_order(pieces, marks)
         counts = [source_marks[-1] for source_marks in marks]
         last = plan[-2][1] if len(plan) > 1 else before
         self.last_counts = [now - then for then, now in zip(last, plan[-1][1], strict=True)]
@@ -391,20 +396,6 @@ class MixStream:
             self._finish()
         return span, sizes, positions, counts
 
-    def _mixed_span(self, pieces: list[list[pa.RecordBatch]], marks: list[list[int]], sizes: list[int],
-                    first: int) -> pa.RecordBatch:
-        """The span's batches, each's rows mixed inside it as :meth:`_mixed` mixes them, gathered in one
-        take from every source's rows (no concatenation first)."""
-        starts = np.cumsum([0, *(source_marks[-1] for source_marks in marks)])
-        order = []
-        for j, size in enumerate(sizes):
-            rows = np.concatenate([np.arange(start + (source_marks[j - 1] if j else 0), start + source_marks[j])
-                                   for start, source_marks in zip(starts[:-1], marks, strict=True)])
-            order.append(rows[batch_permutation(size, self._seed, self._slot.epoch, self._slot.index,
-                                                self._slot.num_slots, first + j)])
-        table = pa.Table.from_batches([piece for source_pieces in pieces for piece in source_pieces])
-        return table.take(np.concatenate(order)).combine_chunks().to_batches()[0]
-
     def position(self) -> MixPosition:
         """Where the stream stands: after the last batch it gave."""
         return MixPosition(self.rows, self.batches, self.rows_dropped, self.complete,
@@ -413,31 +404,3 @@ class MixStream:
     def state(self, position: MixPosition | None = None) -> MixWorkerState:
         """The worker's state where it stands now, or at ``position`` (one of :meth:`position`'s)."""
         return self._start.at(position or self.position(), [source.name for source in self._sources])
-
-
-def _in_batch_order(pieces: list[list[pa.RecordBatch]], marks: list[list[int]]) -> pa.RecordBatch:
-    """Every source's rows of a span (``pieces``, source by source), batch after batch: each batch the first
-    source's share (up to its ``marks``), then the next source's; one concatenation, slices of no copy."""
-    cut = [_cut(source_pieces, source_marks) for source_pieces, source_marks in zip(pieces, marks, strict=True)]
-    parts = [part for j in range(len(marks[0])) for source_cut in cut for part in source_cut[j]]
-    return parts[0] if len(parts) == 1 else pa.concat_batches(parts)
-
-
-def _cut(pieces: list[pa.RecordBatch], marks: list[int]) -> list[list[pa.RecordBatch]]:
-    """``pieces`` (rows in order) cut at each of ``marks`` (rising row counts): the pieces of each stretch."""
-    stretches: list[list[pa.RecordBatch]] = []
-    index, offset, start = 0, 0, 0
-    for mark in marks:
-        stretch = []
-        need = mark - start
-        while need:
-            piece = pieces[index]
-            rows = min(need, piece.num_rows - offset)
-            stretch.append(piece if rows == piece.num_rows else piece.slice(offset, rows))
-            need -= rows
-            offset += rows
-            if offset == piece.num_rows:
-                index, offset = index + 1, 0
-        stretches.append(stretch)
-        start = mark
-    return stretches
