@@ -24,7 +24,7 @@ import pyarrow as pa
 from ._cursor import Cursor
 from ._fields import REMEDY, Fields, shorten
 from ._interleave import PieceReader
-from ._mix_plan import batch_permutation, shares_after, window_seed
+from ._mix_plan import batch_permutations, shares_after, window_seed
 from ._mix_span import in_batch_order, mixed
 from ._plan_types import Split
 from ._stream import RunQueue, open_runs
@@ -350,9 +350,17 @@ class MixStream:
             plan.append((rows, taken))
         return plan, False
 
-    def _permutation(self, num_rows: int, number: int) -> npt.NDArray[np.int64]:
-        return batch_permutation(num_rows, self._seed, self._slot.epoch, self._slot.index, self._slot.num_slots,
-                                 number)
+    def _permutations(self, sizes: list[int], first: int) -> list[npt.NDArray[np.int64]]:
+        """The order of each batch's rows (batch ``first`` on, of ``sizes`` rows), those of the same size
+        computed together."""
+        orders: list[npt.NDArray[np.int64]] = [np.empty(0, np.int64)] * len(sizes)
+        for size in set(sizes):
+            numbers = [j for j, rows in enumerate(sizes) if rows == size]
+            together = batch_permutations(size, self._seed, self._slot.epoch, self._slot.index, self._slot.num_slots,
+                                          [first + j for j in numbers])
+            for j, order in zip(numbers, together, strict=True):
+                orders[j] = order
+        return orders
 
     def __next__(self) -> pa.RecordBatch:
         return self.next_span(1)[0]
@@ -384,7 +392,7 @@ class MixStream:
                                  tuple(source_cursors[j] for source_cursors in cursors))
                      for j, (rows, _) in enumerate(plan)]
         if self._mix_rows:   # each batch's rows mixed inside it, by its own permutation (as if taken alone)
-            span = mixed(pieces, marks, [self._permutation(size, first + j) for j, size in enumerate(sizes)])
+            span = mixed(pieces, marks, self._permutations(sizes, first))
         else:
             span = in_batch_order(pieces, marks)
         counts = [source_marks[-1] for source_marks in marks]
