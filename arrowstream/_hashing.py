@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,25 @@ def permutation(n: int, seed: int) -> npt.NDArray[np.int64]:
     """
     keys = mix64(np.arange(n, dtype=np.uint64) ^ np.uint64(seed & _MASK))
     return np.argsort(keys).astype(np.int64, copy=False)
+
+
+def permutations(n: int, seeds: Sequence[int], index_bits: int | None = None) -> npt.NDArray[np.int64]:
+    """:func:`permutation` of ``range(n)`` for each of ``seeds``, as the rows of one array, computed together
+    (a mixture mixes every batch of a span, a few thousand permutations of an epoch).
+
+    Sorting values is faster than sorting indices: each key's low ``index_bits`` bits (enough for ``n``)
+    are replaced by its index, and the sorted values give the order of the keys wherever no two keys of a
+    row agree on the bits above; a row where two do is argsorted, as :func:`permutation` does.
+    """
+    keys = mix64(np.arange(n, dtype=np.uint64)[None, :] ^ np.array([s & _MASK for s in seeds], dtype=np.uint64)[:, None])
+    bits = max((n - 1).bit_length(), 1) if index_bits is None else index_bits
+    low = np.uint64((1 << bits) - 1)
+    packed = np.sort((keys & ~low) | np.arange(n, dtype=np.uint64), axis=1)
+    orders = (packed & low).astype(np.int64)
+    high = packed & ~low
+    for row in np.flatnonzero((high[:, 1:] == high[:, :-1]).any(axis=1)):
+        orders[row] = np.argsort(keys[row])
+    return orders
 
 
 def fingerprint(payload: Any) -> str:

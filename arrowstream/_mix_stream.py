@@ -18,12 +18,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from ._cursor import Cursor
 from ._fields import REMEDY, Fields, shorten
 from ._interleave import PieceReader
-from ._mix_plan import batch_permutation, shares_after, window_seed
+from ._mix_plan import batch_permutations, shares_after, window_seed
+from ._mix_span import in_batch_order, mixed
 from ._plan_types import Split
 from ._stream import RunQueue, open_runs
 from .errors import FileChangedError, StateError
@@ -65,6 +67,10 @@ class SourceEpoch:
     quota: int
 
 
+CompactCursor = tuple[int, tuple[Any, ...] | None, int]
+"""A source's place as a :class:`MixPosition` carries it: ``(part, cursor fields or None, taken)``."""
+
+
 class MixPosition(NamedTuple):
     """A mixture worker's place after one batch, compact (it travels with every batch of a chunk, so plain
     tuples that pickle fast): its counters and, per source in order, ``(part, cursor fields or None, taken)``."""
@@ -73,7 +79,7 @@ class MixPosition(NamedTuple):
     batches: int
     rows_dropped: int
     complete: bool
-    cursors: tuple[tuple[int, tuple[Any, ...] | None, int], ...]
+    cursors: tuple[CompactCursor, ...]
 
 
 @dataclass(frozen=True)
@@ -206,20 +212,20 @@ class SourceRows:
                                 "promised: a file changed or lost rows since planning; re-plan (restart) to read the "
                                 "data as it is now")
 
-    def take(self, num_rows: int) -> pa.RecordBatch | None:
-        """Exactly ``num_rows`` next rows (``None`` for none); ``FileChangedError`` if the source has fewer."""
-        pieces = self.take_pieces(num_rows)
-        if not pieces:
-            return None
-        return pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces)
-
-    def take_pieces(self, num_rows: int) -> list[pa.RecordBatch]:
-        """:meth:`take`'s rows as the pieces they were read in (no copy)."""
+    def take_marked(self, marks: Sequence[int]) -> tuple[list[pa.RecordBatch], list[CompactCursor]]:
+        """The next ``marks[-1]`` rows as the pieces they were read in (no copy), and where the source
+        stands once the first ``marks[i]`` of them are handed out, for each mark (rising from 0), in
+        :meth:`compact_cursor`'s form; ``FileChangedError`` if the source has fewer rows."""
+        wanted = marks[-1] if marks else 0
         pieces: list[pa.RecordBatch] = []
-        left = num_rows
-        while left:
+        cursors: list[CompactCursor] = []
+        done, mark_index = 0, 0
+        while mark_index < len(marks) and marks[mark_index] == 0:   # none handed out yet: where it stands
+            cursors.append(self.compact_cursor())
+            mark_index += 1
+        while done < wanted:
             if self._part >= len(self._parts):
-                raise self._short(num_rows, num_rows - left)
+                raise self._short(wanted, done)
             in_part = self._before[self._part + 1] - self.taken
             if in_part <= 0:   # this part is done: the next one, from its first row
                 for reader in self._readers:
@@ -229,27 +235,35 @@ class SourceRows:
             if self._queue is None:
                 self._queue = self._open()
             queue = self._queue
-            wanted = min(left, in_part)
-            queue.fill(wanted)
+            rows = min(wanted - done, in_part)
+            queue.fill(rows)
             if queue.buffered == 0:
-                raise self._short(num_rows, num_rows - left)
-            rows = min(wanted, queue.buffered)
-            pieces.append(queue.take(rows))
-            left -= rows
+                raise self._short(wanted, done)
+            rows = min(rows, queue.buffered)
+            first = mark_index
+            while mark_index < len(marks) and marks[mark_index] <= done + rows:
+                mark_index += 1
+            taken, after = queue.take_marked(rows, [mark - done for mark in marks[first:mark_index]])
+            pieces += taken
+            cursors += [(self._part, _fields(cursor), self.taken + mark - done)
+                        for mark, cursor in zip(marks[first:mark_index], after, strict=True)]
+            done += rows
             self.taken += rows
-        return pieces
+        return pieces, cursors
 
     def cursor(self) -> SourceCursor:
         return SourceCursor(self._part, self._start if self._queue is None else self._queue.cursor, self.taken)
 
-    def compact_cursor(self) -> tuple[int, tuple[Any, ...] | None, int]:
+    def compact_cursor(self) -> CompactCursor:
         """:meth:`cursor` as plain tuples (see :class:`MixPosition`)."""
         cursor = self._start if self._queue is None else self._queue.cursor
-        if cursor is None:
-            return self._part, None, self.taken
-        return self._part, (cursor.lanes, cursor.next_split_index, cursor.turn_index, cursor.block_offset,
-                            cursor.window_index, cursor.window_offset, cursor.replay_index,
-                            cursor.replay_offset), self.taken
+        return self._part, None if cursor is None else _fields(cursor), self.taken
+
+
+def _fields(cursor: Cursor) -> tuple[Any, ...]:
+    """A cursor's fields in order, as :class:`MixPosition` carries them."""
+    return (cursor.lanes, cursor.next_split_index, cursor.turn_index, cursor.block_offset, cursor.window_index,
+            cursor.window_offset, cursor.replay_index, cursor.replay_offset)
 
 
 @dataclass(frozen=True)
@@ -319,63 +333,75 @@ class MixStream:
     def epoch(self) -> int:
         return self._slot.epoch
 
-    def _next_parts(self) -> list[pa.RecordBatch] | None:
-        """The next batch as its sources' pieces (cast, in source order), or None: the epoch is over."""
-        if self.complete:
-            return None
-        left = self._total - self.rows
-        if (self._max_batches is not None and self.batches >= self._max_batches) or left == 0 \
-                or (self._drop_last and left < self._batch_size):
-            self._finish()
-            return None
-        rows = min(self._batch_size, left)
+    def _plan(self, max_batches: int) -> tuple[list[tuple[int, list[int]]], bool]:
+        """Up to ``max_batches`` next batches, planned without reading: the slot's rows after each and each
+        source's (:func:`~arrowstream._mix_plan.shares_after`), and whether the epoch ends before ``max_batches``."""
         taken = [source.taken for source in self._sources]
-        after = shares_after(taken, self._quotas, self.rows + rows)
-        self.last_counts = [now - before for before, now in zip(taken, after, strict=True)]
-        parts = []
-        for source, before, now in zip(self._sources, taken, after, strict=True):
-            parts += [self._cast(source.name, piece) for piece in source.take_pieces(now - before)]
-        self.rows += rows
-        self.batches += 1
-        return parts
+        rows, batches = self.rows, self.batches
+        plan: list[tuple[int, list[int]]] = []
+        while len(plan) < max_batches:
+            left = self._total - rows
+            if (self._max_batches is not None and batches >= self._max_batches) or left == 0 \
+                    or (self._drop_last and left < self._batch_size):
+                return plan, True
+            rows += min(self._batch_size, left)
+            batches += 1
+            taken = shares_after(taken, self._quotas, rows)
+            plan.append((rows, taken))
+        return plan, False
 
-    def _mixed(self, batch: pa.RecordBatch, number: int) -> pa.RecordBatch:
-        return batch.take(batch_permutation(batch.num_rows, self._seed, self._slot.epoch, self._slot.index,
-                                            self._slot.num_slots, number))
+    def _permutations(self, sizes: list[int], first: int) -> list[npt.NDArray[np.int64]]:
+        """The order of each batch's rows (batch ``first`` on, of ``sizes`` rows), those of the same size
+        computed together."""
+        orders: list[npt.NDArray[np.int64]] = [np.empty(0, np.int64)] * len(sizes)
+        for size in set(sizes):
+            numbers = [j for j, rows in enumerate(sizes) if rows == size]
+            together = batch_permutations(size, self._seed, self._slot.epoch, self._slot.index, self._slot.num_slots,
+                                          [first + j for j in numbers])
+            for j, order in zip(numbers, together, strict=True):
+                orders[j] = order
+        return orders
 
     def __next__(self) -> pa.RecordBatch:
-        parts = self._next_parts()
-        if parts is None:
-            raise StopIteration
-        batch = parts[0] if len(parts) == 1 else pa.concat_batches(parts)
-        return self._mixed(batch, self.batches - 1) if self._mix_rows else batch
+        return self.next_span(1)[0]
 
     def next_span(self, max_batches: int) -> tuple[pa.RecordBatch, list[int], list[MixPosition], list[int]]:
         """Up to ``max_batches`` next batches as one record batch (one concatenation), with each batch's
         rows, the position after each, and the rows of each source among them; the batches are those
-        ``next()`` would give."""
-        parts: list[pa.RecordBatch] = []
-        sizes: list[int] = []
-        positions: list[MixPosition] = []
-        counts = [0] * len(self._sources)
-        first = self.batches
-        while len(sizes) < max_batches:
-            batch = self._next_parts()
-            if batch is None:
-                break
-            parts += batch
-            sizes.append(sum(part.num_rows for part in batch))
-            positions.append(self.position())
-            counts = [c + n for c, n in zip(counts, self.last_counts, strict=True)]
-        if not sizes:
+        ``next()`` would give, one after another.
+
+        The batches are planned first (each source's share of each), then each source's rows of the whole
+        span are taken in one pass, with its cursor after each batch's share."""
+        if self.complete:
             raise StopIteration
-        span = parts[0] if len(parts) == 1 else pa.concat_batches(parts)
-        if self._mix_rows:   # each batch's rows mixed inside it, as next() mixes them
-            offsets = np.cumsum([0, *sizes])
-            order = np.concatenate([offsets[j] + batch_permutation(size, self._seed, self._slot.epoch, self._slot.index,
-                                                                   self._slot.num_slots, first + j)
-                                    for j, size in enumerate(sizes)])
-            span = span.take(order)
+        plan, ends = self._plan(max_batches)
+        if not plan:
+            self._finish()
+            raise StopIteration
+        before = [source.taken for source in self._sources]
+        marks = [[after[k] - before[k] for _, after in plan] for k in range(len(self._sources))]
+        pieces, cursors = [], []
+        for source, source_marks in zip(self._sources, marks, strict=True):
+            taken, after = source.take_marked(source_marks)
+            pieces.append([self._cast(source.name, piece) for piece in taken])
+            cursors.append(after)
+        first = self.batches
+        given = [sum(before)] + [sum(after) for _, after in plan]
+        sizes = [now - then for then, now in itertools.pairwise(given)]
+        positions = [MixPosition(rows, first + j + 1, self.rows_dropped, False,
+                                 tuple(source_cursors[j] for source_cursors in cursors))
+                     for j, (rows, _) in enumerate(plan)]
+        if self._mix_rows:   # each batch's rows mixed inside it, by its own permutation (as if taken alone)
+            span = mixed(pieces, marks, self._permutations(sizes, first))
+        else:
+            span = in_batch_order(pieces, marks)
+        counts = [source_marks[-1] for source_marks in marks]
+        last = plan[-2][1] if len(plan) > 1 else before
+        self.last_counts = [now - then for then, now in zip(last, plan[-1][1], strict=True)]
+        self.rows = plan[-1][0]
+        self.batches += len(plan)
+        if ends:
+            self._finish()
         return span, sizes, positions, counts
 
     def position(self) -> MixPosition:

@@ -90,6 +90,32 @@ class RunQueue:
         self._stand(None, (last, taken))
         return parts[0] if len(parts) == 1 else pa.concat_batches(parts)
 
+    def take_marked(self, num_rows: int, marks: Sequence[int]) -> tuple[list[pa.RecordBatch], list[Cursor]]:
+        """The next ``num_rows`` held rows (``fill`` first) as the pieces they are held in (zero-copy), and
+        the cursor past the first ``marks[i]`` of them for each mark (rising, each in 1..num_rows): what
+        :meth:`take` of the marks' differences, one after another, would give, in one pass."""
+        pieces: list[pa.RecordBatch] = []
+        cursors: list[Cursor] = []
+        done, mark_index = 0, 0
+        while done < num_rows:
+            run = self._held[0]
+            rows = min(run.num_rows, num_rows - done)
+            # a mark's last row is in this run: the cursor is this run's (the next run may start elsewhere)
+            while mark_index < len(marks) and marks[mark_index] <= done + rows:
+                cursors.append(run.after(marks[mark_index] - done))
+                mark_index += 1
+            if rows == run.num_rows:
+                self._held.popleft()
+                pieces.append(run.batch)
+            else:
+                pieces.append(run.batch.slice(0, rows))
+                self._held[0] = run.tail(rows)
+            last, taken = run, rows
+            done += rows
+        self.buffered -= num_rows
+        self._stand(cursors[-1] if mark_index and marks[mark_index - 1] == num_rows else None, (last, taken))
+        return pieces, cursors
+
     def stop(self, cursor: Cursor) -> None:
         """Drop what is held, read no more, and stand at ``cursor``."""
         self._held.clear()

@@ -48,6 +48,7 @@ PURE_MODULES = [
     "_resume",        # resume checks of the dataset: a loaded state against the plan, elastic re-planning
     "_mix_plan",      # a mixture's quotas, passes, slots' segments and batch shares
     "_mix_stream",    # a mixture slot's batches and its state
+    "_mix_span",      # a mixture span's rows cut per batch
     "_mix_resume",    # a mixture's state checks and following a checkpoint
     "_mix_schema",    # one schema for a mixture's sources
     "_mix_elastic",   # a mixture epoch re-planned for another topology

@@ -607,3 +607,32 @@ def test_an_iceberg_source_that_moved_on_is_read_at_the_checkpoints_snapshot(tmp
     fresh.load_state_dict(state)
     assert fresh_mixture.source_rows()["table"] == 300   # the checkpoint's
     assert [b["id"].tolist() for b in fresh] == rest
+
+
+def spans_of(sources, per_span, **kwargs):
+    """Every span a slot's stream gives, ``per_span`` batches at a time (as a loader worker takes them)."""
+    from arrowstream._mix_reading import open_stream
+
+    mixture = Mixture(sources=sources, weights=WEIGHTS, epoch_rows=500, batch_size=32, source_column="src",
+                      shuffle=True, plan_cache=False, **kwargs)
+    stream = open_stream(mixture, None)
+    spans = []
+    while True:
+        try:
+            spans.append(stream.next_span(per_span))
+        except StopIteration:
+            return spans, stream.state()
+
+
+@pytest.mark.parametrize("buffer,drop_last", [(0, False), (64, False), (0, True), (64, True)])
+def test_a_span_of_batches_is_the_batches_taken_one_at_a_time(three, buffer, drop_last):
+    # a span takes each source's rows of all its batches in one pass and cuts them; the small source's
+    # passes (one part each) end inside spans
+    one_by_one, one_state = spans_of(three, 1, shuffle_buffer_size=buffer, drop_last=drop_last)
+    spans, span_state = spans_of(three, 7, shuffle_buffer_size=buffer, drop_last=drop_last)
+    assert pa.Table.from_batches([s[0] for s in spans]).equals(pa.Table.from_batches([s[0] for s in one_by_one]))
+    assert [n for s in spans for n in s[1]] == [n for s in one_by_one for n in s[1]]
+    assert [p for s in spans for p in s[2]] == [p for s in one_by_one for p in s[2]]
+    counts = [s[3] for s in one_by_one]
+    assert [s[3] for s in spans] == [[sum(c) for c in zip(*counts[i:i + 7])] for i in range(0, len(counts), 7)]
+    assert span_state == one_state

@@ -6,7 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arrowstream._hashing import derive_seed, permutation
+from arrowstream._hashing import derive_seed, permutation, permutations
+from arrowstream._mix_plan import batch_permutation, batch_permutations
 from arrowstream._order import Slot, SlotGrid, assign_lpt, epoch_order, slot_row_counts, slot_split_ids
 
 weights = st.lists(st.integers(min_value=1, max_value=10_000), min_size=0, max_size=200)
@@ -16,6 +17,22 @@ weights = st.lists(st.integers(min_value=1, max_value=10_000), min_size=0, max_s
 def test_permutation_is_a_permutation(n, seed):
     order = permutation(n, seed)
     assert sorted(order.tolist()) == list(range(n))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 3000), st.lists(st.integers(0, 2**64 - 1), max_size=5), st.sampled_from([None, 12, 40, 60, 63]))
+def test_permutations_computed_together_are_each_seeds_permutation(n, seeds, index_bits):
+    # index_bits: the low bits of a key that hold its index; with many, keys agree on the bits above and the
+    # rows where they do are argsorted instead (the exact path, checked too)
+    index_bits = None if index_bits is not None and (1 << index_bits) < n else index_bits
+    orders = permutations(n, seeds, index_bits)
+    assert orders.shape == (len(seeds), n)
+    assert [order.tolist() for order in orders] == [permutation(n, seed).tolist() for seed in seeds]
+
+
+def test_a_spans_batch_permutations_are_its_batches_permutations():
+    together = batch_permutations(1024, 7, 3, 1, 4, [16, 17, 18])
+    assert [order.tolist() for order in together] == [batch_permutation(1024, 7, 3, 1, 4, b).tolist() for b in (16, 17, 18)]
 
 
 def test_permutation_is_stable_across_releases():

@@ -9,6 +9,7 @@ batches that followed.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 
 import numpy as np
@@ -23,7 +24,7 @@ from arrowstream._plan_types import PLANNING_VERSION
 from arrowstream._planning import Split
 from arrowstream._reader import Piece
 from arrowstream._state import DataIdentity, WorkerState
-from arrowstream._stream import EpochStream, open_runs
+from arrowstream._stream import EpochStream, RunQueue, open_runs
 
 ROWS_PER_SPLIT = 10_000  # split i holds ids i * ROWS_PER_SPLIT + source offset
 SLOT = Slot(0, 1, 0, 0)
@@ -253,3 +254,39 @@ def test_windows_of_large_pieces_replay_exactly(sizes, buffer_rows, interleave, 
         k = data.draw(st.integers(0, len(batches) - 1), label="batches before the checkpoint")
         resumed, _ = open_stream(splits, lambda: IntReader(700), start=states[k], **args)
         assert list(resumed) == batches[k + 1:]
+
+
+@settings(max_examples=200, deadline=None)
+@given(layouts, st.lists(st.integers(0, 90), min_size=1, max_size=12))
+def test_taking_marked_rows_at_once_equals_taking_them_stretch_by_stretch(layout, stretches):
+    """A mixture takes a source's rows of a span of batches in one pass (``take_marked``): the rows and the
+    cursor after each mark are those of one ``take`` per stretch, also where a mark ends a run exactly."""
+    splits = make_splits(layout["sizes"])
+
+    def queue():
+        readers = [IntReader(layout["piece_rows"], layout["drop"]) for _ in range(layout["interleave"])]
+        start = Cursor.start(len(splits), layout["interleave"])
+        return RunQueue(open_runs(readers, splits, batch_size=layout["batch_size"], interleave=layout["interleave"],
+                                  buffer_rows=layout["buffer_rows"], window_seed=functools.partial(window_seed, 0, 0, SLOT),
+                                  start=start, run_rows=layout["run_rows"]), start)
+
+    stretch_by_stretch, at_once = queue(), queue()
+    at_once.fill(sum(stretches))
+    marks = [mark for mark in itertools.accumulate(stretches) if 0 < mark <= at_once.buffered]
+    if not marks:
+        return
+    rows, cursors = [], []
+    for before, mark in zip([0, *marks], marks):
+        if mark > before:
+            stretch_by_stretch.fill(mark - before)
+            rows += stretch_by_stretch.take(mark - before).column("id").to_pylist()
+        cursors.append(stretch_by_stretch.cursor)
+    pieces, marked = at_once.take_marked(marks[-1], marks)
+    assert [row for piece in pieces for row in piece.column("id").to_pylist()] == rows
+    assert marked == cursors
+    assert at_once.cursor == stretch_by_stretch.cursor
+    for queue_ in (stretch_by_stretch, at_once):   # and the rows after them follow the same way
+        queue_.fill(10**9)
+    assert at_once.buffered == stretch_by_stretch.buffered
+    if at_once.buffered:
+        assert at_once.take(at_once.buffered).equals(stretch_by_stretch.take(stretch_by_stretch.buffered))
