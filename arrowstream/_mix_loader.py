@@ -19,7 +19,8 @@ from ._metrics import FIELDS, Board, Meter, flatten, summarize
 from ._mix_elastic import MixElastic
 from ._mix_reading import COMPACT
 from ._mix_resume import adopt_replanned, check_worker_state, follow
-from ._mix_stream import MixPosition, MixSlot, MixWorkerState, SourceCursor
+from ._mix_state import MixPosition, MixWorkerState, SourceCursor
+from ._mix_stream import MixSlot
 from ._options import check_int
 from ._runtime import Transport
 from ._shm import share

@@ -23,7 +23,8 @@ from torch.utils.data import get_worker_info
 from ._convert import make_converter, make_value_check
 from ._metrics import Meter
 from ._mix_schema import caster
-from ._mix_stream import MixPosition, MixStream, MixWorkerState, SourceRows
+from ._mix_state import MixPosition, MixWorkerState
+from ._mix_stream import MixStream, SourceRows
 from ._reader import ReadAhead, SplitReader
 from ._runtime import READ_BATCH_ROWS, Transport
 from ._transport import Chunk, default_batches_per_transfer

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 from ._fields import REMEDY
 from ._mix_elastic import MixElastic
 from ._mix_plan import positions, quotas_at
-from ._mix_stream import MixSlot, MixWorkerState
+from ._mix_state import MixWorkerState
+from ._mix_stream import MixSlot
 from .errors import StateError, StateMismatchError
 
 if TYPE_CHECKING:

@@ -20,7 +20,8 @@ from ._mix_plan import positions, quotas, quotas_at
 from ._mix_reading import COMPACT, MixIterator, MixSide
 from ._mix_schema import unify
 from ._mix_sources import IcebergSource, Planned, Source, check_weights, followed_source, plan_source
-from ._mix_stream import MixSlot, MixWorkerState, SourceCursor, SourceEpoch
+from ._mix_state import MixWorkerState, SourceCursor, SourceEpoch
+from ._mix_stream import MixSlot
 from ._options import check_bool, check_even_batches, check_int, validate_options
 from ._order import even_batch_limits, natural_batches
 from ._plan_cache import check_plan_cache

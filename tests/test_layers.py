@@ -53,6 +53,7 @@ PURE_MODULES = [
     "_mix_schema",    # one schema for a mixture's sources
     "_mix_elastic",   # a mixture epoch re-planned for another topology
     "_mix_layout",    # a mixture's epochs: every slot's parts of every source
+    "_mix_state",     # a mixture worker's state
 ]
 
 REFUSED_PACKAGES = ("torch", "torchdata", "fsspec")
