@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(BIN)/arrowstream demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2
+	$(BIN)/python -m pytest -n 2 --dist worksteal
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
