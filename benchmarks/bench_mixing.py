@@ -507,20 +507,20 @@ class Breakdown:
     read_us: float
     convert_us: float
     rest_us: float
-    shares_us: float        # shares_after: each source's rows in the batch (exact fractions)
-    takes_us: float         # SourceRows.take, reading excluded: three takes per batch instead of one
-    cut_us: float           # MixStream.__next__'s own time: concatenating the parts, casts
+    shares_us: float        # shares_after: each source's rows in the batch (integers)
+    takes_us: float         # SourceRows.take_marked, reading excluded: each source's rows of a span, one pass
+    cut_us: float           # MixStream.next_span's own time: planning the span's batches
 
     @classmethod
     def of(cls, profile: Profile) -> Breakdown:
         batches = -(-profile.rows // BATCH)
         per = 1e6 / batches
         read, convert = seconds_in(profile, "(_read_once)"), seconds_in(profile, "(to_torch)")
-        take = seconds_in(profile, "arrowstream/_mix_stream.py", "(take)")   # 0 for the single source
+        take = seconds_in(profile, "arrowstream/_mix_stream.py", "(take_marked)")   # 0 for the single source
         takes = max(0.0, take - seconds_in(profile, "arrowstream/_stream.py", "(fill)")) if take else 0.0
         return cls(batches, read * per, convert * per, (profile.total_s - read - convert) * per,
                    seconds_in(profile, "(shares_after)") * per, takes * per,
-                   seconds_in(profile, "_mix_stream.py", "(__next__)", own=True) * per)
+                   seconds_in(profile, "_mix_stream.py", "(next_span)", own=True) * per)
 
 
 def breakdown_section(profiles: Profiles) -> list[str]:
@@ -532,7 +532,7 @@ def breakdown_section(profiles: Profiles) -> list[str]:
             rows.append([kind, variant, f"{b.batches:,}", f"{profile.total_s:.2f}", f"{b.read_us:.0f}",
                          f"{b.convert_us:.0f}", f"{b.rest_us:.0f}", extra])
     return table(["table", "loader", "batches", "profiled s", "reading + decoding", "to_torch", "the rest",
-                  "of the rest: shares_after / SourceRows.take without reading / MixStream own"], rows)
+                  "of the rest: shares_after / SourceRows.take_marked without reading / MixStream.next_span own"], rows)
 
 
 def reading(throughput: dict[str, dict[tuple[str, int], list[Epoch]]], resume: list[ResumeSeries],
@@ -563,9 +563,9 @@ def reading(throughput: dict[str, dict[tuple[str, int], list[Epoch]]], resume: l
                 f"- Where a `num_workers=0` epoch goes, {kind} table (cProfile, microseconds per batch, single / "
                 f"mixture): reading and decoding {a.read_us:.0f} / {b.read_us:.0f}, conversion to tensors "
                 f"{a.convert_us:.0f} / {b.convert_us:.0f}, the rest {a.rest_us:.0f} / {b.rest_us:.0f}; of the "
-                f"mixture's rest, `shares_after` (each source's rows per batch, exact fractions) {b.shares_us:.0f}, "
-                f"`SourceRows.take` without the reading (three takes per batch) {b.takes_us:.0f}, "
-                f"`MixStream.__next__`'s own time (concatenation, casts) {b.cut_us:.0f} (section 3).")
+                f"mixture's rest, `shares_after` (each source's rows per batch, integers) {b.shares_us:.0f}, "
+                f"`SourceRows.take_marked` without the reading (each source's rows of a span) {b.takes_us:.0f}, "
+                f"`MixStream.next_span`'s own time (planning the span's batches) {b.cut_us:.0f} (section 3).")
         nw2 = profiles.workers
         lines.append(
             f"- Where the mixture's main process goes with 2 workers (numeric table, first "
@@ -573,9 +573,9 @@ def reading(throughput: dict[str, dict[tuple[str, int], list[Epoch]]], resume: l
             f"{share_of(nw2, '_pickle.loads'):.0%}, of which `resource_sharer.get_connection` "
             f"{share_of(nw2, 'resource_sharer.py', '(get_connection)'):.0%}: a new connection per tensor to receive "
             f"its shared-memory file descriptor ({calls_of(nw2, 'resource_sharer.py', '(get_connection)'):,} "
-            f"connections for {nw2.rows:,} rows). The mixture's loader sends every batch as torch tensors, one "
-            f"message per batch, where `StructuredDataset`'s loader packs several batches into one shared buffer "
-            f"(`arrowstream/_transport.py`).")
+            f"connections for {nw2.rows:,} rows). Like `StructuredDataset`'s, the mixture's workers send "
+            f"`batches_per_transfer` batches per message through a shared buffer (`arrowstream/_transport.py`); "
+            f"the first version sent each batch's tensors on their own, a connection per tensor (0.04x).")
     return lines
 
 
