@@ -14,7 +14,7 @@ from typing import Any
 from ._state import WorkerState
 from ._torchdata_state import set_last_yielded_worker, set_worker_state, worker_state
 from ._transport import Chunk
-from ._watchdog import worker_death
+from ._watchdog import guard_reads, name_dead_workers, worker_death
 from .errors import ArrowStreamError
 
 
@@ -29,6 +29,13 @@ class PerBatchCollate:
         if isinstance(item, Chunk):
             return (item if self.collate_fn is None else item.map_batches(self.collate_fn)).pack()
         return item if self.collate_fn is None else self.collate_fn(item)
+
+
+def worker_batches(inner: Any) -> BatchIterator:
+    """A worker loader's iterator, watched (a dead worker named, reads guarded) and unpacked batch by batch."""
+    name_dead_workers(inner)
+    guard_reads(inner)
+    return BatchIterator(inner)
 
 
 class BatchIterator:

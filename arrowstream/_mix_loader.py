@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from ._batches import BatchIterator, PerBatchCollate
+from ._batches import BatchIterator, PerBatchCollate, worker_batches
 from ._convert import passthrough_collate
 from ._fields import REMEDY, Fields, shorten
 from ._loader_options import check_loader_options
@@ -36,7 +36,6 @@ from ._torchdata_state import (
     worker_states,
 )
 from ._transport import default_batches_per_transfer
-from ._watchdog import guard_reads, name_dead_workers
 from .errors import ArgumentTypeError, NotSupportedYetError, StateError, StateMismatchError
 
 if TYPE_CHECKING:
@@ -187,9 +186,7 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
         if self.num_workers == 0:
             self._batch_iterator = None
             return inner
-        name_dead_workers(inner)
-        guard_reads(inner)
-        self._batch_iterator = BatchIterator(inner)
+        self._batch_iterator = worker_batches(inner)
         return self._batch_iterator
 
     def _get_iterator(self) -> Any:

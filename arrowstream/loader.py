@@ -27,7 +27,7 @@ from typing import Any
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from ._batches import BatchIterator, PerBatchCollate, rewind_into_chunk
+from ._batches import BatchIterator, PerBatchCollate, rewind_into_chunk, worker_batches
 from ._boundary import check_replanned_epoch_over, later_epoch_starts_whole
 from ._convert import passthrough_collate
 from ._credentials import as_provider
@@ -54,7 +54,6 @@ from ._torchdata_state import (
     worker_states,
 )
 from ._transport import MAX_BATCHES_PER_TRANSFER, ROWS_PER_TRANSFER, default_batches_per_transfer  # noqa: F401 (re-exported)
-from ._watchdog import guard_reads, name_dead_workers
 from .errors import ArgumentTypeError, InvalidArgumentError, StateError, StateMismatchError
 
 
@@ -152,9 +151,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         if self.num_workers == 0:
             self._batch_iterator = None
             return inner
-        name_dead_workers(inner)
-        guard_reads(inner)
-        self._batch_iterator = BatchIterator(inner)
+        self._batch_iterator = worker_batches(inner)
         return self._batch_iterator
 
     def __len__(self) -> int:
