@@ -12,6 +12,7 @@ after it, so that the loader can stand between two batches of a chunk.
 from __future__ import annotations
 
 import gc
+import itertools
 from collections import deque
 from collections.abc import Callable
 from time import perf_counter
@@ -125,10 +126,10 @@ def open_stream(mixture: Mixture, pending: MixWorkerState | None) -> MixStream:
 class MixIterator:
     """What ``iter(mixture)`` returns: binds the epoch on the first batch and counts what it hands out.
 
-    Without a ``transform``, batches are taken ``batches_per_transfer`` at a time as one span, converted
-    once per column and cut into batches (views): in a loader worker the span travels as one
-    :class:`~arrowstream._transport.Chunk`, in the trainer's process (``num_workers=0``) its batches are
-    handed out one by one. Each batch carries the position after it, so a state taken between two batches
+    Batches are taken ``batches_per_transfer`` at a time as one span: without a ``transform`` it is converted
+    once per column and cut into batches (views); with one, each batch is converted and transformed on its
+    own. In a loader worker the span travels as one :class:`~arrowstream._transport.Chunk`; in the
+    trainer's process (``num_workers=0``) its batches are handed out one by one. Each batch carries the position after it, so a state taken between two batches
     of a span is exact.
     """
 
@@ -160,13 +161,13 @@ class MixIterator:
         self._as_torch = in_worker and transport.batches_per_transfer > 1 and transform is None and \
             output_format == "torch"
         made = "numpy" if self._as_torch else output_format
-        convert = make_converter(made, mixture._schema, mixture._fill_nulls, in_worker=in_worker,
-                                 torch_values=self._as_torch)
-        self._convert = convert if transform is None else (lambda batch: transform(convert(batch)))
         if transform is None:   # a span's columns converted at once; Python objects made batch by batch
             self._span_convert = make_converter(made, mixture._schema, mixture._fill_nulls, in_worker=in_worker,
                                                 objects_later=True, torch_values=self._as_torch)
             self._objects = output_format if output_format in ("torch", "numpy", "dict") else None
+        else:
+            convert = make_converter(made, mixture._schema, mixture._fill_nulls, in_worker=in_worker)
+            self._convert = lambda batch: transform(convert(batch))
         self._sources = mixture._side.source_row()
         return self._stream
 
@@ -181,52 +182,25 @@ class MixIterator:
         transport = self._mixture._side.transport
         chunks = info is not None and transport.send_chunks
         per_span = transport.batches_per_transfer if chunks else default_batches_per_transfer(stream.batch_size)
-        if self._span_convert is None:   # a transform: batch by batch
-            return self._next_chunk(stream, per_span, entered) if chunks else self._next_batch(stream, entered)
+        # up to a multiple of per_span batches: chunk ends do not move across a resume
         span, sizes, positions, counts = stream.next_span(per_span - stream.batches % per_span)
         if self._sources is not None:
             self._sources += counts
         read = perf_counter()
-        chunk = Chunk(info.id if info is not None else 0, [self._span_convert(span)], positions,
-                      numpy_as_torch=self._as_torch, sizes=sizes, objects=self._objects)
+        worker_id = info.id if info is not None else 0
+        if self._span_convert is not None:
+            chunk = Chunk(worker_id, [self._span_convert(span)], positions, numpy_as_torch=self._as_torch, sizes=sizes,
+                          objects=self._objects)
+        else:   # a transform takes one batch at a time
+            starts = itertools.accumulate(sizes, initial=0)
+            chunk = Chunk(worker_id, [self._convert(span.slice(start, size)) for start, size in zip(starts, sizes)],
+                          positions, numpy_as_torch=self._as_torch)
         self._metered(span.num_rows, len(sizes), entered, read)
         if chunks:
             return chunk
         self._chunk, self._ready = chunk, deque(zip(chunk.batches(), positions, strict=True))
         batch, self._position = self._ready.popleft()
         return chunk.finish(batch)
-
-    def _next_batch(self, stream: MixStream, entered: float) -> Any:
-        record = next(stream)
-        self._count(stream)
-        read = perf_counter()
-        out = self._convert(record)
-        self._metered(record.num_rows, 1, entered, read)
-        return out
-
-    def _next_chunk(self, stream: MixStream, per_transfer: int, entered: float) -> Chunk:
-        records, positions = [], []
-        while True:   # up to a multiple of per_transfer batches: chunk ends do not move across a resume
-            try:
-                records.append(next(stream))
-            except StopIteration:
-                break
-            self._count(stream)
-            positions.append(stream.position())
-            if stream.batches % per_transfer == 0:
-                break
-        if not records:
-            raise StopIteration
-        read = perf_counter()
-        info = get_worker_info()
-        assert info is not None
-        chunk = Chunk(info.id, [self._convert(record) for record in records], positions, numpy_as_torch=self._as_torch)
-        self._metered(sum(r.num_rows for r in records), len(records), entered, read)
-        return chunk
-
-    def _count(self, stream: MixStream) -> None:
-        if self._sources is not None:
-            self._sources += stream.last_counts
 
     def _metered(self, rows: int, batches: int, entered: float, read: float) -> None:
         done = perf_counter()

@@ -121,11 +121,8 @@ class SourceRows:
             self.taken += rows
         return pieces, cursors
 
-    def cursor(self) -> SourceCursor:
-        return SourceCursor(self._part, self._start if self._queue is None else self._queue.cursor, self.taken)
-
     def compact_cursor(self) -> CompactCursor:
-        """:meth:`cursor` as plain tuples (see :class:`MixPosition`)."""
+        """Where it stands, as plain tuples (see :class:`MixPosition`)."""
         cursor = self._start if self._queue is None else self._queue.cursor
         return self._part, None if cursor is None else _fields(cursor), self.taken
 
@@ -178,7 +175,6 @@ class MixStream:
         self._start = start
         self.rows, self.batches, self.rows_dropped = start.rows, start.batches, start.rows_dropped
         self.complete = start.epoch_complete
-        self.last_counts = [0] * len(self._sources)   # rows of each source in the last batch
 
     def _finish(self) -> None:
         left = self._total - self.rows
@@ -266,8 +262,6 @@ class MixStream:
         else:
             span = in_batch_order(pieces, marks)
         counts = [source_marks[-1] for source_marks in marks]
-        last = plan[-2][1] if len(plan) > 1 else before
-        self.last_counts = [now - then for then, now in zip(last, plan[-1][1], strict=True)]
         self.rows = plan[-1][0]
         self.batches += len(plan)
         if ends:

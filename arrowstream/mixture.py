@@ -225,9 +225,6 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         return {s.name: divmod(start, s.plan.num_rows) if s.plan.num_rows else (0, 0)
                 for s, start in zip(self._sources, self.epoch_starts(epoch).values(), strict=True)}
 
-    def _num_slots(self, num_workers: int) -> int:
-        return self._world_size * max(num_workers, 1)
-
     def slot_quotas(self, num_workers: int = 0, epoch: int | None = None) -> list[dict[str, int]]:
         """Per (rank, worker) slot of every rank: rows of each source it takes in ``epoch`` (this one)."""
         return self._epochs.slot_rows(self._history, self.epoch if epoch is None else epoch, self._world_size,

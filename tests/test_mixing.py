@@ -608,3 +608,26 @@ def test_a_span_of_batches_is_the_batches_taken_one_at_a_time(three, buffer, dro
     counts = [s[3] for s in one_by_one]
     assert [s[3] for s in spans] == [[sum(c) for c in zip(*counts[i:i + 7])] for i in range(0, len(counts), 7)]
     assert span_state == one_state
+
+
+def _tagged(batch):
+    return {**batch, "rows": len(batch["id"])}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_transform_takes_each_batch_and_resume_stays_exact(three, num_workers):
+    loader, mixture = loader_of(three, num_workers, shuffle=True, transform=_tagged)
+    plain, plain_mixture = loader_of(three, num_workers, shuffle=True)
+    mixture.set_epoch(1)
+    plain_mixture.set_epoch(1)
+    batches = list(loader)
+    assert [b["rows"] for b in batches] == [len(b["id"]) for b in batches]
+    assert [b["id"].tolist() for b in batches] == [b["id"].tolist() for b in plain]   # the same batches
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    rest = [b["id"].tolist() for b in it]
+    fresh, _ = loader_of(three, num_workers, shuffle=True, transform=_tagged)
+    fresh.load_state_dict(state)
+    assert [b["id"].tolist() for b in fresh] == rest
