@@ -84,6 +84,13 @@ class Board:
         return [dict(zip(FIELDS, row)) for row in self.tensor.numpy().tolist()]
 
 
+def worker_values(board: Board | None, meter: Meter | None) -> list[dict[str, float]]:
+    """Each worker's counters: the loader's board, or with ``num_workers=0`` this process's meter."""
+    if board is not None:
+        return board.read()
+    return [dict(zip(FIELDS, (meter or Meter()).values()))]
+
+
 def _described(raw: dict[str, float]) -> dict[str, Any]:
     """A meter's values with the derived ones: utilization, elapsed time, rows per second."""
     out: dict[str, Any] = {name: int(raw[name]) for name in COUNTS}

@@ -15,7 +15,7 @@ from ._batches import BatchIterator, PerBatchCollate, worker_batches
 from ._convert import passthrough_collate
 from ._fields import REMEDY, Fields, shorten
 from ._loader_options import check_loader_options
-from ._metrics import FIELDS, Board, Meter, flatten, summarize
+from ._metrics import Board, flatten, summarize, worker_values
 from ._mix_elastic import MixElastic
 from ._mix_reading import COMPACT
 from ._mix_resume import adopt_replanned, check_worker_state, follow
@@ -159,12 +159,7 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
             (40, 30, 10)
         """
         mixture = self.dataset
-        if self._board is None:
-            meter = mixture._side.metered
-            raw = [dict(zip(FIELDS, meter.values() if meter is not None else Meter().values()))]
-        else:
-            raw = self._board.read()
-        metrics = summarize(raw, mixture.rank)
+        metrics = summarize(worker_values(self._board, mixture._side.metered), mixture.rank)
         per_source = self._sources_board.numpy()
         for index, line in enumerate(metrics["workers"]):
             line.update({f"rows/{name}": int(per_source[index][k]) for k, name in enumerate(mixture.names)})

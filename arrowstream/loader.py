@@ -35,7 +35,7 @@ from ._fields import shorten
 from ._loader_options import check_loader_options
 from ._loader_resume import check_workers, elastic_slots, follow_checkpoint_planning, mark_epoch_complete
 from ._loader_state import read_checkpoint, read_loader_state
-from ._metrics import FIELDS, Board, Meter, flatten, summarize
+from ._metrics import Board, flatten, summarize, worker_values
 from ._options import check_int
 from ._order import SlotGrid
 from ._resume import use_planning
@@ -181,13 +181,8 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             >>> m["rows"], m["batches"], m["splits_done"], len(m["workers"])
             (10, 3, 1, 1)
         """
-        if self.num_workers == 0:
-            meter = self.dataset._side.meter  # this process's, which reads
-            raw = [dict(zip(FIELDS, meter.values() if meter is not None else Meter().values()))]
-        else:
-            assert self._transport.board is not None
-            raw = self._transport.board.read()
-        metrics = summarize(raw, self.dataset.rank)
+        board = self._transport.board if self.num_workers > 0 else None
+        metrics = summarize(worker_values(board, self.dataset._side.meter), self.dataset.rank)
         return flatten(metrics) if flat else metrics
 
     def state_dict(self) -> dict[str, Any]:
