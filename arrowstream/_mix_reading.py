@@ -107,10 +107,12 @@ def open_stream(mixture: Mixture, pending: MixWorkerState | None) -> MixStream:
         check = make_value_check(options.output_format, s.plan.schema, mixture._fill_nulls)
         prefetcher = s.storage.prefetcher   # object stores: each segment's next splits fetched ahead
         read_ahead = None if prefetcher is None else ReadAhead(s.plan, prefetcher, s.storage.read_ahead)
-        # each source decodes its share of a dataset's read at a time: the first batch waits for one read's worth
-        read_rows = max(options.batch_size, -(-READ_BATCH_ROWS * quotas[s.name] // total))
+        # each source's first split is decoded in its share of a dataset's read (the first batch waits for one
+        # read's worth of rows, not one per source); later ones in full reads (fewer, cheaper per row)
+        read_rows = max(options.batch_size, READ_BATCH_ROWS)
+        first_rows = max(options.batch_size, -(-READ_BATCH_ROWS * quotas[s.name] // total))
         readers = [SplitReader(s.plan, s.storage, read_rows, use_threads=not in_worker, read_ahead=read_ahead,
-                               meter=meter, check=check) for _ in range(options.interleave)]
+                               meter=meter, check=check, first_read_rows=first_rows) for _ in range(options.interleave)]
         sources.append(SourceRows(s.name, readers, parts[s.name], batch_size=options.batch_size,
                                   interleave=options.interleave, buffer_rows=options.shuffle_buffer_size,
                                   start=start.cursors[s.name], url=str(s.source.arguments().get("path", s.name)),

@@ -72,13 +72,17 @@ class SplitReader:
 
     def __init__(self, plan: Plan, storage: Storage, read_batch_rows: int, use_threads: bool,
                  read_ahead: ReadAhead | None = None, meter: Meter | None = None,
-                 check: Callable[[pa.RecordBatch, str], None] | None = None) -> None:
+                 check: Callable[[pa.RecordBatch, str], None] | None = None,
+                 first_read_rows: int | None = None) -> None:
         self._plan = plan
         self._check = check   # of each piece's values against the output format (errors name the file)
         self._meter = meter
         self._storage = storage
         self._read_ahead = read_ahead
         self._read_batch_rows = read_batch_rows
+        # the rows the first split is decoded in, if not read_batch_rows: a reader whose rows are wanted a
+        # few at a time (a mixture's source) starts with small reads, so the first batch waits for less
+        self._first_read_rows = first_read_rows
         self._use_threads = use_threads
         self._output_columns = plan.schema.names
         self._open_index = -1
@@ -166,8 +170,8 @@ class SplitReader:
         # a local file: its size and modification time checked (a stat) before its bytes are touched (a map
         # of a file truncated since would be SIGBUS) and after each batch is read (rows of one version only)
         self._storage.check_unchanged(footer.entry)
-        batches = self._file(split.file_index).read_units(
-            units, self._plan.read_columns, self._read_batch_rows, self._use_threads)
+        read_rows, self._first_read_rows = self._first_read_rows or self._read_batch_rows, None
+        batches = self._file(split.file_index).read_units(units, self._plan.read_columns, read_rows, self._use_threads)
         for batch in batches:
             self._storage.check_unchanged(footer.entry)
             lo = max(begin - span_row, 0)

@@ -631,3 +631,30 @@ def test_a_transform_takes_each_batch_and_resume_stays_exact(three, num_workers)
     fresh, _ = loader_of(three, num_workers, shuffle=True, transform=_tagged)
     fresh.load_state_dict(state)
     assert [b["id"].tolist() for b in fresh] == rest
+
+
+def test_each_source_decodes_its_first_split_in_its_share_of_a_read_and_later_ones_in_full_reads(three, monkeypatch):
+    """The first batch waits for one read's worth of rows (each source its share of one), not one read per
+    source; the splits after the first are decoded in full reads, which cost less per row."""
+    from arrowstream._formats.parquet import ParquetFile
+    from arrowstream._runtime import READ_BATCH_ROWS
+
+    sizes = []
+    read_units = ParquetFile.read_units
+
+    def recorded(self, units, columns, batch_rows, use_threads):
+        sizes.append((self._file.metadata.num_rows, batch_rows))
+        return read_units(self, units, columns, batch_rows, use_threads)
+
+    monkeypatch.setattr(ParquetFile, "read_units", recorded)
+    loader, _mixture = loader_of(three, weights=None, epoch_rows=None, shuffle=True)
+    assert sum(len(b["id"]) for b in loader) == 1310
+    by_source = {500: "big", 10: "small", 150: "mid"}   # rows per file of each source
+    first = {}
+    for file_rows, batch_rows in sizes:
+        first.setdefault(by_source[file_rows], []).append(batch_rows)
+    quotas = {"big": 1000, "small": 10, "mid": 300}
+    for name, reads in first.items():
+        share = max(32, -(-READ_BATCH_ROWS * quotas[name] // 1310))
+        assert reads[0] == share and set(reads[1:]) <= {READ_BATCH_ROWS}, (name, reads)
+    assert len(first["big"]) > 1 and len(first["mid"]) > 1
