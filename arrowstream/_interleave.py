@@ -13,7 +13,7 @@ With ``K = 1`` there is one lane and no blocks: the splits are read one after th
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -74,18 +74,25 @@ def interleave_runs(readers: Sequence[PieceReader], splits: Sequence[Split], blo
     block a lane hands out per turn, ``None`` for no rotation (one lane). Runs with no rows mark
     source rows a filter dropped, so the cursor can move past them.
     """
-    num_splits = len(splits)
+    # leased splits (dynamic assignment) grow as the worker asks for them: `lease_through(i)` leases until
+    # split i exists, or says there is none left
+    lease_through: Callable[[int], bool] | None = getattr(splits, "lease_through", None)
+
+    def exists(index: int) -> bool:
+        return index < len(splits) or (lease_through is not None and lease_through(index))
+
     lanes = [_Lane(position, offset, readers[k]) for k, (position, offset) in enumerate(start.lanes)]
-    next_split, turn, taken = min(start.next_split_index, num_splits), start.turn_index, start.block_offset
+    next_split = start.next_split_index if lease_through is not None else min(start.next_split_index, len(splits))
+    turn, taken = start.turn_index, start.block_offset
     while lanes:
         lane = lanes[turn]
         if lane.pieces is None:
             lane.pieces = (lane.reader.read(splits[lane.position], lane.position, lane.offset)
-                           if lane.position < num_splits else iter(()))
+                           if exists(lane.position) else iter(()))
         piece = lane.rest or next(lane.pieces, None)
         lane.rest = None
         if piece is None:  # this split is done: open the next one, or leave the rotation
-            if next_split < num_splits:
+            if exists(next_split):
                 lane.position, lane.offset, lane.pieces = next_split, 0, None
                 next_split += 1
             else:

@@ -1,0 +1,401 @@
+"""Dynamic assignment (``assignment="dynamic"``): a rank's epoch as one stream of work that its workers
+lease, in order, as they finish what they hold.
+
+**Work.** A rank's rows of an epoch are fixed by the static assignment across ranks (longest processing
+time over ranks, in the epoch's order), cut to what it yields (``even_batches``, ``drop_last``). They
+are laid end to end as one *virtual stream*: first replays (the rest of old workers' shuffle windows,
+after a resume), then explicit splits, then the rank's fresh splits from a row on. :class:`Work` is
+that stream; a fresh epoch is only the fresh splits.
+
+**Leases.** The virtual stream is cut into leases at item boundaries rounded to whole batches, and
+the last rows into smaller leases, so that workers finish together (:func:`lease_bounds`). Every
+lease but the last holds whole batches, so every worker yields full batches except the one that
+leases the last rows: the rank yields ``ceil(rows / batch_size)`` batches whatever the timing, and
+``len(loader)`` stays exact. Workers take leases in order from a shared counter; a worker's stream
+is its leases' replays (handed out as they are), then its leases' splits through the usual pipeline
+(interleave, shuffle windows of its own), so its cursor reads as a static worker's does.
+
+**The ledger.** Which worker took which lease (the pool's table) and each worker's cursor after the
+last batch the trainer received say exactly which rows were handed out: :func:`remaining_work` is the
+rest, as a new :class:`Work` (replays of windows a worker stood in, the rest of the splits it had
+open, every lease not handed out, and the fresh splits from the first lease nobody took). It is
+expressed in splits of the plan, never in leases, so a resume lays out leases anew for any number
+of workers, and a checkpoint of a resumed epoch is again a :class:`Work` (no chain of checkpoints).
+
+Pure: no I/O, no torch (``tests/test_layers.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from ._cursor import Cursor, Run
+from ._elastic import Replay, split_rest, window_end
+from ._interleave import PieceReader, block_size_for
+from ._layout import lay_out_epoch
+from ._order import Slot, SlotGrid, natural_batches, rows_yielded, window_seed
+from ._plan_types import Split, split_rows
+from ._stream import open_runs
+
+if TYPE_CHECKING:
+    from ._options import Options
+    from ._planning import Plan
+
+TAIL_FRACTION = 8        # the last 1/8 of a rank's rows (at least) is leased in small pieces
+TAIL_LEASES_PER_WORKER = 32   # a tail lease is about rows / (workers x this)
+
+
+@dataclass(frozen=True)
+class Work:
+    """A rank's rows of one dynamic epoch, in lease order: ``replays``, then ``splits``, then
+    ``fresh[fresh_from_row:]`` (the rank's fresh splits from that row; ``fresh`` is recomputed from the
+    plan, never saved)."""
+
+    replays: tuple[Replay, ...]
+    splits: tuple[Split, ...]
+    fresh: Sequence[Split] = ()
+    fresh_from_row: int = 0
+
+    def items(self) -> tuple[npt.NDArray[np.int64], int]:
+        """Rows of each item in lease order (replays, splits, fresh splits), and the index of the first
+        fresh split in ``fresh`` (whose rows are counted from ``fresh_from_row``)."""
+        fresh_rows = split_rows(self.fresh)
+        ends = np.cumsum(fresh_rows)
+        first = int(np.searchsorted(ends, self.fresh_from_row, side="right"))
+        tail = fresh_rows[first:].copy()
+        if len(tail):
+            tail[0] = ends[first] - self.fresh_from_row
+        head = np.array([r.rows for r in self.replays] + [s.num_rows for s in self.splits], dtype=np.int64)
+        return np.concatenate([head, tail]), first
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.items()[0].sum())
+
+
+def truncated(splits: Sequence[Split], rows: int) -> tuple[Split, ...]:
+    """The first ``rows`` rows of ``splits`` (the last one cut)."""
+    out: list[Split] = []
+    left = rows
+    for split in splits:
+        if left <= 0:
+            break
+        if split.num_rows > left:
+            split = dataclasses.replace(split, num_rows=left, num_bytes=split.num_bytes * left // max(split.num_rows, 1))
+        out.append(split)
+        left -= split.num_rows
+    return tuple(out)
+
+
+def lease_bounds(item_rows: npt.NDArray[np.int64], batch_size: int, num_workers: int) -> npt.NDArray[np.int64]:
+    """Where leases start and end in the virtual stream of items of ``item_rows`` rows: at item ends
+    rounded to the nearest whole batch, and every ``tail`` rows in the last part of the stream; every
+    lease but the last holds whole batches. ``bounds[i]:bounds[i + 1]`` is lease ``i``."""
+    total = int(item_rows.sum())
+    if total == 0:
+        return np.zeros(1, dtype=np.int64)
+    ends = np.cumsum(item_rows)
+    cuts = np.minimum(np.rint(ends / batch_size).astype(np.int64) * batch_size, total)
+    workers = max(num_workers, 1)
+    tail = max(batch_size, total // (workers * TAIL_LEASES_PER_WORKER) // batch_size * batch_size)
+    tail_start = max(0, total - max(total // TAIL_FRACTION, tail * workers * 4)) // batch_size * batch_size
+    bounds = np.unique(np.concatenate([[0], cuts, np.arange(tail_start, total, tail), [total]]).astype(np.int64))
+    return bounds
+
+
+@dataclass(frozen=True)
+class LeasedItems:
+    """What one lease holds: parts of replays (each a :class:`Replay` of its own) and splits."""
+
+    replays: tuple[Replay, ...]
+    splits: tuple[Split, ...]
+
+
+class Leases:
+    """The leases of one :class:`Work`: their bounds, and what each holds (computed when asked)."""
+
+    def __init__(self, work: Work, batch_size: int, num_workers: int) -> None:
+        self.work = work
+        self._rows, self._first_fresh = work.items()
+        self._starts = np.concatenate([[0], np.cumsum(self._rows)]).astype(np.int64)
+        self.bounds = lease_bounds(self._rows, batch_size, num_workers)
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    def _item(self, index: int) -> Replay | Split:
+        work = self.work
+        if index < len(work.replays):
+            return work.replays[index]
+        index -= len(work.replays)
+        if index < len(work.splits):
+            return work.splits[index]
+        fresh_index = self._first_fresh + index - len(work.splits)
+        split = work.fresh[fresh_index]
+        if fresh_index == self._first_fresh:   # the first fresh split counts from fresh_from_row
+            before = int(split_rows(work.fresh)[:fresh_index].sum())
+            split = split_rest(split, work.fresh_from_row - before)
+        return split
+
+    def items(self, lease: int) -> LeasedItems:
+        """The replays and splits of lease ``lease``, in order (a replay part is a replay of its own)."""
+        lo, hi = int(self.bounds[lease]), int(self.bounds[lease + 1])
+        first = int(np.searchsorted(self._starts, lo, side="right")) - 1
+        replays: list[Replay] = []
+        splits: list[Split] = []
+        index = first
+        while index < len(self._rows) and self._starts[index] < hi:
+            start = int(self._starts[index])
+            a, b = max(lo - start, 0), min(hi - start, int(self._rows[index]))
+            if b > a:
+                item = self._item(index)
+                if isinstance(item, Replay):
+                    replays.append(replay_part(item, a, b))
+                else:
+                    splits.append(split_part(item, a, b))
+            index += 1
+        return LeasedItems(tuple(replays), tuple(splits))
+
+    def rows(self, lease: int) -> int:
+        return int(self.bounds[lease + 1] - self.bounds[lease])
+
+
+def replay_part(replay: Replay, a: int, b: int) -> Replay:
+    """Rows ``[a, b)`` of what ``replay`` hands out, as a replay of its own."""
+    start = dataclasses.replace(replay.start, window_offset=replay.start.window_offset + a)
+    return Replay(replay.slot, replay.splits, start, b - a)
+
+
+def split_part(split: Split, a: int, b: int) -> Split:
+    """Rows ``[a, b)`` of ``split``."""
+    rest = split_rest(split, a) if a else split
+    rows = b - a
+    if rows == rest.num_rows:
+        return rest
+    return dataclasses.replace(rest, num_rows=rows, num_bytes=rest.num_bytes * rows // max(rest.num_rows, 1))
+
+
+class LeasedShare:
+    """One worker's side of the leases: what it took, in order, expanded into its replays and splits.
+
+    ``take`` asks the pool for the next lease (``None`` when none is left). Replays come before splits in
+    the virtual stream, so a worker's replays all come before its splits; :meth:`replay` and
+    :meth:`split` lease as far as needed to answer.
+    """
+
+    def __init__(self, leases: Leases, take: Callable[[], int | None]) -> None:
+        self._leases = leases
+        self._take = take
+        self.taken: list[int] = []
+        self.replays: list[Replay] = []
+        self.splits: list[Split] = []
+        self._dry = False
+
+    def _lease(self) -> bool:
+        if self._dry:
+            return False
+        lease = self._take()
+        if lease is None:
+            self._dry = True
+            return False
+        self.taken.append(lease)
+        items = self._leases.items(lease)
+        self.replays.extend(items.replays)
+        self.splits.extend(items.splits)
+        return True
+
+    def replay(self, index: int) -> Replay | None:
+        """This worker's replay ``index``, leasing until it has it; None once its leases hold splits."""
+        while len(self.replays) <= index and not self.splits:
+            if not self._lease():
+                break
+        return self.replays[index] if index < len(self.replays) else None
+
+    def has_split(self, index: int) -> bool:
+        """Whether this worker has a split ``index`` (in its reading order), leasing until it has."""
+        while len(self.splits) <= index:
+            if not self._lease():
+                return False
+        return True
+
+
+class LeasedSplits(Sequence[Split]):
+    """A worker's splits as :func:`~arrowstream._interleave.interleave_runs` reads them: the ones leased
+    so far; ``lease_through(i)`` leases until split ``i`` exists (False once the pool is dry)."""
+
+    def __init__(self, share: LeasedShare) -> None:
+        self._share = share
+
+    def __len__(self) -> int:
+        return len(self._share.splits)
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def, override]
+        return self._share.splits[index]
+
+    def lease_through(self, index: int) -> bool:
+        return self._share.has_split(index)
+
+    def __iter__(self) -> Iterator[Split]:
+        return iter(self._share.splits)
+
+
+# -- the ledger: what is left ----------------------------------------------------------------------
+
+
+def _rebased(cursor: Cursor, first: int) -> Cursor:
+    """``cursor`` over a worker's splits from split ``first`` on."""
+    return dataclasses.replace(cursor, lanes=tuple((index - first, offset) for index, offset in cursor.lanes),
+                               next_split_index=cursor.next_split_index - first)
+
+
+def worker_rest(slot: Slot, share: LeasedItems, cursor: Cursor, *, batch_size: int, interleave: int,
+                buffer_rows: int) -> tuple[list[Replay], list[Split]]:
+    """The rows of a worker's leased ``share`` (its replays and splits, in order) not handed out at
+    ``cursor`` (its position after the last batch the trainer received)."""
+    replays: list[Replay] = []
+    splits = list(share.splits)
+    if cursor.replay_index < len(share.replays):   # still replaying: the rest of that replay, the others, every split
+        current = share.replays[cursor.replay_index]
+        replays.append(replay_part(current, cursor.replay_offset, current.rows))
+        replays.extend(share.replays[cursor.replay_index + 1:])
+        return replays, splits
+    end = cursor
+    if buffer_rows and cursor.window_offset:
+        first = min([index for index, _ in cursor.lanes] + [cursor.next_split_index])
+        size, end = window_end(splits, cursor, block_size_for(batch_size, interleave), interleave, buffer_rows)
+        if size > cursor.window_offset:
+            last = min(end.next_split_index, len(splits))
+            replays.append(Replay(slot, tuple(splits[first:last]), _rebased(cursor, first),
+                                  size - cursor.window_offset))
+    rest = [split_rest(splits[index], offset) for index, offset in end.lanes
+            if index < len(splits) and offset < splits[index].num_rows]
+    rest += [s for s in splits[end.next_split_index:] if s.num_rows]
+    return replays, rest
+
+
+def remaining_work(leases: Leases, owners: npt.NDArray[np.int64], cursors: Sequence[Cursor | None],
+                   slots: Sequence[Slot], *, batch_size: int, interleave: int, buffer_rows: int) -> Work:
+    """The rows of ``leases.work`` not handed out, as a new :class:`Work`.
+
+    ``owners[i]`` is the worker that took lease ``i`` (-1: none; leases are taken in order); ``cursors[w]`` is worker ``w``'s cursor
+    after the last batch of it the trainer received (None: it handed out everything it leased; a
+    worker's cursor reads over its leases' splits in the order it took them).
+    """
+    work = leases.work
+    replays: list[Replay] = []
+    splits: list[Split] = []
+    taken = np.flatnonzero(owners >= 0)
+    for worker, cursor in enumerate(cursors):
+        mine = np.flatnonzero(owners == worker).tolist()
+        if cursor is None or not mine:
+            continue
+        share = [leases.items(lease) for lease in mine]
+        leased = LeasedItems(tuple(r for s in share for r in s.replays), tuple(p for s in share for p in s.splits))
+        rest_replays, rest_splits = worker_rest(slots[worker], leased, cursor, batch_size=batch_size,
+                                                interleave=interleave, buffer_rows=buffer_rows)
+        replays += rest_replays
+        splits += rest_splits
+    # the pool hands leases out in order: those before `high` were all taken, the rest by nobody
+    high = int(taken.max()) + 1 if len(taken) else 0
+    # from lease `high` on: the rest of the virtual stream, explicit where it is not fresh
+    start = int(leases.bounds[high]) if high < len(leases) else int(leases.bounds[-1])
+    head_rows = sum(r.rows for r in work.replays) + sum(s.num_rows for s in work.splits)
+    if start < head_rows:
+        offset = start
+        for replay in work.replays:
+            if offset < replay.rows:
+                replays.append(replay_part(replay, offset, replay.rows))
+            offset = max(offset - replay.rows, 0)
+        for split in work.splits:
+            if offset < split.num_rows:
+                splits.append(split_part(split, offset, split.num_rows))
+            offset = max(offset - split.num_rows, 0)
+        fresh_from = work.fresh_from_row
+    else:
+        fresh_from = work.fresh_from_row + start - head_rows
+    return Work(tuple(replays), tuple(splits), work.fresh, fresh_from)
+
+
+# -- a worker's rows -----------------------------------------------------------------------------
+
+
+def _replay_cursor(index: int, taken: int, rows: int, more: int) -> Cursor:
+    """The cursor once ``taken + more`` rows of the worker's replay ``index`` (``rows`` rows) are out."""
+    done = taken + more
+    if done >= rows:
+        return Cursor((), 0, replay_index=index + 1)
+    return Cursor((), 0, replay_index=index, replay_offset=done)
+
+
+def _with_replay_index(run: Run, index: int) -> Run:
+    return Run(run.batch, lambda rows: dataclasses.replace(run.after(rows), replay_index=index, replay_offset=0))
+
+
+def start_cursor(interleave: int) -> Cursor:
+    """Where a dynamic worker starts: its first replay, or its first ``interleave`` splits once it has some."""
+    return Cursor.start(interleave, interleave)
+
+
+def leased_runs(readers: Sequence[PieceReader], share: LeasedShare, *, seed: int, epoch: int, slot: Slot,
+                batch_size: int, interleave: int, buffer_rows: int) -> Iterator[Run]:
+    """A dynamic worker's rows: the replays it leases (handed out in their own order), then the splits
+    it leases, through the usual pipeline (interleave, shuffle windows seeded by its slot)."""
+    index = 0
+    while (replay := share.replay(index)) is not None:
+        runs = open_runs(readers, replay.splits, batch_size=batch_size, interleave=interleave,
+                         buffer_rows=buffer_rows, start=replay.start,
+                         window_seed=functools.partial(window_seed, seed, epoch, replay.slot))
+        taken = 0
+        for run in runs:
+            if taken >= replay.rows:
+                break
+            run = run.head(min(run.num_rows, replay.rows - taken))
+            yield Run(run.batch, functools.partial(_replay_cursor, index, taken, replay.rows))
+            taken += run.num_rows
+        for reader in readers:
+            reader.close()
+        index += 1
+    base = dataclasses.replace(start_cursor(interleave), replay_index=index)
+    seeds: Callable[[int], int] = functools.partial(window_seed, seed, epoch, slot)
+    for run in open_runs(readers, LeasedSplits(share), batch_size=batch_size, interleave=interleave,
+                         buffer_rows=buffer_rows, window_seed=seeds, start=base):
+        yield _with_replay_index(run, index)
+
+
+def fresh_work(plan: Plan, world_size: int, rank: int, epoch: int, options: Options, even_batches: bool) -> Work:
+    """A rank's rows of ``epoch`` under dynamic assignment: its share of the static assignment across ranks
+    (each rank one slot), in the epoch's order, cut to the rows it yields (``even_batches``, ``drop_last``)."""
+    layout = lay_out_epoch(plan, SlotGrid(world_size, 0), epoch, options, even_batches=even_batches)
+    slot = SlotGrid(world_size, 0).slot(rank, 0)
+    splits = layout.share(slot).splits
+    rows = int(split_rows(splits).sum())
+    limit = layout.limit(slot)
+    if limit is None:
+        limit = natural_batches(rows, options.batch_size, options.drop_last)
+    keep = rows_yielded(rows, limit, options.batch_size, options.drop_last)
+    kept = splits if keep == rows else truncated(splits, keep)
+    return Work((), (), kept, 0)
+
+
+class LocalPool:
+    """Leases handed out in order to the workers of one process (``num_workers=0``, and tests); the
+    loader's workers share a :class:`~arrowstream._lease_pool.SharedPool` instead. ``owners[i]``: the
+    worker that took lease ``i``, -1 while nobody has."""
+
+    def __init__(self, num_leases: int) -> None:
+        self.owners = np.full(num_leases, -1, dtype=np.int64)
+        self._next = 0
+
+    def take(self, worker: int) -> int | None:
+        if self._next >= len(self.owners):
+            return None
+        lease, self._next = self._next, self._next + 1
+        self.owners[lease] = worker
+        return lease
