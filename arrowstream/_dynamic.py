@@ -236,7 +236,7 @@ class LeasedSplits(Sequence[Split]):
     def __len__(self) -> int:
         return len(self._share.splits)
 
-    def __getitem__(self, index):  # type: ignore[no-untyped-def, override]
+    def __getitem__(self, index):  # type: ignore[no-untyped-def]
         return self._share.splits[index]
 
     def lease_through(self, index: int) -> bool:
@@ -386,16 +386,23 @@ def fresh_work(plan: Plan, world_size: int, rank: int, epoch: int, options: Opti
 
 class LocalPool:
     """Leases handed out in order to the workers of one process (``num_workers=0``, and tests); the
-    loader's workers share a :class:`~arrowstream._lease_pool.SharedPool` instead. ``owners[i]``: the
+    loader's workers share a :class:`~arrowstream._lease_pool.SharedPool` instead. ``owners()[i]``: the
     worker that took lease ``i``, -1 while nobody has."""
 
-    def __init__(self, num_leases: int) -> None:
-        self.owners = np.full(num_leases, -1, dtype=np.int64)
+    def __init__(self, num_leases: int, epoch: int = 0) -> None:
+        self.epoch = epoch
+        self._owners = np.full(num_leases, -1, dtype=np.int64)
         self._next = 0
 
+    def __len__(self) -> int:
+        return len(self._owners)
+
     def take(self, worker: int) -> int | None:
-        if self._next >= len(self.owners):
+        if self._next >= len(self._owners):
             return None
         lease, self._next = self._next, self._next + 1
-        self.owners[lease] = worker
+        self._owners[lease] = worker
         return lease
+
+    def owners(self) -> npt.NDArray[np.int64]:
+        return self._owners.copy()

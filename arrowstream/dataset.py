@@ -13,7 +13,10 @@ from torch.utils.data import IterableDataset, get_worker_info
 from ._collective import collective_world_size, plan_arguments, plan_together
 from ._convert import check_output_columns, resolve_fill_nulls
 from ._credentials import as_provider
+from ._dynamic import LocalPool
+from ._dynamic_epoch import DYNAMIC, DynamicEpochs, check_assignment, dynamic_stream, start_state
 from ._layout import Epochs, batch_limits, check_known, rows_dropped, rows_trimmed, slot_rows, slot_yields
+from ._lease_pool import SharedPool
 from ._options import Options, check_bool, check_even_batches, check_int, check_storage_arguments, validate_options
 from ._order import Slot, SlotGrid
 from ._planning import Plan
@@ -105,6 +108,12 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         plan_cache: Where the files' metadata is kept so a restart reads no footer: ``None`` (default:
             ``$ARROWSTREAM_CACHE_DIR``, else the user cache folder), a folder, or ``False`` (no cache).
             Keyed by the listing and the options that shape units. See docs/large-datasets.md.
+        assignment: ``"static"`` (default): each worker reads the splits the plan gives it.
+            ``"dynamic"``: a rank's workers lease its rows, in the epoch's order, as they finish what
+            they hold, so a slow worker (costly files, a slow store, a costly ``transform``) takes
+            less; each rank's rows, ``len(loader)`` and ``even_batches`` stay as with ``"static"``,
+            the order of batches depends on timing, and a checkpoint resumes exactly the rows not yet
+            yielded, with any number of workers. See docs/stragglers.md.
 
     Example:
         >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
@@ -134,7 +143,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                  rank: int | None = None, world_size: int | None = None, even_batches: bool = True,
                  group_size: int = 1, read_ahead: int = 1,
                  credential_provider: Callable[[], dict[str, Any]] | None = None, plan_locally: bool = False,
-                 retry: RetryPolicy | None = None, plan_cache: Any = None) -> None:
+                 retry: RetryPolicy | None = None, plan_cache: Any = None, assignment: str = "static") -> None:
         super().__init__()
         # a Source (arrowstream._source) comes from a front door such as IcebergDataset; else files of a format
         source: Source | None = path if isinstance(path, Source) else None
@@ -157,6 +166,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         # with one reader of distinct data there is nothing to even out
         self._even_batches = check_even_batches(even_batches, self._world_size, self._options)
         self._read_ahead_depth = check_int("read_ahead", read_ahead, 0)
+        self._assignment = check_assignment(assignment, self._options)
         # shared, so that set_epoch reaches persistent workers
         self._epoch_cell = share(torch.zeros(1, dtype=torch.int64), "StructuredDataset: the epoch cell")
         self._pending: WorkerState | None = None
@@ -174,6 +184,13 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._fill_nulls = resolve_fill_nulls(self._options.fill_nulls, plan.schema)
         self._data = self._source.identity(plan)
         self._state_options = {**self._options.state_options(), "even_batches": self._even_batches}
+        if self._assignment == DYNAMIC:   # static states stay as they were
+            self._state_options["assignment"] = DYNAMIC
+        previous_dynamic: DynamicEpochs | None = vars(self).get("_dynamic")
+        self._dynamic = DynamicEpochs(plan, self._options, self._world_size, self._rank, self._even_batches)
+        if previous_dynamic is not None:
+            self._dynamic.loaded = previous_dynamic.loaded
+        self._pool: Any = None   # the leases of this iteration (dynamic; the loader's, shared by its workers)
         # the epoch re-planned for a loaded checkpoint of another topology (by the loader) stays
         previous: Epochs | None = vars(self).get("_epochs")
         self._epochs = Epochs(plan, self._options, self._even_batches, self._data, self._state_options,
@@ -302,6 +319,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         """Exact batches per epoch on this rank; ``TypeError`` when a filter makes it unknowable.
         With ``even_batches`` (the default on more than one rank) every rank has the same number."""
         check_known(self._options, "number of batches is")
+        if self._assignment == DYNAMIC:
+            return self._dynamic.batches(self.epoch)
         return sum(limit for _, limit, _ in self._rank_yields(num_workers))
 
     # -- iteration ----------------------------------------------------------------------------
@@ -322,8 +341,33 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             guard_feeder(info.id)
         pending, self._pending = self._pending, None
         slot = self._slot()
+        if self._assignment == DYNAMIC:
+            return self._iter_dynamic(slot)
         self._active = EpochIterator(slot, functools.partial(self._open, slot, pending),
                                      before=lambda: pending or self._epochs.start(slot, self.epoch))
+        return self._active
+
+    def _iter_dynamic(self, slot: Slot) -> EpochIterator:
+        epoch = self.epoch
+        if get_worker_info() is None:   # the trainer's process reads alone: its own pool, each iteration
+            self._pool = LocalPool(len(self._dynamic.leases(epoch, 0)), epoch)
+        pool = self._pool
+        if pool is None:
+            raise InvalidArgumentError("assignment='dynamic': this dataset's workers share leases that its loader "
+                                       "lays out; iterate it through create_dataloader's loader (or "
+                                       "ArrowStreamDataLoader), not a plain DataLoader")
+        before = start_state(self._data, self._state_options, epoch, slot, self._options.interleave)
+
+        def open_epoch() -> OpenEpoch:
+            runtime = self._worker_runtime()
+            leases = self._dynamic.leases(epoch, slot.num_workers)
+            if isinstance(pool, SharedPool):
+                pool.check(epoch, len(leases), slot.worker_id)
+            stream = dynamic_stream(runtime, leases, functools.partial(pool.take, slot.worker_id), slot, epoch,
+                                    self._options, self._data, self._state_options, before)
+            return OpenEpoch(stream, runtime, lambda start, end: [f"the files leased by worker {slot.worker_id}"])
+
+        self._active = EpochIterator(slot, open_epoch, before=lambda: before)
         return self._active
 
     def _worker_runtime(self) -> WorkerRuntime:

@@ -31,7 +31,9 @@ from ._batches import BatchIterator, PerBatchCollate, rewind_into_chunk, worker_
 from ._boundary import check_replanned_epoch_over, later_epoch_starts_whole
 from ._convert import passthrough_collate
 from ._credentials import as_provider
+from ._dynamic_epoch import DYNAMIC, check_dynamic_loader, dynamic_ledger, load_dynamic_ledger
 from ._fields import shorten
+from ._lease_pool import SharedPool
 from ._loader_options import check_loader_options
 from ._loader_resume import check_workers, elastic_slots, follow_checkpoint_planning, mark_epoch_complete
 from ._loader_state import read_checkpoint, read_loader_state
@@ -101,6 +103,8 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         self._set_batches_per_transfer(batches_per_transfer)
         self._batch_iterator: BatchIterator | None = None
         self._elastic_loaded = False  # a checkpoint re-planned for this topology, its epoch not started yet
+        self._pool: SharedPool | None = None  # assignment='dynamic': the leases of the running iteration
+        check_dynamic_loader(dataset, self.num_workers, self.persistent_workers)
 
     def _set_batches_per_transfer(self, value: int) -> None:
         self.batches_per_transfer = value
@@ -113,6 +117,12 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         loaded: dict[str, Any] | None = self.next_iter_state  # type: ignore[has-type]
         if loaded is not None and self.num_workers > 0:
             self.next_iter_state = self._into_later_epoch(loaded)
+        if self.dataset._assignment == DYNAMIC and self.num_workers > 0:
+            # a new pool for every iteration, before its workers start: they inherit it (an abandoned
+            # iteration's workers keep the old one)
+            epoch = self.dataset.epoch
+            leases = self.dataset._dynamic.leases(epoch, self.num_workers)
+            self._pool = self.dataset._pool = SharedPool(epoch, len(leases), self.multiprocessing_context)
         try:
             return super()._get_iterator()
         except OSError as exc:  # the semaphores of the workers' queues live in /dev/shm
@@ -192,6 +202,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         inner = super().state_dict()
         if self._batch_iterator is not None and self._batch_iterator.inside_chunk:
             inner = rewind_into_chunk(inner, self._batch_iterator, self.num_workers)
+        dynamic = {} if self.dataset._assignment != DYNAMIC else {"dynamic": self._dynamic_ledger(inner)}
         return {
             "kind": LOADER_KIND,
             "version": STATE_VERSION,
@@ -201,7 +212,20 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             "num_workers": self.num_workers,
             "batches_per_transfer": self.batches_per_transfer,
             "dataloader": inner,
+            **dynamic,
         }
+
+    def _dynamic_ledger(self, inner: dict[str, Any]) -> dict[str, Any]:
+        """assignment='dynamic': the rest of the epoch, from who took which lease and each worker's state
+        after its last batch handed out (see ``arrowstream._dynamic``)."""
+        dataset = self.dataset
+        if self.num_workers == 0:
+            active, pool = dataset._active, dataset._pool
+            states = [None if active is None else active.state()]
+        else:
+            pool = self._pool
+            states = [None if s is None else WorkerState.from_dict(s) for s in worker_states(inner)]
+        return dynamic_ledger(dataset, pool, states, self.num_workers)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`; the next batch is the one after the saved one.
@@ -225,10 +249,16 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             return
         if isinstance(state_dict, dict) and state_dict.get("kind") == CHECKPOINT_KIND:
             world_size, num_workers, outers = read_checkpoint(copy.deepcopy(state_dict))
+            if any("dynamic" in outer for outer in outers):
+                self._load_dynamic(outers)
+                return
             if (world_size, num_workers) != (self.dataset.world_size, self.num_workers):
                 self._load_elastic(outers)
                 return
             state_dict = outers[self.dataset.rank]
+        if isinstance(state_dict, dict) and state_dict.get("kind") == LOADER_KIND and "dynamic" in state_dict:
+            self._load_dynamic([read_loader_state(copy.deepcopy(state_dict))])
+            return
         if isinstance(state_dict, dict) and state_dict.get("kind") == LOADER_KIND:
             outer = read_loader_state(copy.deepcopy(state_dict))
             inner, per_transfer = outer["dataloader"], outer["batches_per_transfer"]
@@ -279,6 +309,15 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         self._batch_iterator = None
         self._elastic_loaded = False
         super().load_state_dict(inner)
+
+    def _load_dynamic(self, outers: list[dict[str, Any]]) -> None:
+        """Resume a dynamic checkpoint: the rest of its epoch is this rank's work, leased anew by this
+        loader's workers (any number)."""
+        epoch = load_dynamic_ledger(self.dataset, outers)
+        self.dataset.set_epoch(epoch)
+        self._batch_iterator = None
+        self._elastic_loaded = False
+        super().load_state_dict({})
 
     def _load_elastic(self, outers: list[dict[str, Any]]) -> None:
         """Resume every old rank's states with this loader's topology: the rest of the saved

@@ -4,17 +4,20 @@ number of workers: every row once."""
 
 from __future__ import annotations
 
+import json
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from arrowstream import StructuredDataset
+from arrowstream import StructuredDataset, errors
 from arrowstream._dynamic import (
-    Leases,
     LeasedShare,
+    Leases,
     LocalPool,
     fresh_work,
     lease_bounds,
@@ -86,7 +89,7 @@ def run(dataset, work, num_workers, epoch, batch_size, stop_after=None, rng=None
             sizes.append(batch.num_rows)
     options = dataset._options
     cursors = [None if w.done else w.delivered for w in workers]
-    rest = remaining_work(leases, pool.owners, cursors, [w.slot for w in workers], batch_size=batch_size,
+    rest = remaining_work(leases, pool.owners(), cursors, [w.slot for w in workers], batch_size=batch_size,
                           interleave=options.interleave, buffer_rows=options.shuffle_buffer_size)
     return ids, sizes, rest, leases
 
@@ -105,7 +108,7 @@ def test_every_row_once_through_checkpoints_and_other_worker_counts(folder, opti
         workers = rng.choice([1, 2, 3, 4])
         while True:
             stop = rng.choice([None, 1, 3, 9, 20])
-            ids, sizes, work, leases = run(dataset, work, workers, trial, batch_size, stop, rng, slow=0)
+            ids, sizes, work, _leases = run(dataset, work, workers, trial, batch_size, stop, rng, slow=0)
             seen += ids
             all_sizes += sizes
             if work.num_rows == 0:
@@ -126,3 +129,155 @@ def test_leases_hold_whole_batches_and_the_tail_is_cut_small():
     assert (sizes[:-1] % 64 == 0).all() and (sizes > 0).all()
     tail = rows.sum() // 8
     assert sizes[bounds[1:] > rows.sum() - tail].max() <= max(64, rows.sum() // (4 * 32))
+
+
+# -- through the loader: worker processes, checkpoints, fresh loaders ------------------------------
+
+DYNAMIC = {"assignment": "dynamic", "plan_cache": False, "batch_size": 32}
+MIXED = {**DYNAMIC, "shuffle": True, "seed": 5, "shuffle_buffer_size": 70, "interleave": 2}
+
+
+def slow_first_worker(batch):
+    """A transform that makes worker 0 a straggler."""
+    import time
+
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    if info is not None and info.id == 0:
+        time.sleep(0.003)
+    return batch
+
+
+def ids_of_loader(loader, stop=None):
+    ids, batches = [], 0
+    for batch in loader:
+        ids += [int(i) for i in batch["id"]]
+        batches += 1
+        if stop is not None and batches == stop:
+            break
+    return ids, batches
+
+
+@pytest.mark.parametrize("num_workers,options", [(0, DYNAMIC), (2, MIXED), (4, {**DYNAMIC, "shuffle": True})])
+def test_an_epoch_reads_every_row_once_in_exactly_len_batches_with_a_straggler(folder, num_workers, options):
+    path, total = folder
+    loader, dataset = StructuredDataset.create_dataloader(path, num_workers=num_workers, transform=slow_first_worker,
+                                                          **options)
+    for epoch in (0, 1):
+        dataset.set_epoch(epoch)
+        ids, batches = ids_of_loader(loader)
+        assert sorted(ids) == list(range(total)) and batches == len(loader) == -(-total // 32)
+
+
+@pytest.mark.parametrize("old,new", [(0, 3), (2, 0), (2, 3), (3, 1)])
+def test_a_checkpoint_anywhere_resumes_the_rest_once_with_any_number_of_workers(folder, old, new):
+    path, total = folder
+    for stop in (0, 1, 9, 40, None):
+        loader, dataset = StructuredDataset.create_dataloader(path, num_workers=old, **MIXED)
+        dataset.set_epoch(3)
+        seen, batches = ids_of_loader(loader, stop) if stop != 0 else ([], 0)
+        state = json.loads(json.dumps(loader.state_dict()))
+        assert "dynamic" in state and len(json.dumps(state)) < 8_000
+        fresh, fresh_dataset = StructuredDataset.create_dataloader(path, num_workers=new, **MIXED)
+        fresh.load_state_dict(state)
+        assert fresh_dataset.epoch == 3
+        rest, rest_batches = ids_of_loader(fresh)
+        assert sorted(seen + rest) == list(range(total)), (stop, len(seen), len(rest))
+        assert batches + rest_batches == len(fresh)
+        fresh_dataset.set_epoch(4)   # the next epoch is whole again
+        assert sorted(ids_of_loader(fresh)[0]) == list(range(total))
+
+
+def test_a_checkpoint_resumes_in_a_fresh_process(folder, tmp_path):
+    path, total = folder
+    loader, dataset = StructuredDataset.create_dataloader(path, num_workers=2, **MIXED)
+    dataset.set_epoch(1)
+    seen, _ = ids_of_loader(loader, 13)
+    (tmp_path / "state.json").write_text(json.dumps(loader.state_dict()))
+    child = (
+        "import json, sys\n"
+        "from arrowstream import StructuredDataset\n"
+        f"loader, dataset = StructuredDataset.create_dataloader({path!r}, num_workers=3, **{MIXED!r})\n"
+        f"loader.load_state_dict(json.load(open({str(tmp_path / 'state.json')!r})))\n"
+        "print(json.dumps([int(i) for b in loader for i in b['id']]))\n")
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120, check=True)
+    rest = json.loads(out.stdout.strip().splitlines()[-1])
+    assert sorted(seen + rest) == list(range(total))
+
+
+def _tampered(state, edit):
+    state = json.loads(json.dumps(state))
+    edit(state["dynamic"])
+    return state
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda d: d.update(fresh_from_row=10**9), "fresh_from_row"),
+    (lambda d: d["splits"].append([99, 0, 1, 0, 5, 10]), "names file 99"),
+    (lambda d: d["splits"].append([0, 0, 1, 0, 10**6, 10]), "not a range of rows"),
+    (lambda d: d["splits"].append([0, 0, 1, 0, 50, 10]), "more than the rank reads"),
+    (lambda d: d["replays"].append({"slot": [1, 2, 0, 5], "splits": [], "start": {}, "rows": 3}), "not a slot"),
+    (lambda d: d.update(epoch=-1), "epoch"),
+    (lambda d: d["options"].update(seed=6), "seed: saved 6 vs current 5"),
+])
+def test_a_tampered_ledger_is_refused(folder, edit, match):
+    path, _ = folder
+    loader, _ = StructuredDataset.create_dataloader(path, num_workers=0, **MIXED)
+    ids_of_loader(loader, 3)
+    if "more than" in match:   # a ledger that leaves more rows than the epoch has: nothing read yet
+        loader, _dataset = StructuredDataset.create_dataloader(path, num_workers=0, **MIXED)
+    state = _tampered(loader.state_dict(), edit)
+    fresh, _ = StructuredDataset.create_dataloader(path, num_workers=0, **MIXED)
+    with pytest.raises((errors.StateError, errors.StateMismatchError), match=match):
+        fresh.load_state_dict(state)
+
+
+def test_dynamic_and_static_states_do_not_load_into_each_other(folder):
+    path, _ = folder
+    dynamic, _ = StructuredDataset.create_dataloader(path, num_workers=0, **MIXED)
+    static_options = {k: v for k, v in MIXED.items() if k != "assignment"}
+    static, _ = StructuredDataset.create_dataloader(path, num_workers=0, **static_options)
+    ids_of_loader(dynamic, 2)
+    ids_of_loader(static, 2)
+    with pytest.raises(errors.StateMismatchError, match="assignment='dynamic', this dataset has assignment='static'"):
+        StructuredDataset.create_dataloader(path, num_workers=0, **static_options)[0].load_state_dict(
+            dynamic.state_dict())
+    with pytest.raises(errors.StateMismatchError, match="assignment: saved None vs current 'dynamic'"):
+        StructuredDataset.create_dataloader(path, num_workers=0, **MIXED)[0].load_state_dict(static.state_dict())
+
+
+def test_ranks_keep_their_static_rows_and_equal_batches(folder):
+    path, total = folder
+    seen, counts = [], []
+    for rank in (0, 1):
+        loader, _dataset = StructuredDataset.create_dataloader(path, num_workers=2, rank=rank, world_size=2,
+                                                              plan_locally=True, **{**MIXED, "batch_size": 16})
+        ids, batches = ids_of_loader(loader)
+        assert batches == len(loader)
+        seen += ids
+        counts.append(batches)
+    # equal batches; disjoint rows; even_batches trims at most about one split (100 rows) and a batch
+    assert counts[0] == counts[1] and len(seen) == len(set(seen)) and total - 120 < len(seen) <= total
+
+
+def test_drop_last_gives_only_whole_batches(folder):
+    path, total = folder
+    loader, _ = StructuredDataset.create_dataloader(path, num_workers=2, drop_last=True, **MIXED)
+    sizes = [len(b["id"]) for b in loader]
+    assert set(sizes) == {32} and len(sizes) == total // 32 == len(loader)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"assignment": "greedy"}, errors.InvalidArgumentError, "assignment: expected 'static' or 'dynamic'"),
+    ({"assignment": 1}, errors.ArgumentTypeError, "assignment: expected"),
+    ({"assignment": "dynamic", "filter": [("id", ">", 3)], "shuffle_buffer_size": 10}, errors.InvalidArgumentError,
+     "a filter .* and shuffle_buffer_size"),
+    ({"assignment": "dynamic", "num_workers": 2, "persistent_workers": True}, errors.InvalidArgumentError,
+     "persistent_workers: assignment='dynamic'"),
+])
+def test_bad_assignment_arguments_are_refused(folder, kwargs, error, match):
+    path, _ = folder
+    kwargs = {"num_workers": 0, "plan_cache": False, **kwargs}
+    with pytest.raises(error, match=match):
+        StructuredDataset.create_dataloader(path, **kwargs)

@@ -1,0 +1,258 @@
+"""A dataset's epochs under ``assignment="dynamic"``: the work of each epoch, a worker's stream over the
+leases it takes, and the ledger a checkpoint saves (see :mod:`arrowstream._dynamic` for the model).
+
+The ledger is the rest of the epoch as a :class:`~arrowstream._dynamic.Work`, in splits of the plan:
+replays (each an old worker's slot, the splits its window read, where it stood, the rows left), explicit
+splits, and the row of the rank's fresh splits from which everything is left. It is JSON, a few hundred
+bytes per worker, whatever the number of files, and is checked against the plan when loaded.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._cursor import Cursor
+from ._dynamic import LeasedShare, Leases, Work, fresh_work, leased_runs, remaining_work, start_cursor
+from ._elastic import Replay
+from ._fields import REMEDY, Fields, check_int, shorten
+from ._order import Slot, SlotGrid
+from ._plan_types import Split
+from ._stream import EpochStream
+from .errors import StateError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    import numpy as np
+    import numpy.typing as npt
+
+    from ._options import Options
+    from ._planning import Plan
+    from ._runtime import WorkerRuntime
+    from ._state import DataIdentity, WorkerState
+
+DYNAMIC = "dynamic"
+ASSIGNMENTS = ("static", DYNAMIC)
+
+
+class DynamicEpochs:
+    """What a dataset with dynamic assignment asks of its epochs: each epoch's :class:`Work` (the loaded
+    ledger's for the epoch it was saved in, else the rank's fresh rows) and its leases."""
+
+    def __init__(self, plan: Plan, options: Options, world_size: int, rank: int, even_batches: bool) -> None:
+        self._plan, self._options = plan, options
+        self._world_size, self._rank, self._even_batches = world_size, rank, even_batches
+        self.loaded: tuple[int, Work] | None = None   # a checkpoint's rest of its epoch
+        self._fresh: dict[int, Work] = {}
+
+    def fresh(self, epoch: int) -> Work:
+        work = self._fresh.get(epoch)
+        if work is None:
+            if len(self._fresh) >= 4:
+                del self._fresh[next(iter(self._fresh))]
+            work = self._fresh[epoch] = fresh_work(self._plan, self._world_size, self._rank, epoch, self._options,
+                                                   self._even_batches)
+        return work
+
+    def work(self, epoch: int) -> Work:
+        """The rows of ``epoch`` this rank's workers lease."""
+        if self.loaded is not None and self.loaded[0] == epoch:
+            return self.loaded[1]
+        return self.fresh(epoch)
+
+    def leases(self, epoch: int, num_workers: int) -> Leases:
+        return Leases(self.work(epoch), self._options.batch_size, num_workers)
+
+    def batches(self, epoch: int) -> int:
+        """Batches this rank yields in a whole ``epoch`` (every lease but the last holds whole batches)."""
+        rows = self.fresh(epoch).num_rows
+        return -(-rows // self._options.batch_size)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_fresh": {}}
+
+
+def dynamic_stream(runtime: WorkerRuntime, leases: Leases, take: Callable[[], int | None], slot: Slot,
+                   epoch: int, options: Options, data: DataIdentity, state_options: dict[str, Any],
+                   start: WorkerState) -> EpochStream:
+    """A worker's batches of ``epoch``: the rows of the leases it takes with ``take``."""
+    share = LeasedShare(leases, take)
+    runs = leased_runs(runtime.readers, share, seed=options.seed, epoch=epoch, slot=slot,
+                       batch_size=options.batch_size, interleave=options.interleave,
+                       buffer_rows=options.shuffle_buffer_size)
+    # drop_last and even_batches are in the work already (cut to whole batches); the end is the pool's
+    return EpochStream(runs=runs, end=Cursor((), 0), batch_size=options.batch_size, drop_last=False,
+                       max_batches=None, convert=runtime.convert, data=data, options=state_options, epoch=epoch,
+                       slot=slot, start=start)
+
+
+def start_state(data: DataIdentity, state_options: dict[str, Any], epoch: int, slot: Slot,
+                interleave: int) -> WorkerState:
+    from ._state import WorkerState
+
+    return WorkerState(data, state_options, epoch, slot, start_cursor(interleave), 0, 0, 0, False, None)
+
+
+def rest_of_epoch(leases: Leases, owners: npt.NDArray[np.int64], states: Sequence[WorkerState | None],
+                  slots: Sequence[Slot], options: Options) -> Work:
+    """The rows of ``leases.work`` not handed out, from who took each lease and each worker's state after
+    its last batch the trainer received (None, or ``epoch_complete``: it handed out all it took)."""
+    cursors = [None if state is None or state.epoch_complete else state.cursor for state in states]
+    return remaining_work(leases, owners, cursors, slots, batch_size=options.batch_size,
+                          interleave=options.interleave, buffer_rows=options.shuffle_buffer_size)
+
+
+# -- the ledger as JSON ---------------------------------------------------------------------------
+
+
+def _split_to_list(split: Split) -> list[int]:
+    return [split.file_index, split.unit_start, split.unit_stop, split.row_start, split.num_rows, split.num_bytes]
+
+
+def work_to_dict(epoch: int, work: Work) -> dict[str, Any]:
+    return {
+        "epoch": epoch,
+        "replays": [{"slot": [r.slot.world_size, r.slot.num_workers, r.slot.rank, r.slot.worker_id],
+                     "splits": [_split_to_list(s) for s in r.splits], "start": r.start.to_dict(), "rows": r.rows}
+                    for r in work.replays],
+        "splits": [_split_to_list(s) for s in work.splits],
+        "fresh_from_row": work.fresh_from_row,
+    }
+
+
+def _split_from_list(plan: Plan, value: Any, where: str) -> Split:
+    """A split of the ledger, checked against the plan: a file, units and rows it has."""
+    if not isinstance(value, list) or len(value) != 6:
+        raise StateError(f"the state's {where} is {shorten(value)}, expected [file, unit start, unit stop, row start, "
+                         f"rows, bytes]; {REMEDY}")
+    file_index, unit_start, unit_stop, row_start, num_rows, num_bytes = (
+        check_int(v, f"{where}[{i}]") for i, v in enumerate(value))
+    if file_index >= len(plan.files):
+        raise StateError(f"the state's {where} names file {file_index}, but the dataset has {len(plan.files)} file(s); "
+                         f"{REMEDY}")
+    unit_rows = plan.files[file_index].unit_rows
+    if not unit_start < unit_stop <= len(unit_rows) or num_rows < 1 \
+            or row_start + num_rows > sum(unit_rows[unit_start:unit_stop]):
+        raise StateError(f"the state's {where} ({shorten(value)}) is not a range of rows of "
+                         f"{plan.url(file_index)} (units {unit_start}..{unit_stop} of {len(unit_rows)}); {REMEDY}")
+    return Split(file_index, unit_start, unit_stop, row_start, num_rows, num_bytes)
+
+
+def work_from_dict(value: Any, plan: Plan, epochs: DynamicEpochs, options: Options,
+                   where: str = "dynamic") -> tuple[int, Work]:
+    """The ledger of a dynamic checkpoint: its epoch and the rest of that epoch, checked against the plan."""
+    fields = Fields(value, where)
+    epoch = fields.integer("epoch")
+    replays = []
+    for number, replay in enumerate(fields.sequence("replays")):
+        name = f"{where}.replays[{number}]"
+        entry = Fields(replay, name)
+        slot_fields = entry.sequence("slot")
+        if len(slot_fields) != 4:
+            raise StateError(f"the state's {name}.slot is {shorten(slot_fields)}, expected [world size, workers, rank, "
+                             f"worker]; {REMEDY}")
+        world, workers, rank, worker = (check_int(v, f"{name}.slot[{i}]") for i, v in enumerate(slot_fields))
+        if world < 1 or rank >= world or worker >= max(workers, 1):
+            raise StateError(f"the state's {name}.slot is {shorten(slot_fields)}: not a slot; {REMEDY}")
+        splits = tuple(_split_from_list(plan, s, f"{name}.splits[{i}]") for i, s in enumerate(entry.sequence("splits")))
+        start = Cursor.from_dict(entry.mapping("start").value, f"{name}.start")
+        rows = entry.integer("rows", 1)
+        if rows > options.shuffle_buffer_size - start.window_offset:
+            raise StateError(f"the state's {name}.rows is {rows}, more than is left of a shuffle window of "
+                             f"{options.shuffle_buffer_size} rows at offset {start.window_offset}; {REMEDY}")
+        replays.append(Replay(SlotGrid(world, workers).slot(rank, worker), splits, start, rows))
+    splits = tuple(_split_from_list(plan, s, f"{where}.splits[{i}]") for i, s in enumerate(fields.sequence("splits")))
+    fresh = epochs.fresh(epoch)
+    fresh_rows = fresh.num_rows
+    fresh_from = fields.integer("fresh_from_row", 0, fresh_rows)
+    work = Work(tuple(replays), splits, fresh.fresh, fresh_from)
+    if work.num_rows > fresh_rows:
+        raise StateError(f"the state's {where} leaves {work.num_rows} row(s) of epoch {epoch}, more than the rank reads "
+                         f"in an epoch ({fresh_rows}); {REMEDY}")
+    return epoch, work
+
+
+def check_assignment(assignment: Any, options: Options) -> str:
+    """``assignment``, checked: ``"static"`` or ``"dynamic"`` (not with a filter and a shuffle buffer,
+    whose windows' rows a checkpoint could not name before reading)."""
+    from .errors import ArgumentTypeError, InvalidArgumentError
+
+    if not isinstance(assignment, str):
+        raise ArgumentTypeError(f"assignment: expected 'static' or 'dynamic', got {type(assignment).__name__}")
+    if assignment not in ASSIGNMENTS:
+        raise InvalidArgumentError(f"assignment: expected 'static' or 'dynamic', got {assignment!r}")
+    if assignment == DYNAMIC and options.drops_rows and options.shuffle_buffer_size:
+        raise InvalidArgumentError(
+            "assignment='dynamic' with a filter (or bad_rows='skip') and shuffle_buffer_size: which rows a shuffle "
+            "window holds is unknown before reading, so a checkpoint could not name the rows a worker had not "
+            "handed out. Use one of them, or assignment='static'")
+    return assignment
+
+
+# -- the loader's side ------------------------------------------------------------------------------
+
+
+def check_dynamic_loader(dataset: Any, num_workers: int, persistent_workers: bool) -> None:
+    """Refuse what dynamic assignment does not take yet: persistent workers (each iteration's workers
+    take their leases from a pool made for that iteration)."""
+    from .errors import InvalidArgumentError
+
+    if dataset._assignment == DYNAMIC and num_workers > 0 and persistent_workers:
+        raise InvalidArgumentError(
+            "persistent_workers: assignment='dynamic' does not take persistent workers yet (each iteration's "
+            "workers lease from a pool made for that iteration); pass persistent_workers=False")
+
+
+def dynamic_ledger(dataset: Any, pool: Any, states: Sequence[WorkerState | None], num_workers: int) -> dict[str, Any]:
+    """The ``dynamic`` part of a loader state: the rest of the epoch being read (or, before any
+    iteration, of the dataset's epoch), with the data and options it must resume on."""
+    epochs: DynamicEpochs = dataset._dynamic
+    options: Options = dataset._options
+    if pool is None:
+        epoch = dataset.epoch
+        work = epochs.work(epoch)
+    else:
+        epoch = pool.epoch
+        leases = epochs.leases(epoch, num_workers)
+        grid = SlotGrid(dataset.world_size, num_workers)
+        slots = [grid.slot(dataset.rank, worker) for worker in range(max(num_workers, 1))]
+        # a worker with no state yet, or one of an earlier epoch, has not started this one
+        started = [state if state is not None and state.epoch == epoch else
+                   start_state(dataset._data, dataset._state_options, epoch, slot, options.interleave)
+                   for state, slot in zip(states, slots, strict=True)]
+        work = rest_of_epoch(leases, pool.owners(), started, slots, options)
+    return {**work_to_dict(epoch, work), "data": dataset._data.to_dict(), "options": dict(dataset._state_options)}
+
+
+def load_dynamic_ledger(dataset: Any, outers: Sequence[dict[str, Any]]) -> int:
+    """Check the ledgers of loader states (one, or every rank's of a merged checkpoint) against ``dataset`` and
+    make the rest of the saved epoch its work; the saved epoch."""
+    from ._state import DataIdentity, WorkerState, check_compatible
+    from .errors import StateMismatchError
+
+    if dataset._assignment != DYNAMIC:
+        raise StateMismatchError(
+            "checkpoint was taken with assignment='dynamic', this dataset has assignment='static': the rest of its "
+            "epoch is a ledger of leases, not worker cursors. Build the dataset with assignment='dynamic' to resume "
+            "(after the epoch ends, a checkpoint of either kind starts the next epoch)")
+    missing = [index for index, outer in enumerate(outers) if "dynamic" not in outer]
+    if missing:
+        raise StateMismatchError(f"checkpoint rank {missing[0]} was taken with assignment='static' and others with "
+                                 f"'dynamic'; {REMEDY}")
+    world_size = outers[0]["world_size"]
+    if world_size != dataset.world_size:
+        raise StateMismatchError(
+            f"checkpoint was taken with world_size={world_size} and assignment='dynamic', this loader has "
+            f"world_size={dataset.world_size}: dynamic assignment re-plans the rest of an epoch for other workers "
+            f"of a rank, not yet for other ranks. Resume with world_size={world_size} until the epoch ends")
+    outer = outers[0] if len(outers) == 1 else outers[dataset.rank]
+    if outer["rank"] != dataset.rank:
+        raise StateMismatchError(f"this loader state belongs to rank {outer['rank']} of {world_size}, this loader is "
+                                 f"rank {dataset.rank}; load each rank's own state, or the merged checkpoint on every rank")
+    ledger = Fields(outer["dynamic"], "dynamic")
+    epoch, work = work_from_dict(outer["dynamic"], dataset._plan, dataset._dynamic, dataset._options)
+    saved = WorkerState(DataIdentity.from_dict(ledger.mapping("data")), dict(ledger.mapping("options").value), epoch,
+                        SlotGrid(world_size, 0).slot(dataset.rank, 0), start_cursor(1), 0, 0, 0, False, None)
+    check_compatible(saved, dataset._data, dataset._state_options)
+    dataset._dynamic.loaded = (epoch, work)
+    return epoch
