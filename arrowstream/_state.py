@@ -19,7 +19,7 @@ from ._order import Slot, SlotGrid
 from ._plan_types import PLANNING_VERSION, PLANNING_VERSIONS
 from .errors import StateError, StateMismatchError, StateVersionError
 
-STATE_VERSION = 6
+STATE_VERSION = 7
 WORKER_KIND = "arrowstream.worker"
 LOADER_KIND = "arrowstream.loader"
 CHECKPOINT_KIND = "arrowstream.checkpoint"  # every rank's loader state, merged
@@ -93,6 +93,12 @@ def _checkpoint_v5_to_v6(state: dict[str, Any]) -> dict[str, Any]:
     return dict(state)
 
 
+def _unchanged_in_v7(state: dict[str, Any]) -> dict[str, Any]:
+    """v7 adds the ``dynamic`` ledger to the loader states of ``assignment="dynamic"`` (which v6 did not
+    have); every earlier state is a static one, unchanged."""
+    return dict(state)
+
+
 # (kind, n) -> the step from version n to n + 1 of that kind; each takes and returns a plain dict
 MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
     (LOADER_KIND, 1): _loader_v1_to_v2,
@@ -107,6 +113,9 @@ MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = 
     (WORKER_KIND, 5): _worker_v5_to_v6,
     (LOADER_KIND, 5): _loader_v5_to_v6,
     (CHECKPOINT_KIND, 5): _checkpoint_v5_to_v6,
+    (WORKER_KIND, 6): _unchanged_in_v7,
+    (LOADER_KIND, 6): _unchanged_in_v7,
+    (CHECKPOINT_KIND, 6): _unchanged_in_v7,
 }
 
 

@@ -54,6 +54,17 @@ CASES = [
     {"name": "elastic-workers3-from-workers2-mid", "num_workers": 3, "elastic_from": (2, 2),
      "options": {"batch_size": 8, "shuffle": True, "seed": 6, "shuffle_buffer_size": 12, "interleave": 2},
      "epochs": [0, 1], "point": ("mid", 0, 2)},
+    # from v7 on: dynamic assignment (the ledger of leases); resumed by one process, whose order is fixed
+    {"name": "dynamic-workers0-buffer-interleave-mid", "num_workers": 0,
+     "options": {"batch_size": 16, "shuffle": True, "seed": 1, "shuffle_buffer_size": 30, "interleave": 2,
+                 "assignment": "dynamic"},
+     "epochs": [0, 1], "point": ("mid", 0, 3)},
+    # the ledger of 2 worker processes (replays of their windows, splits they held) loaded by one process,
+    # and a state inside that resumed epoch
+    {"name": "dynamic-workers0-from-workers2-mid", "num_workers": 0, "elastic_from": (2, 3),
+     "options": {"batch_size": 8, "shuffle": True, "seed": 6, "shuffle_buffer_size": 12, "interleave": 2,
+                 "assignment": "dynamic"},
+     "epochs": [0, 1], "point": ("mid", 0, 2)},
 ]
 
 
@@ -161,7 +172,16 @@ def capture(case: dict, path: str) -> dict:
         if kind == "after" and epoch == at_epoch:
             state, before = json.loads(json.dumps(loader.state_dict())), consumed
     assert state is not None
-    return {"state": state, "consumed": before, "epoch": at_epoch, "continuation_ids": all_ids[before:]}
+    continuation = all_ids[before:]
+    if case["options"].get("assignment") == "dynamic":
+        # a resume lays out the rest anew: record what a fresh loader of one process reads from the state
+        fresh, fresh_dataset = StructuredDataset.create_dataloader(path=path, num_workers=0, **case["options"])
+        fresh.load_state_dict(state)
+        continuation = []
+        for epoch in range(at_epoch, case["epochs"][-1] + 1):
+            fresh_dataset.set_epoch(epoch)
+            continuation += [batch["id"].tolist() for batch in fresh]
+    return {"state": state, "consumed": before, "epoch": at_epoch, "continuation_ids": continuation}
 
 
 def main() -> None:
