@@ -23,15 +23,15 @@ from ._shm import share
 
 # a board row, in this order
 FIELDS = ("rows", "batches", "bytes", "splits_done", "read_s", "convert_s", "idle_s", "first_s", "last_s",
-          "rows_skipped")
-COUNTS = ("rows", "batches", "bytes", "splits_done", "rows_skipped")
+          "rows_skipped", "leases")
+COUNTS = ("rows", "batches", "bytes", "splits_done", "rows_skipped", "leases")
 TIMES = ("read_s", "convert_s", "idle_s")
 
 
 class Meter:
     """The counters of one worker, written by that worker only."""
 
-    __slots__ = ("_row", "batches", "bytes", "convert_s", "first_s", "idle_s", "last_s", "read_s", "rows",
+    __slots__ = ("_row", "batches", "bytes", "convert_s", "first_s", "idle_s", "last_s", "leases", "read_s", "rows",
                  "rows_skipped", "splits_done")
 
     def __init__(self, row: np.ndarray | None = None) -> None:
@@ -40,7 +40,7 @@ class Meter:
         values: list[float] = [0.0] * len(FIELDS) if row is None else row.tolist()
         self.rows, self.batches, self.bytes, self.splits_done = (int(v) for v in values[:4])
         self.read_s, self.convert_s, self.idle_s, self.first_s, self.last_s = (float(v) for v in values[4:9])
-        self.rows_skipped = int(values[9])
+        self.rows_skipped, self.leases = int(values[9]), int(values[10])
 
     def batch(self, rows: int, batches: int, read_s: float, convert_s: float, idle_s: float, now: float) -> None:
         """Count ``batches`` handed over, holding ``rows`` rows."""
@@ -60,13 +60,17 @@ class Meter:
         self.splits_done += 1
         self.bytes += num_bytes
 
+    def leased(self) -> None:
+        """A lease taken (``assignment="dynamic"``)."""
+        self.leases += 1
+
     def skipped(self, rows: int) -> None:
         """``rows`` rows of text that did not parse, left out (``bad_rows="skip"``)."""
         self.rows_skipped += rows
 
     def values(self) -> tuple[float, ...]:
         return (self.rows, self.batches, self.bytes, self.splits_done, self.read_s, self.convert_s, self.idle_s,
-                self.first_s, self.last_s, self.rows_skipped)
+                self.first_s, self.last_s, self.rows_skipped, self.leases)
 
 
 class Board:
@@ -113,7 +117,11 @@ def summarize(workers: Sequence[dict[str, float]], rank: int) -> dict[str, Any]:
     total = {name: sum(float(w[name]) for w in workers) for name in FIELDS}
     total["first_s"] = min(started) if started else 0.0
     total["last_s"] = max((w["last_s"] for w in workers), default=0.0)
-    return {**_described(total), "workers": lines}
+    # the tail: from the first worker's last batch to the last one's (after an epoch: how long the
+    # workers that finished first waited for the others)
+    ended = [w["last_s"] for w in workers if w["last_s"]]
+    tail = max(ended) - min(ended) if ended else 0.0
+    return {**_described(total), "tail_s": tail, "workers": lines}
 
 
 def merge(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -363,8 +363,16 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             leases = self._dynamic.leases(epoch, slot.num_workers)
             if isinstance(pool, SharedPool):
                 pool.check(epoch, len(leases), slot.worker_id)
-            stream = dynamic_stream(runtime, leases, functools.partial(pool.take, slot.worker_id), slot, epoch,
-                                    self._options, self._data, self._state_options, before)
+            meter = runtime.meter
+
+            def take() -> int | None:
+                lease: int | None = pool.take(slot.worker_id)
+                if lease is not None:
+                    meter.leased()
+                return lease
+
+            stream = dynamic_stream(runtime, leases, take, slot, epoch, self._options, self._data,
+                                    self._state_options, before)
             return OpenEpoch(stream, runtime, lambda start, end: [f"the files leased by worker {slot.worker_id}"])
 
         self._active = EpochIterator(slot, open_epoch, before=lambda: before)

@@ -281,3 +281,17 @@ def test_bad_assignment_arguments_are_refused(folder, kwargs, error, match):
     kwargs = {"num_workers": 0, "plan_cache": False, **kwargs}
     with pytest.raises(error, match=match):
         StructuredDataset.create_dataloader(path, **kwargs)
+
+
+def test_metrics_count_each_workers_leases_and_the_tail(folder):
+    path, total = folder
+    loader, dataset = StructuredDataset.create_dataloader(path, num_workers=2, transform=slow_first_worker, **MIXED)
+    ids_of_loader(loader)
+    metrics = loader.metrics()
+    leases = len(dataset._dynamic.leases(0, 2))
+    assert metrics["leases"] == leases == sum(w["leases"] for w in metrics["workers"]) and leases > 2
+    assert all(w["leases"] > 0 for w in metrics["workers"]) and metrics["rows"] == total
+    assert 0 <= metrics["tail_s"] <= metrics["elapsed_s"]
+    static, _ = StructuredDataset.create_dataloader(path, num_workers=0, plan_cache=False)
+    ids_of_loader(static)
+    assert static.metrics()["leases"] == 0
