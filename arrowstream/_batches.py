@@ -46,6 +46,7 @@ class BatchIterator:
         self.chunk: Chunk | None = None
         self.taken = 0
         self._pending: list[Any] = []
+        self.delivered: dict[int, Any] = {}   # worker id -> its position after its last batch handed out
 
     @property
     def inside_chunk(self) -> bool:
@@ -77,6 +78,7 @@ class BatchIterator:
         self._pending[self.taken] = None
         self.taken += 1
         assert self.chunk is not None
+        self.delivered[self.chunk.worker_id] = self.chunk.positions[self.taken - 1]
         return self.chunk.finish(batch)
 
     def __len__(self) -> int:

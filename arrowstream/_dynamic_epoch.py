@@ -23,9 +23,6 @@ from .errors import StateError
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    import numpy as np
-    import numpy.typing as npt
-
     from ._options import Options
     from ._planning import Plan
     from ._runtime import WorkerRuntime
@@ -33,6 +30,7 @@ if TYPE_CHECKING:
 
 DYNAMIC = "dynamic"
 ASSIGNMENTS = ("static", DYNAMIC)
+END = Cursor((), 1 << 62, replay_index=1 << 62)   # past every replay and split a worker could lease
 
 
 class DynamicEpochs:
@@ -81,7 +79,7 @@ def dynamic_stream(runtime: WorkerRuntime, leases: Leases, take: Callable[[], in
                        batch_size=options.batch_size, interleave=options.interleave,
                        buffer_rows=options.shuffle_buffer_size)
     # drop_last and even_batches are in the work already (cut to whole batches); the end is the pool's
-    return EpochStream(runs=runs, end=Cursor((), 0), batch_size=options.batch_size, drop_last=False,
+    return EpochStream(runs=runs, end=END, batch_size=options.batch_size, drop_last=False,
                        max_batches=None, convert=runtime.convert, data=data, options=state_options, epoch=epoch,
                        slot=slot, start=start)
 
@@ -91,15 +89,6 @@ def start_state(data: DataIdentity, state_options: dict[str, Any], epoch: int, s
     from ._state import WorkerState
 
     return WorkerState(data, state_options, epoch, slot, start_cursor(interleave), 0, 0, 0, False, None)
-
-
-def rest_of_epoch(leases: Leases, owners: npt.NDArray[np.int64], states: Sequence[WorkerState | None],
-                  slots: Sequence[Slot], options: Options) -> Work:
-    """The rows of ``leases.work`` not handed out, from who took each lease and each worker's state after
-    its last batch the trainer received (None, or ``epoch_complete``: it handed out all it took)."""
-    cursors = [None if state is None or state.epoch_complete else state.cursor for state in states]
-    return remaining_work(leases, owners, cursors, slots, batch_size=options.batch_size,
-                          interleave=options.interleave, buffer_rows=options.shuffle_buffer_size)
 
 
 # -- the ledger as JSON ---------------------------------------------------------------------------
@@ -203,9 +192,10 @@ def check_dynamic_loader(dataset: Any, num_workers: int, persistent_workers: boo
             "workers lease from a pool made for that iteration); pass persistent_workers=False")
 
 
-def dynamic_ledger(dataset: Any, pool: Any, states: Sequence[WorkerState | None], num_workers: int) -> dict[str, Any]:
+def dynamic_ledger(dataset: Any, pool: Any, cursors: Sequence[Cursor | None], num_workers: int) -> dict[str, Any]:
     """The ``dynamic`` part of a loader state: the rest of the epoch being read (or, before any
-    iteration, of the dataset's epoch), with the data and options it must resume on."""
+    iteration, of the dataset's epoch), with the data and options it must resume on. ``cursors``: each
+    worker's after its last batch handed out (None: it has handed out none yet)."""
     epochs: DynamicEpochs = dataset._dynamic
     options: Options = dataset._options
     if pool is None:
@@ -216,11 +206,9 @@ def dynamic_ledger(dataset: Any, pool: Any, states: Sequence[WorkerState | None]
         leases = epochs.leases(epoch, num_workers)
         grid = SlotGrid(dataset.world_size, num_workers)
         slots = [grid.slot(dataset.rank, worker) for worker in range(max(num_workers, 1))]
-        # a worker with no state yet, or one of an earlier epoch, has not started this one
-        started = [state if state is not None and state.epoch == epoch else
-                   start_state(dataset._data, dataset._state_options, epoch, slot, options.interleave)
-                   for state, slot in zip(states, slots, strict=True)]
-        work = rest_of_epoch(leases, pool.owners(), started, slots, options)
+        started = [start_cursor(options.interleave) if cursor is None else cursor for cursor in cursors]
+        work = remaining_work(leases, pool.owners(), started, slots, batch_size=options.batch_size,
+                              interleave=options.interleave, buffer_rows=options.shuffle_buffer_size)
     return {**work_to_dict(epoch, work), "data": dataset._data.to_dict(), "options": dict(dataset._state_options)}
 
 

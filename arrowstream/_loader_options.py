@@ -83,7 +83,8 @@ def start_method(context: Any) -> str:
     return context if isinstance(context, str) else str(context.get_start_method())
 
 
-def check_loader_options(num_workers: Any, options: Mapping[str, Any], credential_provider: Any = None) -> None:
+def check_loader_options(num_workers: Any, options: Mapping[str, Any], credential_provider: Any = None,
+                         out_of_order: bool = False) -> None:
     """Check ``num_workers`` and the ``StatefulDataLoader`` keywords in ``options`` (those passed).
 
     Raises an :class:`~arrowstream.errors.ArgumentTypeError` or
@@ -100,7 +101,8 @@ def check_loader_options(num_workers: Any, options: Mapping[str, Any], credentia
     """
     check_int("num_workers", num_workers, 0)
     _check_dataset_owned(options)
-    if "in_order" in options and not check_bool("in_order", options["in_order"]):
+    # out_of_order: the dataset's assignment is dynamic, whose checkpoints follow the batches handed out
+    if "in_order" in options and not check_bool("in_order", options["in_order"]) and not out_of_order:
         raise InvalidArgumentError(
             "in_order: False lets the loader hand out batches as workers finish them, and torchdata keeps no "
             "exact state for that order: a resume would lose or repeat rows (guarantee 4, exact resume). Leave "

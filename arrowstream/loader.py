@@ -19,10 +19,13 @@ torchdata's own dict inside the state is read and rewritten through ``_torchdata
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import inspect
+import logging
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -79,11 +82,13 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
                                     f"IcebergDataset), got {type(dataset).__name__}; use a plain StatefulDataLoader "
                                     "for other datasets")
         kwargs = _loader_arguments(dataset, args, kwargs)
-        check_loader_options(kwargs.get("num_workers", 0), kwargs, dataset._credential_provider)
+        check_loader_options(kwargs.get("num_workers", 0), kwargs, dataset._credential_provider,
+                             out_of_order=dataset._assignment == DYNAMIC)
         collate_fn = kwargs.get("collate_fn")
         if collate_fn is not None and collate_fn is not passthrough_collate:
             kwargs["collate_fn"] = PerBatchCollate(collate_fn)  # a chunk's batches, one by one
-        with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, deprecated in torch 2.13
+        with warnings.catch_warnings(), _out_of_order_quiet(dataset._assignment == DYNAMIC):
+            # torchdata 0.11 calls torch.set_vital, deprecated in torch 2.13
             warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
             super().__init__(dataset, **kwargs)
         if self.num_workers > 0:  # workers send Chunks, packed by the collate step (see PerBatchCollate)
@@ -153,7 +158,8 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         return inner
 
     def __iter__(self) -> Any:
-        check_loader_options(self.num_workers, {"in_order": self.in_order})  # also when set after __init__
+        check_loader_options(self.num_workers, {"in_order": self.in_order},  # also when set after __init__
+                             out_of_order=self.dataset._assignment == DYNAMIC)
         if self._elastic_loaded:  # the first epoch after loading a checkpoint re-planned for this topology
             check_replanned_epoch_over(self.dataset, self.num_workers)
             self._elastic_loaded = False
@@ -199,7 +205,8 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         """A JSON-able dict: ``json.dumps`` and ``torch.save`` both work."""
         from . import __version__
 
-        inner = super().state_dict()
+        with _out_of_order_quiet(self.dataset._assignment == DYNAMIC):
+            inner = super().state_dict()
         if self._batch_iterator is not None and self._batch_iterator.inside_chunk:
             inner = rewind_into_chunk(inner, self._batch_iterator, self.num_workers)
         dynamic = {} if self.dataset._assignment != DYNAMIC else {"dynamic": self._dynamic_ledger(inner)}
@@ -221,11 +228,14 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         dataset = self.dataset
         if self.num_workers == 0:
             active, pool = dataset._active, dataset._pool
-            states = [None if active is None else active.state()]
+            cursors = [None if active is None else active.state().cursor]
         else:
+            # each worker's position after its last batch handed out, as the batches went by (torchdata's
+            # own snapshots do not follow the batches handed out when they come out of order)
             pool = self._pool
-            states = [None if s is None else WorkerState.from_dict(s) for s in worker_states(inner)]
-        return dynamic_ledger(dataset, pool, states, self.num_workers)
+            delivered = {} if self._batch_iterator is None else self._batch_iterator.delivered
+            cursors = [None if w not in delivered else delivered[w].cursor for w in range(self.num_workers)]
+        return dynamic_ledger(dataset, pool, cursors, self.num_workers)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`; the next batch is the one after the saved one.
@@ -334,6 +344,27 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         self._batch_iterator = None
         super().load_state_dict({})
 
+class _OutOfOrderFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("using in_order=False")
+
+
+@contextlib.contextmanager
+def _out_of_order_quiet(quiet: bool) -> Iterator[None]:
+    """Silence torchdata's warning that its state does not follow ``in_order=False``: with dynamic
+    assignment the checkpoint is arrowstream's ledger, which follows the batches handed out."""
+    if not quiet:
+        yield
+        return
+    torchdata_logger = logging.getLogger("torchdata.stateful_dataloader.stateful_dataloader")
+    quiet_filter = _OutOfOrderFilter()
+    torchdata_logger.addFilter(quiet_filter)
+    try:
+        yield
+    finally:
+        torchdata_logger.removeFilter(quiet_filter)
+
+
 _RESERVED = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
 _LOADER_SIGNATURE = inspect.signature(StatefulDataLoader.__init__)
 
@@ -377,7 +408,10 @@ def build_dataloader(dataset_cls: type, *, dataset_args: dict[str, Any], num_wor
     provider = dataset_kwargs.get("credential_provider")
     if callable(provider):  # wrapped once: its picklability is checked here, and the dataset keeps it
         provider = dataset_kwargs["credential_provider"] = as_provider(provider)
-    check_loader_options(num_workers, kwargs, provider)  # before planning, which may be long
+    dynamic = dataset_kwargs.get("assignment") == DYNAMIC
+    if dynamic and num_workers > 0:   # batches as workers have them: a slow worker holds up no other
+        kwargs.setdefault("in_order", False)
+    check_loader_options(num_workers, kwargs, provider, out_of_order=dynamic)  # before planning, which may be long
     dataset = dataset_cls(**dataset_args, **dataset_kwargs)
     kwargs.setdefault("collate_fn", passthrough_collate)
     loader = ArrowStreamDataLoader(dataset, batch_size=None, num_workers=num_workers, **kwargs)

@@ -170,11 +170,14 @@ def test_an_epoch_reads_every_row_once_in_exactly_len_batches_with_a_straggler(f
         assert sorted(ids) == list(range(total)) and batches == len(loader) == -(-total // 32)
 
 
-@pytest.mark.parametrize("old,new", [(0, 3), (2, 0), (2, 3), (3, 1)])
-def test_a_checkpoint_anywhere_resumes_the_rest_once_with_any_number_of_workers(folder, old, new):
+@pytest.mark.parametrize("old,new,in_order", [(0, 3, None), (2, 0, None), (2, 3, None), (3, 1, None), (2, 2, True)])
+def test_a_checkpoint_anywhere_resumes_the_rest_once_with_any_number_of_workers(folder, old, new, in_order):
+    """With workers, batches come as they are ready by default (in_order=False); in order too."""
     path, total = folder
+    order = {} if in_order is None else {"in_order": in_order}
     for stop in (0, 1, 9, 40, None):
-        loader, dataset = StructuredDataset.create_dataloader(path, num_workers=old, **MIXED)
+        loader, dataset = StructuredDataset.create_dataloader(path, num_workers=old, transform=slow_first_worker,
+                                                              **MIXED, **order)
         dataset.set_epoch(3)
         seen, batches = ids_of_loader(loader, stop) if stop != 0 else ([], 0)
         state = json.loads(json.dumps(loader.state_dict()))
@@ -291,6 +294,8 @@ def test_metrics_count_each_workers_leases_and_the_tail(folder):
     leases = len(dataset._dynamic.leases(0, 2))
     assert metrics["leases"] == leases == sum(w["leases"] for w in metrics["workers"]) and leases > 2
     assert all(w["leases"] > 0 for w in metrics["workers"]) and metrics["rows"] == total
+    # batches come as they are ready (in_order=False by default): the straggler took less
+    assert metrics["workers"][0]["rows"] < metrics["workers"][1]["rows"]
     assert 0 <= metrics["tail_s"] <= metrics["elapsed_s"]
     static, _ = StructuredDataset.create_dataloader(path, num_workers=0, plan_cache=False)
     ids_of_loader(static)
