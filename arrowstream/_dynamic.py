@@ -369,12 +369,16 @@ def leased_runs(readers: Sequence[PieceReader], share: LeasedShare, *, seed: int
         yield _with_replay_index(run, index)
 
 
-def fresh_work(plan: Plan, world_size: int, rank: int, epoch: int, options: Options, even_batches: bool) -> Work:
+def fresh_work(plan: Plan, world_size: int, rank: int, epoch: int, options: Options, even_batches: bool,
+               keep_all: bool = False) -> Work:
     """A rank's rows of ``epoch`` under dynamic assignment: its share of the static assignment across ranks
-    (each rank one slot), in the epoch's order, cut to the rows it yields (``even_batches``, ``drop_last``)."""
+    (each rank one slot), in the epoch's order, cut to the rows it yields (``even_batches``, ``drop_last``;
+    not with ``keep_all``)."""
     layout = lay_out_epoch(plan, SlotGrid(world_size, 0), epoch, options, even_batches=even_batches)
     slot = SlotGrid(world_size, 0).slot(rank, 0)
     splits = layout.share(slot).splits
+    if keep_all:
+        return Work((), (), splits, 0)
     rows = int(split_rows(splits).sum())
     limit = layout.limit(slot)
     if limit is None:

@@ -9,6 +9,7 @@ bytes per worker, whatever the number of files, and is checked against the plan 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._cursor import Cursor
@@ -16,12 +17,12 @@ from ._dynamic import LeasedShare, Leases, Work, fresh_work, leased_runs, remain
 from ._elastic import Replay
 from ._fields import REMEDY, Fields, check_int, shorten
 from ._order import Slot, SlotGrid
-from ._plan_types import Split
+from ._plan_types import Split, split_rows
 from ._stream import EpochStream
 from .errors import StateError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable
 
     from ._options import Options
     from ._planning import Plan
@@ -65,6 +66,20 @@ class DynamicEpochs:
         """Batches this rank yields in a whole ``epoch`` (every lease but the last holds whole batches)."""
         rows = self.fresh(epoch).num_rows
         return -(-rows // self._options.batch_size)
+
+    def rows_left_out(self, epoch: int) -> tuple[int, int]:
+        """Rows of the rank's share of ``epoch`` that ``even_batches`` trims and that ``drop_last`` drops."""
+        rank_rows = int(split_rows(self.fresh_share(epoch)).sum())
+        kept = self.fresh(epoch).num_rows
+        whole = rank_rows - rank_rows % self._options.batch_size if self._options.drop_last else rank_rows
+        if kept < whole:   # evened out: what is left out is trimmed (as a static slot's would be)
+            return rank_rows - kept, 0
+        return 0, rank_rows - whole
+
+    def fresh_share(self, epoch: int) -> Sequence[Split]:
+        """The rank's splits of ``epoch`` before ``even_batches`` and ``drop_last`` cut them."""
+        return fresh_work(self._plan, self._world_size, self._rank, epoch, self._options, False,
+                          keep_all=True).fresh
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_fresh": {}}
@@ -161,9 +176,10 @@ def work_from_dict(value: Any, plan: Plan, epochs: DynamicEpochs, options: Optio
     return epoch, work
 
 
-def check_assignment(assignment: Any, options: Options) -> str:
+def check_assignment(assignment: Any, options: Options, group_size: int = 1) -> str:
     """``assignment``, checked: ``"static"`` or ``"dynamic"`` (not with a filter and a shuffle buffer,
-    whose windows' rows a checkpoint could not name before reading)."""
+    whose windows' rows a checkpoint could not name before reading; not with ``group_size`` above 1,
+    whose ranks must yield the same batches)."""
     from .errors import ArgumentTypeError, InvalidArgumentError
 
     if not isinstance(assignment, str):
@@ -175,6 +191,11 @@ def check_assignment(assignment: Any, options: Options) -> str:
             "assignment='dynamic' with a filter (or bad_rows='skip') and shuffle_buffer_size: which rows a shuffle "
             "window holds is unknown before reading, so a checkpoint could not name the rows a worker had not "
             "handed out. Use one of them, or assignment='static'")
+    if assignment == DYNAMIC and group_size > 1:
+        raise InvalidArgumentError(
+            f"assignment='dynamic' with group_size={group_size}: the ranks of a group must yield the same batches, "
+            "and dynamic assignment orders them by the timing of each rank's own workers. Use assignment='static' "
+            "with group_size above 1")
     return assignment
 
 

@@ -166,7 +166,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         # with one reader of distinct data there is nothing to even out
         self._even_batches = check_even_batches(even_batches, self._world_size, self._options)
         self._read_ahead_depth = check_int("read_ahead", read_ahead, 0)
-        self._assignment = check_assignment(assignment, self._options)
+        self._assignment = check_assignment(assignment, self._options, self._topology.group_size)
         # shared, so that set_epoch reaches persistent workers
         self._epoch_cell = share(torch.zeros(1, dtype=torch.int64), "StructuredDataset: the epoch cell")
         self._pending: WorkerState | None = None
@@ -307,12 +307,19 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         return layout.yields(self._rank, self._options.batch_size, self._options.drop_last)
 
     def rows_dropped_per_epoch(self, num_workers: int = 0) -> int:
-        """Rows ``drop_last`` drops each epoch on this rank (each worker's short last batch)."""
+        """Rows ``drop_last`` drops each epoch on this rank (each worker's short last batch; with
+        ``assignment="dynamic"``, the rank's)."""
+        if self._assignment == DYNAMIC:
+            check_known(self._options, "rows drop_last drops are")
+            return self._dynamic.rows_left_out(self.epoch)[1]
         return rows_dropped(self._rank_yields(num_workers), self._options)
 
     def rows_trimmed_per_epoch(self, num_workers: int = 0) -> int:
         """Rows ``even_batches`` leaves out each epoch on this rank, so that every rank yields
-        the same number of batches (the last rows of the workers with the most batches)."""
+        the same number of batches (the last rows of the workers with the most batches; with
+        ``assignment="dynamic"``, the last rows of the rank's share)."""
+        if self._assignment == DYNAMIC:
+            return self._dynamic.rows_left_out(self.epoch)[0] if self._even_batches else 0
         return rows_trimmed(self._rank_yields(num_workers), self._options, self._even_batches)
 
     def num_batches(self, num_workers: int = 0) -> int:

@@ -300,3 +300,62 @@ def test_metrics_count_each_workers_leases_and_the_tail(folder):
     static, _ = StructuredDataset.create_dataloader(path, num_workers=0, plan_cache=False)
     ids_of_loader(static)
     assert static.metrics()["leases"] == 0
+
+
+def test_a_merged_checkpoint_of_two_ranks_resumes_each_rank_with_other_workers(folder):
+    from arrowstream import merge_state_dicts
+
+    path, total = folder
+    options = {**MIXED, "batch_size": 16, "world_size": 2, "plan_locally": True}
+    seen, states = [], []
+    for rank in (0, 1):
+        loader, dataset = StructuredDataset.create_dataloader(path, num_workers=2, rank=rank, **options)
+        dataset.set_epoch(1)
+        seen += ids_of_loader(loader, 5 + rank)[0]
+        states.append(loader.state_dict())
+    merged = json.loads(json.dumps(merge_state_dicts(states)))
+    counts = []
+    for rank in (0, 1):
+        loader, dataset = StructuredDataset.create_dataloader(path, num_workers=3 - rank, rank=rank, **options)
+        loader.load_state_dict(merged)
+        rest, batches = ids_of_loader(loader)
+        seen += rest
+        counts.append(5 + rank + batches)
+    assert counts[0] == counts[1] == len(loader)   # even_batches holds across the resume
+    assert len(seen) == len(set(seen)) and total - 120 < len(seen) <= total
+
+
+def test_a_group_of_ranks_cannot_read_dynamically(folder):
+    path, _ = folder
+    with pytest.raises(errors.InvalidArgumentError, match="group_size=2"):
+        StructuredDataset(path, rank=0, world_size=2, group_size=2, plan_locally=True, **MIXED)
+
+
+def test_ranks_under_torchrun_yield_equal_batches_and_resume_once_with_other_workers(tmp_path):
+    """2 ranks by torchrun (gloo), 2 workers each, a DDP step on every batch; a merged checkpoint mid-epoch
+    resumed by 3 workers per rank reads the rest of each rank's rows once."""
+    from test_distributed import torchrun
+
+    start, data = 0, tmp_path / "data"
+    data.mkdir()
+    for f, rows in enumerate([700, 130, 1000, 45, 520, 300]):
+        ids = np.arange(start, start + rows)
+        pq.write_table(pa.table({"id": ids, "x": (ids * 0.5).astype(np.float32)}), data / f"part-{f}.parquet",
+                       row_group_size=100)
+        start += rows
+    path, total = str(data), start
+    options = {**MIXED, "batch_size": 16}
+    scenario = {"name": "dynamic", "path": path, "num_workers": 2, "options": options, "epochs": [0, 1], "ddp": True,
+                "checkpoint": {"epoch": 0, "step": 7, "num_workers": 3}}
+    per_rank = [r["dynamic"] for r in torchrun(2, {"scenarios": [scenario]}, tmp_path)]
+    for epoch in ("0", "1"):
+        batches = [r["epochs"][epoch] for r in per_rank]
+        assert len(batches[0]) == len(batches[1]) == per_rank[0]["lens"][epoch]
+        ids = [i for rank in batches for b in rank for i in b]
+        assert len(ids) == len(set(ids)) == total - per_rank[0]["trimmed"][epoch] - per_rank[1]["trimmed"][epoch]
+    for r in per_rank:
+        before = r["epochs"]["0"][:7]
+        rest = r["resumed"]["0"]
+        assert sorted(i for b in before + rest for i in b) == sorted(i for b in r["epochs"]["0"] for i in b)
+        assert len(before) + len(rest) == r["lens"]["0"]
+        assert sorted(i for b in r["resumed"]["1"] for i in b) == sorted(i for b in r["epochs"]["1"] for i in b)
