@@ -5,6 +5,8 @@ exactly; this subclass adds what a production loop needs on top:
 
 * ``state_dict()`` wraps torchdata's state with a kind, a format version and the topology,
   moved back to the last batch handed out when it is taken inside a chunk (see ``_transport``);
+  with ``in_order=False``, where torchdata's own snapshot falls behind, each worker's state is
+  the one after its last batch handed out (see ``_batches.delivered_state``);
 * ``load_state_dict()`` takes that state, a merged checkpoint of every rank (see ``_checkpoint``)
   or a plain ``StatefulDataLoader``'s state, and checks all of it in the main process (format,
   data fingerprint, options, topology, each worker's cursor against the plan) before any worker
@@ -27,7 +29,7 @@ from typing import Any
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from ._batches import BatchIterator, PerBatchCollate, rewind_into_chunk, worker_batches
+from ._batches import BatchIterator, PerBatchCollate, delivered_state, rewind_into_chunk, worker_batches
 from ._boundary import check_replanned_epoch_over, later_epoch_starts_whole
 from ._convert import passthrough_collate
 from ._credentials import as_provider
@@ -47,6 +49,8 @@ from ._torchdata_state import (
     clear_steps_since_snapshot,
     is_inner_state,
     iterator_finished,
+    latest_worker_snapshots,
+    no_in_order_warning,
     read_inner,
     set_last_yielded_worker,
     set_worker_state,
@@ -81,8 +85,8 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         collate_fn = kwargs.get("collate_fn")
         if collate_fn is not None and collate_fn is not passthrough_collate:
             kwargs["collate_fn"] = PerBatchCollate(collate_fn)  # a chunk's batches, one by one
-        with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, deprecated in torch 2.13
-            warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
+        with warnings.catch_warnings(), no_in_order_warning():  # torchdata 0.11 calls torch.set_vital, deprecated
+            warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)  # in torch 2.13
             super().__init__(dataset, **kwargs)
         if self.num_workers > 0:  # workers send Chunks, packed by the collate step (see PerBatchCollate)
             collate: Any = self.collate_fn  # type: ignore[has-type]
@@ -186,12 +190,22 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         return flatten(metrics) if flat else metrics
 
     def state_dict(self) -> dict[str, Any]:
-        """A JSON-able dict: ``json.dumps`` and ``torch.save`` both work."""
+        """A JSON-able dict: ``json.dumps`` and ``torch.save`` both work.
+
+        It stands right after the last batch handed out. With ``in_order=False`` too: each worker's
+        cursor is the one after its last batch handed out, so a resume (with ``in_order`` True or
+        False, or elastic) yields exactly the rows not yet yielded, each once; only the order in which
+        the workers' batches then interleave depends on timing (docs/resume.md).
+        """
         from . import __version__
 
-        inner = super().state_dict()
-        if self._batch_iterator is not None and self._batch_iterator.inside_chunk:
-            inner = rewind_into_chunk(inner, self._batch_iterator, self.num_workers)
+        with no_in_order_warning():
+            inner = super().state_dict()
+        batches = self._batch_iterator
+        if batches is not None and not self.in_order:  # torchdata's snapshot falls behind out of order
+            inner = delivered_state(inner, batches, latest_worker_snapshots(self._iterator), self.num_workers)
+        elif batches is not None and batches.inside_chunk:
+            inner = rewind_into_chunk(inner, batches, self.num_workers)
         return {
             "kind": LOADER_KIND,
             "version": STATE_VERSION,
