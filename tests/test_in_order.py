@@ -154,3 +154,17 @@ def test_snapshot_every_n_steps_out_of_order(data):
     assert _out_of_order(workers)
     for state, before, _ in states.values():
         _assert_each_row_once(before, _rest(data, 3, state, snapshot_every_n_steps=3))
+
+
+def test_drop_last_at_the_end_of_the_epoch(data):
+    """Each worker's last short batch is dropped and counted: the state after the loop says so, and from
+    either end state the saved epoch yields nothing more and the next one starts whole."""
+    # 600 rows a worker: 28 batches of 21 (a whole number of chunks), then 12 rows dropped on their own
+    rows, _, states = _states_along_epoch(data, 2, {-1}, drop_last=True, batch_size=21)
+    assert len(set(rows)) == len(rows) < NUM_ROWS
+    workers = states["after"][0]["dataloader"]["_snapshot"]["_worker_snapshots"].values()
+    assert sum(w["dataset_state"]["counters"]["rows_dropped"] for w in workers) == NUM_ROWS - len(rows)
+    for state, _, _ in states.values():
+        assert _rest(data, 2, state, drop_last=True, batch_size=21) == []
+        rest = _rest(data, 2, state, epoch=1, drop_last=True, batch_size=21)
+        assert len(set(rest)) == len(rest) > NUM_ROWS - 2 * 21
