@@ -93,7 +93,7 @@ def _rest(path, num_workers, state, epoch=0, **kwargs) -> list[int]:
 
 @pytest.mark.parametrize("num_workers", [2, 3])
 def test_resume_anywhere_yields_the_rows_not_yet_seen_once(data, num_workers):
-    points = {1, 2, 7, 12, 25, 40, 61, 73, -1}  # odd counts fall inside a 2-batch chunk of some worker
+    points = {1, 7, 25, 40, 61, -1}  # odd counts fall inside a 2-batch chunk of some worker
     rows, workers, states = _states_along_epoch(data, num_workers, points)
     _assert_each_row_once(rows)  # (a) the whole epoch, out of order
     assert _out_of_order(workers), f"delivery was in order: {workers}"
