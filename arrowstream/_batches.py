@@ -148,13 +148,13 @@ def delivered_state(inner: dict[str, Any], batches: BatchIterator, latest: dict[
     worker sent no state with its item), and nothing is left to replay: each worker resumes from its
     own cursor, in any order of the workers.
     """
+    assert set(latest) == {worker_key(i) for i in range(num_workers)}, "a state for every worker"
     state = snapshot_now(inner, latest, batches.last_yielded_worker(num_workers))
     for worker_id, position in batches.handed_out().items():
         assert isinstance(position, Position), "chunks of a StructuredDataset carry Positions"
         saved = WorkerState.from_dict(worker_state(state, worker_id), f"worker {worker_id} state")
         if saved.batches != position.batches:  # equal: that batch's state, or the worker's end after it
             set_worker_state(state, worker_id, _at(saved, position).to_dict())
-    assert set(latest) == {worker_key(i) for i in range(num_workers)}, "a state for every worker"
     return state
 
 

@@ -63,9 +63,11 @@ LAST_YIELDED_WORKER_ID = "_last_yielded_worker_id"
 STEPS_SINCE_SNAPSHOT = "_steps_since_snapshot"
 WORKER_ID = "worker_id"
 # torchdata's multiprocessing iterator (not its state): each worker's latest state, updated with every item it
-# hands out, in order or not (an ``_IncrementalWorkerState`` per ``worker_<i>``, read with ``get_state()``)
+# hands out, in order or not (an ``_IncrementalWorkerState`` per ``worker_<i>``, read with ``get_state()``),
+# and whether it delivers in order (the loader's ``in_order`` when the iterator was made)
 ITERATOR_WORKER_SNAPSHOTS = "_worker_snapshots"
-ITERATOR_ATTRIBUTES = (ITERATOR_WORKER_SNAPSHOTS,)
+ITERATOR_IN_ORDER = "_in_order"
+ITERATOR_ATTRIBUTES = (ITERATOR_WORKER_SNAPSHOTS, ITERATOR_IN_ORDER)
 
 Path = tuple[str, ...]
 _NONE = type(None)
@@ -154,6 +156,12 @@ def clear_steps_since_snapshot(inner: dict[str, Any]) -> None:
 def set_last_yielded_worker(inner: dict[str, Any], worker_id: int) -> None:
     """Where the round robin stands: the next batch comes from the worker after ``worker_id``."""
     inner[SNAPSHOT][LAST_YIELDED_WORKER_ID] = worker_id
+
+
+def delivers_in_order(iterator: Any) -> bool:
+    """Whether torchdata's multiprocessing ``iterator`` hands items out in its round robin: the loader's
+    ``in_order`` when the iterator was made (a persistent one keeps it, whatever is set later)."""
+    return bool(getattr(iterator, ITERATOR_IN_ORDER))
 
 
 def latest_worker_snapshots(iterator: Any) -> dict[str, Any]:

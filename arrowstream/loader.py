@@ -47,6 +47,7 @@ from ._state import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, WorkerState
 from ._storage import logger
 from ._torchdata_state import (
     clear_steps_since_snapshot,
+    delivers_in_order,
     is_inner_state,
     iterator_finished,
     latest_worker_snapshots,
@@ -202,7 +203,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         with no_in_order_warning():
             inner = super().state_dict()
         batches = self._batch_iterator
-        if batches is not None and not self.in_order:  # torchdata's snapshot falls behind out of order
+        if batches is not None and not delivers_in_order(self._iterator):  # torchdata's snapshot falls behind
             inner = delivered_state(inner, batches, latest_worker_snapshots(self._iterator), self.num_workers)
         elif batches is not None and batches.inside_chunk:
             inner = rewind_into_chunk(inner, batches, self.num_workers)

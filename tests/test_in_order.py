@@ -168,3 +168,20 @@ def test_drop_last_at_the_end_of_the_epoch(data):
         assert _rest(data, 2, state, drop_last=True, batch_size=21) == []
         rest = _rest(data, 2, state, epoch=1, drop_last=True, batch_size=21)
         assert len(set(rest)) == len(rest) > NUM_ROWS - 2 * 21
+
+
+def test_in_order_set_mid_epoch_does_not_change_how_the_state_is_taken(data):
+    """The epoch's iterator was made out of order: setting ``in_order=True`` on the loader now changes
+    nothing of its delivery, and the state still says what it handed out."""
+    loader, dataset = _loader(data, 3, snapshot_every_n_steps=2)
+    dataset.set_epoch(0)
+    before, workers = [], []
+    for batch in loader:
+        before += ids_of(batch)
+        workers.append(int(batch["worker"][0]))
+        if len(workers) == 29:
+            break
+    loader.in_order = True
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert _out_of_order(workers, zero_done=False)
+    _assert_each_row_once(before, _rest(data, 3, state, snapshot_every_n_steps=2))

@@ -29,6 +29,7 @@ from arrowstream._torchdata_state import (
     SNAPSHOT,
     WORKER_SNAPSHOTS,
     clear_steps_since_snapshot,
+    delivers_in_order,
     is_inner_state,
     iterator_finished,
     latest_worker_snapshots,
@@ -138,6 +139,7 @@ def test_the_iterator_keeps_each_workers_latest_state_out_of_order(tmp_path):
     missing = [name for name in ITERATOR_ATTRIBUTES if not hasattr(batches, name)]
     assert not missing, (f"torchdata {torchdata.__version__}'s iterator has no {missing}; arrowstream/_torchdata_state.py "
                          f"relies on it: revisit that module and the pin {_torchdata_pin()!r} in pyproject.toml")
+    assert not delivers_in_order(batches)
     for _ in range(5):
         next(batches)
     latest = latest_worker_snapshots(batches)
