@@ -1,5 +1,6 @@
 """The trainer's side of chunks: a worker loader's chunks handed out batch by batch, and the state
-moved back to the last batch handed out when it is taken inside a chunk (see ``_transport``).
+moved back to the last batch handed out when it is taken inside a chunk (see ``_transport``), or,
+with ``in_order=False``, made to say exactly what each worker handed out (:func:`delivered_state`).
 
 :class:`PerBatchCollate` is the collate step in the workers: a user's ``collate_fn`` applied to each
 batch of a chunk, then the chunk packed. :class:`BatchIterator` unpacks the chunks in the trainer.
@@ -11,8 +12,15 @@ import copy
 import dataclasses
 from typing import Any
 
+from ._cursor import Position
 from ._state import WorkerState
-from ._torchdata_state import set_last_yielded_worker, set_worker_state, worker_state
+from ._torchdata_state import (
+    set_last_yielded_worker,
+    set_worker_state,
+    snapshot_now,
+    worker_key,
+    worker_state,
+)
 from ._transport import Chunk
 from ._watchdog import guard_reads, name_dead_workers, worker_death
 from .errors import ArrowStreamError
@@ -46,7 +54,7 @@ class BatchIterator:
         self.chunk: Chunk | None = None
         self.taken = 0
         self._pending: list[Any] = []
-        self.delivered: dict[int, Any] = {}   # worker id -> its position after its last batch handed out
+        self._after_chunks: dict[int, Any] = {}  # worker id -> its position after its last chunk handed out whole
 
     @property
     def inside_chunk(self) -> bool:
@@ -70,6 +78,8 @@ class BatchIterator:
                     shutdown()
                 drop_frames(exc)
                 raise error from exc
+            if self.chunk is not None:  # handed out whole
+                self._after_chunks[self.chunk.worker_id] = self.chunk.positions[-1]
             if not isinstance(item, Chunk):  # e.g. a dataset that is not chunked
                 self.chunk, self._pending, self.taken = None, [], 0
                 return item
@@ -78,11 +88,25 @@ class BatchIterator:
         self._pending[self.taken] = None
         self.taken += 1
         assert self.chunk is not None
-        self.delivered[self.chunk.worker_id] = self.chunk.positions[self.taken - 1]
         return self.chunk.finish(batch)
 
     def __len__(self) -> int:
         return len(self._inner)
+
+    def handed_out(self) -> dict[int, Any]:
+        """Each worker's position (as its chunks carry them) after the last batch of it handed out,
+        for the workers that handed out any."""
+        positions = dict(self._after_chunks)
+        if self.chunk is not None and self.taken:
+            positions[self.chunk.worker_id] = self.chunk.positions[self.taken - 1]
+        return positions
+
+    def last_yielded_worker(self, num_workers: int) -> int | None:
+        """Where torchdata's round robin should stand for the next batch to come from the rest of the
+        current chunk, if any (else from the worker after the chunk's); None before the first chunk."""
+        if self.chunk is None:
+            return None
+        return (self.chunk.worker_id - 1) % num_workers if self.inside_chunk else self.chunk.worker_id
 
 
 def drop_frames(exc: BaseException | None) -> None:
@@ -106,10 +130,37 @@ def rewind_into_chunk(inner: dict[str, Any], batches: BatchIterator, num_workers
     state = copy.deepcopy(inner)
     worker_id = batches.chunk.worker_id
     position = batches.chunk.positions[batches.taken - 1]
-    set_worker_state(state, worker_id, dataclasses.replace(
-        WorkerState.from_dict(worker_state(state, worker_id)), cursor=position.cursor, rows=position.rows,
-        batches=position.batches, rows_dropped=position.rows_dropped, epoch_complete=False).to_dict())
+    set_worker_state(state, worker_id, _at(WorkerState.from_dict(worker_state(state, worker_id)), position).to_dict())
     set_last_yielded_worker(state, (worker_id - 1) % num_workers)
     return state
+
+
+def delivered_state(inner: dict[str, Any], batches: BatchIterator, latest: dict[str, Any],
+                    num_workers: int) -> dict[str, Any]:
+    """torchdata's state of a loader with ``in_order=False``, made to say exactly what the trainer received.
+
+    torchdata snapshots the workers only when the item it hands out is the next one of its round robin;
+    an item handed out ahead of its turn skips the snapshot. Its state then stands at an older step and
+    asks to replay the batches since, which a resumed loader would fetch again in its own order: other
+    batches, so rows lost and rows repeated. Here every worker gets instead the state it sent with its
+    last item the loader took (``latest``, see ``_torchdata_state.latest_worker_snapshots``), moved back
+    to the last batch of it handed out when the trainer is inside that item's chunk (or forward, where a
+    worker sent no state with its item), and nothing is left to replay: each worker resumes from its
+    own cursor, in any order of the workers.
+    """
+    assert set(latest) == {worker_key(i) for i in range(num_workers)}, "a state for every worker"
+    state = snapshot_now(inner, latest, batches.last_yielded_worker(num_workers))
+    for worker_id, position in batches.handed_out().items():
+        assert isinstance(position, Position), "chunks of a StructuredDataset carry Positions"
+        saved = WorkerState.from_dict(worker_state(state, worker_id), f"worker {worker_id} state")
+        if saved.batches != position.batches:  # equal: that batch's state, or the worker's end after it
+            set_worker_state(state, worker_id, _at(saved, position).to_dict())
+    return state
+
+
+def _at(saved: WorkerState, position: Position) -> WorkerState:
+    """A worker's state of this epoch, moved to ``position`` (after a batch: the epoch goes on)."""
+    return dataclasses.replace(saved, cursor=position.cursor, rows=position.rows, batches=position.batches,
+                               rows_dropped=position.rows_dropped, epoch_complete=False)
 
 

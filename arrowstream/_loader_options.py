@@ -2,8 +2,9 @@
 
 torchdata checks few of them, and with bare ``assert``s or builtin errors; some bad values are
 accepted and break exact resume silently (``in_order=False``: torchdata gives no guarantee
-about the state of a loader that hands batches out of order). Every keyword is checked here,
-in the main process, before the loader is built or a worker starts.
+about the state of a loader that hands batches out of order; ``ArrowStreamDataLoader`` makes
+that state exact itself, see ``_batches.delivered_state``, a ``MixtureDataLoader`` does not yet).
+Every keyword is checked here, in the main process, before the loader is built or a worker starts.
 """
 
 from __future__ import annotations
@@ -83,30 +84,30 @@ def start_method(context: Any) -> str:
     return context if isinstance(context, str) else str(context.get_start_method())
 
 
-def check_loader_options(num_workers: Any, options: Mapping[str, Any], credential_provider: Any = None,
-                         out_of_order: bool = False) -> None:
+def check_loader_options(num_workers: Any, options: Mapping[str, Any], credential_provider: Any = None, *,
+                         mixture: bool = False) -> None:
     """Check ``num_workers`` and the ``StatefulDataLoader`` keywords in ``options`` (those passed).
 
     Raises an :class:`~arrowstream.errors.ArgumentTypeError` or
     :class:`~arrowstream.errors.InvalidArgumentError` naming the first bad keyword, or the
     dataset's ``credential_provider`` when it cannot be pickled and the workers start by spawn or
-    forkserver (which send them the dataset by pickle).
+    forkserver (which send them the dataset by pickle). ``mixture``: the options of a
+    ``MixtureDataLoader``, which does not take ``in_order=False`` yet.
 
     Example:
-        >>> check_loader_options(2, {"prefetch_factor": 4, "persistent_workers": True})
-        >>> check_loader_options(2, {"in_order": False})
+        >>> check_loader_options(2, {"prefetch_factor": 4, "persistent_workers": True, "in_order": False})
+        >>> check_loader_options(2, {"in_order": False}, mixture=True)
         Traceback (most recent call last):
         ...
-        arrowstream.errors.InvalidArgumentError: in_order: False lets the loader hand out batches as workers finish them, and torchdata keeps no exact state for that order: a resume would lose or repeat rows (guarantee 4, exact resume). Leave in_order at True; arrowstream's static assignment keeps workers in step
+        arrowstream.errors.InvalidArgumentError: in_order: a MixtureDataLoader does not take in_order=False yet: its checkpoint cannot say exactly what out-of-order delivery handed out, and a resume would lose or repeat rows (guarantee 4, exact resume). Leave in_order at True for mixtures (a StructuredDataset or IcebergDataset loader takes in_order=False)
     """
     check_int("num_workers", num_workers, 0)
     _check_dataset_owned(options)
-    # out_of_order: the dataset's assignment is dynamic, whose checkpoints follow the batches handed out
-    if "in_order" in options and not check_bool("in_order", options["in_order"]) and not out_of_order:
+    if "in_order" in options and not check_bool("in_order", options["in_order"]) and mixture:
         raise InvalidArgumentError(
-            "in_order: False lets the loader hand out batches as workers finish them, and torchdata keeps no "
-            "exact state for that order: a resume would lose or repeat rows (guarantee 4, exact resume). Leave "
-            "in_order at True; arrowstream's static assignment keeps workers in step")
+            "in_order: a MixtureDataLoader does not take in_order=False yet: its checkpoint cannot say exactly what "
+            "out-of-order delivery handed out, and a resume would lose or repeat rows (guarantee 4, exact resume). "
+            "Leave in_order at True for mixtures (a StructuredDataset or IcebergDataset loader takes in_order=False)")
     if options.get("prefetch_factor") is not None:
         check_int("prefetch_factor", options["prefetch_factor"], 1)
     if "snapshot_every_n_steps" in options:

@@ -117,7 +117,7 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
             raise ArgumentTypeError(f"dataset: MixtureDataLoader loads an arrowstream Mixture, got {type(mixture).__name__}")
         kwargs.setdefault("batch_size", None)
         kwargs.setdefault("collate_fn", passthrough_collate)
-        check_loader_options(kwargs.get("num_workers", 0), kwargs)
+        check_loader_options(kwargs.get("num_workers", 0), kwargs, mixture=True)
         collate_fn = kwargs["collate_fn"]
         if kwargs.get("num_workers", 0) > 0:  # workers send Chunks, packed by the collate step (in the worker)
             kwargs["collate_fn"] = PerBatchCollate(None if collate_fn in (None, passthrough_collate) else collate_fn)
@@ -170,6 +170,7 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
         return int(self.dataset.num_batches(self.num_workers))
 
     def __iter__(self) -> Any:
+        check_loader_options(self.num_workers, {"in_order": self.in_order}, mixture=True)  # also when set after __init__
         replanned, self._replanned_epoch = self._replanned_epoch, None
         if replanned is not None and self.dataset.epoch != replanned:
             self._replanned_epoch = replanned
@@ -391,6 +392,6 @@ def build_mixture_loader(mixture_cls: type, mixture_args: dict[str, Any], *, num
     if unknown or reserved:
         raise ArgumentTypeError(f"Mixture.create_dataloader: unknown keyword(s) {unknown or reserved}; mixture keywords "
                                 f"are {sorted(params)}, loader keywords those of StatefulDataLoader")
-    check_loader_options(num_workers, kwargs)
+    check_loader_options(num_workers, kwargs, mixture=True)
     mixture = mixture_cls(**mixture_args, **mixture_kwargs)
     return MixtureDataLoader(mixture, num_workers=num_workers, **kwargs), mixture

@@ -17,6 +17,11 @@ Two layouts, by ``num_workers``:
   ``_last_yielded_worker_id``), and beside it ``_steps_since_snapshot`` counts the batches yielded
   since, which torchdata fetches again and throws away on resume.
 
+With ``in_order=False`` the snapshot falls behind (torchdata takes one only when the item it handed
+out is the next in its round robin), so the loader reads the states the iterator keeps between
+snapshots instead (:func:`latest_worker_snapshots`, an attribute of torchdata's iterator, listed in
+:data:`ITERATOR_ATTRIBUTES`) and moves the snapshot up to now (:func:`snapshot_now`).
+
 :func:`read_inner` checks every field torchdata reads on resume: it reads them with plain indexing
 and hands them to ``range`` and ``itertools``, so a missing key is a ``KeyError``,
 ``_steps_since_snapshot=10**6`` a bare ``StopIteration``, and a ``fetcher_ended`` of true an epoch
@@ -26,6 +31,10 @@ plan (``StructuredDataset.check_state``).
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +62,12 @@ SNAPSHOT_STEP = "_snapshot_step"
 LAST_YIELDED_WORKER_ID = "_last_yielded_worker_id"
 STEPS_SINCE_SNAPSHOT = "_steps_since_snapshot"
 WORKER_ID = "worker_id"
+# torchdata's multiprocessing iterator (not its state): each worker's latest state, updated with every item it
+# hands out, in order or not (an ``_IncrementalWorkerState`` per ``worker_<i>``, read with ``get_state()``),
+# and whether it delivers in order (the loader's ``in_order`` when the iterator was made)
+ITERATOR_WORKER_SNAPSHOTS = "_worker_snapshots"
+ITERATOR_IN_ORDER = "_in_order"
+ITERATOR_ATTRIBUTES = (ITERATOR_WORKER_SNAPSHOTS, ITERATOR_IN_ORDER)
 
 Path = tuple[str, ...]
 _NONE = type(None)
@@ -141,6 +156,53 @@ def clear_steps_since_snapshot(inner: dict[str, Any]) -> None:
 def set_last_yielded_worker(inner: dict[str, Any], worker_id: int) -> None:
     """Where the round robin stands: the next batch comes from the worker after ``worker_id``."""
     inner[SNAPSHOT][LAST_YIELDED_WORKER_ID] = worker_id
+
+
+def delivers_in_order(iterator: Any) -> bool:
+    """Whether torchdata's multiprocessing ``iterator`` hands items out in its round robin: the loader's
+    ``in_order`` when the iterator was made (a persistent one keeps it, whatever is set later)."""
+    return bool(getattr(iterator, ITERATOR_IN_ORDER))
+
+
+def latest_worker_snapshots(iterator: Any) -> dict[str, Any]:
+    """What each worker of torchdata's multiprocessing ``iterator`` sent with the last item of it that the
+    loader handed out (or with its end of the epoch), by ``worker_<i>`` key: the snapshot torchdata would
+    take now. It keeps them up to date with every item, in order or not, between its snapshots."""
+    snapshots = getattr(iterator, ITERATOR_WORKER_SNAPSHOTS)
+    return {key: copy.deepcopy(snapshot.get_state()) for key, snapshot in snapshots.items()}
+
+
+def snapshot_now(inner: dict[str, Any], worker_snapshots: dict[str, Any],
+                 last_yielded_worker_id: int | None) -> dict[str, Any]:
+    """A copy of ``inner`` (a loader with workers) whose snapshot stands where the loader stands: the workers'
+    states ``worker_snapshots``, the round robin after ``last_yielded_worker_id`` (None: where it was),
+    nothing yielded since (torchdata replays nothing on resume)."""
+    state = copy.deepcopy(inner)
+    snapshot = state[SNAPSHOT]
+    snapshot[SNAPSHOT_STEP] = int(snapshot[SNAPSHOT_STEP]) + steps_since_snapshot(state)
+    snapshot[WORKER_SNAPSHOTS] = copy.deepcopy(worker_snapshots)
+    if last_yielded_worker_id is not None:
+        snapshot[LAST_YIELDED_WORKER_ID] = last_yielded_worker_id
+    clear_steps_since_snapshot(state)
+    return state
+
+
+class _DropInOrderWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "in_order=False" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def no_in_order_warning() -> Iterator[None]:
+    """Silence torchdata's warning that ``in_order=False`` gives no guarantee for its state: the loader
+    that says so makes that state exact itself (it would be logged at every ``state_dict()``)."""
+    torchdata_logger = logging.getLogger("torchdata.stateful_dataloader.stateful_dataloader")
+    quiet = _DropInOrderWarning()
+    torchdata_logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        torchdata_logger.removeFilter(quiet)
 
 
 @dataclass(frozen=True)

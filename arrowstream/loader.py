@@ -5,6 +5,8 @@ exactly; this subclass adds what a production loop needs on top:
 
 * ``state_dict()`` wraps torchdata's state with a kind, a format version and the topology,
   moved back to the last batch handed out when it is taken inside a chunk (see ``_transport``);
+  with ``in_order=False``, where torchdata's own snapshot falls behind, each worker's state is
+  the one after its last batch handed out (see ``_batches.delivered_state``);
 * ``load_state_dict()`` takes that state, a merged checkpoint of every rank (see ``_checkpoint``)
   or a plain ``StatefulDataLoader``'s state, and checks all of it in the main process (format,
   data fingerprint, options, topology, each worker's cursor against the plan) before any worker
@@ -19,18 +21,15 @@ torchdata's own dict inside the state is read and rewritten through ``_torchdata
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import inspect
-import logging
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from ._batches import BatchIterator, PerBatchCollate, rewind_into_chunk, worker_batches
+from ._batches import BatchIterator, PerBatchCollate, delivered_state, rewind_into_chunk, worker_batches
 from ._boundary import check_replanned_epoch_over, later_epoch_starts_whole
 from ._convert import passthrough_collate
 from ._credentials import as_provider
@@ -50,8 +49,11 @@ from ._state import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, WorkerState
 from ._storage import logger
 from ._torchdata_state import (
     clear_steps_since_snapshot,
+    delivers_in_order,
     is_inner_state,
     iterator_finished,
+    latest_worker_snapshots,
+    no_in_order_warning,
     read_inner,
     set_last_yielded_worker,
     set_worker_state,
@@ -82,14 +84,12 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
                                     f"IcebergDataset), got {type(dataset).__name__}; use a plain StatefulDataLoader "
                                     "for other datasets")
         kwargs = _loader_arguments(dataset, args, kwargs)
-        check_loader_options(kwargs.get("num_workers", 0), kwargs, dataset._credential_provider,
-                             out_of_order=dataset._assignment == DYNAMIC)
+        check_loader_options(kwargs.get("num_workers", 0), kwargs, dataset._credential_provider)
         collate_fn = kwargs.get("collate_fn")
         if collate_fn is not None and collate_fn is not passthrough_collate:
             kwargs["collate_fn"] = PerBatchCollate(collate_fn)  # a chunk's batches, one by one
-        with warnings.catch_warnings(), _out_of_order_quiet(dataset._assignment == DYNAMIC):
-            # torchdata 0.11 calls torch.set_vital, deprecated in torch 2.13
-            warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
+        with warnings.catch_warnings(), no_in_order_warning():  # torchdata 0.11 calls torch.set_vital, deprecated
+            warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)  # in torch 2.13
             super().__init__(dataset, **kwargs)
         if self.num_workers > 0:  # workers send Chunks, packed by the collate step (see PerBatchCollate)
             collate: Any = self.collate_fn  # type: ignore[has-type]
@@ -158,8 +158,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         return inner
 
     def __iter__(self) -> Any:
-        check_loader_options(self.num_workers, {"in_order": self.in_order},  # also when set after __init__
-                             out_of_order=self.dataset._assignment == DYNAMIC)
+        check_loader_options(self.num_workers, {"in_order": self.in_order})  # also when set after __init__
         if self._elastic_loaded:  # the first epoch after loading a checkpoint re-planned for this topology
             check_replanned_epoch_over(self.dataset, self.num_workers)
             self._elastic_loaded = False
@@ -202,13 +201,22 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         return flatten(metrics) if flat else metrics
 
     def state_dict(self) -> dict[str, Any]:
-        """A JSON-able dict: ``json.dumps`` and ``torch.save`` both work."""
+        """A JSON-able dict: ``json.dumps`` and ``torch.save`` both work.
+
+        It stands right after the last batch handed out. With ``in_order=False`` too: each worker's
+        cursor is the one after its last batch handed out, so a resume (with ``in_order`` True or
+        False, or elastic) yields exactly the rows not yet yielded, each once; only the order in which
+        the workers' batches then interleave depends on timing (docs/resume.md).
+        """
         from . import __version__
 
-        with _out_of_order_quiet(self.dataset._assignment == DYNAMIC):
+        with no_in_order_warning():
             inner = super().state_dict()
-        if self._batch_iterator is not None and self._batch_iterator.inside_chunk:
-            inner = rewind_into_chunk(inner, self._batch_iterator, self.num_workers)
+        batches = self._batch_iterator
+        if batches is not None and not delivers_in_order(self._iterator):  # torchdata's snapshot falls behind
+            inner = delivered_state(inner, batches, latest_worker_snapshots(self._iterator), self.num_workers)
+        elif batches is not None and batches.inside_chunk:
+            inner = rewind_into_chunk(inner, batches, self.num_workers)
         dynamic = {} if self.dataset._assignment != DYNAMIC else {"dynamic": self._dynamic_ledger(inner)}
         return {
             "kind": LOADER_KIND,
@@ -233,7 +241,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             # each worker's position after its last batch handed out, as the batches went by (torchdata's
             # own snapshots do not follow the batches handed out when they come out of order)
             pool = self._pool
-            delivered = {} if self._batch_iterator is None else self._batch_iterator.delivered
+            delivered = {} if self._batch_iterator is None else self._batch_iterator.handed_out()
             cursors = [None if w not in delivered else delivered[w].cursor for w in range(self.num_workers)]
         return dynamic_ledger(dataset, pool, cursors, self.num_workers)
 
@@ -344,27 +352,6 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         self._batch_iterator = None
         super().load_state_dict({})
 
-class _OutOfOrderFilter(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("using in_order=False")
-
-
-@contextlib.contextmanager
-def _out_of_order_quiet(quiet: bool) -> Iterator[None]:
-    """Silence torchdata's warning that its state does not follow ``in_order=False``: with dynamic
-    assignment the checkpoint is arrowstream's ledger, which follows the batches handed out."""
-    if not quiet:
-        yield
-        return
-    torchdata_logger = logging.getLogger("torchdata.stateful_dataloader.stateful_dataloader")
-    quiet_filter = _OutOfOrderFilter()
-    torchdata_logger.addFilter(quiet_filter)
-    try:
-        yield
-    finally:
-        torchdata_logger.removeFilter(quiet_filter)
-
-
 _RESERVED = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
 _LOADER_SIGNATURE = inspect.signature(StatefulDataLoader.__init__)
 
@@ -411,7 +398,7 @@ def build_dataloader(dataset_cls: type, *, dataset_args: dict[str, Any], num_wor
     dynamic = dataset_kwargs.get("assignment") == DYNAMIC
     if dynamic and num_workers > 0:   # batches as workers have them: a slow worker holds up no other
         kwargs.setdefault("in_order", False)
-    check_loader_options(num_workers, kwargs, provider, out_of_order=dynamic)  # before planning, which may be long
+    check_loader_options(num_workers, kwargs, provider)  # before planning, which may be long
     dataset = dataset_cls(**dataset_args, **dataset_kwargs)
     kwargs.setdefault("collate_fn", passthrough_collate)
     loader = ArrowStreamDataLoader(dataset, batch_size=None, num_workers=num_workers, **kwargs)

@@ -9,14 +9,12 @@ import pytest
 import torch
 from helpers import ids_of, make_loader
 
-from arrowstream import ArrowStreamDataLoader, StructuredDataset, errors
+from arrowstream import ArrowStreamDataLoader, Mixture, MixtureDataLoader, Source, StructuredDataset, errors
 
 BAD = [
-    # in_order=False: torchdata keeps no exact state for out-of-order delivery (issue 16: a resume with
-    # 3 workers lost 20-33% of the epoch)
-    (1, {"in_order": False}, errors.InvalidArgumentError, "in_order: False .* exact resume"),
-    (0, {"in_order": False}, errors.InvalidArgumentError, "in_order: False"),
+    # in_order=False is taken (tests/test_in_order.py); only its type is checked here
     (1, {"in_order": "no"}, errors.ArgumentTypeError, "in_order: expected True or False"),
+    (0, {"in_order": 0}, errors.ArgumentTypeError, "in_order: expected True or False"),
     (1, {"prefetch_factor": 0}, errors.InvalidArgumentError, "prefetch_factor: must be >= 1"),  # was an AssertionError
     (1, {"prefetch_factor": "2"}, errors.ArgumentTypeError, "prefetch_factor: expected an int"),
     (0, {"prefetch_factor": 2}, errors.InvalidArgumentError, "prefetch_factor: applies to worker processes only"),
@@ -53,7 +51,7 @@ def test_bad_loader_keyword(small_dataset, num_workers, kwargs, error, pattern):
 
 
 @pytest.mark.parametrize(("args", "kwargs", "error", "pattern"), [
-    ((), {"num_workers": 2, "in_order": False}, errors.InvalidArgumentError, "in_order: False"),
+    ((), {"num_workers": 2, "in_order": None}, errors.ArgumentTypeError, "in_order: expected True or False"),
     ((), {"num_workers": 1, "prefetch_factor": 0}, errors.InvalidArgumentError, "prefetch_factor: must be >= 1"),
     ((), {"batch_size": 4}, errors.InvalidArgumentError, r"batch_size: .* takes batch_size=None"),
     ((4,), {}, errors.InvalidArgumentError, r"batch_size: .* takes batch_size=None"),
@@ -72,10 +70,22 @@ def test_loader_of_another_dataset_is_refused():
         ArrowStreamDataLoader(list(range(10)))
 
 
-def test_in_order_set_after_construction_is_refused_when_iterating(small_dataset):
+def test_in_order_set_after_construction_is_checked_when_iterating(small_dataset):
     loader, _ = make_loader(small_dataset, 2, batch_size=32)
-    loader.in_order = False
-    with pytest.raises(errors.InvalidArgumentError, match="in_order: False"):
+    loader.in_order = "no"
+    with pytest.raises(errors.ArgumentTypeError, match="in_order: expected True or False"):
+        iter(loader)
+
+
+def test_mixtures_do_not_take_in_order_false_yet(small_dataset):
+    sources = {"a": Source(small_dataset), "b": Source(small_dataset)}
+    with pytest.raises(errors.InvalidArgumentError, match="in_order: a MixtureDataLoader does not take in_order=False"):
+        Mixture.create_dataloader(sources=sources, batch_size=32, num_workers=2, in_order=False)
+    with pytest.raises(errors.InvalidArgumentError, match="in_order: a MixtureDataLoader does not take in_order=False"):
+        MixtureDataLoader(Mixture(sources, batch_size=32), num_workers=2, in_order=False)
+    loader, _ = Mixture.create_dataloader(sources=sources, batch_size=32, num_workers=2)
+    loader.in_order = False  # set after it was built: refused when the epoch starts
+    with pytest.raises(errors.InvalidArgumentError, match="in_order: a MixtureDataLoader does not take in_order=False"):
         iter(loader)
 
 

@@ -23,13 +23,16 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from arrowstream import StructuredDataset
 from arrowstream._state import WorkerState
 from arrowstream._torchdata_state import (
+    ITERATOR_ATTRIBUTES,
     ITERATOR_FINISHED,
     LAST_YIELDED_WORKER_ID,
     SNAPSHOT,
     WORKER_SNAPSHOTS,
     clear_steps_since_snapshot,
+    delivers_in_order,
     is_inner_state,
     iterator_finished,
+    latest_worker_snapshots,
     read_inner,
     relied_on,
     set_iterator_finished,
@@ -122,6 +125,30 @@ def test_every_key_arrowstream_relies_on_is_in_a_real_state(real_states, num_wor
         assert [s.slot.worker_id for s in states] == list(range(max(num_workers, 1))), point
         parsed = read_inner(inner, 1)
         assert parsed.num_workers == num_workers and parsed.finished == (point == "after"), point
+
+
+@pytest.mark.timeout(120)
+def test_the_iterator_keeps_each_workers_latest_state_out_of_order(tmp_path):
+    """``latest_worker_snapshots`` reads an attribute of torchdata's iterator (for ``in_order=False``):
+    it is there, and it holds each worker's state after its last batch the loop received."""
+    dataset = StructuredDataset(write_dataset(tmp_path, [(300, 50), (200, 40)]), batch_size=32)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
+        loader = StatefulDataLoader(dataset, batch_size=None, num_workers=2, in_order=False)
+    batches = iter(loader)
+    missing = [name for name in ITERATOR_ATTRIBUTES if not hasattr(batches, name)]
+    assert not missing, (f"torchdata {torchdata.__version__}'s iterator has no {missing}; arrowstream/_torchdata_state.py "
+                         f"relies on it: revisit that module and the pin {_torchdata_pin()!r} in pyproject.toml")
+    assert not delivers_in_order(batches)
+    for _ in range(5):
+        next(batches)
+    latest = latest_worker_snapshots(batches)
+    assert sorted(latest) == ["worker_0", "worker_1"]
+    states = [WorkerState.from_dict(latest[key]["dataset_state"]) for key in sorted(latest)]
+    assert [s.slot.worker_id for s in states] == [0, 1]
+    assert sum(s.batches for s in states) == 5  # one batch per item here (no chunks): all five, none ahead
+    for _ in batches:
+        pass
 
 
 class _Recorder(dict[str, Any]):
