@@ -242,13 +242,18 @@ def load_dynamic_ledger(dataset: Any, outers: Sequence[dict[str, Any]]) -> int:
     if dataset._assignment != DYNAMIC:
         raise StateMismatchError(
             "checkpoint was taken with assignment='dynamic', this dataset has assignment='static': the rest of its "
-            "epoch is a ledger of leases, not worker cursors. Build the dataset with assignment='dynamic' to resume "
-            "(after the epoch ends, a checkpoint of either kind starts the next epoch)")
+            "epoch is a ledger of leases, not worker cursors. Build the dataset with assignment='dynamic' to resume")
     missing = [index for index, outer in enumerate(outers) if "dynamic" not in outer]
     if missing:
         raise StateMismatchError(f"checkpoint rank {missing[0]} was taken with assignment='static' and others with "
                                  f"'dynamic'; {REMEDY}")
     world_size = outers[0]["world_size"]
+    if world_size != dataset.world_size and all(_epoch_over(dataset, outer) for outer in outers) \
+            and len(outers) == world_size:
+        # every rank had read its whole epoch: nothing is left to re-plan, the next epoch is laid out here
+        epoch = Fields(outers[0]["dynamic"], "dynamic").integer("epoch")
+        dataset._dynamic.loaded = (epoch, Work((), ()))
+        return epoch
     if world_size != dataset.world_size:
         raise StateMismatchError(
             f"checkpoint was taken with world_size={world_size} and assignment='dynamic', this loader has "
@@ -265,3 +270,16 @@ def load_dynamic_ledger(dataset: Any, outers: Sequence[dict[str, Any]]) -> int:
     check_compatible(saved, dataset._data, dataset._state_options)
     dataset._dynamic.loaded = (epoch, work)
     return epoch
+
+
+def _epoch_over(dataset: Any, outer: dict[str, Any]) -> bool:
+    """Whether a rank's ledger leaves nothing of its epoch (checked against the plan as its world size
+    laid the epoch out)."""
+    ledger = Fields(outer["dynamic"], "dynamic")
+    if ledger.sequence("replays") or ledger.sequence("splits"):
+        return False
+    saved_options = ledger.mapping("options").value
+    epochs = DynamicEpochs(dataset._plan, dataset._options, outer["world_size"], outer["rank"],
+                           bool(saved_options.get("even_batches")))
+    epoch = ledger.integer("epoch")
+    return ledger.integer("fresh_from_row") >= epochs.fresh(epoch).num_rows

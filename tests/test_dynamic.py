@@ -359,3 +359,27 @@ def test_ranks_under_torchrun_yield_equal_batches_and_resume_once_with_other_wor
         assert sorted(i for b in before + rest for i in b) == sorted(i for b in r["epochs"]["0"] for i in b)
         assert len(before) + len(rest) == r["lens"]["0"]
         assert sorted(i for b in r["resumed"]["1"] for i in b) == sorted(i for b in r["epochs"]["1"] for i in b)
+
+
+def test_after_an_epoch_a_checkpoint_loads_on_another_world_size(folder):
+    """Inside an epoch another world size is refused; once every rank read its epoch, the next epoch is
+    laid out for the new one."""
+    from arrowstream import merge_state_dicts
+
+    path, total = folder
+    options = {**MIXED, "batch_size": 16, "plan_locally": True}
+    ended, mid = [], []
+    for rank in (0, 1):
+        loader, dataset = StructuredDataset.create_dataloader(path, num_workers=2, rank=rank, world_size=2, **options)
+        dataset.set_epoch(4)
+        ids_of_loader(loader, 3)
+        mid.append(loader.state_dict())
+        ids_of_loader(loader)   # a new iteration of epoch 4 reads it whole
+        ended.append(loader.state_dict())
+    one, one_dataset = StructuredDataset.create_dataloader(path, num_workers=1, **options)
+    with pytest.raises(errors.StateMismatchError, match="world_size=2 and assignment='dynamic'"):
+        one.load_state_dict(merge_state_dicts(mid))
+    one.load_state_dict(merge_state_dicts(ended))
+    assert one_dataset.epoch == 4 and ids_of_loader(one)[0] == []
+    one_dataset.set_epoch(5)
+    assert sorted(ids_of_loader(one)[0]) == list(range(total))
