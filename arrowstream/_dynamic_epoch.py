@@ -12,12 +12,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import numpy.typing as npt
+
 from ._cursor import Cursor
 from ._dynamic import LeasedShare, Leases, Work, fresh_work, leased_runs, remaining_work, start_cursor
 from ._elastic import Replay
 from ._fields import REMEDY, Fields, check_int, shorten
 from ._order import Slot, SlotGrid
-from ._plan_types import Split, split_rows
+from ._plan_types import Split, SplitTable, split_rows
 from ._stream import EpochStream
 from .errors import StateError
 
@@ -173,7 +176,53 @@ def work_from_dict(value: Any, plan: Plan, epochs: DynamicEpochs, options: Optio
     if work.num_rows > fresh_rows:
         raise StateError(f"the state's {where} leaves {work.num_rows} row(s) of epoch {epoch}, more than the rank reads "
                          f"in an epoch ({fresh_rows}); {REMEDY}")
+    _check_rows(plan, work, where)
     return epoch, work
+
+
+_ROW_BITS = 40   # a row of a file as one int64: file << 40 | row
+
+
+def _intervals(plan: Plan, splits: Sequence[Split]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The rows of ``splits`` (in their order) as half-open intervals of keys: file << 40 | row in the file."""
+    table = SplitTable.from_splits(splits)
+    files = sorted(set(table.file_index.tolist()))
+    first_unit_row = np.zeros(len(table), dtype=np.int64)
+    for f in files:   # per file, vectorized over its splits
+        mine = table.file_index == f
+        offsets = np.concatenate([[0], np.cumsum(np.asarray(plan.files[f].unit_rows, dtype=np.int64))])
+        first_unit_row[mine] = offsets[table.unit_start[mine]]
+    start = (table.file_index << _ROW_BITS) + first_unit_row + table.row_start
+    return start, start + table.num_rows
+
+
+def _check_rows(plan: Plan, work: Work, where: str) -> None:
+    """Every split of a ledger inside the rank's rows of the epoch, and the rows it leaves (explicit splits
+    and the fresh rows from ``fresh_from_row``) each left once: a tampered ledger would repeat rows."""
+    fresh_start, fresh_end = _intervals(plan, work.fresh)
+    named = [*work.splits, *(s for replay in work.replays for s in replay.splits)]
+    if named:
+        order = np.argsort(fresh_start, kind="stable")
+        sorted_start, sorted_end = fresh_start[order], fresh_end[order]
+        start, end = _intervals(plan, named)
+        at = np.maximum(np.searchsorted(sorted_start, start, side="right") - 1, 0)
+        inside = (start >= sorted_start[at]) & (end <= sorted_end[at]) if len(sorted_start) else start < 0
+        if not inside.all():
+            bad = named[int(np.flatnonzero(~inside)[0])]
+            raise StateError(f"the state's {where} names rows {shorten(_split_to_list(bad))} that the rank does not read "
+                             f"in this epoch; {REMEDY}")
+    # the rows left: the explicit splits and the fresh ones from fresh_from_row (the first of those cut)
+    ends = np.cumsum(split_rows(work.fresh))
+    first = int(np.searchsorted(ends, work.fresh_from_row, side="right"))
+    tail_start, tail_end = fresh_start[first:].copy(), fresh_end[first:]
+    if len(tail_start):
+        tail_start[0] = tail_end[0] - (int(ends[first]) - work.fresh_from_row)
+    start, end = _intervals(plan, work.splits) if work.splits else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    start, end = np.concatenate([start, tail_start]), np.concatenate([end, tail_end])
+    order = np.argsort(start, kind="stable")
+    if (start[order][1:] < end[order][:-1]).any():
+        raise StateError(f"the state's {where} leaves some rows twice (its splits overlap each other or the rows from "
+                         f"fresh_from_row on); {REMEDY}")
 
 
 def check_assignment(assignment: Any, options: Options, group_size: int = 1) -> str:

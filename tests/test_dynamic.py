@@ -223,14 +223,20 @@ def _tampered(state, edit):
     (lambda d: d["replays"].append({"slot": [1, 2, 0, 5], "splits": [], "start": {}, "rows": 3}), "not a slot"),
     (lambda d: d.update(epoch=-1), "epoch"),
     (lambda d: d["options"].update(seed=6), "seed: saved 6 vs current 5"),
+    (lambda d: d["splits"].append(list(d["splits"][0])), "leaves some rows twice"),   # a split listed twice
+    (lambda d: d.update(fresh_from_row=d["fresh_from_row"] - 40), "leaves some rows twice"),  # rows handed out again
 ])
 def test_a_tampered_ledger_is_refused(folder, edit, match):
+    """Every edit here would repeat rows or read others if it loaded."""
     path, _ = folder
     loader, _ = StructuredDataset.create_dataloader(path, num_workers=0, **MIXED)
     ids_of_loader(loader, 3)
     if "more than" in match:   # a ledger that leaves more rows than the epoch has: nothing read yet
         loader, _dataset = StructuredDataset.create_dataloader(path, num_workers=0, **MIXED)
-    state = _tampered(loader.state_dict(), edit)
+    state = loader.state_dict()
+    if "more than" not in match:   # what the edits change is there
+        assert state["dynamic"]["splits"] and state["dynamic"]["fresh_from_row"] >= 40
+    state = _tampered(state, edit)
     fresh, _ = StructuredDataset.create_dataloader(path, num_workers=0, **MIXED)
     with pytest.raises((errors.StateError, errors.StateMismatchError), match=match):
         fresh.load_state_dict(state)
@@ -383,3 +389,17 @@ def test_after_an_epoch_a_checkpoint_loads_on_another_world_size(folder):
     assert one_dataset.epoch == 4 and ids_of_loader(one)[0] == []
     one_dataset.set_epoch(5)
     assert sorted(ids_of_loader(one)[0]) == list(range(total))
+
+
+def test_a_ledger_naming_another_ranks_rows_is_refused(folder):
+    path, _ = folder
+    options = {**MIXED, "batch_size": 16, "world_size": 2, "plan_locally": True}
+    states = []
+    for rank in (0, 1):
+        loader, _ = StructuredDataset.create_dataloader(path, num_workers=0, rank=rank, **options)
+        ids_of_loader(loader, 4)
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    states[0]["dynamic"]["splits"].append(states[1]["dynamic"]["splits"][0])
+    loader, _ = StructuredDataset.create_dataloader(path, num_workers=0, rank=0, **options)
+    with pytest.raises(errors.StateError, match="that the rank does not read"):
+        loader.load_state_dict(states[0])
