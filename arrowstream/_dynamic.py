@@ -166,6 +166,20 @@ class Leases:
     def rows(self, lease: int) -> int:
         return int(self.bounds[lease + 1] - self.bounds[lease])
 
+    def counts(self, leases: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """How many splits and how many replays :meth:`items` gives for each of ``leases`` (without
+        making them)."""
+        lo, hi = self.bounds[leases], self.bounds[leases + 1]
+        first = np.searchsorted(self._starts, lo, side="right") - 1
+        stop = np.searchsorted(self._starts, hi, side="left")   # items before `stop` start before hi
+        nonempty = self._rows > 0
+        is_replay = np.arange(len(self._rows)) < len(self.work.replays)
+        out = []
+        for kind in (nonempty & ~is_replay, nonempty & is_replay):
+            counted = np.concatenate([[0], np.cumsum(kind)])
+            out.append((counted[stop] - counted[first]).astype(np.int64))
+        return out[0], out[1]
+
 
 def replay_part(replay: Replay, a: int, b: int) -> Replay:
     """Rows ``[a, b)`` of what ``replay`` hands out, as a replay of its own."""
@@ -293,12 +307,20 @@ def remaining_work(leases: Leases, owners: npt.NDArray[np.int64], cursors: Seque
     splits: list[Split] = []
     taken = np.flatnonzero(owners >= 0)
     for worker, cursor in enumerate(cursors):
-        mine = np.flatnonzero(owners == worker).tolist()
-        if cursor is None or not mine:
+        mine = np.flatnonzero(owners == worker)
+        if cursor is None or not len(mine):
             continue
-        share = [leases.items(lease) for lease in mine]
+        # the worker's leases from the one holding the first split its cursor still reads: a checkpoint
+        # expands a few leases per worker, not every lease it took this epoch
+        split_counts, replay_counts = leases.counts(mine)
+        before = np.concatenate([[0], np.cumsum(split_counts)])
+        first_split = min([index for index, _ in cursor.lanes] + [cursor.next_split_index])
+        reading_splits = cursor.replay_index >= int(replay_counts.sum())
+        skip = max(int(np.searchsorted(before, first_split, side="right")) - 1, 0) if reading_splits else 0
+        share = [leases.items(int(lease)) for lease in mine[skip:]]
         leased = LeasedItems(tuple(r for s in share for r in s.replays), tuple(p for s in share for p in s.splits))
-        rest_replays, rest_splits = worker_rest(slots[worker], leased, cursor, batch_size=batch_size,
+        rebased = _rebased(cursor, int(before[skip])) if skip else cursor
+        rest_replays, rest_splits = worker_rest(slots[worker], leased, rebased, batch_size=batch_size,
                                                 interleave=interleave, buffer_rows=buffer_rows)
         replays += rest_replays
         splits += rest_splits

@@ -186,12 +186,10 @@ _ROW_BITS = 40   # a row of a file as one int64: file << 40 | row
 def _intervals(plan: Plan, splits: Sequence[Split]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """The rows of ``splits`` (in their order) as half-open intervals of keys: file << 40 | row in the file."""
     table = SplitTable.from_splits(splits)
-    files = sorted(set(table.file_index.tolist()))
-    first_unit_row = np.zeros(len(table), dtype=np.int64)
-    for f in files:   # per file, vectorized over its splits
-        mine = table.file_index == f
-        offsets = np.concatenate([[0], np.cumsum(np.asarray(plan.files[f].unit_rows, dtype=np.int64))])
-        first_unit_row[mine] = offsets[table.unit_start[mine]]
+    files = plan.files   # units of every file in one column: file i's are unit_offsets[i]:unit_offsets[i + 1]
+    rows_before = np.concatenate([[0], np.cumsum(files.unit_rows)]).astype(np.int64)
+    file_first = np.asarray(files.unit_offsets, dtype=np.int64)[table.file_index]
+    first_unit_row = rows_before[file_first + table.unit_start] - rows_before[file_first]
     start = (table.file_index << _ROW_BITS) + first_unit_row + table.row_start
     return start, start + table.num_rows
 
