@@ -333,6 +333,9 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         loader's workers (any number)."""
         epoch = load_dynamic_ledger(self.dataset, outers)
         self.dataset.set_epoch(epoch)
+        # the leases of an earlier iteration say nothing of the loaded epoch's rest
+        self._pool = self.dataset._pool = None
+        self.dataset._active = None
         self._batch_iterator = None
         self._elastic_loaded = False
         super().load_state_dict({})

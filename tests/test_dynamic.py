@@ -403,3 +403,20 @@ def test_a_ledger_naming_another_ranks_rows_is_refused(folder):
     loader, _ = StructuredDataset.create_dataloader(path, num_workers=0, rank=0, **options)
     with pytest.raises(errors.StateError, match="that the rank does not read"):
         loader.load_state_dict(states[0])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_state_taken_right_after_loading_is_the_loaded_one(folder, num_workers):
+    """A loader that read before loading a checkpoint forgets that reading: its next state is the loaded rest."""
+    path, total = folder
+    loader, _ = StructuredDataset.create_dataloader(path, num_workers=num_workers, **MIXED)
+    seen = ids_of_loader(loader, 5)[0]
+    state = json.loads(json.dumps(loader.state_dict()))
+    other, _ = StructuredDataset.create_dataloader(path, num_workers=num_workers, **MIXED)
+    ids_of_loader(other, 9)
+    other.load_state_dict(state)
+    again = json.loads(json.dumps(other.state_dict()))
+    assert again["dynamic"] == state["dynamic"]
+    fresh, _ = StructuredDataset.create_dataloader(path, num_workers=0, **MIXED)
+    fresh.load_state_dict(again)
+    assert sorted(seen + ids_of_loader(fresh)[0]) == list(range(total))

@@ -398,3 +398,22 @@ def test_workers_started_by_spawn_and_forkserver_read_the_table(catalog, with_de
     got = read_all(catalog[1], num_workers=2, multiprocessing_context=context)
     assert got.num_rows == remaining
     assert_same_rows(got, table.scan().to_arrow())
+
+
+def test_dynamic_assignment_over_positional_deletes_resumes_once_with_other_workers(catalog, with_deletes):
+    """Leases cut data files at row offsets; the deletes still apply, and a checkpoint's rest is read once."""
+    table, remaining = with_deletes
+    kept = sorted(table.scan().to_arrow().column("id").to_pylist())
+    options = {"table": "db.events", "catalog_config": catalog[1], "batch_size": 64, "assignment": "dynamic",
+               "shuffle": True, "shuffle_buffer_size": 100, "interleave": 2}
+    loader, _ = IcebergDataset.create_dataloader(num_workers=2, **options)
+    seen = []
+    for step, batch in enumerate(loader):
+        seen += batch["id"].tolist()
+        if step == 6:
+            break
+    state = json.loads(json.dumps(loader.state_dict()))
+    fresh, _ = IcebergDataset.create_dataloader(num_workers=3, **options)
+    fresh.load_state_dict(state)
+    rest = [i for batch in fresh for i in batch["id"].tolist()]
+    assert sorted(seen + rest) == kept and len(seen + rest) == remaining
