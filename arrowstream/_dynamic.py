@@ -96,13 +96,17 @@ def truncated(splits: Sequence[Split], rows: int) -> tuple[Split, ...]:
 
 def lease_bounds(item_rows: npt.NDArray[np.int64], batch_size: int, num_workers: int) -> npt.NDArray[np.int64]:
     """Where leases start and end in the virtual stream of items of ``item_rows`` rows: at item ends
-    rounded to the nearest whole batch, and every ``tail`` rows in the last part of the stream; every
-    lease but the last holds whole batches. ``bounds[i]:bounds[i + 1]`` is lease ``i``."""
+    rounded up to a whole batch, and every ``tail`` rows in the last part of the stream; every lease
+    but the last holds whole batches. ``bounds[i]:bounds[i + 1]`` is lease ``i``.
+
+    Rounded up, a lease ends with the first rows of the next item (less than a batch), which a reader
+    decodes alone; rounded down, it would leave the last rows of an item to the next lease, whose reader
+    would decode the whole unit again to reach them."""
     total = int(item_rows.sum())
     if total == 0:
         return np.zeros(1, dtype=np.int64)
     ends = np.cumsum(item_rows)
-    cuts = np.minimum(np.rint(ends / batch_size).astype(np.int64) * batch_size, total)
+    cuts = np.minimum(-(-ends // batch_size) * batch_size, total)
     workers = max(num_workers, 1)
     tail = max(batch_size, total // (workers * TAIL_LEASES_PER_WORKER) // batch_size * batch_size)
     tail_start = max(0, total - max(total // TAIL_FRACTION, tail * workers * 4)) // batch_size * batch_size

@@ -171,6 +171,8 @@ class SplitReader:
         # of a file truncated since would be SIGBUS) and after each batch is read (rows of one version only)
         self._storage.check_unchanged(footer.entry)
         read_rows, self._first_read_rows = self._first_read_rows or self._read_batch_rows, None
+        if not to_the_end:   # a split that ends inside a unit: decode no further than its end (a lease's first rows)
+            read_rows = min(read_rows, end - first_row)
         batches = self._file(split.file_index).read_units(units, self._plan.read_columns, read_rows, self._use_threads)
         for batch in batches:
             self._storage.check_unchanged(footer.entry)
