@@ -85,6 +85,7 @@ SLOW_PREFIX = "slow"
 _STARTED = time.perf_counter()
 
 warnings.filterwarnings("ignore", message=".*not writable.*")
+warnings.filterwarnings("ignore", message="This DataLoader will create")  # 4 workers on 2 cores: on purpose
 
 
 def progress(message: str) -> None:
@@ -282,17 +283,19 @@ def goals(name: str, results: dict[Key, Series], worker_counts: list[int]) -> li
         s_epoch, d_epoch = static.median(lambda e: e.seconds), dynamic.median(lambda e: e.seconds)
         s_ratio, d_ratio = (x.median(lambda e: e.seconds / e.ideal_s) for x in (static, dynamic))
         tail = dynamic.median(lambda e: e.tail_s / e.seconds)
+        s_busy, d_busy = (x.median(lambda e: sum(e.busy)) for x in (static, dynamic))
+        busy = f"total busy static {s_busy:.2f} s / dynamic {d_busy:.2f} s"
         if name == "uniform":
             keep = dynamic.median(lambda e: e.rps) / static.median(lambda e: e.rps)
             best = static.best(lambda e: e.seconds) / dynamic.best(lambda e: e.seconds)
             lines.append(f"- uniform, {workers} workers: dynamic keeps {keep:.1%} of static's rows/s (medians; "
                          f"bests {best:.1%}); goal >= {UNIFORM_GOAL:.0%} {verdict(keep >= UNIFORM_GOAL)}; "
-                         f"dynamic tail {tail:.1%} of the epoch")
+                         f"dynamic tail {tail:.1%} of the epoch; {busy}")
             continue
         lines.append(f"- {name}, {workers} workers: epoch static {s_epoch:.2f} s / dynamic {d_epoch:.2f} s "
                      f"(dynamic {s_epoch / d_epoch:.2f}x faster); epoch / ideal: static {s_ratio:.2f}x, dynamic "
                      f"{d_ratio:.2f}x (goal <= {IDEAL_GOAL}x {verdict(d_ratio <= IDEAL_GOAL)}); dynamic tail "
-                     f"{tail:.1%} of the epoch (goal <= {TAIL_GOAL:.0%} {verdict(tail <= TAIL_GOAL)})")
+                     f"{tail:.1%} of the epoch (goal <= {TAIL_GOAL:.0%} {verdict(tail <= TAIL_GOAL)}); {busy}")
     return lines
 
 
