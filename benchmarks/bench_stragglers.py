@@ -46,6 +46,7 @@ import datetime as dt
 import functools
 import gc
 import os
+import resource
 import shlex
 import statistics
 import sys
@@ -186,6 +187,8 @@ class Epoch:
     tail_s: float
     span_s: float          # the first worker's first read to the last one's last batch (no start-up)
     reads: int | None      # GET requests of object data in the epoch (S3 only)
+    workers_cpu_s: float   # CPU time of the workers (all of them, joined at the end of the epoch)
+    main_cpu_s: float      # CPU time of this process (the trainer side) over the epoch
 
     @property
     def ideal_s(self) -> float:
@@ -203,12 +206,13 @@ def time_epoch(data: Dataset, assignment: str, workers: int, epoch: int) -> Epoc
     dataset.set_epoch(epoch)
     if data.proxy is not None:
         data.proxy.reset()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_times()
     rows, id_sum = 0, 0
     for batch in loader:
         rows += len(batch["id"])
         id_sum += int(batch["id"].sum())
     seconds = time.perf_counter() - start
+    children_s, self_s = (after - before for after, before in zip(cpu_times(), cpu, strict=True))
     if (rows, id_sum) != (data.rows, data.id_sum):
         raise RuntimeError(f"{data.name}, {assignment}, {workers} workers, epoch {epoch}: {rows} rows (id sum "
                            f"{id_sum}), expected every row once: {data.rows} (id sum {data.id_sum})")
@@ -216,7 +220,15 @@ def time_epoch(data: Dataset, assignment: str, workers: int, epoch: int) -> Epoc
     lines = metrics["workers"]
     reads = None if data.proxy is None else int(data.proxy.stats()["counts"].get("read", 0))
     return Epoch(seconds, rows, [w["read_s"] + w["convert_s"] for w in lines], [w["rows"] for w in lines],
-                 [w["leases"] for w in lines], metrics["tail_s"], metrics["elapsed_s"], reads)
+                 [w["leases"] for w in lines], metrics["tail_s"], metrics["elapsed_s"], reads,
+                 children_s, self_s)
+
+
+def cpu_times() -> tuple[float, float]:
+    """User + system CPU seconds of the children that ended (loader workers: the servers run on), and of
+    this process. Busy time is wall time: with more busy workers than cores it counts waiting for a core."""
+    children, own = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
+    return children.ru_utime + children.ru_stime, own.ru_utime + own.ru_stime
 
 
 @dataclass
@@ -277,7 +289,8 @@ def scenario_rows(results: dict[Key, Series]) -> list[list[str]]:
         tail = series.median(lambda e: e.tail_s / e.seconds)
         typical = series.typical()
         rows.append([str(workers), assignment, f"{epoch_s:.2f} ({series.best(lambda e: e.seconds):.2f})",
-                     f"{ideal_s:.2f}", f"{ratio:.2f}x", f"{span:.2f}x", f"{tail:.1%}", f"{series.median(lambda e: e.rps) / 1e3:,.0f}k",
+                     f"{ideal_s:.2f}", f"{ratio:.2f}x", f"{span:.2f}x", f"{tail:.1%}",
+                     f"{series.median(lambda e: e.workers_cpu_s):.2f} / {series.median(lambda e: e.main_cpu_s):.2f}", f"{series.median(lambda e: e.rps) / 1e3:,.0f}k",
                      joined(typical.busy, ".2f"), joined([r / 1e3 for r in typical.worker_rows], ",.0f"),
                      joined(typical.leases, "d"), "–" if typical.reads is None else f"{typical.reads:,}"])
     return rows
@@ -292,7 +305,9 @@ def goals(name: str, results: dict[Key, Series], worker_counts: list[int]) -> li
         d_span = dynamic.median(lambda e: e.span_s / e.ideal_s)
         tail = dynamic.median(lambda e: e.tail_s / e.seconds)
         s_busy, d_busy = (x.median(lambda e: sum(e.busy)) for x in (static, dynamic))
-        busy = f"total busy static {s_busy:.2f} s / dynamic {d_busy:.2f} s"
+        s_cpu, d_cpu = (x.median(lambda e: e.workers_cpu_s) for x in (static, dynamic))
+        busy = (f"total busy static {s_busy:.2f} s / dynamic {d_busy:.2f} s, workers' CPU static {s_cpu:.2f} s / "
+                f"dynamic {d_cpu:.2f} s")
         if name == "uniform":
             keep = dynamic.median(lambda e: e.rps) / static.median(lambda e: e.rps)
             best = static.best(lambda e: e.seconds) / dynamic.best(lambda e: e.seconds)
@@ -330,10 +345,12 @@ def report(args: argparse.Namespace, datasets: list[Dataset], results: dict[str,
                "rotate the order of the loaders. *epoch s*: `iter()` to the last batch. *ideal s*: the workers' "
                "total busy time (`read_s + convert_s` from `loader.metrics()`) / workers. *span*: `elapsed_s` of the "
                "metrics, the first worker's first read to the last worker's last batch (the epoch without the "
-               "workers' start-up). *epoch / ideal*, *span / ideal* and *tail* (`tail_s`: the first worker's last batch to the last one's, over the epoch) are medians "
+               "workers' start-up). *CPU s*: user + system time of the workers (joined at the end of the epoch) and "
+               "of the trainer's process, medians: busy time is wall time, which with more busy processes than "
+               "cores includes waiting for one; CPU time does not. *epoch / ideal*, *span / ideal* and *tail* (`tail_s`: the first worker's last batch to the last one's, over the epoch) are medians "
                "of the per-epoch ratios. Busy s, k rows and leases per worker, and the S3 "
                "data requests (GETs counted by the proxy), are those of the median epoch."), ""]
-    header = ["workers", "assignment", "epoch s", "ideal s", "epoch / ideal", "span / ideal", "tail / epoch", "rows/s",
+    header = ["workers", "assignment", "epoch s", "ideal s", "epoch / ideal", "span / ideal", "tail / epoch", "CPU s workers / main", "rows/s",
               "busy s per worker", "k rows per worker", "leases per worker", "S3 reads"]
     for data in datasets:
         lines += [f"### {data.name}", "",
@@ -353,32 +370,32 @@ SCENARIOS = ("uniform", "decode", "prefix", "transform")
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: small data, 1 round; prints only")
-    parser.add_argument("--repeats", type=int, default=None, help="rounds (default 3)")
+    parser.add_argument("--repeats", type=int, default=None, help="rounds (default 5)")
     parser.add_argument("--workers", default="2,4", help="worker counts (default 2,4)")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"default {','.join(SCENARIOS)}")
     parser.add_argument("--files", type=int, default=None, help="files per local scenario (default 32)")
     parser.add_argument("--uniform-rows", type=int, default=None, help="rows per uniform file (default 400,000)")
-    parser.add_argument("--decode-rows", type=int, default=None, help="rows per decode file (default 40,000)")
+    parser.add_argument("--decode-rows", type=int, default=None, help="rows per decode file (default 50,000)")
     parser.add_argument("--transform-rows", type=int, default=None, help="rows per transform file (default 40,000)")
     parser.add_argument("--transform-us", type=float, default=1.0,
                         help="transform: microseconds of sleep per cheap row (default 1.0)")
     parser.add_argument("--s3-files", type=int, default=None, help="files of the prefix scenario (default 32)")
-    parser.add_argument("--s3-rows", type=int, default=None, help="rows per S3 file (default 20,000)")
+    parser.add_argument("--s3-rows", type=int, default=None, help="rows per S3 file (default 40,000)")
     parser.add_argument("--slow-latency", type=float, default=0.05, help="seconds added under slow/ (0.05)")
     parser.add_argument("--out", type=Path, default=None, help="report path (default results/<date>-stragglers.md)")
     args = parser.parse_args()
     quick = args.quick
-    args.repeats = args.repeats or (1 if quick else 3)
+    args.repeats = args.repeats or (1 if quick else 5)
     args.workers = [int(w) for w in args.workers.split(",")]
     args.scenarios = [s for s in args.scenarios.split(",") if s]
     if set(args.scenarios) - set(SCENARIOS) or min(args.workers) < 1:
         parser.error(f"--scenarios: some of {','.join(SCENARIOS)}; --workers: counts >= 1")
     args.files = args.files or (16 if quick else 32)
     args.uniform_rows = args.uniform_rows or (50_000 if quick else 400_000)
-    args.decode_rows = args.decode_rows or (5_000 if quick else 40_000)
+    args.decode_rows = args.decode_rows or (5_000 if quick else 50_000)
     args.transform_rows = args.transform_rows or (5_000 if quick else 40_000)
     args.s3_files = args.s3_files or (16 if quick else 32)
-    args.s3_rows = args.s3_rows or (5_000 if quick else 20_000)
+    args.s3_rows = args.s3_rows or (5_000 if quick else 40_000)
     if args.out is None and not quick:
         args.out = BENCH_DIR / "results" / f"{dt.date.today().isoformat()}-stragglers.md"
     return args
