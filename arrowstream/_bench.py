@@ -139,11 +139,14 @@ def time_loader(loader: Any, dataset: Any, sample_every: float, quiet: bool) -> 
 
 
 def worker_table(metrics: dict[str, Any]) -> str:
-    lines = ["worker      rows  batches  splits      MiB  read s  convert s  idle s  busy  rows/s"]
+    """One line per worker; a ``leases`` column when the workers took leases (``assignment="dynamic"``)."""
+    leased = any(w["leases"] for w in metrics["workers"])
+    lines = ["worker      rows  batches  splits      MiB  read s  convert s  idle s  busy  rows/s"
+             + ("  leases" if leased else "")]
     for w in metrics["workers"]:
         lines.append(f"{w['worker']:>6}  {w['rows']:>8,}  {w['batches']:>7,}  {w['splits_done']:>6,}  "
                      f"{w['bytes'] / 2**20:>7.1f}  {w['read_s']:>6.2f}  {w['convert_s']:>9.2f}  {w['idle_s']:>6.2f}  "
-                     f"{w['utilization']:>4.0%}  {w['rows_per_s']:>6,.0f}")
+                     f"{w['utilization']:>4.0%}  {w['rows_per_s']:>6,.0f}" + (f"  {w['leases']:>6,}" if leased else ""))
     return "\n".join(lines)
 
 
@@ -202,11 +205,13 @@ def run(args: argparse.Namespace) -> int:
     # pyarrow's buffers are read-only; neither loop writes to the tensors it makes
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
-    dataset = open_dataset(args, shuffle=args.shuffle, seed=args.seed)
+    dataset = open_dataset(args, shuffle=args.shuffle, seed=args.seed, assignment=args.assignment)
     raw = time_raw(dataset, args.batch_size, args.quiet)
     extra: dict[str, Any] = {}
     if args.num_workers > 0:
         extra["persistent_workers"] = False
+    if args.num_workers > 0 and args.assignment == "dynamic":   # as create_dataloader: batches as they are ready
+        extra["in_order"] = False
     loader = ArrowStreamDataLoader(dataset, batch_size=None, num_workers=args.num_workers,
                                    collate_fn=passthrough_collate, **extra)
     ours = time_loader(loader, dataset, args.sample_every, args.quiet)
@@ -220,10 +225,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"pyarrow loop:  {raw['rows']:,} rows in {raw['seconds']:.2f} s = {raw['rows_per_s']:,.0f} rows/s")
     print(f"arrowstream:   {ours['rows']:,} rows in {ours['seconds']:.2f} s = {ours['rows_per_s']:,.0f} rows/s "
-          f"({args.num_workers} workers, shuffle={args.shuffle})")
+          f"({args.num_workers} workers, shuffle={args.shuffle}, assignment={args.assignment})")
     print(f"               first batch after {ours['first_batch_s']:.2f} s (workers starting, first reads); "
           f"after it {ours['rows_per_s_after_first']:,.0f} rows/s")
     print(f"ratio:         {ratio:.2f}x the pyarrow loop over the whole epoch")
+    print(f"tail:          {ours['metrics']['tail_s']:.2f} s from the first worker's last batch to the last one's")
     print()
     print(worker_table(ours["metrics"]))
     if args.plot:

@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--num-workers", type=int, default=2, help="loader workers (default 2)")
     bench.add_argument("--shuffle", action="store_true", help="shuffle the splits (seed --seed)")
     bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--assignment", choices=["static", "dynamic"], default="static",
+                       help="how workers get their rows: the plan's splits (static, default) or leases taken as "
+                            "they finish (dynamic, batches as they are ready); see docs/stragglers.md")
     bench.add_argument("--sample-every", type=float, default=0.1, help="seconds between metrics samples (0.1)")
     bench.add_argument("--plot", default=None, metavar="FILE.png",
                        help="draw each worker's rows/s and idle share over time (needs matplotlib)")

@@ -69,6 +69,8 @@ class Faults:
     """What the proxy does to requests; rates are probabilities per object read (GET of data)."""
 
     latency: float = 0.0          # seconds added to every request
+    slow_prefix: str = ""         # with slow_latency: requests whose path starts with this ("/bucket/slow/") ...
+    slow_latency: float = 0.0     # ... get this many seconds more (one slow prefix of a store)
     error_rate: float = 0.0       # answer with error_status instead of forwarding
     error_status: int = 503
     reset_rate: float = 0.0       # close the connection without an answer
@@ -118,8 +120,11 @@ class Proxy:
         kind = request_kind(request.method, request.path, dict(request.query))
         self.counts[kind] += 1
         self.counts["total"] += 1
-        if self.faults.latency:
-            await asyncio.sleep(self.faults.latency)
+        latency = self.faults.latency
+        if self.faults.slow_latency and request.path.startswith(self.faults.slow_prefix):
+            latency += self.faults.slow_latency
+        if latency:
+            await asyncio.sleep(latency)
         if self.faults.expired_keys and any(key in request.headers.get("Authorization", "")
                                             for key in self.faults.expired_keys):
             self.injected["expired"] += 1

@@ -193,6 +193,17 @@ def test_bench_prints_the_ratio_and_the_worker_table(skewed):
     assert sum(rows) == 57000 and len(rows) == 2
 
 
+def test_bench_dynamic_assignment_leases_every_row_once(skewed):
+    result = json.loads(arrowstream_cli("bench", skewed, "--num-workers", "2", "--assignment", "dynamic",
+                                        "--batch-size", "1000", "--json", "--quiet"))
+    metrics = result["arrowstream"]["metrics"]
+    assert result["raw"]["rows"] == result["arrowstream"]["rows"] == metrics["rows"] == 57000
+    assert metrics["leases"] >= 2 and all(w["leases"] >= 1 for w in metrics["workers"])   # static takes none
+    assert metrics["tail_s"] >= 0
+    out = arrowstream_cli("bench", skewed, "--num-workers", "2", "--assignment", "dynamic", "--quiet")
+    assert "assignment=dynamic" in out and re.search(r"^worker .* leases$", out, re.MULTILINE)
+
+
 def test_bench_plot_without_matplotlib_says_how_to_install_it(skewed, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     err = _user_error(["bench", skewed, "--num-workers", "0", "--quiet", "--plot", str(tmp_path / "p.png")], capsys)

@@ -1,0 +1,449 @@
+"""Stragglers (issue #21): ``assignment="static"`` against ``assignment="dynamic"`` where splits cost unlike.
+
+Run from the repository root:
+
+    .venv/bin/python benchmarks/bench_stragglers.py            # the real run (about 8 min on 2 busy cores)
+    .venv/bin/python benchmarks/bench_stragglers.py --quick    # smoke run (small data, 1 round), prints only
+
+Options: ``--repeats``, ``--workers 2,4``, ``--scenarios uniform,decode,prefix,transform``, ``--out PATH``
+(default ``benchmarks/results/<YYYY-MM-DD>-stragglers.md``; ``--quick`` writes only with ``--out``).
+
+Each scenario is a dataset generated under a temporary folder of ``benchmarks/data/`` (git-ignored): Parquet
+files of the same number of rows, one row group each, columns ``id`` (int64, unique, the global row number)
+and ``f0..f7`` (float32). A quarter of the files cost more:
+
+1. **decode**: the costly files are written with zstd and data pages of 32 rows (each page a header and a
+   zstd frame of its own, as a streaming writer with a tiny page size leaves them), the others with snappy
+   and pyarrow's default pages: the same rows and columns, decoding many times slower per row.
+2. **prefix**: the files on S3 (moto's server on loopback) behind ``tests/proxy.py``, which adds
+   ``--slow-latency`` (50 ms) to every request under the prefix ``slow/`` (a quarter of the files) and nothing
+   to those under ``fast/``.
+3. **transform**: a ``transform`` that sleeps in proportion to the rows of a batch, 10x as long for rows of the
+   costly files (known from ``id``): a module-level function, picklable.
+4. **uniform**: every file alike (snappy, default pages), no transform: what dynamic assignment costs where
+   there is nothing to balance (goal: <= 3% of the rows/s of static).
+
+Where the costly files land: with ``shuffle=False`` (decode, transform, uniform) the splits keep the files'
+order and longest-processing-time assignment deals equal splits round robin, so the costly files (every 4th)
+all go to worker 0 with 2 or 4 workers: the unlucky case, which static cannot see (it balances rows). A slow
+*prefix* is a contiguous run of the sorted files, which round robin would spread evenly, so that scenario
+shuffles (``shuffle=True, seed=0``) and round ``r`` reads epoch ``r``: static's share of slow files per worker
+is then whatever the shuffle deals, as in training.
+
+Each epoch is a new loader (``create_dataloader(..., num_workers=W, assignment=A)``: static with its default
+``in_order=True``, dynamic with its default ``in_order=False``; ``batch_size=1024``, ``output_format="torch"``,
+``plan_cache=False``), timed from ``iter()`` to the last batch (worker start-up included; construction apart).
+From ``loader.metrics()``: busy time per worker (``read_s + convert_s``; a transform runs inside convert),
+the ideal epoch (total busy / workers), ``tail_s``, leases and rows per worker. Every epoch is checked to
+yield every row once (count and sum of ``id``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import functools
+import gc
+import os
+import resource
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR.parent / "tests"))
+sys.path.insert(0, str(BENCH_DIR))
+
+import servers  # noqa: I001 (first: it keeps gcsfs's gRPC probe off before anything imports gcsfs)
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from bench_suite import arrowstream_commit, loadavg, main_versions
+from proxy import start_proxy
+from suite.common import emit_report, log
+from suite.report import machine
+
+from arrowstream import StructuredDataset
+
+BATCH = 1024
+FLOATS = 8
+COSTLY_EVERY = 4            # files 0, 4, 8, ... are the costly ones
+COSTLY_PAGE_ROWS = 32       # decode: rows per data page of the costly files
+TRANSFORM_FACTOR = 10       # transform: the costly files' rows cost this many times more
+ASSIGNMENTS = ("static", "dynamic")
+IDEAL_GOAL = 1.1            # dynamic epoch <= 1.1 x the ideal
+TAIL_GOAL = 0.05            # dynamic tail <= 5% of the epoch
+UNIFORM_GOAL = 0.97         # dynamic rows/s >= 97% of static on the uniform dataset
+SLOW_PREFIX = "slow"
+_STARTED = time.perf_counter()
+
+warnings.filterwarnings("ignore", message=".*not writable.*")
+warnings.filterwarnings("ignore", message="This DataLoader will create")  # 4 workers on 2 cores: on purpose
+
+
+def progress(message: str) -> None:
+    log(f"{time.perf_counter() - _STARTED:6.0f} s  {message}")
+
+
+def costly_transform(batch: dict[str, Any], rows_per_file: int, unit_s: float) -> dict[str, Any]:
+    """Sleep ``unit_s`` per row, ``TRANSFORM_FACTOR`` times that for rows of the costly files: a transform
+    whose cost depends on the data (tokenizing long texts, decoding images), without using a core."""
+    files = batch["id"].numpy() // rows_per_file
+    costly = int(np.count_nonzero(files % COSTLY_EVERY == 0))
+    time.sleep(unit_s * (len(files) + (TRANSFORM_FACTOR - 1) * costly))
+    return batch
+
+
+# == data ======================================================================================
+
+
+@dataclass
+class Dataset:
+    """A generated scenario: where its files are, how to read them, and what every epoch must yield."""
+
+    name: str
+    what: str
+    path: str
+    files: int
+    rows: int
+    bytes: int
+    shuffle: bool = False
+    storage_options: dict[str, Any] | None = None
+    transform: Callable[[Any], Any] | None = None
+    proxy: Any = None      # the S3 proxy, which counts the requests of an epoch
+
+    @property
+    def id_sum(self) -> int:
+        return self.rows * (self.rows - 1) // 2
+
+
+def make_table(rng: np.random.Generator, start: int, rows: int) -> pa.Table:
+    columns: dict[str, Any] = {"id": np.arange(start, start + rows, dtype=np.int64)}
+    columns.update({f"f{i}": rng.standard_normal(rows, dtype=np.float32) for i in range(FLOATS)})
+    return pa.table(columns)
+
+
+def write_files(folder: Path, files: int, rows: int, costly_pages: bool, seed: int,
+                name: Callable[[int], str] = lambda i: f"part-{i:03d}.parquet") -> int:
+    """``files`` files of ``rows`` rows, one row group each; with ``costly_pages`` every ``COSTLY_EVERY``-th
+    is written with zstd pages of ``COSTLY_PAGE_ROWS`` rows. Returns the bytes written."""
+    rng = np.random.default_rng(seed)
+    size = 0
+    for index in range(files):
+        path = folder / name(index)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        costly = costly_pages and index % COSTLY_EVERY == 0
+        options: dict[str, Any] = ({"compression": "zstd", "data_page_size": 1, "write_batch_size": COSTLY_PAGE_ROWS}
+                                   if costly else {"compression": "snappy"})
+        pq.write_table(make_table(rng, index * rows, rows), path, row_group_size=rows, **options)
+        size += path.stat().st_size
+    return size
+
+
+def local_dataset(work: Path, name: str, what: str, files: int, rows: int, costly_pages: bool = False,
+                  transform: Callable[[Any], Any] | None = None) -> Dataset:
+    folder = work / name
+    size = write_files(folder, files, rows, costly_pages, seed=len(name))
+    return Dataset(name, what, str(folder), files, files * rows, size, transform=transform)
+
+
+def prefix_name(files: int) -> Callable[[int], str]:
+    """A quarter of the files under ``slow/`` (the first ones), the rest under ``fast/``."""
+    slow = files // COSTLY_EVERY
+    return lambda i: f"{SLOW_PREFIX}/part-{i:03d}.parquet" if i < slow else f"fast/part-{i:03d}.parquet"
+
+
+def s3_dataset(work: Path, store: Any, proxy: Any, files: int, rows: int, latency: float) -> Dataset:
+    """The files written locally, uploaded to moto, read through the proxy (``slow/`` answers late)."""
+    folder = work / "prefix"
+    size = write_files(folder, files, rows, costly_pages=False, seed=7, name=prefix_name(files))
+    fs = store.filesystem()
+    fs.put(str(folder) + "/", store.url("data") + "/", recursive=True)
+    proxy.configure(slow_prefix=f"/{store.bucket}/data/{SLOW_PREFIX}/", slow_latency=latency)
+    what = (f"S3 (moto on loopback) through a proxy adding {latency * 1000:.0f} ms to each request under "
+            f"`data/{SLOW_PREFIX}/` ({files // COSTLY_EVERY} of {files} files), none under `data/fast/`")
+    return Dataset("prefix", what, store.url("data") + "/", files, files * rows, size, shuffle=True,
+                   storage_options=store.options_via(proxy.endpoint), proxy=proxy)
+
+
+# == one epoch =================================================================================
+
+
+@dataclass(frozen=True)
+class Epoch:
+    seconds: float
+    rows: int
+    busy: list[float]      # read_s + convert_s per worker
+    worker_rows: list[int]
+    leases: list[int]
+    tail_s: float
+    span_s: float          # the first worker's first read to the last one's last batch (no start-up)
+    reads: int | None      # GET requests of object data in the epoch (S3 only)
+    workers_cpu_s: float   # CPU time of the workers (all of them, joined at the end of the epoch)
+    main_cpu_s: float      # CPU time of this process (the trainer side) over the epoch
+
+    @property
+    def ideal_s(self) -> float:
+        return sum(self.busy) / len(self.busy)
+
+    @property
+    def rps(self) -> float:
+        return self.rows / self.seconds
+
+
+def time_epoch(data: Dataset, assignment: str, workers: int, epoch: int) -> Epoch:
+    loader, dataset = StructuredDataset.create_dataloader(
+        data.path, batch_size=BATCH, num_workers=workers, assignment=assignment, shuffle=data.shuffle, seed=0,
+        output_format="torch", plan_cache=False, storage_options=data.storage_options, transform=data.transform)
+    dataset.set_epoch(epoch)
+    if data.proxy is not None:
+        data.proxy.reset()
+    start, cpu = time.perf_counter(), cpu_times()
+    rows, id_sum = 0, 0
+    for batch in loader:
+        rows += len(batch["id"])
+        id_sum += int(batch["id"].sum())
+    seconds = time.perf_counter() - start
+    children_s, self_s = (after - before for after, before in zip(cpu_times(), cpu, strict=True))
+    if (rows, id_sum) != (data.rows, data.id_sum):
+        raise RuntimeError(f"{data.name}, {assignment}, {workers} workers, epoch {epoch}: {rows} rows (id sum "
+                           f"{id_sum}), expected every row once: {data.rows} (id sum {data.id_sum})")
+    metrics = loader.metrics()
+    lines = metrics["workers"]
+    reads = None if data.proxy is None else int(data.proxy.stats()["counts"].get("read", 0))
+    return Epoch(seconds, rows, [w["read_s"] + w["convert_s"] for w in lines], [w["rows"] for w in lines],
+                 [w["leases"] for w in lines], metrics["tail_s"], metrics["elapsed_s"], reads,
+                 children_s, self_s)
+
+
+def cpu_times() -> tuple[float, float]:
+    """User + system CPU seconds of the children that ended (loader workers: the servers run on), and of
+    this process. Busy time is wall time: with more busy workers than cores it counts waiting for a core."""
+    children, own = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
+    return children.ru_utime + children.ru_stime, own.ru_utime + own.ru_stime
+
+
+@dataclass
+class Series:
+    epochs: list[Epoch] = field(default_factory=list)
+
+    def median(self, value: Callable[[Epoch], float]) -> float:
+        return float(statistics.median(value(e) for e in self.epochs))
+
+    def best(self, value: Callable[[Epoch], float]) -> float:
+        return min(value(e) for e in self.epochs)
+
+    def typical(self) -> Epoch:
+        """The epoch of median time (its per-worker numbers stand for the series)."""
+        return sorted(self.epochs, key=lambda e: e.seconds)[(len(self.epochs) - 1) // 2]
+
+
+Key = tuple[int, str]   # (workers, assignment)
+
+
+def run_scenario(data: Dataset, worker_counts: list[int], repeats: int) -> dict[Key, Series]:
+    keys = [(w, a) for w in worker_counts for a in ASSIGNMENTS]
+    results: dict[Key, Series] = {key: Series() for key in keys}
+    time_epoch(data, "static", 0, 0)   # warm-up: page cache, imports
+    for round_index in range(repeats):
+        shift = round_index % len(keys)
+        for workers, assignment in keys[shift:] + keys[:shift]:
+            gc.collect()
+            epoch = time_epoch(data, assignment, workers, round_index if data.shuffle else 0)
+            results[(workers, assignment)].epochs.append(epoch)
+            progress(f"{data.name} round {round_index + 1}/{repeats}, {workers} workers, {assignment}: "
+                     f"{epoch.seconds:.2f} s (ideal {epoch.ideal_s:.2f} s, tail {epoch.tail_s:.2f} s)")
+    return results
+
+
+# == report ====================================================================================
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "|".join([" --- "] + [" ---: "] * (len(header) - 1)) + "|",
+            *("| " + " | ".join(row) + " |" for row in rows)]
+
+
+def verdict(ok: bool) -> str:
+    return "**met**" if ok else "**not met**"
+
+
+def joined(values: list[Any], fmt: str) -> str:
+    return " / ".join(format(v, fmt) for v in values)
+
+
+def scenario_rows(results: dict[Key, Series]) -> list[list[str]]:
+    rows = []
+    for (workers, assignment), series in results.items():
+        epoch_s, ideal_s = series.median(lambda e: e.seconds), series.median(lambda e: e.ideal_s)
+        ratio = series.median(lambda e: e.seconds / e.ideal_s)
+        span = series.median(lambda e: e.span_s / e.ideal_s)
+        tail = series.median(lambda e: e.tail_s / e.seconds)
+        typical = series.typical()
+        rows.append([str(workers), assignment, f"{epoch_s:.2f} ({series.best(lambda e: e.seconds):.2f})",
+                     f"{ideal_s:.2f}", f"{ratio:.2f}x", f"{span:.2f}x", f"{tail:.1%}",
+                     f"{series.median(lambda e: e.workers_cpu_s):.2f} / {series.median(lambda e: e.main_cpu_s):.2f}", f"{series.median(lambda e: e.rps) / 1e3:,.0f}k",
+                     joined(typical.busy, ".2f"), joined([r / 1e3 for r in typical.worker_rows], ",.0f"),
+                     joined(typical.leases, "d"), "–" if typical.reads is None else f"{typical.reads:,}"])
+    return rows
+
+
+def goals(name: str, results: dict[Key, Series], worker_counts: list[int]) -> list[str]:
+    lines = []
+    for workers in worker_counts:
+        static, dynamic = results[(workers, "static")], results[(workers, "dynamic")]
+        s_epoch, d_epoch = static.median(lambda e: e.seconds), dynamic.median(lambda e: e.seconds)
+        s_ratio, d_ratio = (x.median(lambda e: e.seconds / e.ideal_s) for x in (static, dynamic))
+        d_span = dynamic.median(lambda e: e.span_s / e.ideal_s)
+        tail = dynamic.median(lambda e: e.tail_s / e.seconds)
+        s_busy, d_busy = (x.median(lambda e: sum(e.busy)) for x in (static, dynamic))
+        s_cpu, d_cpu = (x.median(lambda e: e.workers_cpu_s) for x in (static, dynamic))
+        busy = (f"total busy static {s_busy:.2f} s / dynamic {d_busy:.2f} s, workers' CPU static {s_cpu:.2f} s / "
+                f"dynamic {d_cpu:.2f} s")
+        if name == "uniform":
+            keep = dynamic.median(lambda e: e.rps) / static.median(lambda e: e.rps)
+            best = static.best(lambda e: e.seconds) / dynamic.best(lambda e: e.seconds)
+            lines.append(f"- uniform, {workers} workers: dynamic keeps {keep:.1%} of static's rows/s (medians; "
+                         f"bests {best:.1%}); goal >= {UNIFORM_GOAL:.0%} {verdict(keep >= UNIFORM_GOAL)}; "
+                         f"dynamic tail {tail:.1%} of the epoch; {busy}")
+            continue
+        lines.append(f"- {name}, {workers} workers: epoch static {s_epoch:.2f} s / dynamic {d_epoch:.2f} s "
+                     f"(dynamic {s_epoch / d_epoch:.2f}x faster); epoch / ideal: static {s_ratio:.2f}x, dynamic "
+                     f"{d_ratio:.2f}x (goal <= {IDEAL_GOAL}x {verdict(d_ratio <= IDEAL_GOAL)}; without the workers' start-up "
+                     f"{d_span:.2f}x); dynamic tail "
+                     f"{tail:.1%} of the epoch (goal <= {TAIL_GOAL:.0%} {verdict(tail <= TAIL_GOAL)}); {busy}")
+    return lines
+
+
+def report(args: argparse.Namespace, datasets: list[Dataset], results: dict[str, dict[Key, Series]],
+           seconds: float, load_before: str) -> str:
+    now = dt.datetime.now(dt.UTC)
+    versions = ", ".join(f"{k} {v}" for k, v in main_versions().items())
+    lines = [f"# Stragglers: static against dynamic assignment ({now.date().isoformat()})", "",
+             f"- Date: {now:%Y-%m-%d, %H:%M} UTC",
+             f"- Machine: {machine()}; `nproc` = {os.cpu_count()}; `uname -a`: {' '.join(os.uname())}",
+             f"- Python {sys.version.split()[0]}; {versions}; arrowstream at {arrowstream_commit()}",
+             f"- Command: `{shlex.join(['.venv/bin/python', 'benchmarks/bench_stragglers.py', *sys.argv[1:]])}`",
+             (f"- Load average before / after: {load_before} / {loadavg()} (the machine is shared); "
+              f"run time {seconds / 60:.1f} min"),
+             (f"- Every loader: `batch_size={BATCH}`, `output_format=\"torch\"`, `plan_cache=False`; static with "
+              "`in_order=True` (its default), dynamic with `in_order=False` (its default with workers). Each "
+              "timed epoch is a new loader, checked to yield every row once (count and sum of `id`)."), "",
+             "## Goals on this run", ""]
+    for data in datasets:
+        lines += goals(data.name, results[data.name], args.workers)
+    lines += ["", "## Scenarios", "",
+              (f"Medians of {args.repeats} rounds (bests in brackets), after an untimed warm-up epoch; the rounds "
+               "rotate the order of the loaders. *epoch s*: `iter()` to the last batch. *ideal s*: the workers' "
+               "total busy time (`read_s + convert_s` from `loader.metrics()`) / workers. *span*: `elapsed_s` of the "
+               "metrics, the first worker's first read to the last worker's last batch (the epoch without the "
+               "workers' start-up). *CPU s*: user + system time of the workers (joined at the end of the epoch) and "
+               "of the trainer's process, medians: busy time is wall time, which with more busy processes than "
+               "cores includes waiting for one; CPU time does not. *epoch / ideal*, *span / ideal* and *tail* (`tail_s`: the first worker's last batch to the last one's, over the epoch) are medians "
+               "of the per-epoch ratios. Busy s, k rows and leases per worker, and the S3 "
+               "data requests (GETs counted by the proxy), are those of the median epoch."), ""]
+    header = ["workers", "assignment", "epoch s", "ideal s", "epoch / ideal", "span / ideal", "tail / epoch", "CPU s workers / main", "rows/s",
+              "busy s per worker", "k rows per worker", "leases per worker", "S3 reads"]
+    for data in datasets:
+        lines += [f"### {data.name}", "",
+                  (f"{data.what}. {data.files} files x {data.rows // data.files:,} rows = {data.rows:,} rows, "
+                   f"{data.bytes / 2**20:,.1f} MiB, one row group per file; "
+                   f"shuffle={data.shuffle}{', seed=0, round r reads epoch r' if data.shuffle else ''}."), "",
+                  *table(header, scenario_rows(results[data.name])), ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# == main ======================================================================================
+
+
+SCENARIOS = ("uniform", "decode", "prefix", "transform")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: small data, 1 round; prints only")
+    parser.add_argument("--repeats", type=int, default=None, help="rounds (default 5)")
+    parser.add_argument("--workers", default="2,4", help="worker counts (default 2,4)")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"default {','.join(SCENARIOS)}")
+    parser.add_argument("--files", type=int, default=None, help="files per local scenario (default 32)")
+    parser.add_argument("--uniform-rows", type=int, default=None, help="rows per uniform file (default 400,000)")
+    parser.add_argument("--decode-rows", type=int, default=None, help="rows per decode file (default 50,000)")
+    parser.add_argument("--transform-rows", type=int, default=None, help="rows per transform file (default 40,000)")
+    parser.add_argument("--transform-us", type=float, default=1.0,
+                        help="transform: microseconds of sleep per cheap row (default 1.0)")
+    parser.add_argument("--s3-files", type=int, default=None, help="files of the prefix scenario (default 32)")
+    parser.add_argument("--s3-rows", type=int, default=None, help="rows per S3 file (default 40,000)")
+    parser.add_argument("--slow-latency", type=float, default=0.05, help="seconds added under slow/ (0.05)")
+    parser.add_argument("--out", type=Path, default=None, help="report path (default results/<date>-stragglers.md)")
+    args = parser.parse_args()
+    quick = args.quick
+    args.repeats = args.repeats or (1 if quick else 5)
+    args.workers = [int(w) for w in args.workers.split(",")]
+    args.scenarios = [s for s in args.scenarios.split(",") if s]
+    if set(args.scenarios) - set(SCENARIOS) or min(args.workers) < 1:
+        parser.error(f"--scenarios: some of {','.join(SCENARIOS)}; --workers: counts >= 1")
+    args.files = args.files or (16 if quick else 32)
+    args.uniform_rows = args.uniform_rows or (50_000 if quick else 400_000)
+    args.decode_rows = args.decode_rows or (5_000 if quick else 50_000)
+    args.transform_rows = args.transform_rows or (5_000 if quick else 40_000)
+    args.s3_files = args.s3_files or (16 if quick else 32)
+    args.s3_rows = args.s3_rows or (5_000 if quick else 40_000)
+    if args.out is None and not quick:
+        args.out = BENCH_DIR / "results" / f"{dt.date.today().isoformat()}-stragglers.md"
+    return args
+
+
+@contextlib.contextmanager
+def s3_behind_proxy(needed: bool) -> Iterator[tuple[Any, Any]]:
+    if not needed:
+        yield None, None
+        return
+    with servers.start_s3() as store, start_proxy(store.endpoint) as proxy:
+        yield store, proxy
+
+
+def build(name: str, args: argparse.Namespace, work: Path, store: Any, proxy: Any) -> Dataset:
+    if name == "uniform":
+        return local_dataset(work, name, "Every file alike: snappy, default pages, no transform", args.files,
+                             args.uniform_rows)
+    if name == "decode":
+        return local_dataset(work, name, (f"Files 0, {COSTLY_EVERY}, {2 * COSTLY_EVERY}, ... written with zstd and "
+                                          f"data pages of {COSTLY_PAGE_ROWS} rows, the others snappy with default "
+                                          "pages"), args.files, args.decode_rows, costly_pages=True)
+    if name == "transform":
+        transform = functools.partial(costly_transform, rows_per_file=args.transform_rows,
+                                      unit_s=args.transform_us * 1e-6)
+        return local_dataset(work, name, (f"A transform sleeping {args.transform_us:g} us per row, "
+                                          f"{TRANSFORM_FACTOR}x that for rows of files 0, {COSTLY_EVERY}, "
+                                          f"{2 * COSTLY_EVERY}, ... (snappy files, all alike)"),
+                             args.files, args.transform_rows, transform=transform)
+    return s3_dataset(work, store, proxy, args.s3_files, args.s3_rows, args.slow_latency)
+
+
+def main() -> int:
+    args = parse_args()
+    start, load_before = time.perf_counter(), loadavg()
+    data_root = BENCH_DIR / "data"
+    data_root.mkdir(exist_ok=True)
+    datasets, results = [], {}
+    with tempfile.TemporaryDirectory(prefix="bench-stragglers-", dir=data_root) as tmp, \
+            s3_behind_proxy("prefix" in args.scenarios) as (store, proxy):
+        for name in args.scenarios:
+            progress(f"writing the {name} dataset")
+            data = build(name, args, Path(tmp), store, proxy)
+            datasets.append(data)
+            results[name] = run_scenario(data, args.workers, args.repeats)
+    emit_report(report(args, datasets, results, time.perf_counter() - start, load_before), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
