@@ -370,9 +370,13 @@ def start_cursor(interleave: int) -> Cursor:
 
 
 def leased_runs(readers: Sequence[PieceReader], share: LeasedShare, *, seed: int, epoch: int, slot: Slot,
-                batch_size: int, interleave: int, buffer_rows: int) -> Iterator[Run]:
+                batch_size: int, interleave: int, buffer_rows: int,
+                reading_order: Callable[[Sequence[Split]], None] | None = None) -> Iterator[Run]:
     """A dynamic worker's rows: the replays it leases (handed out in their own order), then the splits
-    it leases, through the usual pipeline (interleave, shuffle windows seeded by its slot)."""
+    it leases, through the usual pipeline (interleave, shuffle windows seeded by its slot).
+    ``reading_order`` is told the order of the splits read (for read-ahead): none while replaying."""
+    if reading_order is not None:
+        reading_order(())
     index = 0
     while (replay := share.replay(index)) is not None:
         runs = open_runs(readers, replay.splits, batch_size=batch_size, interleave=interleave,
@@ -390,7 +394,10 @@ def leased_runs(readers: Sequence[PieceReader], share: LeasedShare, *, seed: int
         index += 1
     base = dataclasses.replace(start_cursor(interleave), replay_index=index)
     seeds: Callable[[int], int] = functools.partial(window_seed, seed, epoch, slot)
-    for run in open_runs(readers, LeasedSplits(share), batch_size=batch_size, interleave=interleave,
+    splits = LeasedSplits(share)
+    if reading_order is not None:
+        reading_order(splits)
+    for run in open_runs(readers, splits, batch_size=batch_size, interleave=interleave,
                          buffer_rows=buffer_rows, window_seed=seeds, start=base):
         yield _with_replay_index(run, index)
 

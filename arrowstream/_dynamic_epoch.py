@@ -93,9 +93,11 @@ def dynamic_stream(runtime: WorkerRuntime, leases: Leases, take: Callable[[], in
                    start: WorkerState) -> EpochStream:
     """A worker's batches of ``epoch``: the rows of the leases it takes with ``take``."""
     share = LeasedShare(leases, take)
+    read_ahead = runtime.read_ahead   # object stores: the next leased splits fetched in the background
     runs = leased_runs(runtime.readers, share, seed=options.seed, epoch=epoch, slot=slot,
                        batch_size=options.batch_size, interleave=options.interleave,
-                       buffer_rows=options.shuffle_buffer_size)
+                       buffer_rows=options.shuffle_buffer_size,
+                       reading_order=None if read_ahead is None else read_ahead.begin)
     # drop_last and even_batches are in the work already (cut to whole batches); the end is the pool's
     return EpochStream(runs=runs, end=END, batch_size=options.batch_size, drop_last=False,
                        max_batches=None, convert=runtime.convert, data=data, options=state_options, epoch=epoch,

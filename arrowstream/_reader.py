@@ -52,6 +52,9 @@ class ReadAhead:
         self._order = order
 
     def started(self, position: int) -> None:
+        lease_through = getattr(self._order, "lease_through", None)
+        if lease_through is not None:   # leased splits (dynamic assignment): lease as far ahead as is fetched
+            lease_through(position + self._depth)
         for ahead in range(position, min(len(self._order), position + 1 + self._depth)):
             if self._prefetcher.scheduled((self._token, ahead)):
                 continue

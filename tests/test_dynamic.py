@@ -420,3 +420,30 @@ def test_a_state_taken_right_after_loading_is_the_loaded_one(folder, num_workers
     fresh, _ = StructuredDataset.create_dataloader(path, num_workers=0, **MIXED)
     fresh.load_state_dict(again)
     assert sorted(seen + ids_of_loader(fresh)[0]) == list(range(total))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_on_s3_leased_splits_are_read_ahead_and_resume_once(folder, s3_server, num_workers, monkeypatch):
+    """On an object store each worker fetches its next leased splits in the background (read_ahead);
+    a checkpoint's rest is still read once."""
+    import os
+
+    from arrowstream._prefetch import Prefetcher
+
+    fetched = []
+    schedule = Prefetcher.schedule
+    monkeypatch.setattr(Prefetcher, "schedule", lambda self, key, *a: fetched.append(key) or schedule(self, key, *a))
+    path, total = folder
+    fs = s3_server.filesystem()
+    remote = s3_server.url(f"dynamic-{num_workers}")
+    for name in sorted(os.listdir(path)):
+        fs.put(os.path.join(path, name), f"{remote}/{name}")
+    options = {**MIXED, "storage_options": s3_server.storage_options, "read_ahead": 2}
+    loader, _ = StructuredDataset.create_dataloader(remote, num_workers=num_workers, **options)
+    seen, _ = ids_of_loader(loader, 6)
+    state = json.loads(json.dumps(loader.state_dict()))
+    fresh, _ = StructuredDataset.create_dataloader(remote, num_workers=2 - num_workers // 2, **options)
+    fresh.load_state_dict(state)
+    assert sorted(seen + ids_of_loader(fresh)[0]) == list(range(total))
+    if num_workers == 0:   # the trainer's own reads: each split and the next ones fetched ahead
+        assert len({position for _, position in fetched}) >= 6
