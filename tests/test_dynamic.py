@@ -16,6 +16,7 @@ import pytest
 
 from arrowstream import StructuredDataset, errors
 from arrowstream._dynamic import (
+    TAIL_LEASES_PER_WORKER,
     LeasedShare,
     Leases,
     LocalPool,
@@ -128,7 +129,7 @@ def test_leases_hold_whole_batches_and_the_tail_is_cut_small():
     assert bounds[0] == 0 and bounds[-1] == rows.sum()
     assert (sizes[:-1] % 64 == 0).all() and (sizes > 0).all()
     tail = rows.sum() // 8
-    assert sizes[bounds[1:] > rows.sum() - tail].max() <= max(64, rows.sum() // (4 * 32))
+    assert sizes[bounds[1:] > rows.sum() - tail].max() <= max(64, rows.sum() // (4 * TAIL_LEASES_PER_WORKER))
 
 
 # -- through the loader: worker processes, checkpoints, fresh loaders ------------------------------
