@@ -67,7 +67,14 @@ class BatchIterator:
         if self.taken == len(self._pending):
             try:
                 item = next(self._inner)
-            except (StopIteration, ArrowStreamError):
+            except StopIteration:
+                raise
+            except ArrowStreamError:
+                # a worker's error ends the epoch: its workers stop now, not when the iterator is collected
+                # (the traceback that reaches the user holds it, and each worker would wait its queue's timeout)
+                shutdown = getattr(self._inner, "_shutdown_workers", None)
+                if shutdown is not None:
+                    shutdown()
                 raise
             except Exception as exc:
                 error = worker_death(getattr(self._inner, "_workers", []), exc)

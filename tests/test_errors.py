@@ -280,3 +280,17 @@ def test_errors_never_show_credentials(tmp_path):
 def test_fill_values_the_column_cannot_hold(small_dataset, fill, pattern):
     with pytest.raises(errors.InvalidArgumentError, match=pattern):
         StructuredDataset(small_dataset, fill_nulls=fill)
+
+
+def test_a_worker_error_stops_the_workers_at_once(small_dataset):
+    """The traceback that reaches the user holds the loader's iterator: its workers are stopped when the
+    error is raised, not when it is collected (each would wait for its queue's timeout, seconds)."""
+    state = _mid_state(small_dataset)
+    loader, dataset = make_loader(small_dataset, 2, batch_size=32)
+    loader.load_state_dict(state)
+    dataset.set_epoch(1)
+    it = iter(loader)
+    with pytest.raises(errors.StateMismatchError):
+        next(it)
+    workers = it._inner._workers
+    assert len(workers) == 2 and not any(worker.is_alive() for worker in workers)
