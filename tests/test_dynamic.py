@@ -449,3 +449,25 @@ def test_on_s3_leased_splits_are_read_ahead_and_resume_once(folder, s3_server, n
     assert sorted(seen + ids_of_loader(fresh)[0]) == list(range(total))
     if num_workers == 0:   # the trainer's own reads: each split and the next ones fetched ahead
         assert len({position for _, position in fetched}) >= 6
+
+
+def test_a_worker_killed_mid_epoch_loses_nothing_a_checkpoint_after_the_error_resumes(folder):
+    """SIGKILL one worker: the loader names it (WorkerError); a state taken after the error gives the dead
+    worker's leases, and what it had read but not handed out, back to the rest of the epoch."""
+    import os
+    import signal
+    import time
+
+    path, total = folder
+    loader, _ = StructuredDataset.create_dataloader(path, num_workers=2, **MIXED)
+    it = iter(loader)
+    seen = [int(i) for _ in range(5) for i in next(it)["id"]]
+    os.kill(it._inner._workers[0].pid, signal.SIGKILL)
+    time.sleep(0.3)
+    with pytest.raises(errors.WorkerError, match="killed by SIGKILL"):
+        while True:
+            seen += [int(i) for i in next(it)["id"]]
+    state = json.loads(json.dumps(loader.state_dict()))
+    fresh, _ = StructuredDataset.create_dataloader(path, num_workers=3, **MIXED)
+    fresh.load_state_dict(state)
+    assert sorted(seen + ids_of_loader(fresh)[0]) == list(range(total))
