@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._cursor import Cursor, Run
-from ._elastic import Replay, split_rest, window_end
+from ._elastic import Replay, replay_runs, split_rest, window_end, with_replay_index
 from ._interleave import PieceReader, block_size_for
 from ._layout import lay_out_epoch
 from ._order import Slot, SlotGrid, natural_batches, rows_yielded, window_seed
@@ -63,9 +63,11 @@ class Work:
     fresh: Sequence[Split] = ()
     fresh_from_row: int = 0
 
+    @functools.cached_property
     def items(self) -> tuple[npt.NDArray[np.int64], int]:
         """Rows of each item in lease order (replays, splits, fresh splits), and the index of the first
-        fresh split in ``fresh`` (whose rows are counted from ``fresh_from_row``)."""
+        fresh split in ``fresh`` (whose rows are counted from ``fresh_from_row``); computed once (``len(loader)``
+        asks for the rows of a plan of a million splits)."""
         fresh_rows = split_rows(self.fresh)
         ends = np.cumsum(fresh_rows)
         first = int(np.searchsorted(ends, self.fresh_from_row, side="right"))
@@ -77,7 +79,7 @@ class Work:
 
     @property
     def num_rows(self) -> int:
-        return int(self.items()[0].sum())
+        return int(self.items[0].sum())
 
 
 def truncated(splits: Sequence[Split], rows: int) -> tuple[Split, ...]:
@@ -127,7 +129,7 @@ class Leases:
 
     def __init__(self, work: Work, batch_size: int, num_workers: int) -> None:
         self.work = work
-        self._rows, self._first_fresh = work.items()
+        self._rows, self._first_fresh = work.items
         self._starts = np.concatenate([[0], np.cumsum(self._rows)]).astype(np.int64)
         self.bounds = lease_bounds(self._rows, batch_size, num_workers)
 
@@ -352,18 +354,6 @@ def remaining_work(leases: Leases, owners: npt.NDArray[np.int64], cursors: Seque
 # -- a worker's rows -----------------------------------------------------------------------------
 
 
-def _replay_cursor(index: int, taken: int, rows: int, more: int) -> Cursor:
-    """The cursor once ``taken + more`` rows of the worker's replay ``index`` (``rows`` rows) are out."""
-    done = taken + more
-    if done >= rows:
-        return Cursor((), 0, replay_index=index + 1)
-    return Cursor((), 0, replay_index=index, replay_offset=done)
-
-
-def _with_replay_index(run: Run, index: int) -> Run:
-    return Run(run.batch, lambda rows: dataclasses.replace(run.after(rows), replay_index=index, replay_offset=0))
-
-
 def start_cursor(interleave: int) -> Cursor:
     """Where a dynamic worker starts: its first replay, or its first ``interleave`` splits once it has some."""
     return Cursor.start(interleave, interleave)
@@ -379,18 +369,8 @@ def leased_runs(readers: Sequence[PieceReader], share: LeasedShare, *, seed: int
         reading_order(())
     index = 0
     while (replay := share.replay(index)) is not None:
-        runs = open_runs(readers, replay.splits, batch_size=batch_size, interleave=interleave,
-                         buffer_rows=buffer_rows, start=replay.start,
-                         window_seed=functools.partial(window_seed, seed, epoch, replay.slot))
-        taken = 0
-        for run in runs:
-            if taken >= replay.rows:
-                break
-            run = run.head(min(run.num_rows, replay.rows - taken))
-            yield Run(run.batch, functools.partial(_replay_cursor, index, taken, replay.rows))
-            taken += run.num_rows
-        for reader in readers:
-            reader.close()
+        yield from replay_runs(readers, replay, index, 0, Cursor((), 0), seed=seed, epoch=epoch,
+                               batch_size=batch_size, interleave=interleave, buffer_rows=buffer_rows)
         index += 1
     base = dataclasses.replace(start_cursor(interleave), replay_index=index)
     seeds: Callable[[int], int] = functools.partial(window_seed, seed, epoch, slot)
@@ -399,26 +379,32 @@ def leased_runs(readers: Sequence[PieceReader], share: LeasedShare, *, seed: int
         reading_order(splits)
     for run in open_runs(readers, splits, batch_size=batch_size, interleave=interleave,
                          buffer_rows=buffer_rows, window_seed=seeds, start=base):
-        yield _with_replay_index(run, index)
+        yield with_replay_index(run, index)
 
 
-def fresh_work(plan: Plan, world_size: int, rank: int, epoch: int, options: Options, even_batches: bool,
-               keep_all: bool = False) -> Work:
-    """A rank's rows of ``epoch`` under dynamic assignment: its share of the static assignment across ranks
-    (each rank one slot), in the epoch's order, cut to the rows it yields (``even_batches``, ``drop_last``;
-    not with ``keep_all``)."""
+def rank_share(plan: Plan, world_size: int, rank: int, epoch: int, options: Options,
+               even_batches: bool) -> tuple[Sequence[Split], int]:
+    """A rank's splits of ``epoch`` under dynamic assignment (its share of the static assignment across
+    ranks, each rank one slot, in the epoch's order) and the rows of them it yields (``even_batches``,
+    ``drop_last``)."""
     layout = lay_out_epoch(plan, SlotGrid(world_size, 0), epoch, options, even_batches=even_batches)
     slot = SlotGrid(world_size, 0).slot(rank, 0)
     splits = layout.share(slot).splits
-    if keep_all:
-        return Work((), (), splits, 0)
     rows = int(split_rows(splits).sum())
     limit = layout.limit(slot)
     if limit is None:
         limit = natural_batches(rows, options.batch_size, options.drop_last)
-    keep = rows_yielded(rows, limit, options.batch_size, options.drop_last)
-    kept = splits if keep == rows else truncated(splits, keep)
-    return Work((), (), kept, 0)
+    return splits, rows_yielded(rows, limit, options.batch_size, options.drop_last)
+
+
+def work_of(share: Sequence[Split], kept: int) -> Work:
+    """The fresh :class:`Work` of a rank's ``share`` cut to its first ``kept`` rows."""
+    return Work((), (), share if kept == int(split_rows(share).sum()) else truncated(share, kept), 0)
+
+
+def fresh_work(plan: Plan, world_size: int, rank: int, epoch: int, options: Options, even_batches: bool) -> Work:
+    """A rank's rows of ``epoch`` under dynamic assignment, cut to the rows it yields (see :func:`rank_share`)."""
+    return work_of(*rank_share(plan, world_size, rank, epoch, options, even_batches))
 
 
 class LocalPool:

@@ -16,13 +16,14 @@ import numpy as np
 import numpy.typing as npt
 
 from ._cursor import Cursor
-from ._dynamic import LeasedShare, Leases, Work, fresh_work, leased_runs, remaining_work, start_cursor
+from ._dynamic import LeasedShare, Leases, Work, leased_runs, rank_share, remaining_work, start_cursor, work_of
 from ._elastic import Replay
 from ._fields import REMEDY, Fields, check_int, shorten
 from ._order import Slot, SlotGrid
 from ._plan_types import Split, SplitTable, split_rows
+from ._state import DataIdentity, WorkerState, check_compatible
 from ._stream import EpochStream
-from .errors import StateError
+from .errors import ArgumentTypeError, InvalidArgumentError, StateError, StateMismatchError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
     from ._options import Options
     from ._planning import Plan
     from ._runtime import WorkerRuntime
-    from ._state import DataIdentity, WorkerState
 
 DYNAMIC = "dynamic"
 ASSIGNMENTS = ("static", DYNAMIC)
@@ -45,16 +45,21 @@ class DynamicEpochs:
         self._plan, self._options = plan, options
         self._world_size, self._rank, self._even_batches = world_size, rank, even_batches
         self.loaded: tuple[int, Work] | None = None   # a checkpoint's rest of its epoch
-        self._fresh: dict[int, Work] = {}
+        self._fresh: dict[int, tuple[Work, int]] = {}   # epoch -> its fresh work, and the rank's rows before cuts
 
-    def fresh(self, epoch: int) -> Work:
-        work = self._fresh.get(epoch)
-        if work is None:
+    def _laid_out(self, epoch: int) -> tuple[Work, int]:
+        laid_out = self._fresh.get(epoch)
+        if laid_out is None:
             if len(self._fresh) >= 4:
                 del self._fresh[next(iter(self._fresh))]
-            work = self._fresh[epoch] = fresh_work(self._plan, self._world_size, self._rank, epoch, self._options,
-                                                   self._even_batches)
-        return work
+            share, kept = rank_share(self._plan, self._world_size, self._rank, epoch, self._options,
+                                     self._even_batches)
+            laid_out = self._fresh[epoch] = (work_of(share, kept), int(split_rows(share).sum()))
+        return laid_out
+
+    def fresh(self, epoch: int) -> Work:
+        """The rank's rows of ``epoch``, cut to the rows it yields."""
+        return self._laid_out(epoch)[0]
 
     def work(self, epoch: int) -> Work:
         """The rows of ``epoch`` this rank's workers lease."""
@@ -72,17 +77,12 @@ class DynamicEpochs:
 
     def rows_left_out(self, epoch: int) -> tuple[int, int]:
         """Rows of the rank's share of ``epoch`` that ``even_batches`` trims and that ``drop_last`` drops."""
-        rank_rows = int(split_rows(self.fresh_share(epoch)).sum())
-        kept = self.fresh(epoch).num_rows
+        work, rank_rows = self._laid_out(epoch)
+        kept = work.num_rows
         whole = rank_rows - rank_rows % self._options.batch_size if self._options.drop_last else rank_rows
         if kept < whole:   # evened out: what is left out is trimmed (as a static slot's would be)
             return rank_rows - kept, 0
         return 0, rank_rows - whole
-
-    def fresh_share(self, epoch: int) -> Sequence[Split]:
-        """The rank's splits of ``epoch`` before ``even_batches`` and ``drop_last`` cut them."""
-        return fresh_work(self._plan, self._world_size, self._rank, epoch, self._options, False,
-                          keep_all=True).fresh
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_fresh": {}}
@@ -106,8 +106,6 @@ def dynamic_stream(runtime: WorkerRuntime, leases: Leases, take: Callable[[], in
 
 def start_state(data: DataIdentity, state_options: dict[str, Any], epoch: int, slot: Slot,
                 interleave: int) -> WorkerState:
-    from ._state import WorkerState
-
     return WorkerState(data, state_options, epoch, slot, start_cursor(interleave), 0, 0, 0, False, None)
 
 
@@ -229,8 +227,6 @@ def check_assignment(assignment: Any, options: Options, group_size: int = 1) -> 
     """``assignment``, checked: ``"static"`` or ``"dynamic"`` (not with a filter and a shuffle buffer,
     whose windows' rows a checkpoint could not name before reading; not with ``group_size`` above 1,
     whose ranks must yield the same batches)."""
-    from .errors import ArgumentTypeError, InvalidArgumentError
-
     if not isinstance(assignment, str):
         raise ArgumentTypeError(f"assignment: expected 'static' or 'dynamic', got {type(assignment).__name__}")
     if assignment not in ASSIGNMENTS:
@@ -254,8 +250,6 @@ def check_assignment(assignment: Any, options: Options, group_size: int = 1) -> 
 def check_dynamic_loader(dataset: Any, num_workers: int, persistent_workers: bool) -> None:
     """Refuse what dynamic assignment does not take yet: persistent workers (each iteration's workers
     take their leases from a pool made for that iteration)."""
-    from .errors import InvalidArgumentError
-
     if dataset._assignment == DYNAMIC and num_workers > 0 and persistent_workers:
         raise InvalidArgumentError(
             "persistent_workers: assignment='dynamic' does not take persistent workers yet (each iteration's "
@@ -285,9 +279,6 @@ def dynamic_ledger(dataset: Any, pool: Any, cursors: Sequence[Cursor | None], nu
 def load_dynamic_ledger(dataset: Any, outers: Sequence[dict[str, Any]]) -> int:
     """Check the ledgers of loader states (one, or every rank's of a merged checkpoint) against ``dataset`` and
     make the rest of the saved epoch its work; the saved epoch."""
-    from ._state import DataIdentity, WorkerState, check_compatible
-    from .errors import StateMismatchError
-
     if dataset._assignment != DYNAMIC:
         raise StateMismatchError(
             "checkpoint was taken with assignment='dynamic', this dataset has assignment='static': the rest of its "

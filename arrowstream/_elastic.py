@@ -153,7 +153,7 @@ def _replay_cursor(after_replays: Cursor, index: int, taken: int, rows: int, mor
     return dataclasses.replace(after_replays, replay_index=index, replay_offset=done)
 
 
-def _with_replay_index(run: Run, index: int) -> Run:
+def with_replay_index(run: Run, index: int) -> Run:
     return Run(run.batch, lambda rows: dataclasses.replace(run.after(rows), replay_index=index, replay_offset=0))
 
 
@@ -169,28 +169,35 @@ def share_runs(readers: Sequence[PieceReader], share: Share, *, seed: int, epoch
                           interleave=interleave, buffer_rows=buffer_rows, start=start)
 
 
+def replay_runs(readers: Sequence[PieceReader], replay: Replay, index: int, skip: int, after_replays: Cursor, *,
+                seed: int, epoch: int, batch_size: int, interleave: int, buffer_rows: int) -> Iterator[Run]:
+    """The rows of ``replay`` (a worker's replay ``index``) from its row ``skip`` on, read again the way
+    its old worker read them; the cursors are ``after_replays`` with the replay fields set."""
+    old_start = dataclasses.replace(replay.start, window_offset=replay.start.window_offset + skip)
+    runs = open_runs(readers, replay.splits, batch_size=batch_size, interleave=interleave,
+                     buffer_rows=buffer_rows, start=old_start,
+                     window_seed=functools.partial(window_seed, seed, epoch, replay.slot))
+    taken = skip
+    for run in runs:
+        if taken >= replay.rows:
+            break
+        run = run.head(min(run.num_rows, replay.rows - taken))
+        yield Run(run.batch, functools.partial(_replay_cursor, after_replays, index, taken, replay.rows))
+        taken += run.num_rows
+    for reader in readers:
+        reader.close()
+
+
 def _replayed_runs(readers: Sequence[PieceReader], share: Share, *, seed: int, epoch: int, slot: Slot,
                    batch_size: int, interleave: int, buffer_rows: int, start: Cursor) -> Iterator[Run]:
     first_split = Cursor.start(len(share.splits), interleave)
     for index in range(start.replay_index, len(share.replays)):
-        replay = share.replays[index]
         skip = start.replay_offset if index == start.replay_index else 0
-        old_start = dataclasses.replace(replay.start, window_offset=replay.start.window_offset + skip)
-        runs = open_runs(readers, replay.splits, batch_size=batch_size, interleave=interleave,
-                         buffer_rows=buffer_rows, start=old_start,
-                         window_seed=functools.partial(window_seed, seed, epoch, replay.slot))
-        taken = skip
-        for run in runs:
-            if taken >= replay.rows:
-                break
-            run = run.head(min(run.num_rows, replay.rows - taken))
-            yield Run(run.batch, functools.partial(_replay_cursor, first_split, index, taken, replay.rows))
-            taken += run.num_rows
-        for reader in readers:
-            reader.close()
+        yield from replay_runs(readers, share.replays[index], index, skip, first_split, seed=seed, epoch=epoch,
+                               batch_size=batch_size, interleave=interleave, buffer_rows=buffer_rows)
     replays = len(share.replays)
     base = start if start.replay_index >= replays else dataclasses.replace(first_split, replay_index=replays)
     seeds: Callable[[int], int] = functools.partial(window_seed, seed, epoch, slot)
     for run in open_runs(readers, share.splits, batch_size=batch_size, interleave=interleave,
                          buffer_rows=buffer_rows, window_seed=seeds, start=base):
-        yield _with_replay_index(run, replays)
+        yield with_replay_index(run, replays)

@@ -13,13 +13,13 @@ With ``K = 1`` there is one lane and no blocks: the splits are read one after th
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from ._cursor import Cursor, Run
 from ._piece import Piece
-from ._plan_types import Split
+from ._plan_types import Split, split_available
 
 
 class PieceReader(Protocol):
@@ -74,25 +74,20 @@ def interleave_runs(readers: Sequence[PieceReader], splits: Sequence[Split], blo
     block a lane hands out per turn, ``None`` for no rotation (one lane). Runs with no rows mark
     source rows a filter dropped, so the cursor can move past them.
     """
-    # leased splits (dynamic assignment) grow as the worker asks for them: `lease_through(i)` leases until
-    # split i exists, or says there is none left
-    lease_through: Callable[[int], bool] | None = getattr(splits, "lease_through", None)
-
-    def exists(index: int) -> bool:
-        return index < len(splits) or (lease_through is not None and lease_through(index))
-
+    # leased splits (dynamic assignment) grow as the lanes ask for them (see split_available): their
+    # length now says nothing of the next split's index
     lanes = [_Lane(position, offset, readers[k]) for k, (position, offset) in enumerate(start.lanes)]
-    next_split = start.next_split_index if lease_through is not None else min(start.next_split_index, len(splits))
+    next_split = start.next_split_index if hasattr(splits, "lease_through") else min(start.next_split_index, len(splits))
     turn, taken = start.turn_index, start.block_offset
     while lanes:
         lane = lanes[turn]
         if lane.pieces is None:
             lane.pieces = (lane.reader.read(splits[lane.position], lane.position, lane.offset)
-                           if exists(lane.position) else iter(()))
+                           if split_available(splits, lane.position) else iter(()))
         piece = lane.rest or next(lane.pieces, None)
         lane.rest = None
         if piece is None:  # this split is done: open the next one, or leave the rotation
-            if exists(next_split):
+            if split_available(splits, next_split):
                 lane.position, lane.offset, lane.pieces = next_split, 0, None
                 next_split += 1
             else:

@@ -129,6 +129,15 @@ class SplitTable(Sequence[Split]):
         SplitTable.__init__(self, *state)
 
 
+def split_available(splits: Sequence[Split], index: int) -> bool:
+    """Whether ``splits`` has a split ``index``. Splits leased as they are read (dynamic assignment: a
+    sequence with ``lease_through(i)``) lease up to it first; a plain sequence has what it has."""
+    if index < len(splits):
+        return True
+    lease_through = getattr(splits, "lease_through", None)
+    return lease_through is not None and bool(lease_through(index))
+
+
 def split_rows(splits: Sequence[Split]) -> npt.NDArray[np.int64]:
     """The rows of each split, from the column when ``splits`` is a table."""
     if isinstance(splits, SplitTable):

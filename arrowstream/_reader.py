@@ -21,7 +21,7 @@ from ._formats import UnitFile, name_units, unit_format
 from ._metrics import Meter
 from ._piece import Piece  # also importable from here, its old home
 from ._pinned import Pin
-from ._plan_types import Split
+from ._plan_types import Split, split_available
 from ._planning import Plan
 from ._prefetch import Prefetcher
 from ._retry import Attempts, forget_locals
@@ -52,9 +52,7 @@ class ReadAhead:
         self._order = order
 
     def started(self, position: int) -> None:
-        lease_through = getattr(self._order, "lease_through", None)
-        if lease_through is not None:   # leased splits (dynamic assignment): lease as far ahead as is fetched
-            lease_through(position + self._depth)
+        split_available(self._order, position + self._depth)   # leased splits: lease as far ahead as is fetched
         for ahead in range(position, min(len(self._order), position + 1 + self._depth)):
             if self._prefetcher.scheduled((self._token, ahead)):
                 continue
