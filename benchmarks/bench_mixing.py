@@ -40,7 +40,6 @@ import itertools
 import json
 import os
 import pstats
-import shlex
 import statistics
 import subprocess
 import sys
@@ -57,9 +56,8 @@ sys.path.insert(0, str(BENCH_DIR))
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from bench_suite import arrowstream_commit, loadavg, main_versions
+from bench_suite import loadavg, run_header
 from suite.common import emit_report, log
-from suite.report import machine
 from suite.tables import names as random_names
 
 from arrowstream import Mixture, Source, StructuredDataset
@@ -581,15 +579,7 @@ def reading(throughput: dict[str, dict[tuple[str, int], list[Epoch]]], resume: l
 
 def report(args: argparse.Namespace, layouts: list[Layout], throughput: dict[str, dict[tuple[str, int], list[Epoch]]],
            resume: list[ResumeSeries], profiles: Profiles | None, seconds: float, load_before: str) -> str:
-    now = dt.datetime.now(dt.UTC)
-    versions = ", ".join(f"{k} {v}" for k, v in main_versions().items())
-    lines = [f"# Weighted mixing against one source ({now.date().isoformat()})", "",
-             f"- Date: {now:%Y-%m-%d, %H:%M} UTC",
-             f"- Machine: {machine()}; `nproc` = {os.cpu_count()}; `uname -a`: {' '.join(os.uname())}",
-             f"- Python {sys.version.split()[0]}; {versions}; arrowstream at {arrowstream_commit()}",
-             f"- Command: `{shlex.join(['.venv/bin/python', 'benchmarks/bench_mixing.py', *sys.argv[1:]])}`",
-             (f"- Load average before / after: {load_before} / {loadavg()} (the machine is shared); "
-              f"run time {seconds / 60:.1f} min"),
+    lines = [*run_header("Weighted mixing against one source", "bench_mixing.py", load_before, seconds),
              (f"- Both loaders: `batch_size={BATCH}`, `shuffle={args.shuffle}`, `seed=0`, `output_format=\"torch\"`, "
              "`plan_cache=False`. Mixture: `weights={'a': 0.5, 'b': 0.3, 'c': 0.2}`, `epoch_rows` = all rows "
              "(each quota is its source's rows); single: `StructuredDataset` over a folder of hard links to the "

@@ -45,9 +45,7 @@ import contextlib
 import datetime as dt
 import functools
 import gc
-import os
 import resource
-import shlex
 import statistics
 import sys
 import tempfile
@@ -66,10 +64,9 @@ import servers  # noqa: I001 (first: it keeps gcsfs's gRPC probe off before anyt
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from bench_suite import arrowstream_commit, loadavg, main_versions
+from bench_suite import loadavg, run_header
 from proxy import start_proxy
 from suite.common import emit_report, log
-from suite.report import machine
 
 from arrowstream import StructuredDataset
 
@@ -325,15 +322,7 @@ def goals(name: str, results: dict[Key, Series], worker_counts: list[int]) -> li
 
 def report(args: argparse.Namespace, datasets: list[Dataset], results: dict[str, dict[Key, Series]],
            seconds: float, load_before: str) -> str:
-    now = dt.datetime.now(dt.UTC)
-    versions = ", ".join(f"{k} {v}" for k, v in main_versions().items())
-    lines = [f"# Stragglers: static against dynamic assignment ({now.date().isoformat()})", "",
-             f"- Date: {now:%Y-%m-%d, %H:%M} UTC",
-             f"- Machine: {machine()}; `nproc` = {os.cpu_count()}; `uname -a`: {' '.join(os.uname())}",
-             f"- Python {sys.version.split()[0]}; {versions}; arrowstream at {arrowstream_commit()}",
-             f"- Command: `{shlex.join(['.venv/bin/python', 'benchmarks/bench_stragglers.py', *sys.argv[1:]])}`",
-             (f"- Load average before / after: {load_before} / {loadavg()} (the machine is shared); "
-              f"run time {seconds / 60:.1f} min"),
+    lines = [*run_header("Stragglers: static against dynamic assignment", "bench_stragglers.py", load_before, seconds),
              (f"- Every loader: `batch_size={BATCH}`, `output_format=\"torch\"`, `plan_cache=False`; static with "
               "`in_order=True` (its default), dynamic with `in_order=False` (its default with workers). Each "
               "timed epoch is a new loader, checked to yield every row once (count and sum of `id`)."), "",

@@ -96,6 +96,27 @@ def arrowstream_commit() -> str:
     return f"git {head}" + (", with uncommitted changes in arrowstream/" if dirty else "")
 
 
+def run_header(title: str, script: str, load_before: str, seconds: float) -> list[str]:
+    """The first lines of a benchmark's report: its title with the date, the machine, the versions, the
+    command, the load and the run time."""
+    import datetime as dt
+    import os
+    import shlex
+    import sys
+
+    from suite.report import machine
+
+    now = dt.datetime.now(dt.UTC)
+    versions = ", ".join(f"{k} {v}" for k, v in main_versions().items())
+    return [f"# {title} ({now.date().isoformat()})", "",
+            f"- Date: {now:%Y-%m-%d, %H:%M} UTC",
+            f"- Machine: {machine()}; `nproc` = {os.cpu_count()}; `uname -a`: {' '.join(os.uname())}",
+            f"- Python {sys.version.split()[0]}; {versions}; arrowstream at {arrowstream_commit()}",
+            f"- Command: `{shlex.join(['.venv/bin/python', f'benchmarks/{script}', *sys.argv[1:]])}`",
+            (f"- Load average before / after: {load_before} / {loadavg()} (the machine is shared); "
+             f"run time {seconds / 60:.1f} min")]
+
+
 def peer_versions(envs: dict[str, venvs.Venv]) -> dict[str, str]:
     out = {}
     for peer, env in envs.items():

@@ -65,6 +65,18 @@ def _assert_each_row_once(*parts: list[int]) -> None:
     assert not repeated and not missing, f"{len(repeated)} rows repeated {repeated[:5]}, {len(missing)} missing {missing[:5]}"
 
 
+def _take(loader, batches):
+    """The rows and the worker of each of the loader's next ``batches`` batches."""
+    rows: list[int] = []
+    workers: list[int] = []
+    for batch in loader:
+        rows += ids_of(batch)
+        workers.append(int(batch["worker"][0]))
+        if len(workers) == batches:
+            break
+    return rows, workers
+
+
 def _states_along_epoch(path, num_workers, points, **kwargs):
     """One epoch of ``in_order=False``: its rows, the worker of each batch, and at each point (batches
     handed out, -1 for the last, or "after" the loop) the JSON state and the rows handed out before it."""
@@ -128,12 +140,7 @@ def test_persistent_workers_in_a_later_epoch(data):
     dataset.set_epoch(0)
     _assert_each_row_once([row for batch in loader for row in ids_of(batch)])
     dataset.set_epoch(1)
-    before, workers = [], []
-    for batch in loader:
-        before += ids_of(batch)
-        workers.append(int(batch["worker"][0]))
-        if len(workers) == 23:
-            break
+    before, workers = _take(loader, 23)
     state = json.loads(json.dumps(loader.state_dict()))
     assert _out_of_order(workers, zero_done=False)
     _assert_each_row_once(before, _rest(data, 2, state, epoch=1))
@@ -175,12 +182,7 @@ def test_in_order_set_mid_epoch_does_not_change_how_the_state_is_taken(data):
     nothing of its delivery, and the state still says what it handed out."""
     loader, dataset = _loader(data, 3, snapshot_every_n_steps=2)
     dataset.set_epoch(0)
-    before, workers = [], []
-    for batch in loader:
-        before += ids_of(batch)
-        workers.append(int(batch["worker"][0]))
-        if len(workers) == 29:
-            break
+    before, workers = _take(loader, 29)
     loader.in_order = True
     state = json.loads(json.dumps(loader.state_dict()))
     assert _out_of_order(workers, zero_done=False)
