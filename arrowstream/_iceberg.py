@@ -36,6 +36,7 @@ from ._iceberg_table import IcebergSource, requested_schema
 from ._plan_cache import CacheOutcome, PlanCacheSetting
 from ._planning import MAX_PLANNING_THREADS, Plan, build_plan, read_footer
 from ._retry import RetryPolicy
+from ._row_ids import physical_after_deletes
 from ._storage import Storage
 from .errors import (
     EmptyDatasetError,
@@ -161,6 +162,10 @@ class IcebergFormat:
     def byte_ranges(self, footer: FileFooter, units: Sequence[int], columns: list[str]) -> list[tuple[int, int]]:
         """None: data files are read through pyiceberg's FileIO, which has its own buffering."""
         return []
+
+    def physical_rows(self, footer: FileFooter, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Positions in the data file: the rows read are the rows its positional deletes left."""
+        return physical_after_deletes(footer.extra.deleted, rows)
 
 
 register_format(IcebergFormat())

@@ -26,7 +26,7 @@ from ._metrics import Meter
 from ._mix_schema import caster
 from ._mix_state import MixPosition, MixWorkerState
 from ._mix_stream import MixStream, SourceRows
-from ._reader import ReadAhead, SplitReader
+from ._reader import ReadAhead, SplitReader, row_ids_for
 from ._runtime import READ_BATCH_ROWS, Transport
 from ._transport import Chunk, default_batches_per_transfer
 from .errors import StateMismatchError
@@ -103,7 +103,9 @@ def open_stream(mixture: Mixture, pending: MixWorkerState | None) -> MixStream:
     quotas = {name: sum(part.rows for part in parts[name]) for name in parts}
     total = max(sum(quotas.values()), 1)
     sources = []
-    for s in mixture._sources:
+    bases = mixture.file_bases()   # with row ids: a source's files are numbered after the sources' before it
+    for s, base in zip(mixture._sources, bases, strict=True):
+        row_ids = row_ids_for(s.plan, base) if options.with_row_ids else None
         check = make_value_check(options.output_format, s.plan.schema, mixture._fill_nulls)
         prefetcher = s.storage.prefetcher   # object stores: each segment's next splits fetched ahead
         read_ahead = None if prefetcher is None else ReadAhead(s.plan, prefetcher, s.storage.read_ahead)
@@ -112,12 +114,14 @@ def open_stream(mixture: Mixture, pending: MixWorkerState | None) -> MixStream:
         read_rows = max(options.batch_size, READ_BATCH_ROWS)
         first_rows = max(options.batch_size, -(-READ_BATCH_ROWS * quotas[s.name] // total))
         readers = [SplitReader(s.plan, s.storage, read_rows, use_threads=not in_worker, read_ahead=read_ahead,
-                               meter=meter, check=check, first_read_rows=first_rows) for _ in range(options.interleave)]
+                               meter=meter, check=check, first_read_rows=first_rows, row_ids=row_ids)
+                   for _ in range(options.interleave)]
         sources.append(SourceRows(s.name, readers, parts[s.name], batch_size=options.batch_size,
                                   interleave=options.interleave, buffer_rows=options.shuffle_buffer_size,
                                   start=start.cursors[s.name], url=str(s.source.arguments().get("path", s.name)),
                                   read_ahead=read_ahead))
-    casts = {s.name: caster(s.plan.schema, mixture._schema, s.name, mixture._source_column) for s in mixture._sources}
+    schemas = mixture._source_schemas()
+    casts = {s.name: caster(schemas[s.name], mixture._schema, s.name, mixture._source_column) for s in mixture._sources}
     limit = mixture.batch_limits(slot.num_workers, slot.epoch)[slot.index] if mixture._even_batches else None
     return MixStream(sources, [sum(part.rows for part in parts[s.name]) for s in mixture._sources],
                      cast=lambda name, batch: casts[name](batch), batch_size=options.batch_size,

@@ -38,6 +38,8 @@ class Options:
     fill_nulls: Any
     parse_options: TextSettings | None = None
     planning: int = PLANNING_VERSION  # how splits are cut for slots: a loaded checkpoint's version (_resume)
+    # add _file and _row to every batch (arrowstream._row_ids); not in the state: it changes no row's place
+    with_row_ids: bool = False
 
     @property
     def drops_rows(self) -> bool:
@@ -117,7 +119,7 @@ def _columns(value: Any) -> tuple[str, ...] | None:
 def validate_options(*, format: str, batch_size: int, shuffle: bool, seed: int, shuffle_buffer_size: int,
                      interleave: int, columns: Any, filter: Any, output_format: str, transform: Any,
                      drop_last: bool, split_bytes: int | None, fill_nulls: Any,
-                     parse_options: Any = None) -> Options:
+                     parse_options: Any = None, with_row_ids: Any = False) -> Options:
     """Check every argument; raise an arrowstream error naming the first bad one. ``format`` is the
     source's, which checked it (``arrowstream._source``)."""
     if output_format not in OUTPUT_FORMATS:
@@ -147,6 +149,7 @@ def validate_options(*, format: str, batch_size: int, shuffle: bool, seed: int, 
         split_bytes=split_bytes,
         fill_nulls=fill_nulls,
         parse_options=settings,
+        with_row_ids=check_bool("with_row_ids", with_row_ids),
     )
 
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -25,6 +26,7 @@ from ._plan_types import Split, split_available
 from ._planning import Plan
 from ._prefetch import Prefetcher
 from ._retry import Attempts, forget_locals
+from ._row_ids import RowIds
 from ._storage import Storage
 from .errors import ArrowStreamError, CorruptFileError
 
@@ -74,8 +76,9 @@ class SplitReader:
     def __init__(self, plan: Plan, storage: Storage, read_batch_rows: int, use_threads: bool,
                  read_ahead: ReadAhead | None = None, meter: Meter | None = None,
                  check: Callable[[pa.RecordBatch, str], None] | None = None,
-                 first_read_rows: int | None = None) -> None:
+                 first_read_rows: int | None = None, row_ids: RowIds | None = None) -> None:
         self._plan = plan
+        self._row_ids = row_ids   # with_row_ids: each piece gets its rows' file and position in it
         self._check = check   # of each piece's values against the output format (errors name the file)
         self._meter = meter
         self._storage = storage
@@ -164,6 +167,9 @@ class SplitReader:
         if not units:
             return
         first_row = span_row
+        # with row ids: the file's row (as the reader yields them) at source offset 0 of the split
+        ids_at = None if self._row_ids is None else (split.file_index, self._row_ids.split_first_row(
+            split.file_index, split.unit_start, split.row_start))
         announced = sum(footer.unit_rows[unit] for unit in units)
         # a split that ends where its last unit ends reads the units to their end, so that a unit holding
         # more rows than announced is noticed too; one that ends inside a unit leaves its tail to the next
@@ -180,7 +186,7 @@ class SplitReader:
             lo = max(begin - span_row, 0)
             hi = min(end - span_row, batch.num_rows)
             if hi > lo:
-                piece = self._piece(batch.slice(lo, hi - lo), position, span_row + lo - split.row_start)
+                piece = self._piece(batch.slice(lo, hi - lo), position, span_row + lo - split.row_start, ids_at)
                 if self._check is not None:
                     self._check(piece.batch, self._plan.url(split.file_index))
                 yield piece
@@ -199,7 +205,9 @@ class SplitReader:
             "is corrupt or changed after planning: rewrite it (or rebuild the dataset, with plan_cache=False if the "
             "change kept its size and modification time), or leave it out of `path`")
 
-    def _piece(self, batch: pa.RecordBatch, position: int, start: int) -> Piece:
+    def _piece(self, batch: pa.RecordBatch, position: int, start: int, ids_at: tuple[int, int] | None) -> Piece:
+        """The piece of the split's rows ``batch`` (from source offset ``start``): filtered, projected, and with
+        ``ids_at`` (the file, and its row at source offset 0) the row ids added."""
         end = start + batch.num_rows
         filter = self._plan.filter
         row_ok = self._row_ok
@@ -210,8 +218,30 @@ class SplitReader:
         if filter is None:
             if batch.schema.names != self._output_columns:
                 batch = batch.select(self._output_columns)
+            if ids_at is not None:
+                batch = self._with_ids(batch, ids_at, np.arange(start, end, dtype=np.int64))
             return Piece(batch, position, start, end, None)
         indexed = batch.append_column(_ROW_INDEX, pa.array(np.arange(start, end, dtype=np.int64)))
         kept = indexed.filter(filter)
         offsets = kept.column(_ROW_INDEX).to_numpy()
-        return Piece(kept.select(self._output_columns), position, start, end, offsets)
+        out = kept.select(self._output_columns)
+        if ids_at is not None:
+            out = self._with_ids(out, ids_at, offsets)
+        return Piece(out, position, start, end, offsets)
+
+    def _with_ids(self, batch: pa.RecordBatch, ids_at: tuple[int, int], offsets: npt.NDArray[np.int64]) -> pa.RecordBatch:
+        assert self._row_ids is not None
+        file_index, first_row = ids_at
+        return self._row_ids.attach(batch, file_index, offsets + first_row)
+
+
+def row_ids_for(plan: Plan, file_base: int = 0) -> RowIds:
+    """How the readers of ``plan`` add row ids: files numbered from ``file_base``, rows placed in their file by
+    its format (:meth:`~arrowstream._formats.UnitFormat.physical_rows`)."""
+    files = plan.files
+
+    def physical(file_index: int, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        footer = files[file_index]
+        return unit_format(footer.format).physical_rows(footer, rows)
+
+    return RowIds(files.unit_offsets, files.unit_rows, file_base, physical)

@@ -25,7 +25,8 @@ from ._convert import make_converter, make_value_check
 from ._cursor import Cursor
 from ._elastic import share_runs
 from ._metrics import Board, Meter
-from ._reader import ReadAhead, SplitReader
+from ._reader import ReadAhead, SplitReader, row_ids_for
+from ._row_ids import with_row_id_fields
 from ._stream import EpochStream
 from ._transport import Chunk
 from ._watchdog import watch_trainer
@@ -89,16 +90,18 @@ def build_runtime(plan: Plan, storage: Storage, options: Options, fill_nulls: An
     output_format = options.output_format
     # values an output format cannot hold are found as read, where the file is known
     check = make_value_check(output_format, plan.schema, fill_nulls)
+    row_ids = row_ids_for(plan) if options.with_row_ids else None
+    schema = with_row_id_fields(plan.schema) if options.with_row_ids else plan.schema   # of the batches read
     readers = [SplitReader(plan, storage, read_rows, use_threads=not in_worker, read_ahead=read_ahead, meter=meter,
-                           check=check) for _ in range(options.interleave)]
+                           check=check, row_ids=row_ids) for _ in range(options.interleave)]
     as_torch = numpy_as_torch(options, transport, in_worker)
     if as_torch:  # the trainer side makes the tensors (see _transport)
         output_format = "numpy"
-    converter = make_converter(output_format, plan.schema, fill_nulls, in_worker=in_worker, torch_values=as_torch)
+    converter = make_converter(output_format, schema, fill_nulls, in_worker=in_worker, torch_values=as_torch)
     transform = options.transform
     convert = converter if transform is None else (lambda batch: transform(converter(batch)))
     span_convert = None if transform is not None else make_converter(
-        output_format, plan.schema, fill_nulls, in_worker=in_worker, objects_later=True, torch_values=as_torch)
+        output_format, schema, fill_nulls, in_worker=in_worker, objects_later=True, torch_values=as_torch)
     objects = options.output_format if options.output_format in ("torch", "numpy", "dict") else None
     return WorkerRuntime(readers, read_ahead, meter, convert, span_convert, objects, as_torch, transport)
 

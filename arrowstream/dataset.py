@@ -22,6 +22,7 @@ from ._order import Slot, SlotGrid
 from ._planning import Plan
 from ._resume import checked_state, loaded_state, pending_for_epoch, replanned_epoch
 from ._retry import RetryPolicy, check_retry
+from ._row_ids import check_row_id_names
 from ._runtime import EpochIterator, OpenEpoch, WorkerRuntime, WorkerSide, open_stream
 from ._shm import guard_feeder, share
 from ._source import FileSource, Source, check_file_format
@@ -114,6 +115,11 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             less; each rank's rows, ``len(loader)`` and ``even_batches`` stay as with ``"static"``,
             the order of batches depends on timing, and a checkpoint resumes exactly the rows not yet
             yielded, with any number of workers. See docs/stragglers.md.
+        with_row_ids: Add two columns to every batch: ``_file`` (int32), the row's file as an index into
+            :attr:`files`, and ``_row`` (int64), the row's number inside that file, from 0, counted over all
+            its rows before any filter (an Iceberg data file's: before its positional deletes). They pass
+            through shuffling, interleave, ``filter``, ``columns`` and ``transform`` (which sees them) and
+            change no row's place. Columns of those names in the files are refused. See docs/formats.md.
 
     Example:
         >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
@@ -143,7 +149,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                  rank: int | None = None, world_size: int | None = None, even_batches: bool = True,
                  group_size: int = 1, read_ahead: int = 1,
                  credential_provider: Callable[[], dict[str, Any]] | None = None, plan_locally: bool = False,
-                 retry: RetryPolicy | None = None, plan_cache: Any = None, assignment: str = "static") -> None:
+                 retry: RetryPolicy | None = None, plan_cache: Any = None, assignment: str = "static",
+                 with_row_ids: bool = False) -> None:
         super().__init__()
         # a Source (arrowstream._source) comes from a front door such as IcebergDataset; else files of a format
         source: Source | None = path if isinstance(path, Source) else None
@@ -153,7 +160,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             format=format if source is None else source.format, batch_size=batch_size, shuffle=shuffle, seed=seed,
             shuffle_buffer_size=shuffle_buffer_size, interleave=interleave, columns=columns, filter=filter,
             output_format=output_format, transform=transform, drop_last=drop_last, split_bytes=split_bytes,
-            fill_nulls=fill_nulls, parse_options=parse_options)
+            fill_nulls=fill_nulls, parse_options=parse_options, with_row_ids=with_row_ids)
         check_storage_arguments(storage_options, credential_provider)
         # wrapped once: its picklability is checked here, for loaders that start workers by spawn or forkserver
         self._credential_provider = as_provider(credential_provider)
@@ -181,6 +188,9 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
     def _use_plan(self, storage: Storage, plan: Plan) -> None:
         self._storage, self._plan = storage.reading(self._read_ahead_depth, self._options.interleave), plan
         check_output_columns(self._options.output_format, plan.schema)
+        if self._options.with_row_ids:
+            check_row_id_names(plan.schema)
+        self._file_names: tuple[str, ...] | None = None   # dataset.files, made when first asked
         self._fill_nulls = resolve_fill_nulls(self._options.fill_nulls, plan.schema)
         self._data = self._source.identity(plan)
         self._state_options = {**self._options.state_options(), "even_batches": self._even_batches}
@@ -272,6 +282,26 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
     @property
     def num_files(self) -> int:
         return len(self._plan.files)
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """The dataset's files in plan order, as errors name them (a local path, or ``s3://bucket/key``; an
+        Iceberg data file's URL): ``with_row_ids=True``'s ``_file`` column is an index into it.
+
+        Example:
+            >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
+            >>> folder = tempfile.mkdtemp()
+            >>> for name in ("a", "b"):
+            ...     pq.write_table(pa.table({"x": list(range(5))}), os.path.join(folder, f"{name}.parquet"))
+            >>> dataset = arrowstream.StructuredDataset(folder, batch_size=10, with_row_ids=True)
+            >>> batch = next(iter(dataset))
+            >>> row = 7   # where did the 8th row come from?
+            >>> os.path.basename(dataset.files[batch["_file"][row]]), int(batch["_row"][row])
+            ('b.parquet', 2)
+        """
+        if self._file_names is None:
+            self._file_names = tuple(self._plan.url(i) for i in range(len(self._plan.files)))
+        return self._file_names
 
     @property
     def batch_size(self) -> int:

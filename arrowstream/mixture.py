@@ -26,6 +26,7 @@ from ._options import check_bool, check_even_batches, check_int, validate_option
 from ._order import even_batch_limits, natural_batches
 from ._plan_cache import check_plan_cache
 from ._retry import RetryPolicy, check_retry
+from ._row_ids import check_row_id_names, with_row_id_fields
 from ._shm import guard_feeder, share
 from ._topology import resolve_topology
 from .errors import ArgumentTypeError, InvalidArgumentError
@@ -47,6 +48,8 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         weights: Name to weight (any scale); ``None``: each source's share of the rows.
         epoch_rows: Rows per mixture epoch; ``None``: the sum of the sources' rows.
         source_column: A column name: each row's source name is added under it.
+        with_row_ids: Add ``_file`` (an index into :attr:`files`, over every source) and ``_row`` (the row's
+            number inside that file) to every batch, as :class:`~arrowstream.StructuredDataset` does.
         batch_size: Rows per batch; this and every other keyword are those of
             :class:`~arrowstream.StructuredDataset`, shared by every source.
 
@@ -71,7 +74,7 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
                  drop_last: bool = False, fill_nulls: Any = None, accelerator: Any = None,
                  rank: int | None = None, world_size: int | None = None, even_batches: bool = True,
                  group_size: int = 1, read_ahead: int = 1, plan_locally: bool = False,
-                 retry: RetryPolicy | None = None, plan_cache: Any = None) -> None:
+                 retry: RetryPolicy | None = None, plan_cache: Any = None, with_row_ids: bool = False) -> None:
         super().__init__()
         if not isinstance(sources, Mapping) or not sources:
             raise ArgumentTypeError("sources: expected a non-empty dict of name to arrowstream.Source or "
@@ -91,7 +94,8 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         self._epoch_rows, self._source_column = epoch_rows, source_column
         shared: dict[str, Any] = {"batch_size": batch_size, "shuffle": shuffle, "seed": seed,
                   "shuffle_buffer_size": shuffle_buffer_size, "interleave": interleave,
-                  "output_format": output_format, "transform": None, "drop_last": drop_last, "fill_nulls": None}
+                  "output_format": output_format, "transform": None, "drop_last": drop_last, "fill_nulls": None,
+                  "with_row_ids": with_row_ids}
         self._options = validate_options(format="parquet", columns=None, filter=None, split_bytes=None, **shared)
         if transform is not None and not callable(transform):
             raise ArgumentTypeError(f"transform: expected a callable, got {type(transform).__name__}")
@@ -105,7 +109,7 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         plan_cache = check_plan_cache(plan_cache)
         collective = not plan_locally and collective_world_size() > 1
         self._sources = [self._plan_source(name, spec, shared, plan_cache, collective) for name, spec in sources.items()]
-        self._schema = unify({s.name: s.plan.schema for s in self._sources}, source_column)
+        self._schema = unify(self._source_schemas(), source_column)
         check_output_columns(output_format, self._schema)
         self._fill_nulls = resolve_fill_nulls(fill_nulls, self._schema)
         self._quotas = quotas({s.name: s.plan.num_rows for s in self._sources}, self._weights, epoch_rows)
@@ -127,6 +131,37 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         return plan_source(name, spec, shared, plan_cache, even_batches=self._even_batches, topology=self._topology,
                            retry=self._retry, read_ahead=self._read_ahead_depth, collective=collective)
 
+    def _source_schemas(self) -> dict[str, pa.Schema]:
+        """Each source's batches' schema as read: its output columns, and the row ids when asked."""
+        if not self._options.with_row_ids:
+            return {s.name: s.plan.schema for s in self._sources}
+        for s in self._sources:
+            check_row_id_names(s.plan.schema, f"the files of source {s.name!r}")
+        return {s.name: with_row_id_fields(s.plan.schema) for s in self._sources}
+
+    def file_bases(self) -> list[int]:
+        """Where each source's files start in :attr:`files` (in the order of the sources)."""
+        counts = [len(s.plan.files) for s in self._sources]
+        return [sum(counts[:i]) for i in range(len(counts))]
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """Every source's files, the sources in order, each source's in its plan's order, as errors name them:
+        ``with_row_ids=True``'s ``_file`` column is an index into it (``source_column`` names the source too).
+
+        Example:
+            >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
+            >>> a, b = tempfile.mkdtemp(), tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"x": list(range(4))}), os.path.join(a, "a.parquet"))
+            >>> pq.write_table(pa.table({"x": list(range(4))}), os.path.join(b, "b.parquet"))
+            >>> mixture = arrowstream.Mixture({"a": arrowstream.Source(a), "b": arrowstream.Source(b)},
+            ...                               batch_size=8, with_row_ids=True, output_format="dict")
+            >>> batch = next(iter(mixture))
+            >>> sorted((os.path.basename(mixture.files[f]), r) for f, r in zip(batch["_file"], batch["_row"]))[:2]
+            [('a.parquet', 0), ('a.parquet', 1)]
+        """
+        return tuple(s.plan.url(i) for s in self._sources for i in range(len(s.plan.files)))
+
     def _layout(self) -> MixEpochs:
         o = self._options
         return MixEpochs([SourcePlan(s.name, s.plan.splits, s.plan.num_rows) for s in self._sources], shuffle=o.shuffle,
@@ -140,7 +175,7 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
                     for planned in self._sources]
         if any(f is not None for f in followed):
             self._sources = [f or planned for f, planned in zip(followed, self._sources, strict=True)]
-            self._schema = unify({s.name: s.plan.schema for s in self._sources}, self._source_column)
+            self._schema = unify(self._source_schemas(), self._source_column)
             self._quotas = quotas({s.name: s.plan.num_rows for s in self._sources}, self._weights, self._epoch_rows)
             self._epochs = self._layout()
 

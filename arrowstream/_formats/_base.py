@@ -96,6 +96,11 @@ class UnitFormat(Protocol):
         metadata (for read-ahead); empty when the metadata did not travel with the plan."""
         ...
 
+    def physical_rows(self, footer: FileFooter, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The positions in the file (``with_row_ids``' ``_row``) of the rows its reader yields, numbered from 0:
+        ``rows`` itself where the reader yields every row the file holds (Iceberg: its deleted rows it does not)."""
+        ...
+
 
 class FileFormat(UnitFormat, Protocol):
     """A format planned file by file from each file's own metadata: metadata in the main process, units
@@ -129,6 +134,9 @@ class MetadataFormat:
     answers to the parts of :class:`FileFormat` that only text needs."""
 
     row_ok_column: str | None = None
+
+    def physical_rows(self, footer: FileFooter, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        return rows
 
     def configured(self, parse_options: TextSettings | None, split_bytes: int | None) -> Self:
         return self

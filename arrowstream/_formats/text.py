@@ -30,6 +30,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
@@ -215,6 +216,10 @@ class TextFormat:
         if layout.compression is not None or not layout.settings.scannable:
             return []
         return [layout.ranges[unit] for unit in units]
+
+    def physical_rows(self, footer: FileFooter, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Rows as the scan counts them: the file's data rows (no header, no empty line), skipped bad rows included."""
+        return rows
 
     def baseline_batches(self, source: Any, footer: FileFooter, columns: list[str],
                          batch_size: int) -> Iterator[pa.RecordBatch]:
