@@ -206,6 +206,23 @@ def test_resume_mid_epoch_and_with_other_workers_keeps_the_ids(parquet_folder):
     assert Counter(ids) == Counter(ALL_ROWS)
 
 
+def test_a_checkpoint_taken_without_ids_resumes_with_them(parquet_folder):
+    options = {"batch_size": 32, "shuffle": True, "seed": 4, "shuffle_buffer_size": 100}
+    plain, plain_dataset = StructuredDataset.create_dataloader(parquet_folder, **options)
+    batches = epoch(plain, plain_dataset)
+    plain_dataset.set_epoch(0)
+    for step, _ in enumerate(plain):
+        if step == 4:
+            state = json_roundtrip(plain.state_dict())
+            break
+    loader, dataset = StructuredDataset.create_dataloader(parquet_folder, with_row_ids=True, **options)
+    loader.load_state_dict(state)
+    dataset.set_epoch(0)
+    rest = list(loader)
+    check_provenance(rest, dataset.files)
+    assert [batch_key(without_ids(b)) for b in rest] == [batch_key(b) for b in batches[5:]]
+
+
 def test_dynamic_assignment_gives_true_positions(parquet_folder):
     loader, dataset = StructuredDataset.create_dataloader(parquet_folder, batch_size=40, num_workers=2, shuffle=True,
                                                           assignment="dynamic", with_row_ids=True)
