@@ -128,7 +128,9 @@ def plan_arguments(source_arguments: dict[str, Any], options: Options, even_batc
             "parse_options": None if options.parse_options is None else options.parse_options.state(),
             "output_format": options.output_format, "transform": callable_name(options.transform),
             "fill_nulls": options.fill_nulls, "even_batches": even_batches,
-            "world_size": world_size, "group_size": group_size}
+            "world_size": world_size, "group_size": group_size,
+            # the batches' columns, as output_format: compared where asked (what ranks compared before stays)
+            **({"with_row_ids": True} if options.with_row_ids else {})}
 
 
 def fingerprint_of(arguments: dict[str, Any]) -> dict[str, str]:

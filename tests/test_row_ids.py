@@ -263,13 +263,25 @@ def test_mixture_ids_index_the_files_of_every_source(tmp_path):
         {"a": Source(first), "b": Source(second)}, weights={"a": 1, "b": 1}, epoch_rows=500, batch_size=40,
         shuffle=True, shuffle_buffer_size=100, source_column="source", with_row_ids=True, num_workers=2)
     mixture.set_epoch(0)
-    batches = list(loader)
+    batches = []
+    for step, batch in enumerate(loader):
+        batches.append(batch)
+        if step == 3:
+            state = json_roundtrip(loader.state_dict())
     ids = check_provenance(batches, mixture.files)
     assert [os.path.basename(f) for f in mixture.files] == ["part-0.parquet", "part-1.parquet", "part-7.parquet"]
     assert len(ids) == len(set(ids)) == 500   # 250 of each: no second pass
     for batch in batches:   # the source column agrees with the file's source
         assert all((mixture.files[f].startswith(second)) == (s == "b") for f, s in zip(batch["_file"].tolist(),
                                                                                     batch["source"], strict=True))
+    # resumed with another number of workers (the epoch re-planned): the rest, each row naming its place
+    other, other_mixture = Mixture.create_dataloader(
+        {"a": Source(first), "b": Source(second)}, weights={"a": 1, "b": 1}, epoch_rows=500, batch_size=40,
+        shuffle=True, shuffle_buffer_size=100, source_column="source", with_row_ids=True, num_workers=0)
+    other.load_state_dict(state)
+    other_mixture.set_epoch(0)
+    assert Counter(check_provenance(batches[:4], mixture.files) + check_provenance(list(other), other_mixture.files)) \
+        == Counter(ids)
 
 
 # -- a column of the same name ------------------------------------------------------------------------
