@@ -144,11 +144,12 @@ def check_same_data(saved: DataIdentity, current: DataIdentity, data_identity: s
             f"fingerprint saved {saved.fingerprint[:12]}, now {current.fingerprint[:12]}). If this is a copy of the "
             "same data (cp, rsync, a re-upload, another folder or bucket), pass data_identity='layout' to resume on "
             f"it; if the files were rewritten, their rows may differ: {_RESTART}")
-    mode = "even without modification tags (data_identity='layout')" if data_identity == LAYOUT else (
-        f"(data fingerprint saved {saved.fingerprint[:12]}, now {current.fingerprint[:12]})")
+    mode = ", other data even without modification tags (data_identity='layout')" if data_identity == LAYOUT else ""
     raise StateMismatchError(
-        f"checkpoint was taken on other data than {what} has {mode}: {'; '.join(differences)}. Point the dataset "
-        f"at the data the checkpoint was taken on (or a copy of it), or {_RESTART}")
+        f"checkpoint was taken on {saved.num_files} file(s) with {saved.num_rows} rows (fingerprint "
+        f"{saved.fingerprint[:12]}), {what} has {current.num_files} file(s) with {current.num_rows} rows (fingerprint "
+        f"{current.fingerprint[:12]}){mode}; what differs: {'; '.join(differences)}. Point the dataset at the data "
+        f"the checkpoint was taken on (or a copy of it), or {_RESTART}")
 
 
 def layout_field(data: Fields) -> Layout | None:
