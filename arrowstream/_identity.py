@@ -94,8 +94,10 @@ def layout_of(plan: Plan) -> Layout:
     """The layout of ``plan``'s files, hashed from its columns (a few MB for 50,000 files)."""
     files = plan.files
     schema = plan.identity.get("schema") or []
+    offsets = np.asarray(files.unit_offsets, dtype=np.int64)
+    first, last = (int(offsets[0]), int(offsets[-1])) if len(offsets) else (0, 0)   # the files' units, from 0
     return Layout(names=_digest(*_string_bytes(files.names)), sizes=_digest(_int64_bytes(files.sizes)),
-                  rows=_digest(_int64_bytes(files.unit_offsets), _int64_bytes(files.unit_rows)),
+                  rows=_digest(_int64_bytes(offsets - first), _int64_bytes(files.unit_rows[first:last])),
                   schema=_digest(repr(schema).encode()),
                   num_bytes=int(np.sum(files.sizes, dtype=np.int64)), num_columns=len(schema))
 
