@@ -307,7 +307,7 @@ def load_dynamic_ledger(dataset: Any, outers: Sequence[dict[str, Any]]) -> int:
     epoch, work = work_from_dict(outer["dynamic"], dataset._plan, dataset._dynamic, dataset._options)
     saved = WorkerState(DataIdentity.from_dict(ledger.mapping("data")), dict(ledger.mapping("options").value), epoch,
                         SlotGrid(world_size, 0).slot(dataset.rank, 0), start_cursor(1), 0, 0, 0, False, None)
-    check_compatible(saved, dataset._data, dataset._state_options)
+    check_compatible(saved, dataset._data, dataset._state_options, dataset._data_identity)
     dataset._dynamic.loaded = (epoch, work)
     return epoch
 

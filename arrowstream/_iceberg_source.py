@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ._iceberg import plan_iceberg
 from ._iceberg_table import IcebergSource, open_source
+from ._identity import layout_of
 from ._plan_cache import CacheOutcome, PlanCacheSetting
 from ._source import Source
 from ._state import DataIdentity, check_same_table
@@ -81,7 +82,7 @@ class IcebergTableSource(Source):
         table = self.snapshot.table
         assert table is not None, "an Iceberg source is planned where it holds its table"
         return DataIdentity(plan.data_fingerprint, len(plan.files), plan.num_rows, self.snapshot.snapshot_id,
-                            self.snapshot.schema_id, str(table.metadata.table_uuid))
+                            self.snapshot.schema_id, str(table.metadata.table_uuid), layout_of(plan))
 
     def follow(self, saved: DataIdentity, current: DataIdentity) -> IcebergTableSource | None:
         """The checkpoint's snapshot when the table moved on since (unless pinned here)."""

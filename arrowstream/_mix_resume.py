@@ -8,16 +8,19 @@ goes on at its exact position in its passes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ._fields import REMEDY
+from ._fields import REMEDY, Fields
+from ._identity import check_same_data
 from ._mix_elastic import MixElastic
 from ._mix_plan import positions, quotas_at
 from ._mix_state import MixWorkerState
 from ._mix_stream import MixSlot
+from ._state import DataIdentity
 from .errors import StateError, StateMismatchError
 
 if TYPE_CHECKING:
+    from ._mix_sources import Planned
     from .mixture import Mixture
 
 _FINISH = ("finish the saved epoch with the saved mixture (same sources, weights and epoch_rows), then change it "
@@ -26,6 +29,21 @@ _FINISH = ("finish the saved epoch with the saved mixture (same sources, weights
 
 def _describe(epochs: dict[str, tuple[int, int]]) -> str:
     return ", ".join(f"{name}: quota {quota}" for name, (_, quota) in epochs.items())
+
+
+def _check_source_data(source: Planned, saved: dict[str, Any]) -> None:
+    """Refuse a checkpoint taken on other data of ``source`` (as its ``data_identity`` compares them)."""
+    if saved == source.data:
+        return
+    where = f"the checkpoint's data of source {source.name!r}"
+    before, now = DataIdentity.from_dict(Fields(saved, where)), DataIdentity.from_dict(Fields(source.data, where))
+    table = ("snapshot_id", "schema_id", "table_uuid")
+    if any(getattr(before, key) != getattr(now, key) for key in table):
+        raise StateMismatchError(
+            f"source {source.name!r} is not the data the checkpoint was taken on: saved "
+            f"{ {k: getattr(before, k) for k in table} }, current { {k: getattr(now, k) for k in table} }; a source's "
+            "passes count its rows, so resume on the same data (or start the source afresh under a new name)")
+    check_same_data(before, now, source.data_identity, f"source {source.name!r}")
 
 
 def follow(mixture: Mixture, saved: list[MixWorkerState]) -> int:
@@ -44,13 +62,9 @@ def follow(mixture: Mixture, saved: list[MixWorkerState]) -> int:
                              f"passes with quota {e.quota}, but its history {first.history} gives "
                              f"{starts.get(name, 0)} and {in_effect.get(name, 0)}; {REMEDY}")
     mixture._follow_sources(first.data)   # an Iceberg table moved on since: its checkpoint's snapshot
-    current_data = {s.name: s.data for s in mixture._sources}
-    for name, data in first.data.items():
-        if name in current_data and current_data[name] != data:
-            raise StateMismatchError(
-                f"source {name!r} is not the data the checkpoint was taken on: saved {data}, current "
-                f"{current_data[name]}; a source's passes count its rows, so resume on the same data (or "
-                "start the source afresh under a new name)")
+    for source in mixture._sources:
+        if source.name in first.data:
+            _check_source_data(source, first.data[source.name])
     saved_quotas = {name: (e.start, e.quota) for name, e in first.epochs.items()}
     boundary = all(state.epoch_complete for state in latest)
     if not boundary:

@@ -14,6 +14,7 @@ from ._credentials import as_provider
 from ._fields import Fields
 from ._iceberg_source import IcebergTableSource
 from ._iceberg_table import load_table, open_source
+from ._identity import check_data_identity
 from ._options import Options, check_storage_arguments, validate_options
 from ._planning import Plan
 from ._retry import RetryPolicy
@@ -26,7 +27,8 @@ from .errors import ArgumentTypeError, InvalidArgumentError, NotSupportedYetErro
 @dataclass(frozen=True)
 class Source:
     """One source of a :class:`Mixture`: files of one format, with its own reading knobs (see
-    :class:`~arrowstream.StructuredDataset` for each).
+    :class:`~arrowstream.StructuredDataset` for each). ``data_identity="layout"`` lets a checkpoint resume
+    on a copy of this source's files elsewhere (``"strict"``, the default, refuses one: see docs/resume.md).
 
     Example:
         >>> import arrowstream
@@ -42,6 +44,7 @@ class Source:
     storage_options: dict[str, Any] | None = None
     credential_provider: Callable[[], dict[str, Any]] | None = None
     split_bytes: int | None = None
+    data_identity: str = "strict"   # what a loaded checkpoint must match of this source's data (see below)
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class IcebergSource:
     snapshot_id: int | None = None
     selected_fields: Sequence[str] | None = None
     row_filter: Any = None
+    data_identity: str = "strict"   # accepted; an Iceberg table's identity holds no modification tags either way
 
 
 @dataclass
@@ -71,6 +75,7 @@ class Planned:
     storage: Storage
     plan: Plan
     data: dict[str, Any]
+    data_identity: str = "strict"   # what a loaded checkpoint must match of this source's data (_identity)
 
 
 def check_weights(names: list[str], weights: Any) -> dict[str, float] | None:
@@ -94,6 +99,7 @@ def plan_source(name: str, spec: Source | IcebergSource, shared: dict[str, Any],
                 collective: bool) -> Planned:
     """Plan source ``name`` of a mixture (a collective under torch.distributed, as a dataset's)."""
     where = f"sources[{name!r}]"
+    data_identity = check_data_identity(spec.data_identity, f"{where}.data_identity")
     if isinstance(spec, Source):
         fmt = _source.check_file_format(spec.format)
         check_storage_arguments(spec.storage_options, spec.credential_provider)
@@ -117,7 +123,7 @@ def plan_source(name: str, spec: Source | IcebergSource, shared: dict[str, Any],
                                   topology.group_size), "mixture_source": name}
     storage, plan = plan_together(source, options, retry, arguments, collective=collective)
     return Planned(name, source, options, storage.reading(read_ahead, options.interleave), plan,
-                   source.identity(plan).to_dict())
+                   source.identity(plan).to_dict(), data_identity)
 
 def followed_source(planned: Planned, saved: Any, retry: RetryPolicy, read_ahead: int) -> Planned | None:
     """``planned``, planned again on the data a checkpoint was taken on (``saved``: its data identity) when
@@ -131,4 +137,4 @@ def followed_source(planned: Planned, saved: Any, retry: RetryPolicy, read_ahead
         return None
     storage, plan = followed.plan(planned.options, retry)
     return Planned(planned.name, followed, planned.options, storage.reading(read_ahead, planned.options.interleave), plan,
-                   followed.identity(plan).to_dict())
+                   followed.identity(plan).to_dict(), planned.data_identity)

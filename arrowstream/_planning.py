@@ -57,6 +57,8 @@ class Plan:
     filter: pc.Expression | None
     data_fingerprint: str
     num_rows: int                     # before the filter
+    # what joins the files in the data fingerprint (the schema; Iceberg: the table, snapshot and schema ids)
+    identity: dict[str, Any] = field(default_factory=dict)
     _refined: dict[tuple[int, int], SplitTable] = field(default_factory=dict, repr=False)
 
     def url(self, file_index: int) -> str:
@@ -327,4 +329,5 @@ def build_plan(protocol: str, footers: Sequence[FileFooter] | FooterTable, schem
         raise EmptyDatasetError(
             f"filter: {filter} excludes every row group of the {len(table)} file(s) by their "
             "statistics, so an epoch would be empty; loosen the filter or check the data")
-    return Plan(protocol, table, splits, schema, read_columns, filter, files_fingerprint(table, identity), num_rows)
+    return Plan(protocol, table, splits, schema, read_columns, filter, files_fingerprint(table, identity), num_rows,
+                identity)

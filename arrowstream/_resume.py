@@ -31,7 +31,7 @@ def checked_state(dataset: StructuredDataset, state_dict: dict[str, Any], elasti
     options = dataset._state_options
     if elastic:
         options = {**options, "even_batches": saved.options.get("even_batches")}
-    check_compatible(saved, dataset._data, options)
+    check_compatible(saved, dataset._data, options, dataset._data_identity)
     if slot is not None:
         if saved.slot != slot:
             raise StateMismatchError(
@@ -65,7 +65,7 @@ def loaded_state(dataset: StructuredDataset, state_dict: dict[str, Any], slot: S
     saved = WorkerState.from_dict(state_dict)
     use_planning(dataset, saved.options["planning"])
     dataset._follow_source(saved)
-    check_compatible(saved, dataset._data, dataset._state_options)
+    check_compatible(saved, dataset._data, dataset._state_options, dataset._data_identity)
     if saved.slot == slot:  # another slot's state is refused when the epoch opens (check_slot)
         check_in_plan(dataset, saved, "worker state")
     return saved

@@ -20,6 +20,7 @@ import pyarrow as pa
 from ._collective import path_names
 from ._discovery import discover_files
 from ._formats import FILE_FORMATS, get_format
+from ._identity import layout_of
 from ._plan_cache import CacheOutcome, PlanCacheSetting, check_plan_cache, plan_cache_for
 from ._planning import plan_files
 from ._state import DataIdentity
@@ -120,7 +121,7 @@ class FileSource(Source):
         return storage, plan
 
     def identity(self, plan: Plan) -> DataIdentity:
-        return DataIdentity(plan.data_fingerprint, len(plan.files), plan.num_rows)
+        return DataIdentity(plan.data_fingerprint, len(plan.files), plan.num_rows, layout=layout_of(plan))
 
     def for_workers(self) -> FileSource:
         # workers never list files: the credentials stay with the storage (which refreshes them)

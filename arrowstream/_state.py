@@ -15,6 +15,7 @@ from typing import Any
 
 from ._cursor import Cursor
 from ._fields import REMEDY, Fields, is_int, shorten
+from ._identity import STRICT, Layout, check_same_data, layout_field
 from ._order import Slot, SlotGrid
 from ._plan_types import PLANNING_VERSION, PLANNING_VERSIONS
 from .errors import StateError, StateMismatchError, StateVersionError
@@ -144,12 +145,15 @@ class DataIdentity:
     snapshot_id: int | None = None  # the Iceberg snapshot read, and the schema it is read in; None for files
     schema_id: int | None = None
     table_uuid: str | None = None   # the Iceberg table's uuid (a table dropped and recreated gets a new one)
+    layout: Layout | None = None    # the data without modification tags (data_identity="layout"); None in older states
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"fingerprint": self.fingerprint, "num_files": self.num_files,
                                 "num_rows": self.num_rows, "snapshot_id": self.snapshot_id, "schema_id": self.schema_id}
         if self.table_uuid is not None:  # Iceberg only: file states are unchanged, the version stays 5
             data["table_uuid"] = self.table_uuid
+        if self.layout is not None:   # optional on load: states of earlier releases have none
+            data["layout"] = self.layout.to_dict()
         return data
 
     @classmethod
@@ -159,7 +163,8 @@ class DataIdentity:
             raise StateError(f"the state's {data.name('table_uuid')} is {shorten(table_uuid)}, expected a string or "
                              f"null; {REMEDY}")
         return cls(data.string("fingerprint"), data.integer("num_files"), data.integer("num_rows"),
-                   data.optional_integer("snapshot_id"), data.optional_integer("schema_id"), table_uuid)
+                   data.optional_integer("snapshot_id"), data.optional_integer("schema_id"), table_uuid,
+                   layout_field(data))
 
 
 @dataclass(frozen=True)
@@ -293,8 +298,10 @@ def check_same_table(saved: DataIdentity, current: DataIdentity, name: str = "th
             "read exactly. Start the run without loading the checkpoint")
 
 
-def check_compatible(saved: WorkerState, data: DataIdentity, options: dict[str, Any]) -> None:
-    """Refuse a state taken on other data or with other stream options (saved vs current)."""
+def check_compatible(saved: WorkerState, data: DataIdentity, options: dict[str, Any],
+                     data_identity: str = STRICT) -> None:
+    """Refuse a state taken on other data (compared as ``data_identity`` says: see ``_identity``) or with
+    other stream options (saved vs current)."""
     if (saved.data.snapshot_id is None) != (data.snapshot_id is None):
         kinds = ("files", "an Iceberg table")
         raise StateMismatchError(
@@ -307,13 +314,7 @@ def check_compatible(saved: WorkerState, data: DataIdentity, options: dict[str, 
             f"table, this dataset reads snapshot {data.snapshot_id} (schema {data.schema_id}); build the dataset "
             f"with snapshot_id={saved.data.snapshot_id} (or None, and the checkpoint's snapshot is followed), "
             "or start without loading the checkpoint")
-    if saved.data.fingerprint != data.fingerprint:
-        raise StateMismatchError(
-            f"checkpoint was taken on {saved.data.num_files} file(s) with {saved.data.num_rows} rows "
-            f"(fingerprint {saved.data.fingerprint[:12]}), this dataset has {data.num_files} file(s) "
-            f"with {data.num_rows} rows (fingerprint {data.fingerprint[:12]}); the files, their sizes "
-            "or modification times differ. Point the dataset at the same data, or start without "
-            "loading the checkpoint")
+    check_same_data(saved.data, data, data_identity)
     if saved.options.get("planning") != options.get("planning"):
         raise StateMismatchError(
             f"checkpoint's splits were cut by planning version {shorten(saved.options.get('planning'))}, this "

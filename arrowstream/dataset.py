@@ -15,6 +15,7 @@ from ._convert import check_output_columns, resolve_fill_nulls
 from ._credentials import as_provider
 from ._dynamic import LocalPool
 from ._dynamic_epoch import DYNAMIC, DynamicEpochs, check_assignment, dynamic_stream, start_state
+from ._identity import check_data_identity
 from ._layout import Epochs, batch_limits, check_known, rows_dropped, rows_trimmed, slot_rows, slot_yields
 from ._lease_pool import SharedPool
 from ._options import Options, check_bool, check_even_batches, check_int, check_storage_arguments, validate_options
@@ -120,6 +121,12 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             its rows before any filter (an Iceberg data file's: before its positional deletes). They pass
             through shuffling, interleave, ``filter``, ``columns`` and ``transform`` (which sees them) and
             change no row's place. Columns of those names in the files are refused. See docs/formats.md.
+        data_identity: What a loaded checkpoint must match of the data. ``"strict"`` (default): the files'
+            relative names, sizes, modification times (ETags, generations), unit row counts and schema, so a
+            copy, a re-upload or a ``touch`` is refused, naming this option. ``"layout"``: the same without
+            modification times, so a checkpoint resumes on a copy of its data elsewhere (``s3://b/data`` to
+            ``/nvme/data``); a rewrite in place that keeps every size and row count is then accepted too.
+            Reads stay pinned to the files as listed now. See docs/resume.md, "Moving or copying the data".
 
     Example:
         >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
@@ -150,7 +157,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                  group_size: int = 1, read_ahead: int = 1,
                  credential_provider: Callable[[], dict[str, Any]] | None = None, plan_locally: bool = False,
                  retry: RetryPolicy | None = None, plan_cache: Any = None, assignment: str = "static",
-                 with_row_ids: bool = False) -> None:
+                 with_row_ids: bool = False, data_identity: str = "strict") -> None:
         super().__init__()
         # a Source (arrowstream._source) comes from a front door such as IcebergDataset; else files of a format
         source: Source | None = path if isinstance(path, Source) else None
@@ -174,6 +181,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._even_batches = check_even_batches(even_batches, self._world_size, self._options)
         self._read_ahead_depth = check_int("read_ahead", read_ahead, 0)
         self._assignment = check_assignment(assignment, self._options, self._topology.group_size)
+        self._data_identity = check_data_identity(data_identity)   # what a loaded checkpoint must match (_identity)
         # shared, so that set_epoch reaches persistent workers
         self._epoch_cell = share(torch.zeros(1, dtype=torch.int64), "StructuredDataset: the epoch cell")
         self._pending: WorkerState | None = None

@@ -343,8 +343,8 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_pending": None, "_active": None,
-                "_sources": [Planned(s.name, s.source.for_workers(), s.options, s.storage, s.plan, s.data)
-                             for s in self._sources]}
+                "_sources": [Planned(s.name, s.source.for_workers(), s.options, s.storage, s.plan, s.data,
+                                     s.data_identity) for s in self._sources]}
 
     def __repr__(self) -> str:
         return (f"Mixture(sources={self.names}, quotas={self._quotas}, batch_size={self._options.batch_size}, "

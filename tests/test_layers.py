@@ -39,6 +39,7 @@ PURE_MODULES = [
     "_interleave",
     "_stream",
     "_state",
+    "_identity",      # what a loaded checkpoint must match of the data (data_identity)
     "_position",
     "_elastic",
     "_boundary",
