@@ -1,0 +1,165 @@
+"""``loader.skip(batches=n)``: pass over the next n batches (loss-spike surgery), counted and remembered.
+
+The loader reads the n batches and throws them away before it hands out the next one: the workers decode
+them as usual, so the cursor after the skip is exactly where an unskipped run would stand n batches later,
+and every exactness promise of the cursor still holds (no cursor arithmetic). A skip reaching past the end
+of the epoch ends the epoch there (a warning says how many batches were skipped); the rest of it is not
+carried into the next epoch.
+
+The loader state remembers the skips (docs/state-format.md, "Skipped batches"), both optional keys:
+
+* ``skips``: ``[{"epoch", "at_batch", "batches", "rows"}, ...]``, every skip done so far, in order;
+  ``at_batch`` is the batches of the epoch the rank had handed out before it (as its workers count them);
+* ``pending_skip``: batches asked for by ``skip()`` and not yet skipped (a checkpoint taken between
+  ``skip()`` and the next batch); the loader that loads the state skips them.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ._fields import Fields, shorten
+from ._torchdata_state import worker_states
+from .errors import ArgumentTypeError, InvalidArgumentError, StateError
+
+SKIPS = "skips"
+PENDING_SKIP = "pending_skip"
+
+
+@dataclass(frozen=True)
+class Skip:
+    """One skip done: in ``epoch``, after ``at_batch`` batches of it, ``batches`` batches of ``rows`` rows."""
+
+    epoch: int
+    at_batch: int
+    batches: int
+    rows: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "at_batch": self.at_batch, "batches": self.batches, "rows": self.rows}
+
+    @classmethod
+    def from_dict(cls, value: Any, where: str) -> Skip:
+        fields = Fields(value, where)
+        return cls(fields.integer("epoch"), fields.integer("at_batch"), fields.integer("batches", 1),
+                   fields.integer("rows"))
+
+
+def read_skips(outer: dict[str, Any], where: str = "loader state") -> tuple[list[Skip], int]:
+    """The skips a loader state records and its pending skip (0: none); both keys optional (absent: none)."""
+    fields = Fields(outer, where)
+    done = [Skip.from_dict(entry, f"{where}.{SKIPS}[{index}]")
+            for index, entry in enumerate(fields.sequence(SKIPS) if SKIPS in outer else [])]
+    pending = fields.integer(PENDING_SKIP, 1) if PENDING_SKIP in outer else 0
+    return done, pending
+
+
+def check_batches(batches: Any) -> int:
+    """``skip``'s argument: an int of 0 or more."""
+    if isinstance(batches, bool) or not isinstance(batches, int):
+        raise ArgumentTypeError(f"batches: skip() takes a number of batches as an int, got {type(batches).__name__} "
+                                f"{shorten(batches)}")
+    if batches < 0:
+        raise InvalidArgumentError(f"batches: skip() passes over the next batches, so it takes 0 or more, got {batches}; "
+                                   "to go back, load an earlier checkpoint")
+    return batches
+
+
+def _consumed(state: dict[str, Any]) -> tuple[int, int, int]:
+    """(epoch, batches, rows) a rank's loader state has handed out in its epoch, as its workers count them."""
+    states = [s for s in worker_states(state["dataloader"]) if isinstance(s, dict)]
+    epoch = max((int(s["epoch"]) for s in states), default=0)
+    current = [s["counters"] for s in states if s["epoch"] == epoch]
+    return epoch, sum(int(c["batches"]) for c in current), sum(int(c["rows"]) for c in current)
+
+
+class Skipper:
+    """A loader's skips: the one asked for and not done yet, those done (saved in its state), and what this
+    loader skipped itself (its metrics)."""
+
+    def __init__(self) -> None:
+        self.pending = 0
+        self.done: list[Skip] = []
+        self.skipped_batches = 0
+        self.skipped_rows = 0
+
+    def request(self, batches: Any) -> None:
+        self.pending += check_batches(batches)
+
+    def state_fields(self) -> dict[str, Any]:
+        """The keys a loader state gets (none when nothing was ever skipped: the state is unchanged)."""
+        fields: dict[str, Any] = {}
+        if self.done:
+            fields[SKIPS] = [skip.to_dict() for skip in self.done]
+        if self.pending:
+            fields[PENDING_SKIP] = self.pending
+        return fields
+
+    def load(self, done: list[Skip], pending: int) -> None:
+        self.done, self.pending = list(done), pending
+
+    def metrics(self) -> dict[str, int]:
+        return {"skipped_batches": self.skipped_batches, "skipped_rows": self.skipped_rows}
+
+    def run(self, loader: Any, batches: Iterator[Any]) -> None:
+        """Take the pending skip's batches from ``batches`` and throw them away, and record the skip. At the
+        end of the epoch the skip ends (``StopIteration`` goes on to the caller)."""
+        wanted, self.pending = self.pending, 0
+        epoch, at_batch, rows_before = _consumed(loader.state_dict())
+        taken = 0
+        try:
+            for _ in range(wanted):
+                next(batches)
+                taken += 1
+        except StopIteration:
+            warnings.warn(f"loader.skip(batches={wanted}) reached the end of epoch {epoch} after {taken} "
+                          "batch(es): the epoch ends there, and the rest of the skip is dropped (it does not "
+                          "carry into the next epoch)", UserWarning, stacklevel=3)
+            self._record(loader, epoch, at_batch, taken, rows_before)
+            raise
+        self._record(loader, epoch, at_batch, taken, rows_before)
+
+    def _record(self, loader: Any, epoch: int, at_batch: int, batches: int, rows_before: int) -> None:
+        """Record a skip of ``batches`` batches (none: nothing to record): its rows are what the workers'
+        counters moved by since ``rows_before``."""
+        if not batches:
+            return
+        skip = Skip(epoch, at_batch, batches, _consumed(loader.state_dict())[2] - rows_before)
+        self.done.append(skip)
+        self.skipped_batches += skip.batches
+        self.skipped_rows += skip.rows
+
+
+class SkippingIterator:
+    """The loader's iterator: its batches, after the pending skip (if any) has been taken out."""
+
+    def __init__(self, loader: Any, batches: Iterator[Any]) -> None:
+        self._loader, self._batches = loader, batches
+
+    def __iter__(self) -> SkippingIterator:
+        return self
+
+    def __next__(self) -> Any:
+        skipper: Skipper = self._loader._skipper
+        if skipper.pending:
+            skipper.run(self._loader, self._batches)
+        return next(self._batches)
+
+    def __len__(self) -> int:
+        return len(self._batches)  # type: ignore[arg-type]
+
+
+def pending_of(outers: list[dict[str, Any]]) -> tuple[list[Skip], int]:
+    """The skips of the loader states of every old rank, re-planned for another topology: their pending skip,
+    when they agree (each new rank skips it), and the first rank's record of those done."""
+    read = [read_skips(outer, f"ranks[{index}]") for index, outer in enumerate(outers)]
+    pendings = sorted({pending for _, pending in read})
+    if len(pendings) > 1:
+        raise StateError(f"the checkpoint's ranks have different pending skips ({shorten(pendings)} batches) and are "
+                         "re-planned for another topology, where no rank stands for one of them; load it with the "
+                         "topology it was taken with, or call loader.skip() again after loading")
+    return read[0][0], pendings[0]
+
