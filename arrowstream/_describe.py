@@ -119,13 +119,13 @@ def _read_outers(state: dict[str, Any]) -> tuple[int, int, list[dict[str, Any]]]
 
 def _worker_states(outer: dict[str, Any], where: str) -> tuple[InnerState, list[WorkerState | None]]:
     """A rank's torchdata dict and its worker states, each checked to belong where it is found."""
-    inner = read_inner(outer["dataloader"], MAX_INT, f"{where}.dataloader")
+    inner = read_inner(outer["dataloader"], MAX_INT, "dataloader" if where == "loader state" else f"{where}.dataloader")
     if inner.num_workers != outer["num_workers"]:
         raise StateError(f"the state's {where} says num_workers={outer['num_workers']}, its torchdata state holds "
                          f"{inner.num_workers} worker(s); {REMEDY}")
     states: list[WorkerState | None] = []
     for worker, raw in enumerate(inner.worker_states):
-        name = f"{where} worker {worker} state"
+        name = f"rank {outer['rank']} worker {worker} state"  # as load_state_dict names it
         state = None if raw is None else WorkerState.from_dict(raw, name)
         if state is not None:
             found = (state.slot.rank, state.slot.world_size, state.slot.worker_id, state.slot.num_workers)
@@ -448,8 +448,8 @@ def _mixture_lines(mixture: dict[str, Any]) -> list[str]:
 
 def _rank_lines(rank: dict[str, Any]) -> list[str]:
     over = ", epoch over" if rank["epoch_over"] else ""
-    lines = [f"rank {rank['rank']}: epoch {rank['epoch']}, {rank['rows']:,} rows in {rank['batches']:,} batches, "
-             f"{_share(rank.get('share'))} of {_count(rank.get('epoch_rows'))} rows{over}"]
+    lines = [(f"rank {rank['rank']}: epoch {rank['epoch']}, {rank['rows']:,} rows in {rank['batches']:,} batches, "
+             f"{_share(rank.get('share'))} of {_count(rank.get('epoch_rows'))} rows{over}")]
     if rank["batches_since_snapshot"]:
         lines.append(f"  + {rank['batches_since_snapshot']} batch(es) yielded after the workers' snapshot")
     for worker in rank["workers"]:

@@ -137,7 +137,7 @@ class SkippingIterator:
     """The loader's iterator: its batches, after the pending skip (if any) has been taken out."""
 
     def __init__(self, loader: Any, batches: Iterator[Any]) -> None:
-        self._loader, self._batches = loader, batches
+        self._loader, self._inner = loader, batches
 
     def __iter__(self) -> SkippingIterator:
         return self
@@ -145,11 +145,11 @@ class SkippingIterator:
     def __next__(self) -> Any:
         skipper: Skipper = self._loader._skipper
         if skipper.pending:
-            skipper.run(self._loader, self._batches)
-        return next(self._batches)
+            skipper.run(self._loader, self._inner)
+        return next(self._inner)
 
     def __len__(self) -> int:
-        return len(self._batches)  # type: ignore[arg-type]
+        return len(self._inner)  # type: ignore[arg-type]
 
 
 def pending_of(outers: list[dict[str, Any]]) -> tuple[list[Skip], int]:
