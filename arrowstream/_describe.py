@@ -20,7 +20,7 @@ from ._loader_state import read_checkpoint, read_loader_state
 from ._mix_loader import MIX_CHECKPOINT_KIND, MIX_LOADER_KIND, MIX_LOADER_VERSION, _read_checkpoint
 from ._mix_state import MixWorkerState
 from ._order import SlotGrid
-from ._skip import read_skips
+from ._skip_state import read_skips
 from ._state import CHECKPOINT_KIND, LOADER_KIND, DataIdentity, WorkerState, check_compatible, check_planning
 from ._torchdata_state import InnerState, read_inner
 from .errors import StateError, StateMismatchError

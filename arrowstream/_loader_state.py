@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._fields import REMEDY, Fields
-from ._skip import read_skips
+from ._skip_state import read_skips
 from ._state import CHECKPOINT_KIND, LOADER_KIND, upgrade
 from .errors import StateError
 

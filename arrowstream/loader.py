@@ -45,7 +45,8 @@ from ._order import SlotGrid
 from ._resume import use_planning
 from ._runtime import Transport
 from ._shm import semaphore_failure
-from ._skip import Skipper, SkippingIterator, pending_of, read_skips
+from ._skip import Skipper, SkippingIterator
+from ._skip_state import pending_of, read_skips
 from ._state import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, WorkerState
 from ._storage import logger
 from ._torchdata_state import (
