@@ -177,11 +177,9 @@ def _splits_rows(splits: list[Any], where: str) -> int:
 
 def _worker_line(worker: int, state: WorkerState | None, done: bool) -> dict[str, Any]:
     if state is None:
-        return {"worker": worker, "epoch": None, "rows": 0, "batches": 0, "rows_dropped": 0, "epoch_complete": False,
-                "started": False}
+        return {"worker": worker, "epoch": None, "rows": 0, "batches": 0, "rows_dropped": 0, "epoch_complete": False}
     return {"worker": worker, "epoch": state.epoch, "rows": state.rows, "batches": state.batches,
-            "rows_dropped": state.rows_dropped, "epoch_complete": state.epoch_complete or done,
-            "started": state.rows > 0 or state.epoch_complete or done}
+            "rows_dropped": state.rows_dropped, "epoch_complete": state.epoch_complete or done}
 
 
 def _describe_rank(outer: dict[str, Any], where: str) -> tuple[dict[str, Any], list[WorkerState]]:

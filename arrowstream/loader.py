@@ -294,9 +294,9 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         self._skipper.load(*skips)
 
     def _saved_skips(self, state_dict: Any) -> tuple[list[Any], int]:
-        """The skips a state records for this rank (see ``arrowstream._skip``): its own loader state's, or,
-        re-planned for another topology, the pending skip all old ranks agree on. The rest of the state is
-        checked by ``_load_state_dict``."""
+        """The skips a state records for this rank (see ``arrowstream._skip_state``): its own loader state's
+        (the same world size), or, re-planned for another world size, the pending skip all old ranks agree
+        on. The rest of the state is checked by ``_load_state_dict``."""
         if not isinstance(state_dict, dict):
             return [], 0
         if state_dict.get("kind") == LOADER_KIND:
@@ -305,11 +305,9 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         if state_dict.get("kind") != CHECKPOINT_KIND or not isinstance(ranks, list) or not ranks:
             return [], 0
         outers = [outer if isinstance(outer, dict) else {} for outer in ranks]
-        same = (state_dict.get("world_size"), state_dict.get("num_workers")) == (self.dataset.world_size,
-                                                                               self.num_workers)
-        if same and len(outers) > self.dataset.rank:
+        if state_dict.get("world_size") == self.dataset.world_size and len(outers) > self.dataset.rank:
             return read_skips(outers[self.dataset.rank], f"checkpoint.ranks[{self.dataset.rank}]")
-        return pending_of(outers)
+        return pending_of(outers)   # other ranks: each new rank skips what every old rank had pending
 
     def _load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if isinstance(state_dict, dict) and not state_dict:

@@ -107,6 +107,26 @@ def test_a_pending_skip_travels_in_the_checkpoint(folder):
     assert keys(fresh) == keys(full)
 
 
+def test_pending_skips_of_every_rank_with_another_world_size(folder):
+    states = []
+    for rank, pending in ((0, 2), (1, 3)):
+        loader, _ = loader_of(folder, rank=rank, world_size=2)
+        loader.skip(batches=pending)
+        states.append(loader.state_dict())
+    one, _ = loader_of(folder)
+    with pytest.raises(StateError, match=r"different pending skips \(\[2, 3\] batches\)"):
+        one.load_state_dict(arrowstream.merge_state_dicts(states))
+    states[1]["pending_skip"] = 2   # the same on every rank: each new rank skips it
+    one.load_state_dict(arrowstream.merge_state_dicts(states))
+    unskipped, _ = loader_of(folder)
+    unskipped.load_state_dict(arrowstream.merge_state_dicts([{k: v for k, v in state.items() if k != "pending_skip"}
+                                                             for state in states]))
+    assert keys(one) == keys(list(unskipped)[2:])
+    same, _ = loader_of(folder, rank=1, world_size=2)   # the same world size: each rank its own
+    same.load_state_dict(arrowstream.merge_state_dicts(states))
+    assert same.state_dict()["pending_skip"] == 2
+
+
 def test_skip_past_the_end_of_the_epoch_ends_it_there(folder):
     full = list(loader_of(folder)[0])
     loader, dataset = loader_of(folder)
