@@ -98,10 +98,11 @@ class Skipper:
 
 
 class SkippingIterator:
-    """The loader's iterator: its batches, after the pending skip (if any) has been taken out."""
+    """The loader's iterator: its batches, after the pending skip (if any) has been taken out. Everything
+    else is the wrapped iterator's (torchdata's, or the chunks' ``BatchIterator``): ``_inner``, ``_workers``."""
 
     def __init__(self, loader: Any, batches: Iterator[Any]) -> None:
-        self._loader, self._inner = loader, batches
+        self._loader, self._batches = loader, batches
 
     def __iter__(self) -> SkippingIterator:
         return self
@@ -109,8 +110,11 @@ class SkippingIterator:
     def __next__(self) -> Any:
         skipper: Skipper = self._loader._skipper
         if skipper.pending:
-            skipper.run(self._loader, self._inner)
-        return next(self._inner)
+            skipper.run(self._loader, self._batches)
+        return next(self._batches)
 
     def __len__(self) -> int:
-        return len(self._inner)  # type: ignore[arg-type]
+        return len(self._batches)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._batches, name)
