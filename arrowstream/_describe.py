@@ -23,7 +23,7 @@ from ._order import SlotGrid
 from ._skip_state import read_skips
 from ._state import CHECKPOINT_KIND, LOADER_KIND, DataIdentity, WorkerState, check_compatible, check_planning
 from ._torchdata_state import InnerState, read_inner
-from .errors import StateError, StateMismatchError
+from .errors import InvalidArgumentError, StateError, StateMismatchError
 
 KINDS = (LOADER_KIND, CHECKPOINT_KIND, MIX_LOADER_KIND, MIX_CHECKPOINT_KIND)
 UNKNOWN = "unknown without the data"
@@ -96,6 +96,9 @@ def describe_state(state: Any, dataset: Any = None, at: str | None = None) -> di
     state_copy = copy.deepcopy(chosen)  # the parsers migrate in place
     kind = chosen["kind"]
     if kind in (MIX_LOADER_KIND, MIX_CHECKPOINT_KIND):
+        if dataset is not None:
+            raise InvalidArgumentError("dataset: describe_state takes the dataset of a StructuredDataset's state; a "
+                                       "mixture's state holds its epoch's rows (its quotas): leave dataset out")
         description = _describe_mixture(state_copy)
     else:
         description = _describe_dataset_state(state_copy, dataset)
@@ -259,7 +262,7 @@ def _epoch_rows(description: dict[str, Any], dataset: Any) -> tuple[list[int | N
         return [None] * len(description["ranks"]), ("the epoch was re-planned from another topology: its rows are "
                                                     "what the old workers had left, " + UNKNOWN)
     if description["assignment"] == "dynamic":
-        return [None] * len(description["ranks"]), "with dynamic assignment the rows left need the plan"
+        return _dynamic_rows(description)
     if dataset is not None:
         if (dataset.world_size, dataset._options.planning) != (topology["world_size"], options.get("planning")):
             raise StateMismatchError(
@@ -276,6 +279,23 @@ def _epoch_rows(description: dict[str, Any], dataset: Any) -> tuple[list[int | N
         return [description["data"]["num_rows"]], None
     return [None] * len(description["ranks"]), ("each rank's rows of the epoch follow from the plan, "
                                                 f"{UNKNOWN} (pass dataset=)")
+
+
+def _dynamic_rows(description: dict[str, Any]) -> tuple[list[int | None], str | None]:
+    """A dynamic ledger names the rows left of its epoch, but its fresh rows only from a row on: on one
+    rank without a filter or drop_last they are the data's rows, and the rank's rows consumed are the rest
+    (its workers' counters start again at a resume; the ledger does not)."""
+    options, data = description["options"], description["data"]
+    if description["topology"]["world_size"] != 1 or options.get("filter") is not None or options.get("drop_last") \
+            or data is None:
+        return [None] * len(description["ranks"]), ("with dynamic assignment a rank's rows of the epoch follow from "
+                                                    f"the plan, {UNKNOWN}")
+    [rank] = description["ranks"]
+    ledger = rank["dynamic"]
+    left = ledger["replay_rows"] + ledger["split_rows"] + max(data["num_rows"] - ledger["fresh_from_row"], 0)
+    ledger["rows_left"] = left
+    rank["rows"] = data["num_rows"] - left
+    return [data["num_rows"]], None
 
 
 def _shares(description: dict[str, Any], dataset: Any) -> None:

@@ -124,9 +124,14 @@ def test_a_dynamic_ledger_leaves_what_was_not_consumed(folder):
     assert about["assignment"] == "dynamic"
     ledger = about["ranks"][0]["dynamic"]
     left = ledger["replay_rows"] + ledger["split_rows"] + (dataset.num_rows - ledger["fresh_from_row"])
-    assert left == dataset.num_rows - rows
+    assert left == ledger["rows_left"] == dataset.num_rows - rows
     assert ledger["epoch"] == 0 and 0 < ledger["ledger_bytes"] < 2000
+    assert (about["rows"], about["epoch_rows"], about["share"]) == (rows, 230, pytest.approx(rows / 230))
     assert "dynamic ledger" in format_state(about)
+    resumed, _ = loader_of(folder, assignment="dynamic")   # its workers count from the resume; the ledger does not
+    resumed.load_state_dict(loader.state_dict())
+    more = take(iter(resumed), 2)
+    assert describe_state(resumed.state_dict())["rows"] == rows + more
 
 
 def test_a_mixture_state_and_checkpoint(tmp_path):
