@@ -21,7 +21,7 @@ from ._mix_loader import MIX_CHECKPOINT_KIND, MIX_LOADER_KIND, MIX_LOADER_VERSIO
 from ._mix_state import MixWorkerState
 from ._order import SlotGrid
 from ._skip_state import read_skips
-from ._state import CHECKPOINT_KIND, LOADER_KIND, DataIdentity, WorkerState, check_compatible, check_planning
+from ._state import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, DataIdentity, WorkerState, check_compatible, check_planning
 from ._torchdata_state import InnerState, read_inner
 from .errors import InvalidArgumentError, StateError, StateMismatchError
 
@@ -223,7 +223,7 @@ def _describe_dataset_state(state: dict[str, Any], dataset: Any) -> dict[str, An
     elastic = next((s.elastic for s in every_worker if s.elastic is not None), None)
     epoch = max((r["epoch"] for r in ranks), default=0)
     description: dict[str, Any] = {
-        "kind": state["kind"], "version": state["version"], "saved_version": outers[0]["saved_version"],
+        "kind": state["kind"], "version": STATE_VERSION, "saved_version": outers[0]["saved_version"],
         "arrowstream_version": outers[0].get("arrowstream_version"),
         "source": "iceberg" if data is not None and data.snapshot_id is not None else "files",
         "assignment": "dynamic" if ledgers else "static",

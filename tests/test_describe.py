@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -269,3 +270,21 @@ def test_state_show_user_errors_are_one_line(folder, tmp_path, capsys, case):
     expected = {"missing": "no such file", "no state": "no arrowstream loader state", "not a checkpoint":
                 "is not JSON", "tampered": "epoch"}[case]
     assert expected in err
+
+
+def test_every_golden_state_of_every_version_is_described():
+    """Old states are migrated as on load: the batches the golden run had consumed when it saved them."""
+    golden = sorted((Path(__file__).parent / "golden").glob("v*/*.json"))
+    assert len(golden) > 50
+    for path in golden:
+        case = json.loads(path.read_text())
+        about = describe_state(case)   # the state sits at case["state"]
+        assert about["path"] == "state" and about["version"] == arrowstream._state.STATE_VERSION, path
+        assert about["saved_version"] == int(path.parent.name[1:]), path
+        format_state(about)
+        if "next-epoch" in path.name:   # consumed counts the epochs before too
+            assert about["epoch"] == 1 and 0 < about["batches"] < case["consumed"], path
+        elif about["kind"] == "arrowstream.loader":
+            assert about["batches"] == case["consumed"], path
+        elif case["consumed"]:   # a merged checkpoint: each rank had consumed as many (0: taken by another topology)
+            assert {rank["batches"] for rank in about["ranks"]} == {case["consumed"]}, path
