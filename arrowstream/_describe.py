@@ -21,7 +21,15 @@ from ._mix_loader import MIX_CHECKPOINT_KIND, MIX_LOADER_KIND, MIX_LOADER_VERSIO
 from ._mix_state import MixWorkerState
 from ._order import SlotGrid
 from ._skip_state import read_skips
-from ._state import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, DataIdentity, WorkerState, check_compatible, check_planning
+from ._state import (
+    CHECKPOINT_KIND,
+    LOADER_KIND,
+    STATE_VERSION,
+    DataIdentity,
+    WorkerState,
+    check_compatible,
+    check_planning,
+)
 from ._torchdata_state import InnerState, read_inner
 from .errors import InvalidArgumentError, StateError, StateMismatchError
 
