@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from . import errors
 from ._checkpoint import gather_state_dict, merge_state_dicts
+from ._describe import describe_state, format_state
 from ._iceberg_table import default_catalog_config as iceberg_catalog_config
 from ._metrics import gather_metrics
 from ._mix_loader import MixtureDataLoader
@@ -74,7 +75,9 @@ __all__ = [
     "TopologyError",
     "WorkerError",
     "__version__",
+    "describe_state",
     "errors",
+    "format_state",
     "gather_metrics",
     "gather_state_dict",
     "iceberg_catalog_config",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._fields import REMEDY, Fields
+from ._skip_state import read_skips
 from ._state import CHECKPOINT_KIND, LOADER_KIND, upgrade
 from .errors import StateError
 
@@ -25,6 +26,7 @@ def read_loader_state(state: Any, where: str = "loader state") -> dict[str, Any]
         raise StateError(f"the state's {where}.batches_per_transfer is {per_transfer} with num_workers=0, where it is "
                          f"always 1; {REMEDY}")
     outer.mapping("dataloader")
+    read_skips(outer.value, where)  # optional: the skips of loader.skip(), absent when none
     return outer.value
 
 

@@ -169,6 +169,13 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
     def __len__(self) -> int:
         return int(self.dataset.num_batches(self.num_workers))
 
+    def skip(self, batches: int) -> None:
+        """Not for mixtures yet: ``NotSupportedYetError`` (``ArrowStreamDataLoader.skip`` passes over batches of
+        a dataset)."""
+        raise NotSupportedYetError(
+            f"skip(batches={shorten(batches)}): a mixture loader does not skip batches yet; take and drop the batches "
+            "yourself (for _ in range(n): next(batches)) before the next checkpoint, which then resumes after them")
+
     def __iter__(self) -> Any:
         check_loader_options(self.num_workers, {"in_order": self.in_order}, mixture=True)  # also when set after __init__
         replanned, self._replanned_epoch = self._replanned_epoch, None

@@ -3,7 +3,8 @@
 - ``arrowstream demo``: train on a generated dataset, crash, resume, prove exactly-once;
 - ``arrowstream inspect PATH``: files, rows, schema, splits and their assignment to ranks and workers;
 - ``arrowstream bench PATH``: throughput against the raw pyarrow loop, per-worker metrics, a plot;
-- ``arrowstream plan PATH``: build the plan cache entry of a dataset ahead of a job, and print what it holds.
+- ``arrowstream plan PATH``: build the plan cache entry of a dataset ahead of a job, and print what it holds;
+- ``arrowstream state show CKPT``: what a checkpoint says (epoch, rows consumed per rank and worker, options).
 """
 
 from __future__ import annotations
@@ -59,6 +60,16 @@ def main(argv: list[str] | None = None) -> int:
     from ._plan_report import add_arguments
 
     add_arguments(plan)
+    state = commands.add_parser("state", help="look inside a checkpoint").add_subparsers(dest="state_command",
+                                                                                         required=True)
+    show = state.add_parser("show", help="what a checkpoint says: epoch, rows and batches consumed per rank and "
+                            "worker, share of the epoch, options, topology")
+    show.add_argument("ckpt", metavar="CKPT", help="a torch.save file or a .json file that holds a loader state")
+    show.add_argument("--json", action="store_true", help="print the description as JSON")
+    show.add_argument("--at", default=None, metavar="PATH", help="the key path of the state to show, when the "
+                      "checkpoint holds several (as the output names them, e.g. loaders[1])")
+    show.add_argument("--trust-pickle", action="store_true", help="load a torch.save file that weights_only=True "
+                      "refuses with full unpickling (runs code from the file: only for files you trust)")
     args = parser.parse_args(argv)
     from .errors import ArrowStreamError
 
@@ -70,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command == "state":
+        from . import _describe
+
+        return _describe.run_show(args)
     if args.command == "inspect" and args.source:
         from . import _mix_inspect
 

@@ -45,6 +45,8 @@ from ._order import SlotGrid
 from ._resume import use_planning
 from ._runtime import Transport
 from ._shm import semaphore_failure
+from ._skip import Skipper, SkippingIterator
+from ._skip_state import pending_of, read_skips
 from ._state import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, WorkerState
 from ._storage import logger
 from ._torchdata_state import (
@@ -109,6 +111,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         self._batch_iterator: BatchIterator | None = None
         self._elastic_loaded = False  # a checkpoint re-planned for this topology, its epoch not started yet
         self._pool: SharedPool | None = None  # assignment='dynamic': the leases of the running iteration
+        self._skipper = Skipper()  # loader.skip(): the batches to pass over next, and those passed over
         check_dynamic_loader(dataset, self.num_workers, self.persistent_workers)
 
     def _set_batches_per_transfer(self, value: int) -> None:
@@ -165,9 +168,35 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         inner = super().__iter__()
         if self.num_workers == 0:
             self._batch_iterator = None
-            return inner
+            return SkippingIterator(self, inner)
         self._batch_iterator = worker_batches(inner)
-        return self._batch_iterator
+        return SkippingIterator(self, self._batch_iterator)
+
+    def skip(self, batches: int) -> None:
+        """Pass over the next ``batches`` batches this loader would yield (after a loss spike, say).
+
+        The loader reads them and throws them away before it hands out the next batch (the workers
+        decode them as usual), so the batches after the skip are exactly those an unskipped loader
+        yields from its ``batches``-th on, and a checkpoint taken afterwards resumes after them. A skip
+        that reaches past the end of the epoch ends the epoch there, with a warning; the rest of it does
+        not carry into the next epoch. Call it after ``load_state_dict`` (loading a state replaces a
+        pending skip with the state's). The skips are counted in :meth:`metrics`
+        (``skipped_batches``, ``skipped_rows``) and recorded in the state (``skips``; a checkpoint
+        taken before the skip has happened holds it as ``pending_skip``), which
+        :func:`arrowstream.describe_state` reports. See docs/resume.md, "Skipping batches".
+
+        Example:
+            >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
+            >>> folder = tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"x": list(range(10))}), os.path.join(folder, "part.parquet"))
+            >>> loader, dataset = arrowstream.StructuredDataset.create_dataloader(path=folder, batch_size=2)
+            >>> loader.skip(batches=3)
+            >>> [batch["x"].tolist() for batch in loader]
+            [[6, 7], [8, 9]]
+            >>> loader.metrics()["skipped_rows"], loader.state_dict()["skips"]
+            (6, [{'epoch': 0, 'at_batch': 0, 'batches': 3, 'rows': 6}])
+        """
+        self._skipper.request(batches)
 
     def __len__(self) -> int:
         return int(self.dataset.num_batches(self.num_workers))
@@ -197,7 +226,8 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             (10, 3, 1, 1)
         """
         board = self._transport.board if self.num_workers > 0 else None
-        metrics = summarize(worker_values(board, self.dataset._side.meter), self.dataset.rank)
+        metrics = {**summarize(worker_values(board, self.dataset._side.meter), self.dataset.rank),
+                   **self._skipper.metrics()}
         return flatten(metrics) if flat else metrics
 
     def state_dict(self) -> dict[str, Any]:
@@ -228,6 +258,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             "batches_per_transfer": self.batches_per_transfer,
             "dataloader": inner,
             **dynamic,
+            **self._skipper.state_fields(),
         }
 
     def _dynamic_ledger(self, inner: dict[str, Any]) -> dict[str, Any]:
@@ -254,15 +285,34 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         checkpoint's planning version, in this epoch and the later ones (docs/state-format.md).
         """
         planning = self.dataset._options.planning
+        skips = self._saved_skips(state_dict)
         try:
             self._load_state_dict(state_dict)
         except BaseException:  # a refused checkpoint leaves the dataset planning as it did
             use_planning(self.dataset, planning)
             raise
+        self._skipper.load(*skips)
+
+    def _saved_skips(self, state_dict: Any) -> tuple[list[Any], int]:
+        """The skips a state records for this rank (see ``arrowstream._skip_state``): its own loader state's
+        (the same world size), or, re-planned for another world size, the pending skip all old ranks agree
+        on. The rest of the state is checked by ``_load_state_dict``."""
+        if not isinstance(state_dict, dict):
+            return [], 0
+        if state_dict.get("kind") == LOADER_KIND:
+            return read_skips(state_dict)
+        ranks = state_dict.get("ranks")
+        if state_dict.get("kind") != CHECKPOINT_KIND or not isinstance(ranks, list) or not ranks:
+            return [], 0
+        outers = [outer if isinstance(outer, dict) else {} for outer in ranks]
+        if state_dict.get("world_size") == self.dataset.world_size and len(outers) > self.dataset.rank:
+            return read_skips(outers[self.dataset.rank], f"checkpoint.ranks[{self.dataset.rank}]")
+        return pending_of(outers)   # other ranks: each new rank skips what every old rank had pending
 
     def _load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if isinstance(state_dict, dict) and not state_dict:
             self._elastic_loaded = False
+            self._skipper.load([], 0)
             super().load_state_dict({})
             return
         if isinstance(state_dict, dict) and state_dict.get("kind") == CHECKPOINT_KIND:

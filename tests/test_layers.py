@@ -55,6 +55,7 @@ PURE_MODULES = [
     "_mix_elastic",   # a mixture epoch re-planned for another topology
     "_mix_layout",    # a mixture's epochs: every slot's parts of every source
     "_mix_state",     # a mixture worker's state
+    "_skip_state",    # the skips of loader.skip() in a loader state
     "_dynamic",       # dynamic assignment: a rank's work, its leases, a worker's stream over them, the ledger
     "_row_ids",       # with_row_ids: the _file and _row columns added as rows are decoded
 ]

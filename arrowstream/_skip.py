@@ -1,0 +1,120 @@
+"""``loader.skip(batches=n)``: pass over the next n batches (loss-spike surgery), counted and remembered.
+
+The loader reads the n batches and throws them away before it hands out the next one: the workers decode
+them as usual, so the cursor after the skip is exactly where an unskipped run would stand n batches later,
+and every exactness promise of the cursor still holds (no cursor arithmetic). A skip reaching past the end
+of the epoch ends the epoch there (a warning says how many batches were skipped); the rest of it is not
+carried into the next epoch.
+
+The loader state remembers the skips, done and pending (see ``arrowstream._skip_state``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+from ._fields import shorten
+from ._skip_state import PENDING_SKIP, SKIPS, Skip
+from ._torchdata_state import worker_states
+from .errors import ArgumentTypeError, InvalidArgumentError
+
+
+def check_batches(batches: Any) -> int:
+    """``skip``'s argument: an int of 0 or more."""
+    if isinstance(batches, bool) or not isinstance(batches, int):
+        raise ArgumentTypeError(f"batches: skip() takes a number of batches as an int, got {type(batches).__name__} "
+                                f"{shorten(batches)}")
+    if batches < 0:
+        raise InvalidArgumentError(f"batches: skip() passes over the next batches, so it takes 0 or more, got {batches}; "
+                                   "to go back, load an earlier checkpoint")
+    return batches
+
+
+def _consumed(state: dict[str, Any]) -> tuple[int, int, int]:
+    """(epoch, batches, rows) a rank's loader state has handed out in its epoch, as its workers count them."""
+    states = [s for s in worker_states(state["dataloader"]) if isinstance(s, dict)]
+    epoch = max((int(s["epoch"]) for s in states), default=0)
+    current = [s["counters"] for s in states if s["epoch"] == epoch]
+    return epoch, sum(int(c["batches"]) for c in current), sum(int(c["rows"]) for c in current)
+
+
+class Skipper:
+    """A loader's skips: the one asked for and not done yet, those done (saved in its state), and what this
+    loader skipped itself (its metrics)."""
+
+    def __init__(self) -> None:
+        self.pending = 0
+        self.done: list[Skip] = []
+        self.skipped_batches = 0
+        self.skipped_rows = 0
+
+    def request(self, batches: Any) -> None:
+        self.pending += check_batches(batches)
+
+    def state_fields(self) -> dict[str, Any]:
+        """The keys a loader state gets (none when nothing was ever skipped: the state is unchanged)."""
+        fields: dict[str, Any] = {}
+        if self.done:
+            fields[SKIPS] = [skip.to_dict() for skip in self.done]
+        if self.pending:
+            fields[PENDING_SKIP] = self.pending
+        return fields
+
+    def load(self, done: list[Skip], pending: int) -> None:
+        self.done, self.pending = list(done), pending
+
+    def metrics(self) -> dict[str, int]:
+        return {"skipped_batches": self.skipped_batches, "skipped_rows": self.skipped_rows}
+
+    def run(self, loader: Any, batches: Iterator[Any]) -> None:
+        """Take the pending skip's batches from ``batches`` and throw them away, and record the skip. At the
+        end of the epoch the skip ends (``StopIteration`` goes on to the caller)."""
+        wanted, self.pending = self.pending, 0
+        epoch, at_batch, rows_before = _consumed(loader.state_dict())
+        taken = 0
+        try:
+            for _ in range(wanted):
+                next(batches)
+                taken += 1
+        except StopIteration:
+            warnings.warn(f"loader.skip(batches={wanted}) reached the end of epoch {epoch} after {taken} "
+                          "batch(es): the epoch ends there, and the rest of the skip is dropped (it does not "
+                          "carry into the next epoch)", UserWarning, stacklevel=3)
+            self._record(loader, epoch, at_batch, taken, rows_before)
+            raise
+        self._record(loader, epoch, at_batch, taken, rows_before)
+
+    def _record(self, loader: Any, epoch: int, at_batch: int, batches: int, rows_before: int) -> None:
+        """Record a skip of ``batches`` batches (none: nothing to record): its rows are what the workers'
+        counters moved by since ``rows_before``."""
+        if not batches:
+            return
+        skip = Skip(epoch, at_batch, batches, _consumed(loader.state_dict())[2] - rows_before)
+        self.done.append(skip)
+        self.skipped_batches += skip.batches
+        self.skipped_rows += skip.rows
+
+
+class SkippingIterator:
+    """The loader's iterator: its batches, after the pending skip (if any) has been taken out. Everything
+    else is the wrapped iterator's (torchdata's, or the chunks' ``BatchIterator``): ``_inner``, ``_workers``."""
+
+    def __init__(self, loader: Any, batches: Iterator[Any]) -> None:
+        self._loader, self._batches = loader, batches
+
+    def __iter__(self) -> SkippingIterator:
+        return self
+
+    def __next__(self) -> Any:
+        skipper: Skipper = self._loader._skipper
+        if skipper.pending:
+            skipper.run(self._loader, self._batches)
+        return next(self._batches)
+
+    def __len__(self) -> int:
+        return len(self._batches)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._batches, name)

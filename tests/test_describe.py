@@ -1,0 +1,290 @@
+"""``describe_state`` and ``arrowstream state show``: what a checkpoint says, checked against what the loop
+consumed, on real checkpoints of every kind; tampered states refused as ``load_state_dict`` refuses them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from helpers import json_roundtrip
+
+import arrowstream
+from arrowstream import Mixture, Source, StateError, StructuredDataset, cli, describe_state, format_state
+from arrowstream.errors import StateMismatchError, StateVersionError
+
+OPTIONS = {"batch_size": 10, "shuffle": True, "seed": 3, "shuffle_buffer_size": 30, "interleave": 2}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """2 files, 230 rows, row groups of 25: 10 splits."""
+    root = tmp_path_factory.mktemp("describe")
+    start = 0
+    for index, rows in enumerate([130, 100]):
+        ids = list(range(start, start + rows))
+        pq.write_table(pa.table({"id": ids, "x": [i * 0.5 for i in ids]}), root / f"part-{index}.parquet",
+                       row_group_size=25)
+        start += rows
+    return str(root)
+
+
+def loader_of(folder, num_workers=0, **options):
+    return StructuredDataset.create_dataloader(path=folder, num_workers=num_workers, **{**OPTIONS, **options})
+
+
+def take(batches, count):
+    """Rows of the next ``count`` batches."""
+    return sum(len(next(batches)["id"]) for _ in range(count))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_counts_are_what_the_loop_consumed_mid_epoch_and_after_it(folder, num_workers):
+    loader, dataset = loader_of(folder, num_workers, batches_per_transfer=2)
+    dataset.set_epoch(0)
+    batches = iter(loader)
+    rows = take(batches, 5)   # inside a chunk of 2 with workers
+    checkpoint = json_roundtrip({"model": {"w": [1.0]}, "loader": loader.state_dict(), "epoch": 0})
+    about = describe_state(checkpoint)
+    assert (about["path"], about["other_paths"], about["kind"], about["version"]) == (
+        "loader", [], "arrowstream.loader", arrowstream._state.STATE_VERSION)
+    assert (about["epoch"], about["rows"], about["batches"]) == (0, rows, 5)
+    assert about["epoch_rows"] == dataset.num_rows == 230
+    assert about["share"] == pytest.approx(rows / 230)
+    [rank] = about["ranks"]
+    assert len(rank["workers"]) == max(num_workers, 1)
+    assert sum(w["rows"] for w in rank["workers"]) == rows and sum(w["batches"] for w in rank["workers"]) == 5
+    assert {k: about["options"][k] for k in OPTIONS} == OPTIONS
+    assert about["topology"] == {"world_size": 1, "num_workers": num_workers, "batches_per_transfer":
+                                 2 if num_workers else 1, "ranks_in_state": 1, "group_size": None}
+    assert (about["data"]["num_files"], about["data"]["num_rows"], about["source"]) == (2, 230, "files")
+    text = format_state(about)
+    assert f"epoch 0: {rows} rows in 5 batches consumed, {rows / 230:.1%} of 230 rows" in text
+    assert "found at: loader" in text
+    rows += sum(len(batch["id"]) for batch in batches)
+    after = describe_state(loader.state_dict())
+    assert rows == 230 and (after["rows"], after["share"], after["ranks"][0]["epoch_over"]) == (230, 1.0, True)
+    assert after["batches"] == len(loader)
+
+
+def test_a_merged_checkpoint_of_two_ranks_and_the_epoch_rows_from_the_data(folder):
+    states, rows, datasets, epoch_rows = [], [], [], []
+    for rank, count in ((0, 2), (1, 3)):
+        loader, dataset = loader_of(folder, rank=rank, world_size=2)
+        batches = iter(loader)
+        rows.append(take(batches, count))
+        states.append(loader.state_dict())
+        datasets.append(dataset)
+        full = loader_of(folder, rank=rank, world_size=2)[0]   # the rank's rows of a whole epoch, by reading it
+        epoch_rows.append(sum(len(b["id"]) for b in full))
+    merged = arrowstream.merge_state_dicts([states[1], states[0]])
+    about = describe_state(merged)
+    assert about["kind"] == "arrowstream.checkpoint" and about["topology"]["ranks_in_state"] == 2
+    assert [(r["rank"], r["rows"], r["batches"]) for r in about["ranks"]] == [(0, rows[0], 2), (1, rows[1], 3)]
+    assert about["share"] is None and "unknown without the data" in about["share_note"]
+    known = describe_state(merged, dataset=datasets[0])
+    assert [r["epoch_rows"] for r in known["ranks"]] == epoch_rows
+    assert [r["share"] for r in known["ranks"]] == pytest.approx([r / e for r, e in zip(rows, epoch_rows)])
+    assert known["share"] == pytest.approx(sum(rows) / sum(epoch_rows))
+    one_rank = describe_state(states[1])   # one rank's state of two: no share of the whole epoch
+    assert one_rank["ranks"][0]["rank"] == 1 and one_rank["share"] is None
+    _, other = loader_of(folder, seed=4, rank=0, world_size=2)   # another seed: refused, saved vs current
+    with pytest.raises(StateMismatchError, match="seed: saved 3 vs current 4"):
+        describe_state(merged, dataset=other)
+
+
+def test_an_elastic_epoch_names_its_old_topology(folder):
+    states = []
+    for rank in range(2):
+        loader, _ = loader_of(folder, rank=rank, world_size=2)
+        batches = iter(loader)
+        take(batches, 2)
+        states.append(loader.state_dict())
+    loader, _ = loader_of(folder)
+    loader.load_state_dict(arrowstream.merge_state_dicts(states))   # 2 ranks -> 1: the rest re-planned
+    batches = iter(loader)
+    rows = take(batches, 3)
+    about = describe_state(loader.state_dict())
+    assert about["elastic"] == {"epoch": 0, "old_world_size": 2, "old_num_workers": 0, "old_workers": 2,
+                                "old_workers_done": 0}
+    assert (about["rows"], about["batches"], about["share"]) == (rows, 3, None)
+    assert "re-planned" in about["share_note"]
+    assert "elastic: epoch 0 re-planned from world_size 2, num_workers 0" in format_state(about)
+
+
+def test_a_dynamic_ledger_leaves_what_was_not_consumed(folder):
+    loader, dataset = loader_of(folder, assignment="dynamic")
+    batches = iter(loader)
+    rows = take(batches, 4)
+    about = describe_state(loader.state_dict())
+    assert about["assignment"] == "dynamic"
+    ledger = about["ranks"][0]["dynamic"]
+    left = ledger["replay_rows"] + ledger["split_rows"] + (dataset.num_rows - ledger["fresh_from_row"])
+    assert left == ledger["rows_left"] == dataset.num_rows - rows
+    assert ledger["epoch"] == 0 and 0 < ledger["ledger_bytes"] < 2000
+    assert (about["rows"], about["epoch_rows"], about["share"]) == (rows, 230, pytest.approx(rows / 230))
+    assert "dynamic ledger" in format_state(about)
+    resumed, _ = loader_of(folder, assignment="dynamic")   # its workers count from the resume; the ledger does not
+    resumed.load_state_dict(loader.state_dict())
+    more = take(iter(resumed), 2)
+    assert describe_state(resumed.state_dict())["rows"] == rows + more
+
+
+def test_a_mixture_state_and_checkpoint(tmp_path):
+    sources = {}
+    for name, rows in (("a", 120), ("b", 40)):
+        os.makedirs(tmp_path / name)
+        pq.write_table(pa.table({"id": list(range(rows))}), tmp_path / name / "p.parquet", row_group_size=20)
+        sources[name] = Source(str(tmp_path / name))
+    states, taken = [], {"a": 0, "b": 0}
+    for rank in range(2):
+        loader, _mixture = Mixture.create_dataloader(sources=sources, weights={"a": 0.75, "b": 0.25}, epoch_rows=100,
+                                                    batch_size=8, source_column="src", rank=rank, world_size=2,
+                                                    plan_cache=False)
+        batches = iter(loader)
+        for _ in range(2 + rank):
+            for name in next(batches)["src"]:
+                taken[name] += 1
+        states.append(loader.state_dict())
+    about = describe_state({"loader": arrowstream.merge_state_dicts(states)})
+    assert about["kind"] == "arrowstream.mixture_checkpoint" and about["source"] == "mixture"
+    mix = about["mixture"]
+    assert mix["epoch_rows"] == 100 and {n: s["quota"] for n, s in mix["sources"].items()} == {"a": 75, "b": 25}
+    assert {n: s["rows"] for n, s in mix["sources"].items()} == taken
+    assert about["rows"] == sum(taken.values()) == 8 * 5 and about["share"] == pytest.approx(0.4)
+    assert [r["batches"] for r in about["ranks"]] == [2, 3]
+    assert "a: weight 75.0%, quota 75" in format_state(about)
+    assert describe_state(states[0])["share"] is None   # one rank of two
+
+
+def test_an_iceberg_state_names_its_snapshot_and_no_location(tmp_path):
+    from iceberg_tables import make_catalog
+
+    catalog, config = make_catalog(str(tmp_path / "warehouse"))
+    table = catalog.create_table("db.t", schema=pa.schema([("id", pa.int64())]))
+    table.append(pa.table({"id": pa.array(range(50), pa.int64())}))
+    loader, _ = arrowstream.IcebergDataset.create_dataloader(table="db.t", catalog_config=config, batch_size=8)
+    batches = iter(loader)
+    rows = take(batches, 2)
+    about = describe_state(loader.state_dict())
+    assert about["source"] == "iceberg" and about["rows"] == rows
+    assert about["data"]["snapshot_id"] == table.refresh().current_snapshot().snapshot_id
+    assert str(tmp_path) not in json.dumps(about) and str(tmp_path) not in format_state(about)
+    assert f"snapshot {about['data']['snapshot_id']}" in format_state(about)
+
+
+def test_several_states_in_one_checkpoint(folder):
+    loader, _ = loader_of(folder)
+    state = loader.state_dict()
+    checkpoint = {"train": {"loaders": [state, json_roundtrip(state)]}, "step": 3}
+    about = describe_state(checkpoint)
+    assert (about["path"], about["other_paths"]) == ("train.loaders[0]", ["train.loaders[1]"])
+    assert describe_state(checkpoint, at="train.loaders[1]")["path"] == "train.loaders[1]"
+    with pytest.raises(StateError, match="no arrowstream state at 'train'"):
+        describe_state(checkpoint, at="train")
+    with pytest.raises(StateError, match="no arrowstream loader state inside the dict"):
+        describe_state({"model": {"w": [1.0]}})
+
+
+def _tampered(state):
+    """(what is changed, the changed state, what the error names) for a loader state with workers."""
+    def changed(edit):
+        copy = json_roundtrip(state)
+        edit(copy)
+        return copy
+
+    worker = ("dataloader", "_snapshot", "_worker_snapshots", "worker_1", "dataset_state")
+
+    def at(copy, path):
+        for key in path:
+            copy = copy[key]
+        return copy
+
+    return [
+        ("version", changed(lambda s: s.update(version=99)), StateVersionError, "newer than this arrowstream"),
+        ("rows", changed(lambda s: at(s, worker)["counters"].update(rows=-1)), StateError, "counters.rows"),
+        ("rank", changed(lambda s: s.update(rank=3)), StateError, "rank is 3"),
+        ("slot", changed(lambda s: at(s, worker)["slot"].update(worker_id=0)), StateError, "worker"),
+        ("torchdata", changed(lambda s: s["dataloader"]["_snapshot"].pop("_worker_snapshots")), StateError,
+         "_worker_snapshots"),
+        ("skips", changed(lambda s: s.update(skips=[{"epoch": 0, "at_batch": 0, "batches": 0, "rows": 1}])),
+         StateError, "skips[0].batches"),
+    ]
+
+
+def test_tampered_states_are_refused_as_load_refuses_them(folder):
+    loader, _ = loader_of(folder, 2)
+    batches = iter(loader)
+    take(batches, 2)
+    state = loader.state_dict()
+    loader._iterator._shutdown_workers()
+    fresh, _ = loader_of(folder, 2)
+    for what, bad, error, named in _tampered(state):
+        with pytest.raises(error, match=re.escape(named)) as described:
+            describe_state({"loader": bad})
+        with pytest.raises(StateError) as loaded:
+            fresh.load_state_dict(bad)
+        if what not in ("slot",):   # the loader checks the slot against the plan's grid, with its own words
+            assert type(described.value) is type(loaded.value), what
+            assert str(described.value) == str(loaded.value), what
+
+
+def test_state_show_on_a_torch_save_file_and_as_json(folder, tmp_path, capsys):
+    loader, _ = loader_of(folder)
+    batches = iter(loader)
+    rows = take(batches, 3)
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": {"w": torch.zeros(2)}, "loader": loader.state_dict(), "epoch": 0}, path)
+    assert cli.main(["state", "show", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert f"epoch 0: {rows} rows in 3 batches consumed" in text and "found at: loader" in text
+    assert cli.main(["state", "show", str(path), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown == json_roundtrip(describe_state({"loader": loader.state_dict()}))
+    as_json = tmp_path / "ckpt.json"
+    as_json.write_text(json.dumps({"loader": loader.state_dict()}))
+    assert cli.main(["state", "show", str(as_json)]) == 0 and "found at: loader" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("case", ["missing", "no state", "not a checkpoint", "tampered"])
+def test_state_show_user_errors_are_one_line(folder, tmp_path, capsys, case):
+    path = tmp_path / "ckpt.pt"
+    if case == "no state":
+        torch.save({"model": {"w": torch.zeros(2)}}, path)
+    elif case == "not a checkpoint":
+        path.write_bytes(b"\x00garbage")
+    elif case == "tampered":
+        state = loader_of(folder)[0].state_dict()
+        state["dataloader"]["dataset_state"]["epoch"] = "zero"
+        torch.save({"loader": state}, path)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["state", "show", str(path)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("arrowstream: error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    expected = {"missing": "no such file", "no state": "no arrowstream loader state", "not a checkpoint":
+                "is not JSON", "tampered": "epoch"}[case]
+    assert expected in err
+
+
+def test_every_golden_state_of_every_version_is_described():
+    """Old states are migrated as on load: the batches the golden run had consumed when it saved them."""
+    golden = sorted((Path(__file__).parent / "golden").glob("v*/*.json"))
+    assert len(golden) > 50
+    for path in golden:
+        case = json.loads(path.read_text())
+        about = describe_state(case)   # the state sits at case["state"]
+        assert about["path"] == "state" and about["version"] == arrowstream._state.STATE_VERSION, path
+        assert about["saved_version"] == int(path.parent.name[1:]), path
+        format_state(about)
+        if "next-epoch" in path.name:   # consumed counts the epochs before too
+            assert about["epoch"] == 1 and 0 < about["batches"] < case["consumed"], path
+        elif about["kind"] == "arrowstream.loader":
+            assert about["batches"] == case["consumed"], path
+        elif case["consumed"]:   # a merged checkpoint: each rank had consumed as many (0: taken by another topology)
+            assert {rank["batches"] for rank in about["ranks"]} == {case["consumed"]}, path
