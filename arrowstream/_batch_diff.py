@@ -17,6 +17,9 @@ import pyarrow as pa
 import torch
 
 
+_PLAIN = (str, bytes, int, float, type(None))
+
+
 @dataclass(frozen=True)
 class ArraySnapshot:
     """A tensor's or ndarray's dtype (as the batch had it), shape and values (a numpy copy)."""
@@ -48,8 +51,8 @@ def snapshot(value: Any) -> Any:
         return ArrowSnapshot(value.schema, {name: value.column(name).to_pylist() for name in value.schema.names})
     if isinstance(value, Mapping):
         return {key: snapshot(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [snapshot(item) for item in value]
+    if isinstance(value, list):   # a column of plain values (str, numbers) is copied as it is: they do not change
+        return list(value) if all(isinstance(item, _PLAIN) for item in value) else [snapshot(item) for item in value]
     if isinstance(value, tuple):
         return tuple(snapshot(item) for item in value)
     return value

@@ -62,7 +62,8 @@ class ResumeReport:
         ends = [p in self.epoch_ends and self.points[i + 1:i + 2] != (p,) for i, p in enumerate(self.points)]
         where = ", ".join(f"{p} (after the epoch's loop)" if end else str(p) for p, end in zip(self.points, ends))
         process = "each in a fresh process" if self.fresh_process else "in this process"
-        return (f"ResumeReport({len(self.points)} checkpoints resumed exactly, after batches {where} of "
+        checkpoints = "1 checkpoint" if len(self.points) == 1 else f"{len(self.points)} checkpoints"
+        return (f"ResumeReport({checkpoints} resumed exactly, after batches {where} of "
                 f"{self.num_batches} over {self.epochs} epochs; {self.batches_compared} batches compared, "
                 f"{process}, in {self.elapsed_s:.1f} s)")
 
@@ -366,7 +367,10 @@ def _resume_in_fresh_process(make_loader: MakeLoader, checkpoint: bytes, epochs:
     context = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="arrowstream-check-resume-") as folder:
         out = os.path.join(folder, "resumed.pickle")
-        process = context.Process(target=_resume_child, args=(make_loader, checkpoint, epochs, out),
+        # a process started by spawn would start its own loader's workers by spawn too: give it this
+        # process's default start method, as a restarted job has
+        start_method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+        process = context.Process(target=_resume_child, args=(make_loader, checkpoint, epochs, out, start_method),
                                   name="arrowstream-check-resume")
         process.start()
         process.join()
@@ -381,7 +385,8 @@ def _resume_in_fresh_process(make_loader: MakeLoader, checkpoint: bytes, epochs:
     return list(batches)
 
 
-def _resume_child(make_loader: MakeLoader, checkpoint: bytes, epochs: int, out: str) -> None:
+def _resume_child(make_loader: MakeLoader, checkpoint: bytes, epochs: int, out: str, start_method: str) -> None:
+    multiprocessing.set_start_method(start_method, force=True)
     outcome: tuple[Any, BaseException | None, str]
     try:
         outcome = (_resumed_run(make_loader, checkpoint, epochs), None, "")
