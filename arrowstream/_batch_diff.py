@@ -16,7 +16,6 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-
 _PLAIN = (str, bytes, int, float, type(None))
 
 
