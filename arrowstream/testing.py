@@ -374,9 +374,9 @@ def _resume_in_fresh_process(make_loader: MakeLoader, checkpoint: bytes, epochs:
                                   name="arrowstream-check-resume")
         process.start()
         process.join()
-        if not os.path.exists(out):
-            raise AssertionError(f"check_resume: the fresh process that resumed exited with code {process.exitcode} "
-                                 "and sent nothing back")
+        if not os.path.exists(out):   # killed (out of memory?) or crashed before it wrote its outcome
+            raise RuntimeError(f"check_resume: the fresh process that resumed exited with code {process.exitcode} "
+                               "and sent nothing back")
         with open(out, "rb") as f:
             batches, error, trace = pickle.load(f)
     if error is not None:
@@ -394,10 +394,12 @@ def _resume_child(make_loader: MakeLoader, checkpoint: bytes, epochs: int, out: 
         outcome = ([], exc, traceback.format_exc())
     try:
         payload = pickle.dumps(outcome)
+        pickle.loads(payload)   # an error class whose __init__ takes other arguments pickles, but does not load
     except Exception:  # noqa: BLE001 - an error that does not pickle comes back as its text
         payload = pickle.dumps(([], RuntimeError(f"{type(outcome[1]).__name__}: {outcome[1]}"), outcome[2]))
-    with open(out, "wb") as f:
+    with open(out + ".part", "wb") as f:   # whole or absent: a process killed while writing leaves no outcome
         f.write(payload)
+    os.replace(out + ".part", out)
 
 
 def _compare_continuation(reference: list[_Batch], point: _Point, resumed: list[_Batch]) -> int:
