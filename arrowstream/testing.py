@@ -12,13 +12,7 @@ from __future__ import annotations
 
 import io
 import json
-import multiprocessing
-import os
-import pickle
-import sys
-import tempfile
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +20,7 @@ from typing import Any
 import torch
 
 from ._batch_diff import first_difference, snapshot
+from ._fresh_process import check_importable, run_in_fresh_process
 from .errors import ArgumentTypeError, InvalidArgumentError
 
 __all__ = ["ResumeReport", "check_resume"]
@@ -138,6 +133,10 @@ def check_resume(make_loader: MakeLoader, points: int | Sequence[int] = 4, epoch
         InvalidArgumentError: ``points`` or ``epochs`` is not valid, or ``fresh_process=True`` with
             a ``make_loader`` a new process cannot import.
 
+        The loader's own errors (a ``StateMismatchError`` for a state it refuses, a worker's error)
+        are raised as they are, with a note naming the checkpoint; with ``fresh_process=True``, as
+        the new process raised them (a ``RuntimeError`` with their text if they cannot travel back).
+
     Example:
         >>> import functools, os, tempfile
         >>> import numpy as np, pyarrow as pa, pyarrow.parquet as pq, torch
@@ -165,7 +164,7 @@ def check_resume(make_loader: MakeLoader, points: int | Sequence[int] = 4, epoch
     for point in sorted(plan, key=lambda p: p.batches == 0):
         checkpoint = _interrupted_run(make_loader, reference, point)
         try:
-            resumed = (_resume_in_fresh_process(make_loader, checkpoint, epochs) if fresh_process
+            resumed = (run_in_fresh_process(_resumed_run, make_loader, checkpoint, epochs) if fresh_process
                        else _resumed_run(make_loader, checkpoint, epochs))
         except Exception as exc:  # the loader's own error (a refused state, a worker's error) stays what it is
             exc.add_note(f"check_resume: raised while resuming from {point.describe()}")
@@ -194,28 +193,7 @@ def _check_arguments(make_loader: Any, points: Any, epochs: Any, fresh_process: 
         if not isinstance(flag, bool):
             raise ArgumentTypeError(f"{name}: expected True or False, got {flag!r}")
     if fresh_process:
-        _check_importable(make_loader)
-
-
-def _check_importable(make_loader: Any) -> None:
-    """A spawned process gets ``make_loader`` by pickling, which names it by module and name."""
-    name = getattr(make_loader, "__qualname__", "")
-    why = "fresh_process=True resumes in a new process (spawn), which imports make_loader by its module and name"
-    if "<lambda>" in name or "<locals>" in name:
-        kind = "a lambda" if "<lambda>" in name else "a function defined inside another function"
-        raise InvalidArgumentError(f"make_loader: {why}, and {name!r} is {kind}, which cannot be imported; define it "
-                                   "at the top level of a module (bind arguments with functools.partial), or pass "
-                                   "fresh_process=False")
-    main = sys.modules.get("__main__")
-    if getattr(make_loader, "__module__", None) == "__main__" and not getattr(main, "__file__", None):
-        raise InvalidArgumentError(f"make_loader: {why}, and {name!r} was defined in an interactive session, which "
-                                   "a new process cannot import; put it in a module file, or pass fresh_process=False")
-    try:
-        pickle.dumps(make_loader)
-    except Exception as exc:
-        raise InvalidArgumentError(f"make_loader: {why}, and it cannot be pickled ({exc}); define it at the top "
-                                   "level of a module (bind arguments with functools.partial), or pass "
-                                   "fresh_process=False") from exc
+        check_importable("make_loader", make_loader)
 
 
 def _build(make_loader: MakeLoader) -> tuple[Any, Any]:
@@ -360,46 +338,6 @@ def _resumed_run(make_loader: MakeLoader, checkpoint: bytes, epochs: int) -> lis
     finally:
         _stop_workers(loader)
     return batches
-
-
-def _resume_in_fresh_process(make_loader: MakeLoader, checkpoint: bytes, epochs: int) -> list[_Batch]:
-    """:func:`_resumed_run` in a spawned process; its batches (or its error) come back through a file."""
-    context = multiprocessing.get_context("spawn")
-    with tempfile.TemporaryDirectory(prefix="arrowstream-check-resume-") as folder:
-        out = os.path.join(folder, "resumed.pickle")
-        # a process started by spawn would start its own loader's workers by spawn too: give it this
-        # process's default start method, as a restarted job has
-        start_method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
-        process = context.Process(target=_resume_child, args=(make_loader, checkpoint, epochs, out, start_method),
-                                  name="arrowstream-check-resume")
-        process.start()
-        process.join()
-        if not os.path.exists(out):   # killed (out of memory?) or crashed before it wrote its outcome
-            raise RuntimeError(f"check_resume: the fresh process that resumed exited with code {process.exitcode} "
-                               "and sent nothing back")
-        with open(out, "rb") as f:
-            batches, error, trace = pickle.load(f)
-    if error is not None:
-        error.add_note(f"in the fresh process:\n{trace}")
-        raise error
-    return list(batches)
-
-
-def _resume_child(make_loader: MakeLoader, checkpoint: bytes, epochs: int, out: str, start_method: str) -> None:
-    multiprocessing.set_start_method(start_method, force=True)
-    outcome: tuple[Any, BaseException | None, str]
-    try:
-        outcome = (_resumed_run(make_loader, checkpoint, epochs), None, "")
-    except Exception as exc:  # noqa: BLE001 - the parent raises it again, whatever it is
-        outcome = ([], exc, traceback.format_exc())
-    try:
-        payload = pickle.dumps(outcome)
-        pickle.loads(payload)   # an error class whose __init__ takes other arguments pickles, but does not load
-    except Exception:  # noqa: BLE001 - an error that does not pickle comes back as its text
-        payload = pickle.dumps(([], RuntimeError(f"{type(outcome[1]).__name__}: {outcome[1]}"), outcome[2]))
-    with open(out + ".part", "wb") as f:   # whole or absent: a process killed while writing leaves no outcome
-        f.write(payload)
-    os.replace(out + ".part", out)
 
 
 def _compare_continuation(reference: list[_Batch], point: _Point, resumed: list[_Batch]) -> int:
