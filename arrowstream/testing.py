@@ -106,6 +106,10 @@ def check_resume(make_loader: MakeLoader, points: int | Sequence[int] = 4, epoch
     ndarrays, Arrow batches, lists and nested dicts of them), in the same epochs, and as many.
     It costs about ``len(points) + 2`` passes over ``epochs`` epochs: use a small slice of your data.
 
+    The loader's own errors (a ``StateMismatchError`` for a state it refuses, a worker's error) are
+    raised as they are, with a note naming the checkpoint; with ``fresh_process=True``, as the new
+    process raised them (a ``RuntimeError`` with their text if they cannot travel back).
+
     Args:
         make_loader: Builds the pipeline, with no arguments: returns what ``create_dataloader``
             returns, ``(loader, dataset)`` (or ``(loader, mixture)``), or a bare loader (its
@@ -132,10 +136,6 @@ def check_resume(make_loader: MakeLoader, points: int | Sequence[int] = 4, epoch
             the state did not survive ``json``.
         InvalidArgumentError: ``points`` or ``epochs`` is not valid, or ``fresh_process=True`` with
             a ``make_loader`` a new process cannot import.
-
-        The loader's own errors (a ``StateMismatchError`` for a state it refuses, a worker's error)
-        are raised as they are, with a note naming the checkpoint; with ``fresh_process=True``, as
-        the new process raised them (a ``RuntimeError`` with their text if they cannot travel back).
 
     Example:
         >>> import functools, os, tempfile
