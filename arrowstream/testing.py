@@ -209,7 +209,8 @@ def _build(make_loader: MakeLoader) -> tuple[Any, Any]:
     if not callable(getattr(dataset, "set_epoch", None)):
         raise ArgumentTypeError(f"make_loader: the dataset it returned ({type(dataset).__name__}) has no set_epoch; "
                                 "return (loader, dataset) as create_dataloader does")
-    if loader.num_workers > 0 and (loader.in_order is False or getattr(dataset, "_assignment", None) == "dynamic"):
+    if loader.num_workers > 0 and (getattr(loader, "in_order", True) is False
+                                   or getattr(dataset, "_assignment", None) == "dynamic"):
         raise InvalidArgumentError(
             "make_loader: its loader hands out batches in an order that depends on timing (in_order=False or "
             "assignment='dynamic'; a resume yields exactly the rows not yet yielded, but not in one fixed order), so "
@@ -298,17 +299,16 @@ def _run_to(loader: Any, dataset: Any, reference: list[_Batch], point: _Point) -
         for step, batch in enumerate(loader):
             got = _Batch(epoch, step, _worker_of_last_batch(loader), snapshot(batch))
             if index >= len(reference):
-                raise AssertionError(f"check_resume: {_not_deterministic()}: the run interrupted at {point.describe()} "
-                                     f"yielded more than the uninterrupted run's {len(reference)} batches")
-            _compare(reference[index], got, index, f"the run interrupted at {point.describe()}, before its "
-                                                   f"checkpoint", _not_deterministic())
+                raise AssertionError(f"check_resume: the run up to {point.describe()} yielded more than the "
+                                     f"uninterrupted run's {len(reference)} batches; {_not_deterministic()}")
+            _compare(reference[index], got, index, f"the run up to {point.describe()}", _not_deterministic())
             index += 1
             if index == point.batches and not point.after_loop:
                 return loader.state_dict()
     if point.after_loop and index == point.batches:
         return loader.state_dict()
-    raise AssertionError(f"check_resume: {_not_deterministic()}: the run interrupted at {point.describe()} yielded "
-                         f"{index} batches up to it, the uninterrupted run {point.batches}")
+    raise AssertionError(f"check_resume: the run up to {point.describe()} yielded {index} batches up to it, the "
+                         f"uninterrupted run {point.batches}; {_not_deterministic()}")
 
 
 def _through_json(state: Any, point: _Point) -> Any:

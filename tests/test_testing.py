@@ -134,7 +134,8 @@ def test_catches_a_make_loader_that_changes_its_seed(small_dataset):
     def make():
         return make_small(small_dataset, seed=next(seeds))
 
-    with pytest.raises(AssertionError, match=r"interrupted .* diverged at batch 1 of the run .*column 'id'.*"
+    with pytest.raises(AssertionError, match=r"the run up to the checkpoint taken after batch \d+ \(epoch 0\) diverged "
+                                             r"at batch 1 of the run .*column 'id'.*"
                                              r"two loaders built by make_loader yield different batches"):
         check_resume(make, points=2)
 
