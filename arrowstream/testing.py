@@ -104,7 +104,7 @@ def check_resume(make_loader: MakeLoader, points: int | Sequence[int] = 4, epoch
     ``torch.load``; another fresh loader loads it and runs the rest of the loop. Every batch after
     the point must equal the uninterrupted run's: same keys, dtypes, shapes and bytes (tensors,
     ndarrays, Arrow batches, lists and nested dicts of them), in the same epochs, and as many.
-    It costs about ``len(points) + 2`` passes over ``epochs`` epochs: use a small slice of your data.
+    It costs one run of ``epochs`` epochs per checkpoint, plus one: use a small slice of your data.
 
     The loader's own errors (a ``StateMismatchError`` for a state it refuses, a worker's error) are
     raised as they are, with a note naming the checkpoint; with ``fresh_process=True``, as the new
