@@ -8,7 +8,7 @@ Example:
 
 from __future__ import annotations
 
-from . import errors
+from . import errors, testing
 from ._checkpoint import gather_state_dict, merge_state_dicts
 from ._describe import describe_state, format_state
 from ._iceberg_table import default_catalog_config as iceberg_catalog_config
@@ -82,4 +82,5 @@ __all__ = [
     "gather_state_dict",
     "iceberg_catalog_config",
     "merge_state_dicts",
+    "testing",
 ]

@@ -2,40 +2,38 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import pickle
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
-import torch
 from helpers import make_loader, resume_epochs, run_epochs
+
+from arrowstream.testing import check_resume
 
 HERE = os.path.dirname(__file__)
 
 
 @pytest.mark.parametrize(("num_workers", "persistent", "point"), [
     (0, False, "mid"), (2, True, "mid"), (2, False, "last"), (3, False, "after"), (1, True, "next")])
-def test_resume_in_a_fresh_process_through_torch_save(uneven_dataset, tmp_path, num_workers, persistent, point):
+def test_resume_in_a_fresh_process_through_torch_save(uneven_dataset, num_workers, persistent, point):
+    """check_resume with fresh_process=True: the state goes through json and torch.save, a spawned process
+    loads it into a fresh loader and runs to the end of epoch 1, batch for batch the uninterrupted run's.
+    Points: after batch 20, after the last batch (inside the loop), after the loop (resumed as the next
+    epoch), after batch 20 of epoch 1."""
     options = {"batch_size": 48, "shuffle": True, "seed": 5}
     if persistent:
         options["persistent_workers"] = True
-    loader, dataset = make_loader(uneven_dataset, num_workers, **options)
-    checkpoints: dict = {}
-    reference = run_epochs(loader, dataset, [0, 1], checkpoints, mid=20)
-    state, consumed, epoch = checkpoints[point]
-    checkpoint_file = tmp_path / "ckpt.pt"
-    torch.save({"loader": state, "epoch": epoch, "last_epoch": 1}, checkpoint_file)
-    out_file = tmp_path / "out.pkl"
-    subprocess.run([sys.executable, os.path.join(HERE, "resume_child.py"), uneven_dataset, str(checkpoint_file),
-                    json.dumps({**options, "num_workers": num_workers}), str(out_file)],
-                   check=True, timeout=120, cwd=HERE)
-    with open(out_file, "rb") as f:
-        resumed = pickle.load(f)
-    assert [k for _, k, _ in resumed] == [k for _, k, _ in reference[consumed:]]
+    make = functools.partial(make_loader, uneven_dataset, num_workers, **options)
+    per_epoch = len(make()[0])
+    points = {"mid": [20], "last": [per_epoch], "after": [], "next": [per_epoch + 20]}[point]
+    report = check_resume(make, points=points, epochs=2, fresh_process=True, at_epoch_ends=point == "after")
+    assert report.points == tuple(points or [per_epoch])
+    assert report.batches_compared == 2 * per_epoch - report.points[0]
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])

@@ -11,9 +11,13 @@ row exactly once.
 
 from __future__ import annotations
 
+import functools
+
 import pyarrow.compute as pc
 import pytest
 from helpers import EPOCHS, POINTS, check_exactly_once, check_resume, make_loader, resume_epochs, run_epochs
+
+import arrowstream.testing
 
 # the uneven dataset's splits are row groups of 120 to 400 rows: a buffer of 100 rows is smaller
 # than any of them, one of 700 spans several
@@ -84,14 +88,9 @@ def test_runs_are_deterministic(uneven_dataset):
 
 def test_saved_after_loop_with_next_epoch_number(uneven_dataset):
     """A checkpoint written after the loop, stored with epoch + 1, starts the next epoch whole."""
-    loader, dataset = make_loader(uneven_dataset, 2, batch_size=64, shuffle=True, persistent_workers=True)
-    checkpoints: dict = {}
-    reference = run_epochs(loader, dataset, [0, 1], checkpoints, mid=5)
-    state, consumed, epoch = checkpoints["after"]
-    fresh_loader, fresh_dataset = make_loader(uneven_dataset, 2, batch_size=64, shuffle=True,
-                                              persistent_workers=True)
-    resumed = resume_epochs(fresh_loader, fresh_dataset, state, epoch + 1, 1)
-    assert [k for _, k, _ in resumed] == [k for _, k, _ in reference[consumed:]]
+    make = functools.partial(make_loader, uneven_dataset, 2, batch_size=64, shuffle=True, persistent_workers=True)
+    report = arrowstream.testing.check_resume(make, points=[], epochs=2, at_epoch_ends=True)
+    assert report.points == report.epoch_ends == (len(make()[0]),)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
