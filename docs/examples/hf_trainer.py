@@ -121,6 +121,8 @@ def main():
     with tempfile.TemporaryDirectory() as folder, tempfile.TemporaryDirectory() as output:
         write_data(folder)
         reference = train(folder, os.path.join(output, "reference"))
+        half = len(reference) // 2
+        assert reference[:half] != reference[half:], "epoch 1 repeats epoch 0's order: set_epoch was not called"
         first = train(folder, os.path.join(output, "run"), callbacks=[Crash()])
         assert first == reference[:CRASH_AFTER]
         resumed = train(folder, os.path.join(output, "resumed"),

@@ -112,6 +112,8 @@ def fit(folder, checkpoints, loader_options, callbacks=(), ckpt_path=None):
 
 def check_resume(folder, checkpoints, loader_options):
     reference = fit(folder, os.path.join(checkpoints, "reference"), loader_options)
+    half = len(reference) // 2
+    assert reference[:half] != reference[half:], "epoch 1 repeats epoch 0's order: set_epoch was not called"
     first = fit(folder, os.path.join(checkpoints, "run"), loader_options, callbacks=[Crash()])
     assert first == reference[:CRASH_AFTER]
     checkpoint = os.path.join(checkpoints, "run", f"epoch=0-step={CHECKPOINT_EVERY}.ckpt")
