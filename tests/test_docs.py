@@ -3,6 +3,7 @@ quickstart and of the README's "Use" section run as they are, no page is orphane
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -115,34 +116,65 @@ README_BLOCKS = python_blocks(markdown_section((ROOT / "README.md").read_text(),
 QUICKSTART_NAMES = [f"quickstart-{index}" for index in range(len(QUICKSTART_BLOCKS))]
 
 
+class BlockRunner:
+    """tests/block_runner.py: runs each block in a fresh process forked from one that imported torch, pyarrow
+    and arrowstream once (a block in a process of its own costs those imports, about 3 s of CPU, each)."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen([sys.executable, str(ROOT / "tests" / "block_runner.py")],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def run(self, block: str, folder: Path) -> str:
+        """Run one block as a script in ``folder`` (under torchrun if it says so); its output."""
+        script = folder / "block.py"
+        script.write_text(block)
+        torchrun = TORCHRUN.match(block)
+        if torchrun:
+            result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                     f"--nproc-per-node={torchrun[1]}", str(script)],
+                                    cwd=folder, capture_output=True, text=True, timeout=120, check=False)
+            returncode, output = result.returncode, result.stdout + result.stderr
+        else:
+            # this test's plan cache folder (tests/conftest.py), which the runner did not inherit
+            env = {name: os.environ[name] for name in ["ARROWSTREAM_CACHE_DIR"] if name in os.environ}
+            request = {"folder": str(folder), "script": str(script), "env": env}
+            assert self.process.stdin is not None and self.process.stdout is not None
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+            returncode = json.loads(self.process.stdout.readline())["returncode"]
+            output = (folder / "output.txt").read_text()
+        assert returncode == 0, f"this block failed:\n{block}\n{output}"
+        return output
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait(timeout=30)
+
+
 @pytest.fixture(scope="module")
-def data_folder(tmp_path_factory):
+def blocks():
+    runner = BlockRunner()
+    yield runner
+    runner.close()
+
+
+@pytest.fixture(scope="module")
+def data_folder(blocks, tmp_path_factory):
     """A folder where the quickstart's "Some data" script ran, written once for the module."""
     folder = tmp_path_factory.mktemp("quickstart-data")
-    run_block(data_script(), folder)
+    blocks.run(data_script(), folder)
     return folder / "data"
 
 
-def run_block(block: str, folder: Path) -> subprocess.CompletedProcess[str]:
-    """Run one block as a script in ``folder``, in a fresh Python process (under torchrun if it says so)."""
-    script = folder / "block.py"
-    script.write_text(block)
-    torchrun = TORCHRUN.match(block)
-    command = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={torchrun[1]}",
-                str(script)] if torchrun else [sys.executable, str(script)])
-    result = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=120, check=False)
-    assert result.returncode == 0, f"this block failed:\n{block}\n{result.stdout}{result.stderr}"
-    return result
-
-
 @pytest.mark.parametrize("block", QUICKSTART_BLOCKS, ids=QUICKSTART_NAMES)
-def test_each_python_block_of_the_quickstart_runs_on_its_own(block, data_folder, tmp_path):
+def test_each_python_block_of_the_quickstart_runs_on_its_own(block, blocks, data_folder, tmp_path):
     if block.startswith(NOT_RUN):
         reason = block.splitlines()[0][len(NOT_RUN):].strip()
         assert reason, f"a block marked '{NOT_RUN}' says why on the same line:\n{block}"
         return
     shutil.copytree(data_folder, tmp_path / "data")
-    run_block(block, tmp_path)
+    blocks.run(block, tmp_path)
 
 
 def test_the_blocks_are_found_and_few_are_left_unrun():
@@ -151,12 +183,12 @@ def test_the_blocks_are_found_and_few_are_left_unrun():
     assert len(not_run) <= 2, f"blocks not run: {not_run}; a block runs unless it truly cannot (real credentials)"
 
 
-def test_the_readme_loop_runs_and_resumes_from_its_own_checkpoint(data_folder, tmp_path):
+def test_the_readme_loop_runs_and_resumes_from_its_own_checkpoint(blocks, data_folder, tmp_path):
     """The README's "Use" block, run twice in one folder as it is: a fresh start that leaves a checkpoint, then
     a run that finds it, loads it and trains on to the end."""
     (block,) = README_BLOCKS
     shutil.copytree(data_folder, tmp_path / "data")
-    run_block(block, tmp_path)
+    blocks.run(block, tmp_path)
     assert (tmp_path / "checkpoint.pt").is_file(), "the loop saved no checkpoint"
-    resumed = run_block(block + "\nprint('resumed from epoch', start_epoch)\n", tmp_path)
-    assert "resumed from epoch 2" in resumed.stdout, resumed.stdout
+    output = blocks.run(block + "\nprint('resumed from epoch', start_epoch)\n", tmp_path)
+    assert "resumed from epoch 2" in output, output
