@@ -65,6 +65,10 @@ class TrainingBatches:
         datamodule.pending.clear()
         for batch in datamodule.loader:
             datamodule.pending.append(datamodule.loader.state_dict())
+            if len(datamodule.pending) > 2:   # Lightning fetches one batch ahead at most
+                raise RuntimeError("the DataModule's on_before_batch_transfer is not called (a LightningModule "
+                                   "that overrides it is called instead): take the state there, or checkpoints "
+                                   "would hold a stale loader state")
             yield batch
 
 
