@@ -9,8 +9,6 @@ it is installed today, from a checkout or from a wheel built with `python -m bui
 
 from __future__ import annotations
 
-from . import __version__
-
 EXTRAS: dict[str, tuple[str, ...]] = {
     "s3": ("s3fs>=2024.3",),
     "gcs": ("gcsfs>=2024.3",),
@@ -28,6 +26,8 @@ def install_hint(extra: str) -> str:
         >>> install_hint("s3")  # doctest: +ELLIPSIS
         'pip install "s3fs>=2024.3" (or the "s3" extra: pip install ".[s3]" in a checkout of arrowstream, ...'
     """
+    from . import __version__  # here, not at the top: modules the package imports eagerly may import this one
+
     packages = " ".join(f'"{package}"' for package in EXTRAS[extra])
     wheel = f"arrowstream-{__version__}-py3-none-any.whl"
     return (f'pip install {packages} (or the "{extra}" extra: pip install ".[{extra}]" in a checkout of arrowstream, '
