@@ -114,7 +114,7 @@ def command_line(folder: str, work: str) -> None:
     check(result.returncode == 2 and "matplotlib" in result.stderr and result.stdout == "",
           f"bench --plot without matplotlib: one line, exit 2, before any benchmark: {result.stderr.strip()}")
     began = time.perf_counter()
-    result = subprocess.run([command, "demo", "--rows", "20000", "--batch-size", "256", "--dir",
+    result = subprocess.run([command, "demo", "--rows", "4000", "--batch-size", "256", "--dir",
                              os.path.join(work, "demo")], capture_output=True, text=True, timeout=300, check=False)
     check(result.returncode == 0 and "demo passed" in result.stdout,
           f"arrowstream demo ({time.perf_counter() - began:.1f} s)" + ("" if result.returncode == 0 else
