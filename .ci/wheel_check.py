@@ -2,8 +2,8 @@
 
 `make test` runs this after the suite (`make wheel-check` alone). Steps:
 
-1. `python -m build` (sdist, then the wheel built from the sdist: a file missing from the sdist
-   breaks the wheel) into a temporary folder;
+1. `python -m build` on a copy of the repository's files (sdist, then the wheel built from the
+   sdist: a file missing from the sdist breaks the wheel) into a temporary folder;
 2. the sdist holds the package with py.typed, the README, the changelog, the whole test suite and
    the docs; the wheel holds the package with py.typed and the `arrowstream` command, no tests,
    and its metadata says this version, requires-python and the classifiers;
@@ -79,8 +79,22 @@ def run(command: list[str], **kwargs: Any) -> float:
     return time.perf_counter() - began
 
 
-def build(dist: str) -> float:
-    return run([sys.executable, "-m", "build", "--outdir", dist, ROOT], stdout=subprocess.DEVNULL)
+def source_copy(folder: str) -> str:
+    """The files of the repository (tracked, and new ones git does not ignore) copied to ``folder``.
+
+    Built in place, setuptools would also pack what a stale ``arrowstream.egg-info/SOURCES.txt`` lists,
+    and a file missing from MANIFEST.in or the package data would go unnoticed."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        if os.path.isfile(os.path.join(ROOT, name)):   # a file deleted but not yet committed is not there
+            os.makedirs(os.path.join(folder, os.path.dirname(name)), exist_ok=True)
+            shutil.copy2(os.path.join(ROOT, name), os.path.join(folder, name))
+    return folder
+
+
+def build(source: str, dist: str) -> float:
+    return run([sys.executable, "-m", "build", "--outdir", dist, source], stdout=subprocess.DEVNULL)
 
 
 def check_sdist(path: str, version: str) -> None:
@@ -139,7 +153,7 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="arrowstream-wheel-check-")
     try:
         dist = os.path.join(work, "dist")
-        build_s = build(dist)
+        build_s = build(source_copy(os.path.join(work, "source")), dist)
         (sdist,), (wheel,) = glob.glob(f"{dist}/*.tar.gz"), glob.glob(f"{dist}/*.whl")
         ok(f"python -m build: {build_s:.1f} s")
         check_sdist(sdist, version)
