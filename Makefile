@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup clean
+.PHONY: demo test wheel-check setup clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,13 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/arrowstream demo
 
+# the suite, then the wheel and sdist: built, checked, the wheel smoke-run in a clean venv
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist worksteal
+	$(BIN)/python .ci/wheel_check.py
+
+wheel-check: $(STAMP)
+	$(BIN)/python .ci/wheel_check.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from ._cli_args import check_plot
 from ._inspect import open_dataset
 
 
@@ -105,12 +106,31 @@ def time_raw(dataset: Any, batch_size: int, quiet: bool) -> dict[str, Any]:
     return {"rows": rows, "batches": batches, "seconds": seconds, "rows_per_s": rows / seconds if seconds else 0.0}
 
 
-def time_loader(loader: Any, dataset: Any, sample_every: float, quiet: bool) -> dict[str, Any]:
+SAMPLES_PER_EPOCH = 100     # metrics samples a plot gets over an epoch of known length
+DEFAULT_SAMPLE_S = 0.1      # seconds between samples when the epoch's length is unknown (a filter)
+
+
+def sample_step(total: int | None, num_workers: int) -> int:
+    """Batches between metrics samples, for about :data:`SAMPLES_PER_EPOCH` samples over an epoch of
+    ``total`` batches: a multiple of the workers, so that each interval holds the same number of
+    batches of every worker (workers take turns) and the plot shows rates, not turns."""
+    turn = max(num_workers, 1)
+    if not total:
+        return turn
+    return turn * max(total // (SAMPLES_PER_EPOCH * turn), 1)
+
+
+def time_loader(loader: Any, dataset: Any, sample_every: float | None, quiet: bool) -> dict[str, Any]:
+    """One epoch of ``loader``, its metrics sampled every ``sample_every`` seconds or, when None, every
+    :func:`sample_step` batches (every :data:`DEFAULT_SAMPLE_S` seconds when the length is unknown)."""
     dataset.set_epoch(0)
     try:
         total: int | None = len(loader)
     except TypeError:  # a filter: unknown before reading
         total = None
+    if sample_every is None and total is None:
+        sample_every = DEFAULT_SAMPLE_S
+    step = sample_step(total, loader.num_workers) if sample_every is None else 0
     bar = progress_bar(total, "arrowstream", quiet)
     samples: list[dict[str, Any]] = []
     rows, batches, began = 0, 0, time.perf_counter()
@@ -123,19 +143,28 @@ def time_loader(loader: Any, dataset: Any, sample_every: float, quiet: bool) -> 
         now = time.perf_counter()
         if batches == 1:
             first_s, first_rows = now - began, rows
-        if now >= next_sample:
-            samples.append({"t": now - began, "metrics": loader.metrics()})
+        due = (batches == 1 or batches % step == 0) if step else now >= next_sample
+        if due:
+            samples.append({"t": now - began, "batches": batches, "metrics": loader.metrics()})
             bar.set_postfix_str(f"{rows / max(now - began, 1e-9):,.0f} rows/s")
-            next_sample = now + sample_every
+            if sample_every is not None:
+                next_sample = now + sample_every
     seconds = time.perf_counter() - began
     bar.close()
     final = loader.metrics()
-    if len(samples) > 1 and seconds - samples[-1]["t"] < sample_every / 2:
+    if len(samples) > 1 and _too_close(samples[-1], seconds, batches, sample_every):
         samples.pop()  # too short an interval to make a rate of
-    samples.append({"t": seconds, "metrics": final})
+    samples.append({"t": seconds, "batches": batches, "metrics": final})
     steady = (rows - first_rows) / (seconds - first_s) if seconds > first_s else 0.0
     return {"rows": rows, "batches": batches, "seconds": seconds, "rows_per_s": rows / seconds if seconds else 0.0,
             "first_batch_s": first_s, "rows_per_s_after_first": steady, "metrics": final, "samples": samples}
+
+
+def _too_close(last: dict[str, Any], seconds: float, batches: int, sample_every: float | None) -> bool:
+    """Whether the last sample leaves too short an interval before the final one."""
+    if sample_every is None:
+        return bool(last["batches"] == batches)
+    return bool(seconds - last["t"] < sample_every / 2)
 
 
 def worker_table(metrics: dict[str, Any]) -> str:
@@ -169,12 +198,9 @@ def series(samples: list[dict[str, Any]]) -> dict[int, dict[str, list[float]]]:
 
 def plot(samples: list[dict[str, Any]], path: str, title: str) -> None:
     """Two panels over the epoch: each worker's rows/s, and the share of its time spent idle."""
-    try:
-        import matplotlib
-    except ImportError:
-        from .errors import MissingDependencyError
-        raise MissingDependencyError('--plot needs matplotlib, which is not installed; '
-                                     'pip install "arrowstream[cli]"') from None
+    check_plot(path)
+    import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

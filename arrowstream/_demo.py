@@ -190,6 +190,7 @@ def run_phase(args: argparse.Namespace) -> int:
     for epoch in range(start_epoch, args.epochs):
         dataset.set_epoch(epoch)
         bar = progress_bar(len(loader), f"  [{args.phase}] epoch {epoch}")
+        loss: torch.Tensor | None = None   # None: the checkpoint was taken after the epoch's last batch
         for step, batch in enumerate(loader):
             bar.update()
             prediction = model(_features(batch)).squeeze(1)
@@ -210,7 +211,8 @@ def run_phase(args: argparse.Namespace) -> int:
                       "stopping as if the job crashed", flush=True)
                 return _report(args, seen, rows, began, loader.metrics())
         bar.close()
-        print(f"  [{args.phase}] epoch {epoch} done, last loss {loss.item():.4f}", flush=True)
+        last = f"last loss {loss.item():.4f}" if loss is not None else "no batch was left after the checkpoint"
+        print(f"  [{args.phase}] epoch {epoch} done, {last}", flush=True)
     return _report(args, seen, rows, began, loader.metrics())
 
 
@@ -258,7 +260,11 @@ def run_demo(args: argparse.Namespace) -> int:
     for phase in ("train", "resume"):
         knobs = ", ".join(f"{k}={v}" for k, v in SHUFFLE.items())
         print(f"- {phase}: fresh process, {args.workers} workers, {knobs}", flush=True)
-        subprocess.run([sys.executable, "-m", "arrowstream", "demo", "--phase", phase, *common], check=True)
+        debug = ["--traceback"] if getattr(args, "traceback", False) else []
+        status = subprocess.run([sys.executable, "-m", "arrowstream", "demo", "--phase", phase, *common, *debug],
+                                check=False).returncode
+        if status != 0:   # the phase printed its error: one line, or the traceback with --traceback
+            return status
         if args.iceberg and phase == "train":
             before, after = append_more(data, args.rows, extra=args.rows // 4)
             print(f"- while the job is down the table moves on: {args.rows // 4:,} rows appended, "

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ._formats._base import sliced
+from ._install import install_hint
 from .errors import (
     DatasetNotFoundError,
     EmptyDatasetError,
@@ -31,7 +32,7 @@ def import_pyiceberg() -> None:
         import pyiceberg  # noqa: F401
     except ImportError:
         raise MissingDependencyError(
-            'reading Iceberg tables needs pyiceberg, which is not installed; pip install "arrowstream[iceberg]"'
+            f'reading Iceberg tables needs pyiceberg, which is not installed; {install_hint("iceberg")}'
         ) from None
 
 

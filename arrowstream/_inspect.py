@@ -17,27 +17,6 @@ from ._formats import unit_format
 from ._order import SlotGrid, assign_lpt, natural_batches
 
 
-def add_source_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options that name a dataset, shared by ``inspect`` and ``bench``."""
-    parser.add_argument("path", nargs="?", default=None,
-                        help="a file, directory, glob or URL (s3://, gs://, az://, ...); omit with --iceberg-table")
-    parser.add_argument("--format", default="parquet", help="parquet (default), orc, arrow, csv or jsonl")
-    parser.add_argument("--columns", default=None, help="comma-separated columns to read (default: all)")
-    parser.add_argument("--batch-size", type=int, default=1024)
-    parser.add_argument("--split-bytes", type=int, default=None, help="target split size in bytes")
-    parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="an fsspec storage option, repeatable (values parsed as JSON when they parse)")
-    parser.add_argument("--parse-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="a CSV/JSON Lines parse option (see docs/formats.md), repeatable; values parsed as "
-                             "JSON when they parse: --parse-option delimiter=';' --parse-option header=false")
-    parser.add_argument("--iceberg-table", default=None, metavar="NAMESPACE.TABLE", help="read an Iceberg table")
-    parser.add_argument("--catalog-root", default=None,
-                        help="the table's catalog: arrowstream's default (SQLite catalog + warehouse under DIR)")
-    parser.add_argument("--catalog-config", default=None, metavar="FILE.json",
-                        help="the table's catalog: pyiceberg catalog properties in a JSON file")
-    parser.add_argument("--snapshot-id", type=int, default=None, help="Iceberg snapshot (default: the latest)")
-
-
 def _storage_options(pairs: list[str], flag: str = "--storage-option") -> dict[str, Any] | None:
     options: dict[str, Any] = {}
     for pair in pairs:

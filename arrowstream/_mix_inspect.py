@@ -15,17 +15,6 @@ from ._order import natural_batches
 from .errors import InvalidArgumentError
 
 
-def add_mixture_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--source", action="append", default=[], metavar="NAME=PATH",
-                        help="a source of a mixture, repeatable (a mixture instead of PATH)")
-    parser.add_argument("--source-format", action="append", default=[], metavar="NAME=FORMAT",
-                        help="a mixture source's format (default parquet), repeatable")
-    parser.add_argument("--weight", action="append", default=[], metavar="NAME=WEIGHT",
-                        help="a mixture source's weight, repeatable (default: in proportion to the rows)")
-    parser.add_argument("--epoch-rows", type=int, default=None, help="rows per mixture epoch (default: all rows)")
-    parser.add_argument("--epoch", type=int, default=0, help="the mixture epoch to describe (default 0)")
-
-
 def _pairs(values: list[str], flag: str) -> dict[str, str]:
     out = {}
     for value in values:

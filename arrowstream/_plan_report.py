@@ -12,16 +12,7 @@ import os
 from typing import Any
 
 from ._cache_entry import read_header
-from ._plan_cache import CACHE_DIR_ENV, cache_folder, max_bytes
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ._inspect import add_source_arguments
-
-    add_source_arguments(parser)
-    parser.add_argument("--cache-dir", default=None,
-                        help=f"the cache folder (default: ${CACHE_DIR_ENV}, else the user cache folder)")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+from ._plan_cache import cache_folder, max_bytes
 
 
 def _folder_usage(folder: str) -> dict[str, int]:

@@ -20,6 +20,7 @@ import pyarrow as pa
 from ._backends import backend_options, single_attempt
 from ._credentials import CredentialProvider, as_provider
 from ._failures import is_expired_credentials
+from ._install import install_hint
 from ._pinned import Pin, check_in_process
 from ._prefetch import PartsFile, Prefetcher
 from ._retry import RetryPolicy
@@ -196,7 +197,7 @@ def open_filesystem(protocol: str, options: dict[str, Any], fresh: bool = False,
         return single_attempt(fsspec.filesystem(protocol, skip_instance_cache=fresh, **tuned), protocol)
     except ImportError as exc:
         extra = _EXTRAS.get(protocol)
-        hint = f'pip install "arrowstream[{extra}]"' if extra else f"install the fsspec backend for {protocol!r}"
+        hint = install_hint(extra) if extra else f"install the fsspec backend for {protocol!r}"
         raise MissingDependencyError(
             f"reading {protocol}:// URLs needs a package that is not installed ({exc}); {hint}") from None
     except ValueError as exc:

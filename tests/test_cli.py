@@ -48,9 +48,9 @@ def test_demo_fails_loudly_when_the_checkpoint_is_wrong(tmp_path, monkeypatch):
             path.write_text(json.dumps(record))
         return code
 
-    def run_in_process(cmd, check):
+    def run_in_process(cmd, check):   # each phase in this process, with its exit status, as subprocess.run
         argv = cmd[cmd.index("demo"):]
-        assert main(argv) == 0
+        return subprocess.CompletedProcess(cmd, main(argv))
 
     monkeypatch.setattr(_demo, "run_phase", skip_one_batch)
     monkeypatch.setattr(_demo.subprocess, "run", run_in_process)
@@ -204,10 +204,31 @@ def test_bench_dynamic_assignment_leases_every_row_once(skewed):
     assert "assignment=dynamic" in out and re.search(r"^worker .* leases$", out, re.MULTILINE)
 
 
-def test_bench_plot_without_matplotlib_says_how_to_install_it(skewed, tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "matplotlib", None)
-    err = _user_error(["bench", skewed, "--num-workers", "0", "--quiet", "--plot", str(tmp_path / "p.png")], capsys)
-    assert 'arrowstream[cli]' in err
+def test_bench_plot_checks_matplotlib_before_it_runs(skewed, tmp_path):
+    """Without matplotlib, `bench --plot` stops before the benchmark (torch not even imported) with the hint."""
+    code = ("import sys; sys.modules['matplotlib'] = None\n"     # as if matplotlib were not installed
+            "from arrowstream.cli import main\n"
+            "try:\n"
+            f"    main(['bench', {skewed!r}, '--num-workers', '0', '--plot', {str(tmp_path / 'p.png')!r}])\n"
+            "except SystemExit as exc:\n"
+            "    print('torch' in sys.modules, 'pyarrow' in sys.modules)\n"
+            "    sys.exit(exc.code)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 2 and result.stdout == "False False\n"
+    assert result.stderr.startswith("arrowstream: error: --plot needs matplotlib") and result.stderr.count("\n") == 1
+    assert 'pip install "tqdm>=4.60" "matplotlib>=3.8"' in result.stderr and ".[cli]" in result.stderr
+
+
+def test_bench_samples_a_short_epoch_often_enough_to_plot(skewed):
+    """57 batches in well under a second: the default samples every len(loader)/100 batches (rounded to the
+    workers), not every 0.1 s, so each worker's line on the plot has its 20+ points."""
+    from arrowstream._bench import series
+
+    result = json.loads(arrowstream_cli("bench", skewed, "--num-workers", "2", "--json", "--quiet"))
+    lines = series(result["samples"])
+    assert sorted(lines) == [0, 1]
+    assert all(len(line["rows_per_s"]) >= 20 for line in lines.values()), {w: len(v["t"]) for w, v in lines.items()}
+    assert [s["batches"] for s in result["samples"]][:3] == [1, 2, 4]   # a sample every 2 batches: one per worker
 
 
 def test_inspect_and_bench_read_csv_with_parse_options(tmp_path):
@@ -234,6 +255,76 @@ def test_user_errors_are_one_line_without_traceback(tmp_path, capsys):
     assert result.returncode == 2
     assert result.stderr == f"arrowstream: error: path: {missing!r} does not exist; check the path and the " \
                             "storage_options\n"
+
+
+COMMANDS = ([], ["demo"], ["inspect"], ["bench"], ["plan"])
+
+
+def test_help_imports_neither_torch_nor_pyarrow():
+    """`arrowstream --help` (and each command's) is fast: building the parser imports no heavy module."""
+    code = ("import sys\nfrom arrowstream.cli import main\n"
+            f"for argv in {COMMANDS!r}:\n"
+            "    try:\n        main([*argv, '--help'])\n    except SystemExit:\n        pass\n"
+            "print('loaded:', sorted(m for m in ('torch', 'pyarrow', 'numpy', 'fsspec') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("usage: arrowstream") == len(COMMANDS)
+    assert result.stdout.splitlines()[-1] == "loaded: []"
+
+
+def test_the_package_imports_its_public_names_on_first_use():
+    assert set(arrowstream.__all__) <= set(dir(arrowstream))
+    for name in arrowstream.__all__:
+        assert getattr(arrowstream, name) is not None
+    assert arrowstream.StructuredDataset is StructuredDataset
+    assert arrowstream.merge_state_dicts.__module__ == "arrowstream._checkpoint"
+    with pytest.raises(AttributeError, match="no attribute 'StructuredDatasett'"):
+        arrowstream.StructuredDatasett  # noqa: B018
+
+
+@pytest.mark.parametrize("argv", COMMANDS)
+def test_help_is_plain_text(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main([*argv, "--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: arrowstream")
+    markup = re.findall(r"``|`\w|:(?:func|meth|class|data|mod|attr|ref):", text)
+    assert not markup, text
+    if argv == ["plan"]:
+        from arrowstream._plan_cache import CACHE_DIR_ENV
+
+        assert f"${CACHE_DIR_ENV}" in text
+
+
+def test_user_errors_of_every_command_are_one_line_with_status_2(tmp_path, skewed, capsys):
+    missing = str(tmp_path / "nope")
+    for argv in (["plan", missing], ["inspect", skewed, "--batch-size", "0"],
+                 ["bench", skewed, "--plot", str(tmp_path / "no-folder" / "p.png")],
+                 ["inspect", "--source", "web"]):
+        err = _user_error(argv, capsys)
+        assert err.startswith("arrowstream: error: ") and err.count("\n") == 1, err
+    assert "no-folder" in _user_error(["bench", skewed, "--plot", str(tmp_path / "no-folder" / "p.png")], capsys)
+    for argv in (["demo", "--rows", "-5"], ["demo", "--stop-at", "1.5"], ["bench", skewed, "--num-workers", "x"]):
+        err = _user_error(argv, capsys)   # argparse: the usage, then one error line
+        assert err.splitlines()[-1].startswith("arrowstream ") and "error: argument" in err.splitlines()[-1], err
+
+
+def test_other_failures_are_one_line_with_status_1_and_traceback_shows_them(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("ARROWSTREAM_DEBUG", raising=False)
+    argv = ["inspect", "--iceberg-table", "demo.t", "--catalog-config", str(tmp_path / "missing.json")]
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 1 and err.count("\n") == 1
+    assert err.startswith("arrowstream: error: FileNotFoundError: ") and "--traceback" in err
+    with pytest.raises(FileNotFoundError):           # the exception itself, so Python prints its traceback
+        cli.main(["--traceback", *argv])
+    with pytest.raises(FileNotFoundError):
+        cli.main([*argv, "--traceback"])
+    monkeypatch.setenv("ARROWSTREAM_DEBUG", "1")
+    with pytest.raises(arrowstream.DatasetNotFoundError):
+        cli.main(["plan", str(tmp_path / "nope")])
 
 
 def test_inspect_describes_a_mixture_with_the_loaders_numbers(tmp_path):
