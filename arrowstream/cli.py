@@ -20,8 +20,8 @@ import sys
 from ._cli_args import (
     add_mixture_arguments,
     add_plan_arguments,
-    add_state_arguments,
     add_source_arguments,
+    add_state_arguments,
     check_plot,
     fraction,
     whole,
