@@ -17,7 +17,7 @@ from ._fields import REMEDY, Fields, shorten
 from .errors import StateError
 
 MIX_WORKER_KIND = "arrowstream.mixture_worker"
-MIX_STATE_VERSION = 1
+MIX_STATE_VERSION = 2  # 2: each source's data may hold its layout (data_identity); 1 loads unchanged
 
 
 @dataclass(frozen=True)
@@ -111,9 +111,9 @@ class MixWorkerState:
                              f"{MIX_WORKER_KIND!r}: not a mixture's state (a StructuredDataset's state loads into "
                              f"its own loader); {REMEDY}")
         version = fields.integer("version")
-        if version != MIX_STATE_VERSION:
-            raise StateError(f"the {where} has version {version}; this arrowstream reads mixture states of version "
-                             f"{MIX_STATE_VERSION}: upgrade arrowstream to load it")
+        if not 1 <= version <= MIX_STATE_VERSION:
+            raise StateError(f"the {where} has version {version}; this arrowstream reads mixture states of versions "
+                             f"1 to {MIX_STATE_VERSION}: upgrade arrowstream to load it")
         slot = fields.mapping("slot")
         options = fields.mapping("options").value
         history = _history(fields.sequence("history"), f"{where}.history")

@@ -20,7 +20,7 @@ from ._order import Slot, SlotGrid
 from ._plan_types import PLANNING_VERSION, PLANNING_VERSIONS
 from .errors import StateError, StateMismatchError, StateVersionError
 
-STATE_VERSION = 7
+STATE_VERSION = 8
 WORKER_KIND = "arrowstream.worker"
 LOADER_KIND = "arrowstream.loader"
 CHECKPOINT_KIND = "arrowstream.checkpoint"  # every rank's loader state, merged
@@ -100,6 +100,12 @@ def _unchanged_in_v7(state: dict[str, Any]) -> dict[str, Any]:
     return dict(state)
 
 
+def _unchanged_in_v8(state: dict[str, Any]) -> dict[str, Any]:
+    """v8 adds optional keys only: ``skips`` and ``pending_skip`` to loader states (``loader.skip``) and
+    ``data.layout`` to worker states (``data_identity="layout"``); a v7 state has none of them, unchanged."""
+    return dict(state)
+
+
 # (kind, n) -> the step from version n to n + 1 of that kind; each takes and returns a plain dict
 MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
     (LOADER_KIND, 1): _loader_v1_to_v2,
@@ -117,6 +123,9 @@ MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = 
     (WORKER_KIND, 6): _unchanged_in_v7,
     (LOADER_KIND, 6): _unchanged_in_v7,
     (CHECKPOINT_KIND, 6): _unchanged_in_v7,
+    (WORKER_KIND, 7): _unchanged_in_v8,
+    (LOADER_KIND, 7): _unchanged_in_v8,
+    (CHECKPOINT_KIND, 7): _unchanged_in_v8,
 }
 
 

@@ -31,6 +31,9 @@ def test_golden_state_resumes_to_the_recorded_batches(tmp_path, golden_file):
     with open(golden_file) as f:
         golden = json.load(f)
     path = prepare_copy(str(tmp_path / "data"), golden.get("data", "data"))   # data-cut: a plan cut into ranges
+    if golden["options"].get("data_identity") == "layout":   # a copy of the data with other modification times
+        for name in os.listdir(path):
+            os.utime(os.path.join(path, name))
     loader, dataset = make_loader(path, golden["num_workers"], **golden["options"])
     loader.load_state_dict(golden["state"])
     resumed = []
@@ -81,6 +84,9 @@ def test_golden_mixture_state_resumes_to_the_recorded_batches(tmp_path, golden_f
         golden = json.load(f)
     prepare_copy(str(tmp_path / "data"), "data")
     prepare_copy(str(tmp_path / "data-cut"), "data-cut")
+    if golden.get("layout"):   # a copy of that source's data with other modification times
+        for name in os.listdir(tmp_path / "data"):
+            os.utime(tmp_path / "data" / name)
     loader, mixture = make(str(tmp_path), golden)
     loader.load_state_dict(golden["state"])
     resumed = []

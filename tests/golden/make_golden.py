@@ -65,6 +65,14 @@ CASES = [
      "options": {"batch_size": 8, "shuffle": True, "seed": 6, "shuffle_buffer_size": 12, "interleave": 2,
                  "assignment": "dynamic"},
      "epochs": [0, 1], "point": ("mid", 0, 2)},
+    # from v8 on: loader.skip() (a skip done before the point is recorded in "skips", one asked for at the point
+    # is the state's "pending_skip"), the default record-level buffer of shuffle=True, and data_identity="layout"
+    # (the state holds the data's layout; the test touches the files before loading it)
+    {"name": "workers2-skips-mid", "num_workers": 2, "options": {"batch_size": 8, "shuffle": True, "seed": 7},
+     "skips": {1: 2, 4: 1}, "epochs": [0, 1], "point": ("mid", 0, 4)},
+    {"name": "workers0-layout-mid", "num_workers": 0,
+     "options": {"batch_size": 16, "shuffle": True, "seed": 2, "data_identity": "layout"},
+     "epochs": [0, 1], "point": ("mid", 0, 3)},
 ]
 
 
@@ -167,6 +175,8 @@ def capture(case: dict, path: str) -> dict:
         for step, batch in enumerate(loader):
             all_ids.append(batch["id"].tolist())
             consumed += 1
+            if epoch == at_epoch and step + 1 in case.get("skips", {}):
+                loader.skip(batches=case["skips"][step + 1])   # the skipped batches never reach all_ids
             if kind == "mid" and epoch == at_epoch and step + 1 == at_step:
                 state, before = json.loads(json.dumps(loader.state_dict())), consumed
         if kind == "after" and epoch == at_epoch:

@@ -24,19 +24,28 @@ CASES = [
      "point": ("mid", 0, 5), "epochs": [0, 1]},
     {"name": "workers2-after-loop", "num_workers": 2, "options": {"shuffle": True},
      "point": ("after", 0, 0), "epochs": [0, 1, 2]},
+    # from worker state version 2 on: source a's data with its layout (data_identity="layout"); the test
+    # touches a's files before loading the state
+    {"name": "workers1-layout-mid", "num_workers": 1, "options": {"shuffle": True}, "layout": "a",
+     "point": ("mid", 0, 4), "epochs": [0, 1]},
 ]
 
 
-def sources(root: str) -> dict:
+def sources(root: str, layout: str | None = None) -> dict:
+    """Sources a and b; ``layout`` names the one whose checkpoint identity leaves out modification times."""
     from arrowstream import Source
 
-    return {"a": Source(os.path.join(root, "data")), "b": Source(os.path.join(root, "data-cut"))}
+    def identity(name: str) -> str:
+        return "layout" if name == layout else "strict"
+
+    return {"a": Source(os.path.join(root, "data"), data_identity=identity("a")),
+            "b": Source(os.path.join(root, "data-cut"), data_identity=identity("b"))}
 
 
 def make(root: str, case: dict):
     from arrowstream import Mixture
 
-    return Mixture.create_dataloader(sources=sources(root), num_workers=case["num_workers"],
+    return Mixture.create_dataloader(sources=sources(root, case.get("layout")), num_workers=case["num_workers"],
                                      **MIXTURE, **case["options"])
 
 
@@ -61,7 +70,9 @@ def capture(root: str, case: dict) -> dict:
 
 
 def main() -> None:
-    out_dir = os.path.join(HERE, "mixture-v1")
+    from arrowstream._mix_state import MIX_STATE_VERSION
+
+    out_dir = os.path.join(HERE, f"mixture-v{MIX_STATE_VERSION}")
     if os.path.isdir(out_dir) and "--force" not in sys.argv:
         sys.exit(f"{out_dir} exists; golden files are never rewritten")
     os.makedirs(out_dir, exist_ok=True)
@@ -69,7 +80,7 @@ def main() -> None:
         prepare_copy(os.path.join(root, "data"), "data")
         prepare_copy(os.path.join(root, "data-cut"), "data-cut")
         for case in CASES:
-            record = {key: case[key] for key in ("num_workers", "options", "epochs")}
+            record = {key: case[key] for key in ("num_workers", "options", "epochs", "layout") if key in case}
             record.update(capture(root, case))
             with open(os.path.join(out_dir, f"{case['name']}.json"), "w") as f:
                 json.dump(record, f, indent=1, sort_keys=True)
