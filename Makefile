@@ -20,11 +20,10 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/arrowstream demo
 
-# the suite, then the wheel and sdist: built, checked, the wheel smoke-run in a clean venv
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist worksteal
-	$(BIN)/python .ci/wheel_check.py
 
+# the wheel and sdist: built, checked, the wheel smoke-run in a clean venv (CI runs it after the suite)
 wheel-check: $(STAMP)
 	$(BIN)/python .ci/wheel_check.py
 

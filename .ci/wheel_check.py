@@ -1,6 +1,6 @@
 """Build the wheel and the sdist, check what they hold, install the wheel into a clean venv, smoke-run it.
 
-`make test` runs this after the suite (`make wheel-check` alone). Steps:
+CI (.ci/run) runs this after the suite, as `make wheel-check`. Steps:
 
 1. `python -m build` on a copy of the repository's files (sdist, then the wheel built from the
    sdist: a file missing from the sdist breaks the wheel) into a temporary folder;

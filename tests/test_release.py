@@ -2,7 +2,7 @@
 this version, and no message or page tells users to install arrowstream from an index it is not on.
 
 The wheel and the sdist themselves are built, installed into a clean venv and smoke-run by
-.ci/wheel_check.py, which `make test` runs after the suite.
+.ci/wheel_check.py (`make wheel-check`), which CI (.ci/run) runs after the suite.
 """
 
 from __future__ import annotations
