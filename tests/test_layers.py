@@ -55,6 +55,7 @@ PURE_MODULES = [
     "_mix_layout",    # a mixture's epochs: every slot's parts of every source
     "_mix_state",     # a mixture worker's state
     "_dynamic",       # dynamic assignment: a rank's work, its leases, a worker's stream over them, the ledger
+    "_auto_buffer",   # the default shuffle buffer: sized from the plan, or a loaded checkpoint's
 ]
 
 REFUSED_PACKAGES = ("torch", "torchdata", "fsspec")
