@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 AUTO = "auto"
 BUDGET_BYTES = 64 * 2**20  # decoded rows held per worker (its memory is about 2 to 3 times that: docs/shuffle.md)
 MIN_BATCHES = 4  # a smaller window hardly moves rows across batches; with rows this large, batches dominate memory
-MAX_ROWS = 1 << 20  # each window is permuted (a sort) and a resume re-reads one: bounded for narrow rows
+MAX_ROWS = 1 << 17  # narrow rows: larger windows shuffle slower (a random gather out of cache; docs/shuffle.md)
 
 
 def buffer_argument(value: Any) -> tuple[int, bool]:
@@ -79,7 +79,7 @@ def auto_buffer_rows(bytes_per_row: float, batch_size: int) -> int:
 
     Example:
         >>> auto_buffer_rows(50.0, 1024), auto_buffer_rows(1000.0, 1024), auto_buffer_rows(2**20, 32)
-        (1048576, 67108, 128)
+        (131072, 67108, 128)
     """
     return max(min(int(BUDGET_BYTES // bytes_per_row), MAX_ROWS), MIN_BATCHES * batch_size)
 

@@ -63,7 +63,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             works with ``shuffle=False`` too (rows shuffled, splits in order). ``0``: split order
             only. Left out (``None`` or ``"auto"``), ``shuffle=True`` gets a buffer of about 64 MiB of
             decoded rows per worker (bytes per row from the files' metadata; at least 4 batches, at
-            most 1,048,576 rows), and none with ``shuffle=False`` or a filter; a loaded checkpoint's
+            most 131,072 rows), and none with ``shuffle=False`` or a filter; a loaded checkpoint's
             size is then kept. See docs/shuffle.md.
         interleave: Splits each worker reads at a time; above 1, rows come from them in rotation,
             ``ceil(batch_size / interleave)`` rows per turn, so a batch mixes ``interleave`` splits
