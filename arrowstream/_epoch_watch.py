@@ -7,8 +7,9 @@ last iteration read and whether that iteration ran to its end (torchdata's itera
 the next one starts on that same epoch, and the order depends on the epoch, it warns once.
 
 Not warned: an iteration that starts again before the end (``next(iter(loader))``, a loop left
-with ``break``), the first iteration after ``load_state_dict``, and datasets whose order does not
-depend on the epoch (``shuffle=False`` and no buffer: the same order every epoch, by design).
+with ``break``), the first iteration after ``load_state_dict`` (which drops torchdata's iterator),
+and datasets whose order does not depend on the epoch (``shuffle=False`` and no buffer: the same
+order every epoch, by design).
 """
 
 from __future__ import annotations
@@ -57,7 +58,3 @@ class EpochWatch:
                 f"`for epoch in range(num_epochs): {self._what}.set_epoch(epoch); for batch in loader: ...` "
                 "(warned once per loader)"), stacklevel=3)
         self._epoch = epoch
-
-    def forget(self) -> None:
-        """A checkpoint was loaded: the next iteration reads its epoch, not a repeat of the last one."""
-        self._epoch = None

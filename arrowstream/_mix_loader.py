@@ -248,7 +248,6 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
                 self.dataset._options = options
                 self.dataset._epochs = self.dataset._layout()
             raise
-        self._epoch_watch.forget()   # the loaded epoch is read next: no repeat of the one read before
 
     def _load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if isinstance(state_dict, dict) and not state_dict:

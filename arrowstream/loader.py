@@ -265,7 +265,6 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             use_planning(self.dataset, planning)
             use_buffer(self.dataset, buffer_rows)
             raise
-        self._epoch_watch.forget()   # the loaded epoch is read next: no repeat of the one read before
 
     def _load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if isinstance(state_dict, dict) and not state_dict:
