@@ -390,7 +390,7 @@ def default_report(args: argparse.Namespace) -> list[str]:
     sizes = {}
     for table in [*quality_tables, numeric, mixed]:
         rows, per_row = default_rows(table)
-        sizes[table.spec.kind] = (rows, per_row)
+        sizes[table.spec] = (rows, per_row)
         lines.append(f"- {table.spec.kind}, {table.spec.rows:,} rows, row groups of {table.spec.row_group_rows:,}: "
                      f"{per_row:.1f} bytes per row from the metadata -> **{rows:,} rows** "
                      f"({rows * per_row / 2**20:.1f} MiB)")
@@ -430,15 +430,17 @@ def default_report(args: argparse.Namespace) -> list[str]:
     peaks = default_memory([(t, b) for t in (numeric, mixed) for b in (0, None)], args.repeats)
     rows_out = []
     for (kind, buffer), peak in peaks.items():
-        rows, per_row = sizes[kind]
+        spec = numeric.spec if kind == "numeric" else mixed.spec
+        rows, per_row = sizes[spec]
+        window = min(rows, spec.rows)   # the one worker's epoch may be shorter than a window
         added = peak - peaks[(kind, 0)]
         rows_out.append([kind, SPLIT_ONLY if buffer == 0 else DEFAULT, f"{peak:,.0f}", f"{added:+,.0f}",
-                         "–" if buffer == 0 else f"{rows * per_row / 2**20:.1f}"])
+                         "–" if buffer == 0 else f"{window:,} rows, {window * per_row / 2**20:.1f} MiB"])
     lines += ["", "## 3. Memory", "",
               (f"Peak RSS of a fresh process reading one epoch with `num_workers=0` (each worker process holds its "
                f"own buffer); median of {args.repeats}."), "",
               *markdown_table(["table", "order", "peak RSS MiB", "over split order, MiB",
-                               "buffer by the plan's estimate, MiB"], rows_out)]
+                               "window (by the plan's bytes per row)"], rows_out)]
     return lines
 
 
