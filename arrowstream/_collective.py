@@ -121,7 +121,8 @@ def plan_arguments(source_arguments: dict[str, Any], options: Options, even_batc
     """What decides a dataset's plan and batches, compared between ranks: the source's arguments (no
     credentials), the options and the topology; ``transform`` is compared by its qualified name."""
     return {**source_arguments, "format": options.format, "batch_size": options.batch_size,
-            "shuffle": options.shuffle, "seed": options.seed, "shuffle_buffer_size": options.shuffle_buffer_size,
+            "shuffle": options.shuffle, "seed": options.seed,
+            "shuffle_buffer_size": "auto" if options.auto_buffer else options.shuffle_buffer_size,
             "interleave": options.interleave, "drop_last": options.drop_last, "split_bytes": options.split_bytes,
             "columns": options.columns and list(options.columns),
             "filter": None if options.filter is None else str(options.filter),

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from ._auto_buffer import adopt_buffer
 from ._cursor import Cursor
 from ._dynamic import LeasedShare, Leases, Work, leased_runs, rank_share, remaining_work, start_cursor, work_of
 from ._elastic import Replay
@@ -287,6 +288,7 @@ def load_dynamic_ledger(dataset: Any, outers: Sequence[dict[str, Any]]) -> int:
     if missing:
         raise StateMismatchError(f"checkpoint rank {missing[0]} was taken with assignment='static' and others with "
                                  f"'dynamic'; {REMEDY}")
+    adopt_buffer(dataset, Fields(outers[0]["dynamic"], "dynamic").mapping("options").value)   # when left out
     world_size = outers[0]["world_size"]
     if world_size != dataset.world_size and all(_epoch_over(dataset, outer) for outer in outers) \
             and len(outers) == world_size:

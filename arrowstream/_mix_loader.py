@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from ._auto_buffer import adopt_mixture_buffer
 from ._batches import BatchIterator, PerBatchCollate, worker_batches
 from ._convert import passthrough_collate
+from ._epoch_watch import EpochWatch, mixture_order_varies
 from ._fields import REMEDY, Fields, shorten
 from ._loader_options import check_loader_options
 from ._metrics import Board, flatten, summarize, worker_values
@@ -117,6 +119,7 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
             raise ArgumentTypeError(f"dataset: MixtureDataLoader loads an arrowstream Mixture, got {type(mixture).__name__}")
         kwargs.setdefault("batch_size", None)
         kwargs.setdefault("collate_fn", passthrough_collate)
+        self._epoch_watch = EpochWatch("mixture")   # warns when a finished epoch starts again (no set_epoch)
         check_loader_options(kwargs.get("num_workers", 0), kwargs, mixture=True)
         collate_fn = kwargs["collate_fn"]
         if kwargs.get("num_workers", 0) > 0:  # workers send Chunks, packed by the collate step (in the worker)
@@ -185,6 +188,7 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
                 f"the checkpoint is inside mixture epoch {replanned}, re-planned for this topology, but the mixture is "
                 f"set to epoch {self.dataset.epoch}; call mixture.set_epoch({replanned}) to finish it first (skipping "
                 "it would lose its rows)")
+        self._epoch_watch.starting(self._iterator, self.dataset.epoch, mixture_order_varies(self.dataset))
         inner = super().__iter__()
         if self.num_workers == 0:
             self._batch_iterator = None
@@ -241,7 +245,18 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`; the next batch is the one after the saved one. At an epoch
-        boundary the mixture may have changed (weights, ``epoch_rows``, sources); see docs/mixing.md."""
+        boundary the mixture may have changed (weights, ``epoch_rows``, sources); see docs/mixing.md. With
+        ``shuffle_buffer_size`` left to its default, the mixture takes the checkpoint's (docs/shuffle.md)."""
+        options = self.dataset._options
+        try:
+            self._load_state_dict(state_dict)
+        except BaseException:   # a refused checkpoint leaves the mixture shuffling as it did
+            if self.dataset._options is not options:
+                self.dataset._options = options
+                self.dataset._epochs = self.dataset._layout()
+            raise
+
+    def _load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if isinstance(state_dict, dict) and not state_dict:
             super().load_state_dict({})
             return
@@ -282,6 +297,7 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
                   for i, s in enumerate(raw)]
         present = [s for s in states if s is not None]
         if present:   # an Iceberg table moved on since the checkpoint: read its snapshot (before any check)
+            adopt_mixture_buffer(mixture, present[0].options)   # shuffle_buffer_size left out: the checkpoint's
             mixture._follow_sources(present[0].data)
         adopt_replanned(mixture, present)
         for worker_id, state in enumerate(states):
@@ -326,6 +342,7 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
             states += [s for s in ranks if s is not None]
         if not states:
             raise StateError(f"the checkpoint holds no worker state; {REMEDY}")
+        adopt_mixture_buffer(mixture, states[0].options)   # shuffle_buffer_size left out: the checkpoint's
         mixture._follow_sources(states[0].data)   # an Iceberg table moved on since the checkpoint: its snapshot
         if all(s is not None and s.epoch_complete for s, _ in old):
             epoch = follow(mixture, states)

@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ._auto_buffer import buffer_argument
 from ._convert import OUTPUT_FORMATS
 from ._formats import TextSettings
 from ._hashing import fingerprint
@@ -40,6 +41,7 @@ class Options:
     planning: int = PLANNING_VERSION  # how splits are cut for slots: a loaded checkpoint's version (_resume)
     # add _file and _row to every batch (arrowstream._row_ids); not in the state: it changes no row's place
     with_row_ids: bool = False
+    auto_buffer: bool = False  # shuffle_buffer_size left out: sized from the plan, or a checkpoint's (_auto_buffer)
 
     @property
     def drops_rows(self) -> bool:
@@ -116,7 +118,7 @@ def _columns(value: Any) -> tuple[str, ...] | None:
     return tuple(value)
 
 
-def validate_options(*, format: str, batch_size: int, shuffle: bool, seed: int, shuffle_buffer_size: int,
+def validate_options(*, format: str, batch_size: int, shuffle: bool, seed: int, shuffle_buffer_size: Any,
                      interleave: int, columns: Any, filter: Any, output_format: str, transform: Any,
                      drop_last: bool, split_bytes: int | None, fill_nulls: Any,
                      parse_options: Any = None, with_row_ids: Any = False) -> Options:
@@ -134,12 +136,13 @@ def validate_options(*, format: str, batch_size: int, shuffle: bool, seed: int, 
     if parse_options is not None and format not in TEXT_FORMATS:
         raise InvalidArgumentError(f"parse_options: apply to format='csv' or 'jsonl', not {format!r}; leave it out")
     settings = TextSettings.from_user(format, parse_options) if format in TEXT_FORMATS else None
+    buffer_rows, auto_buffer = buffer_argument(shuffle_buffer_size)   # auto: 0 until the plan sizes it
     return Options(
         format=format,
         batch_size=check_int("batch_size", batch_size, 1),
         shuffle=check_bool("shuffle", shuffle),
         seed=check_int("seed", seed, 0),
-        shuffle_buffer_size=check_int("shuffle_buffer_size", shuffle_buffer_size, 0),
+        shuffle_buffer_size=buffer_rows,
         interleave=_interleave(interleave),
         columns=_columns(columns),
         filter=_filter(filter),
@@ -150,6 +153,7 @@ def validate_options(*, format: str, batch_size: int, shuffle: bool, seed: int, 
         fill_nulls=fill_nulls,
         parse_options=settings,
         with_row_ids=check_bool("with_row_ids", with_row_ids),
+        auto_buffer=auto_buffer,
     )
 
 

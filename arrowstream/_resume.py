@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ._auto_buffer import adopt_buffer
 from ._fields import Fields
 from ._layout import replanned_source
 from ._order import Slot, SlotGrid
@@ -54,16 +55,20 @@ def use_planning(dataset: StructuredDataset, planning: int) -> None:
 
 def follow_planning(dataset: StructuredDataset, state_dict: Any, where: str) -> None:
     """Make ``dataset`` cut splits as the worker state ``state_dict`` was planned (its ``options.planning``):
-    a job that resumes from a checkpoint keeps the checkpoint's planning version, in every later epoch too.
+    a job that resumes from a checkpoint keeps the checkpoint's planning version, in every later epoch too;
+    and its shuffle buffer, when the dataset's size was left to the default (``_auto_buffer``).
     The other states of the checkpoint must agree (their options are compared with the dataset's)."""
     if state_dict is not None:
-        use_planning(dataset, check_planning(Fields(upgrade(state_dict, WORKER_KIND), where).mapping("options")))
+        options = Fields(upgrade(state_dict, WORKER_KIND), where).mapping("options")
+        use_planning(dataset, check_planning(options))
+        adopt_buffer(dataset, options.value)   # shuffle_buffer_size left out: the checkpoint's
 
 
 def loaded_state(dataset: StructuredDataset, state_dict: dict[str, Any], slot: Slot) -> WorkerState:
     """A worker state to resume from in ``slot`` (this process's), checked against the plan."""
     saved = WorkerState.from_dict(state_dict)
     use_planning(dataset, saved.options["planning"])
+    adopt_buffer(dataset, saved.options)   # shuffle_buffer_size left out: the checkpoint's
     dataset._follow_source(saved)
     check_compatible(saved, dataset._data, dataset._state_options, dataset._data_identity)
     if saved.slot == slot:  # another slot's state is refused when the epoch opens (check_slot)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ._auto_buffer import resolve_buffer
 from ._collective import collective_world_size, plan_arguments, plan_together
 from ._convert import check_output_columns, resolve_fill_nulls
 from ._credentials import as_provider
@@ -61,7 +62,11 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             every ``shuffle_buffer_size`` consecutive rows of its stream are handed out in a seeded
             random order (``seed``, epoch, worker, window). Memory grows with it (about twice the
             buffer's rows while a window is shuffled); a resume re-reads at most one window. It
-            works with ``shuffle=False`` too (rows shuffled, splits in order). See docs/shuffle.md.
+            works with ``shuffle=False`` too (rows shuffled, splits in order). ``0``: split order
+            only. Left out (``None`` or ``"auto"``), ``shuffle=True`` gets a buffer of about 64 MiB of
+            decoded rows per worker (bytes per row from the files' metadata; at least 4 batches, at
+            most 131,072 rows), and none with ``shuffle=False`` or a filter; a loaded checkpoint's
+            size is then kept. See docs/shuffle.md.
         interleave: Splits each worker reads at a time; above 1, rows come from them in rotation,
             ``ceil(batch_size / interleave)`` rows per turn, so a batch mixes ``interleave`` splits
             (files, with ``shuffle=True``). Each open split keeps its file open; at most 1024.
@@ -148,8 +153,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
     """
 
     def __init__(self, path: Any, format: str = "parquet", batch_size: int = 1024, *,
-                 shuffle: bool = False, seed: int = 0, shuffle_buffer_size: int = 0, interleave: int = 1,
-                 columns: list[str] | None = None, filter: Any = None, output_format: str = "torch",
+                 shuffle: bool = False, seed: int = 0, shuffle_buffer_size: int | str | None = None,
+                 interleave: int = 1, columns: list[str] | None = None, filter: Any = None, output_format: str = "torch",
                  transform: Callable[[Any], Any] | None = None, drop_last: bool = False,
                  split_bytes: int | None = None, fill_nulls: Any = None, parse_options: dict[str, Any] | None = None,
                  storage_options: dict[str, Any] | None = None, accelerator: Any = None,
@@ -190,8 +195,10 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         # what decides the plan and the batches, compared between ranks (transform by its qualified name)
         arguments = plan_arguments(self._source.arguments(), self._options, self._even_batches,
                                    self._topology.world_size, self._topology.group_size)
-        self._use_plan(*plan_together(self._source, self._options, self._retry, arguments,
-                                      collective=not plan_locally and collective_world_size() > 1))
+        storage, plan = plan_together(self._source, self._options, self._retry, arguments,
+                                      collective=not plan_locally and collective_world_size() > 1)
+        self._options = resolve_buffer(self._options, [plan])   # shuffle_buffer_size left out: sized by the plan
+        self._use_plan(storage, plan)
 
     def _use_plan(self, storage: Storage, plan: Plan) -> None:
         self._storage, self._plan = storage.reading(self._read_ahead_depth, self._options.interleave), plan

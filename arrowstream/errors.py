@@ -1,7 +1,8 @@
 """The arrowstream error hierarchy.
 
 Every error subclasses :class:`ArrowStreamError` and the builtin it refines, so
-``except ValueError`` or ``except FileNotFoundError`` keeps working.
+``except ValueError`` or ``except FileNotFoundError`` keeps working. Warnings subclass
+``UserWarning``.
 """
 
 from __future__ import annotations
@@ -89,6 +90,17 @@ class MissingDependencyError(ArrowStreamError, ImportError):
     """An optional dependency is needed and not installed."""
 
 
+class RepeatedEpochWarning(UserWarning):
+    """A loader reads a finished epoch again, the same batches in the same order: ``set_epoch`` was not
+    called with a new epoch before the loop.
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("error", RepeatedEpochWarning)  # a loop that forgets set_epoch fails
+    """
+
+
 __all__ = [
     "ArgumentTypeError",
     "ArrowStreamError",
@@ -102,6 +114,7 @@ __all__ = [
     "MissingDependencyError",
     "NotSupportedYetError",
     "NullValueError",
+    "RepeatedEpochWarning",
     "SchemaMismatchError",
     "SharedMemoryError",
     "StateError",

@@ -29,11 +29,13 @@ from typing import Any
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from ._auto_buffer import use_buffer
 from ._batches import BatchIterator, PerBatchCollate, delivered_state, rewind_into_chunk, worker_batches
 from ._boundary import check_replanned_epoch_over, later_epoch_starts_whole
 from ._convert import passthrough_collate
 from ._credentials import as_provider
 from ._dynamic_epoch import DYNAMIC, check_dynamic_loader, dynamic_ledger, load_dynamic_ledger
+from ._epoch_watch import EpochWatch, dataset_order_varies
 from ._fields import shorten
 from ._lease_pool import SharedPool
 from ._loader_options import check_loader_options
@@ -86,6 +88,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
                                     f"IcebergDataset), got {type(dataset).__name__}; use a plain StatefulDataLoader "
                                     "for other datasets")
         kwargs = _loader_arguments(dataset, args, kwargs)
+        self._epoch_watch = EpochWatch("dataset")   # warns when a finished epoch starts again (no set_epoch)
         check_loader_options(kwargs.get("num_workers", 0), kwargs, dataset._credential_provider)
         collate_fn = kwargs.get("collate_fn")
         if collate_fn is not None and collate_fn is not passthrough_collate:
@@ -165,6 +168,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         if self._elastic_loaded:  # the first epoch after loading a checkpoint re-planned for this topology
             check_replanned_epoch_over(self.dataset, self.num_workers)
             self._elastic_loaded = False
+        self._epoch_watch.starting(self._iterator, self.dataset.epoch, dataset_order_varies(self.dataset))
         inner = super().__iter__()
         if self.num_workers == 0:
             self._batch_iterator = None
@@ -282,14 +286,16 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         Every field is checked before anything is loaded (types, ranges, and each worker's cursor
         and counters against the plan): a state that would not yield every row once raises a
         ``StateError`` (see docs/state-format.md, Validation). The dataset then cuts splits by the
-        checkpoint's planning version, in this epoch and the later ones (docs/state-format.md).
+        checkpoint's planning version, in this epoch and the later ones (docs/state-format.md), and,
+        when ``shuffle_buffer_size`` was left to its default, the checkpoint's buffer (docs/shuffle.md).
         """
-        planning = self.dataset._options.planning
+        planning, buffer_rows = self.dataset._options.planning, self.dataset._options.shuffle_buffer_size
         skips = self._saved_skips(state_dict)
         try:
             self._load_state_dict(state_dict)
-        except BaseException:  # a refused checkpoint leaves the dataset planning as it did
+        except BaseException:  # a refused checkpoint leaves the dataset planning and shuffling as it did
             use_planning(self.dataset, planning)
+            use_buffer(self.dataset, buffer_rows)
             raise
         self._skipper.load(*skips)
 

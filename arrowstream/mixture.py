@@ -13,6 +13,7 @@ import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ._auto_buffer import adopt_mixture_buffer, resolve_buffer
 from ._collective import collective_world_size
 from ._convert import check_output_columns, resolve_fill_nulls
 from ._mix_layout import MixEpochs, SourcePlan
@@ -69,8 +70,8 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
 
     def __init__(self, sources: Mapping[str, Source | IcebergSource], weights: Mapping[str, float] | None = None,
                  epoch_rows: int | None = None, source_column: str | None = None, batch_size: int = 1024, *,
-                 shuffle: bool = False, seed: int = 0, shuffle_buffer_size: int = 0, interleave: int = 1,
-                 output_format: str = "torch", transform: Callable[[Any], Any] | None = None,
+                 shuffle: bool = False, seed: int = 0, shuffle_buffer_size: int | str | None = None,
+                 interleave: int = 1, output_format: str = "torch", transform: Callable[[Any], Any] | None = None,
                  drop_last: bool = False, fill_nulls: Any = None, accelerator: Any = None,
                  rank: int | None = None, world_size: int | None = None, even_batches: bool = True,
                  group_size: int = 1, read_ahead: int = 1, plan_locally: bool = False,
@@ -109,6 +110,8 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         plan_cache = check_plan_cache(plan_cache)
         collective = not plan_locally and collective_world_size() > 1
         self._sources = [self._plan_source(name, spec, shared, plan_cache, collective) for name, spec in sources.items()]
+        # shuffle_buffer_size left out: sized by the sources' plans (a worker holds a window of each)
+        self._options = resolve_buffer(self._options, [s.plan for s in self._sources])
         self._schema = unify(self._source_schemas(), source_column)
         check_output_columns(output_format, self._schema)
         self._fill_nulls = resolve_fill_nulls(fill_nulls, self._schema)
@@ -338,7 +341,9 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         from ._mix_resume import check_worker_state
 
         slot = self._slot()
-        self._pending = check_worker_state(self, MixWorkerState.from_dict(state_dict), slot)
+        state = MixWorkerState.from_dict(state_dict)
+        adopt_mixture_buffer(self, state.options)   # shuffle_buffer_size left out: the checkpoint's
+        self._pending = check_worker_state(self, state, slot)
         self._active = None
 
     def __getstate__(self) -> dict[str, Any]:

@@ -22,6 +22,12 @@ The tables come from the suite's generator (``suite/tables.py``), written into `
 
 The report goes to stdout and to ``benchmarks/results/<date>-shuffle.md`` (``--out`` to change;
 ``--quick`` writes a file only with ``--out``); progress goes to stderr.
+
+``--default`` measures the default instead (``shuffle=True`` with ``shuffle_buffer_size`` left out, a buffer
+sized by memory), against split order only (``shuffle_buffer_size=0``), in a smaller run (about 5 min):
+quality on the sorted numeric table and on a sorted mixed table of the same shape; throughput of a
+1,000,000-row numeric table with ``num_workers`` 0 and 2 against the raw pyarrow loop; peak RSS with
+``num_workers=0``. Report: ``benchmarks/results/<date>-default-shuffle.md``.
 """
 
 from __future__ import annotations
@@ -69,7 +75,7 @@ class Config:
     """One arrowstream read: workers, shuffle buffer (rows), splits open at a time."""
 
     num_workers: int
-    buffer: int
+    buffer: int | None   # None: left out, the default buffer sized by memory
     interleave: int
 
     def loader(self, files: list[str]) -> Iterator[Any]:
@@ -85,12 +91,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="smoke run: 200,000 rows, 1 repeat, prints only")
     parser.add_argument("--repeats", type=int, default=None, help="rounds of parts 1 and 2 (default 3; 1 quick)")
     parser.add_argument("--out", type=Path, default=None, help="report path (default results/<date>-shuffle.md)")
+    parser.add_argument("--default", action="store_true",
+                        help="measure the default buffer (shuffle_buffer_size left out) against split order only")
     parser.add_argument("--rss-child", default=None, help=argparse.SUPPRESS)  # internal: one memory measurement
     args = parser.parse_args()
-    args.rows = 200_000 if args.quick else 2_000_000
+    args.rows = 200_000 if args.quick else (1_000_000 if args.default else 2_000_000)
     args.repeats = args.repeats or (1 if args.quick else 3)
     if args.out is None and not args.quick:
-        args.out = RESULTS / f"{dt.date.today().isoformat()}-shuffle.md"
+        args.out = RESULTS / f"{dt.date.today().isoformat()}-{'default-shuffle' if args.default else 'shuffle'}.md"
     return args
 
 
@@ -203,7 +211,7 @@ def order_name(buffer: int, interleave: int) -> str:
     return f"buffer={buffer:,}, interleave={interleave}"
 
 
-def epoch_ids(table: tables.Table, buffer: int, interleave: int) -> np.ndarray:
+def epoch_ids(table: tables.Table, buffer: int | None, interleave: int) -> np.ndarray:
     dataset = StructuredDataset([str(f) for f in table.files], batch_size=BATCH, shuffle=True, seed=0,
                                 shuffle_buffer_size=buffer, interleave=interleave, output_format="numpy",
                                 columns=["id"], plan_cache=False)
@@ -303,10 +311,173 @@ def recommendation(rps: dict[Any, float], peaks: dict[tuple[str, int, int], floa
             f"batches are assembled from K blocks ({fmt_ratio(interleave_rps)} rows/s at workers=0, buffer 0)."), ""]
 
 
+# -- the default buffer (--default) -----------------------------------------------------------------------
+
+
+DEFAULT_QUALITY_SPECS = [QUALITY_SPEC, tables.TableSpec("mixed", 1_000_000, 10, 10_000, 0)]
+SPLIT_ONLY, DEFAULT = "split order only (`shuffle_buffer_size=0`)", "the default (left out)"
+
+
+def default_rows(table: tables.Table) -> tuple[int, float]:
+    """The default buffer's rows for ``table`` and the bytes per row it was sized by (from the plan)."""
+    from arrowstream._auto_buffer import row_bytes
+
+    dataset = StructuredDataset([str(f) for f in table.files], batch_size=BATCH, shuffle=True, plan_cache=False)
+    return dataset._options.shuffle_buffer_size, row_bytes(dataset._plan)
+
+
+def default_quality(table: tables.Table) -> dict[str, list[list[float]]]:
+    """:func:`measure_quality` for split order only, the default and a random permutation."""
+    orders = {SPLIT_ONLY: epoch_ids(table, 0, 1), DEFAULT: epoch_ids(table, None, 1),
+              PERFECT: np.random.default_rng(0).permutation(table.spec.rows)}
+    base = orders[SPLIT_ONLY]
+    base_position = np.empty_like(base)
+    base_position[base] = np.arange(len(base))
+    for name, ids in orders.items():
+        if not np.array_equal(np.sort(ids), np.arange(table.spec.rows)):
+            raise RuntimeError(f"{name}: the epoch is not a permutation of the rows")
+    return {name: [tenth_metrics(ids, base_position, last, table.spec.row_group_rows) for last in (False, True)]
+            for name, ids in orders.items()}
+
+
+def default_throughput(table: tables.Table, repeats: int) -> dict[Any, list[dict[str, Any]]]:
+    """Epoch results of the raw loop and of split order / the default with 0 and 2 workers (warm-up left out)."""
+    files = [str(f) for f in table.files]
+    makers: dict[Any, Callable[[], Iterator[Any]]] = {RAW: lambda: raw_batches(files, BATCH)}
+    for workers in (0, 2):
+        for buffer in (0, None):
+            config = Config(workers, buffer, 1)
+            makers[config] = lambda config=config: config.loader(files)
+    keys, samples = list(makers), {key: [] for key in makers}
+    for round_ in range(repeats + 1):
+        for key in keys[round_ % len(keys):] + keys[:round_ % len(keys)]:
+            result = time_epoch(makers[key])
+            if result["rows"] != table.spec.rows:
+                raise RuntimeError(f"{key}: {result['rows']} rows, the table holds {table.spec.rows}")
+            if round_:
+                samples[key].append(result)
+        log(f"throughput: round {round_} of {repeats} done" + (" (warm-up)" if round_ == 0 else ""))
+    return samples
+
+
+def default_memory(plan: list[tuple[tables.Table, int | None]], repeats: int) -> dict[tuple[str, Any], float]:
+    """Median peak RSS (MiB) per (table kind, buffer), ``num_workers=0``, each run in a fresh process."""
+    samples: dict[tuple[str, Any], list[float]] = {}
+    for _ in range(repeats):
+        for table, buffer in plan:
+            spec = {"files": [str(f) for f in table.files], "buffer": buffer, "interleave": 1}
+            name = f"rss-{table.spec.kind}-b{buffer}"
+            child = [sys.executable, str(Path(__file__).resolve()), "--rss-child", json.dumps(spec)]
+            outcome = runner.run(name, [*LAUNCHER, *child], timeout_s=300, logs=LOGS)
+            if not outcome.ok or outcome.result["rows"] != table.spec.rows:
+                raise RuntimeError(f"{name}: {outcome.error or outcome.result}")
+            samples.setdefault((table.spec.kind, buffer), []).append(outcome.result["self_maxrss_kib"] / 1024)
+    return {key: statistics.median(values) for key, values in samples.items()}
+
+
+WINDOW_SIZES = [0, 65_536, 131_072, 262_144, 1_048_576]
+
+
+def window_speed(table: tables.Table, repeats: int) -> dict[int, float]:
+    """Median rows/s of one epoch of ``StructuredDataset`` (``num_workers=0``, no loader) per buffer size: what
+    the window's size costs, which bounds the default."""
+    files = [str(f) for f in table.files]
+    samples: dict[int, list[float]] = {size: [] for size in WINDOW_SIZES}
+    for round_ in range(repeats + 1):
+        for size in WINDOW_SIZES[round_ % len(WINDOW_SIZES):] + WINDOW_SIZES[:round_ % len(WINDOW_SIZES)]:
+            dataset = StructuredDataset(files, batch_size=BATCH, shuffle=True, seed=0, shuffle_buffer_size=size,
+                                        plan_cache=False)
+            started = time.perf_counter()
+            rows = sum(len(batch["id"]) for batch in dataset)
+            if round_:
+                samples[size].append(rows / (time.perf_counter() - started))
+    return {size: statistics.median(values) for size, values in samples.items()}
+
+
+def default_report(args: argparse.Namespace) -> list[str]:
+    from arrowstream._auto_buffer import BUDGET_BYTES, MAX_ROWS, MIN_BATCHES
+
+    quality_tables = [tables.ensure(spec) for spec in DEFAULT_QUALITY_SPECS]
+    numeric = tables.ensure(tables.TableSpec("numeric", args.rows, 8, 65536, 0))
+    mixed = tables.ensure(tables.TableSpec("mixed", args.rows, 8, 65536, 0))
+    lines = ["Tables (the suite's generator, `benchmarks/suite/tables.py`; files in the page cache):", "",
+             *(table_line(t) + " `id` is the row's position in the files." for t in quality_tables),
+             table_line(numeric), table_line(mixed), "",
+             (f"The default buffer: {BUDGET_BYTES // 2**20} MiB of decoded rows per worker over the bytes per row of "
+              f"the plan's metadata, at least {MIN_BATCHES} batches, at most {MAX_ROWS:,} rows. For these tables:"),
+             ""]
+    sizes = {}
+    for table in [*quality_tables, numeric, mixed]:
+        rows, per_row = default_rows(table)
+        sizes[table.spec] = (rows, per_row)
+        lines.append(f"- {table.spec.kind}, {table.spec.rows:,} rows, row groups of {table.spec.row_group_rows:,}: "
+                     f"{per_row:.1f} bytes per row from the metadata -> **{rows:,} rows** "
+                     f"({rows * per_row / 2**20:.1f} MiB)")
+    log("default: quality")
+    lines += ["", "## 1. Shuffle quality", "",
+              (f"`StructuredDataset(shuffle=True, seed=0, output_format='numpy', columns=['id'])`, epoch 0, "
+               f"`num_workers=0`, `batch_size={BATCH}`; measures as in `benchmarks/results/2026-11-21-shuffle.md` "
+               "(first tenth / last tenth of the epoch; *moved* is against split order only)."), ""]
+    formats = ["{:.3f}", "{:,.0f}", "{:.3f}", "{:.1f}"]
+    header = ["table", "order", "mean \\|pos - id\\| / N", "moved vs split order, rows", "batch spread of id",
+              "row groups per batch"]
+    rows_out = []
+    for table in quality_tables:
+        for name, (first, last) in default_quality(table).items():
+            rows_out.append([f"{table.spec.kind} ({table.row_groups} row groups)", name,
+                             *(f"{fmt.format(first[i])} / {fmt.format(last[i])}" for i, fmt in enumerate(formats))])
+    lines += markdown_table(header, rows_out, right_from=2)
+    log("default: throughput")
+    samples = default_throughput(numeric, args.repeats)
+    rps = {key: statistics.median(r["epoch_rps"] for r in results) for key, results in samples.items()}
+    rows_out = []
+    for key, results in samples.items():
+        low, high = min(r["epoch_rps"] for r in results), max(r["epoch_rps"] for r in results)
+        name = RAW if key == RAW else (SPLIT_ONLY if key.buffer == 0 else DEFAULT)
+        split = rps[Config(key.num_workers, 0, 1)] if key != RAW else None
+        rows_out.append([name, "–" if key == RAW else str(key.num_workers), fmt_rps(rps[key]),
+                         f"{fmt_rps(low)} – {fmt_rps(high)}", fmt_ratio(rps[key] / rps[RAW]),
+                         fmt_ratio(rps[key] / split) if split else "–",
+                         fmt_ms(statistics.median(r["first_s"] for r in results))])
+    lines += ["", "## 2. Throughput", "",
+              (f"One epoch of the numeric table ({numeric.spec.rows:,} rows), `batch_size={BATCH}`, torch output, "
+               f"`shuffle=True`; median of {args.repeats} rounds after an untimed warm-up round, the order of the "
+               "loaders rotated per round. Rows/s from before `create_dataloader` to the last batch."), "",
+              *markdown_table(["loader", "num_workers", "rows/s (median)", "min – max", "vs raw",
+                               "vs split order", "first batch ms"], rows_out)]
+    log("default: memory")
+    peaks = default_memory([(t, b) for t in (numeric, mixed) for b in (0, None)], args.repeats)
+    rows_out = []
+    for (kind, buffer), peak in peaks.items():
+        spec = numeric.spec if kind == "numeric" else mixed.spec
+        rows, per_row = sizes[spec]
+        window = min(rows, spec.rows)   # the one worker's epoch may be shorter than a window
+        added = peak - peaks[(kind, 0)]
+        rows_out.append([kind, SPLIT_ONLY if buffer == 0 else DEFAULT, f"{peak:,.0f}", f"{added:+,.0f}",
+                         "–" if buffer == 0 else f"{window:,} rows, {window * per_row / 2**20:.1f} MiB"])
+    lines += ["", "## 3. Memory", "",
+              (f"Peak RSS of a fresh process reading one epoch with `num_workers=0` (each worker process holds its "
+               f"own buffer); median of {args.repeats}."), "",
+              *markdown_table(["table", "order", "peak RSS MiB", "over split order, MiB",
+                               "window (by the plan's bytes per row)"], rows_out)]
+    log("default: window sizes")
+    speed = window_speed(numeric, args.repeats)
+    lines += ["", "## 4. Window size and speed", "",
+              (f"One epoch of the numeric table ({numeric.spec.rows:,} rows) through `StructuredDataset` itself "
+               f"(`num_workers=0`, torch output, `shuffle=True`), per `shuffle_buffer_size`; median of {args.repeats} "
+               "rounds after a warm-up round. Larger windows gather their rows into shuffled order by random access "
+               "over more memory than the CPU caches hold: what bounds the default's rows."), "",
+              *markdown_table(["buffer rows", "rows/s (median)", "vs no buffer"],
+                              [[f"{size:,}", fmt_rps(rate), fmt_ratio(rate / speed[0])] for size, rate in speed.items()])]
+    return lines
+
+
 def main() -> int:
     args = parse_args()
     if args.rss_child is not None:
         run_main(lambda: rss_epoch(json.loads(args.rss_child)))
+    if args.default:
+        return default_main(args)
     started, load_start, commit, sources = time.perf_counter(), loadavg(), arrowstream_commit(), source_hash()
     numeric = tables.ensure(tables.TableSpec("numeric", args.rows, 8, 65536, 0))
     mixed = tables.ensure(tables.TableSpec("mixed", args.rows, 8, 65536, 0))
@@ -337,6 +508,21 @@ def main() -> int:
         *throughput_lines, "", *memory_section(peaks, row_bytes, args.repeats), "",
         *quality_section(quality, sorted_table), "",
         *recommendation(rps, peaks, row_bytes, quality)])
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+        log(f"wrote {args.out}")
+    return 0
+
+
+def default_main(args: argparse.Namespace) -> int:
+    from bench_suite import run_header
+
+    started, load_start = time.perf_counter(), loadavg()
+    body = default_report(args)
+    text = "\n".join([*run_header("The default shuffle buffer", "bench_shuffle.py", load_start,
+                                  time.perf_counter() - started), "", *body, ""])
     print(text)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

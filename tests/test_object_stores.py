@@ -479,11 +479,16 @@ class KeyFile:
         return {"key": key, "secret": f"secret-of-{key}"}
 
 
+# split order only: splits are read as the batches go, so a key expires mid-read (a shuffle buffer holding this
+# small epoch whole would read all of it before the first batch)
+EXPIRY_ORDER = {"shuffle": True, "seed": 5, "shuffle_buffer_size": 0}
+
+
 def _expiry_setup(s3_server, num_workers):
     where = Where(s3_server.url(f"creds-{uuid.uuid4().hex[:8]}"), s3_server.storage_options, "s3")
     path = write_files(where)
     reference = read_ids(*make_loader(path, num_workers, storage_options=where.storage_options, batch_size=64,
-                                      shuffle=True, seed=5))
+                                      **EXPIRY_ORDER))
     return path, reference
 
 
@@ -494,7 +499,7 @@ def test_credentials_expiring_mid_run_are_refreshed_and_the_read_goes_on(s3_serv
     with start_proxy(s3_server.endpoint) as proxy:
         options = {k: v for k, v in s3_server.options_via(proxy.endpoint).items() if k not in ("key", "secret")}
         caplog.set_level(logging.WARNING, logger="arrowstream")
-        loader, dataset = make_loader(path, 0, batch_size=64, shuffle=True, seed=5, storage_options=options,
+        loader, dataset = make_loader(path, 0, batch_size=64, **EXPIRY_ORDER, storage_options=options,
                                       credential_provider=KeyFile(str(key_file)), read_ahead=0)
         dataset.set_epoch(0)
         got = []
@@ -519,7 +524,7 @@ def test_listing_and_footers_refresh_expired_credentials(s3_server, tmp_path):
         options = {k: v for k, v in s3_server.options_via(proxy.endpoint).items() if k not in ("key", "secret")}
         proxy.configure(expired_keys=["AKIAOLDOLDOLDOLD"])
         provider = RotatingKeys(["AKIAOLDOLDOLDOLD", "AKIANEWNEWNEWNEW"], str(calls))
-        loader, dataset = make_loader(path, 0, batch_size=64, shuffle=True, seed=5, storage_options=options,
+        loader, dataset = make_loader(path, 0, batch_size=64, **EXPIRY_ORDER, storage_options=options,
                                       credential_provider=provider)
         stats = proxy.stats()
         got = read_ids(loader, dataset)
@@ -535,7 +540,7 @@ def test_every_worker_refreshes_expired_credentials(s3_server, tmp_path):
     with start_proxy(s3_server.endpoint) as proxy:
         options = {k: v for k, v in s3_server.options_via(proxy.endpoint).items() if k not in ("key", "secret")}
         provider = RotatingKeys(["AKIAOLDOLDOLDOLD", "AKIANEWNEWNEWNEW"], str(calls))
-        loader, dataset = make_loader(path, 2, batch_size=64, shuffle=True, seed=5, storage_options=options,
+        loader, dataset = make_loader(path, 2, batch_size=64, **EXPIRY_ORDER, storage_options=options,
                                       credential_provider=provider)
         proxy.configure(expired_keys=["AKIAOLDOLDOLDOLD"])   # what each worker is given first has expired
         got = read_ids(loader, dataset)
