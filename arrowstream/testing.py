@@ -241,10 +241,17 @@ def _stop_workers(loader: Any) -> None:
 
 
 def _uninterrupted_run(make_loader: MakeLoader, epochs: int) -> list[_Batch]:
+    return _run(make_loader, None, 0, epochs)
+
+
+def _run(make_loader: MakeLoader, state: dict[str, Any] | None, first_epoch: int, epochs: int) -> list[_Batch]:
+    """A fresh loader, loaded with ``state`` if any, run from ``first_epoch`` to the last epoch."""
     loader, dataset = _build(make_loader)
     batches = []
     try:
-        for epoch in range(epochs):
+        if state is not None:
+            loader.load_state_dict(state)
+        for epoch in range(first_epoch, epochs):
             dataset.set_epoch(epoch)
             for step, batch in enumerate(loader):
                 batches.append(_Batch(epoch, step, _worker_of_last_batch(loader), snapshot(batch)))
@@ -327,17 +334,7 @@ def _through_json(state: Any, point: _Point) -> Any:
 def _resumed_run(make_loader: MakeLoader, checkpoint: bytes, epochs: int) -> list[_Batch]:
     """The canonical loop from a checkpoint: a fresh loader loads it and runs to the last epoch."""
     saved = torch.load(io.BytesIO(checkpoint), weights_only=True)
-    loader, dataset = _build(make_loader)
-    batches = []
-    try:
-        loader.load_state_dict(saved["loader"])
-        for epoch in range(saved["epoch"], epochs):
-            dataset.set_epoch(epoch)
-            for step, batch in enumerate(loader):
-                batches.append(_Batch(epoch, step, _worker_of_last_batch(loader), snapshot(batch)))
-    finally:
-        _stop_workers(loader)
-    return batches
+    return _run(make_loader, saved["loader"], saved["epoch"], epochs)
 
 
 def _compare_continuation(reference: list[_Batch], point: _Point, resumed: list[_Batch]) -> int:
