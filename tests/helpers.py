@@ -45,6 +45,17 @@ def write_dataset(folder: Path | str, layout: list[tuple[int, int]], seed: int =
     return str(folder)
 
 
+def write_ids(folder: Path, sizes: Iterable[int] = (130, 100), row_group_size: int = 25) -> str:
+    """Files ``part-<i>.parquet`` of consecutive ids (and ``x = id / 2``) of the given sizes."""
+    start = 0
+    for index, rows in enumerate(sizes):
+        ids = list(range(start, start + rows))
+        pq.write_table(pa.table({"id": ids, "x": [i * 0.5 for i in ids]}), Path(folder) / f"part-{index}.parquet",
+                       row_group_size=row_group_size)
+        start += rows
+    return str(folder)
+
+
 def batch_key(batch: Any) -> tuple[Any, ...]:
     """A byte-exact, comparable fingerprint of a batch of any output format."""
     if isinstance(batch, pa.RecordBatch):

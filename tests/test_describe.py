@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from helpers import json_roundtrip
+from helpers import json_roundtrip, write_ids
 
 import arrowstream
 from arrowstream import Mixture, Source, StateError, StructuredDataset, cli, describe_state, format_state
@@ -24,14 +24,7 @@ OPTIONS = {"batch_size": 10, "shuffle": True, "seed": 3, "shuffle_buffer_size": 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     """2 files, 230 rows, row groups of 25: 10 splits."""
-    root = tmp_path_factory.mktemp("describe")
-    start = 0
-    for index, rows in enumerate([130, 100]):
-        ids = list(range(start, start + rows))
-        pq.write_table(pa.table({"id": ids, "x": [i * 0.5 for i in ids]}), root / f"part-{index}.parquet",
-                       row_group_size=25)
-        start += rows
-    return str(root)
+    return write_ids(tmp_path_factory.mktemp("describe"))
 
 
 def loader_of(folder, num_workers=0, **options):

@@ -8,7 +8,7 @@ import warnings
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import batch_key, json_roundtrip
+from helpers import batch_key, json_roundtrip, write_ids
 
 import arrowstream
 from arrowstream import (
@@ -28,14 +28,7 @@ OPTIONS = {"batch_size": 10, "shuffle": True, "seed": 5, "shuffle_buffer_size": 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     """2 files, 230 rows, row groups of 25."""
-    root = tmp_path_factory.mktemp("skip")
-    start = 0
-    for index, rows in enumerate([130, 100]):
-        ids = list(range(start, start + rows))
-        pq.write_table(pa.table({"id": ids, "x": [i * 0.5 for i in ids]}), root / f"part-{index}.parquet",
-                       row_group_size=25)
-        start += rows
-    return str(root)
+    return write_ids(tmp_path_factory.mktemp("skip"))
 
 
 def loader_of(folder, num_workers=0, **options):
