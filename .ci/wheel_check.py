@@ -5,7 +5,7 @@ CI (.ci/run) runs this after the suite, as `make wheel-check`. Steps:
 1. `python -m build` on a copy of the repository's files (sdist, then the wheel built from the
    sdist: a file missing from the sdist breaks the wheel) into a temporary folder;
 2. the sdist holds the package with py.typed, the README, the changelog, the whole test suite and
-   the docs; the wheel holds the package with py.typed and the `arrowstream` command, no tests,
+   the docs; the wheel holds the package with py.typed, the license and the `arrowstream` command, no tests,
    and its metadata says this version, requires-python and the classifiers;
 3. a clean venv (no dev extras, nothing from the repository's .venv): torch first from its CPU
    build, pinned by constraints.txt as the Makefile does, then the wheel;
@@ -34,7 +34,7 @@ import zipfile
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SDIST_FILES = ["README.md", "CHANGELOG.md", "pyproject.toml", "constraints.txt", "Makefile", "arrowstream/py.typed",
+SDIST_FILES = ["README.md", "CHANGELOG.md", "LICENSE", "pyproject.toml", "constraints.txt", "Makefile", "arrowstream/py.typed",
                "arrowstream/__init__.py", "arrowstream/cli.py", "arrowstream/_formats/parquet.py",
                "tests/conftest.py", "tests/helpers.py", "tests/test_resume.py", "docs/quickstart.md", "mkdocs.yml",
                ".ci/wheel_smoke.py"]
@@ -129,6 +129,9 @@ def check_wheel(path: str, version: str) -> None:
     for wanted in ("Programming Language :: Python :: 3.11", "Typing :: Typed"):
         if wanted not in classifiers:
             fail(f"the wheel's metadata lacks the classifier {wanted!r}")
+    if metadata["License-Expression"] != "Apache-2.0" or info + "licenses/LICENSE" not in names:
+        fail(f"the wheel lacks its license: License-Expression {metadata['License-Expression']}, "
+             f"{info}licenses/LICENSE {'present' if info + 'licenses/LICENSE' in names else 'missing'}")
     if "arrowstream = arrowstream.cli:main" not in entry_points:
         fail(f"the wheel does not install the arrowstream command: {entry_points!r}")
     ok(f"wheel {os.path.basename(path)}: {len(names)} files, py.typed, the arrowstream command, version {version}")
