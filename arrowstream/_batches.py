@@ -14,6 +14,7 @@ from typing import Any
 
 from ._cursor import Position
 from ._state import WorkerState
+from ._stitch import Stitcher, StitchPiece
 from ._torchdata_state import (
     set_last_yielded_worker,
     set_worker_state,
@@ -35,26 +36,30 @@ class PerBatchCollate:
 
     def __call__(self, item: Any) -> Any:
         if isinstance(item, Chunk):
-            return (item if self.collate_fn is None else item.map_batches(self.collate_fn)).pack()
+            # a piece of last rows is collated in the trainer, once its batch is whole (see _stitch)
+            stitched = len(item) == 1 and isinstance(item.peek(), StitchPiece)
+            return (item if self.collate_fn is None or stitched else item.map_batches(self.collate_fn)).pack()
         return item if self.collate_fn is None else self.collate_fn(item)
 
 
-def worker_batches(inner: Any) -> BatchIterator:
+def worker_batches(inner: Any, stitcher: Stitcher | None = None) -> BatchIterator:
     """A worker loader's iterator, watched (a dead worker named, reads guarded) and unpacked batch by batch."""
     name_dead_workers(inner)
     guard_reads(inner)
-    return BatchIterator(inner)
+    return BatchIterator(inner, stitcher)
 
 
 class BatchIterator:
-    """Yields the batches of the chunks a worker loader delivers, one by one."""
+    """Yields the batches of the chunks a worker loader delivers, one by one; with a ``stitcher``
+    (``assignment='dynamic'``), the workers' pieces of last rows made into whole batches."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, stitcher: Stitcher | None = None) -> None:
         self._inner = inner
         self.chunk: Chunk | None = None
         self.taken = 0
         self._pending: list[Any] = []
         self._after_chunks: dict[int, Any] = {}  # worker id -> its position after its last chunk handed out whole
+        self._stitcher = stitcher
 
     @property
     def inside_chunk(self) -> bool:
@@ -64,38 +69,63 @@ class BatchIterator:
         return self
 
     def __next__(self) -> Any:
-        if self.taken == len(self._pending):
-            try:
-                item = next(self._inner)
-            except StopIteration:
-                raise
-            except ArrowStreamError:
-                # a worker's error ends the epoch: its workers stop now, not when the iterator is collected
-                # (the traceback that reaches the user holds it, and each worker would wait its queue's timeout)
-                shutdown = getattr(self._inner, "_shutdown_workers", None)
-                if shutdown is not None:
-                    shutdown()
-                raise
-            except Exception as exc:
-                error = worker_death(getattr(self._inner, "_workers", []), exc)
-                if error is None:
+        while True:
+            if self._stitcher is not None:
+                stitched = self._stitcher.ready()
+                if stitched is not None:
+                    batch, positions = stitched
+                    self._after_chunks.update(positions)
+                    return batch
+            if self.taken == len(self._pending):
+                try:
+                    self._fetch()
+                except StopIteration:
+                    if self._stitcher is not None:
+                        self._stitcher.check_done()
                     raise
-                shutdown = getattr(self._inner, "_shutdown_workers", None)
-                if shutdown is not None:  # now, rather than in a __del__ that a later fork may inherit
-                    shutdown()
-                drop_frames(exc)
-                raise error from exc
-            if self.chunk is not None:  # handed out whole
-                self._after_chunks[self.chunk.worker_id] = self.chunk.positions[-1]
-            if not isinstance(item, Chunk):  # e.g. a dataset that is not chunked
-                self.chunk, self._pending, self.taken = None, [], 0
-                return item
-            self.chunk, self._pending, self.taken = item, item.batches(), 0
-        batch = self._pending[self.taken]
-        self._pending[self.taken] = None
-        self.taken += 1
-        assert self.chunk is not None
-        return self.chunk.finish(batch)
+                if self.chunk is None:   # not a chunk: handed out as it came
+                    return self._pending.pop()
+            batch = self._pending[self.taken]
+            self._pending[self.taken] = None
+            self.taken += 1
+            assert self.chunk is not None
+            out = self.chunk.finish(batch)
+            if not isinstance(out, StitchPiece):
+                return out
+            # a piece of a worker's last rows (a chunk of its own): held until its batch is whole, and not
+            # handed out until then (the chunk is forgotten, so no position moves past it)
+            assert self._stitcher is not None and len(self.chunk) == 1, "a stitched piece travels alone"
+            self._stitcher.add(out, self.chunk.worker_id, self.chunk.positions[0])
+            self.chunk, self._pending, self.taken = None, [], 0
+
+    def _fetch(self) -> None:
+        """The next item of the workers: a chunk unpacked into ``_pending``, or an item that is not one."""
+        try:
+            item = next(self._inner)
+        except StopIteration:
+            raise
+        except ArrowStreamError:
+            # a worker's error ends the epoch: its workers stop now, not when the iterator is collected
+            # (the traceback that reaches the user holds it, and each worker would wait its queue's timeout)
+            shutdown = getattr(self._inner, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+            raise
+        except Exception as exc:
+            error = worker_death(getattr(self._inner, "_workers", []), exc)
+            if error is None:
+                raise
+            shutdown = getattr(self._inner, "_shutdown_workers", None)
+            if shutdown is not None:  # now, rather than in a __del__ that a later fork may inherit
+                shutdown()
+            drop_frames(exc)
+            raise error from exc
+        if self.chunk is not None:  # handed out whole
+            self._after_chunks[self.chunk.worker_id] = self.chunk.positions[-1]
+        if not isinstance(item, Chunk):  # e.g. a dataset that is not chunked
+            self.chunk, self._pending, self.taken = None, [item], 0
+            return
+        self.chunk, self._pending, self.taken = item, item.batches(), 0
 
     def __len__(self) -> int:
         return len(self._inner)

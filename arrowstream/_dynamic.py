@@ -97,23 +97,82 @@ def truncated(splits: Sequence[Split], rows: int) -> tuple[Split, ...]:
 
 
 def lease_bounds(item_rows: npt.NDArray[np.int64], batch_size: int, num_workers: int) -> npt.NDArray[np.int64]:
-    """Where leases start and end in the virtual stream of items of ``item_rows`` rows: at item ends
-    rounded up to a whole batch, and every ``tail`` rows in the last part of the stream; every lease
-    but the last holds whole batches. ``bounds[i]:bounds[i + 1]`` is lease ``i``.
+    """Where leases start and end in the virtual stream of items of ``item_rows`` rows: at item ends,
+    and in the last part of the stream (the tail) also inside items longer than a tail piece, cut into
+    equal pieces of about ``rows / (workers x TAIL_LEASES_PER_WORKER)`` rows (at least a batch).
+    ``bounds[i]:bounds[i + 1]`` is lease ``i``.
 
-    Rounded up, a lease ends with the first rows of the next item (less than a batch), which a reader
-    decodes alone; rounded down, it would leave the last rows of an item to the next lease, whose reader
-    would decode the whole unit again to reach them."""
+    A lease ends where its last item ends wherever that falls in a batch: a cut inside an item costs a
+    second decode of the first pages of its unit (one page per column, most of a row group of a few
+    hundred thousand rows), so only the tail, which balances the workers' ends, cuts items. The
+    workers' last rows, fewer than a batch each, are stitched into whole batches (:func:`last_pieces`)."""
     total = int(item_rows.sum())
     if total == 0:
         return np.zeros(1, dtype=np.int64)
     ends = np.cumsum(item_rows)
-    cuts = np.minimum(-(-ends // batch_size) * batch_size, total)
+    starts = ends - item_rows
     workers = max(num_workers, 1)
-    tail = max(batch_size, total // (workers * TAIL_LEASES_PER_WORKER) // batch_size * batch_size)
-    tail_start = max(0, total - max(total // TAIL_FRACTION, tail * workers * 4)) // batch_size * batch_size
-    bounds = np.unique(np.concatenate([[0], cuts, np.arange(tail_start, total, tail), [total]]).astype(np.int64))
+    piece = max(batch_size, total // (workers * TAIL_LEASES_PER_WORKER))
+    tail_start = max(0, total - max(total // TAIL_FRACTION, piece * workers * 4))
+    cuts = [np.zeros(1, dtype=np.int64), ends]
+    # items of the tail longer than a piece: cut into equal pieces
+    long = np.flatnonzero((ends > tail_start) & (item_rows > piece))
+    for index in long:
+        lo = max(int(starts[index]), tail_start)
+        hi = int(ends[index])
+        count = -(-(hi - lo) // piece)
+        cuts.append(lo + (np.arange(count, dtype=np.int64) * (hi - lo)) // count)
+    bounds = np.unique(np.concatenate(cuts).astype(np.int64))
     return bounds
+
+
+@dataclass(frozen=True)
+class StitchTag:
+    """A piece of a worker's last rows that makes one batch with other workers' last rows: the
+    ``group``-th batch of the rank's stitched ones, made of ``parts`` pieces (see :func:`last_pieces`);
+    ``first``: this piece starts it."""
+
+    group: int
+    parts: int
+    first: bool
+
+
+def last_pieces(lease_rows: npt.NDArray[np.int64], owners: npt.NDArray[np.int64], worker: int, num_workers: int,
+                batch_size: int) -> list[tuple[int, StitchTag | None]]:
+    """How worker ``worker`` hands out its last rows, fewer than a batch, once every lease is taken.
+
+    A worker yields full batches over its leases end to end; what is left of its leased rows
+    (``total % batch_size``) is its last rows. Laid end to end in worker order, the workers' last rows
+    are cut into batches: each worker's last rows become one or two pieces (cut where a batch of the
+    stitched stream ends), each piece tagged with its batch, or None where the piece is the worker's
+    only one and a batch alone (a partial batch, as with one worker): the worker hands it out itself.
+    The trainer hands the tagged batches out in order, so a worker's second piece never goes out
+    before its first. So a rank yields ``ceil(rows / batch_size)``
+    batches whatever the timing, every one full but the last, and no lease has to end on a batch.
+    ``owners`` (who took each lease) and the leases' rows are the pool's once it is dry, the same for
+    every worker: the workers agree on the pieces without a message.
+    """
+    if (owners < 0).any():
+        raise ValueError("last_pieces: the pool is not dry")
+    totals = np.bincount(owners, weights=lease_rows, minlength=max(num_workers, 1)).astype(np.int64)
+    left = totals % batch_size
+    starts = np.concatenate([[0], np.cumsum(left)]).astype(np.int64)
+    end = int(starts[-1])
+    lo, hi = int(starts[worker]), int(starts[worker + 1])
+    pieces: list[tuple[int, StitchTag | None]] = []
+    while lo < hi:
+        group = lo // batch_size
+        group_lo, group_hi = group * batch_size, min((group + 1) * batch_size, end)
+        cut = min(hi, group_hi)
+        # the workers with last rows in this batch
+        parts = int(((starts[1:] > group_lo) & (starts[:-1] < group_hi) & (left > 0)).sum())
+        pieces.append((cut - lo, None if parts == 1 else StitchTag(group, parts, lo == group_lo)))
+        lo = cut
+    if len(pieces) == 2 and pieces[1][1] is None:
+        # a batch alone, after a piece stitched with others: it waits for that batch (handed out first,
+        # or the worker's position would pass over rows still held)
+        pieces[1] = (pieces[1][0], StitchTag(int(starts[worker + 1] - 1) // batch_size, 1, True))
+    return pieces
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,18 @@ import numpy.typing as npt
 
 from ._auto_buffer import adopt_buffer
 from ._cursor import Cursor
-from ._dynamic import LeasedShare, Leases, Work, leased_runs, rank_share, remaining_work, start_cursor, work_of
+from ._dynamic import (
+    LeasedShare,
+    Leases,
+    StitchTag,
+    Work,
+    last_pieces,
+    leased_runs,
+    rank_share,
+    remaining_work,
+    start_cursor,
+    work_of,
+)
 from ._elastic import Replay
 from ._fields import REMEDY, Fields, check_int, shorten
 from ._order import Slot, SlotGrid
@@ -89,10 +100,19 @@ class DynamicEpochs:
         return {**self.__dict__, "_fresh": {}}
 
 
+def stitches_last_rows(dataset: Any, num_workers: int) -> bool:
+    """Whether the workers' last rows of a dynamic epoch are stitched into whole batches (see
+    :func:`~arrowstream._dynamic.last_pieces`): with two workers or more, and rows known before reading
+    (a filter or ``bad_rows='skip'`` leaves each worker's last batch short, as it leaves len() unknown)."""
+    return dataset._assignment == DYNAMIC and num_workers > 1 and not dataset._options.drops_rows
+
+
 def dynamic_stream(runtime: WorkerRuntime, leases: Leases, take: Callable[[], int | None], slot: Slot,
                    epoch: int, options: Options, data: DataIdentity, state_options: dict[str, Any],
-                   start: WorkerState) -> EpochStream:
-    """A worker's batches of ``epoch``: the rows of the leases it takes with ``take``."""
+                   start: WorkerState, owners: Callable[[], npt.NDArray[np.int64]] | None = None) -> EpochStream:
+    """A worker's batches of ``epoch``: the rows of the leases it takes with ``take``; ``owners`` (who
+    took each lease, read once the pool is dry): its last rows are cut into pieces stitched with the
+    other workers' (None: its last batch is short, if it must be)."""
     share = LeasedShare(leases, take)
     read_ahead = runtime.read_ahead   # object stores: the next leased splits fetched in the background
     runs = leased_runs(runtime.readers, share, seed=options.seed, epoch=epoch, slot=slot,
@@ -100,9 +120,16 @@ def dynamic_stream(runtime: WorkerRuntime, leases: Leases, take: Callable[[], in
                        buffer_rows=options.shuffle_buffer_size,
                        reading_order=None if read_ahead is None else read_ahead.begin)
     # drop_last and even_batches are in the work already (cut to whole batches); the end is the pool's
+    last = None
+    if owners is not None:
+        lease_rows = np.diff(leases.bounds)
+
+        def last(rows: int) -> list[tuple[int, StitchTag | None]]:
+            return last_pieces(lease_rows, owners(), slot.worker_id, slot.num_workers, options.batch_size)
+
     return EpochStream(runs=runs, end=END, batch_size=options.batch_size, drop_last=False,
                        max_batches=None, convert=runtime.convert, data=data, options=state_options, epoch=epoch,
-                       slot=slot, start=start)
+                       slot=slot, start=start, last_pieces=last)
 
 
 def start_state(data: DataIdentity, state_options: dict[str, Any], epoch: int, slot: Slot,

@@ -27,6 +27,7 @@ from ._elastic import share_runs
 from ._metrics import Board, Meter
 from ._reader import ReadAhead, SplitReader, row_ids_for
 from ._row_ids import with_row_id_fields
+from ._stitch import StitchPiece
 from ._stream import EpochStream
 from ._transport import Chunk
 from ._watchdog import watch_trainer
@@ -97,13 +98,24 @@ def build_runtime(plan: Plan, storage: Storage, options: Options, fill_nulls: An
     as_torch = numpy_as_torch(options, transport, in_worker)
     if as_torch:  # the trainer side makes the tensors (see _transport)
         output_format = "numpy"
-    converter = make_converter(output_format, schema, fill_nulls, in_worker=in_worker, torch_values=as_torch)
-    transform = options.transform
-    convert = converter if transform is None else (lambda batch: transform(converter(batch)))
-    span_convert = None if transform is not None else make_converter(
+    convert = _with_transform(make_converter(output_format, schema, fill_nulls, in_worker=in_worker,
+                                             torch_values=as_torch), options.transform)
+    span_convert = None if options.transform is not None else make_converter(
         output_format, schema, fill_nulls, in_worker=in_worker, objects_later=True, torch_values=as_torch)
     objects = options.output_format if options.output_format in ("torch", "numpy", "dict") else None
     return WorkerRuntime(readers, read_ahead, meter, convert, span_convert, objects, as_torch, transport)
+
+
+def _with_transform(converter: Callable[[Any], Any], transform: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
+    return converter if transform is None else (lambda batch: transform(converter(batch)))
+
+
+def trainer_convert(plan: Plan, options: Options, fill_nulls: Any) -> Callable[[Any], Any]:
+    """A record batch to a batch of the output format, ``transform`` applied, in the trainer's process
+    (the batches stitched from the workers' last rows, see ``_stitch``)."""
+    schema = with_row_id_fields(plan.schema) if options.with_row_ids else plan.schema
+    return _with_transform(make_converter(options.output_format, schema, fill_nulls, in_worker=False),
+                           options.transform)
 
 
 class WorkerSide:
@@ -206,15 +218,27 @@ class EpochIterator:
         assert runtime is not None
         per_transfer = runtime.transport.batches_per_transfer
         start = stream.position().cursor
-        if per_transfer == 1 or self._slot.num_workers == 0:
-            record = stream.next_record()
+        try:
+            if per_transfer == 1 or self._slot.num_workers == 0:
+                record = stream.next_record()
+                read = perf_counter()
+                out, rows, batches = runtime.convert(record), record.num_rows, 1
+                if runtime.transport.send_chunks and self._slot.num_workers > 0:  # packed in this thread, see _transport
+                    out = Chunk(self._slot.worker_id, [out], [stream.position()], files=self._files_from(start))
+            else:
+                out, rows, batches, read = self._next_chunk(stream, runtime, per_transfer)
+                out.files = self._files_from(start)
+        except StopIteration:
+            piece = stream.next_piece()
+            if piece is None:
+                raise
+            # a piece of this worker's last rows, stitched with other workers' by the trainer (as Arrow:
+            # converted there, whole); the batch is counted once, by the worker whose piece starts it
+            tag, record = piece
             read = perf_counter()
-            out, rows, batches = runtime.convert(record), record.num_rows, 1
-            if runtime.transport.send_chunks and self._slot.num_workers > 0:  # packed in this thread, see _transport
-                out = Chunk(self._slot.worker_id, [out], [stream.position()], files=self._files_from(start))
-        else:
-            out, rows, batches, read = self._next_chunk(stream, runtime, per_transfer)
-            out.files = self._files_from(start)
+            out = Chunk(self._slot.worker_id, [StitchPiece(tag, record)], [stream.position()],
+                        files=self._files_from(start))
+            rows, batches = record.num_rows, int(tag.first)
         done = perf_counter()
         runtime.meter.batch(rows, batches, read - entered, done - read,
                             entered - self._left_at if self._left_at else 0.0, done)

@@ -129,8 +129,13 @@ class EpochStream:
 
     def __init__(self, *, runs: Iterator[Run], end: Cursor, batch_size: int,
                  drop_last: bool, max_batches: int | None = None, convert: Callable[[pa.RecordBatch], Any], data: DataIdentity,
-                 options: dict[str, Any], epoch: int, slot: Slot, start: WorkerState) -> None:
+                 options: dict[str, Any], epoch: int, slot: Slot, start: WorkerState,
+                 last_pieces: Callable[[int], list[tuple[int, Any]]] | None = None) -> None:
         self._end = end
+        # assignment='dynamic' with workers: how the last rows (fewer than a batch) are handed out, as
+        # pieces of (rows, tag); a tagged piece is stitched with other workers' (see _dynamic.last_pieces)
+        self._last_pieces = last_pieces
+        self._pieces: deque[tuple[int, Any]] | None = None
         self._elastic = start.elastic
         self._batch_size = batch_size
         self._drop_last = drop_last
@@ -171,10 +176,42 @@ class EpochStream:
         if queue.buffered == 0 or (self._drop_last and queue.buffered < self._batch_size):
             self._finish()
             raise StopIteration
-        batch = queue.take(min(self._batch_size, queue.buffered))
+        rows = min(self._batch_size, queue.buffered)
+        if rows < self._batch_size and self._last_pieces is not None:   # the last rows: read to the end
+            rows, tag = self._next_piece()
+            if tag is not None:   # stitched with other workers' rows: next_piece() hands it out
+                raise StopIteration
+            self._pieces.popleft()   # type: ignore[union-attr]
+        return self._take(rows)
+
+    def _take(self, rows: int) -> pa.RecordBatch:
+        batch = self._queue.take(rows)
         self._rows += batch.num_rows
         self._batches += 1
         return batch
+
+    def _next_piece(self) -> tuple[int, Any]:
+        if self._pieces is None:
+            assert self._last_pieces is not None
+            self._pieces = deque(self._last_pieces(self._queue.buffered))
+            if sum(rows for rows, _ in self._pieces) != self._queue.buffered:
+                raise AssertionError(f"worker {self._slot.worker_id} holds {self._queue.buffered} last row(s), its "
+                                     f"leases leave {sum(rows for rows, _ in self._pieces)}")
+        return self._pieces[0]
+
+    def next_piece(self) -> tuple[Any, pa.RecordBatch] | None:
+        """The next piece of this worker's last rows that other workers' rows make a batch with, and
+        its tag; None when the next rows (if any) are not such a piece (see ``_dynamic.last_pieces``)."""
+        if self._complete or self._last_pieces is None:
+            return None
+        self._queue.fill(self._batch_size)
+        if not 0 < self._queue.buffered < self._batch_size:
+            return None
+        rows, tag = self._next_piece()
+        if tag is None:
+            return None
+        self._pieces.popleft()   # type: ignore[union-attr]
+        return tag, self._take(rows)
 
     def __next__(self) -> Any:
         return self._convert(self.next_record())

@@ -99,6 +99,11 @@ class Chunk:
     def __len__(self) -> int:
         return len(self.positions)
 
+    def peek(self) -> Any:
+        """The first batch, as the worker made it (before packing)."""
+        assert self._batches is not None and self._wire is None, "peek runs before the chunk is packed"
+        return self._batches[0]
+
     def map_batches(self, fn: Any) -> Chunk:
         """The same chunk with ``fn`` applied to each batch (in the worker, before packing)."""
         assert self._batches is not None and self._wire is None, "map_batches runs before the chunk is packed"

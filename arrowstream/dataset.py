@@ -15,7 +15,14 @@ from ._collective import collective_world_size, plan_arguments, plan_together
 from ._convert import check_output_columns, resolve_fill_nulls
 from ._credentials import as_provider
 from ._dynamic import LocalPool
-from ._dynamic_epoch import DYNAMIC, DynamicEpochs, check_assignment, dynamic_stream, start_state
+from ._dynamic_epoch import (
+    DYNAMIC,
+    DynamicEpochs,
+    check_assignment,
+    dynamic_stream,
+    start_state,
+    stitches_last_rows,
+)
 from ._identity import check_data_identity
 from ._layout import Epochs, batch_limits, check_known, rows_dropped, rows_trimmed, slot_rows, slot_yields
 from ._lease_pool import SharedPool
@@ -423,8 +430,9 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                     meter.leased()
                 return lease
 
+            owners = pool.owners if stitches_last_rows(self, slot.num_workers) else None
             stream = dynamic_stream(runtime, leases, take, slot, epoch, self._options, self._data,
-                                    self._state_options, before)
+                                    self._state_options, before, owners)
             return OpenEpoch(stream, runtime, lambda start, end: [f"the files leased by worker {slot.worker_id}"])
 
         self._active = EpochIterator(slot, open_epoch, before=lambda: before)

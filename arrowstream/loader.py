@@ -34,7 +34,13 @@ from ._batches import BatchIterator, PerBatchCollate, delivered_state, rewind_in
 from ._boundary import check_replanned_epoch_over, later_epoch_starts_whole
 from ._convert import passthrough_collate
 from ._credentials import as_provider
-from ._dynamic_epoch import DYNAMIC, check_dynamic_loader, dynamic_ledger, load_dynamic_ledger
+from ._dynamic_epoch import (
+    DYNAMIC,
+    check_dynamic_loader,
+    dynamic_ledger,
+    load_dynamic_ledger,
+    stitches_last_rows,
+)
 from ._epoch_watch import EpochWatch, dataset_order_varies
 from ._fields import shorten
 from ._lease_pool import SharedPool
@@ -45,11 +51,12 @@ from ._metrics import Board, flatten, summarize, worker_values
 from ._options import check_int
 from ._order import SlotGrid
 from ._resume import use_planning
-from ._runtime import Transport
+from ._runtime import Transport, trainer_convert
 from ._shm import semaphore_failure
 from ._skip import Skipper, SkippingIterator
 from ._skip_state import pending_of, read_skips
 from ._state import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, WorkerState
+from ._stitch import Stitcher
 from ._storage import logger
 from ._torchdata_state import (
     clear_steps_since_snapshot,
@@ -173,8 +180,27 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         if self.num_workers == 0:
             self._batch_iterator = None
             return SkippingIterator(self, inner)
-        self._batch_iterator = worker_batches(inner)
+        self._batch_iterator = worker_batches(inner, self._stitcher())
         return SkippingIterator(self, self._batch_iterator)
+
+    def _stitcher(self) -> Stitcher | None:
+        """assignment='dynamic' with workers: what makes the workers' last rows into whole batches,
+        converted and collated as a worker would have (see ``arrowstream._stitch``)."""
+        dataset = self.dataset
+        if not stitches_last_rows(dataset, self.num_workers):
+            return None
+        convert = trainer_convert(dataset._plan, dataset._options, dataset._fill_nulls)
+        collate, pin, device = self.collate_fn, self.pin_memory, self.pin_memory_device
+
+        def stitched(record: Any) -> Any:
+            batch = collate(convert(record))
+            if pin:
+                from torch.utils.data._utils.pin_memory import pin_memory
+
+                batch = pin_memory(batch, device or None)  # type: ignore[no-untyped-call]
+            return batch
+
+        return Stitcher(stitched)
 
     def skip(self, batches: int) -> None:
         """Pass over the next ``batches`` batches this loader would yield (after a loss spike, say).

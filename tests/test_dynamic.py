@@ -21,6 +21,7 @@ from arrowstream._dynamic import (
     Leases,
     LocalPool,
     fresh_work,
+    last_pieces,
     lease_bounds,
     leased_runs,
     remaining_work,
@@ -42,7 +43,8 @@ def folder(tmp_path_factory):
 
 
 class Worker:
-    """One worker's stream over leases, as a worker process reads it (without the process)."""
+    """One worker's stream over leases, as a worker process reads it (without the process): full
+    batches, then its last rows as pieces (see ``_dynamic.last_pieces``)."""
 
     def __init__(self, dataset, leases, pool, worker, num_workers, epoch, batch_size):
         options = dataset._options
@@ -57,25 +59,36 @@ class Worker:
         self.queue = RunQueue(runs, start_cursor(options.interleave))
         self.batch_size = batch_size
         self.done = False
-        self.delivered = self.queue.cursor
+        self.delivered = self.queue.cursor   # after the last rows handed out
+        self.pieces = None
+        self.last = (lambda: last_pieces(np.diff(leases.bounds), pool.owners(), worker, num_workers, batch_size)) \
+            if num_workers > 1 else None
 
-    def next_batch(self):
+    def next_item(self):
+        """The next batch or piece (rows, its stitch tag or None, the cursor after it); None at the end."""
         self.queue.fill(self.batch_size)
         if self.queue.buffered == 0:
             self.done = True
             return None
-        batch = self.queue.take(min(self.batch_size, self.queue.buffered))
-        self.delivered = self.queue.cursor
-        return batch
+        rows, tag = min(self.batch_size, self.queue.buffered), None
+        if rows < self.batch_size and self.last is not None:
+            if self.pieces is None:
+                self.pieces = list(self.last())
+                assert sum(r for r, _ in self.pieces) == self.queue.buffered
+            rows, tag = self.pieces.pop(0)
+        batch = self.queue.take(rows)
+        return batch, tag, self.queue.cursor
 
 
 def run(dataset, work, num_workers, epoch, batch_size, stop_after=None, rng=None, slow=None):
-    """Batches of ``work`` by ``num_workers`` workers, taken in a random order; stops after ``stop_after``
-    batches (a checkpoint) and returns the ids handed out, the batch sizes and the rest of the work."""
+    """Batches of ``work`` by ``num_workers`` workers, taken in a random order (pieces stitched as the
+    trainer does); stops after ``stop_after`` batches (a checkpoint) and returns the ids handed out, the
+    batch sizes and the rest of the work."""
     leases = Leases(work, batch_size, num_workers)
     pool = LocalPool(len(leases))
     workers = [Worker(dataset, leases, pool, w, num_workers, epoch, batch_size) for w in range(num_workers)]
     ids, sizes = [], []
+    held, next_group = {}, 0
     rng = rng or random.Random(0)
     while any(not w.done for w in workers):
         if stop_after is not None and len(sizes) >= stop_after:
@@ -84,14 +97,28 @@ def run(dataset, work, num_workers, epoch, batch_size, stop_after=None, rng=None
         # the slow worker is picked rarely: a straggler
         weights = [0.1 if slow is not None and w is workers[slow] else 1.0 for w in live]
         worker = rng.choices(live, weights)[0]
-        batch = worker.next_batch()
-        if batch is not None:
+        item = worker.next_item()
+        if item is None:
+            continue
+        batch, tag, cursor = item
+        if tag is None:
             ids += batch.column("id").to_pylist()
             sizes.append(batch.num_rows)
+            worker.delivered = cursor
+            continue
+        held.setdefault(tag.group, (tag.parts, []))[1].append((worker, batch, cursor))
+        while next_group in held and len(held[next_group][1]) == held[next_group][0]:
+            parts = held.pop(next_group)[1]
+            next_group += 1
+            ids += [i for _, b, _ in parts for i in b.column("id").to_pylist()]
+            sizes.append(sum(b.num_rows for _, b, _ in parts))
+            for owner, _, after in parts:
+                owner.delivered = after
+    if stop_after is None or len(sizes) < stop_after:
+        assert not held, "every piece made into a batch at the end"
     options = dataset._options
-    cursors = [None if w.done else w.delivered for w in workers]
-    rest = remaining_work(leases, pool.owners(), cursors, [w.slot for w in workers], batch_size=batch_size,
-                          interleave=options.interleave, buffer_rows=options.shuffle_buffer_size)
+    rest = remaining_work(leases, pool.owners(), [w.delivered for w in workers], [w.slot for w in workers],
+                          batch_size=batch_size, interleave=options.interleave, buffer_rows=options.shuffle_buffer_size)
     return ids, sizes, rest, leases
 
 
@@ -122,14 +149,54 @@ def test_every_row_once_through_checkpoints_and_other_worker_counts(folder, opti
         assert len(all_sizes) == -(-total // batch_size)
 
 
-def test_leases_hold_whole_batches_and_the_tail_is_cut_small():
+def test_leases_end_where_items_end_and_only_the_tail_cuts_items():
+    """Issue #21: a lease that ended inside the next item (on a batch) cost a second decode of that
+    unit's first pages; leases end at item ends, and only the tail cuts long items, in small pieces."""
     rows = np.array([1000, 30, 5000, 700, 12, 64_000, 999, 3], dtype=np.int64)
     bounds = lease_bounds(rows, 64, 4)
     sizes = np.diff(bounds)
-    assert bounds[0] == 0 and bounds[-1] == rows.sum()
-    assert (sizes[:-1] % 64 == 0).all() and (sizes > 0).all()
-    tail = rows.sum() // 8
-    assert sizes[bounds[1:] > rows.sum() - tail].max() <= max(64, rows.sum() // (4 * TAIL_LEASES_PER_WORKER))
+    total = int(rows.sum())
+    assert bounds[0] == 0 and bounds[-1] == total and (sizes > 0).all()
+    ends = set(np.cumsum(rows).tolist())
+    tail_start = total - max(total // 8, max(64, total // (4 * TAIL_LEASES_PER_WORKER)) * 4 * 4)
+    assert all(b in ends or b >= tail_start for b in bounds[1:].tolist()), "a cut inside an item before the tail"
+    piece = max(64, total // (4 * TAIL_LEASES_PER_WORKER))
+    assert sizes[bounds[1:] > tail_start].max() <= piece + 1
+    assert set(np.cumsum(rows).tolist()) <= set(bounds.tolist()), "every item end is a lease end"
+
+
+@pytest.mark.parametrize("left", [[0, 0, 0], [5, 0, 0], [0, 31, 0], [10, 20, 30], [31, 31, 31, 31], [1, 0, 31],
+                                  [16, 16, 0, 16, 16], [20, 17]])
+def test_the_workers_last_rows_make_whole_batches_but_one(left):
+    """Each worker's last rows (fewer than a batch) cut into pieces that, laid end to end in worker order,
+    make whole batches; every worker computes the same cut from the dry pool alone."""
+    batch_size = 32
+    workers = len(left)
+    rng = np.random.default_rng(sum(left))
+    # leases of random rows whose totals per worker leave `left` rows
+    owners = np.repeat(np.arange(workers), 3)
+    lease_rows = rng.integers(1, 5, size=len(owners)) * batch_size
+    for worker, rest in enumerate(left):
+        lease_rows[worker * 3] += rest
+    pieces = [last_pieces(lease_rows, owners, worker, workers, batch_size) for worker in range(workers)]
+    assert [sum(rows for rows, _ in p) for p in pieces] == left
+    groups: dict[int, list[int]] = {}
+    alone = []
+    for worker, mine in enumerate(pieces):
+        assert len(mine) <= 2 and all(rows > 0 for rows, _ in mine)
+        for rows, tag in mine:
+            if tag is None:
+                alone.append(rows)
+            else:
+                groups.setdefault(tag.group, []).append(rows)
+                assert tag.parts > 1 or (len(mine) == 2 and (rows, tag) == mine[1]), "alone only after a piece"
+    batches = [sum(g) for _, g in sorted(groups.items())] + alone
+    assert sum(batches) == sum(left)
+    assert len(batches) == -(-sum(left) // batch_size), "a rank yields ceil(rows / batch_size) batches"
+    assert sum(1 for b in batches if b < batch_size) <= 1
+    assert all(b <= batch_size for b in batches)
+    with pytest.raises(ValueError, match="not dry"):
+        last_pieces(lease_rows, np.concatenate([owners[:-1], [-1]]), 0, workers, batch_size)
 
 
 # -- through the loader: worker processes, checkpoints, fresh loaders ------------------------------
@@ -169,6 +236,45 @@ def test_an_epoch_reads_every_row_once_in_exactly_len_batches_with_a_straggler(f
         dataset.set_epoch(epoch)
         ids, batches = ids_of_loader(loader)
         assert sorted(ids) == list(range(total)) and batches == len(loader) == -(-total // 32)
+
+
+def tagged_collate(batch):
+    """A collate_fn that says it ran, and on how many rows (once per batch, on the whole batch)."""
+    return {**batch, "collated": len(batch["id"])}
+
+
+@pytest.mark.parametrize("num_workers,options", [(2, {"batch_size": 48}), (3, MIXED), (4, {"interleave": 2})])
+def test_the_workers_last_rows_are_stitched_into_whole_batches_and_a_checkpoint_among_them_resumes_once(
+        folder, num_workers, options):
+    """Leases end where items end (issue #21), so every worker ends with fewer than a batch of rows: the
+    trainer makes them into whole batches (converted, transformed and collated once, whole), the epoch has
+    exactly len(loader) batches, all full but one; a checkpoint taken while pieces are held (between any
+    two of the last batches) resumes exactly the rows not yielded, with another number of workers."""
+    path, total = folder
+    options = {**DYNAMIC, **options}
+    batch_size = options["batch_size"]
+    expected_batches = -(-total // batch_size)
+    loader, dataset = StructuredDataset.create_dataloader(path, num_workers=num_workers, transform=slow_first_worker,
+                                                          collate_fn=tagged_collate, **options)
+    sizes, ids = [], []
+    for batch in loader:
+        assert batch["collated"] == len(batch["id"])
+        sizes.append(len(batch["id"]))
+        ids += [int(i) for i in batch["id"]]
+    assert sorted(ids) == list(range(total))
+    assert len(sizes) == len(loader) == expected_batches
+    assert sum(1 for size in sizes if size < batch_size) == (1 if total % batch_size else 0)
+    assert loader.metrics()["batches"] == expected_batches and loader.metrics()["rows"] == total
+    # checkpoints among the last batches: where the workers' pieces are held in the trainer
+    for stop in range(expected_batches - num_workers - 1, expected_batches + 1):
+        loader, dataset = StructuredDataset.create_dataloader(path, num_workers=num_workers, **options)
+        dataset.set_epoch(1)
+        seen, _ = ids_of_loader(loader, stop)
+        state = json.loads(json.dumps(loader.state_dict()))
+        fresh, fresh_dataset = StructuredDataset.create_dataloader(path, num_workers=num_workers % 3 + 1, **options)
+        fresh.load_state_dict(state)
+        rest, rest_batches = ids_of_loader(fresh)
+        assert sorted(seen + rest) == list(range(total)), (stop, len(seen), len(rest))
 
 
 @pytest.mark.parametrize("old,new,in_order", [(0, 3, None), (2, 0, None), (2, 3, None), (3, 1, None), (2, 2, True)])
@@ -442,12 +548,12 @@ def test_on_s3_leased_splits_are_read_ahead_and_resume_once(folder, s3_server, n
         fs.put(os.path.join(path, name), f"{remote}/{name}")
     options = {**MIXED, "storage_options": s3_server.storage_options, "read_ahead": 2}
     loader, _ = StructuredDataset.create_dataloader(remote, num_workers=num_workers, **options)
-    seen, _ = ids_of_loader(loader, 6)
+    seen, _ = ids_of_loader(loader, 12)
     state = json.loads(json.dumps(loader.state_dict()))
     fresh, _ = StructuredDataset.create_dataloader(remote, num_workers=2 - num_workers // 2, **options)
     fresh.load_state_dict(state)
     assert sorted(seen + ids_of_loader(fresh)[0]) == list(range(total))
-    if num_workers == 0:   # the trainer's own reads: each split and the next ones fetched ahead
+    if num_workers == 0:   # the trainer's own reads (384 rows, splits of 100): each split and the next ones ahead
         assert len({position for _, position in fetched}) >= 6
 
 
