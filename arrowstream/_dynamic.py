@@ -7,16 +7,19 @@ are laid end to end as one *virtual stream*: first replays (the rest of old work
 after a resume), then explicit splits, then the rank's fresh splits from a row on. :class:`Work` is
 that stream; a fresh epoch is only the fresh splits.
 
-**Leases.** The virtual stream is cut into leases at item boundaries rounded to whole batches, and
-the last rows into smaller leases, so that workers finish together (:func:`lease_bounds`). Every
-lease but the last holds whole batches, so every worker yields full batches except the one that
-leases the last rows: the rank yields ``ceil(rows / batch_size)`` batches whatever the timing, and
-``len(loader)`` stays exact. Workers take leases in order from a shared counter; a worker's stream
-is its leases' replays (handed out as they are), then its leases' splits through the usual pipeline
-(interleave, shuffle windows of its own), so its cursor reads as a static worker's does.
+**Leases.** The virtual stream is cut into leases at item ends, and the last rows also inside long
+items, into smaller leases, so that workers finish together (:func:`lease_bounds`). Workers take leases
+in order from a shared counter; a worker's stream is its leases' replays (handed out as they are), then
+its leases' splits through the usual pipeline (interleave, shuffle windows of its own), so its cursor
+reads as a static worker's does, and it yields full batches across its leases. What it has left at the
+end, fewer than a batch, is its *last rows*: once the pool is dry every worker knows every worker's
+total, and cuts its last rows into pieces that make whole batches laid end to end in worker order
+(:func:`last_pieces`); the trainer stitches them (``arrowstream._stitch``). The rank yields
+``ceil(rows / batch_size)`` batches whatever the timing, all full but one, and ``len(loader)`` stays exact.
 
 **The ledger.** Which worker took which lease (the pool's table) and each worker's cursor after the
-last batch the trainer received say exactly which rows were handed out: :func:`remaining_work` is the
+last batch the trainer received (a piece counts when its stitched batch is handed out) say exactly
+which rows were handed out: :func:`remaining_work` is the
 rest, as a new :class:`Work` (replays of windows a worker stood in, the rest of the splits it had
 open, every lease not handed out, and the fresh splits from the first lease nobody took). It is
 expressed in splits of the plan, never in leases, so a resume lays out leases anew for any number
@@ -102,10 +105,13 @@ def lease_bounds(item_rows: npt.NDArray[np.int64], batch_size: int, num_workers:
     equal pieces of about ``rows / (workers x TAIL_LEASES_PER_WORKER)`` rows (at least a batch).
     ``bounds[i]:bounds[i + 1]`` is lease ``i``.
 
-    A lease ends where its last item ends wherever that falls in a batch: a cut inside an item costs a
-    second decode of the first pages of its unit (one page per column, most of a row group of a few
-    hundred thousand rows), so only the tail, which balances the workers' ends, cuts items. The
-    workers' last rows, fewer than a batch each, are stitched into whole batches (:func:`last_pieces`)."""
+    A lease ends where its last item ends wherever that falls in a batch: a cut at row ``x`` of a unit
+    costs about ``x`` rows decoded twice, at least a page per column (the lease after the cut decodes
+    the unit from its start; a cut a few rows in, where leases ended when they held whole batches,
+    cost ~70% of a 400,000-row unit with 1 MB pages), so only the tail, which balances the workers'
+    ends, cuts items. The workers' last rows, fewer than a batch each, are stitched into whole batches
+    (:func:`last_pieces`). Shrinking tail leases (guided self-scheduling) were measured too: shorter
+    tails with a costly ``transform``, more decoding with costly files (benchmarks/results)."""
     total = int(item_rows.sum())
     if total == 0:
         return np.zeros(1, dtype=np.int64)

@@ -83,7 +83,7 @@ class DynamicEpochs:
         return Leases(self.work(epoch), self._options.batch_size, num_workers)
 
     def batches(self, epoch: int) -> int:
-        """Batches this rank yields in a whole ``epoch`` (every lease but the last holds whole batches)."""
+        """Batches this rank yields in a whole ``epoch`` (the workers' last rows stitched into whole batches, all full but one)."""
         rows = self.fresh(epoch).num_rows
         return -(-rows // self._options.batch_size)
 

@@ -180,17 +180,19 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         if self.num_workers == 0:
             self._batch_iterator = None
             return SkippingIterator(self, inner)
-        self._batch_iterator = worker_batches(inner, self._stitcher())
+        self._batch_iterator = worker_batches(inner, self._stitcher(inner))
         return SkippingIterator(self, self._batch_iterator)
 
-    def _stitcher(self) -> Stitcher | None:
+    def _stitcher(self, inner: Any) -> Stitcher | None:
         """assignment='dynamic' with workers: what makes the workers' last rows into whole batches,
-        converted and collated as a worker would have (see ``arrowstream._stitch``)."""
+        converted, collated and pinned as the batches of ``inner`` (torch's iterator) are (see
+        ``arrowstream._stitch``)."""
         dataset = self.dataset
         if not stitches_last_rows(dataset, self.num_workers):
             return None
         convert = trainer_convert(dataset._plan, dataset._options, dataset._fill_nulls)
-        collate, pin, device = self.collate_fn, self.pin_memory, self.pin_memory_device
+        # torch pins only where an accelerator is present, to its device
+        collate, pin, device = self.collate_fn, inner._pin_memory, inner._pin_memory_device
 
         def stitched(record: Any) -> Any:
             batch = collate(convert(record))

@@ -271,10 +271,11 @@ def test_the_workers_last_rows_are_stitched_into_whole_batches_and_a_checkpoint_
         dataset.set_epoch(1)
         seen, _ = ids_of_loader(loader, stop)
         state = json.loads(json.dumps(loader.state_dict()))
-        fresh, fresh_dataset = StructuredDataset.create_dataloader(path, num_workers=num_workers % 3 + 1, **options)
+        fresh, _ = StructuredDataset.create_dataloader(path, num_workers=num_workers % 3 + 1, **options)
         fresh.load_state_dict(state)
         rest, rest_batches = ids_of_loader(fresh)
         assert sorted(seen + rest) == list(range(total)), (stop, len(seen), len(rest))
+        assert rest_batches == -(-len(rest) // batch_size), "the rest in whole batches but one"
 
 
 @pytest.mark.parametrize("old,new,in_order", [(0, 3, None), (2, 0, None), (2, 3, None), (3, 1, None), (2, 2, True)])
