@@ -278,6 +278,39 @@ def test_the_workers_last_rows_are_stitched_into_whole_batches_and_a_checkpoint_
         assert rest_batches == -(-len(rest) // batch_size), "the rest in whole batches but one"
 
 
+@pytest.mark.parametrize("output_format", ["numpy", "arrow", "dict"])
+def test_stitched_batches_have_the_output_format_of_the_others(folder, output_format):
+    """The trainer converts the stitched batches itself: the same format, types and columns as the
+    batches the workers converted."""
+    path, total = folder
+    loader, _ = StructuredDataset.create_dataloader(path, num_workers=3, output_format=output_format,
+                                                    **{**DYNAMIC, "batch_size": 50})
+    batches = list(loader)
+    assert len(batches) == -(-total // 50)
+    kinds = {(type(b).__name__, tuple(type(b[c]).__name__ for c in ("id", "x"))) if output_format != "arrow"
+             else (type(b).__name__, tuple(str(t) for t in b.schema.types)) for b in batches}
+    assert len(kinds) == 1, kinds
+    ids = [int(i) for b in batches for i in (b["id"] if output_format != "arrow" else b.column("id").to_pylist())]
+    assert sorted(ids) == list(range(total))
+
+
+def test_with_a_filter_each_worker_yields_its_own_short_last_batch_and_resumes_once(folder):
+    """A filter leaves a worker's rows unknown until read: no stitching, each worker's last batch may be
+    short, and every kept row is still yielded once, across a checkpoint."""
+    path, total = folder
+    options = {**DYNAMIC, "filter": [("x", ">=", 100.0)]}
+    kept = list(range(200, total))
+    loader, _ = StructuredDataset.create_dataloader(path, num_workers=3, **options)
+    ids, _ = ids_of_loader(loader)
+    assert sorted(ids) == kept
+    loader, _ = StructuredDataset.create_dataloader(path, num_workers=3, **options)
+    seen, _ = ids_of_loader(loader, 50)
+    state = json.loads(json.dumps(loader.state_dict()))
+    fresh, _ = StructuredDataset.create_dataloader(path, num_workers=2, **options)
+    fresh.load_state_dict(state)
+    assert sorted(seen + ids_of_loader(fresh)[0]) == kept
+
+
 @pytest.mark.parametrize("old,new,in_order", [(0, 3, None), (2, 0, None), (2, 3, None), (3, 1, None), (2, 2, True)])
 def test_a_checkpoint_anywhere_resumes_the_rest_once_with_any_number_of_workers(folder, old, new, in_order):
     """With workers, batches come as they are ready by default (in_order=False); in order too."""
