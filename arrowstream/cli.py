@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
                                 "metrics, and a plot of them over time")
     add_source_arguments(bench)
     bench.add_argument("--num-workers", type=int, default=2, help="loader workers (default 2)")
-    bench.add_argument("--shuffle", action="store_true", help="shuffle the splits (seed --seed)")
+    bench.add_argument("--shuffle", action="store_true",
+                       help="shuffle=True: splits in a seeded order, rows through the default record buffer (--seed)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--assignment", choices=["static", "dynamic"], default="static",
                        help="how workers get their rows: the plan's splits (static, default) or leases taken as "

@@ -108,7 +108,7 @@ def stream_args(layout):
     return {k: layout[k] for k in ("batch_size", "interleave", "buffer_rows", "drop_last", "run_rows")}
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(layouts)
 def test_every_epoch_is_a_permutation_in_full_batches(layout):
     splits = make_splits(layout["sizes"])
@@ -126,7 +126,7 @@ def test_every_epoch_is_a_permutation_in_full_batches(layout):
     assert not batches or 0 < len(batches[-1]) <= size
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(layouts, st.integers(1, 90), st.sampled_from([1, 3, 16_384]))
 def test_order_does_not_depend_on_how_reads_and_shuffled_runs_are_cut(layout, other_piece_rows, other_run_rows):
     splits = make_splits(layout["sizes"])
@@ -136,7 +136,7 @@ def test_order_does_not_depend_on_how_reads_and_shuffled_runs_are_cut(layout, ot
     assert a == b
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(layouts, st.data())
 def test_replay_from_any_cursor_equals_the_continuation(layout, data):
     splits = make_splits(layout["sizes"])
@@ -149,7 +149,7 @@ def test_replay_from_any_cursor_equals_the_continuation(layout, data):
     assert list(resumed) == batches[k + 1:]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=90, deadline=None)
 @given(layouts, st.data())
 def test_a_resume_rereads_at_most_one_window(layout, data):
     """Cheap resume: rows read after a resume exceed the rows still to come by at most one
@@ -225,7 +225,7 @@ def test_one_lane_cursors_are_a_split_and_an_offset(layout):
         assert not cursor.lanes or cursor.next_split_index == cursor.lanes[0][0] + 1
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(layouts)
 def test_a_cursor_is_at_the_end_exactly_when_no_row_follows(layout):
     """``Cursor.at_end`` never claims the end while rows follow; without a filter (which may drop
