@@ -64,7 +64,7 @@ def check_epoch(per_rank: list[dict], name: str, epoch: str, num_rows: int) -> N
     assert batches[0] == results[0]["lens"][epoch], f"{name}: len(loader) is {results[0]['lens'][epoch]}, not {batches[0]}"
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("world_size", [2, 3])  # 3: uneven ranks, more ranks than the tiny file has row groups
 def test_ranks_read_disjoint_rows_in_equal_batches(tmp_path, world_size):
     skewed = write_dataset(tmp_path / "skewed", SKEWED)
     tiny = write_dataset(tmp_path / "tiny", [(500, 250)])  # one file, 2 row groups
