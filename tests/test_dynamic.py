@@ -294,6 +294,27 @@ def test_stitched_batches_have_the_output_format_of_the_others(folder, output_fo
     assert sorted(ids) == list(range(total))
 
 
+@pytest.mark.parametrize("output_format", ["torch", "numpy"])
+def test_stitched_batches_of_strings_lists_and_filled_nulls_look_like_the_others(tmp_path, output_format):
+    start = 0
+    for f, rows in enumerate([170, 230, 90, 310]):
+        ids = np.arange(start, start + rows)
+        start += rows
+        pq.write_table(pa.table({"id": ids, "name": [f"n{i}" for i in ids], "tags": [[int(i), 1] for i in ids],
+                                 "maybe": pa.array([None if i % 7 == 0 else float(i) for i in ids])}),
+                       tmp_path / f"p{f}.parquet", row_group_size=60)
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), num_workers=3, output_format=output_format,
+                                                    fill_nulls={"maybe": -1.0}, **{**DYNAMIC, "batch_size": 64})
+    batches = list(loader)
+    assert len(batches) == -(-start // 64)
+    shapes = {tuple((k, type(v).__name__, str(getattr(v, "dtype", "")), type(v[0]).__name__) for k, v in b.items())
+              for b in batches}
+    assert len(shapes) == 1, shapes
+    rows = {int(i): (n, float(m)) for b in batches for i, n, m in zip(b["id"], b["name"], b["maybe"], strict=True)}
+    assert sorted(rows) == list(range(start))
+    assert all(n == f"n{i}" and m == (-1.0 if i % 7 == 0 else float(i)) for i, (n, m) in rows.items())
+
+
 def test_with_a_filter_each_worker_yields_its_own_short_last_batch_and_resumes_once(folder):
     """A filter leaves a worker's rows unknown until read: no stitching, each worker's last batch may be
     short, and every kept row is still yielded once, across a checkpoint."""
