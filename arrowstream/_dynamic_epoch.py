@@ -124,7 +124,7 @@ def dynamic_stream(runtime: WorkerRuntime, leases: Leases, take: Callable[[], in
     if owners is not None:
         lease_rows = np.diff(leases.bounds)
 
-        def last(rows: int) -> list[tuple[int, StitchTag | None]]:
+        def last() -> list[tuple[int, StitchTag | None]]:
             return last_pieces(lease_rows, owners(), slot.worker_id, slot.num_workers, options.batch_size)
 
     return EpochStream(runs=runs, end=END, batch_size=options.batch_size, drop_last=False,

@@ -130,7 +130,7 @@ class EpochStream:
     def __init__(self, *, runs: Iterator[Run], end: Cursor, batch_size: int,
                  drop_last: bool, max_batches: int | None = None, convert: Callable[[pa.RecordBatch], Any], data: DataIdentity,
                  options: dict[str, Any], epoch: int, slot: Slot, start: WorkerState,
-                 last_pieces: Callable[[int], list[tuple[int, Any]]] | None = None) -> None:
+                 last_pieces: Callable[[], list[tuple[int, Any]]] | None = None) -> None:
         self._end = end
         # assignment='dynamic' with workers: how the last rows (fewer than a batch) are handed out, as
         # pieces of (rows, tag); a tagged piece is stitched with other workers' (see _dynamic.last_pieces)
@@ -193,7 +193,7 @@ class EpochStream:
     def _next_piece(self) -> tuple[int, Any]:
         if self._pieces is None:
             assert self._last_pieces is not None
-            self._pieces = deque(self._last_pieces(self._queue.buffered))
+            self._pieces = deque(self._last_pieces())
             if sum(rows for rows, _ in self._pieces) != self._queue.buffered:
                 raise AssertionError(f"worker {self._slot.worker_id} holds {self._queue.buffered} last row(s), its "
                                      f"leases leave {sum(rows for rows, _ in self._pieces)}")

@@ -110,15 +110,17 @@ def markdown_table(header: list[str], rows: list[list[str]], right_from: int = 1
 # -- 1. throughput ---------------------------------------------------------------------------------
 
 
-def measure_throughput(table: tables.Table, repeats: int) -> dict[Any, list[dict[str, Any]]]:
-    """Epoch results per loader (``RAW`` or a :class:`Config`), the first round left out (warm-up)."""
+def measure_throughput(table: tables.Table, repeats: int,
+                       configs: list[Config] | None = None) -> dict[Any, list[dict[str, Any]]]:
+    """Epoch results per loader (``RAW`` or a :class:`Config`; by default every workers x interleave x
+    buffer of section 1), the first round left out (warm-up); the rounds rotate the loaders' order."""
     files = [str(f) for f in table.files]
+    if configs is None:
+        configs = [Config(workers, buffer, interleave) for workers in (0, 2) for interleave in (1, 4)
+                   for buffer in (0, 10_000, 100_000)]
     makers: dict[Any, Callable[[], Iterator[Any]]] = {RAW: lambda: raw_batches(files, BATCH)}
-    for workers in (0, 2):
-        for interleave in (1, 4):
-            for buffer in (0, 10_000, 100_000):
-                config = Config(workers, buffer, interleave)
-                makers[config] = lambda config=config: config.loader(files)
+    for config in configs:
+        makers[config] = lambda config=config: config.loader(files)
     keys, samples = list(makers), {key: [] for key in makers}
     for round_ in range(repeats + 1):
         for key in keys[round_ % len(keys):] + keys[:round_ % len(keys)]:
@@ -342,22 +344,7 @@ def default_quality(table: tables.Table) -> dict[str, list[list[float]]]:
 
 def default_throughput(table: tables.Table, repeats: int) -> dict[Any, list[dict[str, Any]]]:
     """Epoch results of the raw loop and of split order / the default with 0 and 2 workers (warm-up left out)."""
-    files = [str(f) for f in table.files]
-    makers: dict[Any, Callable[[], Iterator[Any]]] = {RAW: lambda: raw_batches(files, BATCH)}
-    for workers in (0, 2):
-        for buffer in (0, None):
-            config = Config(workers, buffer, 1)
-            makers[config] = lambda config=config: config.loader(files)
-    keys, samples = list(makers), {key: [] for key in makers}
-    for round_ in range(repeats + 1):
-        for key in keys[round_ % len(keys):] + keys[:round_ % len(keys)]:
-            result = time_epoch(makers[key])
-            if result["rows"] != table.spec.rows:
-                raise RuntimeError(f"{key}: {result['rows']} rows, the table holds {table.spec.rows}")
-            if round_:
-                samples[key].append(result)
-        log(f"throughput: round {round_} of {repeats} done" + (" (warm-up)" if round_ == 0 else ""))
-    return samples
+    return measure_throughput(table, repeats, [Config(workers, buffer, 1) for workers in (0, 2) for buffer in (0, None)])
 
 
 def default_memory(plan: list[tuple[tables.Table, int | None]], repeats: int) -> dict[tuple[str, Any], float]:
