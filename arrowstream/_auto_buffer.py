@@ -73,15 +73,18 @@ def row_bytes(plan: Plan) -> float:
     return max(stored, float(fixed_row_bytes(plan.schema)), 1.0)
 
 
-def auto_buffer_rows(bytes_per_row: float, batch_size: int) -> int:
-    """Rows of the default buffer for rows of ``bytes_per_row``: the budget's worth, at most
-    :data:`MAX_ROWS`, at least :data:`MIN_BATCHES` batches (which then exceed the budget).
+def auto_buffer_rows(bytes_per_row: float, batch_size: int, windows: int = 1) -> int:
+    """Rows of each of ``windows`` default buffers that a worker holds at once (a mixture's sources), for
+    rows of ``bytes_per_row`` (the sum over the windows): the budget's worth, at most :data:`MAX_ROWS` in
+    all, at least :data:`MIN_BATCHES` batches each (which then exceed the budget).
 
     Example:
         >>> auto_buffer_rows(50.0, 1024), auto_buffer_rows(1000.0, 1024), auto_buffer_rows(2**20, 32)
         (131072, 67108, 128)
+        >>> auto_buffer_rows(150.0, 1024, windows=3)
+        43690
     """
-    return max(min(int(BUDGET_BYTES // bytes_per_row), MAX_ROWS), MIN_BATCHES * batch_size)
+    return max(min(int(BUDGET_BYTES // bytes_per_row), MAX_ROWS // max(windows, 1)), MIN_BATCHES * batch_size)
 
 
 def resolve_buffer(options: Options, plans: Sequence[Plan]) -> Options:
@@ -91,7 +94,7 @@ def resolve_buffer(options: Options, plans: Sequence[Plan]) -> Options:
         return options
     if not options.shuffle or options.drops_rows:
         return dataclasses.replace(options, shuffle_buffer_size=0)
-    rows = auto_buffer_rows(sum(row_bytes(plan) for plan in plans), options.batch_size)
+    rows = auto_buffer_rows(sum(row_bytes(plan) for plan in plans), options.batch_size, windows=len(plans))
     return dataclasses.replace(options, shuffle_buffer_size=rows)
 
 

@@ -37,9 +37,33 @@ def derive_seed(*parts: int) -> int:
 def mix64(values: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     """splitmix64 finalizer, vectorized; wraps modulo 2**64 by design."""
     z = values + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
+    _finish_mix(z)
+    return z
+
+
+def _finish_mix(z: npt.NDArray[np.uint64]) -> None:
+    """:func:`mix64` after its first addition, in place (no temporaries but one: this runs for every batch
+    of a mixture)."""
+    shifted = z >> np.uint64(30)
+    z ^= shifted
+    z *= np.uint64(0xBF58476D1CE4E5B9)
+    np.right_shift(z, np.uint64(27), out=shifted)
+    z ^= shifted
+    z *= np.uint64(0x94D049BB133111EB)
+    np.right_shift(z, np.uint64(31), out=shifted)
+    z ^= shifted
+
+
+def derive_seeds(last: npt.NDArray[np.uint64], *parts: int) -> npt.NDArray[np.uint64]:
+    """:func:`derive_seed` of ``(*parts, x)`` for each ``x`` of ``last`` (unsigned 64-bit), vectorized."""
+    prefix = 0x6A09E667F3BCC908
+    for part in parts:
+        prefix = _mix_scalar(prefix ^ _mix_scalar(part & _MASK))
+    seeds = mix64(last)
+    seeds ^= np.uint64(prefix)
+    seeds += np.uint64(0x9E3779B97F4A7C15)
+    _finish_mix(seeds)
+    return seeds
 
 
 def permutation(n: int, seed: int) -> npt.NDArray[np.int64]:
@@ -52,7 +76,8 @@ def permutation(n: int, seed: int) -> npt.NDArray[np.int64]:
     return np.argsort(keys).astype(np.int64, copy=False)
 
 
-def permutations(n: int, seeds: Sequence[int], index_bits: int | None = None) -> npt.NDArray[np.int64]:
+def permutations(n: int, seeds: Sequence[int] | npt.NDArray[np.uint64],
+                 index_bits: int | None = None) -> npt.NDArray[np.int64]:
     """:func:`permutation` of ``range(n)`` for each of ``seeds``, as the rows of one array, computed together
     (a mixture mixes every batch of a span, a few thousand permutations of an epoch).
 
@@ -60,13 +85,20 @@ def permutations(n: int, seeds: Sequence[int], index_bits: int | None = None) ->
     are replaced by its index, and the sorted values give the order of the keys wherever no two keys of a
     row agree on the bits above; a row where two do is argsorted, as :func:`permutation` does.
     """
-    keys = mix64(np.arange(n, dtype=np.uint64)[None, :] ^ np.array([s & _MASK for s in seeds], dtype=np.uint64)[:, None])
+    seeds = seeds if isinstance(seeds, np.ndarray) else np.array([s & _MASK for s in seeds], dtype=np.uint64)
+    index = np.arange(n, dtype=np.uint64)
+    keys = index[None, :] ^ seeds[:, None]
+    keys += np.uint64(0x9E3779B97F4A7C15)
+    _finish_mix(keys)
     bits = max((n - 1).bit_length(), 1) if index_bits is None else index_bits
     low = np.uint64((1 << bits) - 1)
-    packed = np.sort((keys & ~low) | np.arange(n, dtype=np.uint64), axis=1)
+    packed = keys & ~low
+    packed |= index
+    packed.sort(axis=1)
     orders = (packed & low).astype(np.int64)
-    high = packed & ~low
-    for row in np.flatnonzero((high[:, 1:] == high[:, :-1]).any(axis=1)):
+    # two neighbours that agree above the index bits: that row's order is not the keys' order yet
+    np.bitwise_xor(packed[:, 1:], packed[:, :-1], out=packed[:, 1:])
+    for row in np.flatnonzero((packed[:, 1:] <= low).any(axis=1)):
         orders[row] = np.argsort(keys[row])
     return orders
 

@@ -29,7 +29,7 @@ from fractions import Fraction
 import numpy as np
 import numpy.typing as npt
 
-from ._hashing import derive_seed, permutation, permutations
+from ._hashing import derive_seed, derive_seeds, permutation, permutations
 from ._plan_types import Split, SplitTable
 
 _PASS_DOMAIN = 0x6D69785F70617373  # "mix_pass": the split order of a pass
@@ -187,8 +187,8 @@ def batch_permutation(rows: int, seed: int, epoch: int, slot_index: int, num_slo
 def batch_permutations(rows: int, seed: int, epoch: int, slot_index: int, num_slots: int,
                        batches: Sequence[int]) -> npt.NDArray[np.int64]:
     """:func:`batch_permutation` of each of ``batches`` (all of ``rows`` rows), as the rows of one array."""
-    return permutations(rows, [derive_seed(_BATCH_DOMAIN, seed, epoch, slot_index, num_slots, batch)
-                               for batch in batches])
+    return permutations(rows, derive_seeds(np.asarray(batches, dtype=np.uint64), _BATCH_DOMAIN, seed, epoch,
+                                           slot_index, num_slots))
 
 
 def shares_after(taken: Sequence[int], quotas: Sequence[int], rows: int) -> list[int]:

@@ -7,6 +7,8 @@ pieces they were read in, with ``marks``: how many of them the span has given af
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
@@ -20,18 +22,37 @@ def in_batch_order(pieces: list[list[pa.RecordBatch]], marks: list[list[int]]) -
     return parts[0] if len(parts) == 1 else pa.concat_batches(parts)
 
 
+def batch_order(marks: list[list[int]], permutations: Sequence[npt.NDArray[np.int64]]) -> npt.NDArray[np.int64]:
+    """Where each row of the mixed span comes from, as an index into the sources' rows laid end to end
+    (the first source's rows of the span, then the next source's): batch after batch, the batch's rows
+    (its sources' shares in source order) in the order of its permutation."""
+    taken = np.asarray(marks, dtype=np.int64)                        # (sources, batches): rows after each batch
+    before = np.zeros_like(taken)
+    before[:, 1:] = taken[:, :-1]
+    starts = np.zeros(len(marks), np.int64)                          # where each source's rows begin
+    np.cumsum(taken[:-1, -1], out=starts[1:])
+    first = (starts[:, None] + before).T.ravel()                     # each (batch, source) stretch: first row, rows
+    lengths = (taken - before).T.ravel()
+    stretch_at = np.zeros_like(lengths)
+    np.cumsum(lengths[:-1], out=stretch_at[1:])
+    rows = np.repeat(first - stretch_at, lengths)
+    rows += np.arange(len(rows), dtype=np.int64)
+    sizes = [len(permutation) for permutation in permutations]
+    batch_at = np.zeros(len(sizes), np.int64)
+    np.cumsum(sizes[:-1], out=batch_at[1:])
+    where = np.concatenate(permutations)
+    where += np.repeat(batch_at, sizes)
+    order: npt.NDArray[np.int64] = rows[where]
+    return order
+
+
 def mixed(pieces: list[list[pa.RecordBatch]], marks: list[list[int]],
-          permutations: list[npt.NDArray[np.int64]]) -> pa.RecordBatch:
+          permutations: Sequence[npt.NDArray[np.int64]]) -> pa.RecordBatch:
     """:func:`in_batch_order`'s rows with each batch's rows in the order of its permutation, gathered in one
     take from the sources' pieces (no concatenation first: one copy of the rows, not two)."""
-    starts = np.cumsum([0, *(source_marks[-1] for source_marks in marks)])
-    order = []
-    for batch, permutation in enumerate(permutations):
-        rows = np.concatenate([np.arange(start + (source_marks[batch - 1] if batch else 0), start + source_marks[batch])
-                               for start, source_marks in zip(starts[:-1], marks, strict=True)])
-        order.append(rows[permutation])
-    table = pa.Table.from_batches([piece for source_pieces in pieces for piece in source_pieces])
-    return table.take(np.concatenate(order)).combine_chunks().to_batches()[0]
+    flat = [piece for source_pieces in pieces for piece in source_pieces]
+    rows = flat[0] if len(flat) == 1 else pa.concat_batches(flat)
+    return rows.take(batch_order(marks, permutations))
 
 
 def _cut(pieces: list[pa.RecordBatch], marks: list[int]) -> list[list[pa.RecordBatch]]:

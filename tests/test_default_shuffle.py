@@ -181,6 +181,43 @@ def test_a_mixture_mixes_rows_by_default_and_takes_an_old_checkpoint(tmp_path, s
     assert resumed == golden["continuation"]
 
 
+
+def test_a_mixtures_windows_together_hold_at_most_the_maximum(sorted_rows):
+    """A mixture worker holds one window per source at once and gathers from all of them: the default sizes
+    each so that together they hold at most MAX_ROWS rows (one dataset's window), as the budget is shared."""
+    assert auto_buffer_rows(1.0, 1024, windows=3) == MAX_ROWS // 3
+    assert auto_buffer_rows(1.0, 32, windows=MAX_ROWS) == MIN_BATCHES * 32   # each still a few batches
+    sources = {name: Source(sorted_rows) for name in ("a", "b", "c")}
+    _, mixture = Mixture.create_dataloader(sources=sources, batch_size=BATCH, shuffle=True, plan_cache=False)
+    per_row = parquet_row_bytes(sorted_rows)
+    assert mixture._options.shuffle_buffer_size == min(int(BUDGET_BYTES // (3 * per_row)), MAX_ROWS // 3)
+
+
+def test_a_mixture_checkpoint_of_an_older_default_size_resumes_exactly(sorted_rows, monkeypatch):
+    """0.2.0 gave each source of a mixture a whole dataset's window; a checkpoint of that size (in its options)
+    resumes with the size it was taken with, mid-epoch, to the same batches."""
+    monkeypatch.setattr(arrowstream._auto_buffer, "MAX_ROWS", 1_200)   # windows smaller than a source's rows
+    sources = {name: Source(sorted_rows) for name in ("a", "b")}
+    _, default = Mixture.create_dataloader(sources=sources, batch_size=BATCH, shuffle=True, plan_cache=False)
+    older = default._options.shuffle_buffer_size * 2
+    assert older == 1_200
+    loader, mixture = Mixture.create_dataloader(sources=sources, batch_size=BATCH, shuffle=True, plan_cache=False,
+                                                shuffle_buffer_size=older, epoch_rows=4 * GROUP_ROWS)
+    mixture.set_epoch(0)
+    batches = iter(loader)
+    for _ in range(7):
+        next(batches)
+    state = json.loads(json.dumps(loader.state_dict()))
+    rest = [b["id"].tolist() for b in batches]
+    resumed, resumed_mixture = Mixture.create_dataloader(sources=sources, batch_size=BATCH, shuffle=True,
+                                                         plan_cache=False, epoch_rows=4 * GROUP_ROWS)
+    assert resumed_mixture._options.shuffle_buffer_size != older
+    resumed.load_state_dict(state)
+    assert resumed_mixture._options.shuffle_buffer_size == older
+    resumed_mixture.set_epoch(0)
+    assert [b["id"].tolist() for b in resumed] == rest
+
+
 # -- the warning --------------------------------------------------------------------------------------------
 
 

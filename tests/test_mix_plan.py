@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
+import numpy as np
+import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +20,7 @@ from arrowstream._mix_plan import (
     shares_after,
     tracks,
 )
+from arrowstream._mix_span import in_batch_order, mixed
 from arrowstream._plan_types import SplitTable
 
 
@@ -85,3 +89,30 @@ def test_a_segment_is_cut_from_the_splits_in_pass_order():
 
     splits = segment_splits(table, order, Segment(0, 15, 32))   # rows 15..32 of (20, 10, 5)
     assert [(s.file_index, s.row_start, s.num_rows) for s in splits] == [(2, 15, 5), (0, 0, 10), (1, 0, 2)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_a_mixed_span_is_each_batch_of_its_sources_shares_in_its_permutations_order(data):
+    """The rows of a mixed span (one take from the sources' pieces) are, batch after batch, the batch's shares
+    (source after source) in the order of its permutation: what permuting each batch of the unmixed span gives."""
+    sources = data.draw(st.integers(1, 4))
+    batches = data.draw(st.integers(1, 6))
+    steps = [data.draw(st.lists(st.integers(0, 5), min_size=batches, max_size=batches)) for _ in range(sources)]
+    sizes = [sum(step[b] for step in steps) for b in range(batches)]
+    if min(sizes) == 0:
+        return
+    marks = [list(itertools.accumulate(step)) for step in steps]
+    start, pieces = 0, []
+    for source_marks in marks:   # each source's rows as pieces cut anywhere; ids say where a row came from
+        rows = pa.record_batch({"id": np.arange(start, start + source_marks[-1])})
+        cuts = sorted(data.draw(st.lists(st.integers(0, rows.num_rows), max_size=3)))
+        bounds = [0, *cuts, rows.num_rows]
+        pieces.append([rows.slice(lo, hi - lo) for lo, hi in itertools.pairwise(bounds) if hi > lo])
+        start += source_marks[-1]
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    orders = [rng.permutation(size) for size in sizes]
+    plain = in_batch_order(pieces, marks).column("id").to_numpy()
+    expected = np.concatenate([plain[at:at + size][order] for at, size, order
+                               in zip(itertools.accumulate([0, *sizes]), sizes, orders)])
+    assert mixed(pieces, marks, orders).column("id").to_numpy().tolist() == expected.tolist()

@@ -633,9 +633,12 @@ def test_a_transform_takes_each_batch_and_resume_stays_exact(three, num_workers)
     assert [b["id"].tolist() for b in fresh] == rest
 
 
-def test_each_source_decodes_its_first_split_in_its_share_of_a_read_and_later_ones_in_full_reads(three, monkeypatch):
-    """The first batch waits for one read's worth of rows (each source its share of one), not one read per
-    source; the splits after the first are decoded in full reads, which cost less per row."""
+@pytest.mark.parametrize("buffer", [0, None])
+def test_each_source_decodes_its_first_split_in_its_share_of_a_read_and_later_ones_in_full_reads(three, monkeypatch,
+                                                                                               buffer):
+    """The first batch waits for one read's worth of rows (each source its share of one; with a shuffle buffer
+    its first window), not one read per source; the splits after the first are decoded in full reads, which
+    cost less per row."""
     from arrowstream._formats.parquet import ParquetFile
     from arrowstream._runtime import READ_BATCH_ROWS
 
@@ -647,7 +650,9 @@ def test_each_source_decodes_its_first_split_in_its_share_of_a_read_and_later_on
         return read_units(self, units, columns, batch_rows, use_threads)
 
     monkeypatch.setattr(ParquetFile, "read_units", recorded)
-    loader, _mixture = loader_of(three, weights=None, epoch_rows=None, shuffle=True)
+    loader, mixture = loader_of(three, weights=None, epoch_rows=None, shuffle=True, shuffle_buffer_size=buffer)
+    window = mixture._options.shuffle_buffer_size
+    assert (window == 0) == (buffer == 0)
     assert sum(len(b["id"]) for b in loader) == 1310
     by_source = {500: "big", 10: "small", 150: "mid"}   # rows per file of each source
     first = {}
@@ -655,6 +660,6 @@ def test_each_source_decodes_its_first_split_in_its_share_of_a_read_and_later_on
         first.setdefault(by_source[file_rows], []).append(batch_rows)
     quotas = {"big": 1000, "small": 10, "mid": 300}
     for name, reads in first.items():
-        share = max(32, -(-READ_BATCH_ROWS * quotas[name] // 1310))
-        assert reads[0] == share and set(reads[1:]) <= {READ_BATCH_ROWS}, (name, reads)
+        needs = window or -(-READ_BATCH_ROWS * quotas[name] // 1310)
+        assert reads[0] == max(32, min(READ_BATCH_ROWS, needs)) and set(reads[1:]) <= {READ_BATCH_ROWS}, (name, reads)
     assert len(first["big"]) > 1 and len(first["mid"]) > 1

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arrowstream._hashing import derive_seed, permutation, permutations
+from arrowstream._hashing import derive_seed, derive_seeds, permutation, permutations
 from arrowstream._mix_plan import batch_permutation, batch_permutations
 from arrowstream._order import Slot, SlotGrid, assign_lpt, epoch_order, slot_row_counts, slot_split_ids
 
@@ -33,6 +33,12 @@ def test_permutations_computed_together_are_each_seeds_permutation(n, seeds, ind
 def test_a_spans_batch_permutations_are_its_batches_permutations():
     together = batch_permutations(1024, 7, 3, 1, 4, [16, 17, 18])
     assert [order.tolist() for order in together] == [batch_permutation(1024, 7, 3, 1, 4, b).tolist() for b in (16, 17, 18)]
+
+
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=6), st.lists(st.integers(0, 2**64 - 1), max_size=20))
+def test_seeds_derived_together_are_each_derived_alone(parts, last):
+    together = derive_seeds(np.array(last, dtype=np.uint64), *parts)
+    assert [int(seed) for seed in together] == [derive_seed(*parts, x) for x in last]
 
 
 def test_permutation_is_stable_across_releases():
