@@ -40,6 +40,7 @@ import itertools
 import json
 import os
 import pstats
+import resource
 import statistics
 import subprocess
 import sys
@@ -188,6 +189,7 @@ class Epoch:
     cpu_s: float   # CPU time of this process (all its threads) over the epoch: with 0 workers, the whole cost
     rows: int
     first_rows: int
+    workers_cpu_s: float   # CPU time (user + system) of the epoch's worker processes, all of them
 
     @property
     def rps(self) -> float:
@@ -203,7 +205,7 @@ class Epoch:
 def time_epoch(variant: str, layout: Layout, num_workers: int, shuffle: bool) -> Epoch:
     start = time.perf_counter()
     loader, _ = build_loader(variant, layout, num_workers, shuffle)
-    built, cpu_start = time.perf_counter(), time.process_time()
+    built, cpu_start, children = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
     iterator = iter(loader)
     first = next(iterator)
     first_at = time.perf_counter()
@@ -212,10 +214,13 @@ def time_epoch(variant: str, layout: Layout, num_workers: int, shuffle: bool) ->
         rows += len(batch["id"])
         id_sum += int(batch["id"].sum())
     end, cpu_end = time.perf_counter(), time.process_time()
+    shutdown(iterator)   # the workers exit (they have, at the end of an epoch) and are counted below
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    workers_cpu = after.ru_utime - children.ru_utime + after.ru_stime - children.ru_stime
     if (rows, id_sum) != (layout.rows, layout.id_sum):
         raise RuntimeError(f"{variant}, num_workers={num_workers}, {layout.kind}: {rows} rows (id sum {id_sum}), "
                            f"expected every row once: {layout.rows} (id sum {layout.id_sum})")
-    return Epoch(built - start, first_at - built, end - built, cpu_end - cpu_start, rows, len(first["id"]))
+    return Epoch(built - start, first_at - built, end - built, cpu_end - cpu_start, rows, len(first["id"]), workers_cpu)
 
 
 def rotate(names: list[Any], round_index: int) -> list[Any]:
@@ -424,10 +429,11 @@ def throughput_ratio(samples: dict[tuple[str, int], list[Epoch]], workers: int,
     return median(mixed) / median(single), max(mixed) / max(single)
 
 
-def cpu_ratio(samples: dict[tuple[str, int], list[Epoch]], workers: int) -> float:
-    """Mixture / single CPU time of this process per epoch (medians): with 0 workers, less blurred by the
-    neighbours' load than wall time."""
-    single, mixed = ([e.cpu_s for e in samples[(v, workers)]] for v in (SINGLE, MIXTURE))
+def cpu_ratio(samples: dict[tuple[str, int], list[Epoch]], workers: int, of_workers: bool = False) -> float:
+    """Mixture / single CPU time per epoch (medians) of this process (with 0 workers, the loader's whole cost,
+    less blurred by the neighbours' load than wall time) or of the worker processes."""
+    single, mixed = ([e.workers_cpu_s if of_workers else e.cpu_s for e in samples[(v, workers)]]
+                     for v in (SINGLE, MIXTURE))
     return median(mixed) / median(single)
 
 
@@ -442,7 +448,8 @@ def throughput_section(layout: Layout, samples: dict[tuple[str, int], list[Epoch
                      f"{median([e.total_s for e in epochs]):.2f} ({min(e.total_s for e in epochs):.2f})",
                      f"{median(rps) / 1e6:.2f} M ({max(rps) / 1e6:.2f} M)", ratio,
                      f"{median([e.steady_rps for e in epochs]) / 1e6:.2f} M", steady,
-                     f"{median([e.cpu_s for e in epochs]):.2f}"])
+                     f"{median([e.cpu_s for e in epochs]):.2f}",
+                     f"{median([e.workers_cpu_s for e in epochs]):.2f}" if workers else "–"])
     kind = ("8 float32, `id` and `user` int64, `label` int8" if layout.kind == "numeric" else
             "8 float32, `id` and `user` int64, `label` int8, `name` string (4-12 chars), "
             f"`emb` fixed_size_list<float32, {EMB_SIZE}>")
@@ -452,7 +459,8 @@ def throughput_section(layout: Layout, samples: dict[tuple[str, int], list[Epoch
              f"columns: {kind}."), "",
             *table(["loader", "num_workers", "construction ms", "first batch ms", "epoch s (best)",
                     "rows/s (best)", "mixture / single: median (best)", "rows/s after the first batch",
-                    "mixture / single after the first batch", "CPU s of this process"], rows), ""]
+                    "mixture / single after the first batch", "CPU s of this process", "CPU s of the workers"],
+                  rows), ""]
 
 
 def resume_section(series: list[ResumeSeries]) -> list[str]:
@@ -552,7 +560,8 @@ def reading(throughput: dict[str, dict[tuple[str, int], list[Epoch]]], resume: l
             ratio, best = throughput_ratio(samples, workers)
             steady, _ = throughput_ratio(samples, workers, steady=True)
             cpu = (f"; CPU time of the process per epoch, mixture / single: {cpu_ratio(samples, 0):.2f}x"
-                   if workers == 0 else "")
+                   if workers == 0 else
+                   f"; CPU time of the workers per epoch, mixture / single: {cpu_ratio(samples, workers, True):.2f}x")
             lines.append(f"- Throughput, {kind} table, `num_workers={workers}`: mixture / single = {ratio:.2f}x "
                          f"over the epoch (rows/s, medians; bests {best:.2f}x), {steady:.2f}x after the first batch"
                          f"{cpu}; goal >= {THROUGHPUT_GOAL}x: over the epoch {verdict(ratio >= THROUGHPUT_GOAL)}, "
@@ -608,7 +617,8 @@ def report(args: argparse.Namespace, layouts: list[Layout], throughput: dict[str
               "The ratio column divides the mixture's rows/s by the single source's: median by median, best by "
               "best; the goals are judged on the medians. \"CPU s\" is this process's CPU time over the epoch "
               "(all its threads; the median): with 0 workers it is the loader's whole cost, and the neighbours' "
-              "load blurs it less than wall time. The files sit in the page cache."), ""]
+              "load blurs it less than wall time; \"CPU s of the workers\" is their user and system time over the epoch "
+              "(both workers, from `getrusage` of the children once they exited). The files sit in the page cache."), ""]
     for layout in layouts:
         lines += throughput_section(layout, throughput[layout.kind])
     if resume:
