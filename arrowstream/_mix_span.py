@@ -48,8 +48,9 @@ def batch_order(marks: list[list[int]], permutations: Sequence[npt.NDArray[np.in
 
 def mixed(pieces: list[list[pa.RecordBatch]], marks: list[list[int]],
           permutations: Sequence[npt.NDArray[np.int64]]) -> pa.RecordBatch:
-    """:func:`in_batch_order`'s rows with each batch's rows in the order of its permutation, gathered in one
-    take from the sources' pieces (no concatenation first: one copy of the rows, not two)."""
+    """:func:`in_batch_order`'s rows with each batch's rows in the order of its permutation: the sources'
+    pieces laid end to end (a copy the caches still hold), then one take (a take across many pieces looks
+    up each row's piece, which costs more than the copy)."""
     flat = [piece for source_pieces in pieces for piece in source_pieces]
     rows = flat[0] if len(flat) == 1 else pa.concat_batches(flat)
     return rows.take(batch_order(marks, permutations))
