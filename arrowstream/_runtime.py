@@ -33,6 +33,8 @@ from ._transport import Chunk
 from ._watchdog import watch_trainer
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from ._layout import EpochLayout
     from ._options import Options
     from ._order import Slot
@@ -92,7 +94,7 @@ def build_runtime(plan: Plan, storage: Storage, options: Options, fill_nulls: An
     # values an output format cannot hold are found as read, where the file is known
     check = make_value_check(output_format, plan.schema, fill_nulls)
     row_ids = row_ids_for(plan) if options.with_row_ids else None
-    schema = with_row_id_fields(plan.schema) if options.with_row_ids else plan.schema   # of the batches read
+    schema = read_schema(plan, options)
     readers = [SplitReader(plan, storage, read_rows, use_threads=not in_worker, read_ahead=read_ahead, meter=meter,
                            check=check, row_ids=row_ids) for _ in range(options.interleave)]
     as_torch = numpy_as_torch(options, transport, in_worker)
@@ -110,12 +112,16 @@ def _with_transform(converter: Callable[[Any], Any], transform: Callable[[Any], 
     return converter if transform is None else (lambda batch: transform(converter(batch)))
 
 
+def read_schema(plan: Plan, options: Options) -> pa.Schema:
+    """The schema of the batches read: the plan's, with the row-id columns when asked for."""
+    return with_row_id_fields(plan.schema) if options.with_row_ids else plan.schema
+
+
 def trainer_convert(plan: Plan, options: Options, fill_nulls: Any) -> Callable[[Any], Any]:
     """A record batch to a batch of the output format, ``transform`` applied, in the trainer's process
     (the batches stitched from the workers' last rows, see ``_stitch``)."""
-    schema = with_row_id_fields(plan.schema) if options.with_row_ids else plan.schema
-    return _with_transform(make_converter(options.output_format, schema, fill_nulls, in_worker=False),
-                           options.transform)
+    return _with_transform(make_converter(options.output_format, read_schema(plan, options), fill_nulls,
+                                          in_worker=False), options.transform)
 
 
 class WorkerSide:
