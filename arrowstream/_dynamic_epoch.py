@@ -275,15 +275,6 @@ def check_assignment(assignment: Any, options: Options, group_size: int = 1) -> 
 # -- the loader's side ------------------------------------------------------------------------------
 
 
-def check_dynamic_loader(dataset: Any, num_workers: int, persistent_workers: bool) -> None:
-    """Refuse what dynamic assignment does not take yet: persistent workers (each iteration's workers
-    take their leases from a pool made for that iteration)."""
-    if dataset._assignment == DYNAMIC and num_workers > 0 and persistent_workers:
-        raise InvalidArgumentError(
-            "persistent_workers: assignment='dynamic' does not take persistent workers yet (each iteration's "
-            "workers lease from a pool made for that iteration); pass persistent_workers=False")
-
-
 def dynamic_ledger(dataset: Any, pool: Any, cursors: Sequence[Cursor | None], num_workers: int) -> dict[str, Any]:
     """The ``dynamic`` part of a loader state: the rest of the epoch being read (or, before any
     iteration, of the dataset's epoch), with the data and options it must resume on. ``cursors``: each

@@ -25,7 +25,7 @@ from ._dynamic_epoch import (
 )
 from ._identity import check_data_identity
 from ._layout import Epochs, batch_limits, check_known, rows_dropped, rows_trimmed, slot_rows, slot_yields
-from ._lease_pool import SharedPool
+from ._lease_pool import PoolSlots, SharedPool
 from ._options import Options, check_bool, check_even_batches, check_int, check_storage_arguments, validate_options
 from ._order import Slot, SlotGrid
 from ._planning import Plan
@@ -411,6 +411,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         if get_worker_info() is None:   # the trainer's process reads alone: its own pool, each iteration
             self._pool = LocalPool(len(self._dynamic.leases(epoch, 0)), epoch)
         pool = self._pool
+        if isinstance(pool, PoolSlots):   # persistent workers: the pool of this iteration, taken now
+            pool = pool.current()
         if pool is None:
             raise InvalidArgumentError("assignment='dynamic': this dataset's workers share leases that its loader "
                                        "lays out; iterate it through create_dataloader's loader (or "

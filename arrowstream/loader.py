@@ -36,14 +36,13 @@ from ._convert import passthrough_collate
 from ._credentials import as_provider
 from ._dynamic_epoch import (
     DYNAMIC,
-    check_dynamic_loader,
     dynamic_ledger,
     load_dynamic_ledger,
     stitches_last_rows,
 )
 from ._epoch_watch import EpochWatch, dataset_order_varies
 from ._fields import shorten
-from ._lease_pool import SharedPool
+from ._lease_pool import PoolSlots, SharedPool
 from ._loader_options import check_loader_options
 from ._loader_resume import check_workers, elastic_slots, follow_checkpoint_planning, mark_epoch_complete
 from ._loader_state import read_checkpoint, read_loader_state
@@ -122,7 +121,6 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         self._elastic_loaded = False  # a checkpoint re-planned for this topology, its epoch not started yet
         self._pool: SharedPool | None = None  # assignment='dynamic': the leases of the running iteration
         self._skipper = Skipper()  # loader.skip(): the batches to pass over next, and those passed over
-        check_dynamic_loader(dataset, self.num_workers, self.persistent_workers)
 
     def _set_batches_per_transfer(self, value: int) -> None:
         self.batches_per_transfer = value
@@ -136,11 +134,15 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         if loaded is not None and self.num_workers > 0:
             self.next_iter_state = self._into_later_epoch(loaded)
         if self.dataset._assignment == DYNAMIC and self.num_workers > 0:
-            # a new pool for every iteration, before its workers start: they inherit it (an abandoned
-            # iteration's workers keep the old one)
+            # new pools for new workers, before they start: they inherit them (an abandoned iteration's
+            # workers keep the old ones); persistent workers use two in turn (see _advance_pool)
             epoch = self.dataset.epoch
-            leases = self.dataset._dynamic.leases(epoch, self.num_workers)
-            self._pool = self.dataset._pool = SharedPool(epoch, len(leases), self.multiprocessing_context)
+            leases = len(self.dataset._dynamic.leases(epoch, self.num_workers))
+            if self.persistent_workers:
+                slots = PoolSlots(epoch, leases, self.multiprocessing_context)
+                self.dataset._pool, self._pool = slots, slots.current()
+            else:
+                self._pool = self.dataset._pool = SharedPool(epoch, leases, self.multiprocessing_context)
         try:
             return super()._get_iterator()
         except OSError as exc:  # the semaphores of the workers' queues live in /dev/shm
@@ -176,12 +178,35 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             check_replanned_epoch_over(self.dataset, self.num_workers)
             self._elastic_loaded = False
         self._epoch_watch.starting(self._iterator, self.dataset.epoch, dataset_order_varies(self.dataset))
+        self._advance_pool()
         inner = super().__iter__()
         if self.num_workers == 0:
             self._batch_iterator = None
             return SkippingIterator(self, inner)
         self._batch_iterator = worker_batches(inner, self._stitcher(inner))
         return SkippingIterator(self, self._batch_iterator)
+
+    def _advance_pool(self) -> None:
+        """assignment='dynamic' with persistent workers, before torchdata starts them on the next iteration:
+        that iteration's leases, in the pool the last one did not use (see ``PoolSlots``). Where the pool
+        has no room for them, the workers are ended and new ones start, with new pools."""
+        iterator: Any = self._iterator
+        if self.dataset._assignment != DYNAMIC or self.num_workers == 0 or not self.persistent_workers \
+                or iterator is None:
+            return   # no workers yet: _get_iterator makes the pools
+        if self._initial_iter_for_state_dict and not iterator._finished:
+            return   # the workers state_dict() started are this iteration's, on the pool made for them
+        epoch = self.dataset.epoch
+        slots = self.dataset._pool
+        leases = len(self.dataset._dynamic.leases(epoch, self.num_workers))
+        pool = slots.advance(epoch, leases) if isinstance(slots, PoolSlots) else None
+        if pool is not None:
+            self._pool = pool
+            return
+        logger.info("assignment='dynamic': epoch %d has %d leases, more than the persistent workers' pools hold; "
+                    "starting new workers", epoch, leases)
+        iterator._shutdown_workers()
+        self._iterator = None
 
     def _stitcher(self, inner: Any) -> Stitcher | None:
         """assignment='dynamic' with workers: what makes the workers' last rows into whole batches,

@@ -445,8 +445,6 @@ def test_drop_last_gives_only_whole_batches(folder):
     ({"assignment": 1}, errors.ArgumentTypeError, "assignment: expected"),
     ({"assignment": "dynamic", "filter": [("id", ">", 3)], "shuffle_buffer_size": 10}, errors.InvalidArgumentError,
      "a filter .* and shuffle_buffer_size"),
-    ({"assignment": "dynamic", "num_workers": 2, "persistent_workers": True}, errors.InvalidArgumentError,
-     "persistent_workers: assignment='dynamic'"),
 ])
 def test_bad_assignment_arguments_are_refused(folder, kwargs, error, match):
     path, _ = folder
@@ -632,3 +630,95 @@ def test_a_worker_killed_mid_epoch_loses_nothing_a_checkpoint_after_the_error_re
     fresh, _ = StructuredDataset.create_dataloader(path, num_workers=3, **MIXED)
     fresh.load_state_dict(state)
     assert sorted(seen + ids_of_loader(fresh)[0]) == list(range(total))
+
+
+# -- persistent workers: two pools in turn -----------------------------------------------------------
+
+
+def test_two_pools_are_laid_out_in_turn_and_refuse_more_leases_than_they_hold():
+    from arrowstream._lease_pool import PoolSlots, SharedPool
+
+    slots = PoolSlots(0, 3)
+    first = slots.current()
+    assert (first.epoch, len(first), first.take(1), first.take(0)) == (0, 3, 0, 1)
+    second = slots.advance(1, 5)
+    assert second is slots.current() and second is not first
+    assert (second.epoch, len(second), second.owners().tolist()) == (1, 5, [-1] * 5)
+    assert first.take(1) == 2 and first.owners().tolist() == [1, 0, 1]   # the old pool untouched
+    assert slots.advance(2, 4) is first and first.owners().tolist() == [-1] * 4 and first.take(0) == 0
+    assert slots.advance(3, first.capacity + 1) is None and slots.current() is first   # no room: nothing changes
+    pool = SharedPool(0, 2, capacity=4)
+    with pytest.raises(ValueError, match="room for 4"):
+        pool.reset(1, 5)
+
+
+def worker_pids(loader):
+    return [worker.pid for worker in loader._iterator._workers]
+
+
+@pytest.mark.parametrize("num_workers", [2, 3])
+def test_persistent_workers_read_every_epoch_once_in_the_same_processes(folder, num_workers):
+    path, total = folder
+    loader, dataset = StructuredDataset.create_dataloader(path, num_workers=num_workers, transform=slow_first_worker,
+                                                          persistent_workers=True, **MIXED)
+    ledger = loader.state_dict()["dynamic"]   # starts the workers, which lease at once: nothing handed out yet
+    left = sum(split[4] for split in ledger["splits"]) + sum(r["rows"] for r in ledger["replays"])
+    assert left + total - ledger["fresh_from_row"] == total
+    pids = None
+    for epoch in range(3):
+        dataset.set_epoch(epoch)
+        ids, batches = ids_of_loader(loader)
+        assert sorted(ids) == list(range(total)) and batches == len(loader)
+        assert pids is None or worker_pids(loader) == pids
+        pids = worker_pids(loader)
+
+
+def test_persistent_workers_left_early_again_and_again_lose_nothing(folder):
+    """Each iteration left after a few batches leaves fetches in flight, which take leases of its pool
+    while the workers are told to start again: the next iteration's leases are in the other pool."""
+    path, total = folder
+    loader, dataset = StructuredDataset.create_dataloader(path, num_workers=2, transform=slow_first_worker,
+                                                          persistent_workers=True, batches_per_transfer=2, **MIXED)
+    for stop in (1, 4, 2, 7, 3):
+        dataset.set_epoch(stop)
+        assert len(ids_of_loader(loader, stop)[0]) == 32 * stop
+        dataset.set_epoch(stop + 10)
+        ids, batches = ids_of_loader(loader)
+        assert sorted(ids) == list(range(total)) and batches == len(loader), stop
+    # and a checkpoint in the middle of an iteration that followed one left early
+    dataset.set_epoch(30)
+    ids_of_loader(loader, 5)
+    seen, _ = ids_of_loader(loader, 6)
+    state = json.loads(json.dumps(loader.state_dict()))
+    fresh, _ = StructuredDataset.create_dataloader(path, num_workers=3, persistent_workers=True, **MIXED)
+    fresh.load_state_dict(state)
+    assert sorted(seen + ids_of_loader(fresh)[0]) == list(range(total))
+
+
+def test_a_checkpoint_loaded_into_running_persistent_workers_resumes_once(folder):
+    path, total = folder
+    loader, dataset = StructuredDataset.create_dataloader(path, num_workers=2, transform=slow_first_worker,
+                                                          persistent_workers=True, **MIXED)
+    dataset.set_epoch(2)
+    seen, _ = ids_of_loader(loader, 9)
+    state = json.loads(json.dumps(loader.state_dict()))
+    ids_of_loader(loader, 20)   # read on past the checkpoint, then go back to it
+    loader.load_state_dict(state)
+    rest, batches = ids_of_loader(loader)
+    assert sorted(seen + rest) == list(range(total)) and 9 + batches == len(loader)
+    dataset.set_epoch(3)
+    assert sorted(ids_of_loader(loader)[0]) == list(range(total))
+
+
+def test_when_the_pools_have_no_room_for_an_epochs_leases_new_workers_start(folder, monkeypatch):
+    from arrowstream import _lease_pool
+
+    monkeypatch.setattr(_lease_pool, "pool_capacity", lambda leases: leases - 1)   # never room for the next
+    path, total = folder
+    loader, dataset = StructuredDataset.create_dataloader(path, num_workers=2, persistent_workers=True, **MIXED)
+    pids = []
+    for epoch in range(3):
+        dataset.set_epoch(epoch)
+        assert sorted(ids_of_loader(loader)[0]) == list(range(total))
+        pids.append(worker_pids(loader))
+    assert pids[0] != pids[1] != pids[2]
