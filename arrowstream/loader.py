@@ -190,11 +190,12 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         """assignment='dynamic' with persistent workers, before torchdata starts them on the next iteration:
         that iteration's leases, in the pool the last one did not use (see ``PoolSlots``). Where the pool
         has no room for them, the workers are ended and new ones start, with new pools."""
-        iterator: Any = self._iterator
+        loader: Any = self   # torchdata's attributes, untyped
+        iterator = loader._iterator
         if self.dataset._assignment != DYNAMIC or self.num_workers == 0 or not self.persistent_workers \
                 or iterator is None:
             return   # no workers yet: _get_iterator makes the pools
-        if self._initial_iter_for_state_dict and not iterator._finished:
+        if loader._initial_iter_for_state_dict and not iterator._finished:
             return   # the workers state_dict() started are this iteration's, on the pool made for them
         epoch = self.dataset.epoch
         slots = self.dataset._pool
