@@ -45,6 +45,7 @@ import contextlib
 import datetime as dt
 import functools
 import gc
+import os
 import resource
 import statistics
 import sys
@@ -84,6 +85,7 @@ _STARTED = time.perf_counter()
 
 warnings.filterwarnings("ignore", message=".*not writable.*")
 warnings.filterwarnings("ignore", message="This DataLoader will create")  # 4 workers on 2 cores: on purpose
+warnings.filterwarnings("ignore", message=".*starts epoch .* again")   # persistent: unshuffled epochs repeat
 
 
 def progress(message: str) -> None:
@@ -196,14 +198,23 @@ class Epoch:
         return self.rows / self.seconds
 
 
-def time_epoch(data: Dataset, assignment: str, workers: int, epoch: int) -> Epoch:
-    loader, dataset = StructuredDataset.create_dataloader(
+def make_loader(data: Dataset, assignment: str, workers: int, persistent: bool) -> tuple[Any, Any]:
+    return StructuredDataset.create_dataloader(
         data.path, batch_size=BATCH, num_workers=workers, assignment=assignment, shuffle=data.shuffle, seed=0,
-        output_format="torch", plan_cache=False, storage_options=data.storage_options, transform=data.transform)
+        output_format="torch", plan_cache=False, storage_options=data.storage_options, transform=data.transform,
+        persistent_workers=persistent)
+
+
+def time_epoch(data: Dataset, assignment: str, workers: int, epoch: int, made: tuple[Any, Any] | None = None) -> Epoch:
+    """One epoch of a new loader, or of ``made`` (a loader with persistent workers that read epochs before:
+    its counters are differences, its span is the epoch: no workers start in it)."""
+    loader, dataset = made or make_loader(data, assignment, workers, persistent=False)
     dataset.set_epoch(epoch)
     if data.proxy is not None:
         data.proxy.reset()
-    start, cpu = time.perf_counter(), cpu_times()
+    before = loader.metrics()["workers"] if made is not None else None
+    pids = worker_pids(loader)
+    start, cpu, workers_cpu = time.perf_counter(), cpu_times(), processes_cpu_s(pids)
     rows, id_sum = 0, 0
     for batch in loader:
         rows += len(batch["id"])
@@ -216,9 +227,15 @@ def time_epoch(data: Dataset, assignment: str, workers: int, epoch: int) -> Epoc
     metrics = loader.metrics()
     lines = metrics["workers"]
     reads = None if data.proxy is None else int(data.proxy.stats()["counts"].get("read", 0))
-    return Epoch(seconds, rows, [w["read_s"] + w["convert_s"] for w in lines], [w["rows"] for w in lines],
-                 [w["leases"] for w in lines], metrics["tail_s"], metrics["elapsed_s"], reads,
-                 children_s, self_s)
+    if before is None:
+        return Epoch(seconds, rows, [w["read_s"] + w["convert_s"] for w in lines], [w["rows"] for w in lines],
+                     [w["leases"] for w in lines], metrics["tail_s"], metrics["elapsed_s"], reads,
+                     children_s, self_s)
+    # persistent workers: this epoch's part of counters that add up over the loader's life
+    busy = [w["read_s"] + w["convert_s"] - b["read_s"] - b["convert_s"] for w, b in zip(lines, before, strict=True)]
+    return Epoch(seconds, rows, busy, [w["rows"] - b["rows"] for w, b in zip(lines, before, strict=True)],
+                 [w["leases"] - b["leases"] for w, b in zip(lines, before, strict=True)], metrics["tail_s"],
+                 seconds, reads, processes_cpu_s(pids) - workers_cpu, self_s)
 
 
 def cpu_times() -> tuple[float, float]:
@@ -226,6 +243,23 @@ def cpu_times() -> tuple[float, float]:
     this process. Busy time is wall time: with more busy workers than cores it counts waiting for a core."""
     children, own = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
     return children.ru_utime + children.ru_stime, own.ru_utime + own.ru_stime
+
+
+def worker_pids(loader: Any) -> list[int]:
+    """The pids of a loader's running workers (persistent ones; none before a new loader's ``iter()``)."""
+    iterator = getattr(loader, "_iterator", None)
+    return [worker.pid for worker in getattr(iterator, "_workers", [])]
+
+
+def processes_cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of running processes so far (``/proc/PID/stat``: utime and stime)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / ticks
 
 
 @dataclass
@@ -246,18 +280,26 @@ class Series:
 Key = tuple[int, str]   # (workers, assignment)
 
 
-def run_scenario(data: Dataset, worker_counts: list[int], repeats: int) -> dict[Key, Series]:
+def run_scenario(data: Dataset, worker_counts: list[int], repeats: int, persistent: bool = False) -> dict[Key, Series]:
     keys = [(w, a) for w in worker_counts for a in ASSIGNMENTS]
     results: dict[Key, Series] = {key: Series() for key in keys}
     time_epoch(data, "static", 0, 0)   # warm-up: page cache, imports
+    made: dict[Key, tuple[Any, Any]] = {}
+    if persistent:   # one loader per policy and worker count, its workers started by an untimed epoch
+        for workers, assignment in keys:
+            made[(workers, assignment)] = make_loader(data, assignment, workers, persistent=True)
+            time_epoch(data, assignment, workers, repeats, made[(workers, assignment)])
     for round_index in range(repeats):
         shift = round_index % len(keys)
         for workers, assignment in keys[shift:] + keys[:shift]:
             gc.collect()
-            epoch = time_epoch(data, assignment, workers, round_index if data.shuffle else 0)
+            epoch = time_epoch(data, assignment, workers, round_index if data.shuffle else 0,
+                               made.get((workers, assignment)))
             results[(workers, assignment)].epochs.append(epoch)
             progress(f"{data.name} round {round_index + 1}/{repeats}, {workers} workers, {assignment}: "
                      f"{epoch.seconds:.2f} s (ideal {epoch.ideal_s:.2f} s, tail {epoch.tail_s:.2f} s)")
+    for loader, _ in made.values():   # persistent workers would compete with the next scenario's
+        loader._iterator._shutdown_workers()
     return results
 
 
@@ -325,7 +367,12 @@ def report(args: argparse.Namespace, datasets: list[Dataset], results: dict[str,
     lines = [*run_header("Stragglers: static against dynamic assignment", "bench_stragglers.py", load_before, seconds),
              (f"- Every loader: `batch_size={BATCH}`, `output_format=\"torch\"`, `plan_cache=False`; static with "
               "`in_order=True` (its default), dynamic with `in_order=False` (its default with workers). Each "
-              "timed epoch is a new loader, checked to yield every row once (count and sum of `id`)."), "",
+              "timed epoch is " + ("an epoch of one loader per policy and worker count with `persistent_workers=True`, "
+              "after an untimed first epoch of it (the workers started once; busy, rows and leases are the "
+              "epoch's part of the loader's counters; *span* is the epoch, no workers start in it; CPU from `/proc` "
+              "of the workers)"
+              if args.persistent else "a new loader") + ", checked to yield every row once (count and sum of `id`)."),
+             "",
              "## Goals on this run", ""]
     for data in datasets:
         lines += goals(data.name, results[data.name], args.workers)
@@ -371,6 +418,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--s3-files", type=int, default=None, help="files of the prefix scenario (default 32)")
     parser.add_argument("--s3-rows", type=int, default=None, help="rows per S3 file (default 40,000)")
     parser.add_argument("--slow-latency", type=float, default=0.05, help="seconds added under slow/ (0.05)")
+    parser.add_argument("--persistent", action="store_true",
+                        help="persistent_workers=True: one loader per policy, epochs after a first untimed one")
     parser.add_argument("--out", type=Path, default=None, help="report path (default results/<date>-stragglers.md)")
     args = parser.parse_args()
     quick = args.quick
@@ -429,7 +478,7 @@ def main() -> int:
             progress(f"writing the {name} dataset")
             data = build(name, args, Path(tmp), store, proxy)
             datasets.append(data)
-            results[name] = run_scenario(data, args.workers, args.repeats)
+            results[name] = run_scenario(data, args.workers, args.repeats, args.persistent)
     emit_report(report(args, datasets, results, time.perf_counter() - start, load_before), args.out)
     return 0
 
