@@ -53,6 +53,21 @@ if TYPE_CHECKING:
 
 TAIL_FRACTION = 8        # the last 1/8 of a rank's rows (at least) is leased in small pieces
 TAIL_LEASES_PER_WORKER = 8    # a tail lease is about rows / (workers x this): fewer cuts inside row groups
+MAX_TAIL_LEASES_PER_WORKER = 64   # where converting costs the most against decoding (see tail_pieces)
+
+
+def tail_pieces(read_s: float, convert_s: float) -> int:
+    """Tail leases per worker for an epoch, from what the loader's workers measured so far: the default
+    (8), or up to 8 times more where converting (a ``transform``) costs more than reading. A tail lease
+    that starts inside a row group decodes the group again from its start; that costs little where
+    converting is most of the work, and finer leases let the workers finish closer together. Doubled for
+    each doubling of ``convert_s / read_s`` from 2 on."""
+    pieces = TAIL_LEASES_PER_WORKER
+    if read_s <= 0:   # nothing measured yet
+        return pieces
+    while pieces < MAX_TAIL_LEASES_PER_WORKER and convert_s >= read_s * 2 * pieces // TAIL_LEASES_PER_WORKER:
+        pieces *= 2
+    return pieces
 
 
 @dataclass(frozen=True)
@@ -99,10 +114,11 @@ def truncated(splits: Sequence[Split], rows: int) -> tuple[Split, ...]:
     return tuple(out)
 
 
-def lease_bounds(item_rows: npt.NDArray[np.int64], batch_size: int, num_workers: int) -> npt.NDArray[np.int64]:
+def lease_bounds(item_rows: npt.NDArray[np.int64], batch_size: int, num_workers: int,
+                 pieces_per_worker: int = TAIL_LEASES_PER_WORKER) -> npt.NDArray[np.int64]:
     """Where leases start and end in the virtual stream of items of ``item_rows`` rows: at item ends,
     and in the last part of the stream (the tail) also inside items longer than a tail piece, cut into
-    equal pieces of about ``rows / (workers x TAIL_LEASES_PER_WORKER)`` rows (at least a batch).
+    equal pieces of about ``rows / (workers x pieces_per_worker)`` rows (at least a batch).
     ``bounds[i]:bounds[i + 1]`` is lease ``i``.
 
     A lease ends where its last item ends wherever that falls in a batch: a cut at row ``x`` of a unit
@@ -118,7 +134,7 @@ def lease_bounds(item_rows: npt.NDArray[np.int64], batch_size: int, num_workers:
     ends = np.cumsum(item_rows)
     starts = ends - item_rows
     workers = max(num_workers, 1)
-    piece = max(batch_size, total // (workers * TAIL_LEASES_PER_WORKER))
+    piece = max(batch_size, total // (workers * pieces_per_worker))
     tail_start = max(0, total - max(total // TAIL_FRACTION, piece * workers * 4))
     cuts = [np.zeros(1, dtype=np.int64), ends]
     # items of the tail longer than a piece: cut into equal pieces
@@ -192,11 +208,12 @@ class LeasedItems:
 class Leases:
     """The leases of one :class:`Work`: their bounds, and what each holds (computed when asked)."""
 
-    def __init__(self, work: Work, batch_size: int, num_workers: int) -> None:
+    def __init__(self, work: Work, batch_size: int, num_workers: int,
+                 pieces_per_worker: int = TAIL_LEASES_PER_WORKER) -> None:
         self.work = work
         self._rows, self._first_fresh = work.items
         self._starts = np.concatenate([[0], np.cumsum(self._rows)]).astype(np.int64)
-        self.bounds = lease_bounds(self._rows, batch_size, num_workers)
+        self.bounds = lease_bounds(self._rows, batch_size, num_workers, pieces_per_worker)
 
     def __len__(self) -> int:
         return len(self.bounds) - 1
@@ -479,6 +496,7 @@ class LocalPool:
 
     def __init__(self, num_leases: int, epoch: int = 0) -> None:
         self.epoch = epoch
+        self.pieces = TAIL_LEASES_PER_WORKER
         self._owners = np.full(num_leases, -1, dtype=np.int64)
         self._next = 0
 

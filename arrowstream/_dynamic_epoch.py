@@ -18,6 +18,7 @@ import numpy.typing as npt
 from ._auto_buffer import adopt_buffer
 from ._cursor import Cursor
 from ._dynamic import (
+    TAIL_LEASES_PER_WORKER,
     LeasedShare,
     Leases,
     StitchTag,
@@ -79,8 +80,10 @@ class DynamicEpochs:
             return self.loaded[1]
         return self.fresh(epoch)
 
-    def leases(self, epoch: int, num_workers: int) -> Leases:
-        return Leases(self.work(epoch), self._options.batch_size, num_workers)
+    def leases(self, epoch: int, num_workers: int, pieces: int = TAIL_LEASES_PER_WORKER) -> Leases:
+        """The leases of ``epoch`` for ``num_workers`` workers, ``pieces`` tail leases per worker (the pool's:
+        see :func:`~arrowstream._dynamic.tail_pieces`)."""
+        return Leases(self.work(epoch), self._options.batch_size, num_workers, pieces)
 
     def batches(self, epoch: int) -> int:
         """Batches this rank yields in a whole ``epoch`` (the workers' last rows stitched into whole batches, all full but one)."""
@@ -286,7 +289,7 @@ def dynamic_ledger(dataset: Any, pool: Any, cursors: Sequence[Cursor | None], nu
         work = epochs.work(epoch)
     else:
         epoch = pool.epoch
-        leases = epochs.leases(epoch, num_workers)
+        leases = epochs.leases(epoch, num_workers, pool.pieces)
         grid = SlotGrid(dataset.world_size, num_workers)
         slots = [grid.slot(dataset.rank, worker) for worker in range(max(num_workers, 1))]
         started = [start_cursor(options.interleave) if cursor is None else cursor for cursor in cursors]

@@ -1,7 +1,8 @@
 """The leases of one iteration of a loader with ``assignment="dynamic"``, shared by its workers.
 
 One int64 tensor in shared memory: the iteration's epoch, the number of leases, the next lease to hand
-out, then the worker that took each lease (-1 while nobody has). A lock makes taking a lease one step.
+out, the tail leases per worker they were laid out with, then the worker that took each lease (-1 while
+nobody has). A lock makes taking a lease one step.
 The loader makes a new pool for every ``iter()``, before its workers start, so the workers of an
 iteration it abandoned (still running for a moment) hold the old pool and cannot take the new one's
 leases. Persistent workers live through iterations: they share two pools (:class:`PoolSlots`), used in
@@ -17,29 +18,36 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from ._dynamic import TAIL_LEASES_PER_WORKER
 from ._shm import share
 from .errors import StateMismatchError
 
-_EPOCH, _COUNT, _NEXT, _OWNERS = 0, 1, 2, 3
+_EPOCH, _COUNT, _NEXT, _PIECES, _OWNERS = 0, 1, 2, 3, 4
 
 
 class SharedPool:
-    """``num_leases`` leases of ``epoch``, taken in order by the workers of one loader iteration; room
-    for ``capacity`` leases (at least ``num_leases``) when it is to be :meth:`reset` for later ones."""
+    """``num_leases`` leases of ``epoch``, taken in order by the workers of one loader iteration, laid out
+    with ``pieces`` tail leases per worker (the workers lay them out alike); room for ``capacity`` leases
+    (at least ``num_leases``) when it is to be :meth:`reset` for later ones."""
 
-    def __init__(self, epoch: int, num_leases: int, context: Any = None, capacity: int = 0) -> None:
+    def __init__(self, epoch: int, num_leases: int, context: Any = None, capacity: int = 0,
+                 pieces: int = TAIL_LEASES_PER_WORKER) -> None:
         cells = torch.full((_OWNERS + max(num_leases, capacity),), -1, dtype=torch.int64)
-        cells[_EPOCH], cells[_COUNT], cells[_NEXT] = epoch, num_leases, 0
+        cells[_EPOCH], cells[_COUNT], cells[_NEXT], cells[_PIECES] = epoch, num_leases, 0, pieces
         self._cells = share(cells, "assignment='dynamic': the lease pool")
         if isinstance(context, str):
             context = multiprocessing.get_context(context)
         self._lock = (context or multiprocessing).Lock()
 
     @property
+    def pieces(self) -> int:
+        return int(self._cells[_PIECES])
+
+    @property
     def capacity(self) -> int:
         return len(self._cells) - _OWNERS
 
-    def reset(self, epoch: int, num_leases: int) -> None:
+    def reset(self, epoch: int, num_leases: int, pieces: int = TAIL_LEASES_PER_WORKER) -> None:
         """The pool laid out again for ``num_leases`` leases of ``epoch``, none taken. Only while no
         worker can take from it (see :class:`PoolSlots`)."""
         if num_leases > self.capacity:
@@ -47,6 +55,7 @@ class SharedPool:
         with self._lock:
             self._cells[_OWNERS:] = -1
             self._cells[_EPOCH], self._cells[_COUNT], self._cells[_NEXT] = epoch, num_leases, 0
+            self._cells[_PIECES] = pieces
 
     @property
     def epoch(self) -> int:
@@ -98,21 +107,21 @@ class PoolSlots:
     background one, so nothing of an old iteration outlives its acknowledgement.
     """
 
-    def __init__(self, epoch: int, num_leases: int, context: Any = None) -> None:
+    def __init__(self, epoch: int, num_leases: int, context: Any = None, pieces: int = TAIL_LEASES_PER_WORKER) -> None:
         capacity = pool_capacity(num_leases)
-        self._pools = (SharedPool(epoch, num_leases, context, capacity), SharedPool(-1, 0, context, capacity))
+        self._pools = (SharedPool(epoch, num_leases, context, capacity, pieces), SharedPool(-1, 0, context, capacity))
         self._current = share(torch.zeros(1, dtype=torch.int64), "assignment='dynamic': the current lease pool")
 
     def current(self) -> SharedPool:
         return self._pools[int(self._current[0])]
 
-    def advance(self, epoch: int, num_leases: int) -> SharedPool | None:
+    def advance(self, epoch: int, num_leases: int, pieces: int = TAIL_LEASES_PER_WORKER) -> SharedPool | None:
         """The other pool, laid out for ``num_leases`` leases of ``epoch`` and made current; None (nothing
         changed) when it has no room for them: the loader then starts new workers with new pools."""
         other = 1 - int(self._current[0])
         pool = self._pools[other]
         if num_leases > pool.capacity:
             return None
-        pool.reset(epoch, num_leases)
+        pool.reset(epoch, num_leases, pieces)
         self._current[0] = other
         return pool

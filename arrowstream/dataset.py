@@ -421,7 +421,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
 
         def open_epoch() -> OpenEpoch:
             runtime = self._worker_runtime()
-            leases = self._dynamic.leases(epoch, slot.num_workers)
+            leases = self._dynamic.leases(epoch, slot.num_workers, pool.pieces)
             if isinstance(pool, SharedPool):
                 pool.check(epoch, len(leases), slot.worker_id)
             meter = runtime.meter

@@ -34,6 +34,7 @@ from ._batches import BatchIterator, PerBatchCollate, delivered_state, rewind_in
 from ._boundary import check_replanned_epoch_over, later_epoch_starts_whole
 from ._convert import passthrough_collate
 from ._credentials import as_provider
+from ._dynamic import tail_pieces
 from ._dynamic_epoch import (
     DYNAMIC,
     dynamic_ledger,
@@ -136,13 +137,14 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         if self.dataset._assignment == DYNAMIC and self.num_workers > 0:
             # new pools for new workers, before they start: they inherit them (an abandoned iteration's
             # workers keep the old ones); persistent workers use two in turn (see _advance_pool)
-            epoch = self.dataset.epoch
-            leases = len(self.dataset._dynamic.leases(epoch, self.num_workers))
+            epoch, pieces = self.dataset.epoch, self._tail_pieces()
+            leases = len(self.dataset._dynamic.leases(epoch, self.num_workers, pieces))
             if self.persistent_workers:
-                slots = PoolSlots(epoch, leases, self.multiprocessing_context)
+                slots = PoolSlots(epoch, leases, self.multiprocessing_context, pieces)
                 self.dataset._pool, self._pool = slots, slots.current()
             else:
-                self._pool = self.dataset._pool = SharedPool(epoch, leases, self.multiprocessing_context)
+                self._pool = self.dataset._pool = SharedPool(epoch, leases, self.multiprocessing_context,
+                                                             pieces=pieces)
         try:
             return super()._get_iterator()
         except OSError as exc:  # the semaphores of the workers' queues live in /dev/shm
@@ -197,10 +199,9 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             return   # no workers yet: _get_iterator makes the pools
         if loader._initial_iter_for_state_dict and not iterator._finished:
             return   # the workers state_dict() started are this iteration's, on the pool made for them
-        epoch = self.dataset.epoch
-        slots = self.dataset._pool
-        leases = len(self.dataset._dynamic.leases(epoch, self.num_workers))
-        pool = slots.advance(epoch, leases) if isinstance(slots, PoolSlots) else None
+        epoch, pieces, slots = self.dataset.epoch, self._tail_pieces(), self.dataset._pool
+        leases = len(self.dataset._dynamic.leases(epoch, self.num_workers, pieces))
+        pool = slots.advance(epoch, leases, pieces) if isinstance(slots, PoolSlots) else None
         if pool is not None:
             self._pool = pool
             return
@@ -208,6 +209,11 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
                     "starting new workers", epoch, leases)
         iterator._shutdown_workers()
         self._iterator = None
+
+    def _tail_pieces(self) -> int:
+        """Tail leases per worker for the next dynamic iteration, from what the workers measured so far."""
+        totals = summarize(worker_values(self._transport.board, self.dataset._side.meter), self.dataset.rank)
+        return tail_pieces(totals["read_s"], totals["convert_s"])
 
     def _stitcher(self, inner: Any) -> Stitcher | None:
         """assignment='dynamic' with workers: what makes the workers' last rows into whole batches,

@@ -16,6 +16,7 @@ import pytest
 
 from arrowstream import StructuredDataset, errors
 from arrowstream._dynamic import (
+    MAX_TAIL_LEASES_PER_WORKER,
     TAIL_LEASES_PER_WORKER,
     LeasedShare,
     Leases,
@@ -25,6 +26,7 @@ from arrowstream._dynamic import (
     lease_bounds,
     leased_runs,
     remaining_work,
+    tail_pieces,
 )
 from arrowstream._order import SlotGrid
 from arrowstream._reader import SplitReader
@@ -149,20 +151,29 @@ def test_every_row_once_through_checkpoints_and_other_worker_counts(folder, opti
         assert len(all_sizes) == -(-total // batch_size)
 
 
-def test_leases_end_where_items_end_and_only_the_tail_cuts_items():
+@pytest.mark.parametrize("pieces", [TAIL_LEASES_PER_WORKER, 16, MAX_TAIL_LEASES_PER_WORKER])
+def test_leases_end_where_items_end_and_only_the_tail_cuts_items(pieces):
     """Issue #21: a lease that ended inside the next item (on a batch) cost a second decode of that
     unit's first pages; leases end at item ends, and only the tail cuts long items, in small pieces."""
     rows = np.array([1000, 30, 5000, 700, 12, 64_000, 999, 3], dtype=np.int64)
-    bounds = lease_bounds(rows, 64, 4)
+    bounds = lease_bounds(rows, 64, 4, pieces)
     sizes = np.diff(bounds)
     total = int(rows.sum())
     assert bounds[0] == 0 and bounds[-1] == total and (sizes > 0).all()
     ends = set(np.cumsum(rows).tolist())
-    tail_start = total - max(total // 8, max(64, total // (4 * TAIL_LEASES_PER_WORKER)) * 4 * 4)
+    tail_start = total - max(total // 8, max(64, total // (4 * pieces)) * 4 * 4)
     assert all(b in ends or b >= tail_start for b in bounds[1:].tolist()), "a cut inside an item before the tail"
-    piece = max(64, total // (4 * TAIL_LEASES_PER_WORKER))
+    piece = max(64, total // (4 * pieces))
     assert sizes[bounds[1:] > tail_start].max() <= piece + 1
     assert set(np.cumsum(rows).tolist()) <= set(bounds.tolist()), "every item end is a lease end"
+    if pieces == MAX_TAIL_LEASES_PER_WORKER:   # finer: more leases
+        assert len(bounds) > len(lease_bounds(rows, 64, 4))
+
+
+@pytest.mark.parametrize("read_s,convert_s,pieces", [(0, 0, 8), (0, 5, 8), (1, 0.5, 8), (1, 1.9, 8), (1, 2, 16),
+                                                     (1, 5, 32), (1, 8, 64), (0.01, 30, 64)])
+def test_tail_leases_are_finer_the_more_converting_costs_against_reading(read_s, convert_s, pieces):
+    assert tail_pieces(read_s, convert_s) == pieces
 
 
 @pytest.mark.parametrize("left", [[0, 0, 0], [5, 0, 0], [0, 31, 0], [10, 20, 30], [31, 31, 31, 31], [1, 0, 31],
@@ -713,7 +724,7 @@ def test_a_checkpoint_loaded_into_running_persistent_workers_resumes_once(folder
 def test_when_the_pools_have_no_room_for_an_epochs_leases_new_workers_start(folder, monkeypatch):
     from arrowstream import _lease_pool
 
-    monkeypatch.setattr(_lease_pool, "pool_capacity", lambda leases: leases - 1)   # never room for the next
+    monkeypatch.setattr(_lease_pool, "pool_capacity", lambda leases: 0)   # no room in the other pool
     path, total = folder
     loader, dataset = StructuredDataset.create_dataloader(path, num_workers=2, persistent_workers=True, **MIXED)
     pids = []
@@ -722,3 +733,50 @@ def test_when_the_pools_have_no_room_for_an_epochs_leases_new_workers_start(fold
         assert sorted(ids_of_loader(loader)[0]) == list(range(total))
         pids.append(worker_pids(loader))
     assert pids[0] != pids[1] != pids[2]
+
+
+def costly_convert(batch):
+    """A transform that costs much more than reading the batch (as a tokenizer would)."""
+    import time
+
+    time.sleep(0.01)
+    return batch
+
+
+def test_a_loader_lays_out_its_tail_by_what_its_workers_measured(folder):
+    """The first epoch of a loader has the default tail leases; the next one as many as ``tail_pieces``
+    gives for the workers' reading and converting times so far: here the transform costs the most."""
+    path, total = folder
+    loader, dataset = StructuredDataset.create_dataloader(path, num_workers=2, transform=costly_convert, **MIXED)
+    dataset.set_epoch(0)
+    assert sorted(ids_of_loader(loader)[0]) == list(range(total))
+    assert loader._pool.pieces == TAIL_LEASES_PER_WORKER
+    measured = loader.metrics()
+    dataset.set_epoch(1)
+    assert sorted(ids_of_loader(loader)[0]) == list(range(total))
+    assert loader._pool.pieces == tail_pieces(measured["read_s"], measured["convert_s"]) > TAIL_LEASES_PER_WORKER
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_finer_tail_leases_read_every_row_once_and_resume_once(folder, persistent, monkeypatch):
+    """With the finest tail leases: the workers lay out the leases with the pool's count (a mismatch would
+    be refused), and a checkpoint, which names rows, not leases, resumes exactly in a loader that lays out
+    the default leases; a checkpoint in the tail too (where the layouts differ)."""
+    import arrowstream.loader
+
+    monkeypatch.setattr(arrowstream.loader, "tail_pieces", lambda read_s, convert_s: MAX_TAIL_LEASES_PER_WORKER)
+    path, total = folder
+    loader, dataset = StructuredDataset.create_dataloader(path, num_workers=2, transform=slow_first_worker,
+                                                          persistent_workers=persistent, **MIXED)
+    for epoch, stop in ((1, 40), (2, 100), (3, None)):   # before the tail, inside it (the last 1/8 of 118 batches)
+        dataset.set_epoch(epoch)
+        iterator = iter(loader)
+        seen = [int(i) for _ in range(stop or 0) for i in next(iterator)["id"]]
+        assert loader._pool.pieces == MAX_TAIL_LEASES_PER_WORKER
+        assert len(loader._pool) > len(dataset._dynamic.leases(epoch, 2))
+        state = json.loads(json.dumps(loader.state_dict()))
+        rest = [int(i) for batch in iterator for i in batch["id"]]
+        assert sorted(seen + rest) == list(range(total)) and len(loader) == -(-total // 32)
+        fresh, _ = StructuredDataset.create_dataloader(path, num_workers=3, **MIXED)
+        fresh.load_state_dict(state)
+        assert sorted(seen + ids_of_loader(fresh)[0]) == list(range(total)), (epoch, stop)
