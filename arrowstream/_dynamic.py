@@ -114,12 +114,32 @@ def truncated(splits: Sequence[Split], rows: int) -> tuple[Split, ...]:
     return tuple(out)
 
 
+def _cut(starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64], from_row: int, piece: int) -> list[npt.NDArray[np.int64]]:
+    """Cuts of the items that end after ``from_row`` and are longer than ``piece``, from ``from_row`` on,
+    into equal pieces of at most ``piece`` rows."""
+    cuts = []
+    for index in np.flatnonzero((ends > from_row) & (ends - starts > piece)):
+        lo, hi = max(int(starts[index]), from_row), int(ends[index])
+        count = -(-(hi - lo) // piece)
+        cuts.append(lo + (np.arange(count, dtype=np.int64) * (hi - lo)) // count)
+    return cuts
+
+
+def last_part_start(total: int) -> int:
+    """Where the last part of a stream of ``total`` rows starts: its last eighth, whose leases are laid out
+    when the workers reach it (see :func:`lease_bounds`)."""
+    return total - total // TAIL_FRACTION
+
+
 def lease_bounds(item_rows: npt.NDArray[np.int64], batch_size: int, num_workers: int,
                  pieces_per_worker: int = TAIL_LEASES_PER_WORKER) -> npt.NDArray[np.int64]:
     """Where leases start and end in the virtual stream of items of ``item_rows`` rows: at item ends,
     and in the last part of the stream (the tail) also inside items longer than a tail piece, cut into
-    equal pieces of about ``rows / (workers x pieces_per_worker)`` rows (at least a batch).
-    ``bounds[i]:bounds[i + 1]`` is lease ``i``.
+    equal pieces of about ``rows / (workers x TAIL_LEASES_PER_WORKER)`` rows (at least a batch); the
+    last eighth (from :func:`last_part_start`, always a lease start) in pieces of about
+    ``rows / (workers x pieces_per_worker)`` where that is finer. ``bounds[i]:bounds[i + 1]`` is lease
+    ``i``. The leases before the last eighth are the same whatever ``pieces_per_worker``: the workers
+    decide it when they reach the last eighth, by what they measured (:func:`tail_pieces`).
 
     A lease ends where its last item ends wherever that falls in a batch: a cut at row ``x`` of a unit
     costs about ``x`` rows decoded twice, at least a page per column (the lease after the cut decodes
@@ -134,18 +154,19 @@ def lease_bounds(item_rows: npt.NDArray[np.int64], batch_size: int, num_workers:
     ends = np.cumsum(item_rows)
     starts = ends - item_rows
     workers = max(num_workers, 1)
-    piece = max(batch_size, total // (workers * pieces_per_worker))
+    piece = max(batch_size, total // (workers * TAIL_LEASES_PER_WORKER))
     tail_start = max(0, total - max(total // TAIL_FRACTION, piece * workers * 4))
-    cuts = [np.zeros(1, dtype=np.int64), ends]
-    # items of the tail longer than a piece: cut into equal pieces
-    long = np.flatnonzero((ends > tail_start) & (item_rows > piece))
-    for index in long:
-        lo = max(int(starts[index]), tail_start)
-        hi = int(ends[index])
-        count = -(-(hi - lo) // piece)
-        cuts.append(lo + (np.arange(count, dtype=np.int64) * (hi - lo)) // count)
-    bounds = np.unique(np.concatenate(cuts).astype(np.int64))
-    return bounds
+    last = last_part_start(total)
+    fine = max(batch_size, total // (workers * pieces_per_worker))
+    cuts = [np.zeros(1, dtype=np.int64), ends, np.array([last], dtype=np.int64)]
+    cuts += _cut(starts, np.minimum(ends, last), tail_start, piece)   # the tail before the last eighth
+    cuts += _cut(starts, ends, last, min(piece, fine))                 # and the last eighth
+    return np.unique(np.concatenate(cuts).astype(np.int64))
+
+
+def fixed_leases(bounds: npt.NDArray[np.int64]) -> int:
+    """How many leases come before the last eighth: the same with any tail pieces (see :func:`lease_bounds`)."""
+    return int(np.searchsorted(bounds, last_part_start(int(bounds[-1])), side="left"))
 
 
 @dataclass(frozen=True)
@@ -284,6 +305,29 @@ def split_part(split: Split, a: int, b: int) -> Split:
     return dataclasses.replace(rest, num_rows=rows, num_bytes=rest.num_bytes * rows // max(rest.num_rows, 1))
 
 
+class PoolLeases:
+    """A worker's view of one iteration's leases: laid out with the pool's tail pieces as they are when
+    asked (the leases before the last eighth are the same with any, and no lease of the last eighth is
+    handed out before the pool has decided them: see :func:`lease_bounds`); each layout built once."""
+
+    def __init__(self, lay_out: Callable[[int], Leases], pieces: Callable[[], int]) -> None:
+        self._lay_out, self._pieces = lay_out, pieces
+        self._laid: dict[int, Leases] = {}
+
+    def of(self, pieces: int) -> Leases:
+        leases = self._laid.get(pieces)
+        if leases is None:
+            leases = self._laid[pieces] = self._lay_out(pieces)
+        return leases
+
+    @property
+    def current(self) -> Leases:
+        return self.of(self._pieces())
+
+    def items(self, lease: int) -> LeasedItems:
+        return self.current.items(lease)
+
+
 class LeasedShare:
     """One worker's side of the leases: what it took, in order, expanded into its replays and splits.
 
@@ -292,7 +336,7 @@ class LeasedShare:
     :meth:`split` lease as far as needed to answer.
     """
 
-    def __init__(self, leases: Leases, take: Callable[[], int | None]) -> None:
+    def __init__(self, leases: Leases | PoolLeases, take: Callable[[], int | None]) -> None:
         self._leases = leases
         self._take = take
         self.taken: list[int] = []
@@ -503,7 +547,8 @@ class LocalPool:
     def __len__(self) -> int:
         return len(self._owners)
 
-    def take(self, worker: int) -> int | None:
+    def take(self, worker: int, decide: object = None) -> int | None:
+        """The next lease (one process lays out its leases alone: the default tail, ``decide`` unused)."""
         if self._next >= len(self._owners):
             return None
         lease, self._next = self._next, self._next + 1
@@ -512,3 +557,6 @@ class LocalPool:
 
     def owners(self) -> npt.NDArray[np.int64]:
         return self._owners.copy()
+
+    def snapshot(self) -> tuple[int, npt.NDArray[np.int64]]:
+        return self.pieces, self.owners()

@@ -21,6 +21,7 @@ from ._dynamic import (
     TAIL_LEASES_PER_WORKER,
     LeasedShare,
     Leases,
+    PoolLeases,
     StitchTag,
     Work,
     last_pieces,
@@ -110,7 +111,7 @@ def stitches_last_rows(dataset: Any, num_workers: int) -> bool:
     return dataset._assignment == DYNAMIC and num_workers > 1 and not dataset._options.drops_rows
 
 
-def dynamic_stream(runtime: WorkerRuntime, leases: Leases, take: Callable[[], int | None], slot: Slot,
+def dynamic_stream(runtime: WorkerRuntime, leases: PoolLeases, take: Callable[[], int | None], slot: Slot,
                    epoch: int, options: Options, data: DataIdentity, state_options: dict[str, Any],
                    start: WorkerState, owners: Callable[[], npt.NDArray[np.int64]] | None = None) -> EpochStream:
     """A worker's batches of ``epoch``: the rows of the leases it takes with ``take``; ``owners`` (who
@@ -125,10 +126,9 @@ def dynamic_stream(runtime: WorkerRuntime, leases: Leases, take: Callable[[], in
     # drop_last and even_batches are in the work already (cut to whole batches); the end is the pool's
     last = None
     if owners is not None:
-        lease_rows = np.diff(leases.bounds)
-
-        def last() -> list[tuple[int, StitchTag | None]]:
-            return last_pieces(lease_rows, owners(), slot.worker_id, slot.num_workers, options.batch_size)
+        def last() -> list[tuple[int, StitchTag | None]]:   # the pool is dry: its last eighth laid out
+            return last_pieces(np.diff(leases.current.bounds), owners(), slot.worker_id, slot.num_workers,
+                               options.batch_size)
 
     return EpochStream(runs=runs, end=END, batch_size=options.batch_size, drop_last=False,
                        max_batches=None, convert=runtime.convert, data=data, options=state_options, epoch=epoch,
@@ -289,11 +289,12 @@ def dynamic_ledger(dataset: Any, pool: Any, cursors: Sequence[Cursor | None], nu
         work = epochs.work(epoch)
     else:
         epoch = pool.epoch
-        leases = epochs.leases(epoch, num_workers, pool.pieces)
+        pieces, owners = pool.snapshot()
+        leases = epochs.leases(epoch, num_workers, pieces)
         grid = SlotGrid(dataset.world_size, num_workers)
         slots = [grid.slot(dataset.rank, worker) for worker in range(max(num_workers, 1))]
         started = [start_cursor(options.interleave) if cursor is None else cursor for cursor in cursors]
-        work = remaining_work(leases, pool.owners(), started, slots, batch_size=options.batch_size,
+        work = remaining_work(leases, owners, started, slots, batch_size=options.batch_size,
                               interleave=options.interleave, buffer_rows=options.shuffle_buffer_size)
     return {**work_to_dict(epoch, work), "data": dataset._data.to_dict(), "options": dict(dataset._state_options)}
 

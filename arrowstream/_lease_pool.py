@@ -1,8 +1,11 @@
 """The leases of one iteration of a loader with ``assignment="dynamic"``, shared by its workers.
 
 One int64 tensor in shared memory: the iteration's epoch, the number of leases, the next lease to hand
-out, the tail leases per worker they were laid out with, then the worker that took each lease (-1 while
-nobody has). A lock makes taking a lease one step.
+out, the tail leases per worker of the last eighth (0 until decided), how many leases come before the
+last eighth, then the worker that took each lease (-1 while nobody has). A lock makes taking a lease one
+step. The worker that takes the first lease of the last eighth decides how finely it is cut, by what the
+workers measured so far (see :func:`arrowstream._dynamic.lease_bounds`), in the same step: no lease of
+the last eighth is handed out before its layout is known.
 The loader makes a new pool for every ``iter()``, before its workers start, so the workers of an
 iteration it abandoned (still running for a moment) hold the old pool and cannot take the new one's
 leases. Persistent workers live through iterations: they share two pools (:class:`PoolSlots`), used in
@@ -12,6 +15,7 @@ turn. The trainer reads the owners when it writes a checkpoint (see :mod:`arrows
 from __future__ import annotations
 
 import multiprocessing
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -22,40 +26,51 @@ from ._dynamic import TAIL_LEASES_PER_WORKER
 from ._shm import share
 from .errors import StateMismatchError
 
-_EPOCH, _COUNT, _NEXT, _PIECES, _OWNERS = 0, 1, 2, 3, 4
+_EPOCH, _COUNT, _NEXT, _PIECES, _FIXED, _OWNERS = 0, 1, 2, 3, 4, 5
+
+Decide = Callable[[], tuple[int, int]]   # the tail pieces of the last eighth, and the leases with them
 
 
 class SharedPool:
-    """``num_leases`` leases of ``epoch``, taken in order by the workers of one loader iteration, laid out
-    with ``pieces`` tail leases per worker (the workers lay them out alike); room for ``capacity`` leases
-    (at least ``num_leases``) when it is to be :meth:`reset` for later ones."""
+    """``num_leases`` leases of ``epoch`` (with the default tail), taken in order by the workers of one
+    loader iteration; the first ``fixed`` are the same with any tail, the rest are laid out again when the
+    first of them is taken (:meth:`take`). Room for ``capacity`` leases (at least ``num_leases``): the most
+    any tail gives, and what a :meth:`reset` for later epochs may need."""
 
     def __init__(self, epoch: int, num_leases: int, context: Any = None, capacity: int = 0,
-                 pieces: int = TAIL_LEASES_PER_WORKER) -> None:
+                 fixed: int | None = None) -> None:
         cells = torch.full((_OWNERS + max(num_leases, capacity),), -1, dtype=torch.int64)
-        cells[_EPOCH], cells[_COUNT], cells[_NEXT], cells[_PIECES] = epoch, num_leases, 0, pieces
         self._cells = share(cells, "assignment='dynamic': the lease pool")
+        self._lay_out(epoch, num_leases, num_leases if fixed is None else fixed)
         if isinstance(context, str):
             context = multiprocessing.get_context(context)
         self._lock = (context or multiprocessing).Lock()
 
+    def _lay_out(self, epoch: int, num_leases: int, fixed: int) -> None:
+        cells = self._cells
+        cells[_OWNERS:] = -1
+        cells[_EPOCH], cells[_COUNT], cells[_NEXT], cells[_PIECES], cells[_FIXED] = epoch, num_leases, 0, 0, fixed
+
     @property
     def pieces(self) -> int:
-        return int(self._cells[_PIECES])
+        """Tail leases per worker of the last eighth: decided, or the default while undecided."""
+        return int(self._cells[_PIECES]) or TAIL_LEASES_PER_WORKER
+
+    @property
+    def fixed(self) -> int:
+        return int(self._cells[_FIXED])
 
     @property
     def capacity(self) -> int:
         return len(self._cells) - _OWNERS
 
-    def reset(self, epoch: int, num_leases: int, pieces: int = TAIL_LEASES_PER_WORKER) -> None:
+    def reset(self, epoch: int, num_leases: int, fixed: int | None = None) -> None:
         """The pool laid out again for ``num_leases`` leases of ``epoch``, none taken. Only while no
         worker can take from it (see :class:`PoolSlots`)."""
         if num_leases > self.capacity:
             raise ValueError(f"reset: {num_leases} leases, room for {self.capacity}")
         with self._lock:
-            self._cells[_OWNERS:] = -1
-            self._cells[_EPOCH], self._cells[_COUNT], self._cells[_NEXT] = epoch, num_leases, 0
-            self._cells[_PIECES] = pieces
+            self._lay_out(epoch, num_leases, num_leases if fixed is None else fixed)
 
     @property
     def epoch(self) -> int:
@@ -64,34 +79,42 @@ class SharedPool:
     def __len__(self) -> int:
         return int(self._cells[_COUNT])
 
-    def take(self, worker: int) -> int | None:
-        """The next lease for ``worker``, or None when all are taken."""
+    def take(self, worker: int, decide: Decide | None = None) -> int | None:
+        """The next lease for ``worker``, or None when all are taken. The first lease of the last eighth
+        is taken after ``decide`` has laid it out: its tail pieces and the number of leases with them (where
+        the pool has no room for them, the default stays)."""
         with self._lock:
-            lease = int(self._cells[_NEXT])
-            if lease >= len(self):
+            cells = self._cells
+            lease = int(cells[_NEXT])
+            if lease == int(cells[_FIXED]) and not int(cells[_PIECES]) and decide is not None:
+                pieces, count = decide()
+                if count > self.capacity:
+                    pieces, count = TAIL_LEASES_PER_WORKER, int(cells[_COUNT])
+                cells[_PIECES], cells[_COUNT] = pieces, count
+            if lease >= int(cells[_COUNT]):
                 return None
-            self._cells[_NEXT] = lease + 1
-            self._cells[_OWNERS + lease] = worker
+            cells[_NEXT] = lease + 1
+            cells[_OWNERS + lease] = worker
         return lease
 
     def owners(self) -> npt.NDArray[np.int64]:
-        """Who took each lease (-1: nobody yet), as the trainer reads it for a checkpoint."""
+        """Who took each lease (-1: nobody yet)."""
+        return self.snapshot()[1]
+
+    def snapshot(self) -> tuple[int, npt.NDArray[np.int64]]:
+        """The tail pieces and who took each lease, read together (a worker may lay out the last eighth
+        meanwhile), as the trainer reads them for a checkpoint."""
         with self._lock:
-            return self._cells[_OWNERS:_OWNERS + len(self)].numpy().copy()
+            return self.pieces, self._cells[_OWNERS:_OWNERS + len(self)].numpy().copy()
 
-    def check(self, epoch: int, num_leases: int, worker: int) -> None:
-        """Refuse to read leases laid out for another epoch or other work than this worker's."""
-        if (epoch, num_leases) != (self.epoch, len(self)):
+    def check(self, epoch: int, fixed: int, worker: int) -> None:
+        """Refuse to read leases laid out for another epoch or other work than this worker's (``fixed``: its
+        leases before the last eighth)."""
+        if (epoch, fixed) != (self.epoch, self.fixed):
             raise StateMismatchError(
-                f"assignment='dynamic': worker {worker} reads epoch {epoch} in {num_leases} lease(s), but the loader laid "
-                f"out epoch {self.epoch} in {len(self)}: set_epoch was called after iter(loader). Call set_epoch "
-                "before iterating the loader")
-
-
-def pool_capacity(num_leases: int) -> int:
-    """Room for the leases of later epochs in the pools of persistent workers: their count moves a little
-    between epochs (which items of the epoch's order fall in the tail, cut in pieces)."""
-    return 2 * num_leases + 64
+                f"assignment='dynamic': worker {worker} reads epoch {epoch} in {fixed} lease(s) before its last "
+                f"eighth, but the loader laid out epoch {self.epoch} in {self.fixed}: set_epoch was called after "
+                "iter(loader). Call set_epoch before iterating the loader")
 
 
 class PoolSlots:
@@ -107,21 +130,29 @@ class PoolSlots:
     background one, so nothing of an old iteration outlives its acknowledgement.
     """
 
-    def __init__(self, epoch: int, num_leases: int, context: Any = None, pieces: int = TAIL_LEASES_PER_WORKER) -> None:
-        capacity = pool_capacity(num_leases)
-        self._pools = (SharedPool(epoch, num_leases, context, capacity, pieces), SharedPool(-1, 0, context, capacity))
+    def __init__(self, epoch: int, num_leases: int, context: Any = None, capacity: int = 0,
+                 fixed: int | None = None) -> None:
+        room = pool_capacity(max(num_leases, capacity))
+        self._pools = (SharedPool(epoch, num_leases, context, room, fixed), SharedPool(-1, 0, context, room))
         self._current = share(torch.zeros(1, dtype=torch.int64), "assignment='dynamic': the current lease pool")
 
     def current(self) -> SharedPool:
         return self._pools[int(self._current[0])]
 
-    def advance(self, epoch: int, num_leases: int, pieces: int = TAIL_LEASES_PER_WORKER) -> SharedPool | None:
-        """The other pool, laid out for ``num_leases`` leases of ``epoch`` and made current; None (nothing
-        changed) when it has no room for them: the loader then starts new workers with new pools."""
+    def advance(self, epoch: int, num_leases: int, capacity: int = 0, fixed: int | None = None) -> SharedPool | None:
+        """The other pool, laid out for ``num_leases`` leases of ``epoch`` (room for ``capacity``) and made
+        current; None (nothing changed) when it has no room for them: the loader then starts new workers
+        with new pools."""
         other = 1 - int(self._current[0])
         pool = self._pools[other]
-        if num_leases > pool.capacity:
+        if max(num_leases, capacity) > pool.capacity:
             return None
-        pool.reset(epoch, num_leases, pieces)
+        pool.reset(epoch, num_leases, fixed)
         self._current[0] = other
         return pool
+
+
+def pool_capacity(num_leases: int) -> int:
+    """Room for the leases of later epochs in the pools of persistent workers: their count moves a little
+    between epochs (which items of the epoch's order fall in the tail, cut in pieces)."""
+    return 2 * num_leases + 64

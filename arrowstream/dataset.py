@@ -14,7 +14,7 @@ from ._auto_buffer import resolve_buffer
 from ._collective import collective_world_size, plan_arguments, plan_together
 from ._convert import check_output_columns, resolve_fill_nulls
 from ._credentials import as_provider
-from ._dynamic import LocalPool
+from ._dynamic import TAIL_LEASES_PER_WORKER, LocalPool, PoolLeases, fixed_leases, tail_pieces
 from ._dynamic_epoch import (
     DYNAMIC,
     DynamicEpochs,
@@ -26,6 +26,7 @@ from ._dynamic_epoch import (
 from ._identity import check_data_identity
 from ._layout import Epochs, batch_limits, check_known, rows_dropped, rows_trimmed, slot_rows, slot_yields
 from ._lease_pool import PoolSlots, SharedPool
+from ._metrics import worker_values
 from ._options import Options, check_bool, check_even_batches, check_int, check_storage_arguments, validate_options
 from ._order import Slot, SlotGrid
 from ._planning import Plan
@@ -421,13 +422,21 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
 
         def open_epoch() -> OpenEpoch:
             runtime = self._worker_runtime()
-            leases = self._dynamic.leases(epoch, slot.num_workers, pool.pieces)
+            leases = PoolLeases(functools.partial(self._dynamic.leases, epoch, slot.num_workers),
+                                lambda: pool.pieces)
             if isinstance(pool, SharedPool):
-                pool.check(epoch, len(leases), slot.worker_id)
+                pool.check(epoch, fixed_leases(leases.of(TAIL_LEASES_PER_WORKER).bounds), slot.worker_id)
             meter = runtime.meter
+            board = runtime.transport.board
+
+            def decide() -> tuple[int, int]:
+                """The last eighth's tail pieces, by what every worker measured so far (see _dynamic.tail_pieces)."""
+                measured = worker_values(board, meter)
+                pieces = tail_pieces(sum(v["read_s"] for v in measured), sum(v["convert_s"] for v in measured))
+                return pieces, len(leases.of(pieces))
 
             def take() -> int | None:
-                lease: int | None = pool.take(slot.worker_id)
+                lease: int | None = pool.take(slot.worker_id, decide)
                 if lease is not None:
                     meter.leased()
                 return lease

@@ -34,7 +34,7 @@ from ._batches import BatchIterator, PerBatchCollate, delivered_state, rewind_in
 from ._boundary import check_replanned_epoch_over, later_epoch_starts_whole
 from ._convert import passthrough_collate
 from ._credentials import as_provider
-from ._dynamic import tail_pieces
+from ._dynamic import MAX_TAIL_LEASES_PER_WORKER, fixed_leases
 from ._dynamic_epoch import (
     DYNAMIC,
     dynamic_ledger,
@@ -137,14 +137,14 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         if self.dataset._assignment == DYNAMIC and self.num_workers > 0:
             # new pools for new workers, before they start: they inherit them (an abandoned iteration's
             # workers keep the old ones); persistent workers use two in turn (see _advance_pool)
-            epoch, pieces = self.dataset.epoch, self._tail_pieces()
-            leases = len(self.dataset._dynamic.leases(epoch, self.num_workers, pieces))
+            epoch = self.dataset.epoch
+            leases, finest, fixed = self._lease_counts(epoch)
             if self.persistent_workers:
-                slots = PoolSlots(epoch, leases, self.multiprocessing_context, pieces)
+                slots = PoolSlots(epoch, leases, self.multiprocessing_context, finest, fixed)
                 self.dataset._pool, self._pool = slots, slots.current()
             else:
-                self._pool = self.dataset._pool = SharedPool(epoch, leases, self.multiprocessing_context,
-                                                             pieces=pieces)
+                self._pool = self.dataset._pool = SharedPool(epoch, leases, self.multiprocessing_context, finest,
+                                                             fixed)
         try:
             return super()._get_iterator()
         except OSError as exc:  # the semaphores of the workers' queues live in /dev/shm
@@ -199,9 +199,9 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             return   # no workers yet: _get_iterator makes the pools
         if loader._initial_iter_for_state_dict and not iterator._finished:
             return   # the workers state_dict() started are this iteration's, on the pool made for them
-        epoch, pieces, slots = self.dataset.epoch, self._tail_pieces(), self.dataset._pool
-        leases = len(self.dataset._dynamic.leases(epoch, self.num_workers, pieces))
-        pool = slots.advance(epoch, leases, pieces) if isinstance(slots, PoolSlots) else None
+        epoch, slots = self.dataset.epoch, self.dataset._pool
+        leases, finest, fixed = self._lease_counts(epoch)
+        pool = slots.advance(epoch, leases, finest, fixed) if isinstance(slots, PoolSlots) else None
         if pool is not None:
             self._pool = pool
             return
@@ -210,10 +210,13 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         iterator._shutdown_workers()
         self._iterator = None
 
-    def _tail_pieces(self) -> int:
-        """Tail leases per worker for the next dynamic iteration, from what the workers measured so far."""
-        totals = summarize(worker_values(self._transport.board, self.dataset._side.meter), self.dataset.rank)
-        return tail_pieces(totals["read_s"], totals["convert_s"])
+    def _lease_counts(self, epoch: int) -> tuple[int, int, int]:
+        """The leases of a dynamic ``epoch`` for this loader's workers: how many with the default tail, with
+        the finest one (the room a pool needs), and before the last eighth (the same with any tail)."""
+        epochs = self.dataset._dynamic
+        default = epochs.leases(epoch, self.num_workers)
+        finest = len(epochs.leases(epoch, self.num_workers, MAX_TAIL_LEASES_PER_WORKER))
+        return len(default), finest, fixed_leases(default.bounds)
 
     def _stitcher(self, inner: Any) -> Stitcher | None:
         """assignment='dynamic' with workers: what makes the workers' last rows into whole batches,

@@ -21,6 +21,7 @@ from arrowstream._dynamic import (
     LeasedShare,
     Leases,
     LocalPool,
+    fixed_leases,
     fresh_work,
     last_pieces,
     lease_bounds,
@@ -154,20 +155,39 @@ def test_every_row_once_through_checkpoints_and_other_worker_counts(folder, opti
 @pytest.mark.parametrize("pieces", [TAIL_LEASES_PER_WORKER, 16, MAX_TAIL_LEASES_PER_WORKER])
 def test_leases_end_where_items_end_and_only_the_tail_cuts_items(pieces):
     """Issue #21: a lease that ended inside the next item (on a batch) cost a second decode of that
-    unit's first pages; leases end at item ends, and only the tail cuts long items, in small pieces."""
+    unit's first pages; leases end at item ends, and only the tail cuts long items, in small pieces (the
+    last eighth in pieces as small as the workers decide)."""
     rows = np.array([1000, 30, 5000, 700, 12, 64_000, 999, 3], dtype=np.int64)
     bounds = lease_bounds(rows, 64, 4, pieces)
     sizes = np.diff(bounds)
     total = int(rows.sum())
     assert bounds[0] == 0 and bounds[-1] == total and (sizes > 0).all()
     ends = set(np.cumsum(rows).tolist())
-    tail_start = total - max(total // 8, max(64, total // (4 * pieces)) * 4 * 4)
+    piece = max(64, total // (4 * TAIL_LEASES_PER_WORKER))
+    tail_start = total - max(total // 8, piece * 4 * 4)
+    last = total - total // 8
     assert all(b in ends or b >= tail_start for b in bounds[1:].tolist()), "a cut inside an item before the tail"
-    piece = max(64, total // (4 * pieces))
+    assert last in bounds.tolist()
     assert sizes[bounds[1:] > tail_start].max() <= piece + 1
+    assert sizes[bounds[:-1] >= last].max() <= min(piece, max(64, total // (4 * pieces))) + 1
     assert set(np.cumsum(rows).tolist()) <= set(bounds.tolist()), "every item end is a lease end"
     if pieces == MAX_TAIL_LEASES_PER_WORKER:   # finer: more leases
         assert len(bounds) > len(lease_bounds(rows, 64, 4))
+
+
+def test_the_leases_before_the_last_eighth_are_the_same_with_any_tail():
+    """The workers decide the last eighth's pieces when they reach it: every lease before it must not
+    depend on that decision (the leases taken so far keep their meaning)."""
+    rng = np.random.default_rng(21)
+    for _ in range(200):
+        rows = rng.integers(1, rng.choice([50, 5_000, 200_000]), size=rng.integers(1, 40)).astype(np.int64)
+        batch_size, workers = int(rng.choice([1, 32, 1024])), int(rng.integers(0, 9))
+        default = lease_bounds(rows, batch_size, workers)
+        fixed = fixed_leases(default)
+        for pieces in (16, 32, MAX_TAIL_LEASES_PER_WORKER):
+            other = lease_bounds(rows, batch_size, workers, pieces)
+            assert fixed_leases(other) == fixed and (other[:fixed + 1] == default[:fixed + 1]).all()
+            assert len(other) >= len(default) and other[-1] == default[-1] == rows.sum()
 
 
 @pytest.mark.parametrize("read_s,convert_s,pieces", [(0, 0, 8), (0, 5, 8), (1, 0.5, 8), (1, 1.9, 8), (1, 2, 16),
@@ -469,7 +489,7 @@ def test_metrics_count_each_workers_leases_and_the_tail(folder):
     loader, dataset = StructuredDataset.create_dataloader(path, num_workers=2, transform=slow_first_worker, **MIXED)
     ids_of_loader(loader)
     metrics = loader.metrics()
-    leases = len(dataset._dynamic.leases(0, 2))
+    leases = len(dataset._dynamic.leases(0, 2, loader._pool.pieces))   # the last eighth as the workers laid it out
     assert metrics["leases"] == leases == sum(w["leases"] for w in metrics["workers"]) and leases > 2
     assert all(w["leases"] > 0 for w in metrics["workers"]) and metrics["rows"] == total
     # batches come as they are ready (in_order=False by default): the straggler took less
@@ -743,18 +763,36 @@ def costly_convert(batch):
     return batch
 
 
-def test_a_loader_lays_out_its_tail_by_what_its_workers_measured(folder):
-    """The first epoch of a loader has the default tail leases; the next one as many as ``tail_pieces``
-    gives for the workers' reading and converting times so far: here the transform costs the most."""
+def test_the_workers_lay_out_the_last_eighth_by_what_they_measured(folder):
+    """The worker that reaches the last eighth first decides its tail pieces by the workers' reading and
+    converting times so far: here the transform costs the most, so it is cut finer, in the first epoch."""
     path, total = folder
     loader, dataset = StructuredDataset.create_dataloader(path, num_workers=2, transform=costly_convert, **MIXED)
-    dataset.set_epoch(0)
     assert sorted(ids_of_loader(loader)[0]) == list(range(total))
-    assert loader._pool.pieces == TAIL_LEASES_PER_WORKER
-    measured = loader.metrics()
-    dataset.set_epoch(1)
-    assert sorted(ids_of_loader(loader)[0]) == list(range(total))
-    assert loader._pool.pieces == tail_pieces(measured["read_s"], measured["convert_s"]) > TAIL_LEASES_PER_WORKER
+    pieces = loader._pool.pieces
+    assert pieces > TAIL_LEASES_PER_WORKER and len(loader._pool) == len(dataset._dynamic.leases(0, 2, pieces))
+    assert loader.metrics()["leases"] == len(loader._pool)
+
+
+def test_the_pool_lays_out_its_last_eighth_once_when_its_first_lease_is_taken():
+    from arrowstream._lease_pool import SharedPool
+
+    calls = []
+
+    def decide(pieces, count):
+        return lambda: calls.append(pieces) or (pieces, count)
+
+    pool = SharedPool(0, 5, capacity=9, fixed=2)
+    assert pool.pieces == TAIL_LEASES_PER_WORKER and len(pool) == 5
+    assert [pool.take(0, decide(64, 8)), pool.take(1, decide(64, 8))] == [0, 1] and calls == []
+    assert pool.take(1, decide(32, 8)) == 2 and calls == [32] and (pool.pieces, len(pool)) == (32, 8)
+    assert [pool.take(0, decide(64, 9)) for _ in range(6)] == [3, 4, 5, 6, 7, None] and calls == [32]
+    assert pool.snapshot() == (32, pytest.approx([0, 1, 1, 0, 0, 0, 0, 0]))
+    small = SharedPool(0, 5, capacity=6, fixed=2)   # no room for the finer layout: the default stays
+    assert [small.take(0, decide(64, 7)) for _ in range(6)] == [0, 1, 2, 3, 4, None]
+    assert (small.pieces, len(small)) == (TAIL_LEASES_PER_WORKER, 5)
+    with pytest.raises(errors.StateMismatchError, match="set_epoch was called after"):
+        pool.check(0, 3, 1)
 
 
 @pytest.mark.parametrize("persistent", [False, True])
@@ -762,21 +800,23 @@ def test_finer_tail_leases_read_every_row_once_and_resume_once(folder, persisten
     """With the finest tail leases: the workers lay out the leases with the pool's count (a mismatch would
     be refused), and a checkpoint, which names rows, not leases, resumes exactly in a loader that lays out
     the default leases; a checkpoint in the tail too (where the layouts differ)."""
-    import arrowstream.loader
+    import arrowstream.dataset
 
-    monkeypatch.setattr(arrowstream.loader, "tail_pieces", lambda read_s, convert_s: MAX_TAIL_LEASES_PER_WORKER)
+    # in the workers too (forked after this)
+    monkeypatch.setattr(arrowstream.dataset, "tail_pieces", lambda read_s, convert_s: MAX_TAIL_LEASES_PER_WORKER)
     path, total = folder
     loader, dataset = StructuredDataset.create_dataloader(path, num_workers=2, transform=slow_first_worker,
                                                           persistent_workers=persistent, **MIXED)
-    for epoch, stop in ((1, 40), (2, 100), (3, None)):   # before the tail, inside it (the last 1/8 of 118 batches)
+    # before the last eighth (batch 103 of 118 on), inside it, among the stitched last batches, at the start
+    for epoch, stop in ((1, 40), (2, 108), (3, 116), (4, None)):
         dataset.set_epoch(epoch)
         iterator = iter(loader)
         seen = [int(i) for _ in range(stop or 0) for i in next(iterator)["id"]]
-        assert loader._pool.pieces == MAX_TAIL_LEASES_PER_WORKER
-        assert len(loader._pool) > len(dataset._dynamic.leases(epoch, 2))
         state = json.loads(json.dumps(loader.state_dict()))
         rest = [int(i) for batch in iterator for i in batch["id"]]
         assert sorted(seen + rest) == list(range(total)) and len(loader) == -(-total // 32)
+        assert loader._pool.pieces == MAX_TAIL_LEASES_PER_WORKER
+        assert len(loader._pool) > len(dataset._dynamic.leases(epoch, 2))
         fresh, _ = StructuredDataset.create_dataloader(path, num_workers=3, **MIXED)
         fresh.load_state_dict(state)
         assert sorted(seen + ids_of_loader(fresh)[0]) == list(range(total)), (epoch, stop)
