@@ -560,3 +560,8 @@ class LocalPool:
 
     def snapshot(self) -> tuple[int, npt.NDArray[np.int64]]:
         return self.pieces, self.owners()
+
+    @property
+    def fixed(self) -> int:
+        """Leases laid out before the last eighth: all of them (one process lays out the default tail)."""
+        return len(self._owners)

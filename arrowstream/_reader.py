@@ -87,7 +87,7 @@ class SplitReader:
         # the rows the first split is decoded in, if not read_batch_rows: a reader whose rows are wanted a
         # few at a time (a mixture's source) starts with small reads, so the first batch waits for less
         self._first_read_rows = first_read_rows
-        self._use_threads = use_threads
+        self.use_threads = use_threads   # pyarrow's threads decode the columns of a read together
         self._output_columns = plan.schema.names
         self._open_index = -1
         self._open_file: UnitFile | None = None
@@ -180,7 +180,7 @@ class SplitReader:
         read_rows, self._first_read_rows = self._first_read_rows or self._read_batch_rows, None
         if not to_the_end:   # a split that ends inside a unit: decode no further than its end (a lease's first rows)
             read_rows = min(read_rows, end - first_row)
-        batches = self._file(split.file_index).read_units(units, self._plan.read_columns, read_rows, self._use_threads)
+        batches = self._file(split.file_index).read_units(units, self._plan.read_columns, read_rows, self.use_threads)
         for batch in batches:
             self._storage.check_unchanged(footer.entry)
             lo = max(begin - span_row, 0)

@@ -188,6 +188,7 @@ class Epoch:
     reads: int | None      # GET requests of object data in the epoch (S3 only)
     workers_cpu_s: float   # CPU time of the workers (all of them, joined at the end of the epoch)
     main_cpu_s: float      # CPU time of this process (the trainer side) over the epoch
+    idle: list[float] = field(default_factory=list)   # idle_s per worker: waiting for the trainer to ask
 
     @property
     def ideal_s(self) -> float:
@@ -230,12 +231,13 @@ def time_epoch(data: Dataset, assignment: str, workers: int, epoch: int, made: t
     if before is None:
         return Epoch(seconds, rows, [w["read_s"] + w["convert_s"] for w in lines], [w["rows"] for w in lines],
                      [w["leases"] for w in lines], metrics["tail_s"], metrics["elapsed_s"], reads,
-                     children_s, self_s)
+                     children_s, self_s, [w["idle_s"] for w in lines])
     # persistent workers: this epoch's part of counters that add up over the loader's life
     busy = [w["read_s"] + w["convert_s"] - b["read_s"] - b["convert_s"] for w, b in zip(lines, before, strict=True)]
     return Epoch(seconds, rows, busy, [w["rows"] - b["rows"] for w, b in zip(lines, before, strict=True)],
                  [w["leases"] - b["leases"] for w, b in zip(lines, before, strict=True)], metrics["tail_s"],
-                 seconds, reads, processes_cpu_s(pids) - workers_cpu, self_s)
+                 seconds, reads, processes_cpu_s(pids) - workers_cpu, self_s,
+                 [w["idle_s"] - b["idle_s"] for w, b in zip(lines, before, strict=True)])
 
 
 def cpu_times() -> tuple[float, float]:
@@ -330,7 +332,8 @@ def scenario_rows(results: dict[Key, Series]) -> list[list[str]]:
         rows.append([str(workers), assignment, f"{epoch_s:.2f} ({series.best(lambda e: e.seconds):.2f})",
                      f"{ideal_s:.2f}", f"{ratio:.2f}x", f"{span:.2f}x", f"{tail:.1%}",
                      f"{series.median(lambda e: e.workers_cpu_s):.2f} / {series.median(lambda e: e.main_cpu_s):.2f}", f"{series.median(lambda e: e.rps) / 1e3:,.0f}k",
-                     joined(typical.busy, ".2f"), joined([r / 1e3 for r in typical.worker_rows], ",.0f"),
+                     joined(typical.busy, ".2f"), joined(typical.idle, ".2f"),
+                     joined([r / 1e3 for r in typical.worker_rows], ",.0f"),
                      joined(typical.leases, "d"), "–" if typical.reads is None else f"{typical.reads:,}"])
     return rows
 
@@ -384,10 +387,11 @@ def report(args: argparse.Namespace, datasets: list[Dataset], results: dict[str,
                "workers' start-up). *CPU s*: user + system time of the workers (joined at the end of the epoch) and "
                "of the trainer's process, medians: busy time is wall time, which with more busy processes than "
                "cores includes waiting for one; CPU time does not. *epoch / ideal*, *span / ideal* and *tail* (`tail_s`: the first worker's last batch to the last one's, over the epoch) are medians "
-               "of the per-epoch ratios. Busy s, k rows and leases per worker, and the S3 "
+               "of the per-epoch ratios. Busy s, idle s (`idle_s`: waiting for the trainer to ask for more), k rows "
+               "and leases per worker, and the S3 "
                "data requests (GETs counted by the proxy), are those of the median epoch."), ""]
     header = ["workers", "assignment", "epoch s", "ideal s", "epoch / ideal", "span / ideal", "tail / epoch", "CPU s workers / main", "rows/s",
-              "busy s per worker", "k rows per worker", "leases per worker", "S3 reads"]
+              "busy s per worker", "idle s per worker", "k rows per worker", "leases per worker", "S3 reads"]
     for data in datasets:
         lines += [f"### {data.name}", "",
                   (f"{data.what}. {data.files} files x {data.rows // data.files:,} rows = {data.rows:,} rows, "

@@ -820,3 +820,28 @@ def test_finer_tail_leases_read_every_row_once_and_resume_once(folder, persisten
         fresh, _ = StructuredDataset.create_dataloader(path, num_workers=3, **MIXED)
         fresh.load_state_dict(state)
         assert sorted(seen + ids_of_loader(fresh)[0]) == list(range(total)), (epoch, stop)
+
+
+def threads_of_reads(batch):
+    """A transform that marks each batch with whether its worker's readers decode with pyarrow's threads."""
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()   # None: a batch stitched of the workers' last rows, transformed in the trainer
+    runtime = None if info is None else info.dataset._side._runtime   # built: this batch was read with it
+    flag = None if runtime is None else all(reader.use_threads for reader in runtime.readers)
+    return {**batch, "threads": [flag] * len(batch["id"])}
+
+
+def test_workers_decode_with_threads_only_in_the_last_eighth(folder):
+    """Workers decode alone (one thread each) until they lease from the last eighth, where the workers that
+    are done leave cores idle: then pyarrow's threads decode each read's columns together."""
+    path, total = folder
+    loader, _ = StructuredDataset.create_dataloader(path, num_workers=2, transform=threads_of_reads,
+                                                    batches_per_transfer=1, **{**MIXED, "interleave": 1})
+    flags, ids = [], []
+    for batch in loader:
+        flags.append(batch["threads"][0])
+        ids += [int(i) for i in batch["id"]]
+    assert sorted(ids) == list(range(total)) and len(flags) == len(loader)
+    flags = [flag for flag in flags if flag is not None]   # the stitched batches: transformed in the trainer
+    assert not any(flags[:len(flags) // 2]) and any(flags[-len(flags) // 4:]), flags
