@@ -88,6 +88,7 @@ class SplitReader:
         # few at a time (a mixture's source) starts with small reads, so the first batch waits for less
         self._first_read_rows = first_read_rows
         self.use_threads = use_threads   # pyarrow's threads decode the columns of a read together
+        self.threads_by_default = use_threads   # (a dynamic worker turns them on for its epoch's last eighth)
         self._output_columns = plan.schema.names
         self._open_index = -1
         self._open_file: UnitFile | None = None

@@ -435,8 +435,6 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                 pieces = tail_pieces(sum(v["read_s"] for v in measured), sum(v["convert_s"] for v in measured))
                 return pieces, len(leases.of(pieces))
 
-            threads = [reader.use_threads for reader in runtime.readers]   # as built: alone in a worker, none
-
             def take() -> int | None:
                 lease: int | None = pool.take(slot.worker_id, decide)
                 if lease is not None:
@@ -444,8 +442,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                 # the last eighth: the workers that are done leave cores idle, which pyarrow's threads use
                 # to decode a costly row group (one that a cut would not make cheaper)
                 last = lease is None or lease >= pool.fixed
-                for reader, built in zip(runtime.readers, threads, strict=True):
-                    reader.use_threads = built or last
+                for reader in runtime.readers:
+                    reader.use_threads = reader.threads_by_default or last
                 return lease
 
             owners = pool.owners if stitches_last_rows(self, slot.num_workers) else None

@@ -832,16 +832,21 @@ def threads_of_reads(batch):
     return {**batch, "threads": [flag] * len(batch["id"])}
 
 
-def test_workers_decode_with_threads_only_in_the_last_eighth(folder):
+@pytest.mark.parametrize("persistent", [False, True])
+def test_workers_decode_with_threads_only_in_the_last_eighth(folder, persistent):
     """Workers decode alone (one thread each) until they lease from the last eighth, where the workers that
-    are done leave cores idle: then pyarrow's threads decode each read's columns together."""
+    are done leave cores idle: then pyarrow's threads decode each read's columns together; alone again in
+    the next epoch (persistent workers keep their readers)."""
     path, total = folder
-    loader, _ = StructuredDataset.create_dataloader(path, num_workers=2, transform=threads_of_reads,
-                                                    batches_per_transfer=1, **{**MIXED, "interleave": 1})
-    flags, ids = [], []
-    for batch in loader:
-        flags.append(batch["threads"][0])
-        ids += [int(i) for i in batch["id"]]
-    assert sorted(ids) == list(range(total)) and len(flags) == len(loader)
-    flags = [flag for flag in flags if flag is not None]   # the stitched batches: transformed in the trainer
-    assert not any(flags[:len(flags) // 2]) and any(flags[-len(flags) // 4:]), flags
+    loader, dataset = StructuredDataset.create_dataloader(path, num_workers=2, transform=threads_of_reads,
+                                                          batches_per_transfer=1, persistent_workers=persistent,
+                                                          **{**MIXED, "interleave": 1})
+    for epoch in (0, 1):
+        dataset.set_epoch(epoch)
+        flags, ids = [], []
+        for batch in loader:
+            flags.append(batch["threads"][0])
+            ids += [int(i) for i in batch["id"]]
+        assert sorted(ids) == list(range(total)) and len(flags) == len(loader)
+        flags = [flag for flag in flags if flag is not None]   # the stitched batches: transformed in the trainer
+        assert not any(flags[:len(flags) // 2]) and any(flags[-len(flags) // 4:]), (epoch, flags)
