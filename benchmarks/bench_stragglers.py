@@ -5,7 +5,9 @@ Run from the repository root:
     .venv/bin/python benchmarks/bench_stragglers.py            # the real run (about 8 min on 2 busy cores)
     .venv/bin/python benchmarks/bench_stragglers.py --quick    # smoke run (small data, 1 round), prints only
 
-Options: ``--repeats``, ``--workers 2,4``, ``--scenarios uniform,decode,prefix,transform``, ``--out PATH``
+Options: ``--repeats``, ``--workers 2,4``, ``--scenarios uniform,decode,prefix,transform``, ``--persistent``
+(one loader per policy and worker count with ``persistent_workers=True``, its epochs after an untimed first one),
+``--out PATH``
 (default ``benchmarks/results/<YYYY-MM-DD>-stragglers.md``; ``--quick`` writes only with ``--out``).
 
 Each scenario is a dataset generated under a temporary folder of ``benchmarks/data/`` (git-ignored): Parquet
@@ -34,7 +36,7 @@ Each epoch is a new loader (``create_dataloader(..., num_workers=W, assignment=A
 ``in_order=True``, dynamic with its default ``in_order=False``; ``batch_size=1024``, ``output_format="torch"``,
 ``plan_cache=False``), timed from ``iter()`` to the last batch (worker start-up included; construction apart).
 From ``loader.metrics()``: busy time per worker (``read_s + convert_s``; a transform runs inside convert),
-the ideal epoch (total busy / workers), ``tail_s``, leases and rows per worker. Every epoch is checked to
+the ideal epoch (total busy / workers), ``tail_s``, ``idle_s``, leases and rows per worker. Every epoch is checked to
 yield every row once (count and sum of ``id``).
 """
 
