@@ -641,7 +641,8 @@ def test_on_s3_leased_splits_are_read_ahead_and_resume_once(folder, s3_server, n
         assert len({position for _, position in fetched}) >= 6
 
 
-def test_a_worker_killed_mid_epoch_loses_nothing_a_checkpoint_after_the_error_resumes(folder):
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_worker_killed_mid_epoch_loses_nothing_a_checkpoint_after_the_error_resumes(folder, persistent):
     """SIGKILL one worker: the loader names it (WorkerError); a state taken after the error gives the dead
     worker's leases, and what it had read but not handed out, back to the rest of the epoch."""
     import os
@@ -649,7 +650,7 @@ def test_a_worker_killed_mid_epoch_loses_nothing_a_checkpoint_after_the_error_re
     import time
 
     path, total = folder
-    loader, _ = StructuredDataset.create_dataloader(path, num_workers=2, **MIXED)
+    loader, _ = StructuredDataset.create_dataloader(path, num_workers=2, persistent_workers=persistent, **MIXED)
     it = iter(loader)
     seen = [int(i) for _ in range(5) for i in next(it)["id"]]
     os.kill(it._inner._workers[0].pid, signal.SIGKILL)
@@ -850,3 +851,22 @@ def test_workers_decode_with_threads_only_in_the_last_eighth(folder, persistent)
         assert sorted(ids) == list(range(total)) and len(flags) == len(loader)
         flags = [flag for flag in flags if flag is not None]   # the stitched batches: transformed in the trainer
         assert not any(flags[:len(flags) // 2]) and any(flags[-len(flags) // 4:]), (epoch, flags)
+
+
+def test_persistent_workers_started_by_spawn_share_the_pools(folder):
+    """Workers started by spawn get the pools by pickling (shared memory and the context's lock), not by
+    inheritance: two epochs and a mid-epoch checkpoint, every row once."""
+    path, total = folder
+    loader, dataset = StructuredDataset.create_dataloader(path, num_workers=2, persistent_workers=True,
+                                                          multiprocessing_context="spawn", **MIXED)
+    for epoch in (0, 1):
+        dataset.set_epoch(epoch)
+        assert sorted(ids_of_loader(loader)[0]) == list(range(total))
+    dataset.set_epoch(2)
+    iterator = iter(loader)
+    seen = [int(i) for _ in range(30) for i in next(iterator)["id"]]
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert sorted(seen + [int(i) for batch in iterator for i in batch["id"]]) == list(range(total))
+    fresh, _ = StructuredDataset.create_dataloader(path, num_workers=1, **MIXED)
+    fresh.load_state_dict(state)
+    assert sorted(seen + ids_of_loader(fresh)[0]) == list(range(total))
