@@ -136,10 +136,11 @@ def lease_bounds(item_rows: npt.NDArray[np.int64], batch_size: int, num_workers:
     """Where leases start and end in the virtual stream of items of ``item_rows`` rows: at item ends,
     and in the last part of the stream (the tail) also inside items longer than a tail piece, cut into
     equal pieces of about ``rows / (workers x TAIL_LEASES_PER_WORKER)`` rows (at least a batch); the
-    last eighth (from :func:`last_part_start`, always a lease start) in pieces of about
-    ``rows / (workers x pieces_per_worker)`` where that is finer. ``bounds[i]:bounds[i + 1]`` is lease
-    ``i``. The leases before the last eighth are the same whatever ``pieces_per_worker``: the workers
-    decide it when they reach the last eighth, by what they measured (:func:`tail_pieces`).
+    last eighth (from the first of those lease starts at or after :func:`last_part_start`) cut again in
+    pieces of about ``rows / (workers x pieces_per_worker)`` where that is finer.
+    ``bounds[i]:bounds[i + 1]`` is lease ``i``. The leases before the last eighth are the same whatever
+    ``pieces_per_worker``: the workers decide it when they reach the last eighth, by what they measured
+    (:func:`tail_pieces`).
 
     A lease ends where its last item ends wherever that falls in a batch: a cut at row ``x`` of a unit
     costs about ``x`` rows decoded twice, at least a page per column (the lease after the cut decodes
@@ -156,16 +157,21 @@ def lease_bounds(item_rows: npt.NDArray[np.int64], batch_size: int, num_workers:
     workers = max(num_workers, 1)
     piece = max(batch_size, total // (workers * TAIL_LEASES_PER_WORKER))
     tail_start = max(0, total - max(total // TAIL_FRACTION, piece * workers * 4))
-    last = last_part_start(total)
+    bounds = np.unique(np.concatenate([np.zeros(1, dtype=np.int64), ends,
+                                       *_cut(starts, ends, tail_start, piece)]).astype(np.int64))
     fine = max(batch_size, total // (workers * pieces_per_worker))
-    cuts = [np.zeros(1, dtype=np.int64), ends, np.array([last], dtype=np.int64)]
-    cuts += _cut(starts, np.minimum(ends, last), tail_start, piece)   # the tail before the last eighth
-    cuts += _cut(starts, ends, last, min(piece, fine))                 # and the last eighth
+    if fine >= piece:
+        return bounds
+    # the last eighth starts at the first lease start of the default layout from 7/8 of the rows on (no cut
+    # of its own), and is cut again in finer pieces
+    last = int(bounds[fixed_leases(bounds)])
+    cuts = [bounds[bounds <= last], ends[ends > last], *_cut(starts, ends, last, fine)]
     return np.unique(np.concatenate(cuts).astype(np.int64))
 
 
 def fixed_leases(bounds: npt.NDArray[np.int64]) -> int:
-    """How many leases come before the last eighth: the same with any tail pieces (see :func:`lease_bounds`)."""
+    """How many leases come before the last eighth: those that start before 7/8 of the rows, the same with
+    any tail pieces (see :func:`lease_bounds`)."""
     return int(np.searchsorted(bounds, last_part_start(int(bounds[-1])), side="left"))
 
 
