@@ -29,10 +29,12 @@ from ._dynamic import (
     rank_share,
     remaining_work,
     start_cursor,
+    tail_pieces,
     work_of,
 )
 from ._elastic import Replay
 from ._fields import REMEDY, Fields, check_int, shorten
+from ._metrics import worker_values
 from ._order import Slot, SlotGrid
 from ._plan_types import Split, SplitTable, split_rows
 from ._state import DataIdentity, WorkerState, check_compatible
@@ -133,6 +135,31 @@ def dynamic_stream(runtime: WorkerRuntime, leases: PoolLeases, take: Callable[[]
     return EpochStream(runs=runs, end=END, batch_size=options.batch_size, drop_last=False,
                        max_batches=None, convert=runtime.convert, data=data, options=state_options, epoch=epoch,
                        slot=slot, start=start, last_pieces=last)
+
+
+def lease_taker(pool: Any, leases: PoolLeases, runtime: WorkerRuntime, worker: int) -> Callable[[], int | None]:
+    """How worker ``worker`` takes its next lease from ``pool`` (None once it is dry). The worker that reaches
+    the last eighth first lays it out by what every worker measured so far (see
+    :func:`~arrowstream._dynamic.tail_pieces`). From the last eighth on, the worker decodes with pyarrow's
+    threads: the workers that are done leave cores idle, which then decode a costly row group (one that a cut
+    would not make cheaper) together."""
+    meter, board = runtime.meter, runtime.transport.board
+
+    def decide() -> tuple[int, int]:
+        measured = worker_values(board, meter)
+        pieces = tail_pieces(sum(v["read_s"] for v in measured), sum(v["convert_s"] for v in measured))
+        return pieces, len(leases.of(pieces))
+
+    def take() -> int | None:
+        lease: int | None = pool.take(worker, decide)
+        if lease is not None:
+            meter.leased()
+        last = lease is None or lease >= pool.fixed
+        for reader in runtime.readers:
+            reader.use_threads = reader.threads_by_default or last
+        return lease
+
+    return take
 
 
 def start_state(data: DataIdentity, state_options: dict[str, Any], epoch: int, slot: Slot,

@@ -14,19 +14,19 @@ from ._auto_buffer import resolve_buffer
 from ._collective import collective_world_size, plan_arguments, plan_together
 from ._convert import check_output_columns, resolve_fill_nulls
 from ._credentials import as_provider
-from ._dynamic import TAIL_LEASES_PER_WORKER, LocalPool, PoolLeases, fixed_leases, tail_pieces
+from ._dynamic import TAIL_LEASES_PER_WORKER, LocalPool, PoolLeases, fixed_leases
 from ._dynamic_epoch import (
     DYNAMIC,
     DynamicEpochs,
     check_assignment,
     dynamic_stream,
+    lease_taker,
     start_state,
     stitches_last_rows,
 )
 from ._identity import check_data_identity
 from ._layout import Epochs, batch_limits, check_known, rows_dropped, rows_trimmed, slot_rows, slot_yields
 from ._lease_pool import PoolSlots, SharedPool
-from ._metrics import worker_values
 from ._options import Options, check_bool, check_even_batches, check_int, check_storage_arguments, validate_options
 from ._order import Slot, SlotGrid
 from ._planning import Plan
@@ -426,29 +426,9 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
                                 lambda: pool.pieces)
             if isinstance(pool, SharedPool):
                 pool.check(epoch, fixed_leases(leases.of(TAIL_LEASES_PER_WORKER).bounds), slot.worker_id)
-            meter = runtime.meter
-            board = runtime.transport.board
-
-            def decide() -> tuple[int, int]:
-                """The last eighth's tail pieces, by what every worker measured so far (see _dynamic.tail_pieces)."""
-                measured = worker_values(board, meter)
-                pieces = tail_pieces(sum(v["read_s"] for v in measured), sum(v["convert_s"] for v in measured))
-                return pieces, len(leases.of(pieces))
-
-            def take() -> int | None:
-                lease: int | None = pool.take(slot.worker_id, decide)
-                if lease is not None:
-                    meter.leased()
-                # the last eighth: the workers that are done leave cores idle, which pyarrow's threads use
-                # to decode a costly row group (one that a cut would not make cheaper)
-                last = lease is None or lease >= pool.fixed
-                for reader in runtime.readers:
-                    reader.use_threads = reader.threads_by_default or last
-                return lease
-
             owners = pool.owners if stitches_last_rows(self, slot.num_workers) else None
-            stream = dynamic_stream(runtime, leases, take, slot, epoch, self._options, self._data,
-                                    self._state_options, before, owners)
+            stream = dynamic_stream(runtime, leases, lease_taker(pool, leases, runtime, slot.worker_id), slot,
+                                    epoch, self._options, self._data, self._state_options, before, owners)
             return OpenEpoch(stream, runtime, lambda start, end: [f"the files leased by worker {slot.worker_id}"])
 
         self._active = EpochIterator(slot, open_epoch, before=lambda: before)

@@ -802,10 +802,10 @@ def test_finer_tail_leases_read_every_row_once_and_resume_once(folder, persisten
     """With the finest tail leases: the workers lay out the leases with the pool's count (a mismatch would
     be refused), and a checkpoint, which names rows, not leases, resumes exactly in a loader that lays out
     the default leases; a checkpoint in the tail too (where the layouts differ)."""
-    import arrowstream.dataset
+    import arrowstream._dynamic_epoch
 
     # in the workers too (forked after this)
-    monkeypatch.setattr(arrowstream.dataset, "tail_pieces", lambda read_s, convert_s: MAX_TAIL_LEASES_PER_WORKER)
+    monkeypatch.setattr(arrowstream._dynamic_epoch, "tail_pieces", lambda read_s, convert_s: MAX_TAIL_LEASES_PER_WORKER)
     path, total = folder
     loader, dataset = StructuredDataset.create_dataloader(path, num_workers=2, transform=slow_first_worker,
                                                           persistent_workers=persistent, **MIXED)
