@@ -65,7 +65,7 @@ def tail_pieces(read_s: float, convert_s: float) -> int:
     pieces = TAIL_LEASES_PER_WORKER
     if read_s <= 0:   # nothing measured yet
         return pieces
-    while pieces < MAX_TAIL_LEASES_PER_WORKER and convert_s >= read_s * 2 * pieces // TAIL_LEASES_PER_WORKER:
+    while pieces < MAX_TAIL_LEASES_PER_WORKER and convert_s >= read_s * 2 * pieces / TAIL_LEASES_PER_WORKER:
         pieces *= 2
     return pieces
 

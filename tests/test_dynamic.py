@@ -192,7 +192,8 @@ def test_the_leases_before_the_last_eighth_are_the_same_with_any_tail():
 
 
 @pytest.mark.parametrize("read_s,convert_s,pieces", [(0, 0, 8), (0, 5, 8), (1, 0.5, 8), (1, 1.9, 8), (1, 2, 16),
-                                                     (1, 5, 32), (1, 8, 64), (0.01, 30, 64)])
+                                                     (1, 5, 32), (1, 8, 64), (0.01, 30, 64),
+                                                     (0.3, 0.1, 8), (0.3, 0.59, 8), (0.3, 0.6, 16), (0.05, 0.3, 32)])
 def test_tail_leases_are_finer_the_more_converting_costs_against_reading(read_s, convert_s, pieces):
     assert tail_pieces(read_s, convert_s) == pieces
 
