@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from ._auto_buffer import adopt_mixture_buffer
 from ._batches import BatchIterator, PerBatchCollate, worker_batches
 from ._convert import passthrough_collate
 from ._epoch_watch import EpochWatch, mixture_order_varies
@@ -247,10 +246,11 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
         """Resume from :meth:`state_dict`; the next batch is the one after the saved one. At an epoch
         boundary the mixture may have changed (weights, ``epoch_rows``, sources); see docs/mixing.md. With
         ``shuffle_buffer_size`` left to its default, the mixture takes the checkpoint's (docs/shuffle.md)."""
-        options = self.dataset._options
+        options, order = self.dataset._options, self.dataset._batch_order
         try:
             self._load_state_dict(state_dict)
         except BaseException:   # a refused checkpoint leaves the mixture shuffling as it did
+            self.dataset._batch_order = order
             if self.dataset._options is not options:
                 self.dataset._options = options
                 self.dataset._epochs = self.dataset._layout()
@@ -297,7 +297,7 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
                   for i, s in enumerate(raw)]
         present = [s for s in states if s is not None]
         if present:   # an Iceberg table moved on since the checkpoint: read its snapshot (before any check)
-            adopt_mixture_buffer(mixture, present[0].options)   # shuffle_buffer_size left out: the checkpoint's
+            mixture._adopt_saved(present[0].options)   # its buffer (when left to the default) and batch order
             mixture._follow_sources(present[0].data)
         adopt_replanned(mixture, present)
         for worker_id, state in enumerate(states):
@@ -342,7 +342,7 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
             states += [s for s in ranks if s is not None]
         if not states:
             raise StateError(f"the checkpoint holds no worker state; {REMEDY}")
-        adopt_mixture_buffer(mixture, states[0].options)   # shuffle_buffer_size left out: the checkpoint's
+        mixture._adopt_saved(states[0].options)   # its buffer (when left to the default) and batch order
         mixture._follow_sources(states[0].data)   # an Iceberg table moved on since the checkpoint: its snapshot
         if all(s is not None and s.epoch_complete for s, _ in old):
             epoch = follow(mixture, states)

@@ -91,7 +91,7 @@ def open_stream(mixture: Mixture, pending: MixWorkerState | None) -> MixStream:
     if slot.epoch <= mixture._finished_epoch or start.epoch_complete:   # nothing left in this epoch
         start = MixWorkerState(**{**start.__dict__, "epoch_complete": True})
         return MixStream([], [], cast=lambda name, batch: batch, batch_size=options.batch_size, drop_last=False,
-                         max_batches=None, mix_rows=False, seed=0, slot=slot, start=start)
+                         max_batches=None, batch_order=None, seed=0, slot=slot, start=start)
     meter = mixture._side.meter()
     in_worker = get_worker_info() is not None
     if in_worker and not mixture._side.frozen:
@@ -127,7 +127,8 @@ def open_stream(mixture: Mixture, pending: MixWorkerState | None) -> MixStream:
     limit = mixture.batch_limits(slot.num_workers, slot.epoch)[slot.index] if mixture._even_batches else None
     return MixStream(sources, [sum(part.rows for part in parts[s.name]) for s in mixture._sources],
                      cast=lambda name, batch: casts[name](batch), batch_size=options.batch_size,
-                     drop_last=options.drop_last, max_batches=limit, mix_rows=options.shuffle_buffer_size > 0,
+                     drop_last=options.drop_last, max_batches=limit,
+                     batch_order=mixture._batch_order if options.shuffle_buffer_size > 0 else None,
                      seed=options.seed, slot=slot, start=start)
 
 

@@ -3,10 +3,14 @@
 A span of a slot's batches holds, batch after batch, the first source's share of the batch, then the next
 source's (see :class:`~arrowstream._mix_stream.MixStream`). Each source's rows of the whole span come as the
 pieces they were read in, with ``marks``: how many of them the span has given after each batch.
+
+With a shuffle buffer the sources are mixed inside each batch: spread evenly (:func:`even_order`, mixture
+states from version 3 on) or, for a run resumed from an older state, by the batch's seeded permutation.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -46,14 +50,36 @@ def batch_order(marks: list[list[int]], permutations: Sequence[npt.NDArray[np.in
     return order
 
 
+@functools.lru_cache(maxsize=1024)
+def even_order(shares: tuple[int, ...]) -> npt.NDArray[np.int64]:
+    """The order of a batch's rows (its sources' ``shares`` in source order) that spreads every source
+    evenly over the batch: row ``i`` of a source of ``n`` rows goes where ``(i + 1/2) / n`` falls among all
+    the rows' such fractions (ties: the earlier source first). Any stretch of ``k`` rows of the batch then
+    holds each source's share of ``k`` within about one row, so a batch cut into micro-batches cuts
+    every source in proportion. Cached: a mixture's batches have few distinct shares (each source's is
+    its ideal rounded down or up)."""
+    fractions = np.concatenate([(np.arange(n) + 0.5) / n for n in shares if n] or [np.zeros(0)])
+    order = np.argsort(fractions, kind="stable").astype(np.int64)
+    order.flags.writeable = False
+    return order
+
+
+def even_orders(marks: list[list[int]]) -> list[npt.NDArray[np.int64]]:
+    """:func:`even_order` of each batch of a span (``marks``: each source's rows after each batch)."""
+    taken = np.asarray(marks, dtype=np.int64)
+    shares = np.diff(taken, axis=1, prepend=0).T.tolist()
+    return [even_order(tuple(batch)) for batch in shares]
+
+
 def mixed(pieces: list[list[pa.RecordBatch]], marks: list[list[int]],
           permutations: Sequence[npt.NDArray[np.int64]]) -> pa.RecordBatch:
-    """:func:`in_batch_order`'s rows with each batch's rows in the order of its permutation: the sources'
-    pieces laid end to end (a copy the caches still hold), then one take (a take across many pieces looks
-    up each row's piece, which costs more than the copy)."""
+    """:func:`in_batch_order`'s rows with each batch's rows in the order of its permutation: one take from
+    the sources' pieces as they are (no copy first)."""
     flat = [piece for source_pieces in pieces for piece in source_pieces]
-    rows = flat[0] if len(flat) == 1 else pa.concat_batches(flat)
-    return rows.take(batch_order(marks, permutations))
+    rows = pa.Table.from_batches(flat).take(batch_order(marks, permutations))
+    batches = rows.to_batches()
+    # (a take may leave a column in pieces: one copy then)
+    return batches[0] if len(batches) == 1 else rows.combine_chunks().to_batches()[0]
 
 
 def _cut(pieces: list[pa.RecordBatch], marks: list[int]) -> list[list[pa.RecordBatch]]:

@@ -17,7 +17,16 @@ from ._fields import REMEDY, Fields, shorten
 from .errors import StateError
 
 MIX_WORKER_KIND = "arrowstream.mixture_worker"
-MIX_STATE_VERSION = 2  # 2: each source's data may hold its layout (data_identity); 1 loads unchanged
+MIX_STATE_VERSION = 3  # 3: options.batch_order (absent before: "permuted"); 2: each source's data may hold its layout
+# (data_identity); older versions load unchanged
+
+EVEN, PERMUTED = "even", "permuted"
+BATCH_ORDERS = (EVEN, PERMUTED)
+"""How the shuffle buffer mixes a batch's sources (``options.batch_order``): ``even`` spreads each source's
+share evenly over the batch (:func:`~arrowstream._mix_span.even_order`; states from version 3 on); ``permuted``
+puts the batch's rows in a seeded permutation of their own (states of versions 1 and 2: a run resumed from one
+keeps it, and says so in its own states). In both, each source's rows come in its shuffle window's order.
+Without a shuffle buffer, a batch holds its sources one after another."""
 
 
 @dataclass(frozen=True)
@@ -115,7 +124,12 @@ class MixWorkerState:
             raise StateError(f"the {where} has version {version}; this arrowstream reads mixture states of versions "
                              f"1 to {MIX_STATE_VERSION}: upgrade arrowstream to load it")
         slot = fields.mapping("slot")
-        options = fields.mapping("options").value
+        options = dict(fields.mapping("options").value)
+        if version < 3:   # its batches mixed their sources by a seeded permutation each, as a resume goes on to
+            options.setdefault("batch_order", PERMUTED)
+        if options.get("batch_order") not in BATCH_ORDERS:
+            raise StateError(f"the {where}'s options.batch_order is {shorten(options.get('batch_order'))}, expected "
+                             f"one of {list(BATCH_ORDERS)}; {REMEDY}")
         history = _history(fields.sequence("history"), f"{where}.history")
         sources = fields.mapping("sources")
         epochs, cursors, data = {}, {}, {}

@@ -4,7 +4,7 @@ A :class:`SourceRows` reads one source's segments of the slot's epoch (see :mod:
 through the usual pipeline (interleaved splits, shuffle windows), segment after segment, and hands out
 exactly the rows asked for. A :class:`MixStream` cuts batches: each takes from every source its share
 (:func:`~arrowstream._mix_plan.shares_after`), casts them to the mixture's schema, and mixes them when
-the shuffle buffer is on. Where it stands is a :class:`~arrowstream._mix_state.MixWorkerState`.
+the shuffle buffer is on (:data:`~arrowstream._mix_state.BATCH_ORDERS`). Where it stands is a :class:`~arrowstream._mix_state.MixWorkerState`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import pyarrow as pa
 from ._cursor import Cursor
 from ._interleave import PieceReader
 from ._mix_plan import batch_permutations, shares_after, window_seed
-from ._mix_span import in_batch_order, mixed
-from ._mix_state import CompactCursor, MixPosition, MixWorkerState, SourceCursor
+from ._mix_span import even_orders, in_batch_order, mixed
+from ._mix_state import EVEN, PERMUTED, CompactCursor, MixPosition, MixWorkerState, SourceCursor
 from ._plan_types import Split
 from ._stream import RunQueue, open_runs
 from .errors import FileChangedError
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from ._reader import ReadAhead
 
 logger = logging.getLogger("arrowstream")
+
 
 @dataclass(frozen=True)
 class Part:
@@ -164,14 +165,16 @@ class MixStream:
     """A slot's batches of a mixture epoch: each takes every source's share, cast to one schema."""
 
     def __init__(self, sources: Sequence[SourceRows], quotas: Sequence[int], *, cast: Callable[[str, pa.RecordBatch], pa.RecordBatch],
-                 batch_size: int, drop_last: bool, max_batches: int | None, mix_rows: bool, seed: int,
+                 batch_size: int, drop_last: bool, max_batches: int | None, batch_order: str | None, seed: int,
                  slot: MixSlot, start: MixWorkerState) -> None:
+        """``batch_order``: one of :data:`~arrowstream._mix_state.BATCH_ORDERS`, or None: the sources one after
+        another."""
         self._sources = list(sources)
         self._quotas = list(quotas)
         self._total = sum(quotas)
         self._cast = cast
         self._batch_size, self._drop_last, self._max_batches = batch_size, drop_last, max_batches
-        self._mix_rows, self._seed, self._slot = mix_rows, seed, slot
+        self._batch_order, self._seed, self._slot = batch_order, seed, slot
         self._start = start
         self.rows, self.batches, self.rows_dropped = start.rows, start.batches, start.rows_dropped
         self.complete = start.epoch_complete
@@ -257,7 +260,9 @@ class MixStream:
         positions = [MixPosition(rows, first + j + 1, self.rows_dropped, False,
                                  tuple(source_cursors[j] for source_cursors in cursors))
                      for j, (rows, _) in enumerate(plan)]
-        if self._mix_rows:   # each batch's rows mixed inside it, by its own permutation (as if taken alone)
+        if self._batch_order == EVEN:
+            span = mixed(pieces, marks, even_orders(marks))
+        elif self._batch_order == PERMUTED:   # each batch's rows by its own permutation (as if taken alone)
             span = mixed(pieces, marks, self._permutations(sizes, first))
         else:
             span = in_batch_order(pieces, marks)

@@ -21,7 +21,7 @@ from ._mix_plan import positions, quotas, quotas_at
 from ._mix_reading import COMPACT, MixIterator, MixSide
 from ._mix_schema import unify
 from ._mix_sources import IcebergSource, Planned, Source, check_weights, followed_source, plan_source
-from ._mix_state import MixWorkerState, SourceCursor, SourceEpoch
+from ._mix_state import EVEN, MixWorkerState, SourceCursor, SourceEpoch
 from ._mix_stream import MixSlot
 from ._options import check_bool, check_even_batches, check_int, validate_options
 from ._order import even_batch_limits, natural_batches
@@ -123,6 +123,9 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         # the quotas in effect from each epoch on: a checkpoint loaded at an epoch boundary may change them
         self._history: list[tuple[int, dict[str, int]]] = [(0, dict(self._quotas))]
         self._epochs = self._layout()
+        # how the shuffle buffer mixes a batch's sources (_mix_stream.BATCH_ORDERS): a run resumed from a state of
+        # version 1 or 2 keeps that state's order (_adopt_saved)
+        self._batch_order = EVEN
         self._epoch_cell = share(torch.zeros(1, dtype=torch.int64), "Mixture: the epoch cell")
         self._finished_epoch = -1   # epochs up to it were finished by a checkpoint loaded with another topology
         self._pending: MixWorkerState | None = None
@@ -310,7 +313,14 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         o = self._options
         return {"batch_size": o.batch_size, "shuffle": o.shuffle, "seed": o.seed,
                 "shuffle_buffer_size": o.shuffle_buffer_size, "interleave": o.interleave, "drop_last": o.drop_last,
-                "even_batches": self._even_batches, "source_column": self._source_column}
+                "even_batches": self._even_batches, "source_column": self._source_column,
+                "batch_order": self._batch_order}
+
+    def _adopt_saved(self, saved_options: dict[str, Any]) -> None:
+        """Take a checkpoint's ``shuffle_buffer_size`` (when left to the default here) and its order inside
+        batches (``permuted`` in a state older than the option): for the checkpoint's epoch and later ones."""
+        adopt_mixture_buffer(self, saved_options)
+        self._batch_order = saved_options["batch_order"]   # (MixWorkerState.from_dict has checked it)
 
     def __iter__(self) -> MixIterator:
         info = get_worker_info()
@@ -342,7 +352,7 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
 
         slot = self._slot()
         state = MixWorkerState.from_dict(state_dict)
-        adopt_mixture_buffer(self, state.options)   # shuffle_buffer_size left out: the checkpoint's
+        self._adopt_saved(state.options)
         self._pending = check_worker_state(self, state, slot)
         self._active = None
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 from helpers import ids_of, make_loader
 
-from arrowstream._torchdata_state import worker_state
+from arrowstream._torchdata_state import worker_state, worker_states
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 sys.path.insert(0, GOLDEN)
@@ -94,6 +94,39 @@ def test_golden_mixture_state_resumes_to_the_recorded_batches(tmp_path, golden_f
         mixture.set_epoch(epoch)
         resumed += [batch_record(batch) for batch in loader]
     assert resumed == golden["continuation"]
+
+
+@pytest.mark.parametrize("golden_file", [f for f in MIXTURE_FILES if "mid" in os.path.basename(f)],
+                         ids=lambda f: os.path.relpath(f, GOLDEN))
+def test_a_run_resumed_from_a_golden_mixture_state_checkpoints_in_its_order(tmp_path, golden_file):
+    """A run resumed from an old state keeps that state's order inside batches, and its own checkpoints say
+    so: one taken two batches after the golden one resumes, in a fresh loader, to the recorded batches."""
+    from make_golden_mixture import batch_record, make
+
+    with open(golden_file) as f:
+        golden = json.load(f)
+    prepare_copy(str(tmp_path / "data"), "data")
+    prepare_copy(str(tmp_path / "data-cut"), "data-cut")
+    if golden.get("layout"):
+        for name in os.listdir(tmp_path / "data"):
+            os.utime(tmp_path / "data" / name)
+    loader, mixture = make(str(tmp_path), golden)
+    loader.load_state_dict(golden["state"])
+    mixture.set_epoch(golden["epoch"])
+    it = iter(loader)
+    first = [batch_record(next(it)) for _ in range(2)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert first == golden["continuation"][:2]
+    saved_order = "even" if "mixture-v3" in golden_file else "permuted"   # versions 1 and 2 permuted each batch
+    orders = {s["options"]["batch_order"] for s in worker_states(state["dataloader"]) if s is not None}
+    assert orders == {saved_order}
+    again, again_mixture = make(str(tmp_path), golden)
+    again.load_state_dict(state)
+    resumed = []
+    for epoch in range(golden["epoch"], golden["epochs"][-1] + 1):
+        again_mixture.set_epoch(epoch)
+        resumed += [batch_record(batch) for batch in again]
+    assert resumed == golden["continuation"][2:]
 
 
 def test_there_are_golden_mixture_states():

@@ -20,7 +20,7 @@ from arrowstream._mix_plan import (
     shares_after,
     tracks,
 )
-from arrowstream._mix_span import in_batch_order, mixed
+from arrowstream._mix_span import even_order, even_orders, in_batch_order, mixed
 from arrowstream._plan_types import SplitTable
 
 
@@ -116,3 +116,54 @@ def test_a_mixed_span_is_each_batch_of_its_sources_shares_in_its_permutations_or
     expected = np.concatenate([plain[at:at + size][order] for at, size, order
                                in zip(itertools.accumulate([0, *sizes]), sizes, orders)])
     assert mixed(pieces, marks, orders).column("id").to_numpy().tolist() == expected.tolist()
+
+
+@given(st.lists(st.integers(0, 300), min_size=1, max_size=6))
+def test_an_even_order_spreads_every_source_over_the_batch(shares):
+    """Row i of a source of n rows goes where (i + 1/2) / n falls among all rows' fractions, the earlier source
+    first on a tie; so every stretch from the batch's start holds each source's share of it within
+    (sources + 1) / 2 rows (a sort, not a loop: a batch of many sources and rows stays cheap)."""
+    order = even_order(tuple(shares))
+    source_of = np.repeat(np.arange(len(shares)), shares)
+    row_in_source = np.concatenate([np.arange(n) for n in shares]) if sum(shares) else np.zeros(0, np.int64)
+    keys = sorted(range(sum(shares)), key=lambda r: (float((row_in_source[r] + 0.5) / shares[source_of[r]]),
+                                                      int(source_of[r])))
+    assert order.tolist() == keys
+    assert sorted(order.tolist()) == list(range(sum(shares)))   # a permutation of the batch's rows
+    placed = source_of[order]
+    total = sum(shares)
+    for source, n in enumerate(shares):
+        if total:
+            counts = np.concatenate([[0], np.cumsum(placed == source)])
+            ideal = np.arange(total + 1) * n / total
+            assert np.abs(counts - ideal).max() <= (len(shares) + 1) / 2
+    assert not order.flags.writeable   # cached: shared by every batch of these shares
+
+
+@given(st.lists(st.lists(st.integers(0, 9), min_size=1, max_size=6), min_size=1, max_size=4).filter(
+    lambda steps: len({len(step) for step in steps}) == 1))
+def test_a_spans_even_orders_are_each_batchs_shares_even_order(steps):
+    marks = [list(itertools.accumulate(step)) for step in steps]
+    expected = [even_order(tuple(step[batch] for step in steps)) for batch in range(len(steps[0]))]
+    assert [order.tolist() for order in even_orders(marks)] == [order.tolist() for order in expected]
+
+
+def test_a_mixed_span_of_every_kind_of_column_is_the_one_the_concatenated_rows_give():
+    """One take from the sources' pieces as they are (a chunked table): the same rows and types as
+    concatenating them first, for strings, lists, structs, dictionaries and nulls."""
+    def rows(start: int, count: int) -> pa.RecordBatch:
+        ids = range(start, start + count)
+        return pa.record_batch({
+            "id": pa.array(ids, pa.int64()), "s": pa.array([f"row {i}" for i in ids]),
+            "l": pa.array([[i] * (i % 3) for i in ids], pa.list_(pa.int32())),
+            "st": pa.array([{"a": i, "b": None if i % 2 else str(i)} for i in ids]),
+            "d": pa.array(["x" if i % 2 else "y" for i in ids]).dictionary_encode(),
+            "n": pa.array([None if i % 4 == 0 else i for i in ids], pa.float64())})
+    pieces = [[rows(0, 7), rows(7, 5)], [rows(100, 6)], [rows(200, 2), rows(202, 4)]]
+    marks = [[4, 8, 12], [2, 4, 6], [2, 4, 6]]
+    orders = even_orders(marks)
+    got = mixed(pieces, marks, orders)
+    plain = in_batch_order(pieces, marks)
+    expected = plain.take(np.concatenate([order + 8 * batch for batch, order in enumerate(orders)]))
+    assert got.equals(expected)
+    assert got.schema == plain.schema

@@ -245,7 +245,10 @@ def _tampered(state, edit):
     lambda s: s.update(version=99),
     lambda s: s["slot"].update(worker_id=1),
     lambda s: s.pop("sources"),
-], ids=["rows", "batches", "taken", "segment", "start", "kind", "version", "slot", "no-sources"])
+    lambda s: s["options"].update(batch_order="shuffled"),
+    lambda s: s["options"].update(batch_order=None),
+], ids=["rows", "batches", "taken", "segment", "start", "kind", "version", "slot", "no-sources", "batch-order",
+        "batch-order-null"])
 def test_a_tampered_state_is_refused(three, edit):
     loader, mixture = loader_of(three, shuffle=True)
     mixture.set_epoch(0)
@@ -256,6 +259,40 @@ def test_a_tampered_state_is_refused(three, edit):
     fresh, _ = loader_of(three, shuffle=True)
     with pytest.raises(errors.StateError):
         fresh.load_state_dict(state)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_shuffle_buffer_spreads_each_source_evenly_over_its_batches(three, num_workers):
+    """With a shuffle buffer a batch's sources are spread evenly (each batch's shares in even_order), each
+    source's rows in its window's order; without one, the sources come one after another."""
+    from arrowstream._mix_span import even_order
+
+    names = list(WEIGHTS)
+    for buffer in (64, 0):
+        loader, mixture = loader_of(three, num_workers, shuffle=True, shuffle_buffer_size=buffer)
+        assert mixture.state_dict()["options"]["batch_order"] == "even"
+        for sources, _ in epoch_batches(loader, mixture, 0):
+            shares = tuple(sources.count(name) for name in names)
+            laid_out = [name for name, count in zip(names, shares) for _ in range(count)]
+            if buffer:
+                assert sources == [laid_out[i] for i in even_order(shares)]
+            else:
+                assert sources == laid_out
+
+
+def test_a_refused_checkpoint_leaves_the_order_inside_batches_as_it_was(three):
+    """A state of version 2 (its batches in seeded permutations) refused for another batch size: the
+    loader goes on spreading the sources evenly, as if it had not been offered."""
+    loader, mixture = loader_of(three, shuffle=True, shuffle_buffer_size=64)
+    mixture.set_epoch(0)
+    it = iter(loader)
+    next(it)
+    state = _tampered(loader.state_dict(), lambda s: (s.update(version=2), s["options"].pop("batch_order")))
+    other, other_mixture = loader_of(three, shuffle=True, shuffle_buffer_size=64, batch_size=16)
+    expected = epoch_batches(*loader_of(three, shuffle=True, shuffle_buffer_size=64, batch_size=16), 0)
+    with pytest.raises(errors.StateMismatchError, match="batch_size: saved 32, current 16"):
+        other.load_state_dict(state)
+    assert epoch_batches(other, other_mixture, 0) == expected
 
 
 def test_safe_casts_make_one_schema_and_other_types_are_refused(tmp_path):
