@@ -11,7 +11,6 @@ after it, so that the loader can stand between two batches of a chunk.
 
 from __future__ import annotations
 
-import gc
 import itertools
 from collections import deque
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from ._mix_schema import caster
 from ._mix_state import MixPosition, MixWorkerState
 from ._mix_stream import MixStream, SourceRows
 from ._reader import ReadAhead, SplitReader, row_ids_for
-from ._runtime import READ_BATCH_ROWS, Transport
+from ._runtime import READ_BATCH_ROWS, Transport, settle_worker
 from ._transport import Chunk, default_batches_per_transfer
 from .errors import StateMismatchError
 
@@ -95,9 +94,7 @@ def open_stream(mixture: Mixture, pending: MixWorkerState | None) -> MixStream:
     meter = mixture._side.meter()
     in_worker = get_worker_info() is not None
     if in_worker and not mixture._side.frozen:
-        # the heap inherited from the trainer (torch, pyarrow, ...) never becomes garbage here; freezing it
-        # keeps the collector from walking it for every batch of Python objects (as a dataset's workers do)
-        gc.freeze()
+        settle_worker()   # as a dataset's workers do
         mixture._side.frozen = True
     parts = mixture._epochs.parts(mixture._history, slot)
     quotas = {name: sum(part.rows for part in parts[name]) for name in parts}

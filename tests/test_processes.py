@@ -109,3 +109,36 @@ def _command(pid):
             return f.read().replace(b"\0", b" ").decode()[:80]
     except FileNotFoundError:
         return "(gone)"
+
+
+def _huge_pages_off() -> int:
+    import ctypes
+
+    return int(ctypes.CDLL(None).prctl(42, 0, 0, 0, 0))   # PR_GET_THP_DISABLE: 1 when the process has them off
+
+
+def _mark_huge_pages(batch):
+    import torch
+
+    return {**batch, "thp_off": torch.full((len(batch["id"]),), _huge_pages_off())}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="transparent huge pages are Linux's")
+@pytest.mark.parametrize("kind,method", [("dataset", "fork"), ("dataset", "spawn"), ("mixture", "fork")])
+def test_workers_read_without_transparent_huge_pages_and_the_trainer_keeps_them(uneven_dataset, kind, method):
+    """pyarrow's allocator marks its arena for huge pages; a forked worker faulting fresh 2 MiB pages stalls where
+    the kernel compacts memory (docs/performance.md): the workers turn them off for their process, and only there."""
+    from arrowstream import Mixture, Source
+
+    options = {"batch_size": 64, "shuffle": True, "transform": _mark_huge_pages, "multiprocessing_context": method}
+    if kind == "dataset":
+        loader, dataset = make_loader(uneven_dataset, 2, **options)
+        dataset.set_epoch(0)
+    else:
+        loader, mixture = Mixture.create_dataloader(sources={"a": Source(uneven_dataset)}, num_workers=2,
+                                                    plan_cache=False, **options)
+        mixture.set_epoch(0)
+    before = _huge_pages_off()
+    flags = {int(flag) for batch in loader for flag in batch["thp_off"].tolist()}
+    assert flags == {1}
+    assert _huge_pages_off() == before   # the trainer's process as it was (on: 0, unless a test before turned it off)
