@@ -50,14 +50,14 @@ def batch_order(marks: list[list[int]], permutations: Sequence[npt.NDArray[np.in
     return order
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=128)   # at most 128 x batch_size x 8 bytes (1 MiB for batches of 1,024 rows)
 def even_order(shares: tuple[int, ...]) -> npt.NDArray[np.int64]:
     """The order of a batch's rows (its sources' ``shares`` in source order) that spreads every source
     evenly over the batch: row ``i`` of a source of ``n`` rows goes where ``(i + 1/2) / n`` falls among all
-    the rows' such fractions (ties: the earlier source first). Any stretch of ``k`` rows of the batch then
-    holds each source's share of ``k`` within about one row, so a batch cut into micro-batches cuts
-    every source in proportion. Cached: a mixture's batches have few distinct shares (each source's is
-    its ideal rounded down or up)."""
+    the rows' such fractions (ties, which are exact in floating point: the earlier source first). Any
+    stretch of ``k`` rows from the batch's start then holds each source's share of ``k`` within
+    ``(sources + 1) / 2`` rows, so a batch cut into micro-batches cuts every source in proportion.
+    Cached: a mixture's batches have few distinct shares (each source's is its ideal rounded down or up)."""
     fractions = np.concatenate([(np.arange(n) + 0.5) / n for n in shares if n] or [np.zeros(0)])
     order = np.argsort(fractions, kind="stable").astype(np.int64)
     order.flags.writeable = False

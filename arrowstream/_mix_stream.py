@@ -260,8 +260,8 @@ class MixStream:
         positions = [MixPosition(rows, first + j + 1, self.rows_dropped, False,
                                  tuple(source_cursors[j] for source_cursors in cursors))
                      for j, (rows, _) in enumerate(plan)]
-        if self._batch_order == EVEN:
-            span = mixed(pieces, marks, even_orders(marks))
+        if self._batch_order == EVEN and sum(1 for source_marks in marks if source_marks[-1]) > 1:
+            span = mixed(pieces, marks, even_orders(marks))   # (one source alone: its even order is its own)
         elif self._batch_order == PERMUTED:   # each batch's rows by its own permutation (as if taken alone)
             span = mixed(pieces, marks, self._permutations(sizes, first))
         else:
