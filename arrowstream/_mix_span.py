@@ -17,6 +17,8 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from ._take import take
+
 
 def in_batch_order(pieces: list[list[pa.RecordBatch]], marks: list[list[int]]) -> pa.RecordBatch:
     """The span's rows batch after batch, each batch its sources' shares in source order: zero-copy slices,
@@ -76,7 +78,7 @@ def mixed(pieces: list[list[pa.RecordBatch]], marks: list[list[int]],
     """:func:`in_batch_order`'s rows with each batch's rows in the order of its permutation: one take from
     the sources' pieces as they are (no copy first)."""
     flat = [piece for source_pieces in pieces for piece in source_pieces]
-    rows = pa.Table.from_batches(flat).take(batch_order(marks, permutations))
+    rows = take(pa.Table.from_batches(flat), batch_order(marks, permutations))
     batches = rows.to_batches()
     # (a take may leave a column in pieces: one copy then)
     return batches[0] if len(batches) == 1 else rows.combine_chunks().to_batches()[0]

@@ -74,7 +74,6 @@ class RowIds:
         self._first_rows = unit_first_rows(unit_rows)
         self._file_base = file_base
         self._physical = physical
-        self._schemas: tuple[pa.Schema, pa.Schema] | None = None   # the last piece's schema, and with the ids
 
     def split_first_row(self, file_index: int, unit_start: int, row_start: int) -> int:
         """The number (among the rows its reader yields) of row ``row_start`` of a split's units from
@@ -88,10 +87,10 @@ class RowIds:
         if self._physical is not None:
             rows = self._physical(file_index, rows)
         files = np.full(batch.num_rows, self._file_base + file_index, dtype=np.int32)
-        if self._schemas is None or not self._schemas[0].equals(batch.schema):
-            self._schemas = (batch.schema, with_row_id_fields(batch.schema))
-        return pa.RecordBatch.from_arrays([*batch.columns, pa.array(files), pa.array(rows, pa.int64())],
-                                          schema=self._schemas[1])
+        # appended in place of rebuilding from batch.columns: a column pyarrow has no Python class for
+        # (month or day-time intervals) cannot be handed to Python, only passed along
+        file_field, row_field = ROW_ID_FIELDS
+        return batch.append_column(file_field, pa.array(files)).append_column(row_field, pa.array(rows, pa.int64()))
 
 
 def physical_after_deletes(deleted: npt.NDArray[np.int64] | None,

@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from ._cursor import Cursor, Run
 from ._hashing import permutations
+from ._take import take
 
 RUN_ROWS = 16_384  # rows of a window copied into shuffled order at a time
 SMALL_PART_ROWS = 4_096  # a window read in pieces this small on average is copied into one first
@@ -73,7 +74,7 @@ def _shuffled(rows: pa.Table, order: npt.NDArray[np.int64], after: Callable[[int
     """The window's rows in ``order``, copied ``run_rows`` at a time as they are needed, so a
     window is in memory about once (its rows as read) plus the run being handed out."""
     for start in range(skip - skip % run_rows, len(order), run_rows):
-        chunks = rows.take(order[start:start + run_rows]).to_batches()
+        chunks = take(rows, order[start:start + run_rows]).to_batches()
         run = Run(chunks[0] if len(chunks) == 1 else pa.concat_batches(chunks), after, start)
         yield run.tail(skip - start) if start < skip else run
 

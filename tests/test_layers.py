@@ -50,6 +50,7 @@ PURE_MODULES = [
     "_mix_plan",      # a mixture's quotas, passes, slots' segments and batch shares
     "_mix_stream",    # a mixture slot's batches and its state
     "_mix_span",      # a mixture span's rows cut per batch
+    "_take",          # gathering rows by index for every type (view types as their large counterparts)
     "_mix_resume",    # a mixture's state checks and following a checkpoint
     "_mix_schema",    # one schema for a mixture's sources
     "_mix_elastic",   # a mixture epoch re-planned for another topology

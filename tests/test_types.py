@@ -22,6 +22,7 @@ from pyarrow import ipc, orc
 from pyarrow.cffi import ffi
 
 from arrowstream import ConversionError, InvalidArgumentError, StructuredDataset
+from arrowstream._take import take
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "formats.md"
 ROWS = 6
@@ -399,3 +400,45 @@ def test_spark_int96_timestamps(tmp_path):
     assert next(iter(StructuredDataset(tmp_path, batch_size=2)))["t"].tolist() == nanos
     with pytest.raises(ConversionError, match=r"spark\.parquet: column 't' \(timestamp\[ns\]\).*finer than microseconds"):
         next(iter(StructuredDataset(tmp_path, batch_size=2, output_format="dict")))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_every_type_through_a_mixtures_batches(files, tmp_path, fmt, workers):
+    """A mixture with a shuffle buffer gathers each span of batches from its sources' pieces into each batch's
+    order (one take over pieces of both sources): every type arrives, each row once, as pyarrow reads it."""
+    import os
+    import shutil
+
+    from arrowstream import Mixture, Source
+
+    folder, table = files[fmt]
+    shutil.copytree(folder, tmp_path / "copy")
+    loader, mixture = Mixture.create_dataloader(
+        sources={"x": Source(folder, format=FORMATS[fmt]), "y": Source(str(tmp_path / "copy"), format=FORMATS[fmt])},
+        batch_size=4, shuffle=True, shuffle_buffer_size=4, output_format="arrow", with_row_ids=True,
+        num_workers=workers, plan_cache=False)
+    mixture.set_epoch(0)
+    got = pa.Table.from_batches(all_batches(loader))
+    assert got.num_rows == 2 * ROWS and set(got.column("_file").to_pylist()) == {0, 1}
+    shares = [batch.column("_file").to_pylist() for batch in all_batches(loader)]
+    assert all(abs(part.count(0) - part.count(1)) <= 1 for part in shares)   # both sources in every batch
+    ordered = take(got, pc.sort_indices(got, [("_file", "ascending"), ("_row", "ascending")]))   # views too
+    assert ordered.drop_columns(["_file", "_row"]).equals(pa.concat_tables([table, table]))
+    assert os.listdir(tmp_path / "copy")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_every_type_through_the_shuffle_buffer_with_row_ids(files, fmt, workers):
+    """The shuffle buffer gathers rows with a take, which pyarrow has no kernel for with view types; row ids are
+    appended to columns Python cannot hold (intervals): every type arrives, each row once, as pyarrow reads it."""
+    folder, table = files[fmt]
+    loader, dataset = StructuredDataset.create_dataloader(path=folder, format=FORMATS[fmt], batch_size=4, shuffle=True,
+                                                          shuffle_buffer_size=4, output_format="arrow",
+                                                          with_row_ids=True, num_workers=workers, plan_cache=False)
+    dataset.set_epoch(0)
+    got = pa.Table.from_batches(all_batches(loader))
+    ordered = take(got, pc.sort_indices(got, [("_row", "ascending")]))   # pyarrow's take: no view types
+    assert got.column("_row").to_pylist() != list(range(ROWS))   # shuffled
+    assert ordered.drop_columns(["_file", "_row"]).equals(table)
