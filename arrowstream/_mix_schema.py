@@ -68,13 +68,15 @@ def caster(source: pa.Schema, target: pa.Schema, name: str, source_column: str |
     data = pa.schema([target.field(c) for c in target.names if c != source_column])
     same = source.names == data.names and all(source.field(c).type == data.field(c).type for c in data.names)
     label = pa.scalar(name, pa.string())
+    label_field = None if source_column is None else target.field(source_column)
 
     def cast(batch: pa.RecordBatch) -> pa.RecordBatch:
         if not same:
             batch = batch.select(data.names).cast(data)
-        if source_column is not None:
+        if label_field is not None:
             column = pa.repeat(label, batch.num_rows) if batch.num_rows else pa.array([], pa.string())
-            batch = pa.RecordBatch.from_arrays([*batch.columns, column], schema=target)
+            # appended in place: a column Python has no class for (intervals) cannot be handed to Python
+            batch = batch.append_column(label_field, column)
         return batch
 
     return cast

@@ -417,14 +417,15 @@ def test_every_type_through_a_mixtures_batches(files, tmp_path, fmt, workers):
     loader, mixture = Mixture.create_dataloader(
         sources={"x": Source(folder, format=FORMATS[fmt]), "y": Source(str(tmp_path / "copy"), format=FORMATS[fmt])},
         batch_size=4, shuffle=True, shuffle_buffer_size=4, output_format="arrow", with_row_ids=True,
-        num_workers=workers, plan_cache=False)
+        source_column="src", num_workers=workers, plan_cache=False)
     mixture.set_epoch(0)
     got = pa.Table.from_batches(all_batches(loader))
     assert got.num_rows == 2 * ROWS and set(got.column("_file").to_pylist()) == {0, 1}
     shares = [batch.column("_file").to_pylist() for batch in all_batches(loader)]
     assert all(abs(part.count(0) - part.count(1)) <= 1 for part in shares)   # both sources in every batch
     ordered = take(got, pc.sort_indices(got, [("_file", "ascending"), ("_row", "ascending")]))   # views too
-    assert ordered.drop_columns(["_file", "_row"]).equals(pa.concat_tables([table, table]))
+    assert ordered.column("src").to_pylist() == ["x"] * ROWS + ["y"] * ROWS
+    assert ordered.drop_columns(["_file", "_row", "src"]).equals(pa.concat_tables([table, table]))
     assert os.listdir(tmp_path / "copy")
 
 
