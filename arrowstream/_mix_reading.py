@@ -47,7 +47,6 @@ class MixSide:
         self.transport = Transport()
         self.sources_board: torch.Tensor | None = None
         self._meter: Meter | None = None
-        self.frozen = False   # this worker froze the heap it inherited
 
     def use_transport(self, transport: Transport, sources_board: torch.Tensor) -> None:
         """The loader's one call, before its workers start."""
@@ -72,7 +71,7 @@ class MixSide:
         return self.sources_board[0 if info is None else info.id].numpy()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_meter": None, "frozen": False}
+        return {**self.__dict__, "_meter": None}
 
 
 def open_stream(mixture: Mixture, pending: MixWorkerState | None) -> MixStream:
@@ -93,9 +92,8 @@ def open_stream(mixture: Mixture, pending: MixWorkerState | None) -> MixStream:
                          max_batches=None, batch_order=None, seed=0, slot=slot, start=start)
     meter = mixture._side.meter()
     in_worker = get_worker_info() is not None
-    if in_worker and not mixture._side.frozen:
+    if in_worker:
         settle_worker()   # as a dataset's workers do
-        mixture._side.frozen = True
     parts = mixture._epochs.parts(mixture._history, slot)
     quotas = {name: sum(part.rows for part in parts[name]) for name in parts}
     total = max(sum(quotas.values()), 1)

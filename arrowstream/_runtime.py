@@ -49,8 +49,11 @@ READ_BATCH_ROWS = 65536
 _PR_SET_THP_DISABLE = 41
 
 
+_settled_in: int | None = None
+
+
 def settle_worker() -> None:
-    """In a loader worker, before it reads: what its process needs that the trainer's does not.
+    """In a loader worker, before it reads, once per process: what its process needs that the trainer's does not.
 
     - The heap inherited from the trainer (torch, pyarrow, ...) never becomes garbage here: freezing it keeps
       the collector from walking it for every batch of Python objects.
@@ -60,6 +63,10 @@ def settle_worker() -> None:
       mixture's first batch 117-301 ms with them, 123-159 ms without; a mixture's workers ~8% less CPU
       without, a dataset's the same (docs/performance.md).
     """
+    global _settled_in
+    if _settled_in == os.getpid():   # once: a later freeze would keep this worker's own objects from the collector
+        return
+    _settled_in = os.getpid()
     gc.freeze()
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
