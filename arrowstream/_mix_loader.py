@@ -246,14 +246,11 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
         """Resume from :meth:`state_dict`; the next batch is the one after the saved one. At an epoch
         boundary the mixture may have changed (weights, ``epoch_rows``, sources); see docs/mixing.md. With
         ``shuffle_buffer_size`` left to its default, the mixture takes the checkpoint's (docs/shuffle.md)."""
-        options, order = self.dataset._options, self.dataset._batch_order
+        shuffling = self.dataset._shuffling()
         try:
             self._load_state_dict(state_dict)
         except BaseException:   # a refused checkpoint leaves the mixture shuffling as it did
-            self.dataset._batch_order = order
-            if self.dataset._options is not options:
-                self.dataset._options = options
-                self.dataset._epochs = self.dataset._layout()
+            self.dataset._shuffle_as(shuffling)
             raise
 
     def _load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -23,7 +23,7 @@ from ._mix_schema import unify
 from ._mix_sources import IcebergSource, Planned, Source, check_weights, followed_source, plan_source
 from ._mix_state import EVEN, MixWorkerState, SourceCursor, SourceEpoch
 from ._mix_stream import MixSlot
-from ._options import check_bool, check_even_batches, check_int, validate_options
+from ._options import Options, check_bool, check_even_batches, check_int, validate_options
 from ._order import even_batch_limits, natural_batches
 from ._plan_cache import check_plan_cache
 from ._retry import RetryPolicy, check_retry
@@ -322,6 +322,13 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         adopt_mixture_buffer(self, saved_options)
         self._batch_order = saved_options["batch_order"]   # (MixWorkerState.from_dict has checked it)
 
+    def _shuffling(self) -> tuple[Options, MixEpochs, str]:
+        """What :meth:`_adopt_saved` may change, to put back (:meth:`_shuffle_as`) when a checkpoint is refused."""
+        return self._options, self._epochs, self._batch_order
+
+    def _shuffle_as(self, shuffling: tuple[Options, MixEpochs, str]) -> None:
+        self._options, self._epochs, self._batch_order = shuffling
+
     def __iter__(self) -> MixIterator:
         info = get_worker_info()
         if info is not None:
@@ -352,8 +359,13 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
 
         slot = self._slot()
         state = MixWorkerState.from_dict(state_dict)
+        shuffling = self._shuffling()
         self._adopt_saved(state.options)
-        self._pending = check_worker_state(self, state, slot)
+        try:
+            self._pending = check_worker_state(self, state, slot)
+        except BaseException:   # a refused state leaves the mixture shuffling as it did
+            self._shuffle_as(shuffling)
+            raise
         self._active = None
 
     def __getstate__(self) -> dict[str, Any]:

@@ -295,6 +295,19 @@ def test_a_refused_checkpoint_leaves_the_order_inside_batches_as_it_was(three):
     assert epoch_batches(other, other_mixture, 0) == expected
 
 
+def test_a_worker_state_refused_by_the_mixture_itself_leaves_its_order_as_it_was(three):
+    """The same through ``Mixture.load_state_dict`` (a plain StatefulDataLoader's path)."""
+    loader, mixture = loader_of(three, shuffle=True, shuffle_buffer_size=64)
+    mixture.set_epoch(0)
+    it = iter(loader)
+    next(it)
+    state = _tampered(loader.state_dict(), lambda s: (s.update(version=2), s["options"].pop("batch_order")))
+    _, other = loader_of(three, shuffle=True, shuffle_buffer_size=64, batch_size=16)
+    with pytest.raises(errors.StateMismatchError, match="batch_size: saved 32, current 16"):
+        other.load_state_dict(state["dataloader"]["dataset_state"])
+    assert other.state_dict()["options"]["batch_order"] == "even"
+
+
 def test_safe_casts_make_one_schema_and_other_types_are_refused(tmp_path):
     a = write_source(tmp_path / "a", 0, 20, files=1, x_type=pa.float32(), id_type=pa.int32())
     b = write_source(tmp_path / "b", 100, 20, files=1)
