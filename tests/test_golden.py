@@ -76,10 +76,8 @@ def test_v1_states_migrate_step_by_step():
 MIXTURE_FILES = sorted(glob.glob(os.path.join(GOLDEN, "mixture-v*", "*.json")))
 
 
-@pytest.mark.parametrize("golden_file", MIXTURE_FILES, ids=[os.path.relpath(f, GOLDEN) for f in MIXTURE_FILES])
-def test_golden_mixture_state_resumes_to_the_recorded_batches(tmp_path, golden_file):
-    from make_golden_mixture import batch_record, make
-
+def _golden_mixture(tmp_path, golden_file, make):
+    """The golden record, and its mixture's loader over a fresh copy of the fixture data."""
     with open(golden_file) as f:
         golden = json.load(f)
     prepare_copy(str(tmp_path / "data"), "data")
@@ -87,7 +85,14 @@ def test_golden_mixture_state_resumes_to_the_recorded_batches(tmp_path, golden_f
     if golden.get("layout"):   # a copy of that source's data with other modification times
         for name in os.listdir(tmp_path / "data"):
             os.utime(tmp_path / "data" / name)
-    loader, mixture = make(str(tmp_path), golden)
+    return golden, make(str(tmp_path), golden)
+
+
+@pytest.mark.parametrize("golden_file", MIXTURE_FILES, ids=[os.path.relpath(f, GOLDEN) for f in MIXTURE_FILES])
+def test_golden_mixture_state_resumes_to_the_recorded_batches(tmp_path, golden_file):
+    from make_golden_mixture import batch_record, make
+
+    golden, (loader, mixture) = _golden_mixture(tmp_path, golden_file, make)
     loader.load_state_dict(golden["state"])
     resumed = []
     for epoch in range(golden["epoch"], golden["epochs"][-1] + 1):
@@ -103,14 +108,7 @@ def test_a_run_resumed_from_a_golden_mixture_state_checkpoints_in_its_order(tmp_
     so: one taken two batches after the golden one resumes, in a fresh loader, to the recorded batches."""
     from make_golden_mixture import batch_record, make
 
-    with open(golden_file) as f:
-        golden = json.load(f)
-    prepare_copy(str(tmp_path / "data"), "data")
-    prepare_copy(str(tmp_path / "data-cut"), "data-cut")
-    if golden.get("layout"):
-        for name in os.listdir(tmp_path / "data"):
-            os.utime(tmp_path / "data" / name)
-    loader, mixture = make(str(tmp_path), golden)
+    golden, (loader, mixture) = _golden_mixture(tmp_path, golden_file, make)
     loader.load_state_dict(golden["state"])
     mixture.set_epoch(golden["epoch"])
     it = iter(loader)
