@@ -104,12 +104,12 @@ def open_stream(mixture: Mixture, pending: MixWorkerState | None) -> MixStream:
         check = make_value_check(options.output_format, s.plan.schema, mixture._fill_nulls)
         prefetcher = s.storage.prefetcher   # object stores: each segment's next splits fetched ahead
         read_ahead = None if prefetcher is None else ReadAhead(s.plan, prefetcher, s.storage.read_ahead)
-        # each source's first read holds what its first batch needs: its share of a dataset's read, or with a
-        # shuffle buffer its first window (the first batch waits for the rows of one dataset's read or window,
-        # not one per source); later reads are full (fewer, cheaper per row)
+        # each source's first reads decode what its first batch needs and no more: its share of a dataset's
+        # read, or with a shuffle buffer its first window, over its lanes (the first batch waits for the rows
+        # of one dataset's read or window, not one per source); later reads are full (fewer, cheaper per row)
         read_rows = max(options.batch_size, READ_BATCH_ROWS)
         first_needs = options.shuffle_buffer_size or -(-READ_BATCH_ROWS * quotas[s.name] // total)
-        first_rows = max(options.batch_size, min(read_rows, first_needs))
+        first_rows = max(options.batch_size, -(-min(read_rows, first_needs) // options.interleave))
         readers = [SplitReader(s.plan, s.storage, read_rows, use_threads=not in_worker, read_ahead=read_ahead,
                                meter=meter, check=check, first_read_rows=first_rows, row_ids=row_ids)
                    for _ in range(options.interleave)]

@@ -31,6 +31,7 @@ from ._storage import Storage
 from .errors import ArrowStreamError, CorruptFileError
 
 _ROW_INDEX = "__arrowstream_source_offset"
+SMALLEST_READ_ROWS = 1024   # a smaller read costs more per row than the rows it spares decoding
 
 
 class ReadAhead:
@@ -84,9 +85,10 @@ class SplitReader:
         self._storage = storage
         self._read_ahead = read_ahead
         self._read_batch_rows = read_batch_rows
-        # the rows the first split is decoded in, if not read_batch_rows: a reader whose rows are wanted a
-        # few at a time (a mixture's source) starts with small reads, so the first batch waits for less
-        self._first_read_rows = first_read_rows
+        # rows decoded no further ahead than wanted, if given: a reader whose rows are wanted a few at a time
+        # (a mixture's source) reads its first ``first_read_rows`` rows in reads sized to what is left of
+        # them, across splits, so its first batch (or shuffle window) waits for no rows beyond it
+        self._first_rows_left = first_read_rows or 0
         self.use_threads = use_threads   # pyarrow's threads decode the columns of a read together
         self.threads_by_default = use_threads   # (a dynamic worker turns them on for its epoch's last eighth)
         self._output_columns = plan.schema.names
@@ -178,7 +180,9 @@ class SplitReader:
         # a local file: its size and modification time checked (a stat) before its bytes are touched (a map
         # of a file truncated since would be SIGBUS) and after each batch is read (rows of one version only)
         self._storage.check_unchanged(footer.entry)
-        read_rows, self._first_read_rows = self._first_read_rows or self._read_batch_rows, None
+        read_rows = self._read_batch_rows
+        if self._first_rows_left > 0:   # the whole split in reads of this size: a read's size is fixed once it starts
+            read_rows = min(read_rows, max(self._first_rows_left, SMALLEST_READ_ROWS))
         if not to_the_end:   # a split that ends inside a unit: decode no further than its end (a lease's first rows)
             read_rows = min(read_rows, end - first_row)
         batches = self._file(split.file_index).read_units(units, self._plan.read_columns, read_rows, self.use_threads)
@@ -187,6 +191,7 @@ class SplitReader:
             lo = max(begin - span_row, 0)
             hi = min(end - span_row, batch.num_rows)
             if hi > lo:
+                self._first_rows_left -= hi - lo
                 piece = self._piece(batch.slice(lo, hi - lo), position, span_row + lo - split.row_start, ids_at)
                 if self._check is not None:
                     self._check(piece.batch, self._plan.url(split.file_index))

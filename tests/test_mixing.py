@@ -683,33 +683,43 @@ def test_a_transform_takes_each_batch_and_resume_stays_exact(three, num_workers)
     assert [b["id"].tolist() for b in fresh] == rest
 
 
-@pytest.mark.parametrize("buffer", [0, None])
-def test_each_source_decodes_its_first_split_in_its_share_of_a_read_and_later_ones_in_full_reads(three, monkeypatch,
-                                                                                               buffer):
+@pytest.mark.parametrize("buffer", [0, None, 700])
+def test_each_source_decodes_no_further_than_its_first_batch_needs_then_in_full_reads(three, monkeypatch, buffer):
     """The first batch waits for one read's worth of rows (each source its share of one; with a shuffle buffer
-    its first window), not one read per source; the splits after the first are decoded in full reads, which
-    cost less per row."""
+    its first window), not one read per source: a source's reads are sized to what is left of that, across
+    splits (never below ``SMALLEST_READ_ROWS``), until it is read; then they are full reads, which cost less
+    per row."""
     from arrowstream._formats.parquet import ParquetFile
+    from arrowstream._reader import SMALLEST_READ_ROWS
     from arrowstream._runtime import READ_BATCH_ROWS
 
-    sizes = []
+    reads = []   # (rows per file of the source, rows per read asked, rows the read gave)
     read_units = ParquetFile.read_units
 
     def recorded(self, units, columns, batch_rows, use_threads):
-        sizes.append((self._file.metadata.num_rows, batch_rows))
-        return read_units(self, units, columns, batch_rows, use_threads)
+        read = [self._file.metadata.num_rows, batch_rows, 0]
+        reads.append(read)
+        for batch in read_units(self, units, columns, batch_rows, use_threads):
+            read[2] += batch.num_rows
+            yield batch
 
     monkeypatch.setattr(ParquetFile, "read_units", recorded)
+    monkeypatch.setattr("arrowstream._reader.SMALLEST_READ_ROWS", 64)   # the test's files are small
+    assert SMALLEST_READ_ROWS >= 1024
     loader, mixture = loader_of(three, weights=None, epoch_rows=None, shuffle=True, shuffle_buffer_size=buffer)
     window = mixture._options.shuffle_buffer_size
     assert (window == 0) == (buffer == 0)
     assert sum(len(b["id"]) for b in loader) == 1310
     by_source = {500: "big", 10: "small", 150: "mid"}   # rows per file of each source
-    first = {}
-    for file_rows, batch_rows in sizes:
-        first.setdefault(by_source[file_rows], []).append(batch_rows)
+    per_source = {}
+    for file_rows, batch_rows, given in reads:
+        per_source.setdefault(by_source[file_rows], []).append((batch_rows, given))
     quotas = {"big": 1000, "small": 10, "mid": 300}
-    for name, reads in first.items():
-        needs = window or -(-READ_BATCH_ROWS * quotas[name] // 1310)
-        assert reads[0] == max(32, min(READ_BATCH_ROWS, needs)) and set(reads[1:]) <= {READ_BATCH_ROWS}, (name, reads)
-    assert len(first["big"]) > 1 and len(first["mid"]) > 1
+    for name, sizes in per_source.items():
+        left = max(32, min(READ_BATCH_ROWS, window or -(-READ_BATCH_ROWS * quotas[name] // 1310)))
+        assert sizes[0][0] < READ_BATCH_ROWS, (name, sizes)
+        for batch_rows, given in sizes:
+            assert batch_rows == (min(READ_BATCH_ROWS, max(left, 64)) if left > 0 else READ_BATCH_ROWS), (name, sizes)
+            left -= given
+    if buffer == 700:   # the big source's splits hold 50 rows: 14 of them fill its window, full reads follow
+        assert [size for size, _ in per_source["big"][:15]] == [700 - 50 * k for k in range(13)] + [64, READ_BATCH_ROWS]
