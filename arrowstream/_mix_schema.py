@@ -9,8 +9,10 @@ import pyarrow.types as pat
 
 from .errors import InvalidArgumentError, SchemaMismatchError
 
-SAFE_CASTS = "int8/16/32 into a wider int, uint into a wider int, float16/32 into float64, string into " \
-             "large_string, binary into large_binary"
+SAFE_CASTS = "int8/16/32 into a wider int, uint into a wider int, float16/32 into float64, string and " \
+             "string_view into large_string, binary and binary_view into large_binary"
+# what sources of string (or binary) columns of different kinds are read as: every kind widens into it
+_LARGE = (pa.large_string(), pa.large_binary())
 
 
 def widens(narrow: pa.DataType, wide: pa.DataType) -> bool:
@@ -25,8 +27,13 @@ def widens(narrow: pa.DataType, wide: pa.DataType) -> bool:
         return bool(narrow.bit_width <= wide.bit_width)
     if pat.is_floating(narrow) and pat.is_floating(wide):
         return bool(narrow.bit_width <= wide.bit_width)
-    return bool((pat.is_string(narrow) and pat.is_large_string(wide))
-                or (pat.is_binary(narrow) and pat.is_large_binary(wide)))
+    return bool(((pat.is_string(narrow) or pat.is_string_view(narrow)) and pat.is_large_string(wide))
+                or ((pat.is_binary(narrow) or pat.is_binary_view(narrow)) and pat.is_large_binary(wide)))
+
+
+def _joinable(a: pa.DataType, b: pa.DataType) -> bool:
+    """Whether some type holds the values of both (one of them, or a large type)."""
+    return any(widens(a, t) and widens(b, t) for t in (a, b, *_LARGE))
 
 
 def unify(schemas: Mapping[str, pa.Schema], source_column: str | None) -> pa.Schema:
@@ -45,13 +52,15 @@ def unify(schemas: Mapping[str, pa.Schema], source_column: str | None) -> pa.Sch
     fields = []
     for column in columns:
         types = {name: schemas[name].field(column).type for name in names}
-        target = next((t for t in types.values() if all(widens(other, t) for other in types.values())), None)
+        # one of the sources' types, else a large type all widen into (string and string_view: large_string)
+        target = next((t for t in [*types.values(), *_LARGE] if all(widens(other, t) for other in types.values())),
+                      None)
         if target is None:
-            other = next(name for name in names[1:] if not widens(types[name], types[first])
-                         and not widens(types[first], types[name])) if len(names) > 1 else first
+            other = next((name for name in names[1:] if not _joinable(types[name], types[first])), None) \
+                or next(name for name in names[1:] if types[name] != types[first])
             raise SchemaMismatchError(
                 f"column {column!r} is {types[first]} in source {first!r} and {types[other]} in source {other!r}, "
-                f"and neither type holds the other's values; mixtures apply only safe casts ({SAFE_CASTS}): "
+                f"and no type holds the values of every source's; mixtures apply only safe casts ({SAFE_CASTS}): "
                 "cast in the data, or select other columns")
         fields.append(pa.field(column, target))
     if source_column is not None:

@@ -330,6 +330,20 @@ def test_safe_casts_make_one_schema_and_other_types_are_refused(tmp_path):
     _, strings = Mixture.create_dataloader(sources={"s": Source(str(tmp_path / "s")), "l": Source(str(tmp_path / "ls"))},
                                            plan_cache=False)
     assert strings.schema.field("id").type == pa.large_string()
+    # string_view (what Polars and DuckDB may write) and string both hold in large_string: no type of the two holds
+    # the other's, yet the values are the same kind
+    os.makedirs(tmp_path / "v")
+    pq.write_table(pa.table({"id": pa.array(["v", None], pa.string_view()), "x": pa.array([3.0, 4.0])}),
+                   tmp_path / "v" / "v.parquet")
+    assert pq.read_schema(tmp_path / "v" / "v.parquet").field("id").type == pa.string_view()
+    loader, views = Mixture.create_dataloader(sources={"s": Source(str(tmp_path / "s")), "v": Source(str(tmp_path / "v"))},
+                                              batch_size=2, output_format="arrow", plan_cache=False)
+    assert views.schema.field("id").type == pa.large_string()
+    assert Counter(pa.Table.from_batches(list(loader)).column("id").to_pylist()) == Counter(["a", "v", None])
+    with pytest.raises(errors.SchemaMismatchError, match=r"is int32 in source 'a' and string_view in source 'v'.*"
+                                                         r"no type holds the values of every source's"):
+        Mixture(sources={"a": Source(a, columns=["id"]), "v": Source(str(tmp_path / "v"), columns=["id"])},
+                plan_cache=False)
 
 
 @pytest.mark.parametrize("kwargs,error,match", [
