@@ -23,7 +23,7 @@ import pyarrow as pa
 from ._cursor import Cursor
 from ._interleave import PieceReader
 from ._mix_plan import batch_permutations, shares_after, window_seed
-from ._mix_span import even_orders, in_batch_order, mixed
+from ._mix_span import batch_order, even_span_order, in_batch_order, mixed
 from ._mix_state import EVEN, PERMUTED, CompactCursor, MixPosition, MixWorkerState, SourceCursor
 from ._plan_types import Split
 from ._stream import RunQueue, open_runs
@@ -261,9 +261,9 @@ class MixStream:
                                  tuple(source_cursors[j] for source_cursors in cursors))
                      for j, (rows, _) in enumerate(plan)]
         if self._batch_order == EVEN and sum(1 for source_marks in marks if source_marks[-1]) > 1:
-            span = mixed(pieces, marks, even_orders(marks))   # (one source alone: its even order is its own)
+            span = mixed(pieces, even_span_order(marks))   # (one source alone: its even order is its own)
         elif self._batch_order == PERMUTED:   # each batch's rows by its own permutation (as if taken alone)
-            span = mixed(pieces, marks, self._permutations(sizes, first))
+            span = mixed(pieces, batch_order(marks, self._permutations(sizes, first)))
         else:
             span = in_batch_order(pieces, marks)
         counts = [source_marks[-1] for source_marks in marks]

@@ -20,7 +20,7 @@ from arrowstream._mix_plan import (
     shares_after,
     tracks,
 )
-from arrowstream._mix_span import even_order, even_orders, in_batch_order, mixed
+from arrowstream._mix_span import batch_order, even_order, even_orders, even_span_order, in_batch_order, mixed
 from arrowstream._plan_types import SplitTable
 
 
@@ -115,7 +115,7 @@ def test_a_mixed_span_is_each_batch_of_its_sources_shares_in_its_permutations_or
     plain = in_batch_order(pieces, marks).column("id").to_numpy()
     expected = np.concatenate([plain[at:at + size][order] for at, size, order
                                in zip(itertools.accumulate([0, *sizes]), sizes, orders)])
-    assert mixed(pieces, marks, orders).column("id").to_numpy().tolist() == expected.tolist()
+    assert mixed(pieces, batch_order(marks, orders)).column("id").to_numpy().tolist() == expected.tolist()
 
 
 @given(st.lists(st.integers(0, 300), min_size=1, max_size=6))
@@ -146,6 +146,10 @@ def test_a_spans_even_orders_are_each_batchs_shares_even_order(steps):
     marks = [list(itertools.accumulate(step)) for step in steps]
     expected = [even_order(tuple(step[batch] for step in steps)) for batch in range(len(steps[0]))]
     assert [order.tolist() for order in even_orders(marks)] == [order.tolist() for order in expected]
+    if sum(len(order) for order in expected):   # the span's order: cached, the one of its batches' orders
+        span = even_span_order(marks)
+        assert span.tolist() == batch_order(marks, expected).tolist()
+        assert even_span_order([list(m) for m in marks]) is span and not span.flags.writeable
 
 
 def test_a_mixed_span_of_every_kind_of_column_is_the_one_the_concatenated_rows_give():
@@ -162,7 +166,7 @@ def test_a_mixed_span_of_every_kind_of_column_is_the_one_the_concatenated_rows_g
     pieces = [[rows(0, 7), rows(7, 5)], [rows(100, 6)], [rows(200, 2), rows(202, 4)]]
     marks = [[4, 8, 12], [2, 4, 6], [2, 4, 6]]
     orders = even_orders(marks)
-    got = mixed(pieces, marks, orders)
+    got = mixed(pieces, even_span_order(marks))
     plain = in_batch_order(pieces, marks)
     expected = plain.take(np.concatenate([order + 8 * batch for batch, order in enumerate(orders)]))
     assert got.equals(expected)
