@@ -125,12 +125,16 @@ def summarize(workers: Sequence[dict[str, float]], rank: int) -> dict[str, Any]:
 
 
 def merge(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The metrics of several ranks as one: counts and times added, workers listed together.
+    """The metrics of several ranks as one: counts and times added (a mixture's rows per source too),
+    workers listed together.
 
     Elapsed time is the longest of the ranks' (their clocks are not compared), so ``rows_per_s``
     is the job's rate while the slowest rank ran.
     """
     out: dict[str, Any] = {name: sum(m.get(name, 0) for m in per_rank) for name in COUNTS + TIMES}
+    # a mixture's rows of each source ("rows/NAME"), in the order the ranks name them
+    sources = dict.fromkeys(key for m in per_rank for key in m if key.startswith("rows/"))
+    out.update({key: sum(m.get(key, 0) for m in per_rank) for key in sources})
     busy = out["read_s"] + out["convert_s"]
     out["utilization"] = busy / (busy + out["idle_s"]) if busy + out["idle_s"] > 0 else 0.0
     out["elapsed_s"] = max((m["elapsed_s"] for m in per_rank), default=0.0)
@@ -154,8 +158,8 @@ def flatten(metrics: dict[str, Any]) -> dict[str, float]:
 def gather_metrics(metrics: dict[str, Any], group: Any = None) -> dict[str, Any]:
     """The metrics of every rank as one dict, on every rank (a collective: all ranks call it).
 
-    ``metrics`` is this rank's ``loader.metrics()``. Counts and times are added over the ranks,
-    ``workers`` lists every rank's workers, ``ranks`` holds each rank's totals, and
+    ``metrics`` is this rank's ``loader.metrics()``. Counts and times are added over the ranks (a
+    mixture's rows of each source, ``"rows/NAME"``, too), ``workers`` lists every rank's workers, ``ranks`` holds each rank's totals, and
     ``elapsed_s``/``rows_per_s`` follow the slowest rank. Without an initialised
     ``torch.distributed`` it is this rank's metrics with ``ranks`` added.
 

@@ -479,6 +479,24 @@ def test_metrics_count_rows_per_source_and_per_worker(three, num_workers):
     assert flat["rank0/worker0/rows/small"] == metrics["workers"][0]["rows/small"]
 
 
+def test_merged_metrics_of_ranks_add_the_rows_of_each_source(three):
+    """What gather_metrics returns on every rank (it all-gathers, then merges): the ranks' rows of each source
+    added, each rank's own in ``ranks``."""
+    import arrowstream
+    from arrowstream._metrics import merge
+
+    per_rank, seen = [], Counter()
+    for rank in range(2):
+        loader, mixture = loader_of(three, rank=rank, world_size=2, shuffle=True)
+        for names, _ in epoch_batches(loader, mixture, 0):
+            seen.update(names)
+        per_rank.append(loader.metrics())
+    merged = merge(per_rank)
+    assert {name: merged[f"rows/{name}"] for name in mixture.names} == dict(seen) == mixture.quotas()
+    assert all(merged[f"rows/{name}"] == sum(m[f"rows/{name}"] for m in per_rank) for name in mixture.names)
+    assert arrowstream.gather_metrics(per_rank[0])["rows/big"] == per_rank[0]["rows/big"]   # one process: its own
+
+
 @pytest.mark.parametrize("num_workers", [2])
 def test_a_source_on_s3_beside_local_files_with_read_ahead(three, s3_server, tmp_path, num_workers):
     fs = s3_server.filesystem()
