@@ -9,8 +9,9 @@ import pyarrow.types as pat
 
 from .errors import InvalidArgumentError, SchemaMismatchError
 
-SAFE_CASTS = "int8/16/32 into a wider int, uint into a wider int, float16/32 into float64, string and " \
-             "string_view into large_string, binary and binary_view into large_binary"
+SAFE_CASTS = "int8/16/32 into a wider int, uint into a wider int (int and uint: the narrowest int that holds " \
+             "both), float16/32 into float64, string and string_view into large_string, binary and binary_view " \
+             "into large_binary"
 # what sources of string (or binary) columns of different kinds are read as: every kind widens into it
 _LARGE = (pa.large_string(), pa.large_binary())
 
@@ -31,9 +32,19 @@ def widens(narrow: pa.DataType, wide: pa.DataType) -> bool:
                 or ((pat.is_binary(narrow) or pat.is_binary_view(narrow)) and pat.is_large_binary(wide)))
 
 
+def _signed_holding(kinds: list[pa.DataType]) -> list[pa.DataType]:
+    """The narrowest signed int that holds every value of ``kinds`` when they are ints of both signs (int8 and
+    uint8: int16); none otherwise, or when it would need more than 64 bits (uint64)."""
+    if not kinds or not all(pat.is_integer(kind) for kind in kinds):
+        return []
+    bits = max([kind.bit_width for kind in kinds if pat.is_signed_integer(kind)]
+               + [2 * kind.bit_width for kind in kinds if pat.is_unsigned_integer(kind)])
+    return [pa.int16() if bits <= 16 else pa.int32() if bits <= 32 else pa.int64()] if bits <= 64 else []
+
+
 def _joinable(a: pa.DataType, b: pa.DataType) -> bool:
-    """Whether some type holds the values of both (one of them, or a large type)."""
-    return any(widens(a, t) and widens(b, t) for t in (a, b, *_LARGE))
+    """Whether some type holds the values of both (one of them, a wider int, or a large type)."""
+    return any(widens(a, t) and widens(b, t) for t in (a, b, *_signed_holding([a, b]), *_LARGE))
 
 
 def unify(schemas: Mapping[str, pa.Schema], source_column: str | None) -> pa.Schema:
@@ -52,15 +63,18 @@ def unify(schemas: Mapping[str, pa.Schema], source_column: str | None) -> pa.Sch
     fields = []
     for column in columns:
         types = {name: schemas[name].field(column).type for name in names}
-        # one of the sources' types, else a large type all widen into (string and string_view: large_string)
-        target = next((t for t in [*types.values(), *_LARGE] if all(widens(other, t) for other in types.values())),
-                      None)
+        # one of the sources' types, else the narrowest that all widen into (int8 and uint8: int16; string and
+        # string_view: large_string)
+        candidates = [*types.values(), *_signed_holding(list(types.values())), *_LARGE]
+        target = next((t for t in candidates if all(widens(other, t) for other in types.values())), None)
         if target is None:
-            other = next((name for name in names[1:] if not _joinable(types[name], types[first])), None) \
-                or next(name for name in names[1:] if types[name] != types[first])
+            # a source that cannot be joined with the first, else (each can, not all at once) one that differs
+            other = next((name for name in names[1:] if not _joinable(types[name], types[first])), None)
+            if other is None:
+                other = next(name for name in names[1:] if types[name] != types[first])
             raise SchemaMismatchError(
                 f"column {column!r} is {types[first]} in source {first!r} and {types[other]} in source {other!r}, "
-                f"and no type holds the values of every source's; mixtures apply only safe casts ({SAFE_CASTS}): "
+                f"and no safe cast brings both to one type; mixtures apply only safe casts ({SAFE_CASTS}): "
                 "cast in the data, or select other columns")
         fields.append(pa.field(column, target))
     if source_column is not None:

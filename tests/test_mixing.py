@@ -341,9 +341,19 @@ def test_safe_casts_make_one_schema_and_other_types_are_refused(tmp_path):
     assert views.schema.field("id").type == pa.large_string()
     assert Counter(pa.Table.from_batches(list(loader)).column("id").to_pylist()) == Counter(["a", "v", None])
     with pytest.raises(errors.SchemaMismatchError, match=r"is int32 in source 'a' and string_view in source 'v'.*"
-                                                         r"no type holds the values of every source's"):
+                                                         r"no safe cast brings both to one type"):
         Mixture(sources={"a": Source(a, columns=["id"]), "v": Source(str(tmp_path / "v"), columns=["id"])},
                 plan_cache=False)
+    # ints of both signs: the narrowest int that holds both (int8 and uint8: int16), values intact; uint64 has none
+    for name, kind, values in (("i8", pa.int8(), [-128, 127]), ("u8", pa.uint8(), [0, 255]), ("u64", pa.uint64(), [2**64 - 1, 0])):
+        os.makedirs(tmp_path / name)
+        pq.write_table(pa.table({"n": pa.array(values, kind)}), tmp_path / name / "p.parquet")
+    loader, ints = Mixture.create_dataloader(sources={"i8": Source(str(tmp_path / "i8")), "u8": Source(str(tmp_path / "u8"))},
+                                             batch_size=4, output_format="arrow", plan_cache=False)
+    assert ints.schema.field("n").type == pa.int16()
+    assert sorted(pa.Table.from_batches(list(loader)).column("n").to_pylist()) == [-128, 0, 127, 255]
+    with pytest.raises(errors.SchemaMismatchError, match=r"is int8 in source 'i8' and uint64 in source 'u64'"):
+        Mixture(sources={"i8": Source(str(tmp_path / "i8")), "u64": Source(str(tmp_path / "u64"))}, plan_cache=False)
 
 
 @pytest.mark.parametrize("kwargs,error,match", [
