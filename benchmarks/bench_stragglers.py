@@ -120,6 +120,7 @@ class Dataset:
     storage_options: dict[str, Any] | None = None
     transform: Callable[[Any], Any] | None = None
     proxy: Any = None      # the S3 proxy, which counts the requests of an epoch
+    servers: tuple[int, ...] = ()   # pids of the processes that serve the files (moto, the proxy): their CPU
 
     @property
     def id_sum(self) -> int:
@@ -172,7 +173,8 @@ def s3_dataset(work: Path, store: Any, proxy: Any, files: int, rows: int, latenc
     what = (f"S3 (moto on loopback) through a proxy adding {latency * 1000:.0f} ms to each request under "
             f"`data/{SLOW_PREFIX}/` ({files // COSTLY_EVERY} of {files} files), none under `data/fast/`")
     return Dataset("prefix", what, store.url("data") + "/", files, files * rows, size, shuffle=True,
-                   storage_options=store.options_via(proxy.endpoint), proxy=proxy)
+                   storage_options=store.options_via(proxy.endpoint), proxy=proxy,
+                   servers=(store.process.pid, proxy.process.pid))
 
 
 # == one epoch =================================================================================
@@ -191,6 +193,7 @@ class Epoch:
     workers_cpu_s: float   # CPU time of the workers (all of them, joined at the end of the epoch)
     main_cpu_s: float      # CPU time of this process (the trainer side) over the epoch
     idle: list[float] = field(default_factory=list)   # idle_s per worker: waiting for the trainer to ask
+    servers_cpu_s: float = 0.0   # CPU time of the servers of the files over the epoch (S3: moto and the proxy)
 
     @property
     def ideal_s(self) -> float:
@@ -218,11 +221,13 @@ def time_epoch(data: Dataset, assignment: str, workers: int, epoch: int, made: t
     before = loader.metrics()["workers"] if made is not None else None
     pids = worker_pids(loader)
     start, cpu, workers_cpu = time.perf_counter(), cpu_times(), processes_cpu_s(pids)
+    servers_cpu = processes_cpu_s(list(data.servers))
     rows, id_sum = 0, 0
     for batch in loader:
         rows += len(batch["id"])
         id_sum += int(batch["id"].sum())
     seconds = time.perf_counter() - start
+    servers_s = processes_cpu_s(list(data.servers)) - servers_cpu
     children_s, self_s = (after - before for after, before in zip(cpu_times(), cpu, strict=True))
     if (rows, id_sum) != (data.rows, data.id_sum):
         raise RuntimeError(f"{data.name}, {assignment}, {workers} workers, epoch {epoch}: {rows} rows (id sum "
@@ -233,13 +238,13 @@ def time_epoch(data: Dataset, assignment: str, workers: int, epoch: int, made: t
     if before is None:
         return Epoch(seconds, rows, [w["read_s"] + w["convert_s"] for w in lines], [w["rows"] for w in lines],
                      [w["leases"] for w in lines], metrics["tail_s"], metrics["elapsed_s"], reads,
-                     children_s, self_s, [w["idle_s"] for w in lines])
+                     children_s, self_s, [w["idle_s"] for w in lines], servers_s)
     # persistent workers: this epoch's part of counters that add up over the loader's life
     busy = [w["read_s"] + w["convert_s"] - b["read_s"] - b["convert_s"] for w, b in zip(lines, before, strict=True)]
     return Epoch(seconds, rows, busy, [w["rows"] - b["rows"] for w, b in zip(lines, before, strict=True)],
                  [w["leases"] - b["leases"] for w, b in zip(lines, before, strict=True)], metrics["tail_s"],
                  seconds, reads, processes_cpu_s(pids) - workers_cpu, self_s,
-                 [w["idle_s"] - b["idle_s"] for w, b in zip(lines, before, strict=True)])
+                 [w["idle_s"] - b["idle_s"] for w, b in zip(lines, before, strict=True)], servers_s)
 
 
 def cpu_times() -> tuple[float, float]:
@@ -323,6 +328,14 @@ def joined(values: list[Any], fmt: str) -> str:
     return " / ".join(format(v, fmt) for v in values)
 
 
+def cpu_cell(series: Series) -> str:
+    """CPU s of the workers / the trainer's process, and / the servers of the files where there are some."""
+    cell = f"{series.median(lambda e: e.workers_cpu_s):.2f} / {series.median(lambda e: e.main_cpu_s):.2f}"
+    if any(e.servers_cpu_s for e in series.epochs):
+        cell += f" / {series.median(lambda e: e.servers_cpu_s):.2f}"
+    return cell
+
+
 def scenario_rows(results: dict[Key, Series]) -> list[list[str]]:
     rows = []
     for (workers, assignment), series in results.items():
@@ -333,7 +346,7 @@ def scenario_rows(results: dict[Key, Series]) -> list[list[str]]:
         typical = series.typical()
         rows.append([str(workers), assignment, f"{epoch_s:.2f} ({series.best(lambda e: e.seconds):.2f})",
                      f"{ideal_s:.2f}", f"{ratio:.2f}x", f"{span:.2f}x", f"{tail:.1%}",
-                     f"{series.median(lambda e: e.workers_cpu_s):.2f} / {series.median(lambda e: e.main_cpu_s):.2f}", f"{series.median(lambda e: e.rps) / 1e3:,.0f}k",
+                     cpu_cell(series), f"{series.median(lambda e: e.rps) / 1e3:,.0f}k",
                      joined(typical.busy, ".2f"), joined(typical.idle, ".2f"),
                      joined([r / 1e3 for r in typical.worker_rows], ",.0f"),
                      joined(typical.leases, "d"), "–" if typical.reads is None else f"{typical.reads:,}"])
@@ -352,6 +365,9 @@ def goals(name: str, results: dict[Key, Series], worker_counts: list[int]) -> li
         s_cpu, d_cpu = (x.median(lambda e: e.workers_cpu_s) for x in (static, dynamic))
         busy = (f"total busy static {s_busy:.2f} s / dynamic {d_busy:.2f} s, workers' CPU static {s_cpu:.2f} s / "
                 f"dynamic {d_cpu:.2f} s")
+        if any(e.servers_cpu_s for e in dynamic.epochs):
+            s_srv, d_srv = (x.median(lambda e: e.servers_cpu_s) for x in (static, dynamic))
+            busy += f", the S3 servers' (moto, proxy) CPU static {s_srv:.2f} s / dynamic {d_srv:.2f} s"
         if name == "uniform":
             keep = dynamic.median(lambda e: e.rps) / static.median(lambda e: e.rps)
             best = static.best(lambda e: e.seconds) / dynamic.best(lambda e: e.seconds)
@@ -386,13 +402,13 @@ def report(args: argparse.Namespace, datasets: list[Dataset], results: dict[str,
                "rotate the order of the loaders. *epoch s*: `iter()` to the last batch. *ideal s*: the workers' "
                "total busy time (`read_s + convert_s` from `loader.metrics()`) / workers. *span*: `elapsed_s` of the "
                "metrics, the first worker's first read to the last worker's last batch (the epoch without the "
-               "workers' start-up). *CPU s*: user + system time of the workers (joined at the end of the epoch) and "
-               "of the trainer's process, medians: busy time is wall time, which with more busy processes than "
+               "workers' start-up). *CPU s*: user + system time of the workers (joined at the end of the epoch), "
+               "of the trainer's process and, on S3, of the servers (moto and the proxy, from `/proc`), medians: busy time is wall time, which with more busy processes than "
                "cores includes waiting for one; CPU time does not. *epoch / ideal*, *span / ideal* and *tail* (`tail_s`: the first worker's last batch to the last one's, over the epoch) are medians "
                "of the per-epoch ratios. Busy s, idle s (`idle_s`: waiting for the trainer to ask for more), k rows "
                "and leases per worker, and the S3 "
                "data requests (GETs counted by the proxy), are those of the median epoch."), ""]
-    header = ["workers", "assignment", "epoch s", "ideal s", "epoch / ideal", "span / ideal", "tail / epoch", "CPU s workers / main", "rows/s",
+    header = ["workers", "assignment", "epoch s", "ideal s", "epoch / ideal", "span / ideal", "tail / epoch", "CPU s workers / main (/ S3 servers)", "rows/s",
               "busy s per worker", "idle s per worker", "k rows per worker", "leases per worker", "S3 reads"]
     for data in datasets:
         lines += [f"### {data.name}", "",
