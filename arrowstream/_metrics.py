@@ -160,8 +160,8 @@ def gather_metrics(metrics: dict[str, Any], group: Any = None) -> dict[str, Any]
 
     ``metrics`` is this rank's ``loader.metrics()``. Counts and times are added over the ranks (a
     mixture's rows of each source, ``"rows/NAME"``, too), ``workers`` lists every rank's workers,
-    ``ranks`` holds each rank's totals, and ``elapsed_s``/``rows_per_s`` follow the slowest rank. Without an initialised
-    ``torch.distributed`` it is this rank's metrics with ``ranks`` added.
+    ``ranks`` holds each rank's totals, and ``elapsed_s``/``rows_per_s`` follow the slowest rank. Without an
+    initialised ``torch.distributed`` it is this rank's metrics with ``ranks`` added.
 
     Example:
         >>> import arrowstream

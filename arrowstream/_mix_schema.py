@@ -42,9 +42,11 @@ def _signed_holding(kinds: list[pa.DataType]) -> list[pa.DataType]:
     return [pa.int16() if bits <= 16 else pa.int32() if bits <= 32 else pa.int64()] if bits <= 64 else []
 
 
-def _joinable(a: pa.DataType, b: pa.DataType) -> bool:
-    """Whether some type holds the values of both (one of them, a wider int, or a large type)."""
-    return any(widens(a, t) and widens(b, t) for t in (a, b, *_signed_holding([a, b]), *_LARGE))
+def _holding(kinds: list[pa.DataType]) -> pa.DataType | None:
+    """The type every one of ``kinds`` widens into: one of them, else the narrowest that holds them all (int8
+    and uint8: int16; string and string_view: large_string); None when there is none."""
+    candidates = [*kinds, *_signed_holding(kinds), *_LARGE]
+    return next((t for t in candidates if all(widens(kind, t) for kind in kinds)), None)
 
 
 def unify(schemas: Mapping[str, pa.Schema], source_column: str | None) -> pa.Schema:
@@ -63,13 +65,10 @@ def unify(schemas: Mapping[str, pa.Schema], source_column: str | None) -> pa.Sch
     fields = []
     for column in columns:
         types = {name: schemas[name].field(column).type for name in names}
-        # one of the sources' types, else the narrowest that all widen into (int8 and uint8: int16; string and
-        # string_view: large_string)
-        candidates = [*types.values(), *_signed_holding(list(types.values())), *_LARGE]
-        target = next((t for t in candidates if all(widens(other, t) for other in types.values())), None)
+        target = _holding(list(types.values()))
         if target is None:
             # a source that cannot be joined with the first, else (each can, not all at once) one that differs
-            other = next((name for name in names[1:] if not _joinable(types[name], types[first])), None)
+            other = next((name for name in names[1:] if _holding([types[first], types[name]]) is None), None)
             if other is None:
                 other = next(name for name in names[1:] if types[name] != types[first])
             raise SchemaMismatchError(

@@ -28,7 +28,7 @@ def in_batch_order(pieces: list[list[pa.RecordBatch]], marks: list[list[int]]) -
     return parts[0] if len(parts) == 1 else pa.concat_batches(parts)
 
 
-def batch_order(marks: list[list[int]], permutations: Sequence[npt.NDArray[np.int64]]) -> npt.NDArray[np.int64]:
+def batch_order(marks: Sequence[Sequence[int]], permutations: Sequence[npt.NDArray[np.int64]]) -> npt.NDArray[np.int64]:
     """Where each row of the mixed span comes from, as an index into the sources' rows laid end to end
     (the first source's rows of the span, then the next source's): batch after batch, the batch's rows
     (its sources' shares in source order) in the order of its permutation."""
@@ -66,7 +66,7 @@ def even_order(shares: tuple[int, ...]) -> npt.NDArray[np.int64]:
     return order
 
 
-def even_orders(marks: list[list[int]]) -> list[npt.NDArray[np.int64]]:
+def even_orders(marks: Sequence[Sequence[int]]) -> list[npt.NDArray[np.int64]]:
     """:func:`even_order` of each batch of a span (``marks``: each source's rows after each batch)."""
     taken = np.asarray(marks, dtype=np.int64)
     shares = np.diff(taken, axis=1, prepend=0).T.tolist()
@@ -81,8 +81,7 @@ def even_span_order(marks: list[list[int]]) -> npt.NDArray[np.int64]:
 
 @functools.lru_cache(maxsize=16)   # at most 16 x batches_per_transfer x batch_size x 8 bytes (2 MiB by default)
 def _even_span_order(marks: tuple[tuple[int, ...], ...]) -> npt.NDArray[np.int64]:
-    lists = [list(source_marks) for source_marks in marks]
-    order = batch_order(lists, even_orders(lists))
+    order = batch_order(marks, even_orders(marks))
     order.flags.writeable = False
     return order
 

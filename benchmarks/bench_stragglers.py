@@ -403,8 +403,9 @@ def report(args: argparse.Namespace, datasets: list[Dataset], results: dict[str,
                "total busy time (`read_s + convert_s` from `loader.metrics()`) / workers. *span*: `elapsed_s` of the "
                "metrics, the first worker's first read to the last worker's last batch (the epoch without the "
                "workers' start-up). *CPU s*: user + system time of the workers (joined at the end of the epoch), "
-               "of the trainer's process and, on S3, of the servers (moto and the proxy, from `/proc`), medians: busy time is wall time, which with more busy processes than "
-               "cores includes waiting for one; CPU time does not. *epoch / ideal*, *span / ideal* and *tail* (`tail_s`: the first worker's last batch to the last one's, over the epoch) are medians "
+               "of the trainer's process and, on S3, of the servers (moto and the proxy, from `/proc`), medians: "
+               "busy time is wall time, which with more busy processes than cores includes waiting for one; CPU "
+               "time does not. *epoch / ideal*, *span / ideal* and *tail* (`tail_s`: the first worker's last batch to the last one's, over the epoch) are medians "
                "of the per-epoch ratios. Busy s, idle s (`idle_s`: waiting for the trainer to ask for more), k rows "
                "and leases per worker, and the S3 "
                "data requests (GETs counted by the proxy), are those of the median epoch."), ""]
