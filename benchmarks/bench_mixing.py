@@ -23,7 +23,8 @@ quota is its row count and both loaders yield every row once per epoch (checked:
 
 1. **Throughput**: one epoch, ``num_workers`` 0 and 2, in this process; an untimed warm-up epoch of each
    loader with 0 workers, then ``--repeats`` rounds whose order rotates. Rows/s from ``iter()`` to the last
-   batch (construction timed apart). Ratio mixture / single on the medians (the goal, >= 0.9x) and on the bests.
+   batch (construction timed apart). Ratio mixture / single on the medians (the goal, >= 0.9x) and on the bests;
+   the raw pyarrow loop over the same files (``iter_batches``, no shuffle) in the same rounds, as the baseline.
 2. **Resume**: the parent takes a loader's state at 50% of an epoch (``num_workers=2``, numeric table) and notes
    the batch that follows; a fresh Python process (imports before the clock) builds the loader, loads the state
    and takes one batch, which is checked to be that batch. A fresh process without a state is the reference.
@@ -64,6 +65,7 @@ from suite.common import emit_report, log
 from suite.tables import names as random_names
 
 from arrowstream import Mixture, Source, StructuredDataset
+from arrowstream._bench import raw_convert
 
 RESULT_PREFIX = "MIX_RESULT "
 BATCH = 1024
@@ -79,6 +81,7 @@ RESUME_GOAL = 1.5       # mixture resume <= 1.5 x single, medians
 PROFILE_TOP = 12
 PROFILE_WORKER_BATCHES = 300   # the 2-worker profile covers this many batches (the epoch can be slow)
 SINGLE, MIXTURE = "single source", "mixture (3 sources)"
+RAW = "raw pyarrow loop"   # the baseline: pyarrow's reader over the same files, no shuffle, in this process
 _STARTED = time.perf_counter()
 
 warnings.filterwarnings("ignore", message=".*not writable.*")
@@ -225,20 +228,41 @@ def time_epoch(variant: str, layout: Layout, num_workers: int, shuffle: bool) ->
     return Epoch(built - start, first_at - built, end - built, cpu_end - cpu_start, rows, len(first["id"]), workers_cpu)
 
 
+def time_raw(layout: Layout) -> Epoch:
+    """The raw pyarrow loop over the files of ``all``: ``iter_batches(batch_size=1024)`` file after file, each
+    batch converted as ``arrowstream bench`` does (numbers to tensors); what decoding alone costs here."""
+    start = time.perf_counter()
+    cpu_start = time.process_time()
+    paths = sorted(Path(layout.folder("all")).iterdir())
+    rows, id_sum, first_at, first_rows = 0, 0, 0.0, 0
+    for path in paths:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH):
+            ids = raw_convert(batch)["id"]
+            rows += len(ids)
+            id_sum += int(ids.sum())
+            if not first_at:
+                first_at, first_rows = time.perf_counter(), len(ids)
+    end, cpu_end = time.perf_counter(), time.process_time()
+    if (rows, id_sum) != (layout.rows, layout.id_sum):
+        raise RuntimeError(f"{RAW}, {layout.kind}: {rows} rows (id sum {id_sum}), expected {layout.rows} ({layout.id_sum})")
+    return Epoch(0.0, first_at - start, end - start, cpu_end - cpu_start, rows, first_rows, 0.0)
+
+
 def rotate(names: list[Any], round_index: int) -> list[Any]:
     shift = round_index % len(names)
     return names[shift:] + names[:shift]
 
 
 def run_throughput(layout: Layout, repeats: int, shuffle: bool) -> dict[tuple[str, int], list[Epoch]]:
-    keys = [(variant, workers) for workers in WORKER_COUNTS for variant in (SINGLE, MIXTURE)]
+    keys = [(RAW, 0)] + [(variant, workers) for workers in WORKER_COUNTS for variant in (SINGLE, MIXTURE)]
+    time_raw(layout)
     for variant in (SINGLE, MIXTURE):   # warm-up: imports, page cache, allocator
         time_epoch(variant, layout, 0, shuffle)
     samples: dict[tuple[str, int], list[Epoch]] = {key: [] for key in keys}
     for round_index in range(repeats):
         for variant, workers in rotate(keys, round_index):
             gc.collect()
-            epoch = time_epoch(variant, layout, workers, shuffle)
+            epoch = time_raw(layout) if variant == RAW else time_epoch(variant, layout, workers, shuffle)
             samples[(variant, workers)].append(epoch)
             progress(f"{layout.kind} round {round_index + 1}/{repeats}, {variant}, num_workers={workers}: "
                      f"{epoch.total_s:.2f} s, {epoch.rps / 1e6:.2f} M rows/s")
@@ -441,14 +465,16 @@ def cpu_ratio(samples: dict[tuple[str, int], list[Epoch]], workers: int, of_work
 
 def throughput_section(layout: Layout, samples: dict[tuple[str, int], list[Epoch]]) -> list[str]:
     rows = []
+    raw_rps = median([e.rps for e in samples[(RAW, 0)]])
     for (variant, workers), epochs in samples.items():
         rps = [e.rps for e in epochs]
-        ratio = "–" if variant == SINGLE else "{:.2f}x / {:.2f}x".format(*throughput_ratio(samples, workers))
-        steady = "–" if variant == SINGLE else f"{throughput_ratio(samples, workers, steady=True)[0]:.2f}x"
-        rows.append([variant, str(workers), f"{median([e.build_s * 1e3 for e in epochs]):,.0f}",
+        ratio = "–" if variant in (SINGLE, RAW) else "{:.2f}x / {:.2f}x".format(*throughput_ratio(samples, workers))
+        steady = "–" if variant in (SINGLE, RAW) else f"{throughput_ratio(samples, workers, steady=True)[0]:.2f}x"
+        built = "–" if variant == RAW else f"{median([e.build_s * 1e3 for e in epochs]):,.0f}"
+        rows.append([variant, str(workers), built,
                      f"{median([e.first_s * 1e3 for e in epochs]):,.1f}",
                      f"{median([e.total_s for e in epochs]):.2f} ({min(e.total_s for e in epochs):.2f})",
-                     f"{median(rps) / 1e6:.2f} M ({max(rps) / 1e6:.2f} M)", ratio,
+                     f"{median(rps) / 1e6:.2f} M ({max(rps) / 1e6:.2f} M)", f"{median(rps) / raw_rps:.2f}x", ratio,
                      f"{median([e.steady_rps for e in epochs]) / 1e6:.2f} M", steady,
                      f"{median([e.cpu_s for e in epochs]):.2f}",
                      f"{median([e.workers_cpu_s for e in epochs]):.2f}" if workers else "–"])
@@ -460,7 +486,7 @@ def throughput_section(layout: Layout, samples: dict[tuple[str, int], list[Epoch
             (f"{layout.rows:,} rows ({sizes} in sources a / b / c; {layout.bytes / 2**20:,.0f} MiB of Parquet); "
              f"columns: {kind}."), "",
             *table(["loader", "num_workers", "construction ms", "first batch ms", "epoch s (best)",
-                    "rows/s (best)", "mixture / single: median (best)", "rows/s after the first batch",
+                    "rows/s (best)", "/ raw pyarrow loop (medians)", "mixture / single: median (best)", "rows/s after the first batch",
                     "mixture / single after the first batch", "CPU s of this process", "CPU s of the workers"],
                   rows), ""]
 
@@ -558,6 +584,11 @@ def reading(throughput: dict[str, dict[tuple[str, int], list[Epoch]]], resume: l
             profiles: Profiles | None) -> list[str]:
     lines = []
     for kind, samples in throughput.items():
+        raw = median([e.rps for e in samples[(RAW, 0)]])
+        against = ", ".join(f"{variant} with {workers} workers {median([e.rps for e in samples[(variant, workers)]]) / raw:.2f}x"
+                            for workers in WORKER_COUNTS for variant in (SINGLE, MIXTURE))
+        lines.append(f"- The raw pyarrow loop over the {kind} table's files (no shuffle, this process): {raw / 1e6:.2f} M "
+                     f"rows/s; against it (medians): {against}")
         for workers in WORKER_COUNTS:
             ratio, best = throughput_ratio(samples, workers)
             steady, _ = throughput_ratio(samples, workers, steady=True)
@@ -611,7 +642,10 @@ def report(args: argparse.Namespace, layouts: list[Layout], throughput: dict[str
              "## Goals on this run", "", *reading(throughput, resume, profiles), "",
              "## 1. Throughput, one epoch", "",
              (f"Medians of {args.repeats} rounds (bests in brackets), after an untimed warm-up epoch of each loader "
-              "with 0 workers; the rounds rotate the order of the four loaders. An epoch is timed from `iter()` to "
+              "with 0 workers; the rounds rotate the order of the four loaders and the raw pyarrow loop (pyarrow's "
+              "`iter_batches(batch_size=1024)` over the same files one after the other in this process, numbers "
+              "made tensors as `arrowstream bench` does, no shuffle: the speed of decoding, measured in the same "
+              "rounds; the loaders shuffle, so they gather every row once more). An epoch is timed from `iter()` to "
               "the last batch (worker start-up included); construction (listing, footers, plan) is timed apart; "
               "\"after the first batch\" divides the rows after it by the time after it: the rate once the workers "
               "run, without their start-up and the first shuffle windows' fill (a mixture fills one per source; "
