@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from time import perf_counter
 from typing import Any
 
 from ._cursor import Position
@@ -36,9 +37,13 @@ class PerBatchCollate:
 
     def __call__(self, item: Any) -> Any:
         if isinstance(item, Chunk):
+            started = perf_counter()
             # a piece of last rows is collated in the trainer, once its batch is whole (see _stitch)
             stitched = len(item) == 1 and isinstance(item.peek(), StitchPiece)
-            return (item if self.collate_fn is None or stitched else item.map_batches(self.collate_fn)).pack()
+            packed = (item if self.collate_fn is None or stitched else item.map_batches(self.collate_fn)).pack()
+            if item.on_packed is not None:
+                item.on_packed(started, perf_counter())
+            return packed
         return item if self.collate_fn is None else self.collate_fn(item)
 
 

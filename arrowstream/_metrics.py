@@ -55,6 +55,14 @@ class Meter:
         if self._row is not None:
             self._row[:] = self.values()
 
+    def packed(self, seconds: float, now: float) -> None:
+        """Count ``seconds`` of converting after the hand-over: a chunk's batches through a ``collate_fn``
+        and packed into shared memory, in the worker, before the loader's queue takes it."""
+        self.convert_s += seconds
+        self.last_s = now
+        if self._row is not None:
+            self._row[:] = self.values()
+
     def split_done(self, num_bytes: int) -> None:
         """A split read to its end: ``num_bytes`` is its size in storage (from the file metadata)."""
         self.splits_done += 1

@@ -201,6 +201,7 @@ class MixIterator:
                           positions, numpy_as_torch=self._as_torch)
         self._metered(span.num_rows, len(sizes), entered, read)
         if chunks:
+            chunk.on_packed = self._packed
             return chunk
         self._chunk, self._ready = chunk, deque(zip(chunk.batches(), positions, strict=True))
         batch, self._position = self._ready.popleft()
@@ -210,6 +211,11 @@ class MixIterator:
         done = perf_counter()
         self._mixture._side.meter().batch(rows, batches, read - entered, done - read,
                                           entered - self._left_at if self._left_at else 0.0, done)
+        self._left_at = done
+
+    def _packed(self, started: float, done: float) -> None:
+        """A chunk this iterator made was collated and packed in the worker: converting, not waiting."""
+        self._mixture._side.meter().packed(done - started, done)
         self._left_at = done
 
     def position(self) -> tuple[int, MixPosition | None]:

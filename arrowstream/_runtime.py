@@ -275,7 +275,16 @@ class EpochIterator:
         runtime.meter.batch(rows, batches, read - entered, done - read,
                             entered - self._left_at if self._left_at else 0.0, done)
         self._left_at = done
+        if isinstance(out, Chunk):
+            out.on_packed = self._packed
         return out
+
+    def _packed(self, started: float, done: float) -> None:
+        """A chunk this iterator made was collated and packed (see :class:`~arrowstream._batches.PerBatchCollate`):
+        converting, not waiting for the trainer."""
+        assert self._runtime is not None
+        self._runtime.meter.packed(done - started, done)
+        self._left_at = done
 
     def _next_chunk(self, stream: EpochStream, runtime: WorkerRuntime,
                     per_transfer: int) -> tuple[Chunk, int, int, float]:

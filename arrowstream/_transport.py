@@ -95,6 +95,9 @@ class Chunk:
         self._batches: list[Any] | None = batches
         self._packed: tuple[list[_Entry], np.ndarray, list[Any] | int] | None = None
         self._wire: tuple[Any, ...] | None = None  # what the queue sends, made by pack()
+        # told (started, done) when the worker has collated and packed it: that time is converting, and the
+        # worker's meter counts it so (never sent: the queue pickles only what pack() made)
+        self.on_packed: Callable[[float, float], None] | None = None
 
     def __len__(self) -> int:
         return len(self.positions)

@@ -273,7 +273,8 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
 
         Totals: ``rows``, ``batches``, ``bytes`` (stored size of the splits read to their end),
         ``splits_done``, ``read_s`` (reading and decoding), ``convert_s`` (to the output format,
-        ``transform`` included), ``idle_s`` (waiting for the trainer to ask for more),
+        ``transform``, a worker's ``collate_fn`` and packing included), ``idle_s`` (waiting for the
+        trainer to ask for more),
         ``utilization`` (busy / (busy + idle)), ``elapsed_s`` (first batch to last) and
         ``rows_per_s``; ``workers`` lists the same per worker (``rank``, ``worker``). With
         ``num_workers=0`` the trainer's process is worker 0. ``flat=True`` gives one level of

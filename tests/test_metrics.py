@@ -77,6 +77,23 @@ def test_idle_time_is_the_time_the_trainer_kept_the_worker_waiting(data):
     assert all(w["idle_s"] > w["read_s"] + w["convert_s"] for w in workers)
 
 
+def slow_collate(batch):
+    time.sleep(0.01)
+    return batch
+
+
+def test_a_collate_fn_and_packing_in_a_worker_count_as_converting_not_waiting(data):
+    """A chunk's batches go through ``collate_fn`` and into shared memory after the worker's iterator
+    hands the chunk over: that is the worker's work, not time it waited for the trainer."""
+    loader, dataset = make_loader(data, 1, batch_size=BATCH, collate_fn=slow_collate)
+    dataset.set_epoch(0)
+    assert sum(len(ids_of(b)) for b in loader) == ROWS
+    (worker,) = loader.metrics()["workers"]
+    steps = ROWS // BATCH                       # 20 batches in two chunks of 16 and 4
+    assert worker["convert_s"] >= 0.01 * steps
+    assert worker["idle_s"] < 0.01 * 8          # the first chunk's 16 collates would be 0.16 s of it
+
+
 @pytest.mark.parametrize("persistent", [False, True])
 def test_counts_add_up_over_epochs_with_workers_restarted_or_kept(data, persistent):
     loader, dataset = make_loader(data, 2, batch_size=BATCH, persistent_workers=persistent,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections import Counter
 
 import pyarrow as pa
@@ -487,6 +488,18 @@ def test_metrics_count_rows_per_source_and_per_worker(three, num_workers):
         assert sum(line[f"rows/{name}"] for line in metrics["workers"]) == metrics[f"rows/{name}"]
     flat = loader.metrics(flat=True)
     assert flat["rank0/worker0/rows/small"] == metrics["workers"][0]["rows/small"]
+
+
+def slow_collate(batch):
+    time.sleep(0.01)
+    return batch
+
+
+def test_a_collate_fn_in_a_mixtures_worker_counts_as_converting(three):
+    loader, mixture = loader_of(three, 1, collate_fn=slow_collate)
+    assert sum(len(ids) for _, ids in epoch_batches(loader, mixture, 0)) == 500
+    (worker,) = loader.metrics()["workers"]
+    assert worker["convert_s"] >= 0.01 * len(loader)   # each batch's collate, in the worker after the hand-over
 
 
 def test_merged_metrics_of_ranks_add_the_rows_of_each_source(three):
