@@ -5,7 +5,7 @@ Run from the repository root:
     .venv/bin/python benchmarks/bench_stragglers.py            # the real run (about 7 min on 2 busy cores)
     .venv/bin/python benchmarks/bench_stragglers.py --quick    # smoke run (small data, 1 round), prints only
 
-Options: ``--repeats``, ``--workers 2,4``, ``--scenarios uniform,decode,prefix,transform``, ``--persistent``
+Options: ``--repeats``, ``--workers 2,4``, ``--scenarios uniform,decode,prefix,transform``, ``--prefetch-factor``, ``--persistent``
 (one loader per policy and worker count with ``persistent_workers=True``, its epochs after an untimed first one),
 ``--out PATH``
 (default ``benchmarks/results/<YYYY-MM-DD>-stragglers.md``; ``--quick`` writes only with ``--out``).
@@ -93,6 +93,7 @@ IDEAL_GOAL = 1.1            # dynamic epoch <= 1.1 x the ideal
 TAIL_GOAL = 0.05            # dynamic tail <= 5% of the epoch
 UNIFORM_GOAL = 0.97         # dynamic rows/s >= 97% of static on the uniform dataset
 SLOW_PREFIX = "slow"
+PREFETCH_FACTOR: int | None = None   # --prefetch-factor (None: torch's default, 2)
 CORES = len(os.sched_getaffinity(0))   # the cores this process (and so the loaders and servers it starts) may use
 _STARTED = time.perf_counter()
 
@@ -222,10 +223,11 @@ class Epoch:
 
 
 def make_loader(data: Dataset, assignment: str, workers: int, persistent: bool) -> tuple[Any, Any]:
+    knobs = {} if PREFETCH_FACTOR is None or workers == 0 else {"prefetch_factor": PREFETCH_FACTOR}
     return StructuredDataset.create_dataloader(
         data.path, batch_size=BATCH, num_workers=workers, assignment=assignment, shuffle=data.shuffle, seed=0,
         output_format="torch", plan_cache=False, storage_options=data.storage_options, transform=data.transform,
-        persistent_workers=persistent)
+        persistent_workers=persistent, **knobs)
 
 
 def time_epoch(data: Dataset, assignment: str, workers: int, epoch: int, made: tuple[Any, Any] | None = None) -> Epoch:
@@ -410,7 +412,9 @@ def goals(name: str, results: dict[Key, Series], worker_counts: list[int]) -> li
 def report(args: argparse.Namespace, datasets: list[Dataset], results: dict[str, dict[Key, Series]],
            seconds: float, load_before: str) -> str:
     lines = [*run_header("Stragglers: static against dynamic assignment", "bench_stragglers.py", load_before, seconds),
-             (f"- Every loader: `batch_size={BATCH}`, `output_format=\"torch\"`, `plan_cache=False`; static with "
+             (f"- Every loader: `batch_size={BATCH}`, `output_format=\"torch\"`, `plan_cache=False`"
+              + ("" if args.prefetch_factor is None else f", `prefetch_factor={args.prefetch_factor}`")
+              + "; static with "
               "`in_order=True` (its default), dynamic with `in_order=False` (its default with workers). Each "
               "timed epoch is " + ("an epoch of one loader per policy and worker count with `persistent_workers=True`, "
               "after an untimed first epoch of it (the workers started once; busy, rows and leases are the "
@@ -469,6 +473,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--slow-latency", type=float, default=0.05, help="seconds added under slow/ (0.05)")
     parser.add_argument("--persistent", action="store_true",
                         help="persistent_workers=True: one loader per policy, epochs after a first untimed one")
+    parser.add_argument("--prefetch-factor", type=int, default=None,
+                        help="the loaders' prefetch_factor (default: torch's, 2)")
     parser.add_argument("--out", type=Path, default=None, help="report path (default results/<date>-stragglers.md)")
     args = parser.parse_args()
     quick = args.quick
@@ -516,7 +522,9 @@ def build(name: str, args: argparse.Namespace, work: Path, store: Any, proxy: An
 
 
 def main() -> int:
+    global PREFETCH_FACTOR
     args = parse_args()
+    PREFETCH_FACTOR = args.prefetch_factor
     start, load_before = time.perf_counter(), loadavg()
     data_root = BENCH_DIR / "data"
     data_root.mkdir(exist_ok=True)
