@@ -37,6 +37,7 @@ from ._torchdata_state import (
     worker_states,
 )
 from ._transport import default_batches_per_transfer
+from ._watchdog import raise_death_between_iterations
 from .errors import ArgumentTypeError, NotSupportedYetError, StateError, StateMismatchError
 
 if TYPE_CHECKING:
@@ -188,7 +189,11 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
                 f"set to epoch {self.dataset.epoch}; call mixture.set_epoch({replanned}) to finish it first (skipping "
                 "it would lose its rows)")
         self._epoch_watch.starting(self._iterator, self.dataset.epoch, mixture_order_varies(self.dataset))
-        inner = super().__iter__()
+        try:
+            inner = super().__iter__()
+        except Exception as exc:
+            raise_death_between_iterations(self, exc, self.dataset.epoch)
+            raise
         if self.num_workers == 0:
             self._batch_iterator = None
             return inner

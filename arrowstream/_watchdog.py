@@ -133,13 +133,40 @@ def worker_death(workers: Sequence[Any], exc: BaseException, wait: float = 3.0,
     if not dead or (named and str(dead[0][1].pid) not in message):
         return None
     index, worker = dead[0]
-    code = worker.exitcode
-    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
     return WorkerError(
-        f"DataLoader worker {index} (pid {worker.pid}) died ({how}) before it sent all its batches of this "
+        f"DataLoader worker {index} (pid {worker.pid}) died ({_how(worker)}) before it sent all its batches of this "
         f"epoch; the loader cannot go on without it ({type(exc).__name__}: {exc}). Resume from your last "
-        "checkpoint with loader.load_state_dict(state): no row is lost or repeated then. A SIGKILL is often "
-        "the out-of-memory killer: lower num_workers, prefetch_factor or batch_size")
+        f"checkpoint with loader.load_state_dict(state): no row is lost or repeated then. {_OOM_HINT}")
+
+
+_OOM_HINT = "A SIGKILL is often the out-of-memory killer: lower num_workers, prefetch_factor or batch_size"
+
+
+def _how(worker: Any) -> str:
+    code = worker.exitcode
+    return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+
+
+def raise_death_between_iterations(loader: Any, exc: BaseException, epoch: int) -> None:
+    """When ``exc`` came from a persistent worker of ``loader`` that died after the last iteration (torch finds
+    it as the next one starts, and raises a RuntimeError naming a pid): end the other workers, so that the
+    next ``iter(loader)`` starts new ones at the epoch's first batch (nothing of it was handed out), and raise
+    a :class:`WorkerError` naming the dead one. Otherwise return."""
+    iterator = loader._iterator
+    if not loader.persistent_workers or iterator is None or not isinstance(exc, _DEATH_SYMPTOMS) \
+            or str(exc).startswith("Caught "):
+        return
+    dead = [(index, worker) for index, worker in enumerate(iterator._workers) if worker.exitcode not in (None, 0)]
+    if not dead:
+        return
+    iterator._shutdown_workers()
+    loader._iterator = None
+    index, worker = dead[0]
+    raise WorkerError(
+        f"DataLoader worker {index} (pid {worker.pid}) died ({_how(worker)}) after the last iteration "
+        f"(persistent_workers=True), found as epoch {epoch} started; no batch of it was handed out "
+        f"({type(exc).__name__}: {exc}). The loader ended its other workers: iterate it again to start new ones at "
+        f"the epoch's first batch, or load a checkpoint. {_OOM_HINT}") from exc
 
 
 _watched: weakref.WeakSet[Any] = weakref.WeakSet()  # the trainer's torch iterators with live workers

@@ -72,6 +72,7 @@ from ._torchdata_state import (
     worker_states,
 )
 from ._transport import MAX_BATCHES_PER_TRANSFER, ROWS_PER_TRANSFER, default_batches_per_transfer  # noqa: F401 (re-exported)
+from ._watchdog import raise_death_between_iterations
 from .errors import ArgumentTypeError, InvalidArgumentError, StateError, StateMismatchError
 
 
@@ -181,7 +182,11 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             self._elastic_loaded = False
         self._epoch_watch.starting(self._iterator, self.dataset.epoch, dataset_order_varies(self.dataset))
         self._advance_pool()
-        inner = super().__iter__()
+        try:
+            inner = super().__iter__()
+        except Exception as exc:
+            raise_death_between_iterations(self, exc, self.dataset.epoch)
+            raise
         if self.num_workers == 0:
             self._batch_iterator = None
             return SkippingIterator(self, inner)

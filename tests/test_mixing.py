@@ -502,6 +502,21 @@ def test_a_collate_fn_in_a_mixtures_worker_counts_as_converting(three):
     assert worker["convert_s"] >= 0.01 * len(loader)   # each batch's collate, in the worker after the hand-over
 
 
+def test_a_persistent_worker_killed_between_epochs_is_named_and_the_epoch_starts_again_whole(three):
+    import signal
+
+    loader, mixture = loader_of(three, 2, shuffle=True, persistent_workers=True)
+    epoch_batches(loader, mixture, 0)
+    victim = loader._iterator._workers[0]
+    os.kill(victim.pid, signal.SIGKILL)
+    time.sleep(0.5)
+    mixture.set_epoch(1)
+    with pytest.raises(errors.WorkerError, match=rf"worker 0 \(pid {victim.pid}\) died .*epoch 1"):
+        iter(loader)
+    fresh, fresh_mixture = loader_of(three, 2, shuffle=True)
+    assert epoch_batches(loader, mixture, 1) == epoch_batches(fresh, fresh_mixture, 1)
+
+
 def test_merged_metrics_of_ranks_add_the_rows_of_each_source(three):
     """What gather_metrics returns on every rank (it all-gathers, then merges): the ranks' rows of each source
     added, each rank's own in ``ranks``."""

@@ -153,6 +153,35 @@ def test_a_killed_worker_raises_and_the_next_run_works(uneven_dataset):
     assert _shm_entries() <= before_shm
 
 
+@pytest.mark.parametrize("assignment", ["static", "dynamic"])
+def test_a_persistent_worker_killed_between_epochs_is_named_and_the_epoch_starts_again_whole(uneven_dataset,
+                                                                                              assignment):
+    """torch finds the dead worker when the next iteration starts and raised its RuntimeError naming a pid:
+    now a WorkerError naming the worker, and the loader's next iteration starts new workers at the
+    epoch's first batch (none of it was handed out), the batches of an uninterrupted run."""
+    options = {"batch_size": 64, "persistent_workers": True, "shuffle": True, "seed": 3, "assignment": assignment}
+    loader, dataset = make_loader(uneven_dataset, 2, **options)
+    dataset.set_epoch(0)
+    assert sum(len(b["id"]) for b in loader) == 3130
+    victim = loader._iterator._workers[1]
+    os.kill(victim.pid, signal.SIGKILL)
+    time.sleep(0.5)
+    dataset.set_epoch(1)
+    with pytest.raises(WorkerError, match=rf"worker 1 \(pid {victim.pid}\) died \(killed by SIGKILL\).*epoch 1"):
+        iter(loader)
+    state = loader.state_dict()
+    again = [ids_of(b) for b in loader]
+    assert sorted(i for ids in again for i in ids) == list(range(3130))
+    assert loader._iterator._workers[1].pid != victim.pid
+    if assignment == "static":   # the epoch an uninterrupted loader reads, batch for batch
+        fresh, fresh_dataset = make_loader(uneven_dataset, 2, **options)
+        fresh_dataset.set_epoch(1)
+        assert again == [ids_of(b) for b in fresh]
+    resumed, _ = make_loader(uneven_dataset, 3, **{**options, "persistent_workers": False})
+    resumed.load_state_dict(state)   # taken after the error: the whole epoch is left
+    assert sorted(i for b in resumed for i in ids_of(b)) == list(range(3130))
+
+
 def test_ring_and_by_value_transports_agree(uneven_dataset, monkeypatch):
     monkeypatch.setenv("ARROWSTREAM_SHM_RING", "0")
     by_value, _ = make_loader(uneven_dataset, 2, batch_size=100, shuffle=True)
