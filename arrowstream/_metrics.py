@@ -58,10 +58,7 @@ class Meter:
     def packed(self, seconds: float, now: float) -> None:
         """Count ``seconds`` of converting after the hand-over: a chunk's batches through a ``collate_fn``
         and packed into shared memory, in the worker, before the loader's queue takes it."""
-        self.convert_s += seconds
-        self.last_s = now
-        if self._row is not None:
-            self._row[:] = self.values()
+        self.batch(0, 0, 0.0, seconds, 0.0, now)
 
     def split_done(self, num_bytes: int) -> None:
         """A split read to its end: ``num_bytes`` is its size in storage (from the file metadata)."""

@@ -120,6 +120,20 @@ def worker_death(workers: Sequence[Any], exc: BaseException, wait: float = 3.0,
     Errors a live worker raised and sent (``Caught ... in DataLoader worker process N``) are
     left as they are. ``named``: only a worker whose pid the message of ``exc`` names.
     """
+    found = _dead_worker(workers, exc, wait, named)
+    if found is None:
+        return None
+    index, worker = found
+    return WorkerError(
+        f"DataLoader worker {index} (pid {worker.pid}) died ({_how(worker)}) before it sent all its batches of this "
+        f"epoch; the loader cannot go on without it ({type(exc).__name__}: {exc}). Resume from your last "
+        f"checkpoint with loader.load_state_dict(state): no row is lost or repeated then. {_OOM_HINT}")
+
+
+def _dead_worker(workers: Sequence[Any], exc: BaseException, wait: float,
+                 named: bool = False) -> tuple[int, Any] | None:
+    """The index and process of the dead worker ``exc`` came from (the one its message names first), waiting
+    up to ``wait`` seconds for an exit to be reported; None when ``exc`` is not a death's."""
     if not isinstance(exc, _DEATH_SYMPTOMS) or str(exc).startswith("Caught "):
         return None
     deadline = time.monotonic() + wait
@@ -132,11 +146,7 @@ def worker_death(workers: Sequence[Any], exc: BaseException, wait: float = 3.0,
     dead.sort(key=lambda item: f"pid {item[1].pid})" not in message and f"pid(s) {item[1].pid}" not in message)
     if not dead or (named and str(dead[0][1].pid) not in message):
         return None
-    index, worker = dead[0]
-    return WorkerError(
-        f"DataLoader worker {index} (pid {worker.pid}) died ({_how(worker)}) before it sent all its batches of this "
-        f"epoch; the loader cannot go on without it ({type(exc).__name__}: {exc}). Resume from your last "
-        f"checkpoint with loader.load_state_dict(state): no row is lost or repeated then. {_OOM_HINT}")
+    return dead[0]
 
 
 _OOM_HINT = "A SIGKILL is often the out-of-memory killer: lower num_workers, prefetch_factor or batch_size"
@@ -153,15 +163,12 @@ def raise_death_between_iterations(loader: Any, exc: BaseException, epoch: int) 
     next ``iter(loader)`` starts new ones at the epoch's first batch (nothing of it was handed out), and raise
     a :class:`WorkerError` naming the dead one. Otherwise return."""
     iterator = loader._iterator
-    if not loader.persistent_workers or iterator is None or not isinstance(exc, _DEATH_SYMPTOMS) \
-            or str(exc).startswith("Caught "):
-        return
-    dead = [(index, worker) for index, worker in enumerate(iterator._workers) if worker.exitcode not in (None, 0)]
-    if not dead:
+    found = _dead_worker(iterator._workers, exc, wait=0.0) if loader.persistent_workers and iterator is not None else None
+    if found is None:
         return
     iterator._shutdown_workers()
     loader._iterator = None
-    index, worker = dead[0]
+    index, worker = found
     raise WorkerError(
         f"DataLoader worker {index} (pid {worker.pid}) died ({_how(worker)}) after the last iteration "
         f"(persistent_workers=True), found as epoch {epoch} started; no batch of it was handed out "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -178,3 +179,9 @@ def check_resume(path, num_workers, options, rows_of_epoch, mid=17, factory=make
         expected = reference[consumed:]
         assert [k for _, k, _ in resumed] == [k for _, k, _ in expected], f"resume at {point!r} diverged"
         assert [e for e, _, _ in resumed] == [e for e, _, _ in expected], f"resume at {point!r}: epochs differ"
+
+
+def slow_collate(batch: Any) -> Any:
+    """A ``collate_fn`` that takes 10 ms per batch (module level: workers may pickle it)."""
+    time.sleep(0.01)
+    return batch

@@ -6,7 +6,7 @@ import json
 import time
 
 import pytest
-from helpers import ids_of, make_loader, write_dataset
+from helpers import ids_of, make_loader, slow_collate, write_dataset
 from test_distributed import torchrun
 
 import arrowstream
@@ -75,11 +75,6 @@ def test_idle_time_is_the_time_the_trainer_kept_the_worker_waiting(data):
     workers = slow.metrics()["workers"]
     # each worker has its next batch ready long before the trainer asks: most of its time is waiting
     assert all(w["idle_s"] > w["read_s"] + w["convert_s"] for w in workers)
-
-
-def slow_collate(batch):
-    time.sleep(0.01)
-    return batch
 
 
 def test_a_collate_fn_and_packing_in_a_worker_count_as_converting_not_waiting(data):

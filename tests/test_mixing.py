@@ -11,6 +11,7 @@ from collections import Counter
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import slow_collate
 
 from arrowstream import Mixture, Source, errors
 
@@ -488,11 +489,6 @@ def test_metrics_count_rows_per_source_and_per_worker(three, num_workers):
         assert sum(line[f"rows/{name}"] for line in metrics["workers"]) == metrics[f"rows/{name}"]
     flat = loader.metrics(flat=True)
     assert flat["rank0/worker0/rows/small"] == metrics["workers"][0]["rows/small"]
-
-
-def slow_collate(batch):
-    time.sleep(0.01)
-    return batch
 
 
 def test_a_collate_fn_in_a_mixtures_worker_counts_as_converting(three):
