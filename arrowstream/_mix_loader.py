@@ -201,6 +201,7 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
         return self._batch_iterator
 
     def _get_iterator(self) -> Any:
+        self._batch_iterator = None   # new workers: none of theirs handed out yet (what a state reads)
         loaded: dict[str, Any] | None = self.next_iter_state  # type: ignore[has-type]
         if loaded is not None and self.num_workers > 0:
             loaded = self.next_iter_state = self._expanded(loaded)   # compact states, if torchdata kept its own

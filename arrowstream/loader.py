@@ -132,6 +132,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
     def _get_iterator(self) -> Any:
         """torchdata's hook that starts an epoch's iterator (from a loaded state, if any): a loaded
         state whose epoch is over starts a later epoch whole (see ``arrowstream._boundary``)."""
+        self._batch_iterator = None   # new workers: none of theirs handed out yet (what a state reads)
         loaded: dict[str, Any] | None = self.next_iter_state  # type: ignore[has-type]
         if loaded is not None and self.num_workers > 0:
             self.next_iter_state = self._into_later_epoch(loaded)

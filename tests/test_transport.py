@@ -169,7 +169,9 @@ def test_a_persistent_worker_killed_between_epochs_is_named_and_the_epoch_starts
     dataset.set_epoch(1)
     with pytest.raises(WorkerError, match=rf"worker 1 \(pid {victim.pid}\) died \(killed by SIGKILL\).*epoch 1"):
         iter(loader)
-    state = loader.state_dict()
+    loader.state_dict()   # starts the new workers, which lease ...
+    time.sleep(0.5)
+    state = loader.state_dict()   # ... before this state: which must not read the dead iteration's batches
     again = [ids_of(b) for b in loader]
     assert sorted(i for ids in again for i in ids) == list(range(3130))
     assert loader._iterator._workers[1].pid != victim.pid
