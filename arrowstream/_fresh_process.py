@@ -53,7 +53,15 @@ def run_in_fresh_process(function: Callable[..., Any], *args: Any) -> Any:
         process = context.Process(target=_child, args=(function, args, out, start_method),
                                   name="arrowstream-fresh-process")
         process.start()
-        process.join()
+        try:
+            process.join()
+        finally:   # interrupted (Ctrl-C, a test's timeout): end the child too, rather than leave it running
+            if process.is_alive():
+                process.terminate()
+                process.join(5)
+                if process.is_alive():
+                    process.kill()
+                    process.join()
         if not os.path.exists(out):   # killed (out of memory?) or crashed before it wrote its outcome
             raise RuntimeError(f"the fresh process running {getattr(function, '__qualname__', function)} exited with "
                                f"code {process.exitcode} and sent nothing back")

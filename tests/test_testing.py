@@ -6,6 +6,10 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
+import multiprocessing
+import signal
+import threading
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -18,6 +22,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from arrowstream import ArgumentTypeError, InvalidArgumentError, Mixture, Source, StateMismatchError, StructuredDataset
 from arrowstream._batch_diff import first_difference, snapshot
+from arrowstream._fresh_process import run_in_fresh_process
 from arrowstream.testing import _Batch, _compare_continuation, _Point, check_resume
 
 
@@ -155,6 +160,19 @@ def test_fresh_process_catches_what_one_process_cannot(small_dataset, monkeypatc
     check_resume(make, points=[5], at_epoch_ends=False)
     with pytest.raises(AssertionError, match=r"diverged at batch 6 of the run .*column 'bucket'"):
         check_resume(make, points=[5], at_epoch_ends=False, fresh_process=True)
+
+
+def test_a_fresh_process_is_ended_when_its_parent_is_interrupted():
+    """Ctrl-C (or a test's timeout) while the parent waits: the child does not run on without it."""
+    timer = threading.Timer(3.0, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_in_fresh_process(time.sleep, 120)
+    finally:
+        timer.cancel()
+        timer.join()
+    assert [p.name for p in multiprocessing.active_children()] == []
 
 
 def test_fresh_process_refuses_what_a_new_process_cannot_import(small_dataset):
