@@ -19,6 +19,7 @@ settings.register_profile("seeded", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "seeded"))
 
+import hangs
 from helpers import write_dataset
 from leaks import Snapshot, descendants, record_semaphores
 from servers import azure_server, gcs_server, s3_server, server_process_groups  # noqa: F401 (fixtures)
@@ -72,8 +73,7 @@ def _print_stacks() -> None:
 
 @pytest.fixture(autouse=True)
 def _stacks_before_timeout(request):
-    marker = request.node.get_closest_marker("timeout")
-    timeout = float(marker.args[0]) if marker and marker.args else float(request.config.getini("timeout") or 0)
+    timeout = hangs.timeout_of(request.node)
     if timeout <= STACKS_BEFORE_TIMEOUT_S or not sys.platform.startswith("linux"):
         yield
         return
