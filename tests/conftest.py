@@ -11,14 +11,13 @@ import threading
 import pytest
 from hypothesis import settings
 
-sys.path.insert(0, os.path.dirname(__file__))
-
 # seeded randomness only: property tests draw the same examples on every run (and in CI);
 # HYPOTHESIS_PROFILE=explore draws new ones, to hunt for bugs locally
 settings.register_profile("seeded", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "seeded"))
 
+# tests/ is on sys.path: the root conftest.py puts it there (for its plugin, tests/hangs.py)
 import hangs
 from helpers import write_dataset
 from leaks import Snapshot, descendants, record_semaphores

@@ -33,8 +33,8 @@ def test_after_it():
 def test_a_test_that_outlives_its_timeout_ends_its_worker_and_the_run_prints_where_it_stood(tmp_path):
     (tmp_path / "test_hanging.py").write_text(HANGING)
     env = {**os.environ, "PYTHONPATH": TESTS, "ARROWSTREAM_HANG_GRACE_S": "1"}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "hangs", "-p", "no:cacheprovider", "-n", "1", "-q",
-                          "test_hanging.py"], check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    command = [sys.executable, "-m", "pytest", "-p", "hangs", "-p", "no:cacheprovider", "-n", "1", "-q", "test_hanging.py"]
+    run = subprocess.run(command, check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     out = run.stdout
     assert run.returncode == 1, out + run.stderr
     assert "worker 'gw0' crashed while running 'test_hanging.py::test_hangs_through_its_timeout'" in out

@@ -131,6 +131,7 @@ def test_nothing_left_behind_after_a_normal_end_and_a_break(uneven_dataset):
             if step == 5:
                 break
         del loader
+    time.sleep(0.5)   # the queues' feeder threads close their pipes
     # /dev/shm is the machine's: what another process (the other pytest-xdist worker) makes is not ours
     assert before.leaks(server_process_groups()) == []
     assert _open_fds() <= before_fds + 4
