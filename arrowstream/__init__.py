@@ -33,6 +33,7 @@ from .errors import (
     StateMismatchError,
     StateVersionError,
     TopologyError,
+    TrimWarning,
     WorkerError,
 )
 
@@ -119,6 +120,7 @@ __all__ = [
     "StateVersionError",
     "StructuredDataset",
     "TopologyError",
+    "TrimWarning",
     "WorkerError",
     "__version__",
     "describe_state",

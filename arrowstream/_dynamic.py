@@ -40,7 +40,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._cursor import Cursor, Run
-from ._elastic import Replay, replay_runs, split_rest, window_end, with_replay_index
+from ._elastic import Replay, replay_part, replay_runs, split_part, split_rest, window_end, with_replay_index
 from ._interleave import PieceReader, block_size_for
 from ._layout import lay_out_epoch
 from ._order import Slot, SlotGrid, natural_batches, rows_yielded, window_seed
@@ -294,21 +294,6 @@ class Leases:
             counted = np.concatenate([[0], np.cumsum(kind)])
             out.append((counted[stop] - counted[first]).astype(np.int64))
         return out[0], out[1]
-
-
-def replay_part(replay: Replay, a: int, b: int) -> Replay:
-    """Rows ``[a, b)`` of what ``replay`` hands out, as a replay of its own."""
-    start = dataclasses.replace(replay.start, window_offset=replay.start.window_offset + a)
-    return Replay(replay.slot, replay.splits, start, b - a)
-
-
-def split_part(split: Split, a: int, b: int) -> Split:
-    """Rows ``[a, b)`` of ``split``."""
-    rest = split_rest(split, a) if a else split
-    rows = b - a
-    if rows == rest.num_rows:
-        return rest
-    return dataclasses.replace(rest, num_rows=rows, num_bytes=rest.num_bytes * rows // max(rest.num_rows, 1))
 
 
 class PoolLeases:

@@ -9,11 +9,18 @@ not yet handed out are cut into *items*:
 * a **range** for each open split after that (the rows past its cursor) and every split the old
   worker had not opened: a :class:`~arrowstream._planning.Split` like any other.
 
-Items go to the new (rank, worker) slots by longest-processing-time on rows (ranges are halved
-while there are fewer items than slots). A new worker reads its replays first, then its ranges
-through the usual pipeline (interleave, shuffle windows of its own). Every row left is read by
-exactly one new worker, and the plan is a pure function of the source, so a checkpoint taken in
-the re-planned epoch resumes exactly with the new topology.
+The items, old worker after old worker, are one sequence of rows, cut into as many contiguous
+stretches as there are new (rank, worker) slots, of equal rows within one (:func:`cut_shares`): so
+``even_batches`` trims at most one batch per new slot, however the rows left were spread. A stretch
+may hold part of a replay (the old window is read whole, the part handed out) or of a range. A new
+worker reads its replays first, then its ranges through the usual pipeline (interleave, shuffle
+windows of its own). Every row left is read by exactly one new worker, and the plan is a pure
+function of the source, so a checkpoint taken in the re-planned epoch resumes exactly with the new
+topology.
+
+States of state version 8 and older re-planned by longest processing time
+on whole items (:func:`assign_shares`, the :data:`LPT` cut); a state taken inside such an epoch is
+resumed with it.
 """
 
 from __future__ import annotations
@@ -91,6 +98,26 @@ def split_rest(split: Split, offset: int) -> Split:
                                num_bytes=split.num_bytes * rows // max(split.num_rows, 1))
 
 
+def split_part(split: Split, a: int, b: int) -> Split:
+    """Rows ``[a, b)`` of ``split``."""
+    rest = split_rest(split, a) if a else split
+    rows = b - a
+    if rows == rest.num_rows:
+        return rest
+    return dataclasses.replace(rest, num_rows=rows, num_bytes=rest.num_bytes * rows // max(rest.num_rows, 1))
+
+
+def replay_part(replay: Replay, a: int, b: int) -> Replay:
+    """Rows ``[a, b)`` of what ``replay`` hands out, as a replay of its own."""
+    start = dataclasses.replace(replay.start, window_offset=replay.start.window_offset + a)
+    return Replay(replay.slot, replay.splits, start, b - a)
+
+
+def item_rows(item: Replay | Split) -> int:
+    """Rows of an item of a re-planned epoch."""
+    return item.rows if isinstance(item, Replay) else item.num_rows
+
+
 def _halve(split: Split) -> tuple[Split, Split]:
     first = split.num_rows // 2
     return (dataclasses.replace(split, num_rows=first, num_bytes=split.num_bytes // 2),
@@ -98,8 +125,9 @@ def _halve(split: Split) -> tuple[Split, Split]:
 
 
 def remaining_items(plan: Plan, source: ElasticSource, *, shuffle: bool, seed: int, batch_size: int,
-                    interleave: int, buffer_rows: int, planning: int) -> tuple[list[Replay], list[Split]]:
-    """Every row of ``source.epoch`` the old workers had not handed out, as replays and ranges.
+                    interleave: int, buffer_rows: int, planning: int) -> list[Replay | Split]:
+    """Every row of ``source.epoch`` the old workers had not handed out, old worker after old worker:
+    the rest of the window it stood in (a replay), then its ranges.
 
     A shuffle window's extent follows from row counts, which a filter makes unknown before
     reading: the loader refuses a source with a worker inside a window and a filter.
@@ -108,8 +136,7 @@ def remaining_items(plan: Plan, source: ElasticSource, *, shuffle: bool, seed: i
     splits = plan.splits_for(grid.num_slots, planning)  # as the old topology read them
     rows = split_rows(splits)
     block_size = block_size_for(batch_size, interleave)
-    replays: list[Replay] = []
-    ranges: list[Split] = []
+    items: list[Replay | Split] = []
     for index, cursor in enumerate(source.cursors):
         if cursor is None:
             continue
@@ -119,19 +146,47 @@ def remaining_items(plan: Plan, source: ElasticSource, *, shuffle: bool, seed: i
         if buffer_rows and cursor.window_offset:
             size, end = window_end(mine, cursor, block_size, interleave, buffer_rows)
             if size > cursor.window_offset:
-                replays.append(Replay(slot, tuple(mine), cursor, size - cursor.window_offset))
+                items.append(Replay(slot, tuple(mine), cursor, size - cursor.window_offset))
         for position, offset in end.lanes:
             if position < len(mine) and offset < mine[position].num_rows:
-                ranges.append(split_rest(mine[position], offset))
-        ranges.extend(s for s in mine[end.next_split_index:] if s.num_rows)
-    return replays, ranges
+                items.append(split_rest(mine[position], offset))
+        items.extend(s for s in mine[end.next_split_index:] if s.num_rows)
+    return items
 
 
-def assign_shares(replays: list[Replay], ranges: list[Split], num_slots: int,
+def cut_shares(items: Sequence[Replay | Split], num_slots: int) -> list[Share]:
+    """The items as one sequence of rows, cut into ``num_slots`` contiguous stretches of equal rows
+    (within one; the longer ones first): each new slot's share. A replay or range across a cut is
+    handed out in parts (:func:`replay_part`, :func:`split_part`)."""
+    total = sum(item_rows(item) for item in items)
+    bounds = [total * j // num_slots for j in range(num_slots + 1)]
+    replays: list[list[Replay]] = [[] for _ in range(num_slots)]
+    ranges: list[list[Split]] = [[] for _ in range(num_slots)]
+    slot, start = 0, 0
+    for item in items:
+        end = start + item_rows(item)
+        while slot < num_slots and bounds[slot + 1] <= start:
+            slot += 1
+        place = slot
+        while place < num_slots and bounds[place] < end:
+            lo, hi = max(bounds[place], start) - start, min(bounds[place + 1], end) - start
+            if hi > lo:
+                if isinstance(item, Replay):
+                    replays[place].append(replay_part(item, lo, hi))
+                else:
+                    ranges[place].append(split_part(item, lo, hi))
+            place += 1
+        start = end
+    return [Share(tuple(r), tuple(s)) for r, s in zip(replays, ranges, strict=True)]
+
+
+def assign_shares(items: Sequence[Replay | Split], num_slots: int,
                   assign: Callable[[Sequence[int], int], list[list[int]]] = assign_lpt) -> list[Share]:
-    """The items over ``num_slots`` new slots by ``assign`` on rows (LPT by default: deterministic,
-    order kept per slot)."""
-    ranges = list(ranges)
+    """The items over ``num_slots`` new slots by ``assign`` on rows, whole (LPT by default: deterministic,
+    order kept per slot; ranges halved while there are fewer items than slots): the :data:`LPT` cut of
+    states before version 9, which can leave a new slot far more rows than another."""
+    replays = [item for item in items if isinstance(item, Replay)]
+    ranges = [item for item in items if not isinstance(item, Replay)]
     while ranges and len(replays) + len(ranges) < num_slots:
         largest = max(range(len(ranges)), key=lambda i: (ranges[i].num_rows, -i))
         if ranges[largest].num_rows < 2:

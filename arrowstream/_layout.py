@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._cursor import Cursor
-from ._elastic import Share, assign_shares, remaining_items
+from ._elastic import Share, assign_shares, cut_shares, remaining_items
 from ._order import (
     Slot,
     SlotGrid,
@@ -35,7 +35,7 @@ from ._order import (
     slot_row_counts,
 )
 from ._plan_types import split_rows
-from ._state import ElasticSource, WorkerState
+from ._state import EVEN, ElasticSource, WorkerState
 from .errors import StateMismatchError
 
 if TYPE_CHECKING:
@@ -100,10 +100,11 @@ def lay_out_epoch(plan: Plan, grid: SlotGrid, epoch: int, options: Options, *, e
         shares = tuple(Share((), splits.take(order[np.asarray(owned, dtype=np.int64)]))   # columns, no Split objects
                        for owned in assign(rows.tolist(), grid.num_slots))
     else:
-        replays, ranges = remaining_items(
+        items = remaining_items(
             plan, source, shuffle=options.shuffle, seed=options.seed, batch_size=options.batch_size,
             interleave=options.interleave, buffer_rows=options.shuffle_buffer_size, planning=options.planning)
-        shares = tuple(assign_shares(replays, ranges, grid.num_slots, assign))
+        shares = tuple(cut_shares(items, grid.num_slots) if source.cut == EVEN
+                       else assign_shares(items, grid.num_slots, assign))
     limits = None
     if even_batches:
         limits = tuple(even_batch_limits([share.num_rows for share in shares], grid.world_size,

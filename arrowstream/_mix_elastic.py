@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._cursor import Cursor
-from ._elastic import split_rest, window_end
+from ._elastic import split_part, split_rest, window_end
 from ._fields import REMEDY, Fields, shorten
 from ._interleave import block_size_for
 from ._mix_state import SourceCursor
@@ -71,13 +71,6 @@ class _Item:
     rows: int
     start: Cursor | None = None
     seeds: Callable[[int], int] | None = None
-
-
-def _cut(split: Split, lo: int, hi: int) -> Split:
-    """Rows ``[lo, hi)`` of ``split``."""
-    rows = hi - lo
-    return dataclasses.replace(split, row_start=split.row_start + lo, num_rows=rows,
-                               num_bytes=split.num_bytes * rows // max(split.num_rows, 1))
 
 
 def _left_by(parts: Sequence[Part], cursor: SourceCursor, *, batch_size: int, interleave: int,
@@ -140,7 +133,7 @@ def _place(parts: list[Part], item: _Item, lo: int, hi: int, slot: MixSlot, name
         start = dataclasses.replace(item.start, window_offset=item.start.window_offset + lo)
         parts.append(Part(item.splits, hi - lo, item.seeds, start))
         return
-    piece = _cut(item.splits[0], lo, hi)
+    piece = split_part(item.splits[0], lo, hi)
     if parts and parts[-1].start is None:   # ranges after ranges: one part, one stream
         last = parts[-1]
         parts[-1] = Part((*last.splits, piece), last.rows + piece.num_rows, last.seeds)

@@ -189,6 +189,7 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
                 f"set to epoch {self.dataset.epoch}; call mixture.set_epoch({replanned}) to finish it first (skipping "
                 "it would lose its rows)")
         self._epoch_watch.starting(self._iterator, self.dataset.epoch, mixture_order_varies(self.dataset))
+        self.dataset._warn_trims(self.num_workers)
         try:
             inner = super().__iter__()
         except Exception as exc:
@@ -365,7 +366,7 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
         for state, slot in old:
             if state is not None:
                 check_worker_state(mixture, state, MixSlot(state.epoch, slot.rank, slot.world_size, slot.worker_id,
-                                                            slot.num_workers))
+                                                            slot.num_workers), elastic=True)
         follow(mixture, states)
         start = {name: SourceCursor(0, None, 0) for name in mixture.names}
         cursors = tuple(start if s is None else (None if s.epoch_complete or s.epoch < epoch else dict(s.cursors))

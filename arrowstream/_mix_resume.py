@@ -100,14 +100,19 @@ def adopt_replanned(mixture: Mixture, states: list[MixWorkerState]) -> None:
     mixture._epochs.elastic = (elastic, first.world_size, first.num_workers)
 
 
-def check_worker_state(mixture: Mixture, state: MixWorkerState, slot: MixSlot) -> MixWorkerState:
-    """``state``, refused unless it is a position the worker ``slot`` reaches in the mixture as it stands."""
+def check_worker_state(mixture: Mixture, state: MixWorkerState, slot: MixSlot,
+                       elastic: bool = False) -> MixWorkerState:
+    """``state``, refused unless it is a position the worker ``slot`` reaches in the mixture as it stands.
+    ``elastic``: a state of another topology, whose epoch is re-planned for this one (its own
+    ``even_batches``, the default of its world size, laid out its epoch)."""
     saved_slot = (state.rank, state.world_size, state.worker_id, state.num_workers)
     current_slot = (slot.rank, slot.world_size, slot.worker_id, slot.num_workers)
     if saved_slot != current_slot:
         raise StateMismatchError(f"this mixture worker state belongs to (rank, world_size, worker, num_workers) = "
                                  f"{saved_slot}, but it is loaded into {current_slot}; {REMEDY}")
     options = mixture.state_options()
+    if elastic:
+        options["even_batches"] = state.options.get("even_batches")
     changed = sorted(k for k in set(options) | set(state.options) if options.get(k) != state.options.get(k))
     if changed:
         raise StateMismatchError(

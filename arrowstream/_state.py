@@ -20,10 +20,16 @@ from ._order import Slot, SlotGrid
 from ._plan_types import PLANNING_VERSION, PLANNING_VERSIONS
 from .errors import StateError, StateMismatchError, StateVersionError
 
-STATE_VERSION = 8
+STATE_VERSION = 9
 WORKER_KIND = "arrowstream.worker"
 LOADER_KIND = "arrowstream.loader"
 CHECKPOINT_KIND = "arrowstream.checkpoint"  # every rank's loader state, merged
+
+EVEN, LPT = "even", "lpt"
+ELASTIC_CUTS = (EVEN, LPT)
+"""How an epoch re-planned for another topology gives the rows left to the new workers (``elastic.cut``):
+``even`` cuts them into equal stretches, one per new worker (from state version 9 on); ``lpt`` gave whole
+items by longest processing time (earlier versions; a state taken inside such an epoch resumes with it)."""
 
 
 def _loader_v1_to_v2(state: dict[str, Any]) -> dict[str, Any]:
@@ -106,6 +112,18 @@ def _unchanged_in_v8(state: dict[str, Any]) -> dict[str, Any]:
     return dict(state)
 
 
+def _worker_v8_to_v9(state: dict[str, Any]) -> dict[str, Any]:
+    """v9 names how an epoch re-planned for another topology cut the rows left over the new workers
+    (``elastic.cut``): every earlier re-plan gave out whole items by longest processing time ("lpt")."""
+    elastic = state.get("elastic")
+    return {**state, "elastic": None if elastic is None else {**elastic, "cut": LPT}}
+
+
+def _unchanged_in_v9(state: dict[str, Any]) -> dict[str, Any]:
+    """The loader state and the merged checkpoint did not change in v9 (their worker states migrate on their own)."""
+    return dict(state)
+
+
 # (kind, n) -> the step from version n to n + 1 of that kind; each takes and returns a plain dict
 MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
     (LOADER_KIND, 1): _loader_v1_to_v2,
@@ -126,6 +144,9 @@ MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = 
     (WORKER_KIND, 7): _unchanged_in_v8,
     (LOADER_KIND, 7): _unchanged_in_v8,
     (CHECKPOINT_KIND, 7): _unchanged_in_v8,
+    (WORKER_KIND, 8): _worker_v8_to_v9,
+    (LOADER_KIND, 8): _unchanged_in_v9,
+    (CHECKPOINT_KIND, 8): _unchanged_in_v9,
 }
 
 
@@ -189,10 +210,11 @@ class ElasticSource:
     world_size: int
     num_workers: int
     cursors: tuple[Cursor | None, ...]
+    cut: str = EVEN   # how the rows left go to the new workers: see ELASTIC_CUTS
 
     def to_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "world_size": self.world_size, "num_workers": self.num_workers,
-                "cursors": [None if c is None else c.to_dict() for c in self.cursors]}
+                "cursors": [None if c is None else c.to_dict() for c in self.cursors], "cut": self.cut}
 
     @classmethod
     def from_dict(cls, source: Any, where: str = "elastic") -> ElasticSource:
@@ -205,9 +227,13 @@ class ElasticSource:
             raise StateError(f"the state's {where}.cursors holds {len(cursors)} entries, expected one per old worker: "
                              f"{grid.num_slots} for world_size={world_size}, "
                              f"num_workers={num_workers}; {REMEDY}")
+        cut = fields.value.get("cut")
+        if cut not in ELASTIC_CUTS:
+            raise StateError(f"the state's {where}.cut is {shorten(cut)}, expected one of {list(ELASTIC_CUTS)}; "
+                             f"{REMEDY}")
         return cls(fields.integer("epoch"), world_size, num_workers,
                    tuple(None if c is None else Cursor.from_dict(c, f"{where}.cursors[{i}]")
-                         for i, c in enumerate(cursors)))
+                         for i, c in enumerate(cursors)), cut)
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from ._state import ElasticSource, WorkerState
 from ._storage import Storage
 from ._stream import EpochStream
 from ._topology import resolve_topology
+from ._trims import Trim, TrimWatch, rank_trim, slot_trim
 from .errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -198,6 +199,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         # shared, so that set_epoch reaches persistent workers
         self._epoch_cell = share(torch.zeros(1, dtype=torch.int64), "StructuredDataset: the epoch cell")
         self._pending: WorkerState | None = None
+        self._trim_watch = TrimWatch()   # warns when even_batches trims more than a batch of a worker
         self._active: EpochIterator | None = None
         self._side = WorkerSide()  # the loader's transport settings; this process's runtime and meter
         # what decides the plan and the batches, compared between ranks (transform by its qualified name)
@@ -375,6 +377,23 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             return self._dynamic.rows_left_out(self.epoch)[0] if self._even_batches else 0
         return rows_trimmed(self._rank_yields(num_workers), self._options, self._even_batches)
 
+    def _trim(self, num_workers: int) -> Trim | None:
+        """What ``even_batches`` trims of this rank's epoch (None: nothing is evened, or a filter decides)."""
+        if not self._even_batches or self._options.drops_rows:
+            return None
+        if self._assignment == DYNAMIC:
+            trimmed = self._dynamic.rows_left_out(self.epoch)[0]
+            kept = self._dynamic.fresh(self.epoch).num_rows
+            return rank_trim(trimmed, kept + trimmed, self._options.batch_size, num_workers)
+        return slot_trim(self._rank_yields(num_workers), self._options.batch_size, self._options.drop_last)
+
+    def _warn_trims(self, num_workers: int) -> None:
+        """Warn (once per epoch) when ``even_batches`` trims more than one batch of a worker this epoch."""
+        elastic = self._epochs.elastic
+        replanned = None if elastic is None or elastic.epoch != self.epoch else (elastic.world_size,
+                                                                                 elastic.num_workers)
+        self._trim_watch.starting(self.epoch, self._rank, self._trim(num_workers), replanned)
+
     def num_batches(self, num_workers: int = 0) -> int:
         """Exact batches per epoch on this rank; ``TypeError`` when a filter makes it unknowable.
         With ``even_batches`` (the default on more than one rank) every rank has the same number."""
@@ -401,6 +420,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
             guard_feeder(info.id)
         pending, self._pending = self._pending, None
         slot = self._slot()
+        if info is None:   # the trainer's process (a loader with workers warns in its own __iter__)
+            self._warn_trims(0)
         if self._assignment == DYNAMIC:
             return self._iter_dynamic(slot)
         self._active = EpochIterator(slot, functools.partial(self._open, slot, pending),

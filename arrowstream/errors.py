@@ -101,6 +101,17 @@ class RepeatedEpochWarning(UserWarning):
     """
 
 
+class TrimWarning(UserWarning):
+    """``even_batches`` leaves out more than one batch of some worker in an epoch (ranks' shares of the rows
+    differ by more than a batch per worker): the rows it trims are named, with their share of the epoch.
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("error", TrimWarning)  # a job that must not lose rows to evening fails
+    """
+
+
 __all__ = [
     "ArgumentTypeError",
     "ArrowStreamError",
@@ -121,5 +132,6 @@ __all__ = [
     "StateMismatchError",
     "StateVersionError",
     "TopologyError",
+    "TrimWarning",
     "WorkerError",
 ]

@@ -24,12 +24,13 @@ from ._mix_sources import IcebergSource, Planned, Source, check_weights, followe
 from ._mix_state import EVEN, MixWorkerState, SourceCursor, SourceEpoch
 from ._mix_stream import MixSlot
 from ._options import Options, check_bool, check_even_batches, check_int, validate_options
-from ._order import even_batch_limits, natural_batches
+from ._order import even_batch_limits, natural_batches, rows_yielded
 from ._plan_cache import check_plan_cache
 from ._retry import RetryPolicy, check_retry
 from ._row_ids import check_row_id_names, with_row_id_fields
 from ._shm import guard_feeder, share
 from ._topology import resolve_topology
+from ._trims import TrimWatch, slot_trim
 from .errors import ArgumentTypeError, InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -129,6 +130,7 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         self._epoch_cell = share(torch.zeros(1, dtype=torch.int64), "Mixture: the epoch cell")
         self._finished_epoch = -1   # epochs up to it were finished by a checkpoint loaded with another topology
         self._pending: MixWorkerState | None = None
+        self._trim_watch = TrimWatch("mixture epoch")   # warns when even_batches trims more than a batch of a worker
         self._active: MixIterator | None = None
         self._side = MixSide()   # the loader's transport and metrics; this process's meter
 
@@ -290,6 +292,21 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         per_rank = max(num_workers, 1)
         return sum(self.batch_limits(num_workers)[self._rank * per_rank:(self._rank + 1) * per_rank])
 
+    def _warn_trims(self, num_workers: int) -> None:
+        """Warn (once per epoch) when ``even_batches`` trims more than one batch of a worker this epoch."""
+        if not self._even_batches:
+            return
+        per_rank = max(num_workers, 1)
+        mine = slice(self._rank * per_rank, (self._rank + 1) * per_rank)
+        rows = [sum(q.values()) for q in self.slot_quotas(num_workers)][mine]
+        limits = self.batch_limits(num_workers)[mine]
+        yields = [(r, limit, rows_yielded(r, limit, self._options.batch_size, self._options.drop_last))
+                  for r, limit in zip(rows, limits, strict=True)]
+        elastic = self._epochs.replanned(MixSlot(self.epoch, self._rank, self._world_size, 0, num_workers))
+        self._trim_watch.starting(self.epoch, self._rank,
+                                  slot_trim(yields, self._options.batch_size, self._options.drop_last),
+                                  None if elastic is None else (elastic.world_size, elastic.num_workers))
+
     # -- reading ------------------------------------------------------------------------------
 
     def _slot(self) -> MixSlot:
@@ -334,6 +351,8 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         if info is not None:
             guard_feeder(info.id)
         pending, self._pending = self._pending, None
+        if info is None:   # the trainer's process (a loader with workers warns in its own __iter__)
+            self._warn_trims(0)
         self._active = MixIterator(self, pending)
         return self._active
 

@@ -23,13 +23,13 @@ from hypothesis import strategies as st
 
 from arrowstream._cursor import Cursor, Run
 from arrowstream._discovery import FileEntry
-from arrowstream._elastic import assign_shares, remaining_items, share_runs
+from arrowstream._elastic import assign_shares, cut_shares, item_rows, remaining_items, share_runs
 from arrowstream._formats import FileFooter
 from arrowstream._order import Slot, slot_split_ids, window_seed
 from arrowstream._plan_types import PLANNING_VERSION
 from arrowstream._planning import Plan, Split, build_plan
 from arrowstream._reader import Piece
-from arrowstream._state import DataIdentity, ElasticSource, WorkerState
+from arrowstream._state import EVEN, LPT, DataIdentity, ElasticSource, WorkerState
 from arrowstream._stream import EpochStream, open_runs
 
 ROWS_PER_FILE = 1_000_000
@@ -135,6 +135,7 @@ layouts = st.fixed_dictionaries({
     "interleave": st.integers(1, 3),
     "buffer_rows": st.sampled_from([0, 1, 7, 50, 200]),
     "piece_rows": st.integers(1, 50),
+    "cut": st.sampled_from([EVEN, LPT]),   # LPT: how states before version 9 re-planned, still resumed
     # batches each old worker handed out before the checkpoint (all of them: it finished), and where each
     # new worker's checkpoint inside the re-planned epoch is taken
     "old_cuts": st.lists(st.integers(0, 12), min_size=12, max_size=12),
@@ -155,12 +156,18 @@ def test_the_replanned_epoch_hands_out_every_row_left_exactly_once(layout):
         handed += ids
         state = through_json(stream.state())
         cursors.append(None if finished or state.epoch_complete else state.cursor)
-    source = ElasticSource(epoch, *layout["old"], tuple(cursors))
-    replays, ranges = remaining_items(plan, source, shuffle=layout["shuffle"], seed=layout["seed"],
-                                      batch_size=layout["batch_size"], interleave=layout["interleave"],
-                                      buffer_rows=layout["buffer_rows"], planning=PLANNING_VERSION)
+    source = ElasticSource(epoch, *layout["old"], tuple(cursors), layout["cut"])
+    items = remaining_items(plan, source, shuffle=layout["shuffle"], seed=layout["seed"],
+                            batch_size=layout["batch_size"], interleave=layout["interleave"],
+                            buffer_rows=layout["buffer_rows"], planning=PLANNING_VERSION)
     new_slots = slots(*layout["new"])
-    shares = assign_shares(replays, ranges, len(new_slots))
+    if layout["cut"] == EVEN:
+        shares = cut_shares(items, len(new_slots))
+        rows = [share.num_rows for share in shares]
+        assert max(rows) - min(rows) <= 1, "the rows left were not cut into equal stretches"
+        assert sum(rows) == sum(map(item_rows, items))
+    else:
+        shares = assign_shares(items, len(new_slots))
     assert len(shares) == len(new_slots)
 
     replanned: list[int] = []
@@ -187,7 +194,7 @@ def test_the_replanned_epoch_hands_out_every_row_left_exactly_once(layout):
 @given(st.lists(st.integers(1, 500), min_size=0, max_size=12), st.integers(1, 16))
 def test_shares_cover_the_ranges_and_leave_a_slot_idle_only_when_rows_run_out(rows, num_slots):
     ranges = [Split(i, 0, 1, 0, n, 10 * n) for i, n in enumerate(rows)]
-    shares = assign_shares([], ranges, num_slots)
+    shares = assign_shares(ranges, num_slots)
     assert len(shares) == num_slots
     covered: dict[int, int] = {}
     for split in sorted((s for share in shares for s in share.splits), key=lambda s: (s.file_index, s.row_start)):
