@@ -24,6 +24,8 @@ from ._cursor import Cursor
 from ._elastic import split_part, split_rest, window_end
 from ._fields import REMEDY, Fields, shorten
 from ._interleave import block_size_for
+from ._mix_parts import ListParts, Parts
+from ._mix_plan import PASS_LAYOUTS, SPANS, TRACKS
 from ._mix_state import SourceCursor
 from ._mix_stream import MixSlot, Part, source_seeds
 from ._plan_types import Split
@@ -39,10 +41,12 @@ class MixElastic:
     world_size: int
     num_workers: int
     cursors: tuple[dict[str, SourceCursor] | None, ...]
+    pass_layout: str = SPANS   # how the old slots' epoch laid its passes out (see _mix_plan.PASS_LAYOUTS)
 
     def to_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "world_size": self.world_size, "num_workers": self.num_workers,
-                "cursors": [None if c is None else {n: v.to_dict() for n, v in c.items()} for c in self.cursors]}
+                "cursors": [None if c is None else {n: v.to_dict() for n, v in c.items()} for c in self.cursors],
+                "pass_layout": self.pass_layout}
 
     @classmethod
     def from_dict(cls, value: Any, where: str) -> MixElastic:
@@ -55,8 +59,12 @@ class MixElastic:
             if not isinstance(entry, dict):
                 raise StateError(f"the {where}.cursors[{index}] is {shorten(entry)}, expected a dict or null; {REMEDY}")
             cursors.append({str(n): SourceCursor.from_dict(v, f"{where}.cursors[{index}].{n}") for n, v in entry.items()})
+        pass_layout = fields.value.get("pass_layout", TRACKS)   # absent before mixture state version 4: tracks
+        if pass_layout not in PASS_LAYOUTS:
+            raise StateError(f"the {where}.pass_layout is {shorten(pass_layout)}, expected one of "
+                             f"{list(PASS_LAYOUTS)}; {REMEDY}")
         parsed = cls(fields.integer("epoch"), fields.integer("world_size", 1), fields.integer("num_workers"),
-                     tuple(cursors))
+                     tuple(cursors), pass_layout)
         if len(parsed.cursors) != parsed.world_size * max(parsed.num_workers, 1):
             raise StateError(f"the {where} has {len(parsed.cursors)} old slot(s) for world_size={parsed.world_size}, "
                              f"num_workers={parsed.num_workers}; {REMEDY}")
@@ -95,16 +103,16 @@ def _left_by(parts: Sequence[Part], cursor: SourceCursor, *, batch_size: int, in
     return items
 
 
-def replanned_parts(old_parts: Sequence[Sequence[Part]], elastic: MixElastic, name: str, quotas: Sequence[int],
-                    new_slots: Sequence[MixSlot], *, seed: int, batch_size: int, interleave: int,
-                    buffer_rows: int) -> list[list[Part]]:
-    """Every new slot's parts of source ``name`` for the rest of the epoch (``old_parts`` and ``quotas``:
-    each old slot's parts of it and rows of it in the epoch)."""
+def replanned_parts(old_parts: Sequence[Parts], elastic: MixElastic, name: str, new_slots: Sequence[MixSlot], *,
+                    seed: int, batch_size: int, interleave: int, buffer_rows: int) -> list[Parts]:
+    """Every new slot's parts of source ``name`` for the rest of the epoch (``old_parts``: each old slot's
+    parts of it in the epoch)."""
     items: list[_Item] = []
-    for old, (parts, cursors, quota) in enumerate(zip(old_parts, elastic.cursors, quotas, strict=True)):
+    for old, (parts, cursors) in enumerate(zip(old_parts, elastic.cursors, strict=True)):
         if cursors is None:
             continue
         cursor = cursors.get(name, SourceCursor(0, None, 0))
+        quota = parts.rows
         left = _left_by(parts, cursor, batch_size=batch_size, interleave=interleave, buffer_rows=buffer_rows)
         if sum(item.rows for item in left) != quota - cursor.taken:
             raise StateError(f"old worker {old}'s state of source {name!r} took {cursor.taken} of its {quota} row(s) "
@@ -123,7 +131,7 @@ def replanned_parts(old_parts: Sequence[Sequence[Part]], elastic: MixElastic, na
             if hi > lo:
                 _place(out[j], item, lo - item_start, hi - item_start, new_slots[j], name, seed)
         item_start = item_end
-    return out
+    return [ListParts(parts) for parts in out]
 
 
 def _place(parts: list[Part], item: _Item, lo: int, hi: int, slot: MixSlot, name: str, seed: int) -> None:

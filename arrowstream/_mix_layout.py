@@ -1,8 +1,10 @@
 """A mixture's epochs: every slot's parts of every source, and its rows of each.
 
 Pure. A normal epoch follows from the history of quotas (:mod:`arrowstream._mix_plan`): a slot's parts
-are its segments of the passes. The epoch a checkpoint of another topology was re-planned into follows
-from the old slots' cursors (:mod:`arrowstream._mix_elastic`), for the topology it was re-planned for.
+are its segments of the passes, laid out in spans (arithmetic: :class:`~arrowstream._mix_parts.SpanParts`)
+or, for a run resumed from a state of mixture state version 3 or older, in tracks. The epoch a checkpoint
+of another topology was re-planned into follows from the old slots' cursors (:mod:`arrowstream._mix_elastic`),
+for the topology it was re-planned for.
 """
 
 from __future__ import annotations
@@ -14,7 +16,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._mix_elastic import MixElastic, replanned_parts
-from ._mix_plan import Segment, epoch_segments, pass_order, positions, quotas_at, segment_splits
+from ._mix_parts import ListParts, Parts, SpanParts
+from ._mix_plan import (
+    SPANS,
+    Segment,
+    epoch_segments,
+    pass_order,
+    positions,
+    quotas_at,
+    segment_splits,
+    span_first,
+    span_taken,
+)
 from ._mix_stream import MixSlot, Part, source_seeds
 from ._plan_types import SplitTable
 
@@ -34,21 +47,35 @@ class MixEpochs:
     """Every slot's parts of every source, in normal epochs and in the one re-planned for this topology."""
 
     def __init__(self, sources: Sequence[SourcePlan], *, shuffle: bool, seed: int, batch_size: int, interleave: int,
-                 buffer_rows: int) -> None:
+                 buffer_rows: int, pass_layout: str = SPANS) -> None:
         self._sources = list(sources)
         self._shuffle, self._seed = shuffle, seed
         self._batch_size, self._interleave, self._buffer_rows = batch_size, interleave, buffer_rows
+        self.pass_layout = pass_layout   # of normal epochs (see _mix_plan.PASS_LAYOUTS)
         self.elastic: tuple[MixElastic, int, int] | None = None   # re-planned for (world_size, num_workers)
-        self._replanned: dict[tuple[Any, ...], list[dict[str, list[Part]]]] = {}
+        self._replanned: dict[tuple[Any, ...], list[dict[str, Parts]]] = {}
 
-    def segments(self, history: History, epoch: int, num_slots: int) -> dict[str, list[list[Segment]]]:
+    def _track_segments(self, history: History, epoch: int, num_slots: int) -> dict[str, list[list[Segment]]]:
         starts, quotas = positions(history, epoch), quotas_at(history, epoch)
         return {s.name: epoch_segments(s.rows, starts.get(s.name, 0), quotas[s.name], num_slots)
                 if quotas.get(s.name) else [[] for _ in range(num_slots)] for s in self._sources}
 
-    def _normal_parts(self, history: History, slot: MixSlot) -> dict[str, list[Part]]:
-        segments = self.segments(history, slot.epoch, slot.num_slots)
-        out: dict[str, list[Part]] = {}
+    def _normal_parts(self, history: History, slot: MixSlot, pass_layout: str | None = None) -> dict[str, Parts]:
+        if (pass_layout or self.pass_layout) != SPANS:
+            return self._track_parts(history, slot)
+        starts, quotas = positions(history, slot.epoch), quotas_at(history, slot.epoch)
+        out: dict[str, Parts] = {}
+        for s in self._sources:
+            quota = quotas.get(s.name, 0)
+            out[s.name] = ListParts(()) if not quota else SpanParts(
+                s.splits, rows=s.rows, start=starts.get(s.name, 0), quota=quota, num_slots=slot.num_slots,
+                slot=slot.index, first=span_first(s.name, slot.num_slots), shuffle=self._shuffle, seed=self._seed,
+                name=s.name, seeds=source_seeds(self._seed, s.name, slot))
+        return out
+
+    def _track_parts(self, history: History, slot: MixSlot) -> dict[str, Parts]:
+        segments = self._track_segments(history, slot.epoch, slot.num_slots)
+        out: dict[str, Parts] = {}
         for s in self._sources:
             orders: dict[int, Any] = {}
             seeds = source_seeds(self._seed, s.name, slot)
@@ -59,7 +86,7 @@ class MixEpochs:
                                                             name=s.name, pass_index=segment.pass_index)
                 parts.append(Part(segment_splits(s.splits, orders[segment.pass_index], segment), segment.num_rows,
                                   functools.partial(seeds, index)))
-            out[s.name] = parts
+            out[s.name] = ListParts(parts)
         return out
 
     def replanned(self, slot: MixSlot) -> MixElastic | None:
@@ -70,7 +97,7 @@ class MixEpochs:
         same = (slot.epoch, slot.world_size, slot.num_workers) == (elastic.epoch, world_size, num_workers)
         return elastic if same else None
 
-    def parts(self, history: History, slot: MixSlot) -> dict[str, list[Part]]:
+    def parts(self, history: History, slot: MixSlot) -> dict[str, Parts]:
         """``slot``'s parts of every source in its epoch."""
         elastic = self.replanned(slot)
         if elastic is None:
@@ -78,19 +105,18 @@ class MixEpochs:
         return self._replanned_epoch(history, elastic, slot.world_size, slot.num_workers)[slot.index]
 
     def _replanned_epoch(self, history: History, elastic: MixElastic, world_size: int,
-                         num_workers: int) -> list[dict[str, list[Part]]]:
+                         num_workers: int) -> list[dict[str, Parts]]:
         key = (json.dumps(elastic.to_dict()), world_size, num_workers, json.dumps(list(history)))
         if key not in self._replanned:
             olds = [MixSlot(elastic.epoch, rank, elastic.world_size, worker, elastic.num_workers)
                     for rank in range(elastic.world_size) for worker in range(max(elastic.num_workers, 1))]
             news = [MixSlot(elastic.epoch, rank, world_size, worker, num_workers)
                     for rank in range(world_size) for worker in range(max(num_workers, 1))]
-            old_parts = [self._normal_parts(history, old) for old in olds]
-            out: list[dict[str, list[Part]]] = [{} for _ in news]
+            old_parts = [self._normal_parts(history, old, elastic.pass_layout) for old in olds]
+            out: list[dict[str, Parts]] = [{} for _ in news]
             for s in self._sources:
                 per_old = [parts[s.name] for parts in old_parts]
-                quotas = [sum(part.rows for part in parts) for parts in per_old]
-                per_new = replanned_parts(per_old, elastic, s.name, quotas, news, seed=self._seed,
+                per_new = replanned_parts(per_old, elastic, s.name, news, seed=self._seed,
                                           batch_size=self._batch_size, interleave=self._interleave,
                                           buffer_rows=self._buffer_rows)
                 for index, parts in enumerate(per_new):
@@ -105,10 +131,15 @@ class MixEpochs:
         elastic = self.replanned(slots[0])
         if elastic is not None:
             epoch_parts = self._replanned_epoch(history, elastic, world_size, num_workers)
-            return [{name: sum(p.rows for p in parts) for name, parts in slot_parts.items()} for slot_parts in epoch_parts]
-        segments = self.segments(history, epoch, len(slots))
-        return [{name: sum(seg.num_rows for seg in per_slot[slot.index]) for name, per_slot in segments.items()}
-                for slot in slots]
+            return [{name: parts.rows for name, parts in slot_parts.items()} for slot_parts in epoch_parts]
+        if self.pass_layout != SPANS:
+            segments = self._track_segments(history, epoch, len(slots))
+            return [{name: sum(seg.num_rows for seg in per_slot[slot.index]) for name, per_slot in segments.items()}
+                    for slot in slots]
+        quotas = quotas_at(history, epoch)
+        firsts = {s.name: span_first(s.name, len(slots)) for s in self._sources}
+        return [{s.name: span_taken(quotas.get(s.name, 0), len(slots), slot.index, firsts[s.name])
+                 for s in self._sources} for slot in slots]
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_replanned": {}}

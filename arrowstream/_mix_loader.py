@@ -19,7 +19,7 @@ from ._loader_options import check_loader_options
 from ._metrics import Board, flatten, summarize, worker_values
 from ._mix_elastic import MixElastic
 from ._mix_reading import COMPACT
-from ._mix_resume import adopt_replanned, check_worker_state, follow
+from ._mix_resume import adopt_replanned, check_worker_state, follow, leave_tracks
 from ._mix_state import MixPosition, MixWorkerState, SourceCursor
 from ._mix_stream import MixSlot
 from ._options import check_int
@@ -348,8 +348,10 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
             raise StateError(f"the checkpoint holds no worker state; {REMEDY}")
         mixture._adopt_saved(states[0].options)   # its buffer (when left to the default) and batch order
         mixture._follow_sources(states[0].data)   # an Iceberg table moved on since the checkpoint: its snapshot
+        saved = (old[0][1].world_size, old[0][1].num_workers)
         if all(s is not None and s.epoch_complete for s, _ in old):
             epoch = follow(mixture, states)
+            leave_tracks(mixture, epoch, saved, (mixture.world_size, self.num_workers))
             mixture._finished_epoch = epoch
             super().load_state_dict({})
             return
@@ -372,7 +374,8 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
         cursors = tuple(start if s is None else (None if s.epoch_complete or s.epoch < epoch else dict(s.cursors))
                         for s, _ in old)
         _, first = old[0]
-        elastic = MixElastic(epoch, first.world_size, first.num_workers, cursors)
+        elastic = MixElastic(epoch, first.world_size, first.num_workers, cursors, mixture._pass_layout)
+        leave_tracks(mixture, epoch, (first.world_size, first.num_workers), (mixture.world_size, self.num_workers))
         mixture._epochs.elastic = (elastic, mixture.world_size, self.num_workers)
         mixture.slot_quotas(self.num_workers, epoch)   # re-planned now: a state that does not add up is refused here
         mixture._finished_epoch = -1

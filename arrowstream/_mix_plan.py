@@ -7,12 +7,21 @@ A source of ``n`` rows is read in *passes*. Pass ``p`` is the source's splits in
 of its passes taken so far, over every epoch. A mixture epoch takes ``quota`` rows from a source: the
 positions ``[start, start + quota)``, which may cross into the next pass.
 
-Every (rank, worker) slot has a *track* of each pass: a contiguous stretch of the sequence, the tracks
-in slot order, of ``n // slots`` rows or one more (the longer ones rotate over the slots from pass to
-pass). All slots advance through a pass together: at position ``x`` of the pass, slot ``s`` has taken
-:func:`consumed` rows of its track, within one row of ``x / slots``. So a pass ends at the same moment
-on every slot, no row of a source comes twice before all its rows came once, and every slot reads
-whole stretches of splits (at most one split cut at each end of a track).
+An epoch's rows of a source are laid out over the (rank, worker) slots in *spans* (``pass_layout="spans"``,
+from mixture state version 4 on): the epoch's positions ``[start, start + quota)``, cut at pass ends into
+pieces, each piece cut into one contiguous stretch per slot, in slot order. Slot ``s`` takes
+:func:`span_taken` rows of the epoch's first ``x``, within one row of ``x / slots`` (the extra rows on a
+cyclic run of slots that starts at a place of the source's own, so that sources' extras spread). All slots
+advance through a pass together (a pass ends at the same moment on every slot), no row of a source comes
+twice before all its rows came once, every slot reads whole stretches of splits, and an epoch reads the
+positions ``[start, start + quota)`` whole: where a source stands at an epoch boundary is its position alone,
+whatever topology read the epochs before (a checkpoint resumes on any topology at a boundary). Everything
+a slot's spans are is arithmetic on (rows, start, quota, slots): an epoch of a million passes costs no more
+to lay out than one of a single pass.
+
+States of mixture state version 3 and older laid passes out in *tracks* (``pass_layout="tracks"``): each
+slot a contiguous stretch of each pass (:func:`tracks`), read across epochs, so that what an epoch boundary
+leaves of a pass depends on the topology; a run resumed from such a state keeps them on its topology.
 
 Inside a slot, a batch takes from each source its share of the slot's epoch rows, the rounding carried
 from batch to batch (:func:`shares_after`): each source stays within one row of its proportion.
@@ -141,6 +150,58 @@ def epoch_segments(rows: int, start: int, quota: int, num_slots: int) -> list[li
                 first = int(track.starts[slot])
                 per_slot[slot].append(Segment(pass_index, first + int(before[slot]), first + int(after[slot])))
     return per_slot
+
+
+SPANS, TRACKS = "spans", "tracks"
+PASS_LAYOUTS = (SPANS, TRACKS)
+"""How a mixture lays a source's passes out over the slots (``options.pass_layout``): see the module's text."""
+
+MAX_EPOCH_ROWS = 2**42
+"""The most rows a mixture epoch may take (about 4.4 trillion): positions stay far inside 64-bit integers for a
+million epochs."""
+
+
+def span_first(name: str, num_slots: int) -> int:
+    """The slot where a source's extra rows of an epoch start (a place of the source's own, by its name)."""
+    return name_seed(name) % num_slots
+
+
+def span_taken(x: int, num_slots: int, slot: int, first: int) -> int:
+    """Rows of the epoch's first ``x`` that ``slot`` takes (spans): ``x // slots``, and one more on the
+    ``x % slots`` slots from ``first`` on (cyclically)."""
+    rounds, rest = divmod(x, num_slots)
+    return rounds + ((slot - first) % num_slots < rest)
+
+
+def span_before(x: int, num_slots: int, slot: int, first: int) -> int:
+    """Rows of the epoch's first ``x`` that the slots before ``slot`` take together (spans)."""
+    rounds, rest = divmod(x, num_slots)
+    end = first + rest   # the slots with one more: [first, end), cyclically
+    extra = max(0, min(slot, end) - first) + (max(0, min(slot, end - num_slots)) if end > num_slots else 0)
+    return slot * rounds + extra
+
+
+def span_pieces(rows: int, start: int, quota: int) -> int:
+    """Pieces of an epoch's span (passes it touches)."""
+    return 0 if quota == 0 else (start + quota - 1) // rows - start // rows + 1
+
+
+def span_piece(rows: int, start: int, quota: int, index: int) -> tuple[int, int, int]:
+    """Piece ``index`` of an epoch's span: its pass, and the span's positions where it starts and ends
+    (counted from the epoch's start)."""
+    first_pass = start // rows
+    begin = 0 if index == 0 else (first_pass + index) * rows - start
+    end = min(quota, (first_pass + index + 1) * rows - start)
+    return first_pass + index, begin, end
+
+
+def span_segment(rows: int, start: int, quota: int, num_slots: int, slot: int, first: int, index: int) -> Segment:
+    """Slot ``slot``'s segment of piece ``index`` of an epoch's span (empty where it takes none of it)."""
+    pass_index, begin, end = span_piece(rows, start, quota, index)
+    offset = start + begin - pass_index * rows   # the piece's first position in its pass
+    lo = offset + span_before(end, num_slots, slot, first) - span_before(begin, num_slots, slot, first)
+    taken = span_taken(end, num_slots, slot, first) - span_taken(begin, num_slots, slot, first)
+    return Segment(pass_index, lo, lo + taken)
 
 
 def slot_quotas(rows: int, start: int, quota: int, num_slots: int) -> list[int]:

@@ -95,7 +95,7 @@ def open_stream(mixture: Mixture, pending: MixWorkerState | None) -> MixStream:
     if in_worker:
         settle_worker()   # as a dataset's workers do
     parts = mixture._epochs.parts(mixture._history, slot)
-    quotas = {name: sum(part.rows for part in parts[name]) for name in parts}
+    quotas = {name: parts[name].rows for name in parts}
     total = max(sum(quotas.values()), 1)
     sources = []
     bases = mixture.file_bases()   # with row ids: a source's files are numbered after the sources' before it
@@ -120,7 +120,7 @@ def open_stream(mixture: Mixture, pending: MixWorkerState | None) -> MixStream:
     schemas = mixture._source_schemas()
     casts = {s.name: caster(schemas[s.name], mixture._schema, s.name, mixture._source_column) for s in mixture._sources}
     limit = mixture.batch_limits(slot.num_workers, slot.epoch)[slot.index] if mixture._even_batches else None
-    return MixStream(sources, [sum(part.rows for part in parts[s.name]) for s in mixture._sources],
+    return MixStream(sources, [parts[s.name].rows for s in mixture._sources],
                      cast=lambda name, batch: casts[name](batch), batch_size=options.batch_size,
                      drop_last=options.drop_last, max_batches=limit,
                      batch_order=mixture._batch_order if options.shuffle_buffer_size > 0 else None,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ._fields import REMEDY, Fields
 from ._identity import check_same_data
 from ._mix_elastic import MixElastic
-from ._mix_plan import positions, quotas_at
+from ._mix_plan import SPANS, TRACKS, positions, quotas_at
 from ._mix_state import MixWorkerState
 from ._mix_stream import MixSlot
 from ._state import DataIdentity
@@ -83,6 +83,27 @@ def follow(mixture: Mixture, saved: list[MixWorkerState]) -> int:
     return epoch
 
 
+def leave_tracks(mixture: Mixture, epoch: int, saved: tuple[int, int], current: tuple[int, int]) -> None:
+    """A checkpoint whose passes were laid out in tracks (mixture state version 3 or older), resumed on another
+    topology: from ``epoch + 1`` on the mixture lays its passes out in spans, which is exact only where every
+    source's pass ends with ``epoch`` (what tracks leave of a pass depends on the topology that read it);
+    elsewhere, a ``StateMismatchError`` with the way out."""
+    if mixture._pass_layout != TRACKS:
+        return
+    after = positions(mixture._history, epoch + 1)
+    inside = {s.name: after.get(s.name, 0) % s.plan.num_rows for s in mixture._sources
+              if s.plan.num_rows and after.get(s.name, 0) % s.plan.num_rows}
+    if inside:
+        raise StateMismatchError(
+            f"the checkpoint (world_size={saved[0]}, num_workers={saved[1]}) was taken by an arrowstream whose mixture "
+            "read each pass of a source in per-worker tracks, so what mixture epoch "
+            f"{epoch} leaves of a pass depends on the topology; this loader runs world_size={current[0]}, "
+            f"num_workers={current[1]}, and source(s) {sorted(inside)} stand inside a pass after epoch {epoch} (at row "
+            f"{', '.join(f'{n}: {r:,}' for n, r in sorted(inside.items()))}). Resume with world_size={saved[0]}, "
+            f"num_workers={saved[1]}; or start the mixture's passes afresh without loading the checkpoint")
+    mixture.use_pass_layout(SPANS)
+
+
 def adopt_replanned(mixture: Mixture, states: list[MixWorkerState]) -> None:
     """States taken inside an epoch re-planned for their topology: the mixture lays that epoch out again
     from the old cursors they keep (every worker's the same)."""
@@ -128,7 +149,7 @@ def check_worker_state(mixture: Mixture, state: MixWorkerState, slot: MixSlot,
                                  f"mixture lacks: {_FINISH}")
     # the epoch as the state's own history lays it out (follow() has matched it with the mixture's)
     parts_of = mixture._epochs.parts(state.history, slot)
-    mine = {name: sum(part.rows for part in parts_of[name]) for name in state.epochs}
+    mine = {name: parts_of[name].rows for name in state.epochs}
     total = sum(mine.values())
     batch_size = mixture.batch_size
     if state.rows > total or sum(c.taken for c in state.cursors.values()) != state.rows \
@@ -145,8 +166,8 @@ def check_worker_state(mixture: Mixture, state: MixWorkerState, slot: MixSlot,
                              f"row(s); its share is {ideal:.1f} of quota {mine[name]}: not a position its epoch "
                              f"reaches; {REMEDY}")
         segments = parts_of[name]
-        before = sum(part.rows for part in segments[:cursor.segment])
-        inside = segments[cursor.segment].rows if cursor.segment < len(segments) else 0
+        before = segments.rows_before(min(cursor.segment, len(segments)))
+        inside = segments.rows_before(cursor.segment + 1) - before if cursor.segment < len(segments) else 0
         if cursor.segment > len(segments) or not before <= cursor.taken <= before + inside:
             raise StateError(f"the mixture worker state of source {name!r} stands in segment {cursor.segment} of "
                              f"{len(segments)} with {cursor.taken} row(s) taken: not a position its epoch reaches; "

@@ -14,11 +14,12 @@ from typing import Any, NamedTuple
 
 from ._cursor import Cursor
 from ._fields import REMEDY, Fields, shorten
+from ._mix_plan import PASS_LAYOUTS, TRACKS
 from .errors import StateError
 
 MIX_WORKER_KIND = "arrowstream.mixture_worker"
-MIX_STATE_VERSION = 3  # 3: options.batch_order (absent before: "permuted"); 2: each source's data may hold its layout
-# (data_identity); older versions load unchanged
+MIX_STATE_VERSION = 4  # 4: options.pass_layout (absent before: "tracks"); 3: options.batch_order (absent before:
+# "permuted"); 2: each source's data may hold its layout (data_identity); older versions load unchanged
 
 EVEN, PERMUTED = "even", "permuted"
 BATCH_ORDERS = (EVEN, PERMUTED)
@@ -130,6 +131,11 @@ class MixWorkerState:
         if options.get("batch_order") not in BATCH_ORDERS:
             raise StateError(f"the {where}'s options.batch_order is {shorten(options.get('batch_order'))}, expected "
                              f"one of {list(BATCH_ORDERS)}; {REMEDY}")
+        if version < 4:   # its passes were laid out in per-slot tracks (see _mix_plan.PASS_LAYOUTS)
+            options.setdefault("pass_layout", TRACKS)
+        if options.get("pass_layout") not in PASS_LAYOUTS:
+            raise StateError(f"the {where}'s options.pass_layout is {shorten(options.get('pass_layout'))}, expected "
+                             f"one of {list(PASS_LAYOUTS)}; {REMEDY}")
         history = _history(fields.sequence("history"), f"{where}.history")
         sources = fields.mapping("sources")
         epochs, cursors, data = {}, {}, {}

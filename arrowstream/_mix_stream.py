@@ -30,6 +30,7 @@ from ._stream import RunQueue, open_runs
 from .errors import FileChangedError
 
 if TYPE_CHECKING:
+    from ._mix_parts import Parts
     from ._reader import ReadAhead
 
 logger = logging.getLogger("arrowstream")
@@ -52,15 +53,14 @@ class SourceRows:
     """One source's rows of a slot's epoch (its parts, in order), from a :class:`SourceCursor` on, handed
     out as asked."""
 
-    def __init__(self, name: str, readers: Sequence[PieceReader], parts: Sequence[Part], *, batch_size: int,
+    def __init__(self, name: str, readers: Sequence[PieceReader], parts: Parts, *, batch_size: int,
                  interleave: int, buffer_rows: int, start: SourceCursor, url: str,
                  read_ahead: ReadAhead | None = None) -> None:
         self.name = name
         self._readers = readers
         self._parts = parts
-        self._before = [0]   # rows of the parts before each part
-        for part in parts:
-            self._before.append(self._before[-1] + part.rows)
+        self._num_parts = len(parts)
+        self._part_end = parts.rows_before(start.segment + 1) if start.segment < self._num_parts else 0
         self._batch_size, self._interleave, self._buffer_rows = batch_size, interleave, buffer_rows
         self._part = start.segment
         self._start = start.cursor
@@ -95,13 +95,17 @@ class SourceRows:
             cursors.append(self.compact_cursor())
             mark_index += 1
         while done < wanted:
-            if self._part >= len(self._parts):
+            if self._part >= self._num_parts:
                 raise self._short(wanted, done)
-            in_part = self._before[self._part + 1] - self.taken
-            if in_part <= 0:   # this part is done: the next one, from its first row
-                for reader in self._readers:
-                    reader.close()
-                self._part, self._start, self._queue = self._part + 1, None, None
+            in_part = self._part_end - self.taken
+            if in_part <= 0:   # this part is done: the next one with rows, from its first row
+                if self._queue is not None:
+                    for reader in self._readers:
+                        reader.close()
+                # the next part with rows (spans have parts of none: a piece another slot takes whole)
+                self._part, self._start, self._queue = self._parts.index_of_row(self.taken), None, None
+                if self._part < self._num_parts:
+                    self._part_end = self._parts.rows_before(self._part + 1)
                 continue
             if self._queue is None:
                 self._queue = self._open()

@@ -17,7 +17,7 @@ from ._auto_buffer import adopt_mixture_buffer, resolve_buffer
 from ._collective import collective_world_size
 from ._convert import check_output_columns, resolve_fill_nulls
 from ._mix_layout import MixEpochs, SourcePlan
-from ._mix_plan import positions, quotas, quotas_at
+from ._mix_plan import SPANS, positions, quotas, quotas_at
 from ._mix_reading import COMPACT, MixIterator, MixSide
 from ._mix_schema import unify
 from ._mix_sources import IcebergSource, Planned, Source, check_weights, followed_source, plan_source
@@ -123,6 +123,9 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
                                            f"{self._quotas[s.name]} per epoch; give it weight 0 or leave it out")
         # the quotas in effect from each epoch on: a checkpoint loaded at an epoch boundary may change them
         self._history: list[tuple[int, dict[str, int]]] = [(0, dict(self._quotas))]
+        # how passes are laid out over the slots (_mix_plan.PASS_LAYOUTS): a run resumed from a state of version 3
+        # or older keeps that state's tracks on its topology (_adopt_saved)
+        self._pass_layout = SPANS
         self._epochs = self._layout()
         # how the shuffle buffer mixes a batch's sources (_mix_stream.BATCH_ORDERS): a run resumed from a state of
         # version 1 or 2 keeps that state's order (_adopt_saved)
@@ -173,7 +176,8 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
     def _layout(self) -> MixEpochs:
         o = self._options
         return MixEpochs([SourcePlan(s.name, s.plan.splits, s.plan.num_rows) for s in self._sources], shuffle=o.shuffle,
-                         seed=o.seed, batch_size=o.batch_size, interleave=o.interleave, buffer_rows=o.shuffle_buffer_size)
+                         seed=o.seed, batch_size=o.batch_size, interleave=o.interleave, buffer_rows=o.shuffle_buffer_size,
+                         pass_layout=self._pass_layout)
 
     def _follow_sources(self, saved: Mapping[str, Any]) -> None:
         """Read what a checkpoint was taken on where a source has moved on since (an Iceberg table not pinned
@@ -331,20 +335,27 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         return {"batch_size": o.batch_size, "shuffle": o.shuffle, "seed": o.seed,
                 "shuffle_buffer_size": o.shuffle_buffer_size, "interleave": o.interleave, "drop_last": o.drop_last,
                 "even_batches": self._even_batches, "source_column": self._source_column,
-                "batch_order": self._batch_order}
+                "batch_order": self._batch_order, "pass_layout": self._pass_layout}
 
     def _adopt_saved(self, saved_options: dict[str, Any]) -> None:
-        """Take a checkpoint's ``shuffle_buffer_size`` (when left to the default here) and its order inside
-        batches (``permuted`` in a state older than the option): for the checkpoint's epoch and later ones."""
+        """Take a checkpoint's ``shuffle_buffer_size`` (when left to the default here), its order inside
+        batches (``permuted`` in a state older than the option) and its pass layout (``tracks`` in a state older
+        than the option): for the checkpoint's epoch and later ones."""
+        self.use_pass_layout(saved_options["pass_layout"])   # (MixWorkerState.from_dict has checked both)
         adopt_mixture_buffer(self, saved_options)
-        self._batch_order = saved_options["batch_order"]   # (MixWorkerState.from_dict has checked it)
+        self._batch_order = saved_options["batch_order"]
 
-    def _shuffling(self) -> tuple[Options, MixEpochs, str]:
+    def use_pass_layout(self, pass_layout: str) -> None:
+        """Lay this epoch's and later epochs' passes out as ``pass_layout`` says (see _mix_plan.PASS_LAYOUTS)."""
+        self._pass_layout = self._epochs.pass_layout = pass_layout
+
+    def _shuffling(self) -> tuple[Options, MixEpochs, str, str]:
         """What :meth:`_adopt_saved` may change, to put back (:meth:`_shuffle_as`) when a checkpoint is refused."""
-        return self._options, self._epochs, self._batch_order
+        return self._options, self._epochs, self._batch_order, self._pass_layout
 
-    def _shuffle_as(self, shuffling: tuple[Options, MixEpochs, str]) -> None:
-        self._options, self._epochs, self._batch_order = shuffling
+    def _shuffle_as(self, shuffling: tuple[Options, MixEpochs, str, str]) -> None:
+        self._options, self._epochs, self._batch_order, pass_layout = shuffling
+        self.use_pass_layout(pass_layout)
 
     def __iter__(self) -> MixIterator:
         info = get_worker_info()

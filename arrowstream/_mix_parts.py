@@ -1,0 +1,171 @@
+"""A slot's parts of a source in a mixture epoch, as a sequence that knows its rows without walking them.
+
+An epoch of a source that runs through a million passes (a tiny source, a large ``epoch_rows``) has a
+million parts per slot; nothing that starts an epoch, counts its batches or checks a state may walk them.
+A :class:`Parts` answers ``len``, ``[i]``, :attr:`~Parts.rows` and :meth:`~Parts.rows_before`: by arithmetic
+on an epoch's spans (:class:`SpanParts`, see :mod:`arrowstream._mix_plan`), from a list (:class:`ListParts`:
+tracks, the items of a re-planned epoch), or as a list followed by a part of another sequence
+(:class:`ChainParts`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, overload
+
+import numpy as np
+import numpy.typing as npt
+
+from ._mix_plan import (
+    Segment,
+    pass_order,
+    segment_splits,
+    span_before,
+    span_piece,
+    span_pieces,
+    span_segment,
+    span_taken,
+)
+from ._mix_stream import Part
+from ._plan_types import SplitTable
+
+_ORDERS_KEPT = 4   # pass orders a span keeps (a slot reads one or two passes at a time)
+
+
+class Parts(Sequence[Part]):
+    """A slot's parts of a source in an epoch, in reading order."""
+
+    @property
+    def rows(self) -> int:
+        """Rows of every part together."""
+        return self.rows_before(len(self))
+
+    def rows_before(self, index: int) -> int:   # pragma: no cover - every subclass answers
+        """Rows of the parts before part ``index`` (``len(self)``: all of them)."""
+        raise NotImplementedError
+
+    def index_of_row(self, row: int) -> int:
+        """The part that holds the slot's row ``row`` of the source (``len(self)`` past the last)."""
+        lo, hi = 0, len(self)
+        while lo < hi:   # the first part whose rows end after ``row``
+            mid = (lo + hi) // 2
+            if self.rows_before(mid + 1) > row:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    @overload
+    def __getitem__(self, index: int) -> Part: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Part]: ...
+
+    def __getitem__(self, index: int | slice) -> Part | Sequence[Part]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        return self.part(index % len(self))
+
+    def part(self, index: int) -> Part:   # pragma: no cover - every subclass answers
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[Part]:
+        return (self.part(i) for i in range(len(self)))
+
+
+class ListParts(Parts):
+    """Parts given one by one (tracks, and the items of an epoch re-planned for another topology)."""
+
+    def __init__(self, parts: Sequence[Part]) -> None:
+        self._parts = tuple(parts)
+        self._before = [0, *itertools.accumulate(part.rows for part in self._parts)]
+
+    def __len__(self) -> int:
+        return len(self._parts)
+
+    def part(self, index: int) -> Part:
+        return self._parts[index]
+
+    def rows_before(self, index: int) -> int:
+        return self._before[index]
+
+    def index_of_row(self, row: int) -> int:
+        return bisect.bisect_right(self._before, row) - 1 if row < self._before[-1] else len(self._parts)
+
+
+class SpanParts(Parts):
+    """A slot's segments of an epoch's span of a source, one part per piece (empty where it takes none):
+    ``rows`` rows a pass, the epoch's positions ``[start, start + quota)``, ``num_slots`` slots, extra rows
+    from slot ``first`` on; part ``i`` reads its shuffle windows with ``seeds(offset + i, window)``."""
+
+    def __init__(self, splits: SplitTable, *, rows: int, start: int, quota: int, num_slots: int, slot: int,
+                 first: int, shuffle: bool, seed: int, name: str, seeds: Callable[[int, int], int],
+                 offset: int = 0) -> None:
+        self._splits = splits
+        self._rows, self._start, self._quota = rows, start, quota
+        self._num_slots, self._slot, self._first = num_slots, slot, first
+        self._shuffle, self._seed, self._name = shuffle, seed, name
+        self._seeds, self._offset = seeds, offset
+        self._length = span_pieces(rows, start, quota)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def segment(self, index: int) -> Segment:
+        return span_segment(self._rows, self._start, self._quota, self._num_slots, self._slot, self._first, index)
+
+    def part(self, index: int) -> Part:
+        segment = self.segment(index)
+        splits = segment_splits(self._splits, self._order(segment.pass_index), segment) if segment.num_rows else ()
+        return Part(splits, segment.num_rows, functools.partial(self._seeds, self._offset + index))
+
+    def _order(self, pass_index: int) -> npt.NDArray[np.int64]:
+        return _pass_order(len(self._splits), self._shuffle, self._seed, self._name, pass_index)
+
+    def rows_before(self, index: int) -> int:
+        if index >= self._length:
+            return span_taken(self._quota, self._num_slots, self._slot, self._first)
+        _, begin, _ = span_piece(self._rows, self._start, self._quota, index)
+        return span_taken(begin, self._num_slots, self._slot, self._first)
+
+    def rows_of_slots_before(self) -> int:
+        """Rows of the epoch the slots before this one take (where its rows start among all slots')."""
+        return span_before(self._quota, self._num_slots, self._slot, self._first)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@functools.lru_cache(maxsize=_ORDERS_KEPT)
+def _pass_order(num_splits: int, shuffle: bool, seed: int, name: str, pass_index: int) -> npt.NDArray[np.int64]:
+    order = pass_order(num_splits, shuffle=shuffle, seed=seed, name=name, pass_index=pass_index)
+    order.flags.writeable = False
+    return order
+
+
+class ChainParts(Parts):
+    """Parts given one by one, then parts ``[start, stop)`` of another sequence."""
+
+    def __init__(self, head: Sequence[Part], tail: Parts, start: int = 0, stop: int | None = None) -> None:
+        self._head = ListParts(head)
+        self._tail, self._start = tail, start
+        self._stop = len(tail) if stop is None else stop
+
+    def __len__(self) -> int:
+        return len(self._head) + self._stop - self._start
+
+    def part(self, index: int) -> Part:
+        if index < len(self._head):
+            return self._head.part(index)
+        return self._tail.part(self._start + index - len(self._head))
+
+    def rows_before(self, index: int) -> int:
+        if index <= len(self._head):
+            return self._head.rows_before(index)
+        return self._head.rows + self._tail.rows_before(self._start + index - len(self._head)) \
+            - self._tail.rows_before(self._start)
