@@ -24,10 +24,10 @@ from ._cursor import Cursor
 from ._elastic import split_part, split_rest, window_end
 from ._fields import REMEDY, Fields, shorten
 from ._interleave import block_size_for
-from ._mix_parts import ListParts, Parts
+from ._mix_parts import ListParts, Part, Parts
 from ._mix_plan import PASS_LAYOUTS, SPANS, TRACKS
 from ._mix_state import SourceCursor
-from ._mix_stream import MixSlot, Part, source_seeds
+from ._mix_stream import MixSlot, source_seeds
 from ._plan_types import Split
 from .errors import StateError
 

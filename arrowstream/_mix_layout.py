@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._mix_elastic import MixElastic, replanned_parts
-from ._mix_parts import ListParts, Parts, SpanParts
+from ._mix_parts import ListParts, Part, Parts, SpanParts
 from ._mix_plan import (
     SPANS,
     Segment,
@@ -28,7 +28,7 @@ from ._mix_plan import (
     span_first,
     span_taken,
 )
-from ._mix_stream import MixSlot, Part, source_seeds
+from ._mix_stream import MixSlot, source_seeds
 from ._plan_types import SplitTable
 
 History = Sequence[tuple[int, dict[str, int]]]

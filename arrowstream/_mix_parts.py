@@ -14,11 +14,13 @@ import bisect
 import functools
 import itertools
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, overload
 
 import numpy as np
 import numpy.typing as npt
 
+from ._cursor import Cursor
 from ._mix_plan import (
     Segment,
     pass_order,
@@ -29,10 +31,22 @@ from ._mix_plan import (
     span_segment,
     span_taken,
 )
-from ._mix_stream import Part
-from ._plan_types import SplitTable
+from ._plan_types import Split, SplitTable
 
 _ORDERS_KEPT = 4   # pass orders a span keeps (a slot reads one or two passes at a time)
+
+
+@dataclass(frozen=True)
+class Part:
+    """A stretch of a slot's rows of a source in an epoch, read as one stream: ``splits`` through the usual
+    pipeline from ``start`` (None: their first row), shuffle windows seeded by ``seeds`` (window -> seed),
+    ``rows`` rows of it. A segment of a pass is one; so is the rest of an old worker's shuffle window, or
+    ranges of splits, in an epoch re-planned for another topology (``arrowstream._mix_elastic``)."""
+
+    splits: tuple[Split, ...]
+    rows: int
+    seeds: Callable[[int], int]
+    start: Cursor | None = None
 
 
 class Parts(Sequence[Part]):
@@ -49,7 +63,10 @@ class Parts(Sequence[Part]):
 
     def index_of_row(self, row: int) -> int:
         """The part that holds the slot's row ``row`` of the source (``len(self)`` past the last)."""
-        lo, hi = 0, len(self)
+        return self._search(row, 0, len(self))
+
+    def _search(self, row: int, lo: int, hi: int) -> int:
+        """:meth:`index_of_row` among parts ``[lo, hi)``."""
         while lo < hi:   # the first part whose rows end after ``row``
             mid = (lo + hi) // 2
             if self.rows_before(mid + 1) > row:
@@ -112,6 +129,8 @@ class SpanParts(Parts):
         self._shuffle, self._seed, self._name = shuffle, seed, name
         self._seeds, self._offset = seeds, offset
         self._length = span_pieces(rows, start, quota)
+        self._only = splits[0] if len(splits) == 1 else None
+        self._hint = 0   # the part the last index_of_row found: the next one asked for is usually right after it
 
     def __len__(self) -> int:
         return self._length
@@ -121,8 +140,18 @@ class SpanParts(Parts):
 
     def part(self, index: int) -> Part:
         segment = self.segment(index)
-        splits = segment_splits(self._splits, self._order(segment.pass_index), segment) if segment.num_rows else ()
+        if not segment.num_rows:
+            splits: tuple[Split, ...] = ()
+        elif self._only is not None:   # one split: the segment's rows of it, whatever the pass's order
+            only = self._only
+            splits = (Split(only.file_index, only.unit_start, only.unit_stop, only.row_start + segment.start,
+                            segment.num_rows, only.num_bytes * segment.num_rows // max(only.num_rows, 1)),)
+        else:
+            splits = segment_splits(self._splits, self._order(segment.pass_index), segment)
         return Part(splits, segment.num_rows, functools.partial(self._seeds, self._offset + index))
+
+    def index_of_row(self, row: int) -> int:
+        return index_after(self, row)
 
     def _order(self, pass_index: int) -> npt.NDArray[np.int64]:
         return _pass_order(len(self._splits), self._shuffle, self._seed, self._name, pass_index)
@@ -141,8 +170,28 @@ class SpanParts(Parts):
         return dict(self.__dict__)
 
 
-@functools.lru_cache(maxsize=_ORDERS_KEPT)
+def index_after(parts: SpanParts, row: int) -> int:
+    """The part of ``parts`` that holds its row ``row``: a slot reads on from the part it stood in, so the
+    parts just after the last one found are tried before a search."""
+    hint = parts._hint
+    if parts.rows_before(hint) <= row:
+        for index in range(hint, min(hint + 3, len(parts))):
+            if parts.rows_before(index + 1) > row:
+                parts._hint = index
+                return index
+    index = parts._search(row, 0, len(parts))
+    parts._hint = min(index, max(len(parts) - 1, 0))
+    return index
+
+
 def _pass_order(num_splits: int, shuffle: bool, seed: int, name: str, pass_index: int) -> npt.NDArray[np.int64]:
+    if num_splits <= 1 or not shuffle:   # one order for every pass
+        return _cached_order(num_splits, False, 0, "", 0)
+    return _cached_order(num_splits, shuffle, seed, name, pass_index)
+
+
+@functools.lru_cache(maxsize=_ORDERS_KEPT)
+def _cached_order(num_splits: int, shuffle: bool, seed: int, name: str, pass_index: int) -> npt.NDArray[np.int64]:
     order = pass_order(num_splits, shuffle=shuffle, seed=seed, name=name, pass_index=pass_index)
     order.flags.writeable = False
     return order

@@ -21,6 +21,8 @@ import pyarrow as pa
 from torch.utils.data import get_worker_info
 
 from ._convert import make_converter, make_value_check
+from ._held import HeldReader, HeldSource, holds
+from ._interleave import PieceReader
 from ._metrics import Meter
 from ._mix_schema import caster
 from ._mix_state import MixPosition, MixWorkerState
@@ -110,13 +112,20 @@ def open_stream(mixture: Mixture, pending: MixWorkerState | None) -> MixStream:
         read_rows = max(options.batch_size, READ_BATCH_ROWS)
         first_needs = options.shuffle_buffer_size or -(-READ_BATCH_ROWS * quotas[s.name] // total)
         first_rows = max(options.batch_size, -(-min(read_rows, first_needs) // options.interleave))
-        readers = [SplitReader(s.plan, s.storage, read_rows, use_threads=not in_worker, read_ahead=read_ahead,
-                               meter=meter, check=check, first_read_rows=first_rows, row_ids=row_ids)
-                   for _ in range(options.interleave)]
+        held = None
+        if holds(s.plan, len(parts[s.name])):   # a small source read in many passes: read once, held, for every lane
+            held = HeldSource(SplitReader(s.plan, s.storage, read_rows, use_threads=not in_worker, meter=meter,
+                                          check=check, row_ids=row_ids), s.plan)
+            readers: list[PieceReader] = [HeldReader(held)] * options.interleave
+            read_ahead = None
+        else:
+            readers = [SplitReader(s.plan, s.storage, read_rows, use_threads=not in_worker, read_ahead=read_ahead,
+                                   meter=meter, check=check, first_read_rows=first_rows, row_ids=row_ids)
+                       for _ in range(options.interleave)]
         sources.append(SourceRows(s.name, readers, parts[s.name], batch_size=options.batch_size,
                                   interleave=options.interleave, buffer_rows=options.shuffle_buffer_size,
                                   start=start.cursors[s.name], url=str(s.source.arguments().get("path", s.name)),
-                                  read_ahead=read_ahead))
+                                  read_ahead=read_ahead, held=held))
     schemas = mixture._source_schemas()
     casts = {s.name: caster(schemas[s.name], mixture._schema, s.name, mixture._source_column) for s in mixture._sources}
     limit = mixture.batch_limits(slot.num_workers, slot.epoch)[slot.index] if mixture._even_batches else None

@@ -21,32 +21,21 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from ._cursor import Cursor
-from ._interleave import PieceReader
+from ._interleave import PieceReader, block_size_for
+from ._mix_bulk import BulkCursors, bulk_order, bulk_readable
 from ._mix_plan import batch_permutations, shares_after, window_seed
 from ._mix_span import batch_order, even_span_order, in_batch_order, mixed
 from ._mix_state import EVEN, PERMUTED, CompactCursor, MixPosition, MixWorkerState, SourceCursor
-from ._plan_types import Split
 from ._stream import RunQueue, open_runs
+from ._take import take
 from .errors import FileChangedError
 
 if TYPE_CHECKING:
+    from ._held import HeldSource
     from ._mix_parts import Parts
     from ._reader import ReadAhead
 
 logger = logging.getLogger("arrowstream")
-
-
-@dataclass(frozen=True)
-class Part:
-    """A stretch of a slot's rows of a source in an epoch, read as one stream: ``splits`` through the usual
-    pipeline from ``start`` (None: their first row), shuffle windows seeded by ``seeds`` (window -> seed),
-    ``rows`` rows of it. A segment of a pass is one; so is the rest of an old worker's shuffle window, or
-    ranges of splits, in an epoch re-planned for another topology (``arrowstream._mix_elastic``)."""
-
-    splits: tuple[Split, ...]
-    rows: int
-    seeds: Callable[[int], int]
-    start: Cursor | None = None
 
 
 class SourceRows:
@@ -55,9 +44,11 @@ class SourceRows:
 
     def __init__(self, name: str, readers: Sequence[PieceReader], parts: Parts, *, batch_size: int,
                  interleave: int, buffer_rows: int, start: SourceCursor, url: str,
-                 read_ahead: ReadAhead | None = None) -> None:
+                 read_ahead: ReadAhead | None = None, held: HeldSource | None = None) -> None:
         self.name = name
         self._readers = readers
+        self._held = held   # a small source held in memory: parts that allow it are read whole (_mix_bulk)
+        self._bulk: tuple[int, npt.NDArray[np.int64], BulkCursors] | None = None   # (part, its order, cursors)
         self._parts = parts
         self._num_parts = len(parts)
         self._part_end = parts.rows_before(start.segment + 1) if start.segment < self._num_parts else 0
@@ -89,6 +80,7 @@ class SourceRows:
         :meth:`compact_cursor`'s form; ``FileChangedError`` if the source has fewer rows."""
         wanted = marks[-1] if marks else 0
         pieces: list[pa.RecordBatch] = []
+        bulk: list[npt.NDArray[np.int64]] = []   # rows of the held table read whole, not yet taken
         cursors: list[CompactCursor] = []
         done, mark_index = 0, 0
         while mark_index < len(marks) and marks[mark_index] == 0:   # none handed out yet: where it stands
@@ -107,10 +99,19 @@ class SourceRows:
                 if self._part < self._num_parts:
                     self._part_end = self._parts.rows_before(self._part + 1)
                 continue
+            rows = min(wanted - done, in_part)
+            if self._queue is None and self._bulk_part() is not None:
+                first = mark_index
+                while mark_index < len(marks) and marks[mark_index] <= done + rows:
+                    mark_index += 1
+                cursors += self._take_bulk(rows, [mark - done for mark in marks[first:mark_index]], bulk)
+                done += rows
+                self.taken += rows
+                continue
+            self._flush(bulk, pieces)
             if self._queue is None:
                 self._queue = self._open()
             queue = self._queue
-            rows = min(wanted - done, in_part)
             queue.fill(rows)
             if queue.buffered == 0:
                 raise self._short(wanted, done)
@@ -124,7 +125,43 @@ class SourceRows:
                         for mark, cursor in zip(marks[first:mark_index], after, strict=True)]
             done += rows
             self.taken += rows
+        self._flush(bulk, pieces)
         return pieces, cursors
+
+    def _bulk_part(self) -> tuple[int, npt.NDArray[np.int64], BulkCursors] | None:
+        """The current part's order and cursors when it is read whole from the held rows, else None."""
+        if self._held is None:
+            return None
+        if self._bulk is None or self._bulk[0] != self._part:
+            part = self._parts[self._part]
+            if not bulk_readable(part, self._interleave, self._buffer_rows):
+                return None
+            self._bulk = (self._part, bulk_order(self._held, part, self._buffer_rows),
+                          BulkCursors(part, self._interleave, self._buffer_rows,
+                                      block_size_for(self._batch_size, self._interleave)))
+        return self._bulk
+
+    def _take_bulk(self, rows: int, marks: Sequence[int],
+                   pending: list[npt.NDArray[np.int64]]) -> list[CompactCursor]:
+        """The next ``rows`` rows of the current part from its order (into ``pending``), and the cursors once
+        ``marks[i]`` of them are handed out."""
+        assert self._bulk is not None
+        _, order, cursors = self._bulk
+        offset = self.taken - self._parts.rows_before(self._part)
+        pending.append(order[offset:offset + rows])
+        out: list[CompactCursor] = [(self._part, _fields(cursors.after(offset + mark)), self.taken + mark)
+                                    for mark in marks]
+        self._start = cursors.after(offset + rows)
+        return out
+
+    def _flush(self, pending: list[npt.NDArray[np.int64]], pieces: list[pa.RecordBatch]) -> None:
+        """Take the rows read whole so far from the held table, as one piece after ``pieces``."""
+        if pending:
+            assert self._held is not None
+            rows = pending[0] if len(pending) == 1 else np.concatenate(pending)
+            batches = take(self._held.table, rows).to_batches()
+            pieces.append(batches[0] if len(batches) == 1 else pa.concat_batches(batches))
+            pending.clear()
 
     def compact_cursor(self) -> CompactCursor:
         """Where it stands, as plain tuples (see :class:`MixPosition`)."""
