@@ -4,6 +4,7 @@ source seam of a dataset (one plan and one storage each), and followed to a chec
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 from . import _source
 from ._collective import plan_arguments, plan_together
 from ._credentials import as_provider
-from ._fields import Fields
+from ._fields import Fields, shorten
 from ._iceberg_source import IcebergTableSource
 from ._iceberg_table import load_table, open_source
 from ._identity import check_data_identity
@@ -86,12 +87,26 @@ def check_weights(names: list[str], weights: Any) -> dict[str, float] | None:
     if sorted(weights) != sorted(names):
         raise InvalidArgumentError(f"weights: names {sorted(map(str, weights))} differ from the sources {sorted(names)}; "
                                    "give one weight per source")
-    for name, value in weights.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise InvalidArgumentError(f"weights: the weight of {name!r} is {value!r}; expected a finite number >= 0")
-    if sum(weights.values()) <= 0:
+    checked = {name: _weight(name, weights[name]) for name in names}
+    if sum(checked.values()) <= 0:
         raise InvalidArgumentError("weights: every weight is 0; give at least one source a weight above 0")
-    return {name: float(weights[name]) for name in names}
+    return checked
+
+
+def _weight(name: str, value: Any) -> float:
+    """One source's weight as a float: any real number (int, float, a numpy scalar, a Fraction), finite and
+    >= 0; never a bool (``True`` is no weight a user means)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):   # (numpy's bool is no Real)
+        raise ArgumentTypeError(f"weights: the weight of {name!r} is {shorten(value)} ({type(value).__name__}); "
+                                "expected a real number >= 0 (an int, a float or a numpy scalar)")
+    try:
+        weight = float(value)
+    except OverflowError:   # an int past a float's range
+        weight = math.inf
+    if not math.isfinite(weight) or weight < 0:
+        raise InvalidArgumentError(f"weights: the weight of {name!r} is {shorten(value)}; expected a finite number "
+                                   ">= 0 (weights are relative: any scale will do)")
+    return weight
 
 
 def plan_source(name: str, spec: Source | IcebergSource, shared: dict[str, Any], plan_cache: Any, *,

@@ -8,6 +8,7 @@ import os
 import time
 from collections import Counter
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -374,6 +375,37 @@ def test_bad_arguments_are_refused_by_name(three, kwargs, error, match):
     options = {"sources": three, "weights": WEIGHTS, "plan_cache": False, **kwargs}
     with pytest.raises(error, match=match):
         Mixture.create_dataloader(**options)
+
+
+def test_numpy_and_other_real_weights_are_taken_as_numbers(three):
+    plain = Mixture(sources=three, weights={"big": 6, "small": 1, "mid": 3}, epoch_rows=500, plan_cache=False)
+    for weights in ({"big": np.float32(0.6), "small": np.float32(0.1), "mid": np.float32(0.3)},
+                    {"big": np.int64(6), "small": np.uint8(1), "mid": np.int32(3)},
+                    {"big": np.float16(6), "small": np.longdouble(1), "mid": 3.0}):
+        mixture = Mixture(sources=three, weights=weights, epoch_rows=500, plan_cache=False)
+        assert mixture.quotas() == plain.quotas() == {"big": 300, "small": 50, "mid": 150}
+    zero = Mixture(sources=three, weights={"big": np.float64(1), "small": np.int64(0), "mid": 0.0}, epoch_rows=50,
+                   plan_cache=False)
+    assert zero.quotas() == {"big": 50, "small": 0, "mid": 0}
+
+
+@pytest.mark.parametrize("weight,error,match", [
+    (True, errors.ArgumentTypeError, r"weight of 'small' is True \(bool\); expected a real number"),
+    (np.bool_(True), errors.ArgumentTypeError, r"weight of 'small' is np.True_ \(bool\)"),
+    ("1", errors.ArgumentTypeError, r"weight of 'small' is '1' \(str\)"),
+    (1 + 0j, errors.ArgumentTypeError, r"\(complex\)"),
+    (float("nan"), errors.InvalidArgumentError, r"weight of 'small' is nan; expected a finite number >= 0"),
+    (np.float32("nan"), errors.InvalidArgumentError, r"is np.float32\(nan\); expected a finite number"),
+    (float("inf"), errors.InvalidArgumentError, r"is inf; expected a finite number"),
+    (10**400, errors.InvalidArgumentError, r"is <int of 1329 bits>; expected a finite number"),
+    (-1, errors.InvalidArgumentError, r"is -1; expected a finite number >= 0"),
+    (np.int8(-1), errors.InvalidArgumentError, r"is np.int8\(-1\); expected a finite number >= 0"),
+], ids=["bool", "numpy-bool", "str", "complex", "nan", "numpy-nan", "inf", "huge", "negative", "numpy-negative"])
+def test_weights_that_are_no_finite_number_are_refused_by_name(three, weight, error, match):
+    with pytest.raises(error, match=match):
+        Mixture(sources=three, weights={"big": 1, "small": weight, "mid": 1}, plan_cache=False)
+    with pytest.raises(errors.InvalidArgumentError, match="every weight is 0"):
+        Mixture(sources=three, weights={"big": np.float32(0), "small": np.int64(0), "mid": 0}, plan_cache=False)
 
 
 def test_a_filter_is_refused_until_quotas_can_count_filtered_rows(three, tmp_path):
