@@ -22,7 +22,13 @@ from ._retry import RetryPolicy
 from ._state import DataIdentity
 from ._storage import Storage
 from ._topology import Topology
-from .errors import ArgumentTypeError, InvalidArgumentError, NotSupportedYetError
+from .errors import (
+    ArgumentTypeError,
+    DatasetNotFoundError,
+    EmptyDatasetError,
+    InvalidArgumentError,
+    NotSupportedYetError,
+)
 
 
 @dataclass(frozen=True)
@@ -112,8 +118,25 @@ def _weight(name: str, value: Any) -> float:
 def plan_source(name: str, spec: Source | IcebergSource, shared: dict[str, Any], plan_cache: Any, *,
                 even_batches: bool, topology: Topology, retry: RetryPolicy, read_ahead: int,
                 collective: bool) -> Planned:
-    """Plan source ``name`` of a mixture (a collective under torch.distributed, as a dataset's)."""
+    """Plan source ``name`` of a mixture (a collective under torch.distributed, as a dataset's). A source
+    that is missing or holds no rows is refused by name, whatever its weight."""
     where = f"sources[{name!r}]"
+    try:
+        return _plan_source(where, name, spec, shared, plan_cache, even_batches=even_batches, topology=topology,
+                            retry=retry, read_ahead=read_ahead, collective=collective)
+    except EmptyDatasetError as exc:
+        # a plan has rows (a dataset's and a source's alike): the source cannot wait, planned, for its first rows
+        raise EmptyDatasetError(
+            f"{where}: {exc}; a mixture plans every source, whatever its weight (0 too), and a source with no rows "
+            f"cannot be planned: leave {name!r} out of sources and weights until it has rows, then add it at an "
+            "epoch boundary (it starts at its first pass)") from exc
+    except DatasetNotFoundError as exc:
+        raise DatasetNotFoundError(f"{where}: {exc}") from exc
+
+
+def _plan_source(where: str, name: str, spec: Source | IcebergSource, shared: dict[str, Any], plan_cache: Any, *,
+                 even_batches: bool, topology: Topology, retry: RetryPolicy, read_ahead: int,
+                 collective: bool) -> Planned:
     data_identity = check_data_identity(spec.data_identity, f"{where}.data_identity")
     if isinstance(spec, Source):
         fmt = _source.check_file_format(spec.format)

@@ -30,7 +30,7 @@ from ._retry import RetryPolicy, check_retry
 from ._row_ids import check_row_id_names, with_row_id_fields
 from ._shm import guard_feeder, share
 from ._topology import resolve_topology
-from .errors import ArgumentTypeError, InvalidArgumentError
+from .errors import ArgumentTypeError, EmptyDatasetError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from ._mix_loader import MixtureDataLoader
@@ -118,8 +118,8 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         self._quotas = quotas({s.name: s.plan.num_rows for s in self._sources}, self._weights, epoch_rows)
         for s in self._sources:
             if self._quotas[s.name] and not s.plan.num_rows:
-                raise InvalidArgumentError(f"sources[{s.name!r}] has no rows but its weight asks for "
-                                           f"{self._quotas[s.name]} per epoch; give it weight 0 or leave it out")
+                raise EmptyDatasetError(f"sources[{s.name!r}] has no rows but its weight asks for "
+                                        f"{self._quotas[s.name]} per epoch; leave it out until it has rows")
         # the quotas in effect from each epoch on: a checkpoint loaded at an epoch boundary may change them
         self._history: list[tuple[int, dict[str, int]]] = [(0, dict(self._quotas))]
         self._epochs = self._layout()

@@ -408,6 +408,24 @@ def test_weights_that_are_no_finite_number_are_refused_by_name(three, weight, er
         Mixture(sources=three, weights={"big": np.float32(0), "small": np.int64(0), "mid": 0}, plan_cache=False)
 
 
+@pytest.mark.parametrize("weight", [0, 1, None], ids=["weight-0", "weight-1", "weights-none"])
+def test_a_source_with_no_rows_is_refused_by_its_name_whatever_its_weight(three, tmp_path, weight):
+    os.makedirs(tmp_path / "rowless")
+    pq.write_table(pa.table({"id": pa.array([], pa.int64()), "x": pa.array([], pa.float64())}),
+                   tmp_path / "rowless" / "p.parquet")
+    os.makedirs(tmp_path / "lines")
+    (tmp_path / "lines" / "p.jsonl").write_text("")
+    os.makedirs(tmp_path / "nothing")
+    weights = None if weight is None else {"big": 1, "empty": weight}
+    for empty, fmt in ((tmp_path / "rowless", "parquet"), (tmp_path / "lines", "jsonl"), (tmp_path / "nothing", "parquet")):
+        with pytest.raises(errors.EmptyDatasetError, match=r"^sources\['empty'\]: path: .*: leave 'empty' out of "
+                                                           r"sources and weights until it has rows"):
+            Mixture.create_dataloader(sources={"big": three["big"], "empty": Source(str(empty), format=fmt)},
+                                      weights=weights, batch_size=8, plan_cache=False)
+    with pytest.raises(errors.DatasetNotFoundError, match=r"^sources\['gone'\]: path: .* does not exist"):
+        Mixture(sources={"big": three["big"], "gone": Source(str(tmp_path / "gone"))}, plan_cache=False)
+
+
 def test_a_filter_is_refused_until_quotas_can_count_filtered_rows(three, tmp_path):
     import pyarrow.compute as pc
 
