@@ -359,6 +359,63 @@ def test_safe_casts_make_one_schema_and_other_types_are_refused(tmp_path):
         Mixture(sources={"i8": Source(str(tmp_path / "i8")), "u64": Source(str(tmp_path / "u64"))}, plan_cache=False)
 
 
+def _nullability_sources(tmp_path):
+    """Two sources of the same columns, one with no field nullable (at any depth), one with every field nullable
+    and nulls inside its struct and its lists."""
+    struct, items = pa.struct([pa.field("c", pa.int64(), nullable=False)]), pa.list_(pa.field("e", pa.int64(), False))
+    strict = pa.schema([pa.field("x", pa.int64(), False), pa.field("s", struct, False), pa.field("l", items, False)])
+    loose = pa.schema([("x", pa.int64()), ("s", pa.struct([("c", pa.int64())])), ("l", pa.list_(pa.int64()))])
+    for name, schema, ids in (("strict", strict, range(20)), ("loose", loose, range(100, 120))):
+        os.makedirs(tmp_path / name)
+        pq.write_table(pa.table({"x": list(ids), "s": [{"c": None if i % 7 == 3 and schema is loose else i} for i in ids],
+                                 "l": [[i, None] if i % 5 == 1 and schema is loose else [i] for i in ids]}, schema=schema),
+                       tmp_path / name / "p.parquet", row_group_size=5)
+    assert pq.read_schema(tmp_path / "strict" / "p.parquet").field("s").type == struct
+    return {"strict": Source(str(tmp_path / "strict")), "loose": Source(str(tmp_path / "loose"))}
+
+
+@pytest.mark.parametrize("output_format", ["torch", "numpy", "arrow", "dict"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_sources_that_differ_in_nullability_mix_as_nullable_with_their_values(tmp_path, output_format, num_workers):
+    sources = _nullability_sources(tmp_path)
+    expected = Counter((i, None if i % 7 == 3 and i >= 100 else i, (i, None) if i % 5 == 1 and i >= 100 else (i,))
+                       for i in [*range(20), *range(100, 120)])
+    for buffer in (0, 8):
+        loader, mixture = Mixture.create_dataloader(sources=sources, batch_size=6, output_format=output_format,
+                                                    shuffle=True, seed=3, shuffle_buffer_size=buffer,
+                                                    num_workers=num_workers, plan_cache=False)
+        assert mixture.schema == pa.schema([("x", pa.int64()), ("s", pa.struct([("c", pa.int64())])),
+                                            ("l", pa.list_(pa.int64()))])   # nullable where one source is
+        got: Counter = Counter()
+        for batch in loader:
+            if output_format == "arrow":
+                assert batch.schema == mixture.schema
+                batch = batch.to_pydict()
+            got.update((int(x), s["c"], tuple(items)) for x, s, items in zip(batch["x"], batch["s"], batch["l"],
+                                                                               strict=True))
+        assert got == expected, buffer
+    # not nullable where no source is
+    _, strict = Mixture.create_dataloader(sources={"a": sources["strict"], "b": sources["strict"]}, plan_cache=False)
+    assert not strict.schema.field("x").nullable and strict.schema.field("s").type == pq.read_schema(
+        sources["strict"].path + "/p.parquet").field("s").type
+
+
+def test_nested_types_that_differ_beyond_nullability_are_refused_naming_both_sources(tmp_path):
+    for name, kind in (("a", pa.struct([pa.field("c", pa.int64(), False)])), ("b", pa.struct([("d", pa.int64())])),
+                       ("w", pa.struct([("c", pa.int32())])), ("f", pa.list_(pa.field("e", pa.int64(), False), 2)),
+                       ("g", pa.list_(pa.int64(), 3))):
+        os.makedirs(tmp_path / name)
+        value = [1, 2] if name == "f" else [1, 2, 3] if name == "g" else {kind.field(0).name: 1}
+        pq.write_table(pa.table({"s": pa.array([value], kind)}), tmp_path / name / "p.parquet")
+    fixed = r"fixed_size_list<element: int64 not null>\[2\] in source 'f' and fixed_size_list<element: int64>\[3\]"
+    for first, second, match in (("a", "b", "struct<c: int64 not null> in source 'a' and struct<d: int64> in source 'b'"),
+                                 ("a", "w", "struct<c: int64 not null> in source 'a' and struct<c: int32> in source 'w'"),
+                                 ("f", "g", fixed + " in source 'g'")):
+        with pytest.raises(errors.SchemaMismatchError, match=rf"column 's' is {match}.*no safe cast"):
+            Mixture(sources={first: Source(str(tmp_path / first)), second: Source(str(tmp_path / second))},
+                    plan_cache=False)
+
+
 @pytest.mark.parametrize("kwargs,error,match", [
     ({"weights": {"big": 1}}, errors.InvalidArgumentError, "one weight per source"),
     ({"weights": {"big": -1, "small": 1, "mid": 1}}, errors.InvalidArgumentError, "finite number >= 0"),
