@@ -100,8 +100,9 @@ def adopt_replanned(mixture: Mixture, states: list[MixWorkerState]) -> None:
     mixture._epochs.elastic = (elastic, first.world_size, first.num_workers)
 
 
-def check_worker_state(mixture: Mixture, state: MixWorkerState, slot: MixSlot) -> MixWorkerState:
-    """``state``, refused unless it is a position the worker ``slot`` reaches in the mixture as it stands."""
+def check_worker_options(mixture: Mixture, state: MixWorkerState, slot: MixSlot) -> None:
+    """Refuse ``state`` unless it is of the worker ``slot`` and of the mixture's options (what its batches are
+    counted with)."""
     saved_slot = (state.rank, state.world_size, state.worker_id, state.num_workers)
     current_slot = (slot.rank, slot.world_size, slot.worker_id, slot.num_workers)
     if saved_slot != current_slot:
@@ -114,6 +115,11 @@ def check_worker_state(mixture: Mixture, state: MixWorkerState, slot: MixSlot) -
             "the mixture's options differ from the checkpoint's: " + ", ".join(
                 f"{k}: saved {state.options.get(k)!r}, current {options.get(k)!r}" for k in changed)
             + "; build the mixture with the saved options to resume")
+
+
+def check_worker_state(mixture: Mixture, state: MixWorkerState, slot: MixSlot) -> MixWorkerState:
+    """``state``, refused unless it is a position the worker ``slot`` reaches in the mixture as it stands."""
+    check_worker_options(mixture, state, slot)
     if state.epoch_complete:
         return state
     known = set(mixture.names)

@@ -17,7 +17,7 @@ from ._auto_buffer import adopt_mixture_buffer, resolve_buffer
 from ._collective import collective_world_size
 from ._convert import check_output_columns, resolve_fill_nulls
 from ._mix_layout import MixEpochs, SourcePlan
-from ._mix_plan import positions, quotas, quotas_at
+from ._mix_plan import positions, quotas, quotas_at, slot_quotas
 from ._mix_reading import COMPACT, MixIterator, MixSide
 from ._mix_schema import unify
 from ._mix_sources import IcebergSource, Planned, Source, check_weights, followed_source, plan_source
@@ -30,7 +30,7 @@ from ._retry import RetryPolicy, check_retry
 from ._row_ids import check_row_id_names, with_row_id_fields
 from ._shm import guard_feeder, share
 from ._topology import resolve_topology
-from .errors import ArgumentTypeError, EmptyDatasetError, InvalidArgumentError
+from .errors import ArgumentTypeError, EmptyDatasetError, InvalidArgumentError, StateMismatchError
 
 if TYPE_CHECKING:
     from ._mix_loader import MixtureDataLoader
@@ -277,9 +277,20 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
                               self._even_batches)
 
     def limits_of(self, history: list[tuple[int, dict[str, int]]], epoch: int, world_size: int, num_workers: int,
-                  even_batches: bool) -> list[int]:
-        """Batches each slot of a topology yields in ``epoch`` of a mixture with ``history``."""
+                  even_batches: bool, lacking: Mapping[str, int] | None = None) -> list[int]:
+        """Batches each slot of a topology yields in ``epoch`` of a mixture with ``history``; ``lacking``: the rows
+        of one pass of the sources of ``history`` that this mixture lacks (a checkpoint's, left out since), counted too."""
         rows = [sum(q.values()) for q in self._epochs.slot_rows(history, epoch, world_size, num_workers)]
+        if lacking:
+            if self._epochs.replanned(MixSlot(epoch, 0, world_size, 0, num_workers)) is not None:
+                raise StateMismatchError(
+                    f"the checkpoint ends mixture epoch {epoch}, which was re-planned for its topology, with source(s) "
+                    f"{sorted(lacking)} that this mixture lacks: their rows in that epoch cannot be counted without "
+                    "them; resume with the saved mixture for one epoch, then leave them out at the next epoch boundary")
+            starts, in_effect = positions(history, epoch), quotas_at(history, epoch)
+            for name, source_rows in lacking.items():
+                per_slot = slot_quotas(source_rows, starts[name], in_effect[name], len(rows))
+                rows = [r + extra for r, extra in zip(rows, per_slot, strict=True)]
         options = self._options
         if even_batches:
             return even_batch_limits(rows, world_size, options.batch_size, options.drop_last)

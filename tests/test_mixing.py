@@ -215,6 +215,55 @@ def test_a_source_added_starts_at_its_first_pass_and_one_removed_is_left_out(thr
     assert first["big"] == list(range(300))
 
 
+def _kept_rows(loader, mixture, epoch, names):
+    mixture.set_epoch(epoch)
+    return Counter((name, int(i)) for b in loader for name, i in zip(b["src"], b["id"], strict=True) if name in names)
+
+
+@pytest.mark.parametrize("num_workers,per_transfer,snapshot,epoch_rows", [
+    (0, 1, 1, 500), (2, 1, 1, 500), (2, 4, 1, 500), (2, None, 1, 1024), (3, 2, 1, 500), (2, 1, 3, 500)],
+    ids=["0-workers", "2-workers-1-per-transfer", "2-workers-4-per-transfer", "16-batches-a-worker", "3-workers",
+         "snapshot-every-3"])
+@pytest.mark.parametrize("shuffle", [False, True], ids=["in-order", "shuffled"])
+def test_a_source_is_left_out_at_any_epoch_boundary_and_the_others_go_on(three, num_workers, per_transfer, snapshot,
+                                                                       epoch_rows, shuffle):
+    """A checkpoint taken after the loop is an epoch boundary, whichever batch a worker's last transfer or the
+    last snapshot ended with (the last batch's state said the epoch was still going when a worker's batches
+    were a multiple of its transfers, and a source left out was refused as if mid-epoch)."""
+    from arrowstream._torchdata_state import set_worker_state, worker_states
+
+    options = {"shuffle": shuffle, "seed": 4, "epoch_rows": epoch_rows, "snapshot_every_n_steps": snapshot,
+               **({} if per_transfer is None else {"batches_per_transfer": per_transfer})}
+    loader, mixture = loader_of(three, num_workers, **options)
+    mixture.set_epoch(0)
+    assert len(list(loader)) == len(loader)
+    state = json.loads(json.dumps(loader.state_dict()))
+    reference, reference_mixture = loader_of(three, num_workers, **options)
+    expected = _kept_rows(reference, reference_mixture, 1, {"big", "mid"})   # the uninterrupted run's epoch 1
+    kept = {"big": three["big"], "mid": three["mid"]}
+    # the same quotas for the sources kept: the same rows of each
+    kept_weights = {"big": WEIGHTS["big"], "mid": WEIGHTS["mid"]}
+    kept_rows = epoch_rows - mixture.quotas()["small"]
+    # as this arrowstream writes it, and as earlier releases did (the last states not marked complete)
+    unmarked = json.loads(json.dumps(state))
+    for worker_id, worker in enumerate(worker_states(unmarked["dataloader"])):
+        set_worker_state(unmarked["dataloader"], worker_id, {**worker, "epoch_complete": False})
+    for saved in (state, unmarked):
+        changed, remixed = loader_of(kept, num_workers, **{**options, "weights": kept_weights, "epoch_rows": kept_rows})
+        changed.load_state_dict(saved)
+        assert remixed.quotas() == {name: mixture.quotas()[name] for name in kept}
+        assert remixed.epoch_starts(1) == {name: mixture.quotas()[name] for name in kept}
+        assert _kept_rows(changed, remixed, 1, {"big", "mid"}) == expected
+    # and a source added at the same boundary starts at its first pass beside them
+    grown, grown_mixture = loader_of({**kept, "new": three["small"]}, num_workers,
+                                     **{**options, "weights": {**kept_weights, "new": 0.1}, "epoch_rows": epoch_rows})
+    grown.load_state_dict(state)
+    assert grown_mixture.epoch_starts(1) == {"big": mixture.quotas()["big"], "mid": mixture.quotas()["mid"], "new": 0}
+    rows = _kept_rows(grown, grown_mixture, 1, {"big", "mid", "new"})
+    assert Counter({k: v for k, v in rows.items() if k[0] != "new"}) == expected
+    assert sum(v for k, v in rows.items() if k[0] == "new") == grown_mixture.quotas()["new"]
+
+
 def test_another_mixture_is_refused_inside_an_epoch_naming_saved_and_current(three):
     loader, mixture = loader_of(three)
     mixture.set_epoch(0)
