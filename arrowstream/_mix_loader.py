@@ -26,6 +26,7 @@ from ._mix_stream import MixSlot
 from ._options import check_int
 from ._runtime import Transport
 from ._shm import share
+from ._skip import check_batches
 from ._state import DataIdentity
 from ._torchdata_state import (
     clear_steps_since_snapshot,
@@ -176,7 +177,8 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
 
     def skip(self, batches: int) -> None:
         """Not for mixtures yet: ``NotSupportedYetError`` (``ArrowStreamDataLoader.skip`` passes over batches of
-        a dataset)."""
+        a dataset), once ``batches`` is a count a dataset's skip would take."""
+        check_batches(batches)
         raise NotSupportedYetError(
             f"skip(batches={shorten(batches)}): a mixture loader does not skip batches yet; take and drop the batches "
             "yourself (for _ in range(n): next(batches)) before the next checkpoint, which then resumes after them")
