@@ -397,11 +397,13 @@ def _finished(inner: dict[str, Any], states: list[MixWorkerState | None], mixtur
     """The states of a loader whose loop had ended, marked done with their epoch (checked: the batches they
     had left are those yielded after their snapshots), in ``inner`` too."""
     last = max((s for s in states if s is not None), key=lambda s: s.epoch)
-    limits = mixture.limits_of(last.history, last.epoch, world_size, num_workers,
-                               bool(last.options.get("even_batches")), lacking=_lacking(mixture, last))
-    per_rank = max(len(states), 1)
-    left = sum(limits[rank * per_rank + i] - s.batches for i, s in enumerate(states)
-               if s is not None and not s.epoch_complete)
+    going = [(i, s) for i, s in enumerate(states) if s is not None and not s.epoch_complete]
+    left = 0
+    if going:   # (counted only where a state says its epoch goes on: their last batch says so)
+        limits = mixture.limits_of(last.history, last.epoch, world_size, num_workers,
+                                   bool(last.options.get("even_batches")), lacking=_lacking(mixture, last))
+        per_rank = max(len(states), 1)
+        left = sum(limits[rank * per_rank + i] - s.batches for i, s in going)
     if left != steps_since_snapshot(inner):
         raise StateError(f"the mixture loader state says the epoch ended, but its workers have {left} batch(es) "
                          f"left against {steps_since_snapshot(inner)} yielded since their snapshots; {REMEDY}")

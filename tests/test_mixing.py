@@ -264,6 +264,34 @@ def test_a_source_is_left_out_at_any_epoch_boundary_and_the_others_go_on(three, 
     assert sum(v for k, v in rows.items() if k[0] == "new") == grown_mixture.quotas()["new"]
 
 
+def test_a_source_left_out_of_a_lagging_state_at_the_end_of_a_replanned_epoch_is_refused_saying_why(three):
+    """The one boundary where a source cannot be left out: the workers' snapshots lag behind the end of an epoch
+    re-planned for another topology, and the rows the source gave that epoch cannot be counted without it."""
+    options = {"shuffle": True, "snapshot_every_n_steps": 5}
+    loader, mixture = loader_of(three, 2, **options)
+    mixture.set_epoch(0)
+    batches = iter(loader)
+    for _ in range(4):
+        next(batches)
+    inside = json.loads(json.dumps(loader.state_dict()))
+    del batches
+    replanned, replanned_mixture = loader_of(three, 3, **options)
+    replanned.load_state_dict(inside)
+    replanned_mixture.set_epoch(0)
+    list(replanned)
+    state = json.loads(json.dumps(replanned.state_dict()))
+    assert state["dataloader"]["_steps_since_snapshot"] > 0   # the case under test
+    kept = {"big": three["big"], "mid": three["mid"]}
+    fewer, _ = loader_of(kept, 3, **options, weights={"big": 0.6, "mid": 0.3}, epoch_rows=450)
+    with pytest.raises(errors.StateMismatchError, match=r"ends mixture epoch 0, which was re-planned for its topology, "
+                                                        r"with source\(s\) \['small'\] that this mixture lacks.*"
+                                                        "resume with the saved mixture for one epoch"):
+        fewer.load_state_dict(state)
+    same, same_mixture = loader_of(three, 3, **options)
+    same.load_state_dict(state)
+    assert len(epoch_batches(same, same_mixture, 1)) == len(same)
+
+
 def test_another_mixture_is_refused_inside_an_epoch_naming_saved_and_current(three):
     loader, mixture = loader_of(three)
     mixture.set_epoch(0)
