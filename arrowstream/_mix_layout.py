@@ -25,6 +25,7 @@ from ._mix_plan import (
     positions,
     quotas_at,
     segment_splits,
+    slot_quotas,
     span_first,
     span_taken,
 )
@@ -140,6 +141,14 @@ class MixEpochs:
         firsts = {s.name: span_first(s.name, len(slots)) for s in self._sources}
         return [{s.name: span_taken(quotas.get(s.name, 0), len(slots), slot.index, firsts[s.name])
                  for s in self._sources} for slot in slots]
+
+    def source_slot_rows(self, name: str, rows: int, start: int, quota: int, num_slots: int) -> list[int]:
+        """Per slot: its rows of a source of ``rows`` rows a pass (named ``name``, which may be none of this
+        mixture's: a checkpoint's source left out since) in an epoch that takes ``quota`` from ``start``."""
+        if self.pass_layout != SPANS:
+            return slot_quotas(rows, start, quota, num_slots)
+        first = span_first(name, num_slots)
+        return [span_taken(quota, num_slots, slot, first) for slot in range(num_slots)]
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_replanned": {}}

@@ -18,13 +18,16 @@ from ._fields import REMEDY, Fields, shorten
 from ._loader_options import check_loader_options
 from ._metrics import Board, flatten, summarize, worker_values
 from ._mix_elastic import MixElastic
+from ._mix_plan import quotas_at
 from ._mix_reading import COMPACT
-from ._mix_resume import adopt_replanned, check_worker_state, follow, leave_tracks
+from ._mix_resume import adopt_replanned, check_worker_options, check_worker_state, follow, leave_tracks
 from ._mix_state import MixPosition, MixWorkerState, SourceCursor
 from ._mix_stream import MixSlot
 from ._options import check_int
 from ._runtime import Transport
 from ._shm import share
+from ._skip import check_batches
+from ._state import DataIdentity
 from ._torchdata_state import (
     clear_steps_since_snapshot,
     is_inner_state,
@@ -174,7 +177,8 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
 
     def skip(self, batches: int) -> None:
         """Not for mixtures yet: ``NotSupportedYetError`` (``ArrowStreamDataLoader.skip`` passes over batches of
-        a dataset)."""
+        a dataset), once ``batches`` is a count a dataset's skip would take."""
+        check_batches(batches)
         raise NotSupportedYetError(
             f"skip(batches={shorten(batches)}): a mixture loader does not skip batches yet; take and drop the batches "
             "yourself (for _ in range(n): next(batches)) before the next checkpoint, which then resumes after them")
@@ -304,10 +308,18 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
             mixture._adopt_saved(present[0].options)   # its buffer (when left to the default) and batch order
             mixture._follow_sources(present[0].data)
         adopt_replanned(mixture, present)
-        for worker_id, state in enumerate(states):
-            if state is not None:
-                check_worker_state(mixture, state, MixSlot(state.epoch, mixture.rank, mixture.world_size, worker_id,
-                                                            self.num_workers))
+        slots = [None if s is None else MixSlot(s.epoch, mixture.rank, mixture.world_size, worker_id, self.num_workers)
+                 for worker_id, s in enumerate(states)]
+        for state, slot in zip(states, slots, strict=True):
+            if state is not None and slot is not None:
+                check_worker_options(mixture, state, slot)
+        if iterator_finished(inner) and present:   # taken after the loop ended: every worker is done with its epoch
+            # (before the positions are checked: a source left out at this epoch boundary is no source of the
+            # saved epoch's positions)
+            states = _finished(inner, states, mixture, mixture.rank, mixture.world_size, self.num_workers)
+        for state, slot in zip(states, slots, strict=True):
+            if state is not None and slot is not None:
+                check_worker_state(mixture, state, slot)
         # absent from the first mixture states, whose workers sent one batch per message
         per_transfer = fields.integer("batches_per_transfer", 1) if "batches_per_transfer" in fields.value else 1
         if per_transfer != self.batches_per_transfer and self.num_workers > 0:
@@ -317,8 +329,6 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
                     f"snapshot_every_n_steps=1; this loader has snapshot_every_n_steps={self.snapshot_every_n_steps}")
             self._set_batches_per_transfer(per_transfer)   # it shapes the order of batches: the checkpoint's
         self._batch_iterator = None
-        if iterator_finished(inner) and any(s is not None for s in states):   # taken after the loop ended
-            states = _finished(inner, states, mixture, mixture.rank, mixture.world_size, self.num_workers)
         present = [s for s in states if s is not None]
         if present:
             follow(mixture, present)
@@ -391,11 +401,13 @@ def _finished(inner: dict[str, Any], states: list[MixWorkerState | None], mixtur
     """The states of a loader whose loop had ended, marked done with their epoch (checked: the batches they
     had left are those yielded after their snapshots), in ``inner`` too."""
     last = max((s for s in states if s is not None), key=lambda s: s.epoch)
-    limits = mixture.limits_of(last.history, last.epoch, world_size, num_workers,
-                               bool(last.options.get("even_batches")))
-    per_rank = max(len(states), 1)
-    left = sum(limits[rank * per_rank + i] - s.batches for i, s in enumerate(states)
-               if s is not None and not s.epoch_complete)
+    going = [(i, s) for i, s in enumerate(states) if s is not None and not s.epoch_complete]
+    left = 0
+    if going:   # (counted only where a state says its epoch goes on: their last batch says so)
+        limits = mixture.limits_of(last.history, last.epoch, world_size, num_workers,
+                                   bool(last.options.get("even_batches")), lacking=_lacking(mixture, last))
+        per_rank = max(len(states), 1)
+        left = sum(limits[rank * per_rank + i] - s.batches for i, s in going)
     if left != steps_since_snapshot(inner):
         raise StateError(f"the mixture loader state says the epoch ended, but its workers have {left} batch(es) "
                          f"left against {steps_since_snapshot(inner)} yielded since their snapshots; {REMEDY}")
@@ -406,6 +418,19 @@ def _finished(inner: dict[str, Any], states: list[MixWorkerState | None], mixtur
     clear_steps_since_snapshot(inner)
     set_iterator_finished(inner, False)
     return done
+
+
+def _lacking(mixture: Mixture, state: MixWorkerState) -> dict[str, int]:
+    """The rows of one pass of each source that gave rows to ``state``'s epoch and that ``mixture`` lacks (left
+    out at this epoch boundary), as the state's data of it counts them."""
+    names = set(mixture.names)
+    lacking = [name for name, quota in quotas_at(state.history, state.epoch).items() if quota and name not in names]
+    for name in lacking:
+        if not isinstance(state.data.get(name), dict):
+            raise StateError(f"the mixture worker state's epoch {state.epoch} takes rows of source {name!r}, but the "
+                             f"state holds no data of it; {REMEDY}")
+    return {name: DataIdentity.from_dict(Fields(state.data[name], f"the state's data of source {name!r}")).num_rows
+            for name in lacking}
 
 
 _LOADER_PARAMS = (set(inspect.signature(StatefulDataLoader.__init__).parameters) - {"self", "dataset"}) | {

@@ -121,10 +121,9 @@ def adopt_replanned(mixture: Mixture, states: list[MixWorkerState]) -> None:
     mixture._epochs.elastic = (elastic, first.world_size, first.num_workers)
 
 
-def check_worker_state(mixture: Mixture, state: MixWorkerState, slot: MixSlot,
-                       elastic: bool = False) -> MixWorkerState:
-    """``state``, refused unless it is a position the worker ``slot`` reaches in the mixture as it stands.
-    ``elastic``: a state of another topology, whose epoch is re-planned for this one (its own
+def check_worker_options(mixture: Mixture, state: MixWorkerState, slot: MixSlot, elastic: bool = False) -> None:
+    """Refuse ``state`` unless it is of the worker ``slot`` and of the mixture's options (what its batches are
+    counted with). ``elastic``: a state of another topology, whose epoch is re-planned for this one (its own
     ``even_batches``, the default of its world size, laid out its epoch)."""
     saved_slot = (state.rank, state.world_size, state.worker_id, state.num_workers)
     current_slot = (slot.rank, slot.world_size, slot.worker_id, slot.num_workers)
@@ -140,6 +139,13 @@ def check_worker_state(mixture: Mixture, state: MixWorkerState, slot: MixSlot,
             "the mixture's options differ from the checkpoint's: " + ", ".join(
                 f"{k}: saved {state.options.get(k)!r}, current {options.get(k)!r}" for k in changed)
             + "; build the mixture with the saved options to resume")
+
+
+def check_worker_state(mixture: Mixture, state: MixWorkerState, slot: MixSlot,
+                       elastic: bool = False) -> MixWorkerState:
+    """``state``, refused unless it is a position the worker ``slot`` reaches in the mixture as it stands
+    (``elastic``: see :func:`check_worker_options`)."""
+    check_worker_options(mixture, state, slot, elastic)
     if state.epoch_complete:
         return state
     known = set(mixture.names)

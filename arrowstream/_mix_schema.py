@@ -1,4 +1,5 @@
-"""One output schema for a mixture's sources: equal names, types equal or safely widened."""
+"""One output schema for a mixture's sources: equal names, types equal or safely widened, a field nullable
+where any source's is."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from .errors import InvalidArgumentError, SchemaMismatchError
 
 SAFE_CASTS = "int8/16/32 into a wider int, uint into a wider int (int and uint: the narrowest int that holds " \
              "both), float16/32 into float64, string and string_view into large_string, binary and binary_view " \
-             "into large_binary"
+             "into large_binary, a field not nullable into a nullable one (inside structs, lists and maps too)"
 # what sources of string (or binary) columns of different kinds are read as: every kind widens into it
 _LARGE = (pa.large_string(), pa.large_binary())
 
@@ -44,14 +45,62 @@ def _signed_holding(kinds: list[pa.DataType]) -> list[pa.DataType]:
 
 def _holding(kinds: list[pa.DataType]) -> pa.DataType | None:
     """The type every one of ``kinds`` widens into: one of them, else the narrowest that holds them all (int8
-    and uint8: int16; string and string_view: large_string); None when there is none."""
+    and uint8: int16; string and string_view: large_string), else, for nested types that differ only in
+    their fields' nullability, the one with each field nullable where any is; None when there is none."""
     candidates = [*kinds, *_signed_holding(kinds), *_LARGE]
-    return next((t for t in candidates if all(widens(kind, t) for kind in kinds)), None)
+    held = next((t for t in candidates if all(widens(kind, t) for kind in kinds)), None)
+    return held if held is not None else _nullable_join(kinds)
+
+
+def _children(kind: pa.DataType) -> list[pa.Field] | None:
+    """The fields of a nested type (a struct's, a list's item, a map's key and item); None for other types."""
+    if pat.is_struct(kind):
+        return [kind.field(i) for i in range(kind.num_fields)]
+    if pat.is_map(kind):
+        return [kind.key_field, kind.item_field]
+    if pat.is_list(kind) or pat.is_large_list(kind) or pat.is_fixed_size_list(kind):
+        return [kind.value_field]
+    return None   # (list views too: pyarrow 26 cannot cast one to another)
+
+
+def _with_children(kind: pa.DataType, fields: list[pa.Field]) -> pa.DataType:
+    """``kind`` (a nested type, see :func:`_children`) with ``fields`` as its fields."""
+    if pat.is_struct(kind):
+        return pa.struct(fields)
+    if pat.is_map(kind):
+        return pa.map_(fields[0], fields[1], keys_sorted=kind.keys_sorted)
+    if pat.is_fixed_size_list(kind):
+        return pa.list_(fields[0], kind.list_size)
+    return pa.large_list(fields[0]) if pat.is_large_list(kind) else pa.list_(fields[0])
+
+
+def _nullable_join(kinds: list[pa.DataType]) -> pa.DataType | None:
+    """The type of ``kinds`` when they are one nested type but for the nullability of fields at any depth (a
+    struct's field, a list's item): each field nullable where any kind's is (every value of each fits); None
+    when they differ otherwise."""
+    first = kinds[0]
+    if all(kind == first for kind in kinds):
+        return first
+    fields = [_children(kind) for kind in kinds]
+    known = [f for f in fields if f is not None]
+    if len(known) != len(kinds) or any(len(f) != len(known[0]) for f in known):
+        return None
+    joined = []
+    for index, field in enumerate(known[0]):
+        column = [f[index] for f in known]
+        kind = _nullable_join([f.type for f in column])
+        if kind is None or (pat.is_struct(first) and any(f.name != field.name for f in column)):
+            return None   # (a list's or a map's fields may have other names: pyarrow's types ignore them)
+        joined.append(pa.field(field.name, kind, any(f.nullable for f in column), field.metadata))
+    out = _with_children(first, joined)
+    # the same shape but for nullability (the same kind of list, list size, sorted keys), else none
+    return out if all(_with_children(kind, joined) == out for kind in kinds) else None
 
 
 def unify(schemas: Mapping[str, pa.Schema], source_column: str | None) -> pa.Schema:
     """The mixture's schema: the first source's column order, each column of the type every source's
-    type widens into; else ``SchemaMismatchError`` naming the column and both sources."""
+    type widens into, nullable where any source's is (at every depth); else ``SchemaMismatchError`` naming
+    the column and both sources."""
     names = list(schemas)
     first = names[0]
     columns = schemas[first].names
@@ -75,7 +124,9 @@ def unify(schemas: Mapping[str, pa.Schema], source_column: str | None) -> pa.Sch
                 f"column {column!r} is {types[first]} in source {first!r} and {types[other]} in source {other!r}, "
                 f"and no safe cast brings both to one type; mixtures apply only safe casts ({SAFE_CASTS}): "
                 "cast in the data, or select other columns")
-        fields.append(pa.field(column, target))
+        # nullable where a source's is: every value of each source fits (a batch of a source that is not
+        # nullable there is cast, see caster); not nullable where none is
+        fields.append(pa.field(column, target, any(schemas[name].field(column).nullable for name in names)))
     if source_column is not None:
         if source_column in columns:
             raise InvalidArgumentError(f"source_column: {source_column!r} is already a column of the sources; "
@@ -88,7 +139,9 @@ def caster(source: pa.Schema, target: pa.Schema, name: str, source_column: str |
     """A function from a batch of ``source`` to one of ``target`` (columns in order, safe casts, the
     source's name as ``source_column``)."""
     data = pa.schema([target.field(c) for c in target.names if c != source_column])
-    same = source.names == data.names and all(source.field(c).type == data.field(c).type for c in data.names)
+    # fields compared whole: a field of a source that is not nullable where the mixture's is (or a struct's or a
+    # list's field inside it) is cast too, else batches of two sources would not concatenate
+    same = source.names == data.names and all(source.field(c).equals(data.field(c)) for c in data.names)
     label = pa.scalar(name, pa.string())
     label_field = None if source_column is None else target.field(source_column)
 

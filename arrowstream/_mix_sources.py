@@ -4,6 +4,7 @@ source seam of a dataset (one plan and one storage each), and followed to a chec
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 from . import _source
 from ._collective import plan_arguments, plan_together
 from ._credentials import as_provider
-from ._fields import Fields
+from ._fields import Fields, shorten
 from ._iceberg_source import IcebergTableSource
 from ._iceberg_table import load_table, open_source
 from ._identity import check_data_identity
@@ -21,7 +22,13 @@ from ._retry import RetryPolicy
 from ._state import DataIdentity
 from ._storage import Storage
 from ._topology import Topology
-from .errors import ArgumentTypeError, InvalidArgumentError, NotSupportedYetError
+from .errors import (
+    ArgumentTypeError,
+    DatasetNotFoundError,
+    EmptyDatasetError,
+    InvalidArgumentError,
+    NotSupportedYetError,
+)
 
 
 @dataclass(frozen=True)
@@ -86,19 +93,50 @@ def check_weights(names: list[str], weights: Any) -> dict[str, float] | None:
     if sorted(weights) != sorted(names):
         raise InvalidArgumentError(f"weights: names {sorted(map(str, weights))} differ from the sources {sorted(names)}; "
                                    "give one weight per source")
-    for name, value in weights.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise InvalidArgumentError(f"weights: the weight of {name!r} is {value!r}; expected a finite number >= 0")
-    if sum(weights.values()) <= 0:
+    checked = {name: _weight(name, weights[name]) for name in names}
+    if sum(checked.values()) <= 0:
         raise InvalidArgumentError("weights: every weight is 0; give at least one source a weight above 0")
-    return {name: float(weights[name]) for name in names}
+    return checked
+
+
+def _weight(name: str, value: Any) -> float:
+    """One source's weight as a float: any real number (int, float, a numpy scalar, a Fraction), finite and
+    >= 0; never a bool (``True`` is no weight a user means)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):   # (numpy's bool is no Real)
+        raise ArgumentTypeError(f"weights: the weight of {name!r} is {shorten(value)} ({type(value).__name__}); "
+                                "expected a real number >= 0 (an int, a float or a numpy scalar)")
+    try:
+        weight = float(value)
+    except OverflowError:   # an int past a float's range
+        weight = math.inf
+    if not math.isfinite(weight) or weight < 0:
+        raise InvalidArgumentError(f"weights: the weight of {name!r} is {shorten(value)}; expected a finite number "
+                                   ">= 0 (weights are relative: any scale will do)")
+    return weight
 
 
 def plan_source(name: str, spec: Source | IcebergSource, shared: dict[str, Any], plan_cache: Any, *,
                 even_batches: bool, topology: Topology, retry: RetryPolicy, read_ahead: int,
                 collective: bool) -> Planned:
-    """Plan source ``name`` of a mixture (a collective under torch.distributed, as a dataset's)."""
+    """Plan source ``name`` of a mixture (a collective under torch.distributed, as a dataset's). A source
+    that is missing or holds no rows is refused by name, whatever its weight."""
     where = f"sources[{name!r}]"
+    try:
+        return _plan_source(where, name, spec, shared, plan_cache, even_batches=even_batches, topology=topology,
+                            retry=retry, read_ahead=read_ahead, collective=collective)
+    except EmptyDatasetError as exc:
+        # a plan has rows (a dataset's and a source's alike): the source cannot wait, planned, for its first rows
+        raise EmptyDatasetError(
+            f"{where}: {exc}; a mixture plans every source, whatever its weight (0 too), and a source with no rows "
+            f"cannot be planned: leave {name!r} out of sources and weights until it has rows, then add it at an "
+            "epoch boundary (it starts at its first pass)") from exc
+    except DatasetNotFoundError as exc:
+        raise DatasetNotFoundError(f"{where}: {exc}") from exc
+
+
+def _plan_source(where: str, name: str, spec: Source | IcebergSource, shared: dict[str, Any], plan_cache: Any, *,
+                 even_batches: bool, topology: Topology, retry: RetryPolicy, read_ahead: int,
+                 collective: bool) -> Planned:
     data_identity = check_data_identity(spec.data_identity, f"{where}.data_identity")
     if isinstance(spec, Source):
         fmt = _source.check_file_format(spec.format)

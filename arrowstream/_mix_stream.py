@@ -245,20 +245,23 @@ class MixStream:
 
     def _plan(self, max_batches: int) -> tuple[list[tuple[int, list[int]]], bool]:
         """Up to ``max_batches`` next batches, planned without reading: the slot's rows after each and each
-        source's (:func:`~arrowstream._mix_plan.shares_after`), and whether the epoch ends before ``max_batches``."""
+        source's (:func:`~arrowstream._mix_plan.shares_after`), and whether the epoch ends with them (no batch
+        after the last: so the state after the epoch's last batch says the epoch is complete, as the state
+        taken after the loop must, whichever batch a span or a transfer ends with)."""
         taken = [source.taken for source in self._sources]
         rows, batches = self.rows, self.batches
         plan: list[tuple[int, list[int]]] = []
-        while len(plan) < max_batches:
+        while True:
             left = self._total - rows
             if (self._max_batches is not None and batches >= self._max_batches) or left == 0 \
                     or (self._drop_last and left < self._batch_size):
                 return plan, True
+            if len(plan) == max_batches:
+                return plan, False
             rows += min(self._batch_size, left)
             batches += 1
             taken = shares_after(taken, self._quotas, rows)
             plan.append((rows, taken))
-        return plan, False
 
     def _permutations(self, sizes: list[int], first: int) -> list[npt.NDArray[np.int64]]:
         """The order of each batch's rows (batch ``first`` on, of ``sizes`` rows), those of the same size

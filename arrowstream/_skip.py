@@ -15,20 +15,27 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from ._fields import shorten
+from ._fields import MAX_INT, shorten
 from ._skip_state import PENDING_SKIP, SKIPS, Skip
 from ._torchdata_state import worker_states
 from .errors import ArgumentTypeError, InvalidArgumentError
 
 
-def check_batches(batches: Any) -> int:
-    """``skip``'s argument: an int of 0 or more."""
+def check_batches(batches: Any, pending: int = 0) -> int:
+    """``skip``'s argument: an int of 0 or more that, with the ``pending`` skip it adds to, a state can hold
+    (``pending_skip`` is a count of a state: at most 2**63 - 1, more batches than any epoch has)."""
     if isinstance(batches, bool) or not isinstance(batches, int):
         raise ArgumentTypeError(f"batches: skip() takes a number of batches as an int, got {type(batches).__name__} "
                                 f"{shorten(batches)}")
     if batches < 0:
         raise InvalidArgumentError(f"batches: skip() passes over the next batches, so it takes 0 or more, got {batches}; "
                                    "to go back, load an earlier checkpoint")
+    if batches > MAX_INT - pending:
+        already = f" on top of the {pending} already asked for" if pending else ""
+        raise InvalidArgumentError(
+            f"batches: skip() takes at most {MAX_INT - pending} batch(es){already} (2**63 - 1 in all: what a checkpoint "
+            f"records, and more than any epoch has), got {shorten(batches)}; a skip past the end of the epoch ends "
+            "the epoch there, so skip(batches=len(loader)) skips all of it")
     return batches
 
 
@@ -51,7 +58,7 @@ class Skipper:
         self.skipped_rows = 0
 
     def request(self, batches: Any) -> None:
-        self.pending += check_batches(batches)
+        self.pending += check_batches(batches, self.pending)
 
     def state_fields(self) -> dict[str, Any]:
         """The keys a loader state gets (none when nothing was ever skipped: the state is unchanged)."""

@@ -31,7 +31,7 @@ from ._row_ids import check_row_id_names, with_row_id_fields
 from ._shm import guard_feeder, share
 from ._topology import resolve_topology
 from ._trims import TrimWatch, slot_trim
-from .errors import ArgumentTypeError, InvalidArgumentError
+from .errors import ArgumentTypeError, EmptyDatasetError, InvalidArgumentError, StateMismatchError
 
 if TYPE_CHECKING:
     from ._mix_loader import MixtureDataLoader
@@ -119,8 +119,8 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         self._quotas = quotas({s.name: s.plan.num_rows for s in self._sources}, self._weights, epoch_rows)
         for s in self._sources:
             if self._quotas[s.name] and not s.plan.num_rows:
-                raise InvalidArgumentError(f"sources[{s.name!r}] has no rows but its weight asks for "
-                                           f"{self._quotas[s.name]} per epoch; give it weight 0 or leave it out")
+                raise EmptyDatasetError(f"sources[{s.name!r}] has no rows but its weight asks for "
+                                        f"{self._quotas[s.name]} per epoch; leave it out until it has rows")
         # the quotas in effect from each epoch on: a checkpoint loaded at an epoch boundary may change them
         self._history: list[tuple[int, dict[str, int]]] = [(0, dict(self._quotas))]
         # how passes are laid out over the slots (_mix_plan.PASS_LAYOUTS): a run resumed from a state of version 3
@@ -283,9 +283,20 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
                               self._even_batches)
 
     def limits_of(self, history: list[tuple[int, dict[str, int]]], epoch: int, world_size: int, num_workers: int,
-                  even_batches: bool) -> list[int]:
-        """Batches each slot of a topology yields in ``epoch`` of a mixture with ``history``."""
+                  even_batches: bool, lacking: Mapping[str, int] | None = None) -> list[int]:
+        """Batches each slot of a topology yields in ``epoch`` of a mixture with ``history``; ``lacking``: the rows
+        of one pass of the sources of ``history`` that this mixture lacks (a checkpoint's, left out since), counted too."""
         rows = [sum(q.values()) for q in self._epochs.slot_rows(history, epoch, world_size, num_workers)]
+        if lacking:
+            if self._epochs.replanned(MixSlot(epoch, 0, world_size, 0, num_workers)) is not None:
+                raise StateMismatchError(
+                    f"the checkpoint ends mixture epoch {epoch}, which was re-planned for its topology, with source(s) "
+                    f"{sorted(lacking)} that this mixture lacks: their rows in that epoch cannot be counted without "
+                    "them; resume with the saved mixture for one epoch, then leave them out at the next epoch boundary")
+            starts, in_effect = positions(history, epoch), quotas_at(history, epoch)
+            for name, source_rows in lacking.items():
+                per_slot = self._epochs.source_slot_rows(name, source_rows, starts[name], in_effect[name], len(rows))
+                rows = [r + extra for r, extra in zip(rows, per_slot, strict=True)]
         options = self._options
         if even_batches:
             return even_batch_limits(rows, world_size, options.batch_size, options.drop_last)

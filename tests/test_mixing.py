@@ -8,6 +8,7 @@ import os
 import time
 from collections import Counter
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -214,6 +215,83 @@ def test_a_source_added_starts_at_its_first_pass_and_one_removed_is_left_out(thr
     assert first["big"] == list(range(300))
 
 
+def _kept_rows(loader, mixture, epoch, names):
+    mixture.set_epoch(epoch)
+    return Counter((name, int(i)) for b in loader for name, i in zip(b["src"], b["id"], strict=True) if name in names)
+
+
+@pytest.mark.parametrize("num_workers,per_transfer,snapshot,epoch_rows", [
+    (0, 1, 1, 500), (2, 1, 1, 500), (2, 4, 1, 500), (2, None, 1, 1024), (3, 2, 1, 500), (2, 1, 3, 500)],
+    ids=["0-workers", "2-workers-1-per-transfer", "2-workers-4-per-transfer", "16-batches-a-worker", "3-workers",
+         "snapshot-every-3"])
+@pytest.mark.parametrize("shuffle", [False, True], ids=["in-order", "shuffled"])
+def test_a_source_is_left_out_at_any_epoch_boundary_and_the_others_go_on(three, num_workers, per_transfer, snapshot,
+                                                                       epoch_rows, shuffle):
+    """A checkpoint taken after the loop is an epoch boundary, whichever batch a worker's last transfer or the
+    last snapshot ended with (the last batch's state said the epoch was still going when a worker's batches
+    were a multiple of its transfers, and a source left out was refused as if mid-epoch)."""
+    from arrowstream._torchdata_state import set_worker_state, worker_states
+
+    options = {"shuffle": shuffle, "seed": 4, "epoch_rows": epoch_rows, "snapshot_every_n_steps": snapshot,
+               **({} if per_transfer is None else {"batches_per_transfer": per_transfer})}
+    loader, mixture = loader_of(three, num_workers, **options)
+    mixture.set_epoch(0)
+    assert len(list(loader)) == len(loader)
+    state = json.loads(json.dumps(loader.state_dict()))
+    reference, reference_mixture = loader_of(three, num_workers, **options)
+    expected = _kept_rows(reference, reference_mixture, 1, {"big", "mid"})   # the uninterrupted run's epoch 1
+    kept = {"big": three["big"], "mid": three["mid"]}
+    # the same quotas for the sources kept: the same rows of each
+    kept_weights = {"big": WEIGHTS["big"], "mid": WEIGHTS["mid"]}
+    kept_rows = epoch_rows - mixture.quotas()["small"]
+    # as this arrowstream writes it, and as earlier releases did (the last states not marked complete)
+    unmarked = json.loads(json.dumps(state))
+    for worker_id, worker in enumerate(worker_states(unmarked["dataloader"])):
+        set_worker_state(unmarked["dataloader"], worker_id, {**worker, "epoch_complete": False})
+    for saved in (state, unmarked):
+        changed, remixed = loader_of(kept, num_workers, **{**options, "weights": kept_weights, "epoch_rows": kept_rows})
+        changed.load_state_dict(saved)
+        assert remixed.quotas() == {name: mixture.quotas()[name] for name in kept}
+        assert remixed.epoch_starts(1) == {name: mixture.quotas()[name] for name in kept}
+        assert _kept_rows(changed, remixed, 1, {"big", "mid"}) == expected
+    # and a source added at the same boundary starts at its first pass beside them
+    grown, grown_mixture = loader_of({**kept, "new": three["small"]}, num_workers,
+                                     **{**options, "weights": {**kept_weights, "new": 0.1}, "epoch_rows": epoch_rows})
+    grown.load_state_dict(state)
+    assert grown_mixture.epoch_starts(1) == {"big": mixture.quotas()["big"], "mid": mixture.quotas()["mid"], "new": 0}
+    rows = _kept_rows(grown, grown_mixture, 1, {"big", "mid", "new"})
+    assert Counter({k: v for k, v in rows.items() if k[0] != "new"}) == expected
+    assert sum(v for k, v in rows.items() if k[0] == "new") == grown_mixture.quotas()["new"]
+
+
+def test_a_source_left_out_of_a_lagging_state_at_the_end_of_a_replanned_epoch_is_refused_saying_why(three):
+    """The one boundary where a source cannot be left out: the workers' snapshots lag behind the end of an epoch
+    re-planned for another topology, and the rows the source gave that epoch cannot be counted without it."""
+    options = {"shuffle": True, "snapshot_every_n_steps": 5}
+    loader, mixture = loader_of(three, 2, **options)
+    mixture.set_epoch(0)
+    batches = iter(loader)
+    for _ in range(4):
+        next(batches)
+    inside = json.loads(json.dumps(loader.state_dict()))
+    del batches
+    replanned, replanned_mixture = loader_of(three, 3, **options)
+    replanned.load_state_dict(inside)
+    replanned_mixture.set_epoch(0)
+    list(replanned)
+    state = json.loads(json.dumps(replanned.state_dict()))
+    assert state["dataloader"]["_steps_since_snapshot"] > 0   # the case under test
+    kept = {"big": three["big"], "mid": three["mid"]}
+    fewer, _ = loader_of(kept, 3, **options, weights={"big": 0.6, "mid": 0.3}, epoch_rows=450)
+    with pytest.raises(errors.StateMismatchError, match=r"ends mixture epoch 0, which was re-planned for its topology, "
+                                                        r"with source\(s\) \['small'\] that this mixture lacks.*"
+                                                        "resume with the saved mixture for one epoch"):
+        fewer.load_state_dict(state)
+    same, same_mixture = loader_of(three, 3, **options)
+    same.load_state_dict(state)
+    assert len(epoch_batches(same, same_mixture, 1)) == len(same)
+
+
 def test_another_mixture_is_refused_inside_an_epoch_naming_saved_and_current(three):
     loader, mixture = loader_of(three)
     mixture.set_epoch(0)
@@ -358,6 +436,63 @@ def test_safe_casts_make_one_schema_and_other_types_are_refused(tmp_path):
         Mixture(sources={"i8": Source(str(tmp_path / "i8")), "u64": Source(str(tmp_path / "u64"))}, plan_cache=False)
 
 
+def _nullability_sources(tmp_path):
+    """Two sources of the same columns, one with no field nullable (at any depth), one with every field nullable
+    and nulls inside its struct and its lists."""
+    struct, items = pa.struct([pa.field("c", pa.int64(), nullable=False)]), pa.list_(pa.field("e", pa.int64(), False))
+    strict = pa.schema([pa.field("x", pa.int64(), False), pa.field("s", struct, False), pa.field("l", items, False)])
+    loose = pa.schema([("x", pa.int64()), ("s", pa.struct([("c", pa.int64())])), ("l", pa.list_(pa.int64()))])
+    for name, schema, ids in (("strict", strict, range(20)), ("loose", loose, range(100, 120))):
+        os.makedirs(tmp_path / name)
+        pq.write_table(pa.table({"x": list(ids), "s": [{"c": None if i % 7 == 3 and schema is loose else i} for i in ids],
+                                 "l": [[i, None] if i % 5 == 1 and schema is loose else [i] for i in ids]}, schema=schema),
+                       tmp_path / name / "p.parquet", row_group_size=5)
+    assert pq.read_schema(tmp_path / "strict" / "p.parquet").field("s").type == struct
+    return {"strict": Source(str(tmp_path / "strict")), "loose": Source(str(tmp_path / "loose"))}
+
+
+@pytest.mark.parametrize("output_format", ["torch", "numpy", "arrow", "dict"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_sources_that_differ_in_nullability_mix_as_nullable_with_their_values(tmp_path, output_format, num_workers):
+    sources = _nullability_sources(tmp_path)
+    expected = Counter((i, None if i % 7 == 3 and i >= 100 else i, (i, None) if i % 5 == 1 and i >= 100 else (i,))
+                       for i in [*range(20), *range(100, 120)])
+    for buffer in (0, 8):
+        loader, mixture = Mixture.create_dataloader(sources=sources, batch_size=6, output_format=output_format,
+                                                    shuffle=True, seed=3, shuffle_buffer_size=buffer,
+                                                    num_workers=num_workers, plan_cache=False)
+        assert mixture.schema == pa.schema([("x", pa.int64()), ("s", pa.struct([("c", pa.int64())])),
+                                            ("l", pa.list_(pa.int64()))])   # nullable where one source is
+        got: Counter = Counter()
+        for batch in loader:
+            if output_format == "arrow":
+                assert batch.schema == mixture.schema
+                batch = batch.to_pydict()
+            got.update((int(x), s["c"], tuple(items)) for x, s, items in zip(batch["x"], batch["s"], batch["l"],
+                                                                               strict=True))
+        assert got == expected, buffer
+    # not nullable where no source is
+    _, strict = Mixture.create_dataloader(sources={"a": sources["strict"], "b": sources["strict"]}, plan_cache=False)
+    assert not strict.schema.field("x").nullable and strict.schema.field("s").type == pq.read_schema(
+        sources["strict"].path + "/p.parquet").field("s").type
+
+
+def test_nested_types_that_differ_beyond_nullability_are_refused_naming_both_sources(tmp_path):
+    for name, kind in (("a", pa.struct([pa.field("c", pa.int64(), False)])), ("b", pa.struct([("d", pa.int64())])),
+                       ("w", pa.struct([("c", pa.int32())])), ("f", pa.list_(pa.field("e", pa.int64(), False), 2)),
+                       ("g", pa.list_(pa.int64(), 3))):
+        os.makedirs(tmp_path / name)
+        value = [1, 2] if name == "f" else [1, 2, 3] if name == "g" else {kind.field(0).name: 1}
+        pq.write_table(pa.table({"s": pa.array([value], kind)}), tmp_path / name / "p.parquet")
+    fixed = r"fixed_size_list<element: int64 not null>\[2\] in source 'f' and fixed_size_list<element: int64>\[3\]"
+    for first, second, match in (("a", "b", "struct<c: int64 not null> in source 'a' and struct<d: int64> in source 'b'"),
+                                 ("a", "w", "struct<c: int64 not null> in source 'a' and struct<c: int32> in source 'w'"),
+                                 ("f", "g", fixed + " in source 'g'")):
+        with pytest.raises(errors.SchemaMismatchError, match=rf"column 's' is {match}.*no safe cast"):
+            Mixture(sources={first: Source(str(tmp_path / first)), second: Source(str(tmp_path / second))},
+                    plan_cache=False)
+
+
 @pytest.mark.parametrize("kwargs,error,match", [
     ({"weights": {"big": 1}}, errors.InvalidArgumentError, "one weight per source"),
     ({"weights": {"big": -1, "small": 1, "mid": 1}}, errors.InvalidArgumentError, "finite number >= 0"),
@@ -374,6 +509,55 @@ def test_bad_arguments_are_refused_by_name(three, kwargs, error, match):
     options = {"sources": three, "weights": WEIGHTS, "plan_cache": False, **kwargs}
     with pytest.raises(error, match=match):
         Mixture.create_dataloader(**options)
+
+
+def test_numpy_and_other_real_weights_are_taken_as_numbers(three):
+    plain = Mixture(sources=three, weights={"big": 6, "small": 1, "mid": 3}, epoch_rows=500, plan_cache=False)
+    for weights in ({"big": np.float32(0.6), "small": np.float32(0.1), "mid": np.float32(0.3)},
+                    {"big": np.int64(6), "small": np.uint8(1), "mid": np.int32(3)},
+                    {"big": np.float16(6), "small": np.longdouble(1), "mid": 3.0}):
+        mixture = Mixture(sources=three, weights=weights, epoch_rows=500, plan_cache=False)
+        assert mixture.quotas() == plain.quotas() == {"big": 300, "small": 50, "mid": 150}
+    zero = Mixture(sources=three, weights={"big": np.float64(1), "small": np.int64(0), "mid": 0.0}, epoch_rows=50,
+                   plan_cache=False)
+    assert zero.quotas() == {"big": 50, "small": 0, "mid": 0}
+
+
+@pytest.mark.parametrize("weight,error,match", [
+    (True, errors.ArgumentTypeError, r"weight of 'small' is True \(bool\); expected a real number"),
+    (np.bool_(True), errors.ArgumentTypeError, r"weight of 'small' is np.True_ \(bool\)"),
+    ("1", errors.ArgumentTypeError, r"weight of 'small' is '1' \(str\)"),
+    (1 + 0j, errors.ArgumentTypeError, r"\(complex\)"),
+    (float("nan"), errors.InvalidArgumentError, r"weight of 'small' is nan; expected a finite number >= 0"),
+    (np.float32("nan"), errors.InvalidArgumentError, r"is np.float32\(nan\); expected a finite number"),
+    (float("inf"), errors.InvalidArgumentError, r"is inf; expected a finite number"),
+    (10**400, errors.InvalidArgumentError, r"is <int of 1329 bits>; expected a finite number"),
+    (-1, errors.InvalidArgumentError, r"is -1; expected a finite number >= 0"),
+    (np.int8(-1), errors.InvalidArgumentError, r"is np.int8\(-1\); expected a finite number >= 0"),
+], ids=["bool", "numpy-bool", "str", "complex", "nan", "numpy-nan", "inf", "huge", "negative", "numpy-negative"])
+def test_weights_that_are_no_finite_number_are_refused_by_name(three, weight, error, match):
+    with pytest.raises(error, match=match):
+        Mixture(sources=three, weights={"big": 1, "small": weight, "mid": 1}, plan_cache=False)
+    with pytest.raises(errors.InvalidArgumentError, match="every weight is 0"):
+        Mixture(sources=three, weights={"big": np.float32(0), "small": np.int64(0), "mid": 0}, plan_cache=False)
+
+
+@pytest.mark.parametrize("weight", [0, 1, None], ids=["weight-0", "weight-1", "weights-none"])
+def test_a_source_with_no_rows_is_refused_by_its_name_whatever_its_weight(three, tmp_path, weight):
+    os.makedirs(tmp_path / "rowless")
+    pq.write_table(pa.table({"id": pa.array([], pa.int64()), "x": pa.array([], pa.float64())}),
+                   tmp_path / "rowless" / "p.parquet")
+    os.makedirs(tmp_path / "lines")
+    (tmp_path / "lines" / "p.jsonl").write_text("")
+    os.makedirs(tmp_path / "nothing")
+    weights = None if weight is None else {"big": 1, "empty": weight}
+    for empty, fmt in ((tmp_path / "rowless", "parquet"), (tmp_path / "lines", "jsonl"), (tmp_path / "nothing", "parquet")):
+        with pytest.raises(errors.EmptyDatasetError, match=r"^sources\['empty'\]: path: .*: leave 'empty' out of "
+                                                           r"sources and weights until it has rows"):
+            Mixture.create_dataloader(sources={"big": three["big"], "empty": Source(str(empty), format=fmt)},
+                                      weights=weights, batch_size=8, plan_cache=False)
+    with pytest.raises(errors.DatasetNotFoundError, match=r"^sources\['gone'\]: path: .* does not exist"):
+        Mixture(sources={"big": three["big"], "gone": Source(str(tmp_path / "gone"))}, plan_cache=False)
 
 
 def test_a_filter_is_refused_until_quotas_can_count_filtered_rows(three, tmp_path):

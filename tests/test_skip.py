@@ -164,6 +164,43 @@ def test_bad_arguments_name_batches(folder, bad, error):
     assert "pending_skip" not in loader.state_dict()
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_skip_takes_what_a_state_can_hold_and_the_state_it_writes_loads(folder, num_workers):
+    """2**70 was taken, and written into a state its own load_state_dict refused."""
+    most = 2**63 - 1
+    full = list(loader_of(folder, num_workers)[0])
+    loader, _ = loader_of(folder, num_workers)
+    batches = iter(loader)
+    got = [next(batches) for _ in range(2)]
+    before = json_roundtrip(loader.state_dict())
+    with pytest.raises(InvalidArgumentError, match=rf"batches: skip\(\) takes at most {most} batch\(es\) \(2\*\*63 - 1 "
+                                                   r"in all.*got 1180591620717411303424; .*skip\(batches=len\(loader\)\)"):
+        loader.skip(batches=2**70)
+    with pytest.raises(InvalidArgumentError, match=r"got <int of 1001 bits>"):
+        loader.skip(batches=2**1000)
+    loader.skip(batches=2**62)
+    with pytest.raises(InvalidArgumentError, match=rf"at most {most - 2**62} batch\(es\) on top of the {2**62} already "
+                                                   rf"asked for .*got {2**62}"):
+        loader.skip(batches=2**62)   # they add up: the sum is what the state holds
+    loader.skip(batches=most - 2**62)   # up to the bound: taken
+    state = json_roundtrip(loader.state_dict())
+    assert state["pending_skip"] == most
+    for saved in (state, arrowstream.merge_state_dicts([state])):
+        resumed, _ = loader_of(folder, num_workers)
+        resumed.load_state_dict(saved)   # what skip took, the state loads
+        with pytest.warns(UserWarning, match=rf"skip\(batches={most}\) reached the end of epoch 0 after "
+                                             rf"{len(full) - 2} batch"):
+            assert list(resumed) == []
+        after = json_roundtrip(resumed.state_dict())
+        assert after["skips"] == [{"epoch": 0, "at_batch": 2, "batches": len(full) - 2, "rows": rows_of(full[2:])}]
+        loader_of(folder, num_workers)[0].load_state_dict(after)
+    with pytest.raises(StateError, match="pending_skip"):   # beyond it, a state is still refused
+        loader_of(folder, num_workers)[0].load_state_dict({**state, "pending_skip": most + 1})
+    unskipped, _ = loader_of(folder, num_workers)
+    unskipped.load_state_dict(before)   # a checkpoint from before the skip knows nothing of it
+    assert keys(got + list(unskipped)) == keys(full)
+
+
 @pytest.mark.parametrize("key,value,named", [
     ("pending_skip", 0, "pending_skip"), ("pending_skip", True, "pending_skip"), ("skips", {}, "skips"),
     ("skips", [{"epoch": 0, "at_batch": 0, "batches": 1}], "skips[0]"),
@@ -184,3 +221,6 @@ def test_a_mixture_loader_refuses_skip(tmp_path):
     loader, _ = Mixture.create_dataloader(sources={"a": Source(str(tmp_path))}, batch_size=4, plan_cache=False)
     with pytest.raises(NotSupportedYetError, match="skip"):
         loader.skip(batches=2)
+    for bad, error in ((2**70, InvalidArgumentError), (-1, InvalidArgumentError), (1.5, ArgumentTypeError)):
+        with pytest.raises(error, match=r"^batches: skip\(\)"):   # its argument checked as a dataset's skip checks it
+            loader.skip(batches=bad)
