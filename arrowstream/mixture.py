@@ -17,7 +17,7 @@ from ._auto_buffer import adopt_mixture_buffer, resolve_buffer
 from ._collective import collective_world_size
 from ._convert import check_output_columns, resolve_fill_nulls
 from ._mix_layout import MixEpochs, SourcePlan
-from ._mix_plan import SPANS, positions, quotas, quotas_at
+from ._mix_plan import MAX_EPOCH_ROWS, SPANS, positions, quotas, quotas_at
 from ._mix_reading import COMPACT, MixIterator, MixSide
 from ._mix_schema import unify
 from ._mix_sources import IcebergSource, Planned, Source, check_weights, followed_source, plan_source
@@ -91,6 +91,11 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         self._weights = check_weights(names, weights)
         if epoch_rows is not None and (isinstance(epoch_rows, bool) or not isinstance(epoch_rows, int) or epoch_rows < 1):
             raise InvalidArgumentError(f"epoch_rows: expected an int >= 1 or None, got {epoch_rows!r}")
+        if epoch_rows is not None and epoch_rows > MAX_EPOCH_ROWS:
+            raise InvalidArgumentError(
+                f"epoch_rows: {epoch_rows:,} rows per mixture epoch is above {MAX_EPOCH_ROWS:,} (2**42), the most an "
+                "epoch may take; an epoch is the stretch between set_epoch calls and checkpoints' epoch numbers: pass "
+                "the rows you train on between two of them")
         if source_column is not None and (not isinstance(source_column, str) or not source_column):
             raise InvalidArgumentError(f"source_column: expected a column name or None, got {source_column!r}")
         self._epoch_rows, self._source_column = epoch_rows, source_column

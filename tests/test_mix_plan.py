@@ -1,4 +1,5 @@
-"""The pure layout of a mixture, property-tested: quotas, tracks, passes over epochs, batch shares."""
+"""The pure layout of a mixture, property-tested: quotas, spans (and the tracks of older states), passes over
+epochs, batch shares."""
 
 from __future__ import annotations
 
@@ -18,6 +19,12 @@ from arrowstream._mix_plan import (
     quotas_at,
     segment_splits,
     shares_after,
+    span_before,
+    span_first,
+    span_piece,
+    span_pieces,
+    span_segment,
+    span_taken,
     tracks,
 )
 from arrowstream._mix_span import batch_order, even_order, even_orders, even_span_order, in_batch_order, mixed
@@ -35,6 +42,42 @@ def test_quotas_are_the_largest_remainders_of_the_weights_and_sum_to_epoch_rows(
         assert abs(quota - epoch_rows * weights[name] / total) < 1 + 1e-6
     if sum(rows.values()):
         assert quotas(rows, None, None) == rows   # no weights: every row of every source once
+
+
+@settings(max_examples=300)
+@given(st.integers(1, 8), st.integers(0, 7), st.integers(0, 60))
+def test_span_slots_take_within_one_row_of_their_share_and_in_slot_order(slots, first, x):
+    first %= slots
+    taken = [span_taken(x, slots, s, first) for s in range(slots)]
+    assert sum(taken) == x and max(taken) - min(taken) <= 1
+    assert all(span_taken(x, slots, s, first) <= span_taken(x + 1, slots, s, first) for s in range(slots))
+    assert [span_before(x, slots, s, first) for s in range(slots)] == list(itertools.accumulate([0, *taken[:-1]]))
+
+
+@settings(max_examples=300)
+@given(st.integers(1, 40), st.integers(1, 6), st.text(min_size=1, max_size=3),
+       st.lists(st.integers(0, 130), min_size=1, max_size=6))
+def test_spans_read_each_epochs_positions_whole_whatever_the_slots(rows, slots, name, epoch_quotas):
+    """Every epoch reads exactly its positions [start, start + quota) of the passes, cut into one stretch per slot
+    of each piece (so a source's place at an epoch boundary is its position alone, on any topology), and every
+    slot moves through a pass with the others: within one row of its share at every piece's end."""
+    first = span_first(name, slots)
+    start = 0
+    for quota in epoch_quotas:
+        pieces = span_pieces(rows, start, quota)
+        covered: list[tuple[int, int]] = []
+        for index in range(pieces):
+            pass_index, begin, end = span_piece(rows, start, quota, index)
+            segments = [span_segment(rows, start, quota, slots, s, first, index) for s in range(slots)]
+            assert all(seg.pass_index == pass_index for seg in segments)
+            stretch = [(seg.start, seg.stop) for seg in segments if seg.num_rows]
+            assert all(a[1] == b[0] for a, b in itertools.pairwise(stretch)), "a piece's stretches are not in slot order"
+            covered += [(pass_index, row) for seg in segments for row in range(seg.start, seg.stop)]
+            for s in range(slots):   # each slot within one row of its share of the epoch so far
+                assert abs(span_taken(end, slots, s, first) - end / slots) < 1
+        expected = [divmod(position, rows) for position in range(start, start + quota)]
+        assert covered == expected
+        start += quota
 
 
 @settings(max_examples=200)
