@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections import Counter
 
 import numpy as np
@@ -134,10 +135,7 @@ def test_a_checkpoint_of_tracks_moves_to_another_topology_only_where_its_passes_
 
 
 def test_a_golden_mixture_state_of_version_3_on_another_topology_is_refused_saying_why(tmp_path):
-    sys_path = os.path.join(GOLDEN)
-    import sys
-
-    sys.path.insert(0, sys_path)
+    sys.path.insert(0, GOLDEN)
     from make_golden import prepare_copy
     from make_golden_mixture import MIXTURE, sources
 

@@ -67,7 +67,7 @@ def test_spans_read_each_epochs_positions_whole_whatever_the_slots(rows, slots, 
         pieces = span_pieces(rows, start, quota)
         covered: list[tuple[int, int]] = []
         for index in range(pieces):
-            pass_index, begin, end = span_piece(rows, start, quota, index)
+            pass_index, _, end = span_piece(rows, start, quota, index)
             segments = [span_segment(rows, start, quota, slots, s, first, index) for s in range(slots)]
             assert all(seg.pass_index == pass_index for seg in segments)
             stretch = [(seg.start, seg.stop) for seg in segments if seg.num_rows]
