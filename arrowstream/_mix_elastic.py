@@ -24,7 +24,7 @@ from ._cursor import Cursor
 from ._elastic import split_part, split_rest, window_end
 from ._fields import REMEDY, Fields, shorten
 from ._interleave import block_size_for
-from ._mix_parts import ListParts, Part, Parts
+from ._mix_parts import ComposedParts, ListParts, Part, Parts, SliceParts
 from ._mix_plan import PASS_LAYOUTS, SPANS, TRACKS
 from ._mix_state import SourceCursor
 from ._mix_stream import MixSlot, source_seeds
@@ -81,24 +81,43 @@ class _Item:
     seeds: Callable[[int], int] | None = None
 
 
-def _left_by(parts: Sequence[Part], cursor: SourceCursor, *, batch_size: int, interleave: int,
-             buffer_rows: int) -> list[_Item]:
-    """What an old slot had not handed out of its parts of a source, from its cursor."""
-    items: list[_Item] = []
-    rest = parts[cursor.segment:]
-    if rest and cursor.cursor is not None:
-        part, start = rest[0], cursor.cursor
+@dataclass(frozen=True)
+class _Tail:
+    """An old slot's parts after the one it stood in, whole (spans): its rows ``[lo, hi)`` of them."""
+
+    parts: Parts
+    lo: int
+    hi: int
+
+    @property
+    def rows(self) -> int:
+        return self.hi - self.lo
+
+
+def _left_by(parts: Parts, cursor: SourceCursor, *, batch_size: int, interleave: int, buffer_rows: int,
+             whole_parts: bool) -> list[_Item | _Tail]:
+    """What an old slot had not handed out of its parts of a source, from its cursor: the rest of the part it
+    stood in as items, then the parts after it (``whole_parts``: as one :class:`_Tail`, else as items)."""
+    items: list[_Item | _Tail] = []
+    segment = cursor.segment
+    if segment < len(parts) and cursor.cursor is not None:
+        part, start = parts[segment], cursor.cursor
         end = start
         if buffer_rows and start.window_offset:
             size, end = window_end(part.splits, start, block_size_for(batch_size, interleave), interleave, buffer_rows)
             if size > start.window_offset:
-                items.append(_Item(part.splits, size - start.window_offset, start, part.seeds))
+                items.append(_Item(tuple(part.splits), size - start.window_offset, start, part.seeds))
         ranges = [split_rest(part.splits[position], offset) for position, offset in end.lanes
                   if position < len(part.splits) and offset < part.splits[position].num_rows]
         ranges += [s for s in part.splits[end.next_split_index:] if s.num_rows]
         items += [_Item((split,), split.num_rows) for split in ranges]
-        rest = rest[1:]
-    for part in rest:
+        segment += 1
+    if whole_parts:
+        lo = parts.rows_before(min(segment, len(parts)))
+        if parts.rows > lo:
+            items.append(_Tail(parts, lo, parts.rows))
+        return items
+    for part in parts[segment:]:
         items += [_Item((split,), split.num_rows) for split in part.splits if split.num_rows]
     return items
 
@@ -106,14 +125,18 @@ def _left_by(parts: Sequence[Part], cursor: SourceCursor, *, batch_size: int, in
 def replanned_parts(old_parts: Sequence[Parts], elastic: MixElastic, name: str, new_slots: Sequence[MixSlot], *,
                     seed: int, batch_size: int, interleave: int, buffer_rows: int) -> list[Parts]:
     """Every new slot's parts of source ``name`` for the rest of the epoch (``old_parts``: each old slot's
-    parts of it in the epoch)."""
-    items: list[_Item] = []
+    parts of it in the epoch). In spans, the parts an old slot had not opened go to the new slots whole
+    (:class:`~arrowstream._mix_parts.SliceParts`: nothing walks them); in tracks (states of mixture state
+    version 3 and older), as ranges of splits, as those versions did."""
+    whole_parts = elastic.pass_layout == SPANS
+    items: list[_Item | _Tail] = []
     for old, (parts, cursors) in enumerate(zip(old_parts, elastic.cursors, strict=True)):
         if cursors is None:
             continue
         cursor = cursors.get(name, SourceCursor(0, None, 0))
         quota = parts.rows
-        left = _left_by(parts, cursor, batch_size=batch_size, interleave=interleave, buffer_rows=buffer_rows)
+        left = _left_by(parts, cursor, batch_size=batch_size, interleave=interleave, buffer_rows=buffer_rows,
+                        whole_parts=whole_parts)
         if sum(item.rows for item in left) != quota - cursor.taken:
             raise StateError(f"old worker {old}'s state of source {name!r} took {cursor.taken} of its {quota} row(s) "
                              f"but its cursor leaves {sum(item.rows for item in left)}: not a position its epoch "
@@ -122,20 +145,51 @@ def replanned_parts(old_parts: Sequence[Parts], elastic: MixElastic, name: str, 
     total = sum(item.rows for item in items)
     count = len(new_slots)
     bounds = [total * j // count for j in range(count + 1)]
-    out: list[list[Part]] = [[] for _ in range(count)]
-    item_start = 0
+    out: list[_NewParts] = [_NewParts(source_seeds(seed, name, slot)) for slot in new_slots]
+    item_start, first = 0, 0
     for item in items:
         item_end = item_start + item.rows
-        for j in range(count):
+        while first < count and bounds[first + 1] <= item_start:
+            first += 1
+        for j in range(first, count):
             lo, hi = max(bounds[j], item_start), min(bounds[j + 1], item_end)
+            if bounds[j] >= item_end:
+                break
             if hi > lo:
-                _place(out[j], item, lo - item_start, hi - item_start, new_slots[j], name, seed)
+                out[j].place(item, lo - item_start, hi - item_start)
         item_start = item_end
-    return [ListParts(parts) for parts in out]
+    return [new.parts() for new in out]
 
 
-def _place(parts: list[Part], item: _Item, lo: int, hi: int, slot: MixSlot, name: str, seed: int) -> None:
-    """Rows ``[lo, hi)`` of ``item`` at the end of a new slot's parts (ranges join the ranges before them)."""
+class _NewParts:
+    """A new slot's parts of a source as they are given out: lists of parts and old slots' whole parts."""
+
+    def __init__(self, seeds: Callable[[int, int], int]) -> None:
+        self._seeds = seeds
+        self._pieces: list[list[Part] | SliceParts] = []
+
+    def place(self, item: _Item | _Tail, lo: int, hi: int) -> None:
+        """Rows ``[lo, hi)`` of ``item`` after the parts so far."""
+        given = sum(len(piece) for piece in self._pieces)   # a new part's index among the new slot's parts
+        if isinstance(item, _Tail):
+            self._pieces.append(SliceParts(item.parts, item.lo + lo, item.lo + hi, self._seeds, given))
+            return
+        last = self._pieces[-1] if self._pieces else None
+        if not isinstance(last, list):
+            last = []
+            self._pieces.append(last)
+        _place(last, item, lo, hi, functools.partial(self._seeds, given))
+
+    def parts(self) -> Parts:
+        pieces = [ListParts(piece) if isinstance(piece, list) else piece for piece in self._pieces]
+        if len(pieces) == 1 and isinstance(pieces[0], ListParts):
+            return pieces[0]
+        return ComposedParts(pieces)
+
+
+def _place(parts: list[Part], item: _Item, lo: int, hi: int, seeds: Callable[[int], int]) -> None:
+    """Rows ``[lo, hi)`` of ``item`` at the end of a new slot's parts (ranges join the ranges before them);
+    ``seeds``: a new part's (the new slot's, by part)."""
     if item.start is not None:
         assert item.seeds is not None
         start = dataclasses.replace(item.start, window_offset=item.start.window_offset + lo)
@@ -146,5 +200,4 @@ def _place(parts: list[Part], item: _Item, lo: int, hi: int, slot: MixSlot, name
         last = parts[-1]
         parts[-1] = Part((*last.splits, piece), last.rows + piece.num_rows, last.seeds)
         return
-    seeds = functools.partial(source_seeds(seed, name, slot), len(parts))   # the new slot's, by part
     parts.append(Part((piece,), piece.num_rows, seeds))

@@ -4,8 +4,8 @@ An epoch of a source that runs through a million passes (a tiny source, a large 
 million parts per slot; nothing that starts an epoch, counts its batches or checks a state may walk them.
 A :class:`Parts` answers ``len``, ``[i]``, :attr:`~Parts.rows` and :meth:`~Parts.rows_before`: by arithmetic
 on an epoch's spans (:class:`SpanParts`, see :mod:`arrowstream._mix_plan`), from a list (:class:`ListParts`:
-tracks, the items of a re-planned epoch), or as a list followed by a part of another sequence
-(:class:`ChainParts`).
+tracks, the items of a re-planned epoch), as an old slot's rows handed to a new one (:class:`SliceParts`), or
+several of these one after another (:class:`ComposedParts`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._cursor import Cursor
+from ._elastic import split_part
 from ._mix_plan import (
     Segment,
     pass_order,
@@ -197,24 +198,74 @@ def _cached_order(num_splits: int, shuffle: bool, seed: int, name: str, pass_ind
     return order
 
 
-class ChainParts(Parts):
-    """Parts given one by one, then parts ``[start, stop)`` of another sequence."""
+class SliceParts(Parts):
+    """An old slot's rows ``[lo, hi)`` of a source (in its own row count), as parts of a new slot: the old
+    parts that hold them, the first and last cut, each read as a stream of its own with the new slot's
+    seeds (``seeds(offset + i, window)``): how an epoch laid out in spans hands the parts an old worker had
+    not opened to the new workers, without walking them (see :mod:`arrowstream._mix_elastic`)."""
 
-    def __init__(self, head: Sequence[Part], tail: Parts, start: int = 0, stop: int | None = None) -> None:
-        self._head = ListParts(head)
-        self._tail, self._start = tail, start
-        self._stop = len(tail) if stop is None else stop
+    def __init__(self, parts: Parts, lo: int, hi: int, seeds: Callable[[int, int], int], offset: int) -> None:
+        self._parts, self._lo, self._hi = parts, lo, hi
+        self._first = parts.index_of_row(lo)
+        self._length = parts.index_of_row(hi - 1) - self._first + 1
+        self._seeds, self._offset = seeds, offset
 
     def __len__(self) -> int:
-        return len(self._head) + self._stop - self._start
+        return self._length
 
     def part(self, index: int) -> Part:
-        if index < len(self._head):
-            return self._head.part(index)
-        return self._tail.part(self._start + index - len(self._head))
+        old = self._first + index
+        begin, end = self._parts.rows_before(old), self._parts.rows_before(old + 1)
+        lo, hi = max(begin, self._lo) - begin, min(end, self._hi) - begin
+        splits = self._parts.part(old).splits
+        return Part(cut_splits(splits, lo, hi), hi - lo, functools.partial(self._seeds, self._offset + index))
 
     def rows_before(self, index: int) -> int:
-        if index <= len(self._head):
-            return self._head.rows_before(index)
-        return self._head.rows + self._tail.rows_before(self._start + index - len(self._head)) \
-            - self._tail.rows_before(self._start)
+        return min(max(self._parts.rows_before(self._first + index), self._lo), self._hi) - self._lo
+
+    def index_of_row(self, row: int) -> int:
+        return min(self._parts.index_of_row(self._lo + row) - self._first, self._length)
+
+
+def cut_splits(splits: Sequence[Split], lo: int, hi: int) -> tuple[Split, ...]:
+    """Rows ``[lo, hi)`` of ``splits`` read one after another, as splits (the first and last cut)."""
+    out: list[Split] = []
+    begin = 0
+    for split in splits:
+        end = begin + split.num_rows
+        a, b = max(lo, begin), min(hi, end)
+        if b > a:
+            out.append(split if (a, b) == (begin, end) else split_part(split, a - begin, b - begin))
+        begin = end
+    return tuple(out)
+
+
+class ComposedParts(Parts):
+    """Parts of several sequences, one after another (a new slot's parts of an epoch re-planned for it)."""
+
+    def __init__(self, pieces: Sequence[Parts]) -> None:
+        self._pieces = [piece for piece in pieces if len(piece)]
+        self._firsts = [0, *itertools.accumulate(len(piece) for piece in self._pieces)]
+        self._rows = [0, *itertools.accumulate(piece.rows for piece in self._pieces)]
+
+    def __len__(self) -> int:
+        return self._firsts[-1]
+
+    def _locate(self, index: int) -> int:
+        return bisect.bisect_right(self._firsts, index) - 1
+
+    def part(self, index: int) -> Part:
+        k = self._locate(index)
+        return self._pieces[k].part(index - self._firsts[k])
+
+    def rows_before(self, index: int) -> int:
+        if index >= len(self):
+            return self._rows[-1]
+        k = self._locate(index)
+        return self._rows[k] + self._pieces[k].rows_before(index - self._firsts[k])
+
+    def index_of_row(self, row: int) -> int:
+        if row >= self._rows[-1]:
+            return len(self)
+        k = bisect.bisect_right(self._rows, row) - 1
+        return self._firsts[k] + self._pieces[k].index_of_row(row - self._rows[k])
