@@ -114,8 +114,8 @@ def main() -> int:
     repeats = 1 if args.quick else args.repeats
     with tempfile.TemporaryDirectory(prefix="bench-passes-") as tmp:
         args.root = Path(tmp)
-        lines = [f"# bench_passes: {datetime.date.today()} on {platform.node()} ({os.cpu_count()} cores, "
-                 f"{platform.python_version()}), best of {repeats}", "",
+        lines = [(f"# bench_passes: {datetime.date.today()} on {platform.node()} ({os.cpu_count()} cores, "
+                  f"{platform.python_version()}), best of {repeats}"), "",
                  "## start (sources of 37 / 300 / 1,000 rows, shuffle=True, batch 1024)", "",
                  "| epoch_rows | build s | len() s | first batch s | elastic load s | first batch after s |",
                  "| ---: | ---: | ---: | ---: | ---: | ---: |"]
