@@ -11,7 +11,10 @@ order and the same cursors after each row:
   split's rows with any number of lanes (one lane opens it; blocks only move the cursor's block offset).
 
 Everything else (more windows, several lanes over several splits, a part that starts inside a window)
-is read through the pipeline. ``tests/test_mix_bulk.py`` checks rows and cursors against it.
+is read through the pipeline. A source of one split laid out in spans, that no part of which is more than
+a window, is read many parts at once (:func:`span_take`: each part's rows and window order computed
+together, the cursors only where a batch ends). ``tests/test_mix_bulk.py`` checks rows and cursors
+against the pipeline.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import numpy.typing as npt
 from ._cursor import Cursor
 from ._hashing import permutations
 from ._held import HeldSource
-from ._mix_parts import Part
+from ._mix_parts import Part, Parts, SpanParts
 
 
 def bulk_readable(part: Part, interleave: int, buffer_rows: int) -> bool:
@@ -42,6 +45,37 @@ def bulk_order(source: HeldSource, part: Part, buffer_rows: int) -> npt.NDArray[
     return rows
 
 
+def spans_readable(parts: Parts, source: HeldSource | None, buffer_rows: int) -> SpanParts | None:
+    """``parts`` when every one of them is read many at once (:func:`span_take`): a held source of one split
+    laid out in spans, whose parts are no more than a window each."""
+    if source is None or not isinstance(parts, SpanParts) or parts.only is None:
+        return None
+    return parts if buffer_rows == 0 or parts.only.num_rows <= buffer_rows else None
+
+
+def span_take(parts: SpanParts, source: HeldSource, taken: int, wanted: int,
+              buffer_rows: int) -> npt.NDArray[np.int64]:
+    """The held table's rows of the slot's rows ``[taken, taken + wanted)`` of ``parts`` (one split, spans), in
+    the order the pipeline hands them out: every part's rows (a range of the split) in its window's order."""
+    assert parts.only is not None
+    first, last = parts.index_of_row(taken), parts.index_of_row(taken + wanted - 1)
+    pieces = np.arange(first, last + 1, dtype=np.int64)
+    starts, sizes = parts.segments(pieces)
+    bases = source.first_row(parts.only) + starts   # the table's row of each part's first row
+    ends = np.cumsum(sizes)
+    out = np.empty(int(ends[-1]), dtype=np.int64)
+    for size in np.unique(sizes):
+        if size == 0:
+            continue
+        chosen = sizes == size
+        order = np.arange(size, dtype=np.int64)[None, :]
+        if buffer_rows and size > 1:   # one window: its rows by its seed's permutation
+            order = permutations(int(size), parts.first_window_seeds(pieces[chosen]))
+        out[(ends[chosen] - size)[:, None] + np.arange(size)] = bases[chosen][:, None] + order
+    skip = taken - parts.rows_before(first)
+    return out[skip:skip + wanted]
+
+
 class BulkCursors:
     """The pipeline's cursor after each row of a part read here."""
 
@@ -49,6 +83,14 @@ class BulkCursors:
         self._ends = list(itertools.accumulate(split.num_rows for split in part.splits))
         self._rows, self._block_size, self._buffer_rows = part.rows, block_size, buffer_rows
         self._one_lane = interleave == 1
+
+    @classmethod
+    def of_rows(cls, rows: int, interleave: int, buffer_rows: int, block_size: int | None) -> BulkCursors:
+        """The cursors of a part of ``rows`` rows of one split."""
+        cursors = cls.__new__(cls)
+        cursors._ends, cursors._rows, cursors._block_size, cursors._buffer_rows = [rows], rows, block_size, buffer_rows
+        cursors._one_lane = interleave == 1
+        return cursors
 
     def _read(self, rows: int) -> Cursor:
         """The interleaved stream's cursor once its first ``rows`` rows (> 0) are handed out."""

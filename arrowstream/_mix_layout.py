@@ -71,7 +71,7 @@ class MixEpochs:
             out[s.name] = ListParts(()) if not quota else SpanParts(
                 s.splits, rows=s.rows, start=starts.get(s.name, 0), quota=quota, num_slots=slot.num_slots,
                 slot=slot.index, first=span_first(s.name, slot.num_slots), shuffle=self._shuffle, seed=self._seed,
-                name=s.name, seeds=source_seeds(self._seed, s.name, slot))
+                name=s.name, epoch=slot.epoch)
         return out
 
     def _track_parts(self, history: History, slot: MixSlot) -> dict[str, Parts]:

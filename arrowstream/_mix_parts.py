@@ -26,11 +26,13 @@ from ._mix_plan import (
     Segment,
     pass_order,
     segment_splits,
-    span_before,
     span_piece,
     span_pieces,
     span_segment,
+    span_segments,
     span_taken,
+    window_seed,
+    window_seeds,
 )
 from ._plan_types import Split, SplitTable
 
@@ -122,13 +124,13 @@ class SpanParts(Parts):
     from slot ``first`` on; part ``i`` reads its shuffle windows with ``seeds(offset + i, window)``."""
 
     def __init__(self, splits: SplitTable, *, rows: int, start: int, quota: int, num_slots: int, slot: int,
-                 first: int, shuffle: bool, seed: int, name: str, seeds: Callable[[int, int], int],
-                 offset: int = 0) -> None:
+                 first: int, shuffle: bool, seed: int, name: str, epoch: int, offset: int = 0) -> None:
         self._splits = splits
         self._rows, self._start, self._quota = rows, start, quota
         self._num_slots, self._slot, self._first = num_slots, slot, first
-        self._shuffle, self._seed, self._name = shuffle, seed, name
-        self._seeds, self._offset = seeds, offset
+        self._shuffle, self._seed, self._name, self._epoch = shuffle, seed, name, epoch
+        self._seeds = functools.partial(window_seed, seed, name, epoch, slot, num_slots)
+        self._offset = offset
         self._length = span_pieces(rows, start, quota)
         self._only = splits[0] if len(splits) == 1 else None
         self._hint = 0   # the part the last index_of_row found: the next one asked for is usually right after it
@@ -163,9 +165,18 @@ class SpanParts(Parts):
         _, begin, _ = span_piece(self._rows, self._start, self._quota, index)
         return span_taken(begin, self._num_slots, self._slot, self._first)
 
-    def rows_of_slots_before(self) -> int:
-        """Rows of the epoch the slots before this one take (where its rows start among all slots')."""
-        return span_before(self._quota, self._num_slots, self._slot, self._first)
+    @property
+    def only(self) -> Split | None:
+        """The source's one split, if it has one (each part is then a range of its rows)."""
+        return self._only
+
+    def segments(self, pieces: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """The first position in its pass and the rows of this slot's segment of each of ``pieces``."""
+        return span_segments(self._rows, self._start, self._quota, self._num_slots, self._slot, self._first, pieces)
+
+    def first_window_seeds(self, pieces: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
+        """The seed of the first shuffle window of the part of each of ``pieces``."""
+        return window_seeds(self._seed, self._name, self._epoch, self._slot, self._num_slots, self._offset + pieces, 0)
 
     def __getstate__(self) -> dict[str, Any]:
         return dict(self.__dict__)

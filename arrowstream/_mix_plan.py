@@ -38,7 +38,7 @@ from fractions import Fraction
 import numpy as np
 import numpy.typing as npt
 
-from ._hashing import derive_seed, derive_seeds, permutation, permutations
+from ._hashing import derive_seed, derive_seeds, mix64, permutation, permutations
 from ._plan_types import Split, SplitTable
 
 _PASS_DOMAIN = 0x6D69785F70617373  # "mix_pass": the split order of a pass
@@ -238,6 +238,39 @@ def window_seed(seed: int, name: str, epoch: int, slot_index: int, num_slots: in
                 window: int) -> int:
     """The seed of a shuffle window of a source's rows in one slot's segment of an epoch."""
     return derive_seed(_WINDOW_DOMAIN, seed, name_seed(name), epoch, slot_index, num_slots, segment, window)
+
+
+def window_seeds(seed: int, name: str, epoch: int, slot_index: int, num_slots: int,
+                 segments: npt.NDArray[np.int64], window: int) -> npt.NDArray[np.uint64]:
+    """:func:`window_seed` of window ``window`` of each of ``segments``, vectorized."""
+    folded = derive_seeds(segments.astype(np.uint64), _WINDOW_DOMAIN, seed, name_seed(name), epoch, slot_index,
+                          num_slots)
+    folded ^= np.uint64(mix64(np.array([window & (2**64 - 1)], dtype=np.uint64))[0])
+    return mix64(folded)
+
+
+def span_segments(rows: int, start: int, quota: int, num_slots: int, slot: int, first: int,
+                  pieces: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """:func:`span_segment` of each of ``pieces``, vectorized: each segment's first position in its pass and
+    its rows."""
+    pass_index = start // rows + pieces
+    begin = np.where(pieces == 0, 0, pass_index * rows - start)
+    end = np.minimum(quota, (pass_index + 1) * rows - start)
+    offset = start + begin - pass_index * rows
+
+    def taken(x: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        rounds, rest = np.divmod(x, num_slots)
+        out: npt.NDArray[np.int64] = rounds + ((slot - first) % num_slots < rest)
+        return out
+
+    def before(x: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        rounds, rest = np.divmod(x, num_slots)
+        stop = first + rest
+        extra = np.maximum(0, np.minimum(slot, stop) - first) + np.maximum(0, np.minimum(slot, stop - num_slots))
+        out: npt.NDArray[np.int64] = slot * rounds + extra
+        return out
+
+    return offset + before(end) - before(begin), taken(end) - taken(begin)
 
 
 def batch_permutation(rows: int, seed: int, epoch: int, slot_index: int, num_slots: int, batch: int) -> npt.NDArray[np.int64]:

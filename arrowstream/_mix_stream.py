@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from ._cursor import Cursor
 from ._interleave import PieceReader, block_size_for
-from ._mix_bulk import BulkCursors, bulk_order, bulk_readable
+from ._mix_bulk import BulkCursors, bulk_order, bulk_readable, span_take, spans_readable
 from ._mix_plan import batch_permutations, shares_after, window_seed
 from ._mix_span import batch_order, even_span_order, in_batch_order, mixed
 from ._mix_state import EVEN, PERMUTED, CompactCursor, MixPosition, MixWorkerState, SourceCursor
@@ -49,6 +49,7 @@ class SourceRows:
         self._readers = readers
         self._held = held   # a small source held in memory: parts that allow it are read whole (_mix_bulk)
         self._bulk: tuple[int, npt.NDArray[np.int64], BulkCursors] | None = None   # (part, its order, cursors)
+        self._spans = spans_readable(parts, held, buffer_rows)   # every part read many at once (span_take)
         self._parts = parts
         self._num_parts = len(parts)
         self._part_end = parts.rows_before(start.segment + 1) if start.segment < self._num_parts else 0
@@ -86,6 +87,8 @@ class SourceRows:
         while mark_index < len(marks) and marks[mark_index] == 0:   # none handed out yet: where it stands
             cursors.append(self.compact_cursor())
             mark_index += 1
+        if self._spans is not None and wanted:
+            return self._take_spans(wanted, marks[mark_index:], cursors)
         while done < wanted:
             if self._part >= self._num_parts:
                 raise self._short(wanted, done)
@@ -127,6 +130,30 @@ class SourceRows:
             self.taken += rows
         self._flush(bulk, pieces)
         return pieces, cursors
+
+    def _take_spans(self, wanted: int, marks: Sequence[int],
+                    cursors: list[CompactCursor]) -> tuple[list[pa.RecordBatch], list[CompactCursor]]:
+        """:meth:`take_marked` of a held source of one split in spans: the rows of many parts at once, and the
+        cursor of the part each mark ends in."""
+        parts, held = self._spans, self._held
+        assert parts is not None and held is not None
+        if self.taken + wanted > parts.rows:
+            raise self._short(wanted, max(parts.rows - self.taken, 0))
+        rows = span_take(parts, held, self.taken, wanted, self._buffer_rows)
+        batches = take(held.table, rows).to_batches()
+        block = block_size_for(self._batch_size, self._interleave)
+        for mark in marks:   # the part of the mark's last row, and how far into it
+            part = parts.index_of_row(self.taken + mark - 1)
+            before, end = parts.rows_before(part), parts.rows_before(part + 1)
+            after = BulkCursors.of_rows(end - before, self._interleave, self._buffer_rows, block)
+            cursors.append((part, _fields(after.after(self.taken + mark - before)), self.taken + mark))
+        last = parts.index_of_row(self.taken + wanted - 1)
+        before, end = parts.rows_before(last), parts.rows_before(last + 1)
+        self.taken += wanted
+        self._part, self._part_end, self._queue = last, end, None
+        self._start = BulkCursors.of_rows(end - before, self._interleave, self._buffer_rows, block).after(
+            self.taken - before)
+        return [batches[0] if len(batches) == 1 else pa.concat_batches(batches)], cursors
 
     def _bulk_part(self) -> tuple[int, npt.NDArray[np.int64], BulkCursors] | None:
         """The current part's order and cursors when it is read whole from the held rows, else None."""

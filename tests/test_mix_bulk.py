@@ -23,7 +23,10 @@ from arrowstream._cursor import Cursor
 from arrowstream._held import HeldReader, HeldSource, holds
 from arrowstream._interleave import block_size_for
 from arrowstream._mix_bulk import BulkCursors, bulk_order, bulk_readable
-from arrowstream._mix_parts import Part
+from arrowstream._mix_parts import Part, SpanParts
+from arrowstream._mix_plan import span_first
+from arrowstream._mix_state import SourceCursor
+from arrowstream._mix_stream import SourceRows
 from arrowstream._plan_types import Split
 from arrowstream._reader import SplitReader
 from arrowstream._stream import RunQueue, open_runs
@@ -88,3 +91,50 @@ def test_a_part_read_whole_has_the_pipelines_rows_and_cursors(held, data, interl
     cursors = BulkCursors(part, interleave, buffer_rows, block_size_for(batch_size, interleave))
     assert [cursors.after(j) for j in range(1, part.rows + 1)] == held_cursors
 
+
+
+@pytest.fixture(scope="module")
+def one_split(tmp_path_factory):
+    """A planned source of one file of 11 rows in one row group (one split), and its rows held."""
+    folder = tmp_path_factory.mktemp("one-split")
+    pq.write_table(pa.table({"id": np.arange(100, 111)}), folder / "f.parquet")
+    mixture = Mixture({"s": Source(str(folder))}, batch_size=4, plan_cache=False)
+    planned = mixture._sources[0]
+    assert len(planned.plan.splits) == 1
+    return planned.plan, HeldSource(SplitReader(planned.plan, planned.storage, 1024, use_threads=False), planned.plan)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), interleave=st.sampled_from([1, 2]), buffer_rows=st.sampled_from([0, 11, 64]),
+       batch_size=st.integers(1, 9), slots=st.integers(1, 5), start=st.integers(0, 60), quota=st.integers(1, 90))
+def test_a_source_of_one_split_read_many_parts_at_once_has_the_pipelines_rows_and_cursors(
+        one_split, data, interleave, buffer_rows, batch_size, slots, start, quota):
+    """``SourceRows`` of a held source of one split in spans (every part read at once: ``span_take``) against
+    the same parts read part by part through the pipeline: the same rows, and the same cursor at every mark."""
+    plan, source = one_split
+    slot = data.draw(st.integers(0, slots - 1))
+    parts = SpanParts(plan.splits, rows=plan.num_rows, start=start, quota=quota, num_slots=slots, slot=slot,
+                      first=span_first("s", slots), shuffle=True, seed=5, name="s", epoch=2)
+    assume(parts.rows > 0)
+    marks, at = [], 0
+    while at < parts.rows:
+        at = min(parts.rows, at + data.draw(st.integers(1, 12)))
+        marks.append(at)
+    calls = data.draw(st.integers(1, len(marks)))   # the marks over a few take_marked calls, as spans of batches
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(marks) - 1), max_size=calls - 1))) if len(marks) > 1 else []
+
+    def read(held):
+        rows = SourceRows("s", [HeldReader(source)] * interleave, parts, batch_size=batch_size, interleave=interleave,
+                          buffer_rows=buffer_rows, start=SourceCursor(0, None, 0), url="s", held=held)
+        ids, cursors, done = [], [], 0
+        for lo, hi in zip([0, *cuts], [*cuts, len(marks)], strict=True):
+            pieces, after = rows.take_marked([m - done for m in marks[lo:hi]])
+            ids += [i for piece in pieces for i in piece.column("id").to_pylist()]
+            cursors += after
+            done = marks[hi - 1]
+        return ids, cursors, rows.compact_cursor()
+
+    held_path = read(source)
+    assert held_path == read(None)
+    if slots == 1:   # one slot: the epoch's positions of the passes, each once
+        assert sorted(held_path[0]) == sorted(100 + position % 11 for position in range(start, start + quota))
