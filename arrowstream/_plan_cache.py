@@ -249,7 +249,7 @@ class PlanCache:
         computed of them (``footers.known_fingerprints``), atomically; a folder that cannot take it is logged once."""
         if not tabled(footers) or (self.needs_tags and _untagged(footers.tags, footers.versions)):
             return   # footers the cache cannot write (none of the file formats'), or files it could not tell apart
-        self._write(lambda: encode(self.material, footers))
+        self._write(lambda: encode(self.material, footers, entries=entries))
 
     def _write(self, encoded: Callable[[], bytes]) -> None:
         """Write the entry ``encoded`` makes, atomically, then bound the folder; a folder that cannot take it
