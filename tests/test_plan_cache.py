@@ -551,6 +551,67 @@ def test_a_file_replaced_by_another_with_its_size_and_mtime_is_a_stale_listing(t
     assert sorted(i for batch in dataset for i in ids_of(batch)) == list(range(1000, 1200))
 
 
+def _restamped(entry: Path, folder: Path) -> None:
+    """The entry rewritten (checksum and all) with the inode numbers and change times of the files as listed now:
+    what a listing sees where a rewrite leaves them as they were (a rewrite within one tick of a coarse clock, a
+    filesystem whose change time ``utime`` sets too): the entry is stale and its listing is the current one."""
+    from arrowstream._cache_entry import _stamps
+
+    header, payload = _entry_parts(entry.read_bytes())
+    table = plan_cache._read_table(payload)
+    _, entries = discovery.discover_files(str(folder), None)
+    for name, column in _stamps(entries).items():
+        table = table.set_column(table.schema.get_field_index(name), name, column)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    entry.write_bytes(_entry_of(header, bytes(sink.getvalue())))
+
+
+@pytest.mark.parametrize("handles", [True, False], ids=["footer kept", "no footer kept"])
+@pytest.mark.parametrize("case", REWRITES)
+def test_a_stale_entry_the_listing_cannot_tell_is_named_when_the_file_is_opened(tmp_path, monkeypatch, case,
+                                                                                handles):
+    """A worker compares the file it opens with what the plan holds of it (the footer the plan kept, or the units,
+    schema and pruning by statistics of the footer it reads): a stale entry that the listing cannot tell is an
+    error naming the entry and the way out, never rows lost, garbage or a file called unreadable."""
+    if not handles:
+        monkeypatch.setattr(footers_module, "LOCAL_HANDLE_BUDGET", 0)
+    folder, _ = _planned_then_rewritten(tmp_path, case)
+    _, _, second, _, filter = REWRITES[case]
+    entry = the_entry()
+    _restamped(entry, folder)
+    dataset = StructuredDataset(str(folder), batch_size=64, filter=filter, output_format="arrow")
+    assert dataset._source.cache_outcome.action == "hit"
+    assert bool(dataset._plan.files.handles) is handles
+    with pytest.raises(errors.StalePlanCacheError) as caught:
+        list(dataset)
+    message = str(caught.value)
+    assert message.startswith(f"the plan cache entry {entry} is stale") and "part-0.parquet" in message
+    assert "plan_cache=False" in message and f"rm {entry}" in message
+    assert "not a readable" not in message and "rewrite the file" not in message
+    assert isinstance(caught.value, errors.FileChangedError)
+    entry.unlink()   # the way out the error names
+    assert _values(folder, filter) == _expected(second, filter)
+
+
+@pytest.mark.parametrize("case", REWRITES)
+def test_a_file_rewritten_during_a_run_keeping_size_and_mtime_is_a_changed_file(tmp_path, case):
+    """Without the cache: a file rewritten after planning with its size and modification time kept is named as
+    changed when a worker opens it (the pinned size and mtime cannot tell), not read with the planned footer."""
+    first, first_groups, second, second_groups, filter = REWRITES[case]
+    folder = tmp_path / "data"
+    folder.mkdir()
+    target = folder / "part-0.parquet"
+    _write_padded(target, first, first_groups)
+    loader, _ = make_loader(str(folder), 1, batch_size=64, filter=filter, plan_cache=False,
+                                  output_format="arrow")
+    _rewrite_keeping_size_and_mtime(target, lambda path, size: _write_padded(path, second, second_groups, size))
+    with pytest.raises(errors.FileChangedError, match="part-0.parquet: changed since planning") as caught:
+        list(loader)
+    assert not isinstance(caught.value, errors.StalePlanCacheError)
+
+
 def _same_size_rewrites() -> dict[str, tuple[str, dict, object, object]]:
     """Other formats: (format, options, write the file as planned, write it again keeping its size)."""
     def ipc(values, type_):
@@ -573,7 +634,9 @@ def _same_size_rewrites() -> dict[str, tuple[str, dict, object, object]]:
 
 @pytest.mark.parametrize("kind", ["arrow", "orc", "csv"])
 def test_other_formats_rewritten_keeping_size_and_mtime(tmp_path, kind):
-    """IPC record batches, ORC stripes, CSV byte ranges: the listing tells the rewrite (rebuilt)."""
+    """IPC record batches, ORC stripes, CSV byte ranges: the listing tells the rewrite (rebuilt); an entry it
+    cannot tell is named when the file is opened (IPC, ORC: schema and units read at opening) or a unit is
+    parsed (CSV: its rows counted against the scan the entry holds)."""
     file_format, options, write_first, write_second = _same_size_rewrites()[kind]
     folder = tmp_path / "data"
     folder.mkdir()
@@ -582,6 +645,8 @@ def test_other_formats_rewritten_keeping_size_and_mtime(tmp_path, kind):
     first = sorted(i for batch in StructuredDataset(str(folder), format=file_format, batch_size=64,
                                                     output_format="arrow", **options)
                    for i in batch.column("id").to_pylist())
+    entry = the_entry()
+    stale = entry.read_bytes()
 
     def rewrite(path, size):
         write_second(path)
@@ -597,6 +662,17 @@ def test_other_formats_rewritten_keeping_size_and_mtime(tmp_path, kind):
     assert dataset._plan.schema.field("id").type == now_type
     assert all(batch.schema.equals(dataset._plan.schema) for batch in batches)
     assert (expected, now_type) != (first, pa.int64())
+    entry.write_bytes(stale)   # the entry of the file as planned, its listing made the current one
+    _restamped(entry, folder)
+    dataset = StructuredDataset(str(folder), format=file_format, batch_size=64, output_format="arrow", **options)
+    assert dataset._source.cache_outcome.action == "hit"
+    if kind == "csv":   # rows counted against the entry's scan when a unit is parsed: changed, or a stray quote
+        with pytest.raises(errors.MalformedRowError, match=f"part-0.csv: .*planned from the plan cache entry {entry}: "
+                                                           "if the file was rewritten .* plan_cache=False"):
+            list(dataset)
+        return
+    with pytest.raises(errors.StalePlanCacheError, match=f"the plan cache entry {entry} is stale: .*part-0.{kind}"):
+        list(dataset)
 
 
 def test_a_changed_inode_time_rebuilds_the_entry_and_keeps_checkpoints(tmp_path):
