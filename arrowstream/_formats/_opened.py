@@ -1,18 +1,18 @@
 """The check a worker makes when it opens a planned file: is the file's own metadata the one the plan holds?
 
-A plan (read from the files, or from a plan cache entry) describes each file by its metadata: units and their
-rows, schema, and for Parquet the footer itself (the ``FileMetaData`` handle, whose statistics pruned the row
-groups a filter excludes). Size and modification time, which a worker checks before every read, do not tell a
-file rewritten with both kept (``cp -p``, ``rsync -t``, a restore from backup, ``os.utime``) from the file that
-was planned. So a worker also compares what it opens with what the plan holds: where the format's reader reads
-the file's metadata anyway (ORC, Arrow IPC, a Parquet file without a handle), the units, their rows and the
-schema, at no I/O; where the plan hands the reader a Parquet footer, that footer against the file's own (one
-read of its tail), which covers the statistics of the row groups the plan pruned and so never reads; and
-where a Parquet file without a handle had row groups pruned, the plan's filter against the file's statistics.
-The last two are made once per state of a file (:func:`file_state`) per process (:func:`verified`). A
-difference is a :class:`MetadataMismatch`, which the split reader turns into the error naming what the plan
-came from (``_reader.SplitReader``). Text has no metadata of its own: the rows of each unit, counted against the
-scan the plan holds when the unit is parsed, are its check.
+A plan (read from the files, or from a plan cache entry) describes each file by its metadata: units and their rows,
+schema, and for Parquet the footer itself (the ``FileMetaData`` handle, whose statistics pruned the row groups a
+filter excludes). Size and modification time, which a worker checks before every read, do not tell a file rewritten
+with both kept (``cp -p``, ``rsync -t``, a restore from backup, ``os.utime``) from the file that was planned. So a
+worker also compares what it opens with what the plan holds: where the format's reader reads the file's metadata
+anyway (ORC, Arrow IPC, a Parquet file without a handle), the schema and the number of units (a Parquet file's row
+groups' rows and sizes too; ORC and IPC units' rows are counted as they are read), at no I/O; where the plan hands
+the reader a Parquet footer, that footer against the file's own (one read of its tail), which covers the statistics
+of the row groups the plan pruned and so never reads; and where a Parquet file without a handle had row groups
+pruned, the plan's filter against the file's statistics. The last two are made once per state of a file
+(:func:`file_state`) per process (:func:`verified`). A difference is a :class:`MetadataMismatch`, which the split
+reader turns into the error naming what the plan came from (``_reader.SplitReader``). Text has no metadata of its
+own: the rows of each unit, counted against the scan the plan holds when the unit is parsed, are its check.
 """
 
 from __future__ import annotations
