@@ -26,9 +26,11 @@ from ._formats import FileFormat, check_counts, unit_format
 from ._formats._footer_table import footer_columns, footer_table_of, footers_of
 from ._storage import display_url
 
-# 2: Parquet footers (FileMetaData handles) as bytes, the handle budget in the key. Entries of another
-# version are named by another key (so not read), and refused by version if one is found in place.
-CACHE_VERSION = 2
+# 2: Parquet footers (FileMetaData handles) as bytes, the handle budget in the key.
+# 3: the listing keeps each local file's inode number and inode change time (``inode``, ``changed``): a rewrite
+#    that restores size and modification time is a stale listing. Entries of another version are named by
+#    another key (so not read), and refused by version if one is found in place: rebuilt, never trusted.
+CACHE_VERSION = 3
 _MAGIC = b"ARROWSTREAM PLAN CACHE\n"
 _LENGTH = struct.Struct("<Q")
 _DIGEST_BYTES = 32
@@ -48,7 +50,19 @@ def _listing(entries: Sequence[FileEntry]) -> dict[str, pa.Array]:
             "size": pa.array(list(map(attrgetter("size"), entries)), pa.int64()),
             "tag": pa.array(list(map(attrgetter("tag"), entries)), pa.string()),
             "version": pa.array(list(map(attrgetter("version"), entries)), pa.string()),
+            **_stamps(entries),
             "name": pa.array(list(map(attrgetter("name"), entries)), pa.string())}
+
+
+def _stamps(entries: Sequence[FileEntry] | None, num_files: int = 0) -> dict[str, pa.Array]:
+    """The listing columns ``os.utime`` cannot restore: each local file's inode number and inode change time
+    (0 where the listing gives none: remote files, whose version changes with every write, and the files of an
+    Iceberg snapshot, never rewritten); zeros for ``num_files`` files without ``entries``."""
+    if entries is None:
+        zeros = pa.array(np.zeros(num_files, dtype=np.int64))
+        return {"inode": zeros, "changed": zeros}
+    return {"inode": pa.array(np.fromiter(map(attrgetter("inode"), entries), np.int64, len(entries))),
+            "changed": pa.array(np.fromiter(map(attrgetter("changed_ns"), entries), np.int64, len(entries)))}
 
 
 def _tagged(entry: FileEntry) -> bool:
@@ -62,20 +76,28 @@ def _untagged(tags: pa.Array, versions: pa.Array) -> bool:
     return bool(pc.any(pc.and_(pc.equal(pc.binary_length(tags), 0), pc.equal(pc.binary_length(versions), 0))).as_py())
 
 
-_LISTED = ("path", "size", "tag", "version")   # the listing columns of an entry
+_LISTED = ("path", "size", "tag", "version", "inode", "changed")   # the listing columns of an entry
+# how a stale listing names a column that differs (and what changes it)
+_LISTED_NAMES = {"inode": "inode number (the file was replaced by another one, keeping its size and modification "
+                          "time)",
+                 "changed": "inode change time (the file was rewritten keeping its size and modification time, or "
+                            "its permissions, owner or links changed)"}
 
 
-def encode(material: dict[str, Any], footers: FooterTable, more: dict[str, pa.Array] | None = None) -> bytes:
+def encode(material: dict[str, Any], footers: FooterTable, more: dict[str, pa.Array] | None = None,
+           entries: Sequence[FileEntry] | None = None) -> bytes:
     """The bytes of an entry: magic, header length, JSON header, Arrow IPC stream, SHA-256 of header and stream.
-    Column by column from the table (no ``FileFooter`` per file), and the columns ``more`` (one row per file);
-    the header keeps the table's known data fingerprints (identity JSON -> digest, see
+    Column by column from the table (no ``FileFooter`` per file), the inode numbers and change times of the
+    listing ``entries`` the footers were read after (zeros without), and the columns ``more`` (one row per
+    file); the header keeps the table's known data fingerprints (identity JSON -> digest, see
     ``_footers.files_fingerprint``)."""
     serialized = [s.serialize().to_pybytes() for s in footers.schemas]
     schemas: dict[bytes, int] = {}
     renumbered = np.array([schemas.setdefault(s, len(schemas)) for s in serialized], dtype=np.int32)
     schema_index = renumbered[footers.schema_index] if len(footers) else np.zeros(0, dtype=np.int32)
     listing = {"path": footers.paths.cast(pa.string()), "size": pa.array(footers.sizes, pa.int64()),
-               "tag": footers.tags.cast(pa.string()), "version": footers.versions.cast(pa.string())}
+               "tag": footers.tags.cast(pa.string()), "version": footers.versions.cast(pa.string()),
+               **_stamps(entries, len(footers))}
     table = pa.table({**listing, **footer_columns(footers, schema_index), **(more or {})})
     sink = pa.BufferOutputStream()
     compression = "zstd" if pa.Codec.is_available("zstd") else None   # paths and tags compress several-fold
@@ -135,7 +157,7 @@ def _stale_listing(cached: pa.Table | None, current: dict[str, pa.Array], entrie
         if not column.equals(current[name]):
             changed = next(i for i, (a, b) in enumerate(zip(column.to_pylist(), current[name].to_pylist(),
                                                             strict=True)) if a != b)
-            return f"the listing changed: the {name} of {entries[changed].name} differs"
+            return f"the listing changed: the {_LISTED_NAMES.get(name, name)} of {entries[changed].name} differs"
     return ""
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import posixpath
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
 
 import fsspec
@@ -45,6 +45,12 @@ class FileEntry:
     ``version`` is what reads are pinned to (see ``arrowstream._pinned``): the ETag on S3 and Azure,
     the generation on GCS, the modification time of a local file; "" where the listing gave none. It
     is not in the data fingerprint (``tag`` is), which stays what checkpoints of earlier releases hold.
+
+    ``inode`` and ``changed_ns`` (a local file's ``st_ino`` and ``st_ctime_ns``; 0 elsewhere) are what
+    ``os.utime`` cannot restore: the plan cache compares them, so that a file rewritten with its size
+    and modification time kept is not planned from the footers of the file it was. They are in no
+    fingerprint (a ``chmod``, a hard link or a copy changes them, not the data), pin no read, and are
+    not kept in a plan (whose entries have 0): entries compare without them.
     """
 
     path: str
@@ -52,6 +58,8 @@ class FileEntry:
     size: int
     tag: str
     version: str = ""
+    inode: int = field(default=0, compare=False)
+    changed_ns: int = field(default=0, compare=False)
 
 
 def _modification_tag(info: dict[str, Any]) -> str:
@@ -172,7 +180,7 @@ def discover_files(path: Any, storage_options: dict[str, Any] | None,
     options = current_options(storage_options, provider, f"while opening the filesystem to list {urls[0]}")
     storage: Storage | None = None
     infos: dict[str, dict[str, Any]] = {}   # a remote listing's fsspec info per path
-    statuses: LocalFiles = {}                # a local listing's (size, modification time) per path
+    statuses: LocalFiles = {}                # a local listing's (size, mtime, inode, ctime) per path
     retry = retry or RetryPolicy()
     for url in urls:
         scheme = url.split("://", 1)[0] if "://" in url else "file"
@@ -212,14 +220,15 @@ def discover_files(path: Any, storage_options: dict[str, Any] | None,
 def _local_entries(statuses: LocalFiles) -> list[FileEntry]:
     """The entries of a local listing, in one loop: what the remote loop makes of fsspec's local info
     ``{"size": st_size, "mtime": st_mtime}`` (tag ``mtime=<st_mtime>``, version ``str(st_mtime)``),
-    without a dict, a tag lookup or a call per file (a third of a 50,000-file listing's cost)."""
+    without a dict, a tag lookup or a call per file (a third of a 50,000-file listing's cost), and the
+    inode number and change time the plan cache compares."""
     paths = sorted(statuses)
     entries = []
     with GcPaused():   # an entry per file, as in _list_local
         for path, name in zip(paths, _names(paths)):
-            size, mtime = statuses[path]
+            size, mtime, inode, changed_ns = statuses[path]
             version = repr(mtime)   # str(float) is repr(float), as in version_of and f"mtime={mtime}"
-            entries.append(FileEntry(path, name, size, "mtime=" + version, version))
+            entries.append(FileEntry(path, name, size, "mtime=" + version, version, inode, changed_ns))
     return entries
 
 

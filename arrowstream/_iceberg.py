@@ -217,6 +217,8 @@ def plan_iceberg(source: IcebergSource, split_bytes: int | None, retry: RetryPol
                       identity={"table": str(metadata.table_uuid), "snapshot_id": source.snapshot_id,
                                 "schema_id": source.schema_id,
                                 "schema": [[f.name, str(f.type)] for f in arrow_schema]})
+    if cached is not None and cache is not None:
+        plan.cache_entry = cache.path
     return storage, plan, outcome
 
 

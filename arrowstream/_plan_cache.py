@@ -4,16 +4,19 @@ Planning lists the files (cheap: one request per folder) and reads every file's 
 more requests per file; CSV and JSON Lines: a scan of every byte). The footers, once reconciled,
 depend only on the files and on the options that shape units, so they are kept in one entry per
 dataset (protocol, path as given, format, parse options, text unit size, filter), with the listing
-they were read from (path, size, modification tag and version of every file) inside. A start with
-the same listing takes them from the entry and runs only the cheap rest of planning (column and
-schema checks, splits).
+they were read from (path, size, modification tag and version of every file; the inode number and
+inode change time of a local one, which ``os.utime`` cannot restore, so that a rewrite that keeps size
+and modification time is a stale listing) inside. A start with the same listing takes them from the
+entry and runs only the cheap rest of planning (column and schema checks, splits).
 
 The footers come back as planning kept them, handles included: a Parquet ``FileMetaData`` that the
 cold plan kept (within the handle budget of its storage, ``_footers.handle_budget``, which is part
 of the key) is kept as its Thrift bytes and read back, so that workers read no footer and remote
 splits get their read-ahead (byte ranges of column chunks) after a warm restart too. They are as
 safe as the rest of the entry: remote reads are pinned to the listed version, local files are
-checked by size and modification tag, and readers count every unit's rows.
+checked by size and modification tag, a worker compares each file it opens with the plan
+(``_formats._opened``; a difference names this entry: ``StalePlanCacheError``), and readers count
+every unit's rows.
 
 An entry is one file: a magic line, a JSON header (format version, the key material, the schemas,
 the data fingerprints planning computed of the files), an Arrow IPC stream of one row per file (units,
@@ -249,7 +252,7 @@ class PlanCache:
         computed of them (``footers.known_fingerprints``), atomically; a folder that cannot take it is logged once."""
         if not tabled(footers) or (self.needs_tags and _untagged(footers.tags, footers.versions)):
             return   # footers the cache cannot write (none of the file formats'), or files it could not tell apart
-        self._write(lambda: encode(self.material, footers))
+        self._write(lambda: encode(self.material, footers, entries=entries))
 
     def _write(self, encoded: Callable[[], bytes]) -> None:
         """Write the entry ``encoded`` makes, atomically, then bound the folder; a folder that cannot take it

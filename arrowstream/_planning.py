@@ -59,6 +59,9 @@ class Plan:
     num_rows: int                     # before the filter
     # what joins the files in the data fingerprint (the schema; Iceberg: the table, snapshot and schema ids)
     identity: dict[str, Any] = field(default_factory=dict)
+    # the plan cache entry the files' metadata came from (None: read from the files): what a reader names when a
+    # file's own metadata is not the plan's (see _formats._opened); in no state, fingerprint or argument
+    cache_entry: str | None = None
     _refined: dict[tuple[int, int], SplitTable] = field(default_factory=dict, repr=False)
 
     def url(self, file_index: int) -> str:
@@ -118,6 +121,8 @@ def plan_files(storage: Storage, entries: Sequence[FileEntry], file_format: File
     # (written by a start that failed, or by an earlier release) is written again, once, with it
     if cached is None or set(plan.files.known_fingerprints) != known:
         cache.store(entries, plan.files)
+    if cached is not None:
+        plan.cache_entry = cache.path
     return plan
 
 

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from ._failures import wrap_read_error
 from ._formats import UnitFile, name_units, unit_format
+from ._formats._opened import MetadataMismatch
 from ._metrics import Meter
 from ._piece import Piece  # also importable from here, its old home
 from ._pinned import Pin
@@ -28,7 +29,7 @@ from ._prefetch import Prefetcher
 from ._retry import Attempts, forget_locals
 from ._row_ids import RowIds
 from ._storage import Storage
-from .errors import ArrowStreamError, CorruptFileError
+from .errors import ArrowStreamError, CorruptFileError, FileChangedError, StalePlanCacheError
 
 _ROW_INDEX = "__arrowstream_source_offset"
 SMALLEST_READ_ROWS = 1024   # a smaller read costs more per row than the rows it spares decoding
@@ -106,8 +107,13 @@ class SplitReader:
             self.close()
             footer = self._plan.files[file_index]
             file_format = unit_format(footer.format)
-            self._open_file = file_format.open(self._storage, footer)
+            self._open_file = file_format.open(self._storage, footer)   # checks the file's metadata (_opened)
             self._open_index, self._row_ok = file_index, file_format.row_ok_column
+            # a format that prunes units by statistics checks the pruned ones too (they are never read)
+            check_pruned = getattr(self._open_file, "check_pruned", None)
+            if (check_pruned is not None and self._plan.filter is not None
+                    and len(footer.kept_units) < len(footer.unit_rows)):
+                check_pruned(self._plan.filter)
         assert self._open_file is not None
         return self._open_file
 
@@ -139,6 +145,8 @@ class SplitReader:
             except Exception as exc:
                 self.close()
                 forget_locals(exc)
+                if isinstance(exc, MetadataMismatch):   # the file is not what the plan holds of it: never retried
+                    raise self._not_planned(split, exc) from None
                 if isinstance(exc, ArrowStreamError):   # already names the file and the remedy (a malformed row)
                     raise
                 self._check_unchanged(split)   # a local file changed under the read is named as changed
@@ -202,14 +210,42 @@ class SplitReader:
         if span_row != end:
             raise self._miscounted(split, units, announced, span_row - first_row)
 
-    def _miscounted(self, split: Split, units: list[int], announced: int, rows: int) -> CorruptFileError:
-        """The row-count contract broken: units yielded other than their metadata announced."""
+    def _not_planned(self, split: Split, mismatch: MetadataMismatch) -> Exception:
+        """The error for a file whose own metadata is not what the plan holds of it (``mismatch`` says how),
+        though its size and modification time are: the plan cache entry the plan came from is stale (named, with
+        the way out), or the file was rewritten during the run with its modification time restored. A mismatch
+        with another possible cause (rows counted, the file may be corrupt) is its own error, naming the entry
+        the plan came from, if any."""
+        url = self._plan.url(split.file_index)
+        label = unit_format(self._plan.files[split.file_index].format).label
+        entry = self._plan.cache_entry
+        if mismatch.fallback is not None:
+            if entry is None:
+                return mismatch.fallback
+            return type(mismatch.fallback)(
+                f"{mismatch.fallback}; the dataset was planned from the plan cache entry {entry}: if the file was "
+                f"rewritten keeping its size and modification time, the entry is stale: remove it (rm {entry}) or "
+                "build the dataset with plan_cache=False, then build the dataset again")
+        if entry is not None:
+            return StalePlanCacheError(
+                f"the plan cache entry {entry} is stale: it holds {label} metadata of {url} that the file does not "
+                f"have ({mismatch}), its size and modification time unchanged (rewritten in place with them "
+                f"restored, as cp -p, rsync -t or a restore do); remove the entry (rm {entry}) or build the dataset "
+                "with plan_cache=False, then build the dataset again: its metadata is read from the file afresh")
+        return FileChangedError(
+            f"{url}: changed since planning, keeping its size and modification time: its {label} metadata is not the "
+            f"one the dataset was planned on ({mismatch}); the dataset changed while it was read: re-plan (build "
+            "the dataset again) or resume from a checkpoint taken on the new data")
+
+    def _miscounted(self, split: Split, units: list[int], announced: int, rows: int) -> Exception:
+        """The row-count contract broken: units yielded other than their metadata announced (the file is corrupt,
+        or changed keeping its size and modification time; a plan from the plan cache: the entry is named)."""
         file_format = unit_format(self._plan.files[split.file_index].format)
-        return CorruptFileError(
+        return self._not_planned(split, MetadataMismatch("", fallback=CorruptFileError(
             f"{self._plan.url(split.file_index)}: {file_format.label} {name_units(file_format.unit, units)} "
             f"yielded {rows} rows where the metadata the dataset was planned on announced {announced}; the file "
             "is corrupt or changed after planning: rewrite it (or rebuild the dataset, with plan_cache=False if the "
-            "change kept its size and modification time), or leave it out of `path`")
+            "change kept its size and modification time), or leave it out of `path`")))
 
     def _piece(self, batch: pa.RecordBatch, position: int, start: int, ids_at: tuple[int, int] | None) -> Piece:
         """The piece of the split's rows ``batch`` (from source offset ``start``): filtered, projected, and with

@@ -7,9 +7,11 @@ link's own path (the path pyarrow reports), with the size and modification time 
 link that leads back into a folder being listed (a loop, which pyarrow follows some 40 levels
 deep) and a dangling link (which pyarrow skips) are errors naming the link.
 
-A listing maps each file's path to its ``(size, modification time)`` (:data:`LocalFiles`): a pair
-per file rather than an fsspec info dict, since a restart of a large dataset lists every file and
-pays for whatever is made per file (issue 19: 50,000 files).
+A listing maps each file's path to its ``(size, modification time, inode number, inode change time)``
+(:data:`LocalFiles`): a tuple per file rather than an fsspec info dict, since a restart of a large
+dataset lists every file and pays for whatever is made per file (issue 19: 50,000 files). The last
+two are what ``os.utime`` cannot restore: the plan cache tells a file rewritten with its size and
+modification time kept (``cp -p``, ``rsync -t``, a restore) from the file it cached by them.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from fsspec.utils import glob_translate
 
 from .errors import DatasetNotFoundError, InvalidArgumentError
 
-LocalFiles = dict[str, tuple[int, float]]   # path -> (st_size, st_mtime) of the file or of a link's target
+# path -> (st_size, st_mtime, st_ino, st_ctime_ns) of the file or of a link's target
+LocalFiles = dict[str, tuple[int, float, int, int]]
 _HIDDEN_PREFIXES = (".", "_")
 _name = attrgetter("name")
 
@@ -70,7 +73,7 @@ class _Walk:
             if entry.is_file(follow_symlinks=False):   # a regular file, never a link: the common case first
                 path = prefix + name
                 status = lstat(path)   # entry.stat(follow_symlinks=False) makes the same call, ~10% slower
-                files[path] = (status.st_size, status.st_mtime)
+                files[path] = (status.st_size, status.st_mtime, status.st_ino, status.st_ctime_ns)
             elif entry.is_dir(follow_symlinks=False):
                 path = prefix + name
                 self.folder(path, ancestors | {os.path.realpath(path)}, depth + 1)
@@ -80,7 +83,7 @@ class _Walk:
     def link(self, path: str, ancestors: frozenset[str], depth: int) -> None:
         status = _target_status(path, self.url)
         if stat.S_ISREG(status.st_mode):
-            self.files[path] = (status.st_size, status.st_mtime)
+            self.files[path] = (status.st_size, status.st_mtime, status.st_ino, status.st_ctime_ns)
         elif stat.S_ISDIR(status.st_mode):
             target = os.path.realpath(path)
             if target in ancestors:
@@ -93,7 +96,8 @@ class _Walk:
 
 def list_local(path: str, url: str) -> LocalFiles:
     """The files of a local folder (recursively, names starting with ``.`` or ``_`` skipped) or the
-    one file ``path`` names, symbolic links followed, each with its size and modification time;
+    one file ``path`` names, symbolic links followed, each with its size, modification time, inode
+    number and inode change time;
     ``{}`` for a folder without files. Names are checked below ``path`` only: a hidden folder given
     as ``path`` is listed, and so is a hidden file given by name.
 
@@ -114,7 +118,8 @@ def list_local(path: str, url: str) -> LocalFiles:
         except FileNotFoundError:
             raise DatasetNotFoundError(f"path: {url!r} does not exist; check the path and the storage_options") from None
     if not stat.S_ISDIR(status.st_mode):
-        return {path: (status.st_size, status.st_mtime)} if stat.S_ISREG(status.st_mode) else {}
+        return ({path: (status.st_size, status.st_mtime, status.st_ino, status.st_ctime_ns)}
+                if stat.S_ISREG(status.st_mode) else {})
     walk = _Walk(url, _HIDDEN_PREFIXES, None)
     walk.folder(path.rstrip("/") or "/", frozenset({os.path.realpath(path)}), 1)
     return walk.files

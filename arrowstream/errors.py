@@ -44,6 +44,11 @@ class FileChangedError(FileReadError):
     """A file is not the version the dataset was planned on: it was rewritten, truncated or extended since."""
 
 
+class StalePlanCacheError(FileChangedError):
+    """A plan cache entry describes a file as it was before a rewrite that kept its size and modification time:
+    the error names the entry; remove it (or pass ``plan_cache=False``) and build the dataset again."""
+
+
 class SchemaMismatchError(ArrowStreamError, ValueError):
     """Files of one dataset disagree on their columns or types."""
 
@@ -119,6 +124,7 @@ __all__ = [
     "CorruptFileError",
     "DatasetNotFoundError",
     "EmptyDatasetError",
+    "FileChangedError",
     "FileReadError",
     "InvalidArgumentError",
     "MalformedRowError",
@@ -128,6 +134,7 @@ __all__ = [
     "RepeatedEpochWarning",
     "SchemaMismatchError",
     "SharedMemoryError",
+    "StalePlanCacheError",
     "StateError",
     "StateMismatchError",
     "StateVersionError",

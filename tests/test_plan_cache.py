@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -330,25 +331,31 @@ def test_warm_plan_follows_the_handle_budget(tmp_path, inspections, monkeypatch)
     assert inspections["parquet"] == 0
 
 
-def _as_version_1(data: bytes) -> tuple[bytes, dict]:
-    """An entry as release 1 of the cache wrote it (no Parquet footers, no budget in the key), and its key."""
+def _as_version(data: bytes, version: int) -> tuple[bytes, dict]:
+    """An entry as an earlier release of the cache wrote it, and its key: version 1 (no Parquet footers, no budget
+    in the key), version 2 (no inode numbers or change times in the listing: a rewrite that restored size and
+    mtime looked like the file cached)."""
     header, payload = _entry_parts(data)
     fields = json.loads(header)
-    fields["cache_version"] = fields["key"]["cache_version"] = 1
-    del fields["key"]["handle_budget"]
-    table = plan_cache._read_table(payload).drop_columns(["parquet_footer"])
+    fields["cache_version"] = fields["key"]["cache_version"] = version
+    dropped = ["inode", "changed"]
+    if version == 1:
+        del fields["key"]["handle_budget"]
+        dropped.append("parquet_footer")
+    table = plan_cache._read_table(payload).drop_columns(dropped)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     return _entry_of(json.dumps(fields, sort_keys=True).encode(), bytes(sink.getvalue())), fields["key"]
 
 
+@pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("where", ["its own name", "in place"])
-def test_an_entry_of_version_1_is_rebuilt_not_misread(tmp_path, inspections, caplog, where):
+def test_an_entry_of_an_earlier_version_is_rebuilt_not_misread(tmp_path, inspections, caplog, where, version):
     path = write_dataset(tmp_path / "data", LAYOUT)
     cold = StructuredDataset(path, batch_size=64)
     entry = the_entry()
-    old, old_key = _as_version_1(entry.read_bytes())
+    old, old_key = _as_version(entry.read_bytes(), version)
     entry.unlink()
     if where == "in place":
         target = entry
@@ -362,7 +369,8 @@ def test_an_entry_of_version_1_is_rebuilt_not_misread(tmp_path, inspections, cap
     outcome = dataset._source.cache_outcome
     if where == "in place":
         assert outcome.action == "rebuilt"
-        assert outcome.reason == f"it is of cache format version 1, this release reads {plan_cache.CACHE_VERSION}"
+        assert outcome.reason == (f"it is of cache format version {version}, this release reads "
+                                  f"{plan_cache.CACHE_VERSION}")
     else:
         assert (outcome.action, outcome.reason) == ("built", "no entry yet")
     assert inspections["parquet"] == len(LAYOUT)
@@ -434,14 +442,13 @@ def test_entry_of_other_options_in_the_same_file_is_refused(tmp_path, inspection
     assert inspections["parquet"] == 1
 
 
-def _write_padded(target: Path, rows: int, groups: int, size: int | None = None) -> int:
-    """``rows`` ids in row groups of ``groups`` rows; with ``size``, padded to exactly that many bytes (a
-    key-value pair in the footer)."""
-    table = pa.table({"id": pa.array(range(10**6, 10**6 + rows), pa.int64())})
+def _write_padded(target: Path, table: pa.Table, groups: int, size: int | None = None) -> int:
+    """``table`` in row groups of ``groups`` rows, with statistics; with ``size``, padded to exactly that many
+    bytes (a key-value pair in the footer)."""
 
     def write(pad: int) -> int:
         with pq.ParquetWriter(target, table.schema, compression="none", use_dictionary=False,
-                              write_statistics=False, store_schema=False) as writer:
+                              store_schema=False) as writer:
             writer.write_table(table, row_group_size=groups)
             writer.add_key_value_metadata({"pad": "x" * pad})
         return target.stat().st_size
@@ -458,21 +465,256 @@ def _write_padded(target: Path, rows: int, groups: int, size: int | None = None)
     raise AssertionError(f"could not pad {target} to {size} bytes")
 
 
-def test_rewrite_keeping_size_and_mtime_raises_when_read(tmp_path):
-    """A listing that cannot tell a rewritten file (same size, same modification time) from the cached one
-    gives a plan of the old file; the reader counts each unit's rows and refuses: no row lost silently."""
+def _rewrite_keeping_size_and_mtime(target: Path, write) -> None:
+    """``write(target, size)`` rewrites the file to ``size`` bytes; its modification time is then restored
+    (``os.utime``, as ``cp -p``, ``rsync -t`` or a restore from backup do): size and mtime as listed before."""
+    before = target.stat()
+    write(target, before.st_size)
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = target.stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+
+
+def _ints(values) -> pa.Table:
+    return pa.table({"id": pa.array(values, pa.int64())})
+
+
+# item 4 of issue 36: a Parquet file rewritten with its size and modification time kept. Each case: the file as
+# planned (table, row group size), the file as rewritten, the filter
+REWRITES = {
+    # the cached statistics prune the second row group (ids 100-199), which now holds ids 0-99 that match
+    "pruned groups now match": (_ints(range(200)), 100, _ints([i % 100 for i in range(200)]), 100,
+                                pc.field("id") < 100),
+    # the cached footer's int64 decoded the doubles as garbage integers (4609434218613702656 for 1.5)
+    "int64 rewritten as float64": (_ints(range(200)), 100, pa.table({"id": pa.array([1.5] * 200, pa.float64())}),
+                                   100, None),
+    # the same rows in other row groups: "not a readable Parquet file ... remove or rewrite the file"
+    "other row groups": (_ints(range(200)), 50, _ints(range(200)), 100, None),
+}
+
+
+def _values(folder: Path, filter, **options) -> list:
+    dataset = StructuredDataset(str(folder), batch_size=64, filter=filter, output_format="arrow", **options)
+    return sorted(v for batch in dataset for v in batch.column("id").to_pylist())
+
+
+def _expected(table: pa.Table, filter) -> list:
+    return sorted((table.filter(filter) if filter is not None else table).column("id").to_pylist())
+
+
+def _planned_then_rewritten(tmp_path: Path, case: str, **options) -> tuple[Path, Path]:
+    """The folder of one file of ``REWRITES[case]``, planned (its entry written) and read, then rewritten keeping
+    its size and modification time; the folder and the file."""
+    first, first_groups, second, second_groups, filter = REWRITES[case]
     folder = tmp_path / "data"
     folder.mkdir()
     target = folder / "part-0.parquet"
-    size = _write_padded(target, 600, 300)
-    status = target.stat()
-    assert all_ids(str(folder)) == list(range(10**6, 10**6 + 600))
-    _write_padded(target, 590, 295, size=size)   # other row counts, the same size
-    os.utime(target, ns=(status.st_atime_ns, status.st_mtime_ns))
+    _write_padded(target, first, first_groups)
+    assert _values(folder, filter, **options) == _expected(first, filter)
+    _rewrite_keeping_size_and_mtime(target, lambda path, size: _write_padded(path, second, second_groups, size))
+    return folder, target
+
+
+@pytest.mark.parametrize("case", REWRITES)
+def test_a_rewrite_keeping_size_and_mtime_is_a_stale_listing(tmp_path, caplog, inspections, case):
+    """The listing keeps what ``os.utime`` cannot restore (the inode change time): the entry is rebuilt and the
+    rows are the file's as it is now, pruned row groups included."""
+    folder, _ = _planned_then_rewritten(tmp_path, case)
+    _, _, second, _, filter = REWRITES[case]
+    inspections.clear()
+    with caplog.at_level(logging.INFO, logger="arrowstream"):
+        dataset = StructuredDataset(str(folder), batch_size=64, filter=filter, output_format="arrow")
+    outcome = dataset._source.cache_outcome
+    assert outcome.action == "rebuilt", outcome
+    assert "inode change time" in outcome.reason and "part-0.parquet" in outcome.reason
+    assert inspections["parquet"] >= 1
+    assert sorted(v for batch in dataset for v in batch.column("id").to_pylist()) == _expected(second, filter)
+    assert _values(folder, filter) == _expected(second, filter)   # the rebuilt entry serves the next start
+
+
+def test_a_file_replaced_by_another_with_its_size_and_mtime_is_a_stale_listing(tmp_path):
+    """``rsync -t`` writes a temporary file, sets its modification time and renames it over the old one: another
+    inode (and change time), the same name, size and mtime."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    target = folder / "part-0.parquet"
+    _write_padded(target, _ints(range(200)), 100)
+    assert _values(folder, None) == list(range(200))
+    before = target.stat()
+    temporary = folder / ".part-0.parquet.tmp"   # hidden: not listed
+    _write_padded(temporary, _ints(range(1000, 1200)), 100, size=before.st_size)
+    os.utime(temporary, ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.replace(temporary, target)
     dataset = StructuredDataset(str(folder), batch_size=64)
-    assert dataset._source.cache_outcome.action == "hit"   # the listing is the cached one
-    with pytest.raises(errors.CorruptFileError, match="part-0.parquet"):
+    assert dataset._source.cache_outcome.action == "rebuilt"
+    assert "inode number" in dataset._source.cache_outcome.reason
+    assert sorted(i for batch in dataset for i in ids_of(batch)) == list(range(1000, 1200))
+
+
+def _restamped(entry: Path, folder: Path) -> None:
+    """The entry rewritten (checksum and all) with the inode numbers and change times of the files as listed now:
+    what a listing sees where a rewrite leaves them as they were (a rewrite within one tick of a coarse clock, a
+    filesystem whose change time ``utime`` sets too): the entry is stale and its listing is the current one."""
+    from arrowstream._cache_entry import _stamps
+
+    header, payload = _entry_parts(entry.read_bytes())
+    table = plan_cache._read_table(payload)
+    _, entries = discovery.discover_files(str(folder), None)
+    for name, column in _stamps(entries).items():
+        table = table.set_column(table.schema.get_field_index(name), name, column)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    entry.write_bytes(_entry_of(header, bytes(sink.getvalue())))
+
+
+@pytest.mark.parametrize("handles", [True, False], ids=["footer kept", "no footer kept"])
+@pytest.mark.parametrize("case", REWRITES)
+def test_a_stale_entry_the_listing_cannot_tell_is_named_when_the_file_is_opened(tmp_path, monkeypatch, case,
+                                                                                handles):
+    """A worker compares the file it opens with what the plan holds of it (the footer the plan kept, or the units,
+    schema and pruning by statistics of the footer it reads): a stale entry that the listing cannot tell is an
+    error naming the entry and the way out, never rows lost, garbage or a file called unreadable."""
+    if not handles:
+        monkeypatch.setattr(footers_module, "LOCAL_HANDLE_BUDGET", 0)
+    folder, _ = _planned_then_rewritten(tmp_path, case)
+    _, _, second, _, filter = REWRITES[case]
+    entry = the_entry()
+    _restamped(entry, folder)
+    dataset = StructuredDataset(str(folder), batch_size=64, filter=filter, output_format="arrow")
+    assert dataset._source.cache_outcome.action == "hit"
+    assert bool(dataset._plan.files.handles) is handles
+    with pytest.raises(errors.StalePlanCacheError) as caught:
         list(dataset)
+    message = str(caught.value)
+    assert message.startswith(f"the plan cache entry {entry} is stale") and "part-0.parquet" in message
+    assert "plan_cache=False" in message and f"rm {entry}" in message
+    assert "not a readable" not in message and "rewrite the file" not in message
+    assert isinstance(caught.value, errors.FileChangedError)
+    entry.unlink()   # the way out the error names
+    assert _values(folder, filter) == _expected(second, filter)
+
+
+@pytest.mark.parametrize("case", REWRITES)
+def test_a_file_rewritten_during_a_run_keeping_size_and_mtime_is_a_changed_file(tmp_path, case):
+    """Without the cache: a file rewritten after planning with its size and modification time kept is named as
+    changed when a worker opens it (the pinned size and mtime cannot tell), not read with the planned footer."""
+    first, first_groups, second, second_groups, filter = REWRITES[case]
+    folder = tmp_path / "data"
+    folder.mkdir()
+    target = folder / "part-0.parquet"
+    _write_padded(target, first, first_groups)
+    loader, _ = make_loader(str(folder), 1, batch_size=64, filter=filter, plan_cache=False,
+                                  output_format="arrow")
+    _rewrite_keeping_size_and_mtime(target, lambda path, size: _write_padded(path, second, second_groups, size))
+    with pytest.raises(errors.FileChangedError, match="part-0.parquet: changed since planning") as caught:
+        list(loader)
+    assert not isinstance(caught.value, errors.StalePlanCacheError)
+
+
+def _same_size_rewrites() -> dict[str, tuple[str, dict, object, object]]:
+    """Other formats: (format, options, write the file as planned, write it again keeping its size)."""
+    def ipc(values, type_):
+        return lambda path: feather.write_feather(pa.table({"id": pa.array(values, type_)}), path, chunksize=100,
+                                                  compression="uncompressed")
+
+    def orc_file(type_):
+        return lambda path: orc.write_table(pa.table({"id": pa.array(range(200), type_)}), path,
+                                            compression="uncompressed")
+
+    def text(body):
+        return lambda path: path.write_text("id\n" + body)
+
+    return {
+        "arrow": ("arrow", {}, ipc(range(200), pa.int64()), ipc([1.5] * 200, pa.float64())),
+        "orc": ("orc", {}, orc_file(pa.int64()), orc_file(pa.int32())),
+        "csv": ("csv", {"split_bytes": 200}, text("1000\n" * 300), text("10\n" * 500)),
+    }
+
+
+@pytest.mark.parametrize("kind", ["arrow", "orc", "csv"])
+def test_other_formats_rewritten_keeping_size_and_mtime(tmp_path, kind):
+    """IPC record batches, ORC stripes, CSV byte ranges: the listing tells the rewrite (rebuilt); an entry it
+    cannot tell is named when the file is opened (IPC, ORC: schema and units read at opening) or a unit is
+    parsed (CSV: its rows counted against the scan the entry holds)."""
+    file_format, options, write_first, write_second = _same_size_rewrites()[kind]
+    folder = tmp_path / "data"
+    folder.mkdir()
+    target = folder / f"part-0.{kind}"
+    write_first(target)
+    first = sorted(i for batch in StructuredDataset(str(folder), format=file_format, batch_size=64,
+                                                    output_format="arrow", **options)
+                   for i in batch.column("id").to_pylist())
+    entry = the_entry()
+    stale = entry.read_bytes()
+
+    def rewrite(path, size):
+        write_second(path)
+        assert path.stat().st_size == size
+
+    _rewrite_keeping_size_and_mtime(target, rewrite)
+    expected = {"arrow": [1.5] * 200, "orc": list(range(200)), "csv": [10] * 500}[kind]
+    dataset = StructuredDataset(str(folder), format=file_format, batch_size=64, output_format="arrow", **options)
+    assert dataset._source.cache_outcome.action == "rebuilt"
+    batches = list(dataset)
+    assert sorted(v for batch in batches for v in batch.column("id").to_pylist()) == expected
+    now_type = {"arrow": pa.float64(), "orc": pa.int32(), "csv": pa.int64()}[kind]
+    assert dataset._plan.schema.field("id").type == now_type
+    assert all(batch.schema.equals(dataset._plan.schema) for batch in batches)
+    assert (expected, now_type) != (first, pa.int64())
+    entry.write_bytes(stale)   # the entry of the file as planned, its listing made the current one
+    _restamped(entry, folder)
+    dataset = StructuredDataset(str(folder), format=file_format, batch_size=64, output_format="arrow", **options)
+    assert dataset._source.cache_outcome.action == "hit"
+    if kind == "csv":   # rows counted against the entry's scan when a unit is parsed: changed, or a stray quote
+        with pytest.raises(errors.MalformedRowError, match=f"part-0.csv: .*planned from the plan cache entry {entry}: "
+                                                           "if the file was rewritten .* plan_cache=False"):
+            list(dataset)
+        return
+    with pytest.raises(errors.StalePlanCacheError, match=f"the plan cache entry {entry} is stale: .*part-0.{kind}"):
+        list(dataset)
+
+
+def test_a_changed_inode_time_rebuilds_the_entry_and_keeps_checkpoints(tmp_path):
+    """A ``chmod`` changes a file's inode change time, not its data: the entry is rebuilt (never trusted on
+    what utime cannot restore), and a checkpoint's data fingerprint, which holds no inode time, still matches
+    (data_identity="strict"); a copy elsewhere still resumes with data_identity="layout"."""
+    path = write_dataset(tmp_path / "data", LAYOUT)
+    loader, dataset = make_loader(path, 0, batch_size=64)
+    dataset.set_epoch(0)
+    iterator = iter(loader)
+    before = [i for _ in range(3) for i in ids_of(next(iterator))]
+    state = json_roundtrip(loader.state_dict())
+    target = Path(path) / "part-001.parquet"
+    target.chmod(0o600)
+    loader, dataset = make_loader(path, 0, batch_size=64)
+    assert dataset._source.cache_outcome.action == "rebuilt"
+    reason = dataset._source.cache_outcome.reason
+    assert "inode change time" in reason and "part-001.parquet" in reason
+    loader.load_state_dict(state)   # strict: the same files
+    assert Counter(before + [i for batch in loader for i in ids_of(batch)]) == Counter(range(ROWS))
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy, copy_function=shutil.copy)   # other inodes, change and modification times
+    loader, dataset = make_loader(str(copy), 0, batch_size=64)
+    with pytest.raises(errors.StateMismatchError, match="data_identity='layout'"):
+        loader.load_state_dict(state)
+    loader, dataset = make_loader(str(copy), 0, batch_size=64, data_identity="layout")
+    loader.load_state_dict(state)
+    assert Counter(before + [i for batch in loader for i in ids_of(batch)]) == Counter(range(ROWS))
+
+
+def test_s3_a_rewrite_of_the_same_size_is_a_stale_listing(s3_server):
+    """Remote files are listed with their version (S3: the ETag, a digest of the bytes), which every rewrite
+    changes and nothing restores: the entry is rebuilt, and reads are pinned to the version listed."""
+    url = s3_server.url(f"stale-{os.getpid()}")
+    fs = s3_server.filesystem()
+    for table in (_ints(range(200)), _ints(range(1000, 1200))):   # the same size, other bytes
+        with fs.open(f"{url}/part-0.parquet", "wb") as f:
+            pq.write_table(table, f, row_group_size=100, compression="none", use_dictionary=False)
+        dataset = StructuredDataset(url, batch_size=64, storage_options=s3_server.storage_options)
+        assert sorted(i for batch in dataset for i in ids_of(batch)) == table.column("id").to_pylist()
+    assert dataset._source.cache_outcome.action == "rebuilt"
+    assert "listing changed" in dataset._source.cache_outcome.reason
 
 
 def test_plan_cache_false_writes_nothing_and_reads_every_footer(tmp_path, inspections):

@@ -13,6 +13,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 
 from ..errors import MalformedRowError
+from ._opened import MetadataMismatch
 from ._rowscan import row_starts
 from ._text_settings import TextSettings
 
@@ -142,11 +143,13 @@ def parse_unit(parse: Callable[[bytes], pa.Table], data: bytes, expected: int, s
         pass
     starts = row_starts(data, settings)
     if len(starts) != expected:
-        raise MalformedRowError(
-            f"{url}: bytes [{byte_start}, {byte_start + len(data)}) hold {len(starts)} rows by themselves but "
-            f"{expected} in the planning scan of the whole file: the file changed since planning (rebuild the "
-            "dataset), or a quote character before them is unbalanced (a quote inside an unquoted field: pass "
-            "parse_options={'quote_char': False} if fields are never quoted)")
+        raise MetadataMismatch(
+            f"bytes [{byte_start}, {byte_start + len(data)}) hold {len(starts)} rows by themselves, {expected} in the "
+            "scan of the whole file", fallback=MalformedRowError(
+                f"{url}: bytes [{byte_start}, {byte_start + len(data)}) hold {len(starts)} rows by themselves but "
+                f"{expected} in the planning scan of the whole file: the file changed since planning (rebuild the "
+                "dataset), or a quote character before them is unbalanced (a quote inside an unquoted field: pass "
+                "parse_options={'quote_char': False} if fields are never quoted)"))
     where = locate_bad_rows(parse, data, starts, settings, url, first_line, byte_start)
     label = "CSV" if settings.kind == "csv" else "JSON"
     for _, line, offset, message in where:

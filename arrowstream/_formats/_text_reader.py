@@ -13,6 +13,7 @@ from .._discovery import FileEntry
 from .._storage import Storage, display_url
 from ..errors import MalformedRowError
 from ._base import FileFooter, sliced
+from ._opened import MetadataMismatch
 from ._rowscan import RowScanner
 from ._text_parse import check_utf8, parse_rows, parse_unit
 from ._text_settings import TextLayout
@@ -120,10 +121,10 @@ class TextFile:
                     counted = 0
                     buffer, buffer_at, data_at = buffer[end - buffer_at:], end, end
             if rows != self._footer.unit_rows[0]:
-                raise MalformedRowError(
-                    f"{self._url}: holds {rows} rows now but held {self._footer.unit_rows[0]} when the dataset was "
-                    "planned; the file changed since: rebuild the dataset (with plan_cache=False if the change kept "
-                    "its size and modification time)")
+                raise MetadataMismatch(
+                    f"it holds {rows} rows, {self._footer.unit_rows[0]} in the plan", fallback=MalformedRowError(
+                        f"{self._url}: holds {rows} rows now but held {self._footer.unit_rows[0]} when the dataset "
+                        "was planned; the file changed since: rebuild the dataset"))
 
     def _parse_stream(self, stream: pa.NativeFile, include: list[str], use_threads: bool) -> Iterator[pa.Table]:
         """The whole file through pyarrow's streaming reader, with the planned types."""

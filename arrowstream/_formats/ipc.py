@@ -23,6 +23,7 @@ from .._discovery import FileEntry
 from .._storage import Storage, display_url
 from ..errors import CorruptFileError
 from ._base import FileFooter, MetadataFormat, sliced
+from ._opened import MetadataMismatch, schema_difference
 
 _MAGIC = b"ARROW1"
 _FOOTER_SCHEMA, _FOOTER_RECORD_BATCHES = 1, 3   # Footer table fields (File.fbs)
@@ -128,6 +129,7 @@ class IpcFile:
         self._mapped = storage.is_local
         self._source = storage.open_input(footer.entry, memory_map=True)
         self._schema = footer.schema
+        self._num_batches = len(footer.unit_rows)
         self._readers: dict[tuple[str, ...], ipc.RecordBatchFileReader] = {}
 
     def _reader(self, columns: list[str]) -> ipc.RecordBatchFileReader:
@@ -136,7 +138,17 @@ class IpcFile:
             fields = (list(range(len(self._schema))) if columns == self._schema.names  # names may repeat
                       else sorted(self._schema.get_field_index(name) for name in columns))
             options = None if self._mapped else ipc.IpcReadOptions(included_fields=fields)
-            self._readers[key] = ipc.open_file(self._source, options=options)
+            reader = ipc.open_file(self._source, options=options)
+            # the file's schema and number of record batches, which the reader read, are the plan's (see _opened;
+            # each batch's rows are counted as it is read)
+            planned = self._schema if options is None else pa.schema([self._schema.field(i) for i in fields])
+            difference = schema_difference(planned, reader.schema)
+            if not difference and reader.num_record_batches != self._num_batches:
+                difference = (f"{self._num_batches} record batches in the plan, {reader.num_record_batches} in "
+                              "the file")
+            if difference:
+                raise MetadataMismatch(difference)
+            self._readers[key] = reader
         return self._readers[key]
 
     def read_units(self, units: Sequence[int], columns: list[str], batch_rows: int,

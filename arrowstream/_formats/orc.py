@@ -17,6 +17,7 @@ from pyarrow import orc
 from .._discovery import FileEntry
 from .._storage import Storage
 from ._base import FileFooter, MetadataFormat, sliced
+from ._opened import MetadataMismatch, schema_difference
 
 # field numbers in orc_proto.proto
 _TAIL_FOOTER = 2          # FileTail.footer
@@ -75,11 +76,22 @@ def stripe_list(tail: bytes) -> list[tuple[int, int, int]]:
 
 
 class OrcFile:
-    """An open ORC file; reads stripe after stripe (one stripe in memory at a time)."""
+    """An open ORC file; reads stripe after stripe (one stripe in memory at a time). Its schema and number of
+    stripes, which the reader read, are checked to be the plan's (see ``_opened``); each stripe's rows are
+    counted as it is read."""
 
     def __init__(self, storage: Storage, footer: FileFooter) -> None:
         self._source = storage.open_input(footer.entry)
-        self._file = orc.ORCFile(self._source)
+        try:
+            self._file = orc.ORCFile(self._source)
+            difference = schema_difference(footer.schema, self._file.schema)
+            if not difference and self._file.nstripes != len(footer.unit_rows):
+                difference = f"{len(footer.unit_rows)} stripes in the plan, {self._file.nstripes} in the file"
+            if difference:
+                raise MetadataMismatch(difference)
+        except BaseException:
+            self._source.close()
+            raise
         self._names = footer.schema.names
 
     def read_units(self, units: Sequence[int], columns: list[str], batch_rows: int,

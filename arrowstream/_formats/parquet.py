@@ -25,6 +25,7 @@ from .._discovery import FileEntry
 from .._storage import Storage, display_url
 from ..errors import CorruptFileError
 from ._base import FileFooter, LocalFooters, MetadataFormat
+from ._opened import MetadataMismatch, file_state, remember, schema_difference, units_difference, verified
 
 _ENCRYPTION_MARKERS = ("encrypted", "decrypt")
 _FRAGMENTS = ds.ParquetFileFormat()   # one for every footer read: making one per file costs as much as a read
@@ -146,14 +147,81 @@ def _int64(values: array[int]) -> npt.NDArray[np.int64]:
     return np.frombuffer(values, dtype=np.int64) if len(values) else np.zeros(0, dtype=np.int64)
 
 
+def footer_difference(footer: FileFooter, metadata: pq.FileMetaData, schema: pa.Schema) -> str:
+    """How a file's footer ``metadata`` (its Arrow schema ``schema``) differs from what the plan holds of the file,
+    as far as row groups, their rows and sizes, and the schema tell ("" where they agree)."""
+    groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
+    difference = units_difference("row group", footer.unit_rows, [g.num_rows for g in groups])
+    difference = difference or schema_difference(footer.schema, schema)
+    if not difference and tuple(footer.unit_bytes) != tuple(g.total_byte_size for g in groups):
+        difference = "row groups of other sizes in bytes than the plan's"
+    return difference
+
+
+def _check_footer(footer: FileFooter) -> None:
+    """A local file whose footer the plan hands the reader (its handle): the file's own footer must be that one
+    (statistics, encodings and offsets included), checked once per state of the file (see ``_opened``)."""
+    path = footer.entry.path
+    key = (file_state(path), "footer")
+    if verified(key, footer.handle):
+        return
+    read = _local_footer(path)
+    if read is None:
+        raise MetadataMismatch("its end is not that of a plain Parquet file any more")
+    status, tail, _ = read
+    try:
+        metadata = _parsed(tail)
+    except (OSError, pa.ArrowException) as exc:   # Thrift that does not parse is an OSError
+        raise MetadataMismatch(f"its footer does not parse ({str(exc).splitlines()[0] if str(exc) else exc!r})"
+                               ) from None
+    if not metadata.equals(footer.handle):
+        raise MetadataMismatch(footer_difference(footer, metadata, metadata.schema.to_arrow_schema())
+                               or "other statistics, encodings or offsets of its column chunks than the plan's")
+    remember((file_state(path, status), "footer"), footer.handle)
+
+
 class ParquetFile:
-    """An open Parquet file; reads runs of row groups."""
+    """An open Parquet file; reads runs of row groups. Its footer is checked to be the one the plan holds
+    (see ``_opened``)."""
 
     def __init__(self, storage: Storage, footer: FileFooter) -> None:
         self._url = display_url(storage.protocol, footer.entry.path)
+        self._local = storage.is_local
+        self._footer = footer
         self._source = storage.open_input(footer.entry)
-        self._file = pq.ParquetFile(self._source, metadata=footer.handle)
+        try:
+            if footer.handle is not None and self._local:   # remote reads are pinned to the planned version
+                _check_footer(footer)
+            self._file = pq.ParquetFile(self._source, metadata=footer.handle)
+            if footer.handle is None:   # the reader read the file's footer: compared with the plan's units
+                difference = footer_difference(footer, self._file.metadata, self._file.schema_arrow)
+                if difference:
+                    raise MetadataMismatch(difference)
+        except BaseException:
+            self._source.close()
+            raise
         self._names = footer.schema.names
+
+    def check_pruned(self, filter: pc.Expression) -> None:
+        """The row groups the plan pruned by statistics (so never reads) are those ``filter`` prunes by the file's
+        statistics now: checked where the footer read at opening is not the plan's (a plan without the handle)
+        on a local file (remote reads are pinned to the planned version), once per state of the file."""
+        footer = self._footer
+        if footer.handle is not None or not self._local:
+            return   # the whole footer was checked at opening (local), or is the planned version's (remote)
+        key = (file_state(footer.entry.path), "pruned", bytes(filter.__reduce__()[1][0]), tuple(footer.kept_units))
+        if verified(key):
+            return
+        fragment = _FRAGMENTS.make_fragment(footer.entry.path, filesystem=_LOCAL_FS)
+        try:
+            kept = tuple(f.row_groups[0].id for f in fragment.split_by_row_group(filter, schema=footer.schema))
+        except (OSError, pa.ArrowException) as exc:
+            raise MetadataMismatch(f"the filter does not apply to its statistics ({str(exc).splitlines()[0]})"
+                                   ) from None
+        if kept != tuple(footer.kept_units):
+            raise MetadataMismatch(f"by its statistics the filter keeps row groups {list(kept)}, by the plan's "
+                                   f"{list(footer.kept_units)} (a pruned row group is never read)")
+        remember(key)
 
     def read_units(self, units: Sequence[int], columns: list[str], batch_rows: int,
                    use_threads: bool) -> Iterator[pa.RecordBatch]:
