@@ -54,13 +54,20 @@ END = Cursor((), 1 << 62, replay_index=1 << 62)   # past every replay and split 
 
 
 class DynamicEpochs:
-    """What a dataset with dynamic assignment asks of its epochs: each epoch's :class:`Work` (the loaded
-    ledger's for the epoch it was saved in, else the rank's fresh rows) and its leases."""
+    """What a dataset with dynamic assignment asks of its epochs: each epoch's :class:`Work` (a loaded
+    ledger's for the first iteration of the epoch it was saved in, else the rank's fresh rows) and its leases.
+
+    A loaded ledger is *pending* until an iteration of its epoch starts: that iteration reads it, the next
+    ones read the epoch whole (as a static checkpoint's worker states serve one iteration). While it is
+    pending, an iteration of another epoch is refused unless the ledger leaves nothing (:meth:`refusal`).
+    The loader tells its workers which work an iteration reads through the lease pool (``pool.loaded``).
+    """
 
     def __init__(self, plan: Plan, options: Options, world_size: int, rank: int, even_batches: bool) -> None:
         self._plan, self._options = plan, options
         self._world_size, self._rank, self._even_batches = world_size, rank, even_batches
-        self.loaded: tuple[int, Work] | None = None   # a checkpoint's rest of its epoch
+        self.loaded: tuple[int, Work] | None = None   # a checkpoint's rest of its epoch (kept for the workers)
+        self.pending = False   # the loaded rest is not read yet: the next iteration of its epoch reads it
         self._fresh: dict[int, tuple[Work, int]] = {}   # epoch -> its fresh work, and the rank's rows before cuts
 
     def _laid_out(self, epoch: int) -> tuple[Work, int]:
@@ -77,16 +84,51 @@ class DynamicEpochs:
         """The rank's rows of ``epoch``, cut to the rows it yields."""
         return self._laid_out(epoch)[0]
 
-    def work(self, epoch: int) -> Work:
-        """The rows of ``epoch`` this rank's workers lease."""
-        if self.loaded is not None and self.loaded[0] == epoch:
+    def load(self, epoch: int, work: Work) -> None:
+        """A checkpoint's rest of ``epoch``, pending: the next iteration of that epoch reads it."""
+        self.loaded, self.pending = (epoch, work), True
+
+    def pending_rest(self) -> tuple[int, Work] | None:
+        """The loaded rest while no iteration has read it: what a checkpoint taken now holds."""
+        return self.loaded if self.pending else None
+
+    def reads_loaded(self, epoch: int) -> bool:
+        """Whether an iteration of ``epoch`` that starts now reads the loaded rest."""
+        return self.pending and self.loaded is not None and self.loaded[0] == epoch
+
+    def refusal(self, epoch: int) -> StateMismatchError | None:
+        """Why an iteration of ``epoch`` may not start now: a pending rest of another epoch with rows left, or of a
+        later epoch (the rows left would never be read, as a static checkpoint's are not:
+        ``_resume.pending_for_epoch``); None when it may."""
+        if not self.pending or self.loaded is None:
+            return None
+        saved, work = self.loaded
+        left = work.num_rows
+        if saved == epoch or (epoch > saved and left == 0):
+            return None
+        where = f"mid-epoch, {left} row(s) of this rank not yielded yet" if left else "complete"
+        return StateMismatchError(
+            f"the checkpoint is in epoch {saved} ({where}) but the dataset is set to epoch {epoch}; call "
+            f"dataset.set_epoch({saved}) before iterating to finish the saved epoch, or start without loading the "
+            "checkpoint")
+
+    def started(self, epoch: int) -> None:
+        """An iteration of ``epoch`` started: a pending rest it reads, or one that leaves nothing before a later
+        epoch, is done with."""
+        if self.pending and self.refusal(epoch) is None:
+            self.pending = False
+
+    def work(self, epoch: int, loaded: bool = False) -> Work:
+        """The rows of ``epoch`` this rank's workers lease: the loaded rest (``loaded``), else the fresh rows."""
+        if loaded:
+            assert self.loaded is not None and self.loaded[0] == epoch, "the pool reads a rest that was not loaded"
             return self.loaded[1]
         return self.fresh(epoch)
 
-    def leases(self, epoch: int, num_workers: int, pieces: int = TAIL_LEASES_PER_WORKER) -> Leases:
+    def leases(self, epoch: int, num_workers: int, pieces: int = TAIL_LEASES_PER_WORKER, loaded: bool = False) -> Leases:
         """The leases of ``epoch`` for ``num_workers`` workers, ``pieces`` tail leases per worker (the pool's:
-        see :func:`~arrowstream._dynamic.tail_pieces`)."""
-        return Leases(self.work(epoch), self._options.batch_size, num_workers, pieces)
+        see :func:`~arrowstream._dynamic.tail_pieces`), over the loaded rest (``loaded``) or the fresh rows."""
+        return Leases(self.work(epoch, loaded), self._options.batch_size, num_workers, pieces)
 
     def batches(self, epoch: int) -> int:
         """Batches this rank yields in a whole ``epoch`` (the workers' last rows stitched into whole batches, all full but one)."""
@@ -311,13 +353,16 @@ def dynamic_ledger(dataset: Any, pool: Any, cursors: Sequence[Cursor | None], nu
     worker's after its last batch handed out (None: it has handed out none yet)."""
     epochs: DynamicEpochs = dataset._dynamic
     options: Options = dataset._options
-    if pool is None:
+    pending = epochs.pending_rest()
+    if pending is not None:   # a loaded rest no iteration has read yet (state_dict() may have started workers)
+        epoch, work = pending
+    elif pool is None:
         epoch = dataset.epoch
-        work = epochs.work(epoch)
+        work = epochs.fresh(epoch)
     else:
         epoch = pool.epoch
         pieces, owners = pool.snapshot()
-        leases = epochs.leases(epoch, num_workers, pieces)
+        leases = epochs.leases(epoch, num_workers, pieces, loaded=pool.loaded)
         grid = SlotGrid(dataset.world_size, num_workers)
         slots = [grid.slot(dataset.rank, worker) for worker in range(max(num_workers, 1))]
         started = [start_cursor(options.interleave) if cursor is None else cursor for cursor in cursors]
@@ -343,7 +388,7 @@ def load_dynamic_ledger(dataset: Any, outers: Sequence[dict[str, Any]]) -> int:
             and len(outers) == world_size:
         # every rank had read its whole epoch: nothing is left to re-plan, the next epoch is laid out here
         epoch = Fields(outers[0]["dynamic"], "dynamic").integer("epoch")
-        dataset._dynamic.loaded = (epoch, Work((), ()))
+        dataset._dynamic.load(epoch, Work((), ()))
         return epoch
     if world_size != dataset.world_size:
         raise StateMismatchError(
@@ -359,7 +404,7 @@ def load_dynamic_ledger(dataset: Any, outers: Sequence[dict[str, Any]]) -> int:
     saved = WorkerState(DataIdentity.from_dict(ledger.mapping("data")), dict(ledger.mapping("options").value), epoch,
                         SlotGrid(world_size, 0).slot(dataset.rank, 0), start_cursor(1), 0, 0, 0, False, None)
     check_compatible(saved, dataset._data, dataset._state_options, dataset._data_identity)
-    dataset._dynamic.loaded = (epoch, work)
+    dataset._dynamic.load(epoch, work)
     return epoch
 
 
