@@ -1,6 +1,6 @@
 """One checkpoint for every rank: merge the loader states of all ranks, hand each rank its part.
 
-A merged checkpoint is a dict of JSON types: ``{"kind": "arrowstream.checkpoint", "version": 8,
+A merged checkpoint is a dict of JSON types: ``{"kind": "arrowstream.checkpoint", "version": 9,
 "world_size": N, "num_workers": W, "ranks": [state of rank 0, ..., state of rank N-1]}``, its
 version ``STATE_VERSION`` like the loader states it holds (merged checkpoints exist from version
 4 on); each entry is the state ``loader.state_dict()`` returned on that rank. Ranks of one

@@ -34,9 +34,10 @@ from ._dynamic import (
 )
 from ._elastic import Replay
 from ._fields import REMEDY, Fields, check_int, shorten
+from ._ledger_rows import EpochRows, Rank, check_yielded, rows_left, yielded_to_dict
 from ._metrics import worker_values
 from ._order import Slot, SlotGrid
-from ._plan_types import Split, SplitTable, split_rows
+from ._plan_types import Split, split_rows
 from ._state import DataIdentity, WorkerState, check_compatible
 from ._stream import EpochStream
 from .errors import ArgumentTypeError, InvalidArgumentError, StateError, StateMismatchError
@@ -69,6 +70,7 @@ class DynamicEpochs:
         self.loaded: tuple[int, Work] | None = None   # a checkpoint's rest of its epoch (kept for the workers)
         self.pending = False   # the loaded rest is not read yet: the next iteration of its epoch reads it
         self._fresh: dict[int, tuple[Work, int]] = {}   # epoch -> its fresh work, and the rank's rows before cuts
+        self._placed: dict[int, EpochRows] = {}   # epoch -> its fresh rows, placed (to check a ledger's rows)
 
     def _laid_out(self, epoch: int) -> tuple[Work, int]:
         laid_out = self._fresh.get(epoch)
@@ -83,6 +85,15 @@ class DynamicEpochs:
     def fresh(self, epoch: int) -> Work:
         """The rank's rows of ``epoch``, cut to the rows it yields."""
         return self._laid_out(epoch)[0]
+
+    def rank(self, epoch: int) -> Rank:
+        """What a ledger of ``epoch`` is checked against: the rank's rows of it, placed (see ``_ledger_rows``)."""
+        placed = self._placed.get(epoch)
+        if placed is None:
+            if len(self._placed) >= 4:
+                del self._placed[next(iter(self._placed))]
+            placed = self._placed[epoch] = EpochRows(self._plan, self.fresh(epoch).fresh)
+        return Rank(placed, self._rank, self._world_size, self._options)
 
     def load(self, epoch: int, work: Work) -> None:
         """A checkpoint's rest of ``epoch``, pending: the next iteration of that epoch reads it."""
@@ -145,7 +156,7 @@ class DynamicEpochs:
         return 0, rank_rows - whole
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_fresh": {}}
+        return {**self.__dict__, "_fresh": {}, "_placed": {}}
 
 
 def stitches_last_rows(dataset: Any, num_workers: int) -> bool:
@@ -216,7 +227,7 @@ def _split_to_list(split: Split) -> list[int]:
     return [split.file_index, split.unit_start, split.unit_stop, split.row_start, split.num_rows, split.num_bytes]
 
 
-def work_to_dict(epoch: int, work: Work) -> dict[str, Any]:
+def work_to_dict(epoch: int, work: Work, yielded: dict[str, int]) -> dict[str, Any]:
     return {
         "epoch": epoch,
         "replays": [{"slot": [r.slot.world_size, r.slot.num_workers, r.slot.rank, r.slot.worker_id],
@@ -224,6 +235,7 @@ def work_to_dict(epoch: int, work: Work) -> dict[str, Any]:
                     for r in work.replays],
         "splits": [_split_to_list(s) for s in work.splits],
         "fresh_from_row": work.fresh_from_row,
+        "yielded": yielded,
     }
 
 
@@ -247,7 +259,9 @@ def _split_from_list(plan: Plan, value: Any, where: str) -> Split:
 
 def work_from_dict(value: Any, plan: Plan, epochs: DynamicEpochs, options: Options,
                    where: str = "dynamic") -> tuple[int, Work]:
-    """The ledger of a dynamic checkpoint: its epoch and the rest of that epoch, checked against the plan."""
+    """The ledger of a dynamic checkpoint: its epoch and the rest of that epoch, checked against the plan: its
+    splits and replays where the rank's leased rows are, and with ``yielded`` all of the rank's rows of the
+    epoch (see :mod:`arrowstream._ledger_rows`)."""
     fields = Fields(value, where)
     epoch = fields.integer("epoch")
     replays = []
@@ -263,10 +277,7 @@ def work_from_dict(value: Any, plan: Plan, epochs: DynamicEpochs, options: Optio
             raise StateError(f"the state's {name}.slot is {shorten(slot_fields)}: not a slot; {REMEDY}")
         splits = tuple(_split_from_list(plan, s, f"{name}.splits[{i}]") for i, s in enumerate(entry.sequence("splits")))
         start = Cursor.from_dict(entry.mapping("start").value, f"{name}.start")
-        rows = entry.integer("rows", 1)
-        if rows > options.shuffle_buffer_size - start.window_offset:
-            raise StateError(f"the state's {name}.rows is {rows}, more than is left of a shuffle window of "
-                             f"{options.shuffle_buffer_size} rows at offset {start.window_offset}; {REMEDY}")
+        rows = entry.integer("rows", 1)   # inside its window: see _ledger_rows
         replays.append(Replay(SlotGrid(world, workers).slot(rank, worker), splits, start, rows))
     splits = tuple(_split_from_list(plan, s, f"{where}.splits[{i}]") for i, s in enumerate(fields.sequence("splits")))
     fresh = epochs.fresh(epoch)
@@ -276,51 +287,9 @@ def work_from_dict(value: Any, plan: Plan, epochs: DynamicEpochs, options: Optio
     if work.num_rows > fresh_rows:
         raise StateError(f"the state's {where} leaves {work.num_rows} row(s) of epoch {epoch}, more than the rank reads "
                          f"in an epoch ({fresh_rows}); {REMEDY}")
-    _check_rows(plan, work, where)
+    placed = epochs.rank(epoch)
+    check_yielded(fields.get("yielded"), placed, rows_left(plan, work, epoch, placed, where), epoch, where)
     return epoch, work
-
-
-_ROW_BITS = 40   # a row of a file as one int64: file << 40 | row
-
-
-def _intervals(plan: Plan, splits: Sequence[Split]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """The rows of ``splits`` (in their order) as half-open intervals of keys: file << 40 | row in the file."""
-    table = SplitTable.from_splits(splits)
-    files = plan.files   # units of every file in one column: file i's are unit_offsets[i]:unit_offsets[i + 1]
-    rows_before = np.concatenate([[0], np.cumsum(files.unit_rows)]).astype(np.int64)
-    file_first = np.asarray(files.unit_offsets, dtype=np.int64)[table.file_index]
-    first_unit_row = rows_before[file_first + table.unit_start] - rows_before[file_first]
-    start = (table.file_index << _ROW_BITS) + first_unit_row + table.row_start
-    return start, start + table.num_rows
-
-
-def _check_rows(plan: Plan, work: Work, where: str) -> None:
-    """Every split of a ledger inside the rank's rows of the epoch, and the rows it leaves (explicit splits
-    and the fresh rows from ``fresh_from_row``) each left once: a tampered ledger would repeat rows."""
-    fresh_start, fresh_end = _intervals(plan, work.fresh)
-    named = [*work.splits, *(s for replay in work.replays for s in replay.splits)]
-    if named:
-        order = np.argsort(fresh_start, kind="stable")
-        sorted_start, sorted_end = fresh_start[order], fresh_end[order]
-        start, end = _intervals(plan, named)
-        at = np.maximum(np.searchsorted(sorted_start, start, side="right") - 1, 0)
-        inside = (start >= sorted_start[at]) & (end <= sorted_end[at]) if len(sorted_start) else start < 0
-        if not inside.all():
-            bad = named[int(np.flatnonzero(~inside)[0])]
-            raise StateError(f"the state's {where} names rows {shorten(_split_to_list(bad))} that the rank does not read "
-                             f"in this epoch; {REMEDY}")
-    # the rows left: the explicit splits and the fresh ones from fresh_from_row (the first of those cut)
-    ends = np.cumsum(split_rows(work.fresh))
-    first = int(np.searchsorted(ends, work.fresh_from_row, side="right"))
-    tail_start, tail_end = fresh_start[first:].copy(), fresh_end[first:]
-    if len(tail_start):
-        tail_start[0] = tail_end[0] - (int(ends[first]) - work.fresh_from_row)
-    start, end = _intervals(plan, work.splits) if work.splits else (np.zeros(0, np.int64), np.zeros(0, np.int64))
-    start, end = np.concatenate([start, tail_start]), np.concatenate([end, tail_end])
-    order = np.argsort(start, kind="stable")
-    if (start[order][1:] < end[order][:-1]).any():
-        raise StateError(f"the state's {where} leaves some rows twice (its splits overlap each other or the rows from "
-                         f"fresh_from_row on); {REMEDY}")
 
 
 def check_assignment(assignment: Any, options: Options, group_size: int = 1) -> str:
@@ -368,7 +337,10 @@ def dynamic_ledger(dataset: Any, pool: Any, cursors: Sequence[Cursor | None], nu
         started = [start_cursor(options.interleave) if cursor is None else cursor for cursor in cursors]
         work = remaining_work(leases, owners, started, slots, batch_size=options.batch_size,
                               interleave=options.interleave, buffer_rows=options.shuffle_buffer_size)
-    return {**work_to_dict(epoch, work), "data": dataset._data.to_dict(), "options": dict(dataset._state_options)}
+    rank = epochs.rank(epoch)
+    yielded = yielded_to_dict(rank, rows_left(dataset._plan, work, epoch, rank, "dynamic"))
+    return {**work_to_dict(epoch, work, yielded), "data": dataset._data.to_dict(),
+            "options": dict(dataset._state_options)}
 
 
 def load_dynamic_ledger(dataset: Any, outers: Sequence[dict[str, Any]]) -> int:

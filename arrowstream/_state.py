@@ -20,7 +20,7 @@ from ._order import Slot, SlotGrid
 from ._plan_types import PLANNING_VERSION, PLANNING_VERSIONS
 from .errors import StateError, StateMismatchError, StateVersionError
 
-STATE_VERSION = 8
+STATE_VERSION = 9
 WORKER_KIND = "arrowstream.worker"
 LOADER_KIND = "arrowstream.loader"
 CHECKPOINT_KIND = "arrowstream.checkpoint"  # every rank's loader state, merged
@@ -106,6 +106,20 @@ def _unchanged_in_v8(state: dict[str, Any]) -> dict[str, Any]:
     return dict(state)
 
 
+def _loader_v8_to_v9(state: dict[str, Any]) -> dict[str, Any]:
+    """v9 adds ``yielded`` to the dynamic ledger (the rows of the epoch handed out and the sum of their
+    positions, checked against the rows it leaves); a v8 ledger has none: ``None``, not checked."""
+    if "dynamic" not in state:
+        return dict(state)
+    return {**state, "dynamic": {**state["dynamic"], "yielded": None}}
+
+
+def _unchanged_in_v9(state: dict[str, Any]) -> dict[str, Any]:
+    """Worker states and merged checkpoints did not change in v9 (a checkpoint's loader states migrate on
+    their own)."""
+    return dict(state)
+
+
 # (kind, n) -> the step from version n to n + 1 of that kind; each takes and returns a plain dict
 MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
     (LOADER_KIND, 1): _loader_v1_to_v2,
@@ -126,6 +140,9 @@ MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = 
     (WORKER_KIND, 7): _unchanged_in_v8,
     (LOADER_KIND, 7): _unchanged_in_v8,
     (CHECKPOINT_KIND, 7): _unchanged_in_v8,
+    (WORKER_KIND, 8): _unchanged_in_v9,
+    (LOADER_KIND, 8): _loader_v8_to_v9,
+    (CHECKPOINT_KIND, 8): _unchanged_in_v9,
 }
 
 

@@ -42,7 +42,7 @@ from ._dynamic_epoch import (
     stitches_last_rows,
 )
 from ._epoch_watch import EpochWatch, dataset_order_varies
-from ._fields import shorten
+from ._fields import REMEDY, shorten
 from ._lease_pool import PoolSlots, SharedPool
 from ._loader_options import check_loader_options
 from ._loader_resume import check_workers, elastic_slots, follow_checkpoint_planning, mark_epoch_complete
@@ -460,6 +460,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
                 f"num_workers={self.num_workers}; build the loader with num_workers={parsed.num_workers} to resume")
         follow_checkpoint_planning(self.dataset, [parsed])
         saved = check_workers(self.dataset, parsed, self.dataset.rank, self.dataset.world_size)
+        self._refuse_without_ledger()
         self.dataset.set_epoch(max(s.epoch for s in saved))
         # inside an epoch re-planned for this topology: the counts of that epoch (len, trimmed rows)
         self.dataset._use_elastic(next((s.elastic for s in saved if s.elastic is not None), None))
@@ -478,6 +479,15 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         self._elastic_loaded = False
         super().load_state_dict(inner)
 
+    def _refuse_without_ledger(self) -> None:
+        """A state without a ``dynamic`` ledger whose worker states agree with a dynamic dataset (they carry
+        ``assignment: 'dynamic'``): the ledger was removed, and the worker cursors do not say which rows are
+        left (a static state is refused before, by its options)."""
+        if self.dataset._assignment == DYNAMIC:
+            raise StateError("the state has no 'dynamic' ledger, but its worker states were taken with "
+                             "assignment='dynamic', whose rest of the epoch is the ledger, not the workers' cursors; "
+                             f"{REMEDY}")
+
     def _load_dynamic(self, outers: list[dict[str, Any]]) -> None:
         """Resume a dynamic checkpoint: the rest of its epoch is this rank's work, leased anew by this
         loader's workers (any number)."""
@@ -494,6 +504,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         """Resume every old rank's states with this loader's topology: the rest of the saved
         epoch is re-planned over the new (rank, worker) slots (see ``arrowstream._elastic``)."""
         old_world, old_workers, slots = elastic_slots(self.dataset, outers)
+        self._refuse_without_ledger()
         epoch = max(saved.epoch for saved, _ in slots)
         self.dataset.set_epoch(epoch)
         self.dataset.begin_elastic_epoch(epoch, old_world, old_workers,
