@@ -113,9 +113,10 @@ class EpochRows:
         self._plan = plan
         start, end = _intervals(plan, fresh)
         rows = end - start
-        self._order = np.argsort(start, kind="stable")
-        self._start, self._end = start[self._order], end[self._order]
-        self._first = (np.cumsum(rows) - rows)[self._order]   # the position of each fresh split's first row
+        first = np.cumsum(rows) - rows   # the position of each fresh split's first row
+        held = np.flatnonzero(rows > 0)   # a split of no rows holds no position (and may start where another does)
+        order = held[np.argsort(start[held], kind="stable")]
+        self._start, self._end, self._first = start[order], end[order], first[order]
         self.num_rows = int(rows.sum())
 
     @property
