@@ -527,10 +527,12 @@ def fresh_work(plan: Plan, world_size: int, rank: int, epoch: int, options: Opti
 class LocalPool:
     """Leases handed out in order to the workers of one process (``num_workers=0``, and tests); the
     loader's workers share a :class:`~arrowstream._lease_pool.SharedPool` instead. ``owners()[i]``: the
-    worker that took lease ``i``, -1 while nobody has."""
+    worker that took lease ``i``, -1 while nobody has; ``loaded``: the leases are of a loaded checkpoint's
+    rest of ``epoch``, not of its fresh rows."""
 
-    def __init__(self, num_leases: int, epoch: int = 0) -> None:
+    def __init__(self, num_leases: int, epoch: int = 0, loaded: bool = False) -> None:
         self.epoch = epoch
+        self.loaded = loaded
         self.pieces = TAIL_LEASES_PER_WORKER
         self._owners = np.full(num_leases, -1, dtype=np.int64)
         self._next = 0

@@ -34,9 +34,10 @@ from ._dynamic import (
 )
 from ._elastic import Replay
 from ._fields import REMEDY, Fields, check_int, shorten
+from ._ledger_rows import EpochRows, Rank, check_yielded, rows_left, yielded_to_dict
 from ._metrics import worker_values
 from ._order import Slot, SlotGrid
-from ._plan_types import Split, SplitTable, split_rows
+from ._plan_types import Split, split_rows
 from ._state import DataIdentity, WorkerState, check_compatible
 from ._stream import EpochStream
 from .errors import ArgumentTypeError, InvalidArgumentError, StateError, StateMismatchError
@@ -54,14 +55,22 @@ END = Cursor((), 1 << 62, replay_index=1 << 62)   # past every replay and split 
 
 
 class DynamicEpochs:
-    """What a dataset with dynamic assignment asks of its epochs: each epoch's :class:`Work` (the loaded
-    ledger's for the epoch it was saved in, else the rank's fresh rows) and its leases."""
+    """What a dataset with dynamic assignment asks of its epochs: each epoch's :class:`Work` (a loaded
+    ledger's for the first iteration of the epoch it was saved in, else the rank's fresh rows) and its leases.
+
+    A loaded ledger is *pending* until an iteration of its epoch starts: that iteration reads it, the next
+    ones read the epoch whole (as a static checkpoint's worker states serve one iteration). While it is
+    pending, an iteration of another epoch is refused unless the ledger leaves nothing (:meth:`refusal`).
+    The loader tells its workers which work an iteration reads through the lease pool (``pool.loaded``).
+    """
 
     def __init__(self, plan: Plan, options: Options, world_size: int, rank: int, even_batches: bool) -> None:
         self._plan, self._options = plan, options
         self._world_size, self._rank, self._even_batches = world_size, rank, even_batches
-        self.loaded: tuple[int, Work] | None = None   # a checkpoint's rest of its epoch
+        self.loaded: tuple[int, Work] | None = None   # a checkpoint's rest of its epoch (kept for the workers)
+        self.pending = False   # the loaded rest is not read yet: the next iteration of its epoch reads it
         self._fresh: dict[int, tuple[Work, int]] = {}   # epoch -> its fresh work, and the rank's rows before cuts
+        self._placed: dict[int, EpochRows] = {}   # epoch -> its fresh rows, placed (to check a ledger's rows)
 
     def _laid_out(self, epoch: int) -> tuple[Work, int]:
         laid_out = self._fresh.get(epoch)
@@ -77,16 +86,60 @@ class DynamicEpochs:
         """The rank's rows of ``epoch``, cut to the rows it yields."""
         return self._laid_out(epoch)[0]
 
-    def work(self, epoch: int) -> Work:
-        """The rows of ``epoch`` this rank's workers lease."""
-        if self.loaded is not None and self.loaded[0] == epoch:
+    def rank(self, epoch: int) -> Rank:
+        """What a ledger of ``epoch`` is checked against: the rank's rows of it, placed (see ``_ledger_rows``)."""
+        placed = self._placed.get(epoch)
+        if placed is None:
+            if len(self._placed) >= 4:
+                del self._placed[next(iter(self._placed))]
+            placed = self._placed[epoch] = EpochRows(self._plan, self.fresh(epoch).fresh)
+        return Rank(placed, self._rank, self._world_size, self._options)
+
+    def load(self, epoch: int, work: Work) -> None:
+        """A checkpoint's rest of ``epoch``, pending: the next iteration of that epoch reads it."""
+        self.loaded, self.pending = (epoch, work), True
+
+    def pending_rest(self) -> tuple[int, Work] | None:
+        """The loaded rest while no iteration has read it: what a checkpoint taken now holds."""
+        return self.loaded if self.pending else None
+
+    def reads_loaded(self, epoch: int) -> bool:
+        """Whether an iteration of ``epoch`` that starts now reads the loaded rest."""
+        return self.pending and self.loaded is not None and self.loaded[0] == epoch
+
+    def refusal(self, epoch: int) -> StateMismatchError | None:
+        """Why an iteration of ``epoch`` may not start now: a pending rest of another epoch with rows left, or of a
+        later epoch (the rows left would never be read, as a static checkpoint's are not:
+        ``_resume.pending_for_epoch``); None when it may."""
+        if not self.pending or self.loaded is None:
+            return None
+        saved, work = self.loaded
+        left = work.num_rows
+        if saved == epoch or (epoch > saved and left == 0):
+            return None
+        where = f"mid-epoch, {left} row(s) of this rank not yielded yet" if left else "complete"
+        return StateMismatchError(
+            f"the checkpoint is in epoch {saved} ({where}) but the dataset is set to epoch {epoch}; call "
+            f"dataset.set_epoch({saved}) before iterating to finish the saved epoch, or start without loading the "
+            "checkpoint")
+
+    def started(self, epoch: int) -> None:
+        """An iteration of ``epoch`` started: a pending rest it reads, or one that leaves nothing before a later
+        epoch, is done with."""
+        if self.pending and self.refusal(epoch) is None:
+            self.pending = False
+
+    def work(self, epoch: int, loaded: bool = False) -> Work:
+        """The rows of ``epoch`` this rank's workers lease: the loaded rest (``loaded``), else the fresh rows."""
+        if loaded:
+            assert self.loaded is not None and self.loaded[0] == epoch, "the pool reads a rest that was not loaded"
             return self.loaded[1]
         return self.fresh(epoch)
 
-    def leases(self, epoch: int, num_workers: int, pieces: int = TAIL_LEASES_PER_WORKER) -> Leases:
+    def leases(self, epoch: int, num_workers: int, pieces: int = TAIL_LEASES_PER_WORKER, loaded: bool = False) -> Leases:
         """The leases of ``epoch`` for ``num_workers`` workers, ``pieces`` tail leases per worker (the pool's:
-        see :func:`~arrowstream._dynamic.tail_pieces`)."""
-        return Leases(self.work(epoch), self._options.batch_size, num_workers, pieces)
+        see :func:`~arrowstream._dynamic.tail_pieces`), over the loaded rest (``loaded``) or the fresh rows."""
+        return Leases(self.work(epoch, loaded), self._options.batch_size, num_workers, pieces)
 
     def batches(self, epoch: int) -> int:
         """Batches this rank yields in a whole ``epoch`` (the workers' last rows stitched into whole batches, all full but one)."""
@@ -103,7 +156,7 @@ class DynamicEpochs:
         return 0, rank_rows - whole
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_fresh": {}}
+        return {**self.__dict__, "_fresh": {}, "_placed": {}}
 
 
 def stitches_last_rows(dataset: Any, num_workers: int) -> bool:
@@ -174,7 +227,7 @@ def _split_to_list(split: Split) -> list[int]:
     return [split.file_index, split.unit_start, split.unit_stop, split.row_start, split.num_rows, split.num_bytes]
 
 
-def work_to_dict(epoch: int, work: Work) -> dict[str, Any]:
+def work_to_dict(epoch: int, work: Work, yielded: dict[str, int]) -> dict[str, Any]:
     return {
         "epoch": epoch,
         "replays": [{"slot": [r.slot.world_size, r.slot.num_workers, r.slot.rank, r.slot.worker_id],
@@ -182,6 +235,7 @@ def work_to_dict(epoch: int, work: Work) -> dict[str, Any]:
                     for r in work.replays],
         "splits": [_split_to_list(s) for s in work.splits],
         "fresh_from_row": work.fresh_from_row,
+        "yielded": yielded,
     }
 
 
@@ -205,7 +259,9 @@ def _split_from_list(plan: Plan, value: Any, where: str) -> Split:
 
 def work_from_dict(value: Any, plan: Plan, epochs: DynamicEpochs, options: Options,
                    where: str = "dynamic") -> tuple[int, Work]:
-    """The ledger of a dynamic checkpoint: its epoch and the rest of that epoch, checked against the plan."""
+    """The ledger of a dynamic checkpoint: its epoch and the rest of that epoch, checked against the plan: its
+    splits and replays where the rank's leased rows are, and with ``yielded`` all of the rank's rows of the
+    epoch (see :mod:`arrowstream._ledger_rows`)."""
     fields = Fields(value, where)
     epoch = fields.integer("epoch")
     replays = []
@@ -221,10 +277,7 @@ def work_from_dict(value: Any, plan: Plan, epochs: DynamicEpochs, options: Optio
             raise StateError(f"the state's {name}.slot is {shorten(slot_fields)}: not a slot; {REMEDY}")
         splits = tuple(_split_from_list(plan, s, f"{name}.splits[{i}]") for i, s in enumerate(entry.sequence("splits")))
         start = Cursor.from_dict(entry.mapping("start").value, f"{name}.start")
-        rows = entry.integer("rows", 1)
-        if rows > options.shuffle_buffer_size - start.window_offset:
-            raise StateError(f"the state's {name}.rows is {rows}, more than is left of a shuffle window of "
-                             f"{options.shuffle_buffer_size} rows at offset {start.window_offset}; {REMEDY}")
+        rows = entry.integer("rows", 1)   # inside its window: see _ledger_rows
         replays.append(Replay(SlotGrid(world, workers).slot(rank, worker), splits, start, rows))
     splits = tuple(_split_from_list(plan, s, f"{where}.splits[{i}]") for i, s in enumerate(fields.sequence("splits")))
     fresh = epochs.fresh(epoch)
@@ -234,51 +287,9 @@ def work_from_dict(value: Any, plan: Plan, epochs: DynamicEpochs, options: Optio
     if work.num_rows > fresh_rows:
         raise StateError(f"the state's {where} leaves {work.num_rows} row(s) of epoch {epoch}, more than the rank reads "
                          f"in an epoch ({fresh_rows}); {REMEDY}")
-    _check_rows(plan, work, where)
+    placed = epochs.rank(epoch)
+    check_yielded(fields.get("yielded"), placed, rows_left(plan, work, epoch, placed, where), epoch, where)
     return epoch, work
-
-
-_ROW_BITS = 40   # a row of a file as one int64: file << 40 | row
-
-
-def _intervals(plan: Plan, splits: Sequence[Split]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """The rows of ``splits`` (in their order) as half-open intervals of keys: file << 40 | row in the file."""
-    table = SplitTable.from_splits(splits)
-    files = plan.files   # units of every file in one column: file i's are unit_offsets[i]:unit_offsets[i + 1]
-    rows_before = np.concatenate([[0], np.cumsum(files.unit_rows)]).astype(np.int64)
-    file_first = np.asarray(files.unit_offsets, dtype=np.int64)[table.file_index]
-    first_unit_row = rows_before[file_first + table.unit_start] - rows_before[file_first]
-    start = (table.file_index << _ROW_BITS) + first_unit_row + table.row_start
-    return start, start + table.num_rows
-
-
-def _check_rows(plan: Plan, work: Work, where: str) -> None:
-    """Every split of a ledger inside the rank's rows of the epoch, and the rows it leaves (explicit splits
-    and the fresh rows from ``fresh_from_row``) each left once: a tampered ledger would repeat rows."""
-    fresh_start, fresh_end = _intervals(plan, work.fresh)
-    named = [*work.splits, *(s for replay in work.replays for s in replay.splits)]
-    if named:
-        order = np.argsort(fresh_start, kind="stable")
-        sorted_start, sorted_end = fresh_start[order], fresh_end[order]
-        start, end = _intervals(plan, named)
-        at = np.maximum(np.searchsorted(sorted_start, start, side="right") - 1, 0)
-        inside = (start >= sorted_start[at]) & (end <= sorted_end[at]) if len(sorted_start) else start < 0
-        if not inside.all():
-            bad = named[int(np.flatnonzero(~inside)[0])]
-            raise StateError(f"the state's {where} names rows {shorten(_split_to_list(bad))} that the rank does not read "
-                             f"in this epoch; {REMEDY}")
-    # the rows left: the explicit splits and the fresh ones from fresh_from_row (the first of those cut)
-    ends = np.cumsum(split_rows(work.fresh))
-    first = int(np.searchsorted(ends, work.fresh_from_row, side="right"))
-    tail_start, tail_end = fresh_start[first:].copy(), fresh_end[first:]
-    if len(tail_start):
-        tail_start[0] = tail_end[0] - (int(ends[first]) - work.fresh_from_row)
-    start, end = _intervals(plan, work.splits) if work.splits else (np.zeros(0, np.int64), np.zeros(0, np.int64))
-    start, end = np.concatenate([start, tail_start]), np.concatenate([end, tail_end])
-    order = np.argsort(start, kind="stable")
-    if (start[order][1:] < end[order][:-1]).any():
-        raise StateError(f"the state's {where} leaves some rows twice (its splits overlap each other or the rows from "
-                         f"fresh_from_row on); {REMEDY}")
 
 
 def check_assignment(assignment: Any, options: Options, group_size: int = 1) -> str:
@@ -311,19 +322,25 @@ def dynamic_ledger(dataset: Any, pool: Any, cursors: Sequence[Cursor | None], nu
     worker's after its last batch handed out (None: it has handed out none yet)."""
     epochs: DynamicEpochs = dataset._dynamic
     options: Options = dataset._options
-    if pool is None:
+    pending = epochs.pending_rest()
+    if pending is not None:   # a loaded rest no iteration has read yet (state_dict() may have started workers)
+        epoch, work = pending
+    elif pool is None:
         epoch = dataset.epoch
-        work = epochs.work(epoch)
+        work = epochs.fresh(epoch)
     else:
         epoch = pool.epoch
         pieces, owners = pool.snapshot()
-        leases = epochs.leases(epoch, num_workers, pieces)
+        leases = epochs.leases(epoch, num_workers, pieces, loaded=pool.loaded)
         grid = SlotGrid(dataset.world_size, num_workers)
         slots = [grid.slot(dataset.rank, worker) for worker in range(max(num_workers, 1))]
         started = [start_cursor(options.interleave) if cursor is None else cursor for cursor in cursors]
         work = remaining_work(leases, owners, started, slots, batch_size=options.batch_size,
                               interleave=options.interleave, buffer_rows=options.shuffle_buffer_size)
-    return {**work_to_dict(epoch, work), "data": dataset._data.to_dict(), "options": dict(dataset._state_options)}
+    rank = epochs.rank(epoch)
+    yielded = yielded_to_dict(rank, rows_left(dataset._plan, work, epoch, rank, "dynamic"))
+    return {**work_to_dict(epoch, work, yielded), "data": dataset._data.to_dict(),
+            "options": dict(dataset._state_options)}
 
 
 def load_dynamic_ledger(dataset: Any, outers: Sequence[dict[str, Any]]) -> int:
@@ -343,7 +360,7 @@ def load_dynamic_ledger(dataset: Any, outers: Sequence[dict[str, Any]]) -> int:
             and len(outers) == world_size:
         # every rank had read its whole epoch: nothing is left to re-plan, the next epoch is laid out here
         epoch = Fields(outers[0]["dynamic"], "dynamic").integer("epoch")
-        dataset._dynamic.loaded = (epoch, Work((), ()))
+        dataset._dynamic.load(epoch, Work((), ()))
         return epoch
     if world_size != dataset.world_size:
         raise StateMismatchError(
@@ -359,7 +376,7 @@ def load_dynamic_ledger(dataset: Any, outers: Sequence[dict[str, Any]]) -> int:
     saved = WorkerState(DataIdentity.from_dict(ledger.mapping("data")), dict(ledger.mapping("options").value), epoch,
                         SlotGrid(world_size, 0).slot(dataset.rank, 0), start_cursor(1), 0, 0, 0, False, None)
     check_compatible(saved, dataset._data, dataset._state_options, dataset._data_identity)
-    dataset._dynamic.loaded = (epoch, work)
+    dataset._dynamic.load(epoch, work)
     return epoch
 
 

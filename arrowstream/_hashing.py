@@ -76,6 +76,18 @@ def permutation(n: int, seed: int) -> npt.NDArray[np.int64]:
     return np.argsort(keys).astype(np.int64, copy=False)
 
 
+def permutation_part(n: int, seed: int, start: int, stop: int) -> npt.NDArray[np.int64]:
+    """The values of ``permutation(n, seed)[start:stop]`` in ascending order, not in the permutation's:
+    the keys of those places selected (a partition, not a sort; a dynamic ledger sums what a shuffle
+    window hands out from a place to another, ``arrowstream._ledger_rows``)."""
+    if start >= stop:
+        return np.zeros(0, dtype=np.int64)
+    keys = mix64(np.arange(n, dtype=np.uint64) ^ np.uint64(seed & _MASK))
+    placed = np.partition(keys, (start, stop - 1))
+    low, high = placed[start], placed[stop - 1]
+    return np.flatnonzero((keys >= low) & (keys <= high))   # distinct keys: exactly stop - start of them
+
+
 def permutations(n: int, seeds: Sequence[int] | npt.NDArray[np.uint64],
                  index_bits: int | None = None) -> npt.NDArray[np.int64]:
     """:func:`permutation` of ``range(n)`` for each of ``seeds``, as the rows of one array, computed together

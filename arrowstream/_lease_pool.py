@@ -2,7 +2,8 @@
 
 One int64 tensor in shared memory: the iteration's epoch, the number of leases, the next lease to hand
 out, the tail leases per worker of the last eighth (0 until decided), how many leases come before the
-last eighth, then the worker that took each lease (-1 while nobody has). A lock makes taking a lease one
+last eighth, whether the leases are of a loaded checkpoint's rest of the epoch (1) or of its fresh rows
+(0), then the worker that took each lease (-1 while nobody has). A lock makes taking a lease one
 step. The worker that takes the first lease of the last eighth decides how finely it is cut, by what the
 workers measured so far (see :func:`arrowstream._dynamic.lease_bounds`), in the same step: no lease of
 the last eighth is handed out before its layout is known.
@@ -26,7 +27,7 @@ from ._dynamic import TAIL_LEASES_PER_WORKER
 from ._shm import share
 from .errors import StateMismatchError
 
-_EPOCH, _COUNT, _NEXT, _PIECES, _FIXED, _OWNERS = 0, 1, 2, 3, 4, 5
+_EPOCH, _COUNT, _NEXT, _PIECES, _FIXED, _LOADED, _OWNERS = 0, 1, 2, 3, 4, 5, 6
 
 Decide = Callable[[], tuple[int, int]]   # the tail pieces of the last eighth, and the leases with them
 
@@ -35,21 +36,23 @@ class SharedPool:
     """``num_leases`` leases of ``epoch`` (with the default tail), taken in order by the workers of one
     loader iteration; the first ``fixed`` are the same with any tail, the rest are laid out again when the
     first of them is taken (:meth:`take`). Room for ``capacity`` leases (at least ``num_leases``): the most
-    any tail gives, and what a :meth:`reset` for later epochs may need."""
+    any tail gives, and what a :meth:`reset` for later epochs may need. ``loaded``: the leases are of the
+    loaded checkpoint's rest of ``epoch`` (see ``DynamicEpochs``), not of its fresh rows."""
 
     def __init__(self, epoch: int, num_leases: int, context: Any = None, capacity: int = 0,
-                 fixed: int | None = None) -> None:
+                 fixed: int | None = None, loaded: bool = False) -> None:
         cells = torch.full((_OWNERS + max(num_leases, capacity),), -1, dtype=torch.int64)
         self._cells = share(cells, "assignment='dynamic': the lease pool")
-        self._lay_out(epoch, num_leases, num_leases if fixed is None else fixed)
+        self._lay_out(epoch, num_leases, num_leases if fixed is None else fixed, loaded)
         if isinstance(context, str):
             context = multiprocessing.get_context(context)
         self._lock = (context or multiprocessing).Lock()
 
-    def _lay_out(self, epoch: int, num_leases: int, fixed: int) -> None:
+    def _lay_out(self, epoch: int, num_leases: int, fixed: int, loaded: bool) -> None:
         cells = self._cells
         cells[_OWNERS:] = -1
         cells[_EPOCH], cells[_COUNT], cells[_NEXT], cells[_PIECES], cells[_FIXED] = epoch, num_leases, 0, 0, fixed
+        cells[_LOADED] = int(loaded)
 
     @property
     def pieces(self) -> int:
@@ -64,17 +67,22 @@ class SharedPool:
     def capacity(self) -> int:
         return len(self._cells) - _OWNERS
 
-    def reset(self, epoch: int, num_leases: int, fixed: int | None = None) -> None:
+    def reset(self, epoch: int, num_leases: int, fixed: int | None = None, loaded: bool = False) -> None:
         """The pool laid out again for ``num_leases`` leases of ``epoch``, none taken. Only while no
         worker can take from it (see :class:`PoolSlots`)."""
         if num_leases > self.capacity:
             raise ValueError(f"reset: {num_leases} leases, room for {self.capacity}")
         with self._lock:
-            self._lay_out(epoch, num_leases, num_leases if fixed is None else fixed)
+            self._lay_out(epoch, num_leases, num_leases if fixed is None else fixed, loaded)
 
     @property
     def epoch(self) -> int:
         return int(self._cells[_EPOCH])
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the leases are of the loaded checkpoint's rest of the epoch."""
+        return bool(self._cells[_LOADED])
 
     def __len__(self) -> int:
         return int(self._cells[_COUNT])
@@ -131,15 +139,16 @@ class PoolSlots:
     """
 
     def __init__(self, epoch: int, num_leases: int, context: Any = None, capacity: int = 0,
-                 fixed: int | None = None) -> None:
+                 fixed: int | None = None, loaded: bool = False) -> None:
         room = pool_capacity(max(num_leases, capacity))
-        self._pools = (SharedPool(epoch, num_leases, context, room, fixed), SharedPool(-1, 0, context, room))
+        self._pools = (SharedPool(epoch, num_leases, context, room, fixed, loaded), SharedPool(-1, 0, context, room))
         self._current = share(torch.zeros(1, dtype=torch.int64), "assignment='dynamic': the current lease pool")
 
     def current(self) -> SharedPool:
         return self._pools[int(self._current[0])]
 
-    def advance(self, epoch: int, num_leases: int, capacity: int = 0, fixed: int | None = None) -> SharedPool | None:
+    def advance(self, epoch: int, num_leases: int, capacity: int = 0, fixed: int | None = None,
+                loaded: bool = False) -> SharedPool | None:
         """The other pool, laid out for ``num_leases`` leases of ``epoch`` (room for ``capacity``) and made
         current; None (nothing changed) when it has no room for them: the loader then starts new workers
         with new pools."""
@@ -147,7 +156,7 @@ class PoolSlots:
         pool = self._pools[other]
         if max(num_leases, capacity) > pool.capacity:
             return None
-        pool.reset(epoch, num_leases, fixed)
+        pool.reset(epoch, num_leases, fixed, loaded)
         self._current[0] = other
         return pool
 

@@ -119,8 +119,16 @@ def _worker_v8_to_v9(state: dict[str, Any]) -> dict[str, Any]:
     return {**state, "elastic": None if elastic is None else {**elastic, "cut": LPT}}
 
 
+def _loader_v8_to_v9(state: dict[str, Any]) -> dict[str, Any]:
+    """v9 adds ``yielded`` to the dynamic ledger (the rows of the epoch handed out and the sum of their
+    positions, checked against the rows it leaves); a v8 ledger has none: ``None``, not checked."""
+    if "dynamic" not in state:
+        return dict(state)
+    return {**state, "dynamic": {**state["dynamic"], "yielded": None}}
+
+
 def _unchanged_in_v9(state: dict[str, Any]) -> dict[str, Any]:
-    """The loader state and the merged checkpoint did not change in v9 (their worker states migrate on their own)."""
+    """The merged checkpoint did not change in v9 (its loader states migrate on their own)."""
     return dict(state)
 
 
@@ -145,7 +153,7 @@ MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = 
     (LOADER_KIND, 7): _unchanged_in_v8,
     (CHECKPOINT_KIND, 7): _unchanged_in_v8,
     (WORKER_KIND, 8): _worker_v8_to_v9,
-    (LOADER_KIND, 8): _unchanged_in_v9,
+    (LOADER_KIND, 8): _loader_v8_to_v9,
     (CHECKPOINT_KIND, 8): _unchanged_in_v9,
 }
 

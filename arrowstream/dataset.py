@@ -224,7 +224,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         previous_dynamic: DynamicEpochs | None = vars(self).get("_dynamic")
         self._dynamic = DynamicEpochs(plan, self._options, self._world_size, self._rank, self._even_batches)
         if previous_dynamic is not None:
-            self._dynamic.loaded = previous_dynamic.loaded
+            self._dynamic.loaded, self._dynamic.pending = previous_dynamic.loaded, previous_dynamic.pending
         self._pool: Any = None   # the leases of this iteration (dynamic; the loader's, shared by its workers)
         # the epoch re-planned for a loaded checkpoint of another topology (by the loader) stays
         previous: Epochs | None = vars(self).get("_epochs")
@@ -430,8 +430,11 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
 
     def _iter_dynamic(self, slot: Slot) -> EpochIterator:
         epoch = self.epoch
+        refusal = None
         if get_worker_info() is None:   # the trainer's process reads alone: its own pool, each iteration
-            self._pool = LocalPool(len(self._dynamic.leases(epoch, 0)), epoch)
+            loaded = self._dynamic.reads_loaded(epoch)
+            self._pool = LocalPool(len(self._dynamic.leases(epoch, 0, loaded=loaded)), epoch, loaded)
+            refusal = self._dynamic.refusal(epoch)   # the loader refuses first; raised when read, as static does
         pool = self._pool
         if isinstance(pool, PoolSlots):   # persistent workers: the pool of this iteration, taken now
             pool = pool.current()
@@ -442,8 +445,11 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         before = start_state(self._data, self._state_options, epoch, slot, self._options.interleave)
 
         def open_epoch() -> OpenEpoch:
+            if refusal is not None:
+                raise refusal
             runtime = self._worker_runtime()
-            leases = PoolLeases(functools.partial(self._dynamic.leases, epoch, slot.num_workers),
+            # the loaded checkpoint's rest of the epoch, or its fresh rows, as the loader laid out the pool
+            leases = PoolLeases(functools.partial(self._dynamic.leases, epoch, slot.num_workers, loaded=pool.loaded),
                                 lambda: pool.pieces)
             if isinstance(pool, SharedPool):
                 pool.check(epoch, fixed_leases(leases.of(TAIL_LEASES_PER_WORKER).bounds), slot.worker_id)

@@ -42,7 +42,7 @@ from ._dynamic_epoch import (
     stitches_last_rows,
 )
 from ._epoch_watch import EpochWatch, dataset_order_varies
-from ._fields import shorten
+from ._fields import REMEDY, shorten
 from ._lease_pool import PoolSlots, SharedPool
 from ._loader_options import check_loader_options
 from ._loader_resume import check_workers, elastic_slots, follow_checkpoint_planning, mark_epoch_complete
@@ -140,13 +140,14 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             # new pools for new workers, before they start: they inherit them (an abandoned iteration's
             # workers keep the old ones); persistent workers use two in turn (see _advance_pool)
             epoch = self.dataset.epoch
-            leases, finest, fixed = self._lease_counts(epoch)
+            rest = self.dataset._dynamic.reads_loaded(epoch)   # a loaded checkpoint's rest, or fresh rows
+            leases, finest, fixed = self._lease_counts(epoch, rest)
             if self.persistent_workers:
-                slots = PoolSlots(epoch, leases, self.multiprocessing_context, finest, fixed)
+                slots = PoolSlots(epoch, leases, self.multiprocessing_context, finest, fixed, rest)
                 self.dataset._pool, self._pool = slots, slots.current()
             else:
                 self._pool = self.dataset._pool = SharedPool(epoch, leases, self.multiprocessing_context, finest,
-                                                             fixed)
+                                                             fixed, rest)
         try:
             return super()._get_iterator()
         except OSError as exc:  # the semaphores of the workers' queues live in /dev/shm
@@ -178,6 +179,9 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
 
     def __iter__(self) -> Any:
         check_loader_options(self.num_workers, {"in_order": self.in_order})  # also when set after __init__
+        dynamic = self.dataset._assignment == DYNAMIC
+        if dynamic:
+            self._check_dynamic_epoch()
         if self._elastic_loaded:  # the first epoch after loading a checkpoint re-planned for this topology
             check_replanned_epoch_over(self.dataset, self.num_workers)
             self._elastic_loaded = False
@@ -189,11 +193,29 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         except Exception as exc:
             raise_death_between_iterations(self, exc, self.dataset.epoch)
             raise
+        if dynamic:   # a loaded checkpoint's rest is read by this iteration, once
+            self.dataset._dynamic.started(self.dataset.epoch)
         if self.num_workers == 0:
             self._batch_iterator = None
             return SkippingIterator(self, inner)
         self._batch_iterator = worker_batches(inner, self._stitcher(inner))
         return SkippingIterator(self, self._batch_iterator)
+
+    def _check_dynamic_epoch(self) -> None:
+        """assignment='dynamic', before an iteration: refuse an epoch that a loaded checkpoint's rest cannot lead
+        to (see ``DynamicEpochs.refusal``), and forget the iteration state_dict() started for another epoch or
+        work than the dataset's now (set_epoch came after it): a new one starts."""
+        loader: Any = self   # torchdata's attributes, untyped
+        epochs, epoch = self.dataset._dynamic, self.dataset.epoch
+        pool = self._pool if self.num_workers > 0 else self.dataset._pool
+        if loader._initial_iter_for_state_dict and pool is not None \
+                and (pool.epoch, pool.loaded) != (epoch, epochs.reads_loaded(epoch)):
+            if self.num_workers > 0:
+                loader._iterator._shutdown_workers()
+            loader._iterator, loader._initial_iter_for_state_dict = None, False
+        refusal = epochs.refusal(epoch)
+        if refusal is not None:
+            raise refusal
 
     def _advance_pool(self) -> None:
         """assignment='dynamic' with persistent workers, before torchdata starts them on the next iteration:
@@ -207,8 +229,9 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         if loader._initial_iter_for_state_dict and not iterator._finished:
             return   # the workers state_dict() started are this iteration's, on the pool made for them
         epoch, slots = self.dataset.epoch, self.dataset._pool
-        leases, finest, fixed = self._lease_counts(epoch)
-        pool = slots.advance(epoch, leases, finest, fixed) if isinstance(slots, PoolSlots) else None
+        loaded = self.dataset._dynamic.reads_loaded(epoch)
+        leases, finest, fixed = self._lease_counts(epoch, loaded)
+        pool = slots.advance(epoch, leases, finest, fixed, loaded) if isinstance(slots, PoolSlots) else None
         if pool is not None:
             self._pool = pool
             return
@@ -217,12 +240,13 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         iterator._shutdown_workers()
         self._iterator = None
 
-    def _lease_counts(self, epoch: int) -> tuple[int, int, int]:
-        """The leases of a dynamic ``epoch`` for this loader's workers: how many with the default tail, with
-        the finest one (the room a pool needs), and before the last eighth (the same with any tail)."""
+    def _lease_counts(self, epoch: int, loaded: bool) -> tuple[int, int, int]:
+        """The leases of a dynamic ``epoch`` (of a loaded checkpoint's rest of it: ``loaded``) for this loader's
+        workers: how many with the default tail, with the finest one (the room a pool needs), and before the
+        last eighth (the same with any tail)."""
         epochs = self.dataset._dynamic
-        default = epochs.leases(epoch, self.num_workers)
-        finest = len(epochs.leases(epoch, self.num_workers, MAX_TAIL_LEASES_PER_WORKER))
+        default = epochs.leases(epoch, self.num_workers, loaded=loaded)
+        finest = len(epochs.leases(epoch, self.num_workers, MAX_TAIL_LEASES_PER_WORKER, loaded))
         return len(default), finest, fixed_leases(default.bounds)
 
     def _stitcher(self, inner: Any) -> Stitcher | None:
@@ -437,6 +461,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
                 f"num_workers={self.num_workers}; build the loader with num_workers={parsed.num_workers} to resume")
         follow_checkpoint_planning(self.dataset, [parsed])
         saved = check_workers(self.dataset, parsed, self.dataset.rank, self.dataset.world_size)
+        self._refuse_without_ledger()
         self.dataset.set_epoch(max(s.epoch for s in saved))
         # inside an epoch re-planned for this topology: the counts of that epoch (len, trimmed rows)
         self.dataset._use_elastic(next((s.elastic for s in saved if s.elastic is not None), None))
@@ -455,6 +480,15 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         self._elastic_loaded = False
         super().load_state_dict(inner)
 
+    def _refuse_without_ledger(self) -> None:
+        """A state without a ``dynamic`` ledger whose worker states agree with a dynamic dataset (they carry
+        ``assignment: 'dynamic'``): the ledger was removed, and the worker cursors do not say which rows are
+        left (a static state is refused before, by its options)."""
+        if self.dataset._assignment == DYNAMIC:
+            raise StateError("the state has no 'dynamic' ledger, but its worker states were taken with "
+                             "assignment='dynamic', whose rest of the epoch is the ledger, not the workers' cursors; "
+                             f"{REMEDY}")
+
     def _load_dynamic(self, outers: list[dict[str, Any]]) -> None:
         """Resume a dynamic checkpoint: the rest of its epoch is this rank's work, leased anew by this
         loader's workers (any number)."""
@@ -471,6 +505,7 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
         """Resume every old rank's states with this loader's topology: the rest of the saved
         epoch is re-planned over the new (rank, worker) slots (see ``arrowstream._elastic``)."""
         old_world, old_workers, slots = elastic_slots(self.dataset, outers)
+        self._refuse_without_ledger()
         epoch = max(saved.epoch for saved, _ in slots)
         self.dataset.set_epoch(epoch)
         self.dataset.begin_elastic_epoch(epoch, old_world, old_workers,

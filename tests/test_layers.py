@@ -58,6 +58,7 @@ PURE_MODULES = [
     "_mix_state",     # a mixture worker's state
     "_skip_state",    # the skips of loader.skip() in a loader state
     "_dynamic",       # dynamic assignment: a rank's work, its leases, a worker's stream over them, the ledger
+    "_ledger_rows",   # the rows a dynamic ledger leaves, checked against the plan (positions, never rows)
     "_row_ids",       # with_row_ids: the _file and _row columns added as rows are decoded
     "_auto_buffer",   # the default shuffle buffer: sized from the plan, or a loaded checkpoint's
 ]

@@ -5,7 +5,8 @@ topology; merged checkpoints) are changed one field at a time, the way a corrupt
 checkpoint would be: another type, negative, huge, off by one, a bool for an int, a key deleted
 or added, list items swapped, in the worker states, the loader's wrapper, the merged checkpoint
 and torchdata's own dict. Whatever loads must yield exactly the rows the run had not yielded
-before the checkpoint, each once.
+before the checkpoint, each once. The dynamic ledger of ``assignment="dynamic"`` (issue #36) is
+fuzzed the same way, its own fields most of the time, with no field left out.
 
 Two changes are left out, because they make another valid state, which loads and yields its own
 rest: a worker state's ``epoch`` (the same position in another epoch's order), and, in a
@@ -185,6 +186,49 @@ def test_a_mutated_state_with_workers_is_refused_or_resumes_exactly(cases):
 
     @_fuzz(40)
     @given(mutated(case.state))
+    def check(change):
+        _refused_or_exact(case, cases["path"], *change)
+
+    check()
+
+
+# -- dynamic ledgers (issue #36): a ledger edited is refused, or leaves exactly the rows it left ------------
+
+
+@pytest.fixture(scope="module")
+def dynamic_cases(cases) -> dict[str, Case]:
+    """Ledgers of ``assignment="dynamic"``: one process after 7 batches (a replay of its window and the rest of
+    the splits it held), and an epoch resumed from 2 workers' ledger by one process, a batch on (the rest
+    of the old workers' windows: 48 rows at least, whatever the timing). 0 workers: a resume reads in this
+    process."""
+    path, dynamic = cases["path"], {"assignment": "dynamic"}
+    out: dict[str, Case] = {}
+    state, before, rows = _run(path, 0, 7, **dynamic)
+    out["dynamic-mid"] = Case(state, 0, dynamic, before, rows)
+    old, before, rows = _run(path, 2, 5, **dynamic)
+    loader, _ = make_loader(path, 0, **OPTIONS, **dynamic)
+    loader.load_state_dict(old)
+    it = iter(loader)
+    before = before + ids_of(next(it))
+    out["dynamic-resumed"] = Case(json_roundtrip(loader.state_dict()), 0, dynamic, before, list(range(1000)))
+    for case in out.values():
+        assert case.state["dynamic"]["replays"] and case.state["dynamic"]["splits"]
+    return out
+
+
+def _ledger_mutated(state: dict[str, Any]) -> Any:
+    """One field of the ledger changed (mostly), or of the whole state."""
+    ledger = mutated(state["dynamic"]).map(lambda change: ({**state, "dynamic": change[0]}, f"dynamic.{change[1]}"))
+    return st.one_of(ledger, ledger, ledger, mutated(state))
+
+
+@pytest.mark.parametrize("name", ["dynamic-mid", "dynamic-resumed"])
+@pytest.mark.timeout(120)
+def test_a_mutated_dynamic_ledger_is_refused_or_leaves_exactly_the_rest(cases, dynamic_cases, name):
+    case = dynamic_cases[name]
+
+    @_fuzz(60)
+    @given(_ledger_mutated(case.state))
     def check(change):
         _refused_or_exact(case, cases["path"], *change)
 

@@ -65,6 +65,7 @@ CASES = [
      "options": {"batch_size": 8, "shuffle": True, "seed": 6, "shuffle_buffer_size": 12, "interleave": 2,
                  "assignment": "dynamic"},
      "epochs": [0, 1], "point": ("mid", 0, 2)},
+    # (from v9 on the two dynamic cases' ledgers count the rows yielded: "yielded", checked on load)
     # from v8 on: loader.skip() (a skip done before the point is recorded in "skips", one asked for at the point
     # is the state's "pending_skip"), the default record-level buffer of shuffle=True, and data_identity="layout"
     # (the state holds the data's layout; the test touches the files before loading it)
