@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from ._cursor import Cursor
 from ._hashing import permutations
-from ._held import HeldSource
 from ._mix_parts import Part, Parts, SpanParts
+
+if TYPE_CHECKING:
+    from ._held import HeldSource
 
 
 def bulk_readable(part: Part, interleave: int, buffer_rows: int) -> bool:

@@ -56,6 +56,8 @@ PURE_MODULES = [
     "_mix_elastic",   # a mixture epoch re-planned for another topology
     "_mix_layout",    # a mixture's epochs: every slot's parts of every source
     "_mix_state",     # a mixture worker's state
+    "_mix_parts",     # a slot's parts of a source in an epoch, without walking them
+    "_mix_bulk",      # a held source's parts read whole: their rows' order and cursors
     "_skip_state",    # the skips of loader.skip() in a loader state
     "_dynamic",       # dynamic assignment: a rank's work, its leases, a worker's stream over them, the ledger
     "_ledger_rows",   # the rows a dynamic ledger leaves, checked against the plan (positions, never rows)
