@@ -225,15 +225,8 @@ def rows_left(plan: Plan, work: Work, epoch: int, rank: Rank, where: str) -> Tal
     module docstring says; return their tally."""
     rows, leased = rank.rows, work.fresh_from_row
     # explicit splits: among the leased rows, each row once
-    firsts = rows.place(work.splits)
-    lengths = split_rows(work.splits)
-    for index in np.flatnonzero(firsts < 0)[:1]:
-        raise _outside(work.splits[int(index)], f"{where}.splits[{index}]")
-    for index in np.flatnonzero(firsts + lengths > leased)[:1]:
-        raise StateError(f"the state's {where}.splits[{index}] ({shorten(_as_list(work.splits[int(index)]))}) names "
-                         f"rows {int(firsts[index])} to {int(firsts[index] + lengths[index]) - 1} of the rank's epoch, "
-                         f"which the fresh rows from fresh_from_row={leased} leave too: the ledger leaves some rows "
-                         f"twice; {REMEDY}")
+    firsts, lengths = _leased(rows, work.splits, leased, f"{where}.splits",
+                              "which the fresh rows leave too: the ledger leaves some rows twice")
     order = np.argsort(firsts, kind="stable")
     overlap = np.flatnonzero(firsts[order][1:] < (firsts + lengths)[order][:-1])
     if len(overlap):
@@ -256,6 +249,21 @@ def rows_left(plan: Plan, work: Work, epoch: int, rank: Rank, where: str) -> Tal
     return left
 
 
+def _leased(rows: EpochRows, splits: Sequence[Split], leased: int, name: str,
+            why: str) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Where ``splits`` (the ledger's ``name``) start in the rank's epoch, and their rows: checked to be rows of
+    the epoch leased before ``leased`` (``why``: what it means when they are not)."""
+    firsts = rows.place(splits)
+    lengths = split_rows(splits)
+    for index in np.flatnonzero(firsts < 0)[:1]:
+        raise _outside(splits[int(index)], f"{name}[{index}]")
+    for index in np.flatnonzero(firsts + lengths > leased)[:1]:
+        raise StateError(f"the state's {name}[{index}] ({shorten(_as_list(splits[int(index)]))}) names rows "
+                         f"{int(firsts[index])} to {int(firsts[index] + lengths[index]) - 1} of the rank's epoch, "
+                         f"from fresh_from_row={leased} on, {why}; {REMEDY}")
+    return firsts, lengths
+
+
 def _replay_window(replay: Replay, rows: EpochRows, leased: int, rank: Rank, name: str,
                    windows: dict[tuple[Any, ...], npt.NDArray[np.int64]]) -> npt.NDArray[np.int64]:
     """The positions of the window ``replay`` stands in, as read (see :func:`window_positions`), checked: a
@@ -269,14 +277,8 @@ def _replay_window(replay: Replay, rows: EpochRows, leased: int, rank: Rank, nam
     if not options.shuffle_buffer_size:
         raise StateError(f"the state's {name} replays a shuffle window, but shuffle_buffer_size=0; {REMEDY}")
     start = replay.start   # its replay fields say how many replays the worker had read before: not read here
-    firsts = rows.place(replay.splits)
-    lengths = split_rows(replay.splits)
-    for index in np.flatnonzero(firsts < 0)[:1]:
-        raise _outside(replay.splits[int(index)], f"{name}.splits[{index}]")
-    for index in np.flatnonzero(firsts + lengths > leased)[:1]:
-        raise StateError(f"the state's {name}.splits[{index}] names rows {int(firsts[index])} to "
-                         f"{int(firsts[index] + lengths[index]) - 1} of the rank's epoch, but its workers had leased "
-                         f"only the rows before fresh_from_row={leased}; {REMEDY}")
+    firsts, lengths = _leased(rows, replay.splits, leased, f"{name}.splits",
+                              "which its workers had not leased: a window holds leased rows only")
     _check_start(start, lengths.tolist(), options, f"{name}.start")
     key = (replay.splits, dataclasses.replace(start, window_offset=0))
     window = windows.get(key)

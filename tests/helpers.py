@@ -185,3 +185,24 @@ def slow_collate(batch: Any) -> Any:
     """A ``collate_fn`` that takes 10 ms per batch (module level: workers may pickle it)."""
     time.sleep(0.01)
     return batch
+
+
+def replanned_by_an_older_cut(golden: dict[str, Any]) -> bool:
+    """Whether a golden state of version 8 or older is loaded on another topology than it was taken on (a merged
+    checkpoint of other ranks or workers): the rest of its epoch is then re-planned with this version's even cut
+    (#36), not the longest-processing-time cut its recorded batches came from."""
+    state = golden["state"]
+    if state.get("kind") != "arrowstream.checkpoint" or state["version"] >= 9:
+        return False
+    return (len(state["ranks"]), state["num_workers"]) != (golden["options"].get("world_size", 1), golden["num_workers"])
+
+
+def assert_replanned_continuation(golden: dict[str, Any], per_epoch: list[list[list[int]]]) -> None:
+    """The batches resumed from such a state (``per_epoch``: each epoch's, from the saved one on) against the
+    recorded ones: the rest of the saved epoch the same rows, each once, in new shares; the later epochs, whole
+    and fresh on the new topology, exactly as recorded."""
+    later = sum(len(batches) for batches in per_epoch[1:])
+    recorded = golden["continuation_ids"]
+    head, tail = recorded[:len(recorded) - later], recorded[len(recorded) - later:]
+    assert sorted(i for b in per_epoch[0] for i in b) == sorted(i for b in head for i in b)
+    assert [b for batches in per_epoch[1:] for b in batches] == tail

@@ -178,7 +178,7 @@ def _edit_split_start(ledger):
 # one-field edits of a ledger (0 workers, 3 batches of 64 with a window of 100: a replay of 8 rows and two
 # splits) and of a resumed one (the replays of 2 workers' windows); each loaded before, losing or repeating rows.
 # The message of the first is matched; the second's depends on what the workers had taken (timing): one of
-WHAT_IS_WRONG = ("leaves some rows twice|would (lose|repeat)|had leased only|does not read|name other rows|"
+WHAT_IS_WRONG = ("leaves some rows twice|would (lose|repeat)|had not leased|does not read|name other rows|"
                  "shuffle window of|world_size=2|no 'yielded' field")
 EDITS = {
     "splits.pop(0)": (lambda d: d["splits"].pop(0), "yielded.rows counts .* would lose"),

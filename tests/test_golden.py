@@ -8,7 +8,7 @@ import os
 import sys
 
 import pytest
-from helpers import ids_of, make_loader
+from helpers import assert_replanned_continuation, ids_of, make_loader, replanned_by_an_older_cut
 
 from arrowstream._torchdata_state import worker_state, worker_states
 
@@ -41,14 +41,8 @@ def test_golden_state_resumes_to_the_recorded_batches(tmp_path, golden_file):
         dataset.set_epoch(epoch)
         per_epoch.append([ids_of(batch) for batch in loader])
         resumed += per_epoch[-1]
-    if _replanned_at_load(golden) and golden["state"]["version"] < 9:
-        # a state of version 8 or older loaded on another topology: the rest of its epoch is re-planned with
-        # this version's even cut (#36; older versions gave whole items by LPT, which could trim every row left):
-        # the same rows, each once, in new shares; the later epochs, whole and fresh, as recorded
-        later = sum(len(batches) for batches in per_epoch[1:])
-        recorded = golden["continuation_ids"]
-        assert sorted(i for b in per_epoch[0] for i in b) == sorted(i for b in recorded[:len(recorded) - later] for i in b)
-        assert resumed[len(per_epoch[0]):] == recorded[len(recorded) - later:]
+    if replanned_by_an_older_cut(golden):
+        assert_replanned_continuation(golden, per_epoch)
         return
     if golden["options"].get("assignment") == "dynamic":
         # a dynamic resume promises the rows not yet yielded, each once, not their order (leases are laid
@@ -57,15 +51,6 @@ def test_golden_state_resumes_to_the_recorded_batches(tmp_path, golden_file):
         assert len(resumed) == len(golden["continuation_ids"])
         return
     assert resumed == golden["continuation_ids"]
-
-
-def _replanned_at_load(golden):
-    """Whether a golden state was taken on another topology than it is loaded on (a merged checkpoint of other
-    ranks or workers: the rest of its epoch is re-planned when it is loaded)."""
-    state = golden["state"]
-    if state.get("kind") != "arrowstream.checkpoint":
-        return False
-    return (len(state["ranks"]), state["num_workers"]) != (golden["options"].get("world_size", 1), golden["num_workers"])
 
 
 def _worker_state(loader_state):
