@@ -15,7 +15,7 @@ import functools
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import overload
 
 import numpy as np
 import numpy.typing as npt
@@ -154,7 +154,17 @@ class SpanParts(Parts):
         return Part(splits, segment.num_rows, functools.partial(self._seeds, self._offset + index))
 
     def index_of_row(self, row: int) -> int:
-        return index_after(self, row)
+        """:meth:`Parts.index_of_row`: a slot reads on from the part it stood in, so the parts just after the
+        last one found are tried before a search."""
+        hint = self._hint
+        if self.rows_before(hint) <= row:
+            for index in range(hint, min(hint + 3, self._length)):
+                if self.rows_before(index + 1) > row:
+                    self._hint = index
+                    return index
+        index = self._search(row, 0, self._length)
+        self._hint = min(index, max(self._length - 1, 0))
+        return index
 
     def _order(self, pass_index: int) -> npt.NDArray[np.int64]:
         return _pass_order(len(self._splits), self._shuffle, self._seed, self._name, pass_index)
@@ -177,23 +187,6 @@ class SpanParts(Parts):
     def first_window_seeds(self, pieces: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
         """The seed of the first shuffle window of the part of each of ``pieces``."""
         return window_seeds(self._seed, self._name, self._epoch, self._slot, self._num_slots, self._offset + pieces, 0)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-def index_after(parts: SpanParts, row: int) -> int:
-    """The part of ``parts`` that holds its row ``row``: a slot reads on from the part it stood in, so the
-    parts just after the last one found are tried before a search."""
-    hint = parts._hint
-    if parts.rows_before(hint) <= row:
-        for index in range(hint, min(hint + 3, len(parts))):
-            if parts.rows_before(index + 1) > row:
-                parts._hint = index
-                return index
-    index = parts._search(row, 0, len(parts))
-    parts._hint = min(index, max(len(parts) - 1, 0))
-    return index
 
 
 def _pass_order(num_splits: int, shuffle: bool, seed: int, name: str, pass_index: int) -> npt.NDArray[np.int64]:
