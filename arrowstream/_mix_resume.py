@@ -58,8 +58,9 @@ def follow(mixture: Mixture, saved: list[MixWorkerState]) -> int:
     latest = [state for state in saved if state.epoch == epoch]
     first = latest[0]
     for state in latest[1:]:
-        if (state.epochs, state.history) != (first.epochs, first.history):
-            raise StateError(f"the workers' states disagree on the sources of mixture epoch {epoch}; {REMEDY}")
+        if (state.epochs, state.history, state.data) != (first.epochs, first.history, first.data):
+            raise StateError(f"the workers' states disagree on the sources of mixture epoch {epoch} (their starts, "
+                             f"quotas, history or data); {REMEDY}")
     starts, in_effect = positions(first.history, epoch), quotas_at(first.history, epoch)
     for name, e in first.epochs.items():
         if (starts.get(name, 0), in_effect.get(name, 0)) != (e.start, e.quota):
@@ -86,6 +87,24 @@ def follow(mixture: Mixture, saved: list[MixWorkerState]) -> int:
         mixture._history = [*kept, (epoch + 1, mixture.quotas())]
     mixture._epoch_cell[0] = epoch
     return epoch
+
+
+def check_with_mixture(mixture: Mixture, state: MixWorkerState) -> None:
+    """A worker state loaded into the mixture itself (a plain ``StatefulDataLoader``'s path; a
+    ``MixtureDataLoader`` has followed its checkpoint first): refused unless taken on the mixture's data and, inside
+    its epoch, with the starts and quotas the mixture gives that epoch."""
+    if state.epoch_complete:   # (its epoch yields no more: the next one starts from the mixture's own history)
+        return
+    for source in mixture._sources:
+        if source.name in state.data:
+            _check_source_data(source, state.data[source.name])
+    starts, in_effect = positions(mixture._history, state.epoch), quotas_at(mixture._history, state.epoch)
+    current = {name: (starts.get(name, 0), in_effect.get(name, 0)) for name in mixture.names}
+    saved = {name: (e.start, e.quota) for name, e in state.epochs.items()}
+    if current != saved:
+        raise StateMismatchError(f"the checkpoint is inside mixture epoch {state.epoch}, taken with sources and quotas "
+                                 f"{{{_describe(saved)}}}; this mixture has {{{_describe(current)}}}. Mid-epoch, the "
+                                 f"mixture cannot change: {_FINISH}")
 
 
 def leave_tracks(mixture: Mixture, epoch: int, saved: tuple[int, int], current: tuple[int, int]) -> None:

@@ -6,6 +6,7 @@ the mixture between epochs.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -411,15 +412,16 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from a worker state (checked here too, for a plain ``StatefulDataLoader``)."""
-        from ._mix_resume import adopt_replanned, check_worker_state
+        from ._mix_resume import adopt_replanned, check_with_mixture, check_worker_state
 
-        slot = self._slot()
         state = MixWorkerState.from_dict(state_dict)
+        slot = dataclasses.replace(self._slot(), epoch=state.epoch)   # checked in its own epoch
         shuffling = self._shuffling()
         self._adopt_saved(state.options)
         try:
             adopt_replanned(self, [state])
             self._pending = check_worker_state(self, state, slot)
+            check_with_mixture(self, state)
         except BaseException:   # a refused state leaves the mixture shuffling as it did
             self._shuffle_as(shuffling)
             raise

@@ -155,3 +155,23 @@ def test_a_checkpoint_taken_between_a_boundary_load_and_the_next_epoch_goes_on_w
     reference, reference_mixture = loader_of(three, 2, **OPTIONS)
     rows = Counter(i for _, ids in epoch_batches(resumed, resumed_mixture, 1) for i in ids)
     assert rows == Counter(i for _, ids in epoch_batches(reference, reference_mixture, 1) for i in ids)
+
+
+def test_a_worker_state_loaded_into_the_mixture_itself_is_checked_against_its_data_and_quotas(three, mid, tmp_path):  # noqa: F811
+    """The path of a plain StatefulDataLoader (each worker loads its state into the mixture): a state taken on other
+    data, or inside an epoch of other quotas, loaded and read the mixture's own rows from its cursors."""
+    import shutil
+
+    worker = _worker(mid)
+    _, mixture = loader_of(three, **OPTIONS)
+    mixture.load_state_dict(copy.deepcopy(worker))   # (the same mixture: it loads)
+    copied = {}
+    for name, source in three.items():   # the same files, copied: other modification times
+        shutil.copytree(source.path, tmp_path / name, copy_function=shutil.copy)
+        copied[name] = arrowstream.Source(str(tmp_path / name))
+    _, other_data = loader_of(copied, **OPTIONS)
+    with pytest.raises(errors.StateMismatchError, match="source 'big'"):
+        other_data.load_state_dict(copy.deepcopy(worker))
+    _, other_quotas = loader_of(three, **OPTIONS, weights={"big": 0.5, "small": 0.2, "mid": 0.3})
+    with pytest.raises(errors.StateMismatchError, match=r"inside mixture epoch 0.*big: quota 300.*big: quota 250"):
+        other_quotas.load_state_dict(copy.deepcopy(worker))
