@@ -29,7 +29,7 @@ from .errors import StateError
 if TYPE_CHECKING:
     from ._mix_parts import Part, Parts
 
-SHARES_REPLAYED = 2048
+SHARES_REPLAYED = 1024
 """Batches of a slot whose shares are replayed to check a state's rows of each source exactly; a state further
 from the last batch where every share is whole (quotas that share no factor with the slot's rows) is held to
 within one row of each source's proportion."""
