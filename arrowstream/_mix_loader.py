@@ -318,7 +318,7 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
             # (before the positions are checked: a source left out at this epoch boundary is no source of the
             # saved epoch's positions)
             states = _finished(inner, parsed, states, mixture, mixture.rank, mixture.world_size, self.num_workers)
-        check_epochs(states)
+        check_epochs(list(zip(states, slots, strict=True)))
         for state, slot, done in zip(states, slots, parsed.done, strict=True):
             check_worker_state(mixture, state, slot)
             if done and not state.epoch_complete:   # torchdata's fetcher ended: the loader yields no more of it
@@ -358,9 +358,9 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
                     f"num_workers={num_workers}, or take the checkpoint with snapshot_every_n_steps=1")
             if parsed.finished:
                 ranks = _finished(inner, parsed, ranks, mixture, rank, world_size, num_workers)
-            check_epochs(ranks)
             old += [(s, MixSlot(s.epoch, rank, world_size, worker, num_workers)) for worker, s in enumerate(ranks)]
             states += ranks
+        check_epochs(old)
         mixture._adopt_saved(states[0].options)   # its buffer (when left to the default) and batch order
         mixture._follow_sources(states[0].data)   # an Iceberg table moved on since the checkpoint: its snapshot
         saved = (old[0][1].world_size, old[0][1].num_workers)

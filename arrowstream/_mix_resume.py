@@ -247,17 +247,15 @@ def check_sources(state: MixWorkerState, where: str) -> None:
                                                f"{in_effect[name]} by its history")
 
 
-def check_epochs(states: Sequence[MixWorkerState | None]) -> None:
-    """Refuse a checkpoint with a worker inside an epoch before another worker's (that worker would never
-    finish it)."""
-    present = [(worker, s) for worker, s in enumerate(states) if s is not None]
-    if not present:
-        return
-    latest = max(s.epoch for _, s in present)
-    for worker, s in present:
-        if s.epoch < latest and not s.epoch_complete:
-            raise StateError(f"the checkpoint's worker {worker} is inside mixture epoch {s.epoch}, another worker in "
-                             f"epoch {latest}: a worker starts an epoch only when the loader does; {REMEDY}")
+def check_epochs(states: Sequence[tuple[MixWorkerState, MixSlot]]) -> None:
+    """Refuse a checkpoint with a worker inside an epoch before another worker's, of any rank (that worker would
+    never finish it)."""
+    latest = max(state.epoch for state, _ in states)
+    for state, slot in states:
+        if state.epoch < latest and not state.epoch_complete:
+            raise StateError(f"the checkpoint's rank {slot.rank} worker {slot.worker_id} is inside mixture epoch "
+                             f"{state.epoch}, another worker in epoch {latest}: a worker starts an epoch only when "
+                             f"its loader does; {REMEDY}")
 
 
 def counted_with(state: MixWorkerState) -> tuple[int, bool, bool]:

@@ -376,12 +376,13 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         """Lay this epoch's and later epochs' passes out as ``pass_layout`` says (see _mix_plan.PASS_LAYOUTS)."""
         self._pass_layout = self._epochs.pass_layout = pass_layout
 
-    def _shuffling(self) -> tuple[Options, MixEpochs, str, str]:
-        """What :meth:`_adopt_saved` may change, to put back (:meth:`_shuffle_as`) when a checkpoint is refused."""
-        return self._options, self._epochs, self._batch_order, self._pass_layout
+    def _shuffling(self) -> tuple[Options, MixEpochs, str, str, Any]:
+        """What :meth:`_adopt_saved` (and a re-planned epoch adopted from a checkpoint) may change, to put back
+        (:meth:`_shuffle_as`) when a checkpoint is refused."""
+        return self._options, self._epochs, self._batch_order, self._pass_layout, self._epochs.elastic
 
-    def _shuffle_as(self, shuffling: tuple[Options, MixEpochs, str, str]) -> None:
-        self._options, self._epochs, self._batch_order, pass_layout = shuffling
+    def _shuffle_as(self, shuffling: tuple[Options, MixEpochs, str, str, Any]) -> None:
+        self._options, self._epochs, self._batch_order, pass_layout, self._epochs.elastic = shuffling
         self.use_pass_layout(pass_layout)
 
     def __iter__(self) -> MixIterator:

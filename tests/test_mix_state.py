@@ -175,3 +175,23 @@ def test_a_worker_state_loaded_into_the_mixture_itself_is_checked_against_its_da
     _, other_quotas = loader_of(three, **OPTIONS, weights={"big": 0.5, "small": 0.2, "mid": 0.3})
     with pytest.raises(errors.StateMismatchError, match=r"inside mixture epoch 0.*big: quota 300.*big: quota 250"):
         other_quotas.load_state_dict(copy.deepcopy(worker))
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_inside_an_earlier_epoch_than_another_is_refused(three):  # noqa: F811
+    """Re-planned for one rank, a rank still inside epoch 0 while the other was in epoch 1 counted as done with it:
+    the rows it had left of epoch 0 were never read."""
+    states = []
+    for rank, epoch in enumerate((1, 0)):
+        loader, mixture = loader_of(three, rank=rank, world_size=2, plan_locally=True, **OPTIONS)
+        for current in range(epoch + 1):
+            mixture.set_epoch(current)
+            it = iter(loader)
+            for _ in range(2 if current == epoch else len(loader)):
+                next(it)
+        states.append(loader.state_dict())
+        del it
+    merged = json.loads(json.dumps(arrowstream.merge_state_dicts(states)))
+    loader, _ = loader_of(three, **OPTIONS)
+    with pytest.raises(errors.StateError, match=r"rank 1 worker 0 is inside mixture epoch 0, another worker in epoch 1"):
+        loader.load_state_dict(merged)
