@@ -90,6 +90,11 @@ class MixEpochs:
             out[s.name] = ListParts(parts)
         return out
 
+    def planned_parts(self, history: History, slot: MixSlot, pass_layout: str) -> dict[str, Parts]:
+        """``slot``'s parts of every source in its epoch as planned (not re-planned), its passes laid out as
+        ``pass_layout`` says: an old slot's, whose cursors an epoch re-planned for another topology keeps."""
+        return self._normal_parts(history, slot, pass_layout)
+
     def replanned(self, slot: MixSlot) -> MixElastic | None:
         """The re-planned epoch ``slot`` is in, if it is in one."""
         if self.elastic is None:

@@ -14,24 +14,34 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from ._batches import BatchIterator, PerBatchCollate, worker_batches
 from ._convert import passthrough_collate
 from ._epoch_watch import EpochWatch, mixture_order_varies
-from ._fields import REMEDY, Fields, shorten
+from ._fields import MAX_INT, REMEDY, Fields, shorten
 from ._loader_options import check_loader_options
 from ._metrics import Board, flatten, summarize, worker_values
 from ._mix_elastic import MixElastic
-from ._mix_plan import quotas_at
+from ._mix_position import final_counters
 from ._mix_reading import COMPACT
-from ._mix_resume import adopt_replanned, check_worker_options, check_worker_state, follow, leave_tracks
-from ._mix_state import MixPosition, MixWorkerState, SourceCursor
+from ._mix_resume import (
+    adopt_replanned,
+    check_epochs,
+    check_finished,
+    check_worker_options,
+    check_worker_state,
+    finished_state,
+    follow,
+    leave_tracks,
+    slot_counts,
+)
+from ._mix_state import MixPosition, MixWorkerState
 from ._mix_stream import MixSlot
 from ._options import check_int
 from ._runtime import Transport
 from ._shm import share
 from ._skip import check_batches
-from ._state import DataIdentity
 from ._torchdata_state import (
+    InnerState,
     clear_steps_since_snapshot,
     is_inner_state,
-    iterator_finished,
+    read_inner,
     set_iterator_finished,
     set_last_yielded_worker,
     set_worker_state,
@@ -87,12 +97,13 @@ def _read_checkpoint(fields: Fields) -> list[dict[str, Any]]:
     world_size = fields.integer("world_size", 1)
     if len(ranks) != world_size:
         raise StateError(f"the mixture checkpoint has {len(ranks)} rank state(s) for world_size={world_size}; {REMEDY}")
+    num_workers = fields.integer("num_workers")
     for rank, outer in enumerate(ranks):
         part = Fields(outer, f"the mixture checkpoint's ranks[{rank}]")
-        if (part.integer("rank"), part.integer("world_size")) != (rank, world_size) or \
-                part.value.get("kind") != MIX_LOADER_KIND:
+        if (part.integer("rank"), part.integer("world_size"), part.integer("num_workers")) != \
+                (rank, world_size, num_workers) or part.value.get("kind") != MIX_LOADER_KIND:
             raise StateError(f"the mixture checkpoint's ranks[{rank}] is not rank {rank} of {world_size}'s mixture "
-                             f"loader state; {REMEDY}")
+                             f"loader state with num_workers={num_workers}; {REMEDY}")
     return [dict(outer) for outer in ranks]
 
 
@@ -283,7 +294,8 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
                 self._load_at_boundary(outers)
                 return
             fields = Fields(outers[mixture.rank], f"rank {mixture.rank}'s mixture loader state")
-        saved = (fields.integer("rank"), fields.integer("world_size"), fields.integer("num_workers"))
+        world_size = fields.integer("world_size", 1)
+        saved = (fields.integer("rank", 0, world_size - 1), world_size, fields.integer("num_workers"))
         current = (mixture.rank, mixture.world_size, self.num_workers)
         if saved != current:
             if saved[1] == 1:   # one rank's state is all of it: a new topology can start its next epoch
@@ -294,32 +306,23 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
                 f"rank {current[0]} of {current[1]} with num_workers={current[2]}. Merge every rank's state with "
                 "arrowstream.gather_state_dict(loader) (or merge_state_dicts) and load the merged checkpoint; a "
                 "mixture changes ranks or workers at an epoch boundary")
-        inner = copy.deepcopy(fields.value.get("dataloader"))
-        if not isinstance(inner, dict) or not is_inner_state(inner):
-            raise StateError(f"the mixture loader state's dataloader is not a StatefulDataLoader state; {REMEDY}")
-        raw = worker_states(inner)
-        if len(raw) != max(self.num_workers, 1):
-            raise StateError(f"the mixture loader state holds {len(raw)} worker state(s) for num_workers="
-                             f"{self.num_workers}; {REMEDY}")
-        states = [None if s is None else MixWorkerState.from_dict(s, f"worker {i}'s mixture state")
-                  for i, s in enumerate(raw)]
-        present = [s for s in states if s is not None]
-        if present:   # an Iceberg table moved on since the checkpoint: read its snapshot (before any check)
-            mixture._adopt_saved(present[0].options)   # its buffer (when left to the default) and batch order
-            mixture._follow_sources(present[0].data)
-        adopt_replanned(mixture, present)
-        slots = [None if s is None else MixSlot(s.epoch, mixture.rank, mixture.world_size, worker_id, self.num_workers)
+        inner, parsed, states = _read_rank(fields, self.snapshot_every_n_steps)
+        mixture._adopt_saved(states[0].options)   # its buffer (when left to the default) and batch order
+        mixture._follow_sources(states[0].data)   # an Iceberg table moved on since: its snapshot (before any check)
+        adopt_replanned(mixture, states)
+        slots = [MixSlot(s.epoch, mixture.rank, mixture.world_size, worker_id, self.num_workers)
                  for worker_id, s in enumerate(states)]
         for state, slot in zip(states, slots, strict=True):
-            if state is not None and slot is not None:
-                check_worker_options(mixture, state, slot)
-        if iterator_finished(inner) and present:   # taken after the loop ended: every worker is done with its epoch
+            check_worker_options(mixture, state, slot)
+        if parsed.finished:   # taken after the loop ended: every worker is done with its epoch
             # (before the positions are checked: a source left out at this epoch boundary is no source of the
             # saved epoch's positions)
-            states = _finished(inner, states, mixture, mixture.rank, mixture.world_size, self.num_workers)
-        for state, slot in zip(states, slots, strict=True):
-            if state is not None and slot is not None:
-                check_worker_state(mixture, state, slot)
+            states = _finished(inner, parsed, states, mixture, mixture.rank, mixture.world_size, self.num_workers)
+        check_epochs(list(zip(states, slots, strict=True)))
+        for state, slot, done in zip(states, slots, parsed.done, strict=True):
+            check_worker_state(mixture, state, slot)
+            if done and not state.epoch_complete:   # torchdata's fetcher ended: the loader yields no more of it
+                _check_nothing_left(mixture, state, slot)
         # absent from the first mixture states, whose workers sent one batch per message
         per_transfer = fields.integer("batches_per_transfer", 1) if "batches_per_transfer" in fields.value else 1
         if per_transfer != self.batches_per_transfer and self.num_workers > 0:
@@ -329,9 +332,7 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
                     f"snapshot_every_n_steps=1; this loader has snapshot_every_n_steps={self.snapshot_every_n_steps}")
             self._set_batches_per_transfer(per_transfer)   # it shapes the order of batches: the checkpoint's
         self._batch_iterator = None
-        present = [s for s in states if s is not None]
-        if present:
-            follow(mixture, present)
+        follow(mixture, states)
         mixture._finished_epoch = -1
         super().load_state_dict(inner)
 
@@ -341,48 +342,55 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
         of it is re-planned for this topology from every old worker's cursors (``arrowstream._mix_elastic``)."""
         mixture = self.dataset
         states: list[MixWorkerState] = []
-        old: list[tuple[MixWorkerState | None, MixSlot]] = []
+        old: list[tuple[MixWorkerState, MixSlot]] = []
         for outer in outers:
             fields = Fields(outer, f"rank {outer.get('rank')}'s mixture loader state")
-            inner = copy.deepcopy(fields.value.get("dataloader"))
-            if not isinstance(inner, dict) or not is_inner_state(inner):
-                raise StateError(f"the mixture loader state's dataloader is not a StatefulDataLoader state; {REMEDY}")
-            ranks = [None if s is None else MixWorkerState.from_dict(s) for s in worker_states(inner)]
-            if iterator_finished(inner) and any(s is not None for s in ranks):
-                ranks = _finished(inner, ranks, mixture, fields.integer("rank"), fields.integer("world_size"),
-                                  fields.integer("num_workers"))
             world_size, num_workers = fields.integer("world_size", 1), fields.integer("num_workers")
-            old += [(s, MixSlot(0, fields.integer("rank"), world_size, worker, num_workers)) for worker, s in enumerate(ranks)]
-            states += [s for s in ranks if s is not None]
-        if not states:
-            raise StateError(f"the checkpoint holds no worker state; {REMEDY}")
+            rank = fields.integer("rank", 0, world_size - 1)
+            # snapshots that lag behind the batches yielded are counted at the end of an epoch (_finished); inside
+            # one, the re-plan starts from the snapshots, so none may lag
+            inner, parsed, ranks = _read_rank(fields, MAX_INT)
+            if parsed.steps_since_snapshot and not parsed.finished:
+                raise StateMismatchError(
+                    f"rank {rank}'s mixture loader state was taken {parsed.steps_since_snapshot} batch(es) after its "
+                    "workers' last snapshots (snapshot_every_n_steps > 1): another topology re-plans the rest of the "
+                    f"epoch from the snapshots and would yield those batches again; resume with world_size={world_size}, "
+                    f"num_workers={num_workers}, or take the checkpoint with snapshot_every_n_steps=1")
+            if parsed.finished:
+                ranks = _finished(inner, parsed, ranks, mixture, rank, world_size, num_workers)
+            old += [(s, MixSlot(s.epoch, rank, world_size, worker, num_workers)) for worker, s in enumerate(ranks)]
+            states += ranks
+        check_epochs(old)
         mixture._adopt_saved(states[0].options)   # its buffer (when left to the default) and batch order
         mixture._follow_sources(states[0].data)   # an Iceberg table moved on since the checkpoint: its snapshot
         saved = (old[0][1].world_size, old[0][1].num_workers)
-        if all(s is not None and s.epoch_complete for s, _ in old):
+        if all(s.epoch_complete for s, _ in old):
+            adopt_replanned(mixture, states)   # (an epoch re-planned for the old topology: its slots' rows)
+            for state, slot in old:   # each at the end of its epoch
+                check_finished(mixture, state, slot, f"mixture worker state of rank {slot.rank} worker {slot.worker_id}")
             epoch = follow(mixture, states)
+            mixture._epochs.elastic = None
             leave_tracks(mixture, epoch, saved, (mixture.world_size, self.num_workers))
             mixture._finished_epoch = epoch
             super().load_state_dict({})
             return
         self._load_replanned(old, states)
 
-    def _load_replanned(self, old: list[tuple[MixWorkerState | None, MixSlot]], states: list[MixWorkerState]) -> None:
+    def _load_replanned(self, old: list[tuple[MixWorkerState, MixSlot]], states: list[MixWorkerState]) -> None:
         """The rest of a saved epoch, re-planned over this loader's ranks and workers."""
         mixture = self.dataset
         if any(s.elastic is not None for s in states):
+            for s in states:   # (a well-formed one: a state re-planned again is not supported yet)
+                if s.elastic is not None:
+                    MixElastic.from_dict(s.elastic, "mixture worker state's elastic")
             raise NotSupportedYetError(
                 "the checkpoint was taken inside an epoch already re-planned for another topology; resume it with "
                 "the topology it was re-planned for, finish that epoch, then change ranks or workers")
         epoch = max(s.epoch for s in states)
         for state, slot in old:
-            if state is not None:
-                check_worker_state(mixture, state, MixSlot(state.epoch, slot.rank, slot.world_size, slot.worker_id,
-                                                            slot.num_workers), elastic=True)
+            check_worker_state(mixture, state, slot, elastic=True)
         follow(mixture, states)
-        start = {name: SourceCursor(0, None, 0) for name in mixture.names}
-        cursors = tuple(start if s is None else (None if s.epoch_complete or s.epoch < epoch else dict(s.cursors))
-                        for s, _ in old)
+        cursors = tuple(None if s.epoch_complete or s.epoch < epoch else dict(s.cursors) for s, _ in old)
         _, first = old[0]
         elastic = MixElastic(epoch, first.world_size, first.num_workers, cursors, mixture._pass_layout)
         leave_tracks(mixture, epoch, (first.world_size, first.num_workers), (mixture.world_size, self.num_workers))
@@ -396,41 +404,59 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
         super().load_state_dict({})
 
 
-def _finished(inner: dict[str, Any], states: list[MixWorkerState | None], mixture: Mixture, rank: int,
-              world_size: int, num_workers: int) -> list[MixWorkerState | None]:
-    """The states of a loader whose loop had ended, marked done with their epoch (checked: the batches they
-    had left are those yielded after their snapshots), in ``inner`` too."""
-    last = max((s for s in states if s is not None), key=lambda s: s.epoch)
-    going = [(i, s) for i, s in enumerate(states) if s is not None and not s.epoch_complete]
-    left = 0
-    if going:   # (counted only where a state says its epoch goes on: their last batch says so)
-        limits = mixture.limits_of(last.history, last.epoch, world_size, num_workers,
-                                   bool(last.options.get("even_batches")), lacking=_lacking(mixture, last))
-        per_rank = max(len(states), 1)
-        left = sum(limits[rank * per_rank + i] - s.batches for i, s in going)
-    if left != steps_since_snapshot(inner):
+def _read_rank(fields: Fields, snapshot_every_n_steps: int) -> tuple[dict[str, Any], InnerState, list[MixWorkerState]]:
+    """A rank's mixture loader state (``fields``): a copy of torchdata's dict inside, every field of it that
+    torchdata reads checked, and its workers' states parsed."""
+    inner = copy.deepcopy(fields.value.get("dataloader"))
+    if not isinstance(inner, dict) or not is_inner_state(inner):
+        raise StateError(f"the {fields.where}'s dataloader is not a StatefulDataLoader state; {REMEDY}")
+    parsed = read_inner(inner, snapshot_every_n_steps, f"{fields.where}'s dataloader")
+    num_workers = fields.integer("num_workers")
+    if parsed.num_workers != num_workers:
+        raise StateError(f"the {fields.where} holds {len(parsed.worker_states)} worker state(s) for num_workers="
+                         f"{num_workers}; {REMEDY}")
+    states = []
+    for worker_id, raw in enumerate(parsed.worker_states):
+        if raw is None:
+            raise StateError(f"the {fields.where} holds no state for worker {worker_id}; {REMEDY}")
+        states.append(MixWorkerState.from_dict(raw, f"worker {worker_id}'s mixture state"))
+    return inner, parsed, states
+
+
+def _check_nothing_left(mixture: Mixture, state: MixWorkerState, slot: MixSlot) -> None:
+    """Refuse a state inside its epoch with batches left that torchdata's dict says its loader yields no more of
+    (its fetcher ended)."""
+    batch_size, drop_last = mixture.batch_size, mixture._options.drop_last
+    _, batches, _ = final_counters(*slot_counts(mixture, state, slot), batch_size=batch_size, drop_last=drop_last)
+    if state.batches < batches:
+        raise StateError(f"the mixture loader state's fetcher_state.fetcher_ended is true, so the loader would yield "
+                         f"nothing more of mixture epoch {state.epoch}, but its worker state stands after "
+                         f"{state.batches} of its {batches} batches; {REMEDY}")
+
+
+def _finished(inner: dict[str, Any], parsed: InnerState, states: list[MixWorkerState], mixture: Mixture, rank: int,
+              world_size: int, num_workers: int) -> list[MixWorkerState]:
+    """The states of a loader whose loop had ended, marked done with their epoch, their counters at its end
+    (checked: the batches they had left are those yielded after their snapshots), in ``inner`` too."""
+    left, done = 0, []
+    for worker_id, state in enumerate(states):
+        slot = MixSlot(state.epoch, rank, world_size, worker_id, num_workers)
+        if not state.epoch_complete:   # (counted only where a state says its epoch goes on: its last batch says so)
+            finished = finished_state(mixture, state, slot)
+            if state.batches > finished.batches:
+                raise StateError(f"the mixture loader state's worker {worker_id} counts {state.batches} batch(es) of "
+                                 f"mixture epoch {state.epoch}, but its slot yields {finished.batches}; {REMEDY}")
+            left += finished.batches - state.batches
+            state = finished
+        done.append(state)
+    if left != parsed.steps_since_snapshot:
         raise StateError(f"the mixture loader state says the epoch ended, but its workers have {left} batch(es) "
-                         f"left against {steps_since_snapshot(inner)} yielded since their snapshots; {REMEDY}")
-    done = [None if s is None else MixWorkerState(**{**s.__dict__, "epoch_complete": True}) for s in states]
+                         f"left against {parsed.steps_since_snapshot} yielded since their snapshots; {REMEDY}")
     for worker_id, state in enumerate(done):
-        if state is not None:
-            set_worker_state(inner, worker_id, state.to_dict())
+        set_worker_state(inner, worker_id, state.to_dict())
     clear_steps_since_snapshot(inner)
     set_iterator_finished(inner, False)
     return done
-
-
-def _lacking(mixture: Mixture, state: MixWorkerState) -> dict[str, int]:
-    """The rows of one pass of each source that gave rows to ``state``'s epoch and that ``mixture`` lacks (left
-    out at this epoch boundary), as the state's data of it counts them."""
-    names = set(mixture.names)
-    lacking = [name for name, quota in quotas_at(state.history, state.epoch).items() if quota and name not in names]
-    for name in lacking:
-        if not isinstance(state.data.get(name), dict):
-            raise StateError(f"the mixture worker state's epoch {state.epoch} takes rows of source {name!r}, but the "
-                             f"state holds no data of it; {REMEDY}")
-    return {name: DataIdentity.from_dict(Fields(state.data[name], f"the state's data of source {name!r}")).num_rows
-            for name in lacking}
 
 
 _LOADER_PARAMS = (set(inspect.signature(StatefulDataLoader.__init__).parameters) - {"self", "dataset"}) | {

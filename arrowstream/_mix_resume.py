@@ -8,14 +8,19 @@ goes on at its exact position in its passes.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._fields import REMEDY, Fields
 from ._identity import check_same_data
+from ._interleave import block_size_for
 from ._mix_elastic import MixElastic
 from ._mix_plan import SPANS, TRACKS, positions, quotas_at
+from ._mix_position import check_counters, check_source_cursor, final_counters, refuse
 from ._mix_state import MixWorkerState
 from ._mix_stream import MixSlot
+from ._order import even_batch_limits
 from ._state import DataIdentity
 from .errors import StateError, StateMismatchError
 
@@ -53,8 +58,9 @@ def follow(mixture: Mixture, saved: list[MixWorkerState]) -> int:
     latest = [state for state in saved if state.epoch == epoch]
     first = latest[0]
     for state in latest[1:]:
-        if (state.epochs, state.history) != (first.epochs, first.history):
-            raise StateError(f"the workers' states disagree on the sources of mixture epoch {epoch}; {REMEDY}")
+        if (state.epochs, state.history, state.data) != (first.epochs, first.history, first.data):
+            raise StateError(f"the workers' states disagree on the sources of mixture epoch {epoch} (their starts, "
+                             f"quotas, history or data); {REMEDY}")
     starts, in_effect = positions(first.history, epoch), quotas_at(first.history, epoch)
     for name, e in first.epochs.items():
         if (starts.get(name, 0), in_effect.get(name, 0)) != (e.start, e.quota):
@@ -83,6 +89,24 @@ def follow(mixture: Mixture, saved: list[MixWorkerState]) -> int:
     return epoch
 
 
+def check_with_mixture(mixture: Mixture, state: MixWorkerState) -> None:
+    """A worker state loaded into the mixture itself (a plain ``StatefulDataLoader``'s path; a
+    ``MixtureDataLoader`` has followed its checkpoint first): refused unless taken on the mixture's data and, inside
+    its epoch, with the starts and quotas the mixture gives that epoch."""
+    if state.epoch_complete:   # (its epoch yields no more: the next one starts from the mixture's own history)
+        return
+    for source in mixture._sources:
+        if source.name in state.data:
+            _check_source_data(source, state.data[source.name])
+    starts, in_effect = positions(mixture._history, state.epoch), quotas_at(mixture._history, state.epoch)
+    current = {name: (starts.get(name, 0), in_effect.get(name, 0)) for name in mixture.names}
+    saved = {name: (e.start, e.quota) for name, e in state.epochs.items()}
+    if current != saved:
+        raise StateMismatchError(f"the checkpoint is inside mixture epoch {state.epoch}, taken with sources and quotas "
+                                 f"{{{_describe(saved)}}}; this mixture has {{{_describe(current)}}}. Mid-epoch, the "
+                                 f"mixture cannot change: {_FINISH}")
+
+
 def leave_tracks(mixture: Mixture, epoch: int, saved: tuple[int, int], current: tuple[int, int]) -> None:
     """A checkpoint whose passes were laid out in tracks (mixture state version 3 or older), resumed on another
     topology: from ``epoch + 1`` on the mixture lays its passes out in spans, which is exact only where every
@@ -106,7 +130,7 @@ def leave_tracks(mixture: Mixture, epoch: int, saved: tuple[int, int], current: 
 
 def adopt_replanned(mixture: Mixture, states: list[MixWorkerState]) -> None:
     """States taken inside an epoch re-planned for their topology: the mixture lays that epoch out again
-    from the old cursors they keep (every worker's the same)."""
+    from the old cursors they keep (every worker's the same), each checked against its old slot's parts."""
     replanned = [s for s in states if s.elastic is not None]
     mixture._epochs.elastic = None
     if not replanned:
@@ -118,7 +142,38 @@ def adopt_replanned(mixture: Mixture, states: list[MixWorkerState]) -> None:
     if elastic.epoch != first.epoch:
         raise StateError(f"the mixture worker state in epoch {first.epoch} was re-planned from epoch {elastic.epoch}; "
                          f"{REMEDY}")
+    if (elastic.pass_layout, first.options.get("pass_layout")) == (SPANS, TRACKS):
+        raise StateError(f"the mixture worker state's elastic.pass_layout is {SPANS!r} but its options.pass_layout "
+                         f"{TRACKS!r}: an epoch laid out in spans is never followed by tracks; {REMEDY}")
+    _check_old_cursors(mixture, elastic, first)
     mixture._epochs.elastic = (elastic, first.world_size, first.num_workers)
+
+
+def _check_old_cursors(mixture: Mixture, elastic: MixElastic, state: MixWorkerState) -> None:
+    """Refuse an old slot's cursors of the epoch ``state`` is in, re-planned from them, unless each names the
+    sources of that epoch and stands where its ``taken`` says in that slot's parts of its source (the re-plan
+    reads what each old slot had left from there; a source this mixture lacks, left out at the epoch's end,
+    cannot be checked)."""
+    per_rank = max(elastic.num_workers, 1)
+    for index, cursors in enumerate(elastic.cursors):
+        if cursors is None:
+            continue
+        if sorted(cursors) != sorted(state.epochs):
+            raise StateError(f"the mixture worker state's elastic.cursors[{index}] names source(s) {sorted(cursors)}, "
+                             f"its epoch {state.epoch} has {sorted(state.epochs)}; {REMEDY}")
+        old = MixSlot(elastic.epoch, index // per_rank, elastic.world_size, index % per_rank, elastic.num_workers)
+        parts = mixture._epochs.planned_parts(state.history, old, elastic.pass_layout)
+        for name, cursor in cursors.items():
+            if name in parts:
+                check_source_cursor(cursor, parts[name], **_reading(mixture),
+                                    where=f"mixture worker state's elastic.cursors[{index}].{name}")
+
+
+def _reading(mixture: Mixture) -> dict[str, Any]:
+    """How the mixture's slots read a part of a source (what a cursor in it depends on)."""
+    options = mixture._options
+    return {"interleave": options.interleave, "block_size": block_size_for(options.batch_size, options.interleave),
+            "buffer_rows": options.shuffle_buffer_size}
 
 
 def check_worker_options(mixture: Mixture, state: MixWorkerState, slot: MixSlot, elastic: bool = False) -> None:
@@ -144,38 +199,112 @@ def check_worker_options(mixture: Mixture, state: MixWorkerState, slot: MixSlot,
 def check_worker_state(mixture: Mixture, state: MixWorkerState, slot: MixSlot,
                        elastic: bool = False) -> MixWorkerState:
     """``state``, refused unless it is a position the worker ``slot`` reaches in the mixture as it stands
-    (``elastic``: see :func:`check_worker_options`)."""
+    (``elastic``: see :func:`check_worker_options`): its epoch's sources as its history says, and inside the
+    epoch its counters, its rows of each source and each source's cursor where they say (at its end, when it says
+    it is done with its epoch)."""
     check_worker_options(mixture, state, slot, elastic)
+    where = f"mixture worker state of rank {slot.rank} worker {slot.worker_id}"
+    check_sources(state, where)
     if state.epoch_complete:
+        check_finished(mixture, state, slot, where)
         return state
     known = set(mixture.names)
-    unknown = sorted(set(state.epochs) - known)
+    unknown, missing = sorted(set(state.epochs) - known), sorted(known - set(state.epochs))
     if unknown:
-        raise StateMismatchError(f"the checkpoint is inside mixture epoch {state.epoch} with source(s) {unknown} that this "
-                                 f"mixture lacks: {_FINISH}")
+        raise StateMismatchError(f"the checkpoint is inside mixture epoch {state.epoch} with source(s) {unknown} that "
+                                 f"this mixture lacks: {_FINISH}")
+    if missing:
+        raise StateMismatchError(f"the checkpoint is inside mixture epoch {state.epoch} without source(s) {missing} "
+                                 f"that this mixture has: {_FINISH}")
+    if state.history[-1][0] > state.epoch:
+        raise refuse(f"{where}'s history", f"changes the quotas from epoch {state.history[-1][0]} on, after its own "
+                                           f"epoch {state.epoch} (a mixture changes at the boundary it is loaded at)")
     # the epoch as the state's own history lays it out (follow() has matched it with the mixture's)
     parts_of = mixture._epochs.parts(state.history, slot)
-    mine = {name: parts_of[name].rows for name in state.epochs}
-    total = sum(mine.values())
-    batch_size = mixture.batch_size
-    if state.rows > total or sum(c.taken for c in state.cursors.values()) != state.rows \
-            or not (state.batches - 1) * batch_size < state.rows <= state.batches * batch_size \
-            and not state.rows == state.batches == 0:
-        raise StateError(f"the mixture worker state of rank {slot.rank} worker {slot.worker_id} counts {state.rows} "
-                         f"row(s) in {state.batches} batch(es) of {batch_size}, its sources "
-                         f"{ {n: c.taken for n, c in state.cursors.items()} } of quotas {mine}: not a position its "
-                         f"epoch reaches; {REMEDY}")
-    for name, cursor in state.cursors.items():
-        ideal = state.rows * mine[name] / total if total else 0
-        if cursor.taken > mine[name] or abs(cursor.taken - ideal) >= 1 + 1e-9 * total:
-            raise StateError(f"the mixture worker state has {cursor.taken} row(s) of source {name!r} after {state.rows} "
-                             f"row(s); its share is {ideal:.1f} of quota {mine[name]}: not a position its epoch "
-                             f"reaches; {REMEDY}")
-        segments = parts_of[name]
-        before = segments.rows_before(min(cursor.segment, len(segments)))
-        inside = segments.rows_before(cursor.segment + 1) - before if cursor.segment < len(segments) else 0
-        if cursor.segment > len(segments) or not before <= cursor.taken <= before + inside:
-            raise StateError(f"the mixture worker state of source {name!r} stands in segment {cursor.segment} of "
-                             f"{len(segments)} with {cursor.taken} row(s) taken: not a position its epoch reaches; "
-                             f"{REMEDY}")
+    names = mixture.names
+    total, limit = slot_counts(mixture, state, slot)
+    quotas = [parts_of[name].rows for name in names]
+    assert sum(quotas) == total
+    check_counters(state, names, quotas, limit, batch_size=mixture.batch_size, drop_last=mixture._options.drop_last,
+                   where=where)
+    for name in names:
+        check_source_cursor(state.cursors[name], parts_of[name], **_reading(mixture), where=f"{where}'s sources.{name}")
     return state
+
+
+def check_sources(state: MixWorkerState, where: str) -> None:
+    """Refuse ``state`` unless each source's start and quota in its epoch are those its history gives."""
+    starts, in_effect = positions(state.history, state.epoch), quotas_at(state.history, state.epoch)
+    for name, e in state.epochs.items():
+        if (starts.get(name, 0), in_effect.get(name, 0)) != (e.start, e.quota):
+            raise refuse(f"{where}'s sources.{name}", f"starts mixture epoch {state.epoch} at row {e.start} of its "
+                                                      f"passes with quota {e.quota}, but its history "
+                                                      f"{state.history} gives {starts.get(name, 0)} and "
+                                                      f"{in_effect.get(name, 0)}")
+    for name in sorted(set(in_effect) - set(state.epochs)):
+        if in_effect[name]:
+            raise refuse(f"{where}'s sources", f"lack source {name!r}, whose quota in epoch {state.epoch} is "
+                                               f"{in_effect[name]} by its history")
+
+
+def check_epochs(states: Sequence[tuple[MixWorkerState, MixSlot]]) -> None:
+    """Refuse a checkpoint with a worker inside an epoch before another worker's, of any rank (that worker would
+    never finish it)."""
+    latest = max(state.epoch for state, _ in states)
+    for state, slot in states:
+        if state.epoch < latest and not state.epoch_complete:
+            raise StateError(f"the checkpoint's rank {slot.rank} worker {slot.worker_id} is inside mixture epoch "
+                             f"{state.epoch}, another worker in epoch {latest}: a worker starts an epoch only when "
+                             f"its loader does; {REMEDY}")
+
+
+def counted_with(state: MixWorkerState) -> tuple[int, bool, bool]:
+    """The ``batch_size``, ``drop_last`` and ``even_batches`` a state's batches were counted with."""
+    options = Fields(state.options, "mixture worker state's options")
+    return options.integer("batch_size", 1), options.boolean("drop_last"), options.boolean("even_batches")
+
+
+def lacking_rows(mixture: Mixture, state: MixWorkerState) -> dict[str, int]:
+    """The rows of one pass of each source that gave rows to ``state``'s epoch and that ``mixture`` lacks (left
+    out at this epoch boundary), as the state's data of it counts them."""
+    names = set(mixture.names)
+    lacking = [name for name, quota in quotas_at(state.history, state.epoch).items() if quota and name not in names]
+    for name in lacking:
+        if not isinstance(state.data.get(name), dict):
+            raise StateError(f"the mixture worker state's epoch {state.epoch} takes rows of source {name!r}, but the "
+                             f"state holds no data of it; {REMEDY}")
+    return {name: DataIdentity.from_dict(Fields(state.data[name], f"the state's data of source {name!r}")).num_rows
+            for name in lacking}
+
+
+def slot_counts(mixture: Mixture, state: MixWorkerState, slot: MixSlot) -> tuple[int, int | None]:
+    """The rows ``slot`` takes in ``state``'s epoch (as the state's history lays it out, sources this mixture lacks
+    counted too) and its batches under ``even_batches`` (None: without), as the state counts batches."""
+    batch_size, drop_last, even = counted_with(state)
+    totals = mixture.slot_totals(state.history, state.epoch, slot.world_size, slot.num_workers,
+                                 lacking_rows(mixture, state))
+    limit = even_batch_limits(totals, slot.world_size, batch_size, drop_last)[slot.index] if even else None
+    return totals[slot.index], limit
+
+
+def finished_state(mixture: Mixture, state: MixWorkerState, slot: MixSlot) -> MixWorkerState:
+    """``state`` done with its epoch: its counters those of its slot's stream at the end of the epoch."""
+    batch_size, drop_last, _ = counted_with(state)
+    rows, batches, dropped = final_counters(*slot_counts(mixture, state, slot), batch_size=batch_size,
+                                            drop_last=drop_last)
+    return dataclasses.replace(state, rows=rows, batches=batches, rows_dropped=dropped, epoch_complete=True)
+
+
+def check_finished(mixture: Mixture, state: MixWorkerState, slot: MixSlot, where: str) -> None:
+    """Refuse a state that says its slot is done with its epoch unless its counters are those of the epoch's end
+    (where a source this mixture lacks gave rows to an epoch re-planned for another topology, they cannot be
+    counted: see :meth:`~arrowstream.Mixture.slot_totals`, and the state is taken as it says)."""
+    if lacking_rows(mixture, state) and mixture._epochs.replanned(slot) is not None:
+        return
+    batch_size, drop_last, _ = counted_with(state)
+    expected = final_counters(*slot_counts(mixture, state, slot), batch_size=batch_size, drop_last=drop_last)
+    if (state.rows, state.batches, state.rows_dropped) != expected:
+        raise refuse(f"{where}'s epoch_complete", f"is true with rows={state.rows}, batches={state.batches}, "
+                                                  f"rows_dropped={state.rows_dropped}, but the slot ends mixture epoch "
+                                                  f"{state.epoch} with rows={expected[0]}, batches={expected[1]}, "
+                                                  f"rows_dropped={expected[2]}")

@@ -6,6 +6,7 @@ the mixture between epochs.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -288,9 +289,21 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
                               self._even_batches)
 
     def limits_of(self, history: list[tuple[int, dict[str, int]]], epoch: int, world_size: int, num_workers: int,
-                  even_batches: bool, lacking: Mapping[str, int] | None = None) -> list[int]:
-        """Batches each slot of a topology yields in ``epoch`` of a mixture with ``history``; ``lacking``: the rows
-        of one pass of the sources of ``history`` that this mixture lacks (a checkpoint's, left out since), counted too."""
+                  even_batches: bool, lacking: Mapping[str, int] | None = None, *, batch_size: int | None = None,
+                  drop_last: bool | None = None) -> list[int]:
+        """Batches each slot of a topology yields in ``epoch`` of a mixture with ``history`` (``lacking``: see
+        :meth:`slot_totals`), of ``batch_size`` rows and ``drop_last`` (None: this mixture's)."""
+        rows = self.slot_totals(history, epoch, world_size, num_workers, lacking)
+        batch_size = self._options.batch_size if batch_size is None else batch_size
+        drop_last = self._options.drop_last if drop_last is None else drop_last
+        if even_batches:
+            return even_batch_limits(rows, world_size, batch_size, drop_last)
+        return [natural_batches(r, batch_size, drop_last) for r in rows]
+
+    def slot_totals(self, history: list[tuple[int, dict[str, int]]], epoch: int, world_size: int, num_workers: int,
+                    lacking: Mapping[str, int] | None = None) -> list[int]:
+        """Rows each slot of a topology takes in ``epoch`` of a mixture with ``history``; ``lacking``: the rows of
+        one pass of the sources of ``history`` that this mixture lacks (a checkpoint's, left out since), counted too."""
         rows = [sum(q.values()) for q in self._epochs.slot_rows(history, epoch, world_size, num_workers)]
         if lacking:
             if self._epochs.replanned(MixSlot(epoch, 0, world_size, 0, num_workers)) is not None:
@@ -302,10 +315,7 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
             for name, source_rows in lacking.items():
                 per_slot = self._epochs.source_slot_rows(name, source_rows, starts[name], in_effect[name], len(rows))
                 rows = [r + extra for r, extra in zip(rows, per_slot, strict=True)]
-        options = self._options
-        if even_batches:
-            return even_batch_limits(rows, world_size, options.batch_size, options.drop_last)
-        return [natural_batches(r, options.batch_size, options.drop_last) for r in rows]
+        return rows
 
     def num_batches(self, num_workers: int = 0) -> int:
         """Exact batches of this epoch on this rank (every rank the same with ``even_batches``)."""
@@ -336,14 +346,20 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         return MixSlot(self.epoch, self._rank, self._world_size, info.id, info.num_workers)
 
     def start_state(self, slot: MixSlot) -> MixWorkerState:
-        """The state of ``slot`` before the first batch of its epoch."""
+        """The state of ``slot`` before the first batch of its epoch (done with it, its counters at its end, in
+        an epoch a checkpoint loaded with another topology finished)."""
         starts, quotas = self.epoch_starts(slot.epoch), quotas_at(self._history, slot.epoch)
         elastic = self._epochs.replanned(slot)
-        return MixWorkerState(slot.epoch, slot.rank, slot.world_size, slot.worker_id, slot.num_workers, 0, 0, 0,
-                              False, self.state_options(), self.history,
-                              {name: SourceEpoch(starts[name], quotas.get(name, 0)) for name in starts},
-                              {name: SourceCursor(0, None, 0) for name in starts},
-                              {s.name: s.data for s in self._sources}, None if elastic is None else elastic.to_dict())
+        state = MixWorkerState(slot.epoch, slot.rank, slot.world_size, slot.worker_id, slot.num_workers, 0, 0, 0,
+                               False, self.state_options(), self.history,
+                               {name: SourceEpoch(starts[name], quotas.get(name, 0)) for name in starts},
+                               {name: SourceCursor(0, None, 0) for name in starts},
+                               {s.name: s.data for s in self._sources}, None if elastic is None else elastic.to_dict())
+        if slot.epoch <= self._finished_epoch:
+            from ._mix_resume import finished_state
+
+            state = finished_state(self, state, slot)
+        return state
 
     def state_options(self) -> dict[str, Any]:
         """The options a checkpoint must match to resume inside an epoch."""
@@ -365,12 +381,13 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         """Lay this epoch's and later epochs' passes out as ``pass_layout`` says (see _mix_plan.PASS_LAYOUTS)."""
         self._pass_layout = self._epochs.pass_layout = pass_layout
 
-    def _shuffling(self) -> tuple[Options, MixEpochs, str, str]:
-        """What :meth:`_adopt_saved` may change, to put back (:meth:`_shuffle_as`) when a checkpoint is refused."""
-        return self._options, self._epochs, self._batch_order, self._pass_layout
+    def _shuffling(self) -> tuple[Options, MixEpochs, str, str, Any]:
+        """What :meth:`_adopt_saved` (and a re-planned epoch adopted from a checkpoint) may change, to put back
+        (:meth:`_shuffle_as`) when a checkpoint is refused."""
+        return self._options, self._epochs, self._batch_order, self._pass_layout, self._epochs.elastic
 
-    def _shuffle_as(self, shuffling: tuple[Options, MixEpochs, str, str]) -> None:
-        self._options, self._epochs, self._batch_order, pass_layout = shuffling
+    def _shuffle_as(self, shuffling: tuple[Options, MixEpochs, str, str, Any]) -> None:
+        self._options, self._epochs, self._batch_order, pass_layout, self._epochs.elastic = shuffling
         self.use_pass_layout(pass_layout)
 
     def __iter__(self) -> MixIterator:
@@ -401,14 +418,16 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from a worker state (checked here too, for a plain ``StatefulDataLoader``)."""
-        from ._mix_resume import check_worker_state
+        from ._mix_resume import adopt_replanned, check_with_mixture, check_worker_state
 
-        slot = self._slot()
         state = MixWorkerState.from_dict(state_dict)
+        slot = dataclasses.replace(self._slot(), epoch=state.epoch)   # checked in its own epoch
         shuffling = self._shuffling()
         self._adopt_saved(state.options)
         try:
+            adopt_replanned(self, [state])
             self._pending = check_worker_state(self, state, slot)
+            check_with_mixture(self, state)
         except BaseException:   # a refused state leaves the mixture shuffling as it did
             self._shuffle_as(shuffling)
             raise

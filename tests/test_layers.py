@@ -52,6 +52,7 @@ PURE_MODULES = [
     "_mix_span",      # a mixture span's rows cut per batch
     "_take",          # gathering rows by index for every type (view types as their large counterparts)
     "_mix_resume",    # a mixture's state checks and following a checkpoint
+    "_mix_position",  # a mixture worker state's counters and cursors checked against the plan
     "_mix_schema",    # one schema for a mixture's sources
     "_mix_elastic",   # a mixture epoch re-planned for another topology
     "_mix_layout",    # a mixture's epochs: every slot's parts of every source

@@ -268,7 +268,7 @@ def test_a_source_left_out_of_a_lagging_state_at_the_end_of_a_replanned_epoch_is
     """The one boundary where a source cannot be left out: the workers' snapshots lag behind the end of an epoch
     re-planned for another topology, and the rows the source gave that epoch cannot be counted without it."""
     options = {"shuffle": True, "snapshot_every_n_steps": 5}
-    loader, mixture = loader_of(three, 2, **options)
+    loader, mixture = loader_of(three, 2, shuffle=True, batches_per_transfer=1)   # (snapshots after every batch)
     mixture.set_epoch(0)
     batches = iter(loader)
     for _ in range(4):

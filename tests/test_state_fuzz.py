@@ -13,11 +13,22 @@ rest: a worker state's ``epoch`` (the same position in another epoch's order), a
 re-planned epoch, old workers' cursors in ``elastic.cursors`` swapped or set to null (an old worker
 that had finished). Telling the latter apart would need the rows each old worker had left, which
 the state format does not store.
+
+Mixtures (#36) the same way: mixture loader states (0 and 2 workers, a shuffle buffer, interleave, a
+source of 5 rows read in 8 passes an epoch, so held and each part read whole), a mixture worker
+state alone (as a plain ``StatefulDataLoader`` loads it into the mixture), merged checkpoints of two
+ranks (loaded by rank 0 of 2, and re-planned for one rank) and a state inside that re-planned epoch.
+Whatever loads must yield the same rows, as a multiset of (source, id) (a source read in passes
+gives a row several times), as the untampered resume: the rest of the saved epoch and the next one.
+The same two changes are left out, for the same reasons: a mixture worker state's ``epoch`` (a
+state done with epoch 0 edited to epoch 1 is the valid state done with epoch 1), and the old slots'
+cursors of a re-planned epoch swapped or set to null.
 """
 
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +37,9 @@ from helpers import ids_of, json_roundtrip, make_loader, write_dataset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from arrowstream import errors, merge_state_dicts
+from arrowstream import Mixture, Source, errors, merge_state_dicts
+from arrowstream._held import holds
+from arrowstream._mix_stream import MixSlot
 
 OPTIONS = {"batch_size": 16, "interleave": 2, "shuffle_buffer_size": 64, "even_batches": False}
 OTHER_TYPES = [None, "x", 1.5, [], {}, True, False, [0, 0]]
@@ -231,5 +244,132 @@ def test_a_mutated_dynamic_ledger_is_refused_or_leaves_exactly_the_rest(cases, d
     @given(_ledger_mutated(case.state))
     def check(change):
         _refused_or_exact(case, cases["path"], *change)
+
+
+# -- mixtures ---------------------------------------------------------------------------------------------------
+
+MIX = {"weights": {"a": 0.5, "b": 0.3, "t": 0.2}, "epoch_rows": 200, "batch_size": 16, "source_column": "src",
+       "shuffle": True, "shuffle_buffer_size": 24, "interleave": 2, "plan_cache": False}
+
+
+@dataclass
+class MixCase:
+    """A valid mixture state, the loader it loads into (or the mixture alone: ``num_workers`` None), and the rows
+    (source, id) that the untampered resume yields: the rest of the saved epoch and the next one."""
+
+    state: dict[str, Any]
+    num_workers: int | None
+    loader_args: dict[str, Any]
+    epoch: int
+    rows: Counter[tuple[str, int]]
+
+
+def _mix_loader(paths: dict[str, str], num_workers: int, **kwargs: Any) -> tuple[Any, Any]:
+    sources = {name: Source(path, columns=["id"], split_bytes=1) for name, path in paths.items()}
+    return Mixture.create_dataloader(sources=sources, num_workers=num_workers, **MIX, **kwargs)
+
+
+def _mix_rows(batches: Any, mixture: Any, epoch: int) -> Counter[tuple[str, int]]:
+    """The rows of ``epoch`` and the next one (``batches``: the loader, or the mixture itself)."""
+    rows: Counter[tuple[str, int]] = Counter()
+    for current in (epoch, epoch + 1):
+        mixture.set_epoch(current)
+        for batch in batches:
+            rows.update(zip(batch["src"], ids_of(batch), strict=True))
+    return rows
+
+
+def _mix_state(paths: dict[str, str], num_workers: int, epoch: int, batches: int | None,
+               **kwargs: Any) -> dict[str, Any]:
+    """The loader state after ``batches`` batches of ``epoch`` (None: after its loop), the epochs before read."""
+    loader, mixture = _mix_loader(paths, num_workers, **kwargs)
+    for current in range(epoch + 1):
+        mixture.set_epoch(current)
+        batch_iter = iter(loader)
+        for _ in range(batches if current == epoch and batches is not None else len(loader)):
+            next(batch_iter)
+        if current < epoch or batches is None:
+            assert next(batch_iter, None) is None
+    state = json_roundtrip(loader.state_dict())
+    del batch_iter
+    return state
+
+
+def _mix_loaded(paths: dict[str, str], case: MixCase, state: dict[str, Any]) -> tuple[Any, Any]:
+    """``state`` loaded as ``case`` loads it: (what to iterate, the mixture); a ``StateError`` if it is refused."""
+    loader, mixture = _mix_loader(paths, case.num_workers or 0, **case.loader_args)
+    if case.num_workers is None:   # a worker state alone, into the mixture (a plain StatefulDataLoader's path)
+        mixture.load_state_dict(state)
+        return mixture, mixture
+    loader.load_state_dict(state)
+    return loader, mixture
+
+
+@pytest.fixture(scope="module")
+def mix_cases(tmp_path_factory) -> dict[str, Any]:
+    """Sources of 240, 100 and 5 rows (the last read in 8 passes an epoch: held, each part read whole), 200 rows
+    an epoch; each case's state is taken once, in this process (0 workers) or two."""
+    root = tmp_path_factory.mktemp("mixfuzz")
+    paths = {"a": write_dataset(root / "a", [(150, 30), (90, 30)]), "b": write_dataset(root / "b", [(100, 25)]),
+             "t": write_dataset(root / "t", [(5, 5)])}
+    out: dict[str, Any] = {"paths": paths}
+
+    def case(name: str, state: dict[str, Any], num_workers: int | None, epoch: int, **loader_args: Any) -> None:
+        out[name] = MixCase(state, num_workers, loader_args, epoch, Counter())
+        out[name].rows = _mix_rows(*_mix_loaded(paths, out[name], state), epoch)
+
+    case("mix-mid", _mix_state(paths, 0, 1, 5), 0, 1)   # epoch 1: each source inside a pass
+    case("mix-after", _mix_state(paths, 0, 0, None), 0, 0)
+    case("mix-worker", out["mix-mid"].state["dataloader"]["dataset_state"], None, 1)
+    ranks = [_mix_state(paths, 0, 0, 3 + rank, rank=rank, world_size=2, plan_locally=True) for rank in range(2)]
+    merged = merge_state_dicts(ranks)
+    case("mix-merged", merged, 0, 0, rank=0, world_size=2, plan_locally=True)
+    case("mix-merged-replanned", merged, 0, 0)
+    loader, mixture = _mix_loader(paths, 0)   # inside the epoch re-planned for one rank
+    tiny = mixture._sources[2]   # read in 8 passes an epoch: held, each part read whole
+    assert holds(tiny.plan, len(mixture._epochs.parts(mixture.history, MixSlot(0, 0, 2, 0, 0))["t"]))
+    loader.load_state_dict(merged)
+    mixture.set_epoch(0)
+    batch_iter = iter(loader)
+    for _ in range(2):
+        next(batch_iter)
+    case("mix-elastic", json_roundtrip(loader.state_dict()), 0, 0)
+    del batch_iter
+    case("mix-workers2", _mix_state(paths, 2, 0, 3, persistent_workers=True), 2, 0, persistent_workers=True)
+    return out
+
+
+def _mix_refused_or_exact(paths: dict[str, str], case: MixCase, state: dict[str, Any], what: str) -> None:
+    try:
+        batches, mixture = _mix_loaded(paths, case, state)
+    except errors.StateError:
+        return
+    rows = _mix_rows(batches, mixture, case.epoch)
+    assert rows == case.rows, f"{what}: loaded, and yielded other rows than the untampered resume"
+
+
+@pytest.mark.parametrize("name", ["mix-mid", "mix-after", "mix-worker", "mix-merged", "mix-merged-replanned",
+                                  "mix-elastic"])
+@pytest.mark.timeout(120)
+def test_a_mutated_mixture_state_is_refused_or_resumes_exactly(mix_cases, name):
+    case = mix_cases[name]
+
+    @_fuzz(150)
+    @given(mutated(case.state))
+    def check(change):
+        _mix_refused_or_exact(mix_cases["paths"], case, *change)
+
+    check()
+
+
+@pytest.mark.timeout(180)
+def test_a_mutated_mixture_state_with_workers_is_refused_or_resumes_exactly(mix_cases):
+    """Fewer examples: a state that loads starts two worker processes."""
+    case = mix_cases["mix-workers2"]
+
+    @_fuzz(40)
+    @given(mutated(case.state))
+    def check(change):
+        _mix_refused_or_exact(mix_cases["paths"], case, *change)
 
     check()
