@@ -28,6 +28,15 @@ CASES = [
     # touches a's files before loading the state
     {"name": "workers1-layout-mid", "num_workers": 1, "options": {"shuffle": True}, "layout": "a",
      "point": ("mid", 0, 4), "epochs": [0, 1]},
+    # from worker state version 4 on: passes laid out in spans; source b read in 7.5 passes an epoch (held, its
+    # parts read whole), and a state inside an epoch re-planned from 2 workers to 3 (its old workers' parts
+    # after the ones they stood in handed over whole)
+    {"name": "workers2-passes-mid", "num_workers": 2,
+     "options": {"shuffle": True, "shuffle_buffer_size": 16, "epoch_rows": 900, "weights": {"a": 1, "b": 2}},
+     "point": ("mid", 1, 7), "epochs": [0, 1, 2]},
+    {"name": "elastic-workers3-from-workers2-mid", "num_workers": 3, "elastic_from": (2, 3),
+     "options": {"shuffle": True, "shuffle_buffer_size": 16, "epoch_rows": 600, "weights": {"a": 1, "b": 2}},
+     "point": ("mid", 0, 2), "epochs": [0, 1]},
 ]
 
 
@@ -46,7 +55,7 @@ def make(root: str, case: dict):
     from arrowstream import Mixture
 
     return Mixture.create_dataloader(sources=sources(root, case.get("layout")), num_workers=case["num_workers"],
-                                     **MIXTURE, **case["options"])
+                                     **{**MIXTURE, **case["options"]})
 
 
 def batch_record(batch) -> list:
@@ -55,6 +64,15 @@ def batch_record(batch) -> list:
 
 def capture(root: str, case: dict) -> dict:
     loader, mixture = make(root, case)
+    if case.get("elastic_from"):   # start from a state of another number of workers, after some batches
+        old_workers, steps = case["elastic_from"]
+        old, old_mixture = make(root, {**case, "num_workers": old_workers})
+        old_mixture.set_epoch(0)
+        batches = iter(old)
+        for _ in range(steps):
+            next(batches)
+        loader.load_state_dict(json.loads(json.dumps(old.state_dict())))
+        del batches
     kind, at_epoch, at_step = case["point"]
     out, state, before = [], None, 0
     for epoch in case["epochs"]:
