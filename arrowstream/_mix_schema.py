@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import pyarrow as pa
 import pyarrow.types as pat
 
+from ._nullability import conformer, join_types
 from .errors import InvalidArgumentError, SchemaMismatchError
 
 SAFE_CASTS = "int8/16/32 into a wider int, uint into a wider int (int and uint: the narrowest int that holds " \
@@ -49,52 +50,7 @@ def _holding(kinds: list[pa.DataType]) -> pa.DataType | None:
     their fields' nullability, the one with each field nullable where any is; None when there is none."""
     candidates = [*kinds, *_signed_holding(kinds), *_LARGE]
     held = next((t for t in candidates if all(widens(kind, t) for kind in kinds)), None)
-    return held if held is not None else _nullable_join(kinds)
-
-
-def _children(kind: pa.DataType) -> list[pa.Field] | None:
-    """The fields of a nested type (a struct's, a list's item, a map's key and item); None for other types."""
-    if pat.is_struct(kind):
-        return [kind.field(i) for i in range(kind.num_fields)]
-    if pat.is_map(kind):
-        return [kind.key_field, kind.item_field]
-    if pat.is_list(kind) or pat.is_large_list(kind) or pat.is_fixed_size_list(kind):
-        return [kind.value_field]
-    return None   # (list views too: pyarrow 26 cannot cast one to another)
-
-
-def _with_children(kind: pa.DataType, fields: list[pa.Field]) -> pa.DataType:
-    """``kind`` (a nested type, see :func:`_children`) with ``fields`` as its fields."""
-    if pat.is_struct(kind):
-        return pa.struct(fields)
-    if pat.is_map(kind):
-        return pa.map_(fields[0], fields[1], keys_sorted=kind.keys_sorted)
-    if pat.is_fixed_size_list(kind):
-        return pa.list_(fields[0], kind.list_size)
-    return pa.large_list(fields[0]) if pat.is_large_list(kind) else pa.list_(fields[0])
-
-
-def _nullable_join(kinds: list[pa.DataType]) -> pa.DataType | None:
-    """The type of ``kinds`` when they are one nested type but for the nullability of fields at any depth (a
-    struct's field, a list's item): each field nullable where any kind's is (every value of each fits); None
-    when they differ otherwise."""
-    first = kinds[0]
-    if all(kind == first for kind in kinds):
-        return first
-    fields = [_children(kind) for kind in kinds]
-    known = [f for f in fields if f is not None]
-    if len(known) != len(kinds) or any(len(f) != len(known[0]) for f in known):
-        return None
-    joined = []
-    for index, field in enumerate(known[0]):
-        column = [f[index] for f in known]
-        kind = _nullable_join([f.type for f in column])
-        if kind is None or (pat.is_struct(first) and any(f.name != field.name for f in column)):
-            return None   # (a list's or a map's fields may have other names: pyarrow's types ignore them)
-        joined.append(pa.field(field.name, kind, any(f.nullable for f in column), field.metadata))
-    out = _with_children(first, joined)
-    # the same shape but for nullability (the same kind of list, list size, sorted keys), else none
-    return out if all(_with_children(kind, joined) == out for kind in kinds) else None
+    return held if held is not None else join_types(kinds)
 
 
 def unify(schemas: Mapping[str, pa.Schema], source_column: str | None) -> pa.Schema:
@@ -139,15 +95,13 @@ def caster(source: pa.Schema, target: pa.Schema, name: str, source_column: str |
     """A function from a batch of ``source`` to one of ``target`` (columns in order, safe casts, the
     source's name as ``source_column``)."""
     data = pa.schema([target.field(c) for c in target.names if c != source_column])
-    # fields compared whole: a field of a source that is not nullable where the mixture's is (or a struct's or a
-    # list's field inside it) is cast too, else batches of two sources would not concatenate
-    same = source.names == data.names and all(source.field(c).equals(data.field(c)) for c in data.names)
+    conform = conformer(source, data)   # (a field not nullable where the mixture's is, at any depth, is cast too)
     label = pa.scalar(name, pa.string())
     label_field = None if source_column is None else target.field(source_column)
 
     def cast(batch: pa.RecordBatch) -> pa.RecordBatch:
-        if not same:
-            batch = batch.select(data.names).cast(data)
+        if conform is not None:
+            batch = conform(batch)
         if label_field is not None:
             column = pa.repeat(label, batch.num_rows) if batch.num_rows else pa.array([], pa.string())
             # appended in place: a column Python has no class for (intervals) cannot be handed to Python

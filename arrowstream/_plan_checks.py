@@ -4,11 +4,14 @@ the columns read. Each raises an arrowstream error that names the file and says 
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ._footers import FooterTable
+from ._nullability import join_fields
 from ._storage import display_url
 from .errors import CorruptFileError, InvalidArgumentError, SchemaMismatchError
 
@@ -53,20 +56,39 @@ def _type_of(schema: pa.Schema, name: str) -> str:
     return ", ".join(str(f.type) for f in schema if f.name == name)
 
 
-def _check_schemas(footers: FooterTable, protocol: str, required: list[str], all_columns: bool) -> None:
-    """Refuse files whose columns differ from the reference (the first file with rows): each distinct
-    schema is checked once, at its first file, which is the first file the error can name."""
+def _check_schemas(footers: FooterTable, protocol: str, required: list[str], all_columns: bool) -> pa.Schema:
+    """Refuse files whose columns differ from the reference (the first file with rows) in more than their
+    nullability: each distinct schema is checked once, at its first file, which is the first file the error
+    can name. Return the reference's schema with each column of ``required`` nullable where any file's is,
+    at any depth (a struct's field, a list's item): the schema of every batch (see ``_nullability``)."""
     with_rows = np.flatnonzero(footers.file_rows() > 0)
     if not len(with_rows):
         with_rows = np.arange(len(footers))
     _, firsts = np.unique(footers.schema_index[with_rows], return_index=True)
     reference = int(with_rows[0])
-    ref_schema = footers.schema_of(reference)
+    ref_schema = joined = footers.schema_of(reference)
     for first in sorted(int(with_rows[f]) for f in firsts):
         schema = footers.schema_of(first)
         if first != reference and not schema.equals(ref_schema):   # equal schemas: nothing can differ
             _check_schema(schema, display_url(protocol, footers.path(first)), ref_schema,
                           display_url(protocol, footers.path(reference)), required, all_columns)
+            joined = _joined(joined, schema, set(required))
+    return joined
+
+
+def _joined(joined: pa.Schema, schema: pa.Schema, required: set[str]) -> pa.Schema:
+    """``joined`` with each column of ``required`` joined with ``schema``'s of that name (its n-th of that
+    name, where several share it), which :func:`_check_schema` found joinable."""
+    fields, seen = [], Counter[str]()
+    for field in joined:
+        if field.name in required:
+            other = schema.field(schema.get_all_field_indices(field.name)[seen[field.name]])
+            seen[field.name] += 1
+            both = join_fields([field, other])
+            assert both is not None, "checked by _check_schema"
+            field = both
+        fields.append(field)
+    return pa.schema(fields, metadata=joined.metadata)
 
 
 def _check_schema(schema: pa.Schema, url: str, ref_schema: pa.Schema, ref_url: str, required: list[str],
@@ -83,12 +105,13 @@ def _check_schema(schema: pa.Schema, url: str, ref_schema: pa.Schema, ref_url: s
             raise SchemaMismatchError(
                 f"{url} has no column {name!r}, which {ref_url} has; "
                 "leave the column out of `columns` or fix the file")
-        ref_type = _type_of(ref_schema, name)
-        this_type = _type_of(schema, name)
-        if ref_type != this_type:
+        ours = [schema.field(i) for i in schema.get_all_field_indices(name)]
+        theirs = [ref_schema.field(i) for i in ref_schema.get_all_field_indices(name)]
+        # types that differ only in nullability join (nullable where either is): the batches are cast
+        if len(ours) != len(theirs) or any(join_fields([a, b]) is None for a, b in zip(theirs, ours, strict=True)):
             raise SchemaMismatchError(
-                f"column {name!r} is {this_type} in {url} but {ref_type} in {ref_url}; "
-                "rewrite the files with one type, or leave the column out of `columns`")
+                f"column {name!r} is {_type_of(schema, name)} in {url} but {_type_of(ref_schema, name)} in "
+                f"{ref_url}; rewrite the files with one type, or leave the column out of `columns`")
 
 
 def _check_columns(columns: list[str] | None, schema: pa.Schema, url: str) -> None:

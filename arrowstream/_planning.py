@@ -176,11 +176,12 @@ def plan_footers(protocol: str, footers: Sequence[FileFooter] | FooterTable, *, 
 
     output_columns = list(columns) if columns is not None else list(reference.names)
     read_columns = output_columns + [c for c in filter_columns if c not in output_columns]
-    _check_schemas(footers, protocol, read_columns, all_columns=columns is None)
+    # each column nullable where any file's is (at any depth); the data identity keeps the reference's schema
+    joined = _check_schemas(footers, protocol, read_columns, all_columns=columns is None)
     if columns is None:  # every column, in file order: duplicate names are legal in Arrow IPC and Parquet
-        schema = pa.schema(list(reference))
+        schema = pa.schema(list(joined))
     else:
-        schema = pa.schema([reference.field(c) for c in output_columns])
+        schema = pa.schema([joined.field(c) for c in output_columns])
     return build_plan(protocol, footers, schema, read_columns, filter, split_bytes,
                       identity={"schema": [[fld.name, str(fld.type)] for fld in reference]})
 

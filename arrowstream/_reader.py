@@ -21,6 +21,7 @@ from ._failures import wrap_read_error
 from ._formats import UnitFile, name_units, unit_format
 from ._formats._opened import MetadataMismatch
 from ._metrics import Meter
+from ._nullability import conformer
 from ._piece import Piece  # also importable from here, its old home
 from ._pinned import Pin
 from ._plan_types import Split, split_available
@@ -260,16 +261,23 @@ class SplitReader:
         if filter is None:
             if batch.schema.names != self._output_columns:
                 batch = batch.select(self._output_columns)
+            batch = self._conformed(batch)
             if ids_at is not None:
                 batch = self._with_ids(batch, ids_at, np.arange(start, end, dtype=np.int64))
             return Piece(batch, position, start, end, None)
         indexed = batch.append_column(_ROW_INDEX, pa.array(np.arange(start, end, dtype=np.int64)))
         kept = indexed.filter(filter)
         offsets = kept.column(_ROW_INDEX).to_numpy()
-        out = kept.select(self._output_columns)
+        out = self._conformed(kept.select(self._output_columns))
         if ids_at is not None:
             out = self._with_ids(out, ids_at, offsets)
         return Piece(out, position, start, end, offsets)
+
+    def _conformed(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """``batch`` (of the output columns) in the plan's schema: the batches of a file whose field is not
+        nullable where another file's is (at any depth) are cast, so that they concatenate with the others'."""
+        conform = conformer(batch.schema, self._plan.schema)
+        return batch if conform is None else conform(batch)
 
     def _with_ids(self, batch: pa.RecordBatch, ids_at: tuple[int, int], offsets: npt.NDArray[np.int64]) -> pa.RecordBatch:
         assert self._row_ids is not None

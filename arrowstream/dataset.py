@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -33,7 +34,7 @@ from ._planning import Plan
 from ._resume import checked_state, loaded_state, pending_for_epoch, replanned_epoch
 from ._retry import RetryPolicy, check_retry
 from ._row_ids import check_row_id_names
-from ._runtime import EpochIterator, OpenEpoch, WorkerRuntime, WorkerSide, open_stream
+from ._runtime import EpochIterator, OpenEpoch, WorkerRuntime, WorkerSide, open_stream, read_schema
 from ._shm import guard_feeder, share
 from ._source import FileSource, Source, check_file_format
 from ._state import ElasticSource, WorkerState
@@ -307,6 +308,24 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
     @property
     def num_files(self) -> int:
         return len(self._plan.files)
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The batches' Arrow schema (``output_format="arrow"``; the other formats hold these columns): the
+        output columns, each field nullable where any file's is (at any depth), ``_file`` and ``_row`` last
+        with ``with_row_ids=True``.
+
+        Example:
+            >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
+            >>> folder = tempfile.mkdtemp()
+            >>> strict = pa.schema([pa.field("x", pa.int64(), nullable=False)])
+            >>> pq.write_table(pa.table({"x": [1, 2]}, schema=strict), os.path.join(folder, "a.parquet"))
+            >>> pq.write_table(pa.table({"x": [3, None]}), os.path.join(folder, "b.parquet"))
+            >>> dataset = arrowstream.StructuredDataset(folder, batch_size=4, output_format="arrow")
+            >>> dataset.schema.field("x").nullable, next(iter(dataset)).column("x").to_pylist()
+            (True, [1, 2, 3, None])
+        """
+        return read_schema(self._plan, self._options)
 
     @property
     def files(self) -> tuple[str, ...]:

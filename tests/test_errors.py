@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import json
+import os
+import re
+from collections import Counter
 
 import fsspec
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.feather
 import pyarrow.parquet as pq
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
@@ -15,6 +20,7 @@ from helpers import make_loader, make_table, write_dataset
 
 from arrowstream import StructuredDataset, errors
 from arrowstream._torchdata_state import worker_state
+from arrowstream.testing import check_resume
 
 
 def test_missing_path(tmp_path):
@@ -96,6 +102,111 @@ def test_schemas_that_disagree(tmp_path):
     with pytest.raises(errors.SchemaMismatchError, match=r"b\.parquet.*missing \['x'\]"):
         StructuredDataset(tmp_path)
     assert StructuredDataset(tmp_path, columns=["id"]).num_rows == 3
+
+
+_STRICT_STRUCT = pa.struct([pa.field("c", pa.int64(), False), pa.field("d", pa.int64(), False)])
+_LOOSE_STRUCT = pa.struct([pa.field("c", pa.int64()), pa.field("d", pa.int64(), False)])   # d: nullable nowhere
+_STRICT = pa.schema([pa.field("x", pa.int64(), False), pa.field("y", pa.string(), False),
+                     pa.field("s", _STRICT_STRUCT, False), pa.field("l", pa.list_(pa.field("e", pa.int64(), False)), False),
+                     pa.field("m", pa.map_(pa.string(), pa.field("value", pa.int64(), False)), False),
+                     pa.field("z", pa.int64(), False)])
+_LOOSE = pa.schema([("x", pa.int64()), ("y", pa.string()), ("s", _LOOSE_STRUCT), ("l", pa.list_(pa.int64())),
+                    ("m", pa.map_(pa.string(), pa.int64())), pa.field("z", pa.int64(), False)])
+
+
+def _nullability_row(i: int, loose: bool) -> dict:
+    """Row ``i`` of the files of :func:`_nullability_files`: nulls at the top and inside the struct, the list and
+    the map of the file whose fields are nullable."""
+    return {"x": i, "y": None if loose and i % 4 == 1 else f"y{i}", "s": {"c": None if loose and i % 7 == 3 else i, "d": i},
+            "l": [i, None] if loose and i % 5 == 1 else [i], "m": [("k", None if loose and i % 3 == 0 else i)], "z": i}
+
+
+def _nullability_files(folder, file_format: str = "parquet") -> pa.Schema:
+    """Three files that differ only in nullability: a and c with no field nullable (at any depth), b (between
+    them) with every field nullable but ``z`` and the struct's ``d``; the schema that joins theirs."""
+    write = pq.write_table if file_format == "parquet" else pa.feather.write_feather
+    for name, schema, ids in (("a", _STRICT, range(20)), ("b", _LOOSE, range(100, 120)), ("c", _STRICT, range(200, 220))):
+        table = pa.Table.from_pylist([_nullability_row(i, schema is _LOOSE) for i in ids], schema=schema)
+        path = folder / f"{name}.{file_format}"
+        write(table, path, **({"row_group_size": 5} if file_format == "parquet" else {"chunksize": 5}))
+        written = pq.read_schema(path) if file_format == "parquet" else pa.feather.read_table(path).schema
+        assert written.field("s").type == schema.field("s").type and written.field("x").nullable == (schema is _LOOSE)
+    return pa.schema([("x", pa.int64()), ("y", pa.string()), ("s", _LOOSE_STRUCT),
+                      ("l", pa.list_(pa.int64())), ("m", pa.map_(pa.string(), pa.int64())),
+                      pa.field("z", pa.int64(), False)])
+
+
+def _plain(name: str, value) -> object:
+    """A value of column ``name`` as a Python value that can be counted (from any output format)."""
+    if name == "s":
+        return value["c"], value["d"]
+    if name in ("l", "m"):
+        return tuple(tuple(v) if name == "m" else v for v in value)
+    return value if name == "y" else int(value)
+
+
+@pytest.mark.parametrize("output_format", ["torch", "numpy", "arrow", "dict"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_files_that_differ_in_nullability_are_read_as_nullable_with_their_values(tmp_path, output_format,
+                                                                                  num_workers):
+    joined = _nullability_files(tmp_path)
+    assert not joined.field("z").nullable and not joined.field("s").type.field("d").nullable   # nullable nowhere
+    ids = [*range(20), *range(100, 120), *range(200, 220)]
+    # top-level fields only (planned before, and their batches failed to concatenate), then nested ones too
+    for columns in (["x", "y", "z"], joined.names):
+        schema = pa.schema([joined.field(c) for c in columns])
+        for buffer in (0, 8):   # a window mixes rows of several files, interleave=2 files in one batch
+            for interleave in (1, 2):
+                # the reader's filtered path too: a filter that drops a row of each file
+                filter = ~pc.field("z").isin([3, 113, 203]) if interleave == 2 else None
+                loader, dataset = StructuredDataset.create_dataloader(
+                    tmp_path, batch_size=6, output_format=output_format, shuffle=True, seed=3,
+                    shuffle_buffer_size=buffer, interleave=interleave, columns=columns, filter=filter,
+                    num_workers=num_workers, plan_cache=False)
+                assert dataset.schema == schema
+                got: Counter = Counter()
+                for batch in loader:
+                    if output_format == "arrow":
+                        assert batch.schema == schema, (columns, buffer, interleave)
+                        batch = batch.to_pydict()
+                    got.update(zip(*[[_plain(c, v) for v in batch[c]] for c in columns], strict=True))
+                kept = [_nullability_row(i, 100 <= i < 200) for i in ids if filter is None or i not in (3, 113, 203)]
+                expected = Counter(tuple(_plain(c, row[c]) for c in columns) for row in kept)
+                assert got == expected, (columns, buffer, interleave)
+
+
+def test_nullability_is_joined_in_every_file_format_that_keeps_it_and_resumes_exactly(tmp_path):
+    for file_format in ("parquet", "arrow"):
+        folder = tmp_path / file_format
+        folder.mkdir()
+        joined = _nullability_files(folder, file_format)
+        dataset = StructuredDataset(folder, format=file_format, batch_size=60, output_format="arrow",
+                                    columns=["z", "s"], plan_cache=False)
+        assert dataset.schema == pa.schema([joined.field("z"), joined.field("s")])   # of the columns read
+        batch = next(iter(dataset))
+        assert batch.schema == dataset.schema and batch.num_rows == 60
+        check_resume(functools.partial(StructuredDataset.create_dataloader, str(folder), format=file_format, batch_size=7,
+                                       shuffle=True, shuffle_buffer_size=8, interleave=2, output_format="arrow",
+                                       plan_cache=False), points=3)
+        # planned from the plan cache: the same schema
+        for _ in range(2):
+            cached = StructuredDataset(folder, format=file_format, plan_cache=str(tmp_path / "cache"))
+            assert cached.schema == joined
+    assert os.listdir(tmp_path / "cache")
+
+
+def test_files_that_differ_beyond_nullability_are_refused_naming_both(tmp_path):
+    strict = pa.schema([pa.field("s", _STRICT_STRUCT, False)])
+    pq.write_table(pa.table({"s": [{"c": 1, "d": 2}]}, schema=strict), tmp_path / "a.parquet")
+    for other, shown in ((pa.struct([("c", pa.int32()), ("d", pa.int64())]), "struct<c: int32, d: int64>"),
+                         (pa.struct([("c", pa.int64()), ("e", pa.int64())]), "struct<c: int64, e: int64>"),
+                         (pa.struct([("c", pa.int64())]), "struct<c: int64>")):
+        pq.write_table(pa.table({"s": pa.array([{"c": 1, "d": 2, "e": 2}], pa.struct(list(other)))}),
+                       tmp_path / "b.parquet")
+        with pytest.raises(errors.SchemaMismatchError,
+                           match=rf"'s' is {re.escape(shown)} in .*b\.parquet but "
+                                 rf"{re.escape(str(_STRICT_STRUCT))} in .*a\.parquet"):
+            StructuredDataset(tmp_path, plan_cache=False)
 
 
 @pytest.mark.parametrize(("kwargs", "error", "pattern"), [

@@ -14,12 +14,14 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from helpers import check_resume, ids_of
 from iceberg_tables import add_position_deletes, append_orc, data_files, make_catalog
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.schema import Schema
 from pyiceberg.typedef import Record
-from pyiceberg.types import LongType, StringType
+from pyiceberg.types import LongType, NestedField, StringType, StructType
 from test_formats import UNIT_ROWS, ReaderContract
 
 from arrowstream import IcebergDataset, errors
@@ -141,6 +143,41 @@ def test_evolved_schema_is_read_by_field_id(catalog):
     # the old snapshot is read in its own schema, as pyiceberg does
     first = table.snapshots()[0].snapshot_id
     assert_same_rows(read_all(catalog[1], snapshot_id=first), table.scan(snapshot_id=first).to_arrow())
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_field_made_optional_is_read_nullable_from_files_written_while_it_was_required(catalog, num_workers):
+    # pyiceberg's schema decides (a dataset's files are joined, see test_errors): files written while a field was
+    # required hold it not null, at the top and inside a struct; read in the table's schema, values intact
+    schema = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "x", LongType(), required=True),
+                    NestedField(3, "s", StructType(NestedField(4, "c", LongType(), required=True)), required=True))
+    table = catalog[0].create_table("db.optional", schema=schema, properties={"write.parquet.row-group-limit": "4"})
+    table.append(pa.Table.from_pylist([{"id": i, "x": i, "s": {"c": i}} for i in range(10)],
+                                      schema=table.schema().as_arrow()))
+    with table.update_schema() as update:
+        update.make_column_optional("x")
+        update.make_column_optional("s.c")
+    table = table.refresh()
+    table.append(pa.Table.from_pylist([{"id": i, "x": None if i % 2 else i, "s": {"c": None if i % 3 else i}}
+                                       for i in range(10, 20)], schema=table.schema().as_arrow()))
+    written = {pq.read_schema(path.removeprefix("file://")).field("x").nullable for path in data_files(table)}
+    assert written == {False, True}
+    expected = sorted((i, None if i >= 10 and i % 2 else i, None if i >= 10 and i % 3 else i) for i in range(20))
+    for output_format in ("torch", "numpy", "arrow", "dict"):
+        for buffer in (0, 8):   # interleave=2: rows of both files in one batch
+            fill = {"x": -1} if output_format in ("torch", "numpy") else None
+            loader, dataset = IcebergDataset.create_dataloader(
+                table="db.optional", catalog_config=catalog[1], batch_size=6, output_format=output_format, shuffle=True,
+                shuffle_buffer_size=buffer, interleave=2, num_workers=num_workers, fill_nulls=fill)
+            assert dataset.schema == table.schema().as_arrow()   # x and s.c nullable, id and s not
+            got = []
+            for batch in loader:
+                if output_format == "arrow":
+                    assert batch.schema == dataset.schema
+                    batch = batch.to_pydict()
+                got += [(int(i), None if fill and int(x) == -1 else x if x is None else int(x), s["c"])
+                        for i, x, s in zip(batch["id"], batch["x"], batch["s"], strict=True)]
+            assert sorted(got) == expected, (output_format, buffer)
 
 
 def files_by_rows(table) -> dict[int, str]:

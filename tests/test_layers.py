@@ -54,6 +54,7 @@ PURE_MODULES = [
     "_mix_resume",    # a mixture's state checks and following a checkpoint
     "_mix_position",  # a mixture worker state's counters and cursors checked against the plan
     "_mix_schema",    # one schema for a mixture's sources
+    "_nullability",   # types that differ only in nullability joined (a dataset's files, a mixture's sources)
     "_mix_elastic",   # a mixture epoch re-planned for another topology
     "_mix_layout",    # a mixture's epochs: every slot's parts of every source
     "_mix_state",     # a mixture worker's state
