@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ from ._layout import Epochs, batch_limits, check_known, rows_dropped, rows_trimm
 from ._lease_pool import PoolSlots, SharedPool
 from ._options import Options, check_bool, check_even_batches, check_int, check_storage_arguments, validate_options
 from ._order import Slot, SlotGrid
+from ._plain_loader import LoaderWatch
 from ._planning import Plan
 from ._resume import checked_state, loaded_state, pending_for_epoch, replanned_epoch
 from ._retry import RetryPolicy, check_retry
@@ -199,6 +201,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._data_identity = check_data_identity(data_identity)   # what a loaded checkpoint must match (_identity)
         # shared, so that set_epoch reaches persistent workers
         self._epoch_cell = share(torch.zeros(1, dtype=torch.int64), "StructuredDataset: the epoch cell")
+        self._loader_watch = LoaderWatch("StructuredDataset")   # a loader that batches again, or cannot resume
         self._pending: WorkerState | None = None
         self._trim_watch = TrimWatch()   # warns when even_batches trims more than a batch of a worker
         self._active: EpochIterator | None = None
@@ -434,6 +437,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         return self._grid(info.num_workers).slot(self._rank, info.id)
 
     def __iter__(self) -> EpochIterator:
+        # a DataLoader of the user's with a batch_size of its own is refused, torch's plain one warned (_plain_loader)
+        self._loader_watch.check(self, sys._getframe(1))
         info = get_worker_info()
         if info is not None:  # before the worker's first message: see _shm
             guard_feeder(info.id)
