@@ -30,6 +30,8 @@ it is called there), so no mark set there could be read; and patching torch's fe
 loader of the process. The check compares code objects and the fetcher's dataset by identity: when a torch
 release moves the call, it finds no fetcher and stays silent rather than refuse wrongly, and
 tests/test_plain_loaders.py fails.
+
+:func:`no_random_access` is the error of ``dataset[i]`` and ``len(dataset)``, which are not offered yet.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from torch.utils.data._utils import fetch as _torch_fetch
 from torch.utils.data._utils import worker as _torch_worker
 
 from ._shm import share
-from .errors import InvalidArgumentError, PlainLoaderWarning
+from .errors import ArgumentTypeError, InvalidArgumentError, PlainLoaderWarning
 
 _FETCHER_INIT = _torch_fetch._IterableDatasetFetcher.__init__.__code__
 _CREATE_FETCHER = _torch_loader._DatasetKind.create_fetcher.__code__
@@ -107,3 +109,18 @@ def _asked_by_plain_torch(fetcher_frame: FrameType) -> bool:
         frame = frame.f_back
     return frame is not None and any(frame.f_code is code for code in _PLAIN_TORCH)
 
+
+def no_random_access(dataset: Any, asked: str, sizes: str) -> ArgumentTypeError:
+    """The error of ``len(dataset)`` (``asked`` starts with ``len(``) and ``dataset[i]``, naming what exists
+    today; ``sizes``: the dataset's own ways to its sizes. Cheap and never failing: ``list(dataset)`` asks
+    ``len()`` first (and takes a TypeError for "no length"), and so does a plain DataLoader's ``len(loader)``."""
+    name = type(dataset).__name__
+    loader = f"the loader {name}.create_dataloader(...) returns"
+    if asked.startswith("len("):
+        return ArgumentTypeError(
+            f"{asked}: {name} streams batches and has no len() yet (nor random access, dataset[i]); batches per "
+            f"epoch: len(loader) of {loader} (torch's len() of a plain DataLoader asks the dataset, hence this "
+            f"error), or {sizes}")
+    return ArgumentTypeError(
+        f"{asked}: {name} streams batches and has no random access yet; read its batches in order from {loader} "
+        f"(or `for batch in dataset`); batches per epoch: len(loader), or {sizes}")

@@ -27,7 +27,7 @@ from ._mix_state import EVEN, MixWorkerState, SourceCursor, SourceEpoch
 from ._mix_stream import MixSlot
 from ._options import Options, check_bool, check_even_batches, check_int, validate_options
 from ._order import even_batch_limits, natural_batches, rows_yielded
-from ._plain_loader import LoaderWatch
+from ._plain_loader import LoaderWatch, no_random_access
 from ._plan_cache import check_plan_cache
 from ._retry import RetryPolicy, check_retry
 from ._row_ids import check_row_id_names, with_row_id_fields
@@ -437,6 +437,22 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
             self._shuffle_as(shuffling)
             raise
         self._active = None
+
+    def __len__(self) -> int:
+        """Not yet: raises an :class:`~arrowstream.errors.ArgumentTypeError` (a ``TypeError``, which torch, tools
+        and ``list()`` take for "no length") that names ``len(loader)``, :meth:`num_batches` and :meth:`quotas`."""
+        raise no_random_access(self, "len(mixture)", self._sizes())
+
+    def __getitem__(self, index: Any) -> Any:
+        """Not yet: the mixture is read as a stream; raises an :class:`~arrowstream.errors.ArgumentTypeError`."""
+        raise no_random_access(self, f"mixture[{index!r:.40}]", self._sizes())
+
+    def _sizes(self) -> str:
+        return (f"mixture.num_batches(num_workers); rows per epoch: sum(mixture.quotas().values()) "
+                f"({sum(self._quotas.values()):,})")
+
+    def __bool__(self) -> bool:
+        return True   # not len(): a mixture is true, as it was before __len__ raised
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_pending": None, "_active": None,

@@ -4,7 +4,8 @@ A loader that batches the dataset's batches again (``batch_size`` not None: torc
 takes 1) is refused with an arrowstream error before the first batch, in every front door (a dataset, an
 Iceberg table, a mixture), with 0 or 2 workers, fork or spawn, persistent or not, torch's loader or
 torchdata's. With ``batch_size=None`` a plain ``StatefulDataLoader`` works silently and torch's plain
-``DataLoader`` works with one warning that it cannot resume.
+``DataLoader`` works with one warning that it cannot resume. ``dataset[i]`` and ``len(dataset)`` name what
+exists today, as ``TypeError``s, which torch, tools and ``list()`` take for "no length".
 """
 
 from __future__ import annotations
@@ -198,3 +199,29 @@ def test_stateful_loaders_are_not_warned(small_dataset, num_workers):
                 loader.dataset.set_epoch(epoch)
                 assert sorted(i for b in loader for i in ids_of(b)) == list(range(400))
 
+
+def test_dataset_index_and_len_say_what_exists_today(front_door):
+    name = type(front_door).__name__
+    for ask, pattern in ((lambda: front_door[0], r"\[0\]: \w+ streams batches and has no random access yet"),
+                         (lambda: len(front_door), r"len\(\w+\): \w+ streams batches and has no len\(\) yet")):
+        with pytest.raises(errors.ArgumentTypeError, match=pattern) as refused:
+            ask()
+        message = str(refused.value)
+        assert isinstance(refused.value, TypeError)
+        assert "len(loader)" in message and f"{name}.create_dataloader(...)" in message
+        assert ".num_batches(num_workers)" in message
+        assert ("num_rows" if isinstance(front_door, StructuredDataset) else "quotas()") in message
+
+
+def test_what_asks_for_a_length_still_works(small_dataset):
+    """``list()``, truth, torch's and torchdata's ``len(loader)`` (a TypeError: no length, as before) and the
+    length of create_dataloader's loader."""
+    dataset = StructuredDataset(small_dataset, batch_size=BATCH)
+    assert bool(dataset) and len(list(dataset)) == 7
+    for plain in (DataLoader(dataset, batch_size=None), StatefulDataLoader(dataset, batch_size=None)):
+        with pytest.raises(TypeError, match=r"len\(dataset\)"):
+            len(plain)
+    loader, built = make_loader(small_dataset, 2, batch_size=BATCH)
+    assert len(loader) == built.num_batches(2) == len(list(loader))
+    tqdm = pytest.importorskip("tqdm")
+    assert tqdm.tqdm(dataset, disable=True).total is None
