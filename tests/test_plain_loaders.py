@@ -26,7 +26,6 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from arrowstream import IcebergDataset, Mixture, PlainLoaderWarning, Source, StructuredDataset, errors
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 BATCH = 64
 REFUSED = r"batch_size: \w+ yields whole batches .*create_dataloader\(\.\.\.\), or pass batch_size=None"
 
@@ -40,7 +39,8 @@ def _quiet_torchdata():
 
 @pytest.fixture(params=["dataset", "iceberg", "mixture"])
 def front_door(request, tmp_path):
-    """What each front door builds directly: (the dataset, its class name, the ids of one epoch read alone)."""
+    """The dataset each front door builds directly: a dataset of 400 rows, an Iceberg table of 300, a mixture of
+    two sources taking 300 rows an epoch; batches of 64 rows."""
     path = write_dataset(tmp_path / "data", [(200, 100), (200, 100)])
     if request.param == "dataset":
         dataset = StructuredDataset(path, batch_size=BATCH)
