@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ from ._layout import Epochs, batch_limits, check_known, rows_dropped, rows_trimm
 from ._lease_pool import PoolSlots, SharedPool
 from ._options import Options, check_bool, check_even_batches, check_int, check_storage_arguments, validate_options
 from ._order import Slot, SlotGrid
+from ._plain_loader import LoaderWatch, no_random_access
 from ._planning import Plan
 from ._resume import checked_state, loaded_state, pending_for_epoch, replanned_epoch
 from ._retry import RetryPolicy, check_retry
@@ -199,6 +201,7 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._data_identity = check_data_identity(data_identity)   # what a loaded checkpoint must match (_identity)
         # shared, so that set_epoch reaches persistent workers
         self._epoch_cell = share(torch.zeros(1, dtype=torch.int64), "StructuredDataset: the epoch cell")
+        self._loader_watch = LoaderWatch("StructuredDataset")   # a loader that batches again, or cannot resume
         self._pending: WorkerState | None = None
         self._trim_watch = TrimWatch()   # warns when even_batches trims more than a batch of a worker
         self._active: EpochIterator | None = None
@@ -434,6 +437,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         return self._grid(info.num_workers).slot(self._rank, info.id)
 
     def __iter__(self) -> EpochIterator:
+        # a DataLoader of the user's with a batch_size of its own is refused, torch's plain one warned (_plain_loader)
+        self._loader_watch.check(self, sys._getframe(1))
         info = get_worker_info()
         if info is not None:  # before the worker's first message: see _shm
             guard_feeder(info.id)
@@ -543,6 +548,21 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         order (each with whether its loader had finished the epoch), for this topology."""
         self._epochs.elastic = replanned_epoch(self, epoch, world_size, num_workers, saved)
         self._pending, self._active = None, None
+
+    def __len__(self) -> int:
+        """Not yet: raises an :class:`~arrowstream.errors.ArgumentTypeError` (a ``TypeError``, which torch, tools
+        and ``list()`` take for "no length") that names ``len(loader)``, :meth:`num_batches` and :attr:`num_rows`."""
+        raise no_random_access(self, "len(dataset)", self._sizes())
+
+    def __getitem__(self, index: Any) -> Any:
+        """Not yet: the dataset is read as a stream; raises an :class:`~arrowstream.errors.ArgumentTypeError`."""
+        raise no_random_access(self, f"dataset[{index!r:.40}]", self._sizes())
+
+    def _sizes(self) -> str:
+        return f"dataset.num_batches(num_workers); rows: dataset.num_rows ({self._plan.num_rows:,}, before any filter)"
+
+    def __bool__(self) -> bool:
+        return True   # not len(): a dataset is true, as it was before __len__ raised
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_pending": None, "_active": None, "_source": self._source.for_workers()}

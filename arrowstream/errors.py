@@ -117,6 +117,19 @@ class TrimWarning(UserWarning):
     """
 
 
+class PlainLoaderWarning(UserWarning):
+    """torch's plain ``DataLoader`` (which has no ``state_dict``) reads an arrowstream dataset: the batches are
+    right, but the run cannot be checkpointed and resumed. Shown once per dataset (with workers, by worker 0, on
+    its stderr). Use ``create_dataloader``'s loader, or torchdata's ``StatefulDataLoader(dataset,
+    batch_size=None)``.
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("ignore", PlainLoaderWarning)  # a loop that does not resume, on purpose
+    """
+
+
 __all__ = [
     "ArgumentTypeError",
     "ArrowStreamError",
@@ -131,6 +144,7 @@ __all__ = [
     "MissingDependencyError",
     "NotSupportedYetError",
     "NullValueError",
+    "PlainLoaderWarning",
     "RepeatedEpochWarning",
     "SchemaMismatchError",
     "SharedMemoryError",

@@ -7,6 +7,7 @@ the mixture between epochs.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ from ._mix_state import EVEN, MixWorkerState, SourceCursor, SourceEpoch
 from ._mix_stream import MixSlot
 from ._options import Options, check_bool, check_even_batches, check_int, validate_options
 from ._order import even_batch_limits, natural_batches, rows_yielded
+from ._plain_loader import LoaderWatch, no_random_access
 from ._plan_cache import check_plan_cache
 from ._retry import RetryPolicy, check_retry
 from ._row_ids import check_row_id_names, with_row_id_fields
@@ -137,6 +139,7 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         # version 1 or 2 keeps that state's order (_adopt_saved)
         self._batch_order = EVEN
         self._epoch_cell = share(torch.zeros(1, dtype=torch.int64), "Mixture: the epoch cell")
+        self._loader_watch = LoaderWatch("Mixture")   # a loader that batches again, or cannot resume
         self._finished_epoch = -1   # epochs up to it were finished by a checkpoint loaded with another topology
         self._pending: MixWorkerState | None = None
         self._trim_watch = TrimWatch("mixture epoch")   # warns when even_batches trims more than a batch of a worker
@@ -391,6 +394,8 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
         self.use_pass_layout(pass_layout)
 
     def __iter__(self) -> MixIterator:
+        # a DataLoader of the user's with a batch_size of its own is refused, torch's plain one warned (_plain_loader)
+        self._loader_watch.check(self, sys._getframe(1))
         info = get_worker_info()
         if info is not None:
             guard_feeder(info.id)
@@ -432,6 +437,22 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
             self._shuffle_as(shuffling)
             raise
         self._active = None
+
+    def __len__(self) -> int:
+        """Not yet: raises an :class:`~arrowstream.errors.ArgumentTypeError` (a ``TypeError``, which torch, tools
+        and ``list()`` take for "no length") that names ``len(loader)``, :meth:`num_batches` and :meth:`quotas`."""
+        raise no_random_access(self, "len(mixture)", self._sizes())
+
+    def __getitem__(self, index: Any) -> Any:
+        """Not yet: the mixture is read as a stream; raises an :class:`~arrowstream.errors.ArgumentTypeError`."""
+        raise no_random_access(self, f"mixture[{index!r:.40}]", self._sizes())
+
+    def _sizes(self) -> str:
+        return (f"mixture.num_batches(num_workers); rows per epoch: sum(mixture.quotas().values()) "
+                f"({sum(self._quotas.values()):,})")
+
+    def __bool__(self) -> bool:
+        return True   # not len(): a mixture is true, as it was before __len__ raised
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_pending": None, "_active": None,
