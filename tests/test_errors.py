@@ -12,7 +12,9 @@ from collections import Counter
 import fsspec
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.csv
 import pyarrow.feather
+import pyarrow.orc
 import pyarrow.parquet as pq
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
@@ -68,6 +70,51 @@ def test_not_a_parquet_file(tmp_path):
     with pytest.raises(errors.CorruptFileError, match=r"readme\.txt.*not a readable Parquet file") as info:
         StructuredDataset(tmp_path)
     assert isinstance(info.value, ValueError)
+
+
+def _write_as(table: pa.Table, path, fmt: str) -> None:
+    """``table`` written as a file of format ``fmt`` at ``path`` (whatever its name says)."""
+    if fmt == "parquet":
+        pq.write_table(table, path)
+    elif fmt == "orc":
+        pyarrow.orc.write_table(table, str(path))
+    elif fmt == "arrow":
+        pyarrow.feather.write_feather(table, str(path))
+    elif fmt == "csv":
+        pyarrow.csv.write_csv(table, str(path))
+    else:
+        path.write_text("".join(json.dumps(row) + "\n" for row in table.to_pylist()))
+
+
+@pytest.mark.parametrize(("asked", "actual", "looks"), [
+    ("csv", "parquet", "a Parquet file"), ("csv", "orc", "an ORC file"), ("jsonl", "arrow", "an Arrow IPC"),
+    ("jsonl", "parquet", "a Parquet file"),   # text formats on binary files: not "line 2 is not a valid row"
+    ("parquet", "csv", "CSV"), ("parquet", "jsonl", "JSON Lines"), ("orc", "parquet", "a Parquet file"),
+    ("arrow", "csv", "CSV"), ("parquet", "orc", "an ORC file"),   # and the reverse: not "rewrite the file"
+])
+def test_a_wrong_format_names_the_format_the_file_looks_like(tmp_path, asked, actual, looks):
+    _write_as(pa.table({"id": list(range(50)), "text": [f"t{i}" for i in range(50)]}), tmp_path / "part-0.data",
+              actual)
+    label = {"csv": "CSV", "jsonl": "JSON Lines", "parquet": "Parquet", "orc": "ORC", "arrow": "Arrow IPC"}[asked]
+    with pytest.raises(errors.CorruptFileError) as info:
+        StructuredDataset(tmp_path, format=asked)
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path / 'part-0.data'}: not a readable {label} file (format={asked!r}): it "
+                              f"looks like {looks}"), message
+    assert f"pass format={actual!r}" in message and "not a valid" not in message and "bad_rows" not in message
+
+
+def test_a_compressed_text_file_without_its_suffix_and_text_that_starts_like_magic(tmp_path):
+    import gzip
+    (tmp_path / "a.csv").write_bytes(gzip.compress(b"id,x\n1,2\n"))
+    with pytest.raises(errors.CorruptFileError, match=r"a\.csv: not a readable CSV file \(format='csv'\): it looks "
+                       r"like a gzip-compressed file: if it holds CSV or JSON Lines, name it with a \.gz suffix"):
+        StructuredDataset(tmp_path, format="csv")
+    (tmp_path / "a.csv").write_bytes(b"ORCID,PAR1\nORC1,2\n")   # text that starts with a magic is text
+    assert StructuredDataset(tmp_path, format="csv").num_rows == 1
+    (tmp_path / "a.csv").unlink()
+    (tmp_path / "a.csv.gz").write_bytes(gzip.compress(b"id,x\n1,2\n"))
+    assert StructuredDataset(tmp_path, format="csv").num_rows == 1
 
 
 def test_truncated_file(tmp_path):
