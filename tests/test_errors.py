@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import functools
+import http.server
 import io
 import json
 import os
 import re
+import socket
+import threading
 from collections import Counter
 
 import fsspec
@@ -20,7 +23,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 from helpers import make_loader, make_table, write_dataset
 
-from arrowstream import StructuredDataset, errors
+from arrowstream import RetryPolicy, StructuredDataset, errors
 from arrowstream._torchdata_state import worker_state
 from arrowstream.testing import check_resume
 
@@ -30,6 +33,57 @@ def test_missing_path(tmp_path):
         StructuredDataset(tmp_path / "nope")
     assert isinstance(info.value, FileNotFoundError)
     assert "nope" in str(info.value)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class _QuietFiles(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_an_unreachable_url_is_not_called_missing(tmp_path, caplog):
+    """fsspec's HTTP filesystem reports a host it cannot reach as a missing file: the cause is named, and retried."""
+    pytest.importorskip("aiohttp")
+    url = f"http://127.0.0.1:{_free_port()}/data/part-0.parquet"   # nothing listens there
+    with pytest.raises(errors.FileReadError) as info:
+        StructuredDataset(url, retry=RetryPolicy(attempts=2, base_delay=0))
+    message = str(info.value)
+    assert not isinstance(info.value, FileNotFoundError) and "does not exist" not in message
+    assert message.startswith(f"{url}: storage could not be reached (on every attempt), 2 failed attempts"), message
+    assert "(last error: ClientConnectorError: Cannot connect to host 127.0.0.1" in message
+    assert "check the network connection" in message and "storage_options" in message
+    assert "unreachable): ClientConnectorError; retrying" in caplog.text
+    # a server that answers 404: missing it is
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietFiles, directory=str(tmp_path)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(errors.DatasetNotFoundError, match="does not exist"):
+            StructuredDataset(f"{base}/gone.parquet", retry=RetryPolicy(attempts=2, base_delay=0))
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_a_name_that_does_not_resolve_is_a_connection_failure_not_a_missing_file():
+    from arrowstream._failures import is_missing, is_transient, shown
+    try:
+        try:
+            raise socket.gaierror(-2, "Name or service not known")
+        except OSError as exc:
+            raise FileNotFoundError("https://no-such-host.invalid/x.parquet") from exc   # as fsspec's HTTP does
+    except FileNotFoundError as masked:
+        assert not is_missing(masked) and is_transient(masked)
+        assert shown(masked) == "gaierror: [Errno -2] Name or service not known"
+    plain = FileNotFoundError("s3://bucket/x.parquet")
+    assert is_missing(plain) and not is_transient(plain)
 
 
 def test_glob_matching_nothing(tmp_path):
