@@ -60,6 +60,16 @@ def add_state_arguments(parser: argparse.ArgumentParser) -> None:
         "show", help="what a checkpoint says: epoch, rows and batches consumed per rank and worker, share of the "
                      "epoch, options, topology")
     show.add_argument("ckpt", metavar="CKPT", help="a torch.save file or a .json file that holds a loader state")
+    show.add_argument("--path", default=None, metavar="DATA",
+                      help="the checkpoint's data (a file, directory, glob or URL): each rank's rows of the epoch "
+                           "and the column names then come from its plan (the dataset is built with the "
+                           "checkpoint's options)")
+    show.add_argument("--columns", default=None, help="with --path: the run's columns=, comma-separated, in its "
+                      "order (default: found among the data's columns by the state's hash)")
+    show.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                      help="with --path: an fsspec storage option, repeatable")
+    show.add_argument("--parse-option", action="append", default=[], metavar="KEY=VALUE",
+                      help="with --path: a CSV/JSON Lines parse option of the run, repeatable")
     show.add_argument("--json", action="store_true", help="print the description as JSON")
     show.add_argument("--at", default=None, metavar="PATH", help="the key path of the state to show, when the "
                       "checkpoint holds several (as the output names them, e.g. loaders[1])")

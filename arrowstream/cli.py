@@ -113,9 +113,9 @@ def _one_line(exc: BaseException) -> tuple[int, str]:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "state":
-        from . import _describe
+        from . import _state_show
 
-        return _describe.run_show(args)
+        return _state_show.run_show(args)
     if args.command == "inspect" and args.source:
         from . import _mix_inspect
 
