@@ -85,9 +85,9 @@ class Plan:
 
 
 def read_footer(storage: Storage, file_format: FileFormat, entry: FileEntry, filter: pc.Expression | None,
-                 filter_columns: list[str]) -> FileFooter:
+                 filter_columns: list[str], format_given: bool = True) -> FileFooter:
     """Read one file's metadata, retrying transient errors; name the file when it cannot be read or
-    announces counts that cannot be."""
+    announces counts that cannot be (and, where ``format_given`` by the user, which ``format=`` it looks like)."""
     url = display_url(storage.protocol, entry.path)
     try:
         footer = storage.call(lambda: file_format.inspect(storage, entry, filter, filter_columns), url)
@@ -95,7 +95,7 @@ def read_footer(storage: Storage, file_format: FileFormat, entry: FileEntry, fil
         raise
     except Exception as exc:  # backends raise their own types (Azure's HttpResponseError): classified
         error = wrap_read_error(exc, url, file_format.label)
-        if isinstance(error, CorruptFileError):   # a CSV file read as Parquet: say what it looks like
+        if format_given and isinstance(error, CorruptFileError):   # a CSV file read as Parquet: say what it looks like
             hint = sniff(storage, entry, file_format.name)
             if hint is not None:
                 error = CorruptFileError(f"{url}: {hint}")

@@ -454,3 +454,14 @@ def test_dynamic_assignment_over_positional_deletes_resumes_once_with_other_work
     fresh.load_state_dict(state)
     rest = [i for batch in fresh for i in batch["id"].tolist()]
     assert sorted(seen + rest) == kept and len(seen + rest) == remaining
+
+
+def test_a_data_file_that_is_not_its_format_gets_no_format_hint(catalog):
+    """A table names its data files' format: no `format=` to pass, so the error does not suggest one."""
+    catalog, config = catalog
+    catalog.create_table("db.events", schema=rows(0, 1).schema).append(rows(0, 30))
+    victim = data_files(catalog.load_table("db.events"))[0].removeprefix("file://")
+    Path(victim).write_bytes(b"id,score,name\n1,0.5,a\n")
+    with pytest.raises(errors.CorruptFileError, match=re.escape(Path(victim).name)) as info:
+        IcebergDataset("db.events", catalog_config=config)
+    assert "format=" not in str(info.value) and "looks like" not in str(info.value)
