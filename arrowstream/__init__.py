@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from ._checkpoint import gather_state_dict, merge_state_dicts
     from ._describe import describe_state, format_state
     from ._iceberg_table import default_catalog_config as iceberg_catalog_config
+    from ._iceberg_table import iceberg_catalog
     from ._metrics import gather_metrics
     from ._mix_loader import MixtureDataLoader
     from ._mix_sources import IcebergSource, Source
@@ -71,6 +72,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {  # name -> (module, attribute; None
     "format_state": ("._describe", "format_state"),
     "gather_metrics": ("._metrics", "gather_metrics"),
     "gather_state_dict": ("._checkpoint", "gather_state_dict"),
+    "iceberg_catalog": ("._iceberg_table", "iceberg_catalog"),
     "iceberg_catalog_config": ("._iceberg_table", "default_catalog_config"),
     "merge_state_dicts": ("._checkpoint", "merge_state_dicts"),
     "testing": (".testing", None),
@@ -130,6 +132,7 @@ __all__ = [
     "format_state",
     "gather_metrics",
     "gather_state_dict",
+    "iceberg_catalog",
     "iceberg_catalog_config",
     "merge_state_dicts",
     "testing",
