@@ -9,6 +9,7 @@ Example:
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from . import errors
@@ -40,6 +41,7 @@ from .errors import (
 
 if TYPE_CHECKING:
     from . import testing
+    from ._batch_types import DictBatch, NumpyBatch, TorchBatch
     from ._checkpoint import gather_state_dict, merge_state_dicts
     from ._describe import describe_state, format_state
     from ._iceberg_table import default_catalog_config as iceberg_catalog_config
@@ -61,13 +63,16 @@ __version__ = "0.2.0"
 # in a tenth of a second instead of the seconds torch takes. `from arrowstream import X` works as before.
 _LAZY: dict[str, tuple[str, str | None]] = {  # name -> (module, attribute; None: the module itself)
     "ArrowStreamDataLoader": (".loader", "ArrowStreamDataLoader"),
+    "DictBatch": ("._batch_types", "DictBatch"),
     "IcebergDataset": (".iceberg", "IcebergDataset"),
     "IcebergSource": ("._mix_sources", "IcebergSource"),
     "Mixture": (".mixture", "Mixture"),
     "MixtureDataLoader": ("._mix_loader", "MixtureDataLoader"),
+    "NumpyBatch": ("._batch_types", "NumpyBatch"),
     "RetryPolicy": ("._retry", "RetryPolicy"),
     "Source": ("._mix_sources", "Source"),
     "StructuredDataset": (".dataset", "StructuredDataset"),
+    "TorchBatch": ("._batch_types", "TorchBatch"),
     "describe_state": ("._describe", "describe_state"),
     "format_state": ("._describe", "format_state"),
     "gather_metrics": ("._metrics", "gather_metrics"),
@@ -91,7 +96,12 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    """The public API and the public submodules imported so far: not the names this module's own code uses
+    (``Any``, ``TYPE_CHECKING``, ``annotations``, ``importlib``), nor the private ones."""
+    submodules = {name for name, value in globals().items()
+                  if isinstance(value, ModuleType) and value.__name__.startswith(f"{__name__}.")
+                  and not name.startswith("_")}
+    return sorted(set(__all__) | submodules)
 
 
 __all__ = [
@@ -101,6 +111,7 @@ __all__ = [
     "ConversionError",
     "CorruptFileError",
     "DatasetNotFoundError",
+    "DictBatch",
     "EmptyDatasetError",
     "FileChangedError",
     "FileReadError",
@@ -113,6 +124,7 @@ __all__ = [
     "MixtureDataLoader",
     "NotSupportedYetError",
     "NullValueError",
+    "NumpyBatch",
     "RepeatedEpochWarning",
     "RetryPolicy",
     "SchemaMismatchError",
@@ -124,6 +136,7 @@ __all__ = [
     "StateVersionError",
     "StructuredDataset",
     "TopologyError",
+    "TorchBatch",
     "TrimWarning",
     "WorkerError",
     "__version__",
