@@ -81,7 +81,7 @@ def iceberg_catalog(catalog_config: dict[str, Any] | None = None) -> Any:
         The ``pyiceberg.catalog.Catalog``.
 
     Raises:
-        MissingDependencyError: pyiceberg is not installed (``pip install "arrowstream[iceberg]"``).
+        MissingDependencyError: pyiceberg is not installed (the message says how to install the iceberg extra).
         InvalidArgumentError: pyiceberg cannot load a catalog of these properties.
 
     Example:
