@@ -95,6 +95,11 @@ def dataset_for(description: dict[str, Any], args: Any) -> Any:
             "--path: the checkpoint's run had a filter, which the state holds as a hash only (no expression to "
             "build the dataset with); describe it in Python with describe_state(state, dataset=...) built with "
             "that filter")
+    if options.get("parse_options") is not None and not args.parse_option:
+        raise InvalidArgumentError(
+            "--parse-option: the checkpoint's run read its text files with parse options, which the state holds as "
+            f"a hash only ({options['parse_options']}); pass them as the run did (--parse-option KEY=VALUE, "
+            "repeatable)")
     kwargs: dict[str, Any] = {
         "format": options["format"], "batch_size": options["batch_size"],
         "shuffle": options["shuffle"], "seed": options["seed"], "shuffle_buffer_size": options["shuffle_buffer_size"],

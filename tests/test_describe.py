@@ -283,6 +283,21 @@ def test_state_show_with_the_data_counts_every_rank_and_names_the_columns(folder
     assert "\ncolumns: x, id\n" in capsys.readouterr().out
 
 
+def test_state_show_with_the_data_asks_for_the_runs_parse_options(tmp_path, capsys):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.csv").write_text("a;b\n" + "".join(f"{i};{i}\n" for i in range(40)))
+    loader, _ = StructuredDataset.create_dataloader(path=str(tmp_path / "data"), format="csv", batch_size=4,
+                                                    parse_options={"delimiter": ";"}, rank=1, world_size=2)
+    next(iter(loader))
+    path = tmp_path / "ckpt.json"
+    path.write_text(json.dumps(loader.state_dict()))
+    with pytest.raises(SystemExit):
+        cli.main(["state", "show", str(path), "--path", str(tmp_path / "data")])
+    assert "--parse-option: the checkpoint's run read its text files with parse options" in capsys.readouterr().err
+    assert cli.main(["state", "show", str(path), "--path", str(tmp_path / "data"), "--parse-option", "delimiter=;"]) == 0
+    assert "rank 1: epoch 0, 4 rows in 1 batches, 20.0% of 20 rows" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("case", ["missing", "no state", "not a checkpoint", "tampered"])
 def test_state_show_user_errors_are_one_line(folder, tmp_path, capsys, case):
     path = tmp_path / "ckpt.pt"
