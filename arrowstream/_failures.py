@@ -90,10 +90,11 @@ def is_permission(exc: BaseException) -> bool:
 
 def masked_connection_error(exc: BaseException) -> BaseException | None:
     """The connection failure behind a ``FileNotFoundError``, or None: fsspec's HTTP filesystem reports a
-    host it cannot reach (refused, no DNS, no network) as a missing file, the real error as its cause."""
-    if not isinstance(exc, FileNotFoundError):
+    host it cannot reach (refused, no DNS, no network) as a missing file, the real error as its cause
+    (``raise ... from``: an error merely being handled when the file was found missing does not count)."""
+    if not isinstance(exc, FileNotFoundError) or exc.__cause__ is None:
         return None
-    for error in _chain(exc)[1:]:
+    for error in _chain(exc.__cause__):
         if isinstance(error, (ConnectionError, TimeoutError, socket.gaierror)) or any(
                 k.__name__ in _CONNECTION_CLASSES for k in type(error).__mro__):
             return error

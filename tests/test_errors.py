@@ -84,6 +84,13 @@ def test_a_name_that_does_not_resolve_is_a_connection_failure_not_a_missing_file
         assert shown(masked) == "gaierror: [Errno -2] Name or service not known"
     plain = FileNotFoundError("s3://bucket/x.parquet")
     assert is_missing(plain) and not is_transient(plain)
+    try:
+        try:
+            raise TimeoutError("an earlier attempt")
+        except TimeoutError:
+            raise FileNotFoundError("s3://bucket/x.parquet")
+    except FileNotFoundError as missing:
+        assert is_missing(missing) and not is_transient(missing)
 
 
 def test_glob_matching_nothing(tmp_path):
