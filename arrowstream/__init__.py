@@ -9,6 +9,7 @@ Example:
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from . import errors
@@ -41,9 +42,11 @@ from .errors import (
 
 if TYPE_CHECKING:
     from . import testing
+    from ._batch_types import DictBatch, NumpyBatch, TorchBatch
     from ._checkpoint import gather_state_dict, merge_state_dicts
     from ._describe import describe_state, format_state
     from ._iceberg_table import default_catalog_config as iceberg_catalog_config
+    from ._iceberg_table import iceberg_catalog
     from ._metrics import gather_metrics
     from ._mix_loader import MixtureDataLoader
     from ._mix_sources import IcebergSource, Source
@@ -61,17 +64,21 @@ __version__ = "0.2.0"
 # in a tenth of a second instead of the seconds torch takes. `from arrowstream import X` works as before.
 _LAZY: dict[str, tuple[str, str | None]] = {  # name -> (module, attribute; None: the module itself)
     "ArrowStreamDataLoader": (".loader", "ArrowStreamDataLoader"),
+    "DictBatch": ("._batch_types", "DictBatch"),
     "IcebergDataset": (".iceberg", "IcebergDataset"),
     "IcebergSource": ("._mix_sources", "IcebergSource"),
     "Mixture": (".mixture", "Mixture"),
     "MixtureDataLoader": ("._mix_loader", "MixtureDataLoader"),
+    "NumpyBatch": ("._batch_types", "NumpyBatch"),
     "RetryPolicy": ("._retry", "RetryPolicy"),
     "Source": ("._mix_sources", "Source"),
     "StructuredDataset": (".dataset", "StructuredDataset"),
+    "TorchBatch": ("._batch_types", "TorchBatch"),
     "describe_state": ("._describe", "describe_state"),
     "format_state": ("._describe", "format_state"),
     "gather_metrics": ("._metrics", "gather_metrics"),
     "gather_state_dict": ("._checkpoint", "gather_state_dict"),
+    "iceberg_catalog": ("._iceberg_table", "iceberg_catalog"),
     "iceberg_catalog_config": ("._iceberg_table", "default_catalog_config"),
     "merge_state_dicts": ("._checkpoint", "merge_state_dicts"),
     "testing": (".testing", None),
@@ -90,7 +97,12 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    """The public API and the public submodules imported so far: not the names this module's own code uses
+    (``Any``, ``TYPE_CHECKING``, ``annotations``, ``importlib``), nor the private ones."""
+    submodules = {name for name, value in globals().items()
+                  if isinstance(value, ModuleType) and value.__name__.startswith(f"{__name__}.")
+                  and not name.startswith("_")}
+    return sorted(set(__all__) | submodules)
 
 
 __all__ = [
@@ -100,6 +112,7 @@ __all__ = [
     "ConversionError",
     "CorruptFileError",
     "DatasetNotFoundError",
+    "DictBatch",
     "EmptyDatasetError",
     "FileChangedError",
     "FileReadError",
@@ -112,6 +125,7 @@ __all__ = [
     "MixtureDataLoader",
     "NotSupportedYetError",
     "NullValueError",
+    "NumpyBatch",
     "PlainLoaderWarning",
     "RepeatedEpochWarning",
     "RetryPolicy",
@@ -124,6 +138,7 @@ __all__ = [
     "StateVersionError",
     "StructuredDataset",
     "TopologyError",
+    "TorchBatch",
     "TrimWarning",
     "WorkerError",
     "__version__",
@@ -132,6 +147,7 @@ __all__ = [
     "format_state",
     "gather_metrics",
     "gather_state_dict",
+    "iceberg_catalog",
     "iceberg_catalog_config",
     "merge_state_dicts",
     "testing",

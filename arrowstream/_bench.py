@@ -54,10 +54,17 @@ def raw_batches(dataset: Any, batch_size: int) -> Iterator[pa.RecordBatch]:
     yield from dataset._source.baseline_batches(dataset._plan, dataset._storage, batch_size)
 
 
+TEXT_BAR_SECONDS = 30.0   # a progress line in a log at least this often
+
+
 def progress_bar(total: int | None, label: str, quiet: bool = False) -> Any:
-    """A tqdm bar on stderr, or a stand-in that prints nothing when tqdm is missing or ``quiet``."""
+    """A tqdm bar on stderr when it is a terminal; else (piped to a log, tqdm missing) plain lines every
+    tenth of the way, since a bar redrawn with carriage returns is one endless line in a file; nothing
+    when ``quiet``."""
     if quiet:
         return _TextBar(total, label, quiet=True)
+    if not _is_terminal(sys.stderr):
+        return _TextBar(total, label)
     try:
         from tqdm import tqdm
     except ImportError:  # the cli extra is not installed: a line every tenth of the way
@@ -65,25 +72,40 @@ def progress_bar(total: int | None, label: str, quiet: bool = False) -> Any:
     return tqdm(total=total, desc=label, unit=" batches", file=sys.stderr, dynamic_ncols=True, leave=True)
 
 
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):   # no isatty, or closed
+        return False
+
+
 class _TextBar:
-    """What a progress bar says, as a line on stderr every tenth of ``total`` (every 1,000 without one)."""
+    """What a progress bar says, as a line on stderr every tenth of ``total`` (every 1,000 batches without
+    one) or every :data:`TEXT_BAR_SECONDS`, whichever comes first, and the last count at the end."""
 
     def __init__(self, total: int | None, label: str, quiet: bool = False) -> None:
         self.total, self.label, self.quiet = total, label, quiet
-        self.count, self.postfix = 0, ""
+        self.count, self.postfix, self._printed = 0, "", 0
         self._every = max(total // 10, 1) if total else 1000
+        self._last = time.monotonic()
 
     def update(self, n: int = 1) -> None:
         self.count += n
-        if not self.quiet and self.count % self._every == 0:
+        if self.count % self._every == 0 or time.monotonic() - self._last >= TEXT_BAR_SECONDS:
+            self._print()
+
+    def _print(self) -> None:
+        if not self.quiet:
             of = f"/{self.total}" if self.total else ""
-            print(f"{self.label}: {self.count}{of} batches {self.postfix}", file=sys.stderr, flush=True)
+            print(f"{self.label}: {self.count}{of} batches {self.postfix}".rstrip(), file=sys.stderr, flush=True)
+        self._printed, self._last = self.count, time.monotonic()
 
     def set_postfix_str(self, text: str) -> None:
         self.postfix = text
 
     def close(self) -> None:
-        pass
+        if self.count != self._printed:
+            self._print()
 
 
 def _rows_of(batch: Any) -> int:
@@ -196,16 +218,36 @@ def series(samples: list[dict[str, Any]]) -> dict[int, dict[str, list[float]]]:
     return out
 
 
-def plot(samples: list[dict[str, Any]], path: str, title: str) -> None:
-    """Two panels over the epoch: each worker's rows/s, and the share of its time spent idle."""
+MIN_MOVING_INTERVALS = 5   # intervals in which each worker's rows moved, for its line to show a rate over time
+
+
+def plot_note(samples: list[dict[str, Any]], seconds: float) -> str | None:
+    """Why the plot shows little (a short epoch: zeros between bursts) and what to do, or None when each
+    worker's rows moved in at least :data:`MIN_MOVING_INTERVALS` of the sampled intervals."""
+    lines = series(samples)
+    moving = min((sum(rate > 0 for rate in line["rows_per_s"]) for line in lines.values()), default=0)
+    if moving >= MIN_MOVING_INTERVALS:
+        return None
+    intervals = max((len(line["rows_per_s"]) for line in lines.values()), default=0)
+    return (f"the plot has little to show: the epoch took {seconds:.2f} s and a worker's rows moved in only "
+            f"{moving} of {intervals} sampled intervals (workers read ahead of the loop and count rows as they read "
+            "them, a row group at a time), so its line is zeros between bursts, not a rate; bench a longer epoch "
+            "(more data: seconds per worker, not fractions of one), or sample less often with --sample-every SECONDS")
+
+
+def plot(samples: list[dict[str, Any]], path: str, title: str, note: str | None = None) -> None:
+    """Two panels over the epoch: each worker's rows/s, and the share of its time spent idle; ``note`` (what
+    :func:`plot_note` says) is written under them."""
     check_plot(path)
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     lines = series(samples)
-    figure, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.8 if note else 6), sharex=True)
     for worker, line in sorted(lines.items()):
         top.plot(line["t"], line["rows_per_s"], marker=".", label=f"worker {worker}")
         bottom.plot(line["t"], np.array(line["idle_share"]) * 100, marker=".", label=f"worker {worker}")
@@ -217,7 +259,11 @@ def plot(samples: list[dict[str, Any]], path: str, title: str) -> None:
     bottom.set_ylim(-5, 105)
     bottom.set_xlabel("seconds since the loader was started")
     bottom.grid(alpha=0.3)
-    figure.tight_layout()
+    if note:
+        figure.text(0.01, 0.01, textwrap.fill(f"Note: {note}", 130), fontsize=8, color="tab:red", va="bottom")
+        figure.tight_layout(rect=(0, 0.09, 1, 1))
+    else:
+        figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
 
@@ -242,9 +288,13 @@ def run(args: argparse.Namespace) -> int:
                                    collate_fn=passthrough_collate, **extra)
     ours = time_loader(loader, dataset, args.sample_every, args.quiet)
     ratio = ours["rows_per_s"] / raw["rows_per_s"] if raw["rows_per_s"] else 0.0
+    note = plot_note(ours["samples"], ours["seconds"]) if args.plot else None
     if args.plot:
         plot(ours["samples"], args.plot,
-             f"arrowstream, {args.num_workers} workers, batch_size={args.batch_size}: {ours['rows_per_s']:,.0f} rows/s")
+             f"arrowstream, {args.num_workers} workers, batch_size={args.batch_size}: {ours['rows_per_s']:,.0f} rows/s",
+             note)
+    if note and args.json:   # stdout is the JSON
+        print(f"arrowstream: note: {note}", file=sys.stderr)
     if args.json:
         print(json.dumps({"raw": raw, "arrowstream": {k: v for k, v in ours.items() if k != "samples"},
                           "ratio": ratio, "samples": ours["samples"]}))
@@ -259,5 +309,5 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(worker_table(ours["metrics"]))
     if args.plot:
-        print(f"\nplot written to {args.plot}")
+        print(f"\nplot written to {args.plot}" + (f"\nnote: {note}" if note else ""))
     return 0

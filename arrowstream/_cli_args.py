@@ -12,21 +12,35 @@ import os
 from collections.abc import Callable
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help that states each option's default, ``(default: 1024)``, unless its text already says it or there
+    is none to state (a flag that is off, an option left out, a repeatable option)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help
+        if not text or "default" in text or not action.option_strings or action.default is argparse.SUPPRESS:
+            return text
+        if action.default is None or isinstance(action.default, (bool, list)):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     """The options that name a dataset, shared by ``inspect``, ``bench`` and ``plan``."""
     parser.add_argument("path", nargs="?", default=None,
                         help="a file, directory, glob or URL (s3://, gs://, az://, ...); omit with --iceberg-table")
     parser.add_argument("--format", default="parquet", help="parquet (default), orc, arrow, csv or jsonl")
     parser.add_argument("--columns", default=None, help="comma-separated columns to read (default: all)")
-    parser.add_argument("--batch-size", type=int, default=1024)
-    parser.add_argument("--split-bytes", type=int, default=None, help="target split size in bytes")
+    parser.add_argument("--batch-size", type=int, default=1024, help="rows per batch")
+    parser.add_argument("--split-bytes", type=int, default=None, help="target split size in bytes (default: one split per row group, stripe or "
+                        "record batch; 8 MiB stretches of CSV/JSON Lines)")
     parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
                         help="an fsspec storage option, repeatable (values parsed as JSON when they parse)")
     parser.add_argument("--parse-option", action="append", default=[], metavar="KEY=VALUE",
                         help="a CSV/JSON Lines parse option (see docs/formats.md), repeatable; values parsed as "
                              "JSON when they parse: --parse-option delimiter=';' --parse-option header=false")
     parser.add_argument("--iceberg-table", default=None, metavar="NAMESPACE.TABLE", help="read an Iceberg table")
-    parser.add_argument("--catalog-root", default=None,
+    parser.add_argument("--catalog-root", default=None, metavar="DIR",
                         help="the table's catalog: arrowstream's default (SQLite catalog + warehouse under DIR)")
     parser.add_argument("--catalog-config", default=None, metavar="FILE.json",
                         help="the table's catalog: pyiceberg catalog properties in a JSON file")
@@ -57,9 +71,19 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
 def add_state_arguments(parser: argparse.ArgumentParser) -> None:
     """``arrowstream state show CKPT``: what a checkpoint says (arrowstream._describe)."""
     show = parser.add_subparsers(dest="state_command", required=True).add_parser(
-        "show", help="what a checkpoint says: epoch, rows and batches consumed per rank and worker, share of the "
+        "show", formatter_class=HelpFormatter, help="what a checkpoint says: epoch, rows and batches consumed per rank and worker, share of the "
                      "epoch, options, topology")
     show.add_argument("ckpt", metavar="CKPT", help="a torch.save file or a .json file that holds a loader state")
+    show.add_argument("--path", default=None, metavar="DATA",
+                      help="the checkpoint's data (a file, directory, glob or URL): each rank's rows of the epoch "
+                           "and the column names then come from its plan (the dataset is built with the "
+                           "checkpoint's options)")
+    show.add_argument("--columns", default=None, help="with --path: the run's columns=, comma-separated, in its "
+                      "order (default: found among the data's columns by the state's hash)")
+    show.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                      help="with --path: an fsspec storage option, repeatable")
+    show.add_argument("--parse-option", action="append", default=[], metavar="KEY=VALUE",
+                      help="with --path: a CSV/JSON Lines parse option of the run, repeatable")
     show.add_argument("--json", action="store_true", help="print the description as JSON")
     show.add_argument("--at", default=None, metavar="PATH", help="the key path of the state to show, when the "
                       "checkpoint holds several (as the output names them, e.g. loaders[1])")

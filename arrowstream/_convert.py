@@ -25,7 +25,7 @@ from __future__ import annotations
 import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -40,6 +40,9 @@ from ._values import (
     to_objects,
 )
 from .errors import InvalidArgumentError, NullValueError
+
+if TYPE_CHECKING:
+    from ._batch_types import DictBatch, TorchBatch
 
 __all__ = ["OUTPUT_FORMATS", "GcPaused", "check_output_columns", "column_kind", "compact", "compact_array",
            "finish_objects", "make_converter", "make_value_check", "passthrough_collate", "resolve_fill_nulls",
@@ -288,8 +291,8 @@ def make_converter(output_format: str, schema: pa.Schema, fill_nulls: Mapping[st
                     for i, (name, kind, fill, encoded) in enumerate(plan)}
         return to_numpy
 
-    def to_torch(batch: pa.RecordBatch) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+    def to_torch(batch: pa.RecordBatch) -> TorchBatch:
+        out: TorchBatch = {}
         for i, (name, kind, fill, encoded) in enumerate(plan):
             value = _to_numpy(_column(batch, i, kind, name), kind, name, fill, to_torch=True, encoded=encoded)
             out[name] = value if kind == "list" else _tensor(value)
@@ -335,7 +338,7 @@ def compact(batch: pa.RecordBatch) -> pa.RecordBatch:
     return pa.concat_batches([batch, batch.slice(0, 0)])
 
 
-def to_pydict_quietly(batch: pa.RecordBatch) -> dict[str, list[Any]]:
+def to_pydict_quietly(batch: pa.RecordBatch) -> DictBatch:
     """The batch as Python lists by column (see :func:`._values.to_objects`)."""
     return {name: to_objects(_column(batch, i, column_kind(fld.type), name), name)
             for i, (name, fld) in enumerate(zip(batch.schema.names, batch.schema))}

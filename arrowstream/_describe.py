@@ -35,6 +35,9 @@ from .errors import InvalidArgumentError, StateError, StateMismatchError
 
 KINDS = (LOADER_KIND, CHECKPOINT_KIND, MIX_LOADER_KIND, MIX_CHECKPOINT_KIND)
 UNKNOWN = "unknown without the data"
+# how to give the data, for the Python API and for the command line (both print the same notes)
+GIVE_THE_DATA = "describe_state(state, dataset=...) or arrowstream state show CKPT --path DATA"
+HASHED = ("columns", "filter", "parse_options")   # options a state holds as a hash only, to stay small
 _MAX_DEPTH = 64
 
 
@@ -248,6 +251,9 @@ def _describe_dataset_state(state: dict[str, Any], dataset: Any) -> dict[str, An
     }
     if dataset is not None:
         _check_dataset(dataset, every_worker, ledgers)
+    # the state holds a hash of the columns read: the dataset (checked to match it) knows their names
+    columns = None if dataset is None else dataset._options.columns
+    description["column_names"] = None if columns is None or options.get("columns") is None else list(columns)
     _shares(description, dataset)
     return description
 
@@ -286,7 +292,7 @@ def _epoch_rows(description: dict[str, Any], dataset: Any) -> tuple[list[int | N
     if topology["world_size"] == 1 and description["data"] is not None and not options.get("drop_last"):
         return [description["data"]["num_rows"]], None
     return [None] * len(description["ranks"]), ("each rank's rows of the epoch follow from the plan, "
-                                                f"{UNKNOWN} (pass dataset=)")
+                                                f"{UNKNOWN}: give it with {GIVE_THE_DATA}")
 
 
 def _dynamic_rows(description: dict[str, Any]) -> tuple[list[int | None], str | None]:
@@ -396,7 +402,7 @@ def _describe_mixture(state: dict[str, Any]) -> dict[str, Any]:
                     "epoch_rows": epoch_rows, "sources": sources,
                     "history": [] if first is None else [[e, dict(q)] for e, q in first.history],
                     "replanned": first is not None and first.elastic is not None},
-        "data": None, "elastic": None, "ranks": ranks,
+        "data": None, "elastic": None, "column_names": None, "ranks": ranks,
         "rows": sum(r["rows"] for r in ranks), "batches": sum(r["batches"] for r in ranks),
         "epoch_rows": epoch_rows if whole else None, "share": share,
         "share_note": None if share is not None else
@@ -442,7 +448,9 @@ def format_state(description: dict[str, Any]) -> str:
                  f"{topology['ranks_in_state']} (group_size is not recorded)")
     lines.append(f"source: {d['source']}, assignment {d['assignment']}")
     if d["options"]:
-        lines.append("options: " + ", ".join(f"{k}={v}" for k, v in d["options"].items()))
+        lines.append("options: " + ", ".join(f"{k}={v}" for k, v in d["options"].items()
+                                             if k not in HASHED or v is None))
+        lines += _hashed_lines(d)
     if d.get("data"):
         data = d["data"]
         snapshot = "" if data.get("snapshot_id") is None else \
@@ -459,6 +467,21 @@ def format_state(description: dict[str, Any]) -> str:
     for rank in d["ranks"]:
         lines += _rank_lines(rank)
     return "\n".join(lines)
+
+
+def _hashed_lines(description: dict[str, Any]) -> list[str]:
+    """The options a state holds as a hash (columns, filter, parse options): the names where known."""
+    lines, options = [], description["options"]
+    if options.get("columns") is not None:
+        names = description.get("column_names")
+        lines.append(f"columns: {', '.join(names)}" if names else
+                     f"columns: hash {options['columns']} (names not stored in the state; give the data to name them: "
+                     f"{GIVE_THE_DATA})")
+    if options.get("filter") is not None:
+        lines.append(f"filter: hash {options['filter']} (the expression is not stored in the state)")
+    if options.get("parse_options") is not None:
+        lines.append(f"parse_options: hash {options['parse_options']} (not stored in the state)")
+    return lines
 
 
 def _mixture_lines(mixture: dict[str, Any]) -> list[str]:
@@ -497,58 +520,3 @@ def _rank_lines(rank: dict[str, Any]) -> list[str]:
     if rank.get("pending_skip"):
         lines.append(f"  pending skip: the next {rank['pending_skip']:,} batch(es)")
     return lines
-
-
-# -- arrowstream state show CKPT --------------------------------------------------------------------
-
-
-def load_checkpoint_file(path: str, trust_pickle: bool = False) -> Any:
-    """The object a checkpoint file holds: JSON for ``.json``, else ``torch.load(weights_only=True)`` (a
-    state is JSON types, which it loads), falling back to JSON for a file torch does not read."""
-    import os
-    import pickle
-
-    from .errors import InvalidArgumentError
-
-    if not os.path.isfile(path):
-        raise InvalidArgumentError(f"CKPT: no such file {shorten(path)}; give a torch.save file or a .json file "
-                                   "that holds loader.state_dict()")
-    if path.endswith(".json"):
-        return _load_json(path)
-    import torch
-
-    try:
-        return torch.load(path, map_location="cpu", weights_only=not trust_pickle)
-    except pickle.UnpicklingError as exc:
-        text = " ".join(str(exc).split())
-        reason = text.partition("WeightsUnpickler error:")[2].strip() or text
-        if "Unsupported global" not in reason:  # not a pickle torch wrote: maybe JSON without its suffix
-            return _load_json(path, f" nor a torch.save file ({shorten(reason, 120)})")
-        raise InvalidArgumentError(
-            f"CKPT: {shorten(path)} holds objects that torch.load(weights_only=True) refuses "
-            f"({shorten(reason.split(' was not an allowed')[0], 160)}); if you trust the file, pass --trust-pickle, "
-            "or save the loader state where torch.load(weights_only=True) reads it") from None
-    except (AttributeError, ImportError) as exc:  # --trust-pickle: a class of the script that saved it
-        raise InvalidArgumentError(f"CKPT: unpickling {shorten(path)} needs code this process does not have "
-                                   f"({shorten(str(exc), 120)}); save the loader state where "
-                                   "torch.load(weights_only=True) reads it") from None
-    except (RuntimeError, EOFError, OSError) as exc:
-        return _load_json(path, f" nor a torch.save file ({shorten(' '.join(str(exc).split()), 120)})")
-
-
-def _load_json(path: str, why: str = "") -> Any:
-    from .errors import InvalidArgumentError
-
-    try:
-        with open(path, encoding="utf-8") as file:
-            return json.load(file)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidArgumentError(f"CKPT: {shorten(path)} is not JSON ({shorten(str(exc), 120)}){why}; give a "
-                                   "torch.save file or a .json file that holds loader.state_dict()") from None
-
-
-def run_show(args: Any) -> int:
-    """``arrowstream state show CKPT [--json] [--at PATH]``."""
-    description = describe_state(load_checkpoint_file(args.ckpt, args.trust_pickle), at=args.at)
-    print(json.dumps(description, indent=2) if args.json else format_state(description))
-    return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import math
+import socket
 import time
 from typing import Any
 
@@ -39,6 +40,11 @@ _PERMISSION_MARKERS = ("forbidden", "access denied", "accessdenied", "authorizat
                        "unauthorized", "invalidaccesskeyid", "signaturedoesnotmatch", "permission denied")
 _EXPIRED_MARKERS = ("expiredtoken", "token has expired", "token is expired", "expired token", "invalid_grant",
                     "requestexpired")
+
+
+# connection failures by class name, for clients arrowstream does not import (aiohttp, botocore, requests)
+_CONNECTION_CLASSES = frozenset({"ClientConnectionError", "ClientConnectorError", "ServerTimeoutError",
+                                 "EndpointConnectionError", "ConnectTimeoutError", "ConnectTimeout"})
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
@@ -82,12 +88,35 @@ def is_permission(exc: BaseException) -> bool:
     return any(marker in _text(exc) for marker in _PERMISSION_MARKERS)
 
 
+def masked_connection_error(exc: BaseException) -> BaseException | None:
+    """The connection failure behind a ``FileNotFoundError``, or None: fsspec's HTTP filesystem reports a
+    host it cannot reach (refused, no DNS, no network) as a missing file, the real error as its cause
+    (``raise ... from``: an error merely being handled when the file was found missing does not count)."""
+    if not isinstance(exc, FileNotFoundError) or exc.__cause__ is None:
+        return None
+    for error in _chain(exc.__cause__):
+        if isinstance(error, (ConnectionError, TimeoutError, socket.gaierror)) or any(
+                k.__name__ in _CONNECTION_CLASSES for k in type(error).__mro__):
+            return error
+    return None
+
+
+def shown(exc: BaseException) -> str:
+    """``Type: message`` of the error a user should see: the connection failure a "not found" hides."""
+    error = masked_connection_error(exc) or exc
+    return f"{type(error).__name__}: {error}".splitlines()[0]
+
+
 def is_missing(exc: BaseException) -> bool:
+    if masked_connection_error(exc) is not None:
+        return False   # the host could not be reached: whether the file exists is not known
     return isinstance(exc, FileNotFoundError) or http_status(exc) == 404
 
 
 def is_transient(exc: BaseException) -> bool:
     """True for storage errors worth retrying: resets, timeouts, throttling, 5xx, short reads."""
+    if masked_connection_error(exc) is not None:
+        return True    # connection failures are retried, whatever the client called them
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, ArrowStreamError)):
         return False   # an arrowstream error (a file changed since planning) already says what happened
     if is_expired_credentials(exc):
@@ -177,7 +206,7 @@ def parse_seconds(value: Any) -> float | None:
 
 def wrap_read_error(exc: BaseException, url: str, label: str = "Parquet") -> BaseException:
     """Turn a failed read into an arrowstream error that names the file and says what to do."""
-    what = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    what = shown(exc)
     if is_expired_credentials(exc):
         return FileReadError(f"{url}: the storage credentials expired ({what}); pass credential_provider= to "
                              "refresh them during a run (see docs/storage.md)")

@@ -265,7 +265,8 @@ def _read_files(source: IcebergSource, storage: IcebergStorage, tasks: list[Any]
 
     def read(index: int) -> FileFooter:
         try:
-            return read_footer(storage, get_format(formats[index]), entries[index], None, [])
+            # False: the table names the format of its data files, no format= to hint at (format_given)
+            return read_footer(storage, get_format(formats[index]), entries[index], None, [], False)
         except FileReadError as exc:
             if exc.__cause__ is None or not is_missing(exc.__cause__):
                 raise

@@ -1,6 +1,7 @@
 """Iceberg tables: the catalog, the table, and one pinned snapshot with its schema, filter and projection.
 
-:func:`load_table` asks a pyiceberg catalog for the table; :func:`open_source` pins the snapshot and
+:func:`iceberg_catalog` opens a pyiceberg catalog (public: a user's script creates tables through it
+without importing pyiceberg first), :func:`load_table` asks it for the table; :func:`open_source` pins the snapshot and
 the schema the rows are read in (as pyiceberg does: the current snapshot in the table's current
 schema, an explicit one in its own, a checkpoint's schema over both), binds the row filter and the
 selected fields. The :class:`IcebergSource` it returns is what ``_iceberg.plan_iceberg`` plans.
@@ -66,21 +67,58 @@ class IcebergSource:
             yield from sliced(batch, batch_size)
 
 
-def load_table(table_name: str, catalog_config: dict[str, Any] | None) -> Any:
+def iceberg_catalog(catalog_config: dict[str, Any] | None = None) -> Any:
+    """The pyiceberg catalog that ``catalog_config`` names, as :class:`~arrowstream.IcebergDataset` opens it:
+    to create namespaces and tables and append rows without importing pyiceberg first, so that a missing
+    pyiceberg is a ``MissingDependencyError`` that says what to install.
+
+    Args:
+        catalog_config: pyiceberg's catalog properties (``{"type": "sql", "uri": ..., "warehouse": ...}``,
+            a REST, Glue or Hive catalog); ``"name"`` names it (default ``"default"``). ``None``: the default
+            SQLite catalog under the current folder (:func:`~arrowstream.iceberg_catalog_config`).
+
+    Returns:
+        The ``pyiceberg.catalog.Catalog``.
+
+    Raises:
+        MissingDependencyError: pyiceberg is not installed (the message says how to install the iceberg extra).
+        InvalidArgumentError: pyiceberg cannot load a catalog of these properties.
+
+    Example:
+        >>> import arrowstream, pyarrow as pa, tempfile
+        >>> config = arrowstream.iceberg_catalog_config(tempfile.mkdtemp())
+        >>> catalog = arrowstream.iceberg_catalog(config)
+        >>> catalog.create_namespace("db")
+        >>> events = pa.table({"x": pa.array(range(10), pa.int64())})
+        >>> catalog.create_table("db.events", schema=events.schema).append(events)
+        >>> arrowstream.IcebergDataset("db.events", catalog_config=config).num_rows
+        10
+    """
+    return _catalog(catalog_config)[1]
+
+
+def _catalog(catalog_config: dict[str, Any] | None) -> tuple[str, Any]:
+    """The catalog's name and the catalog."""
     import_pyiceberg()
     from pyiceberg.catalog import load_catalog
-    from pyiceberg.exceptions import NoSuchTableError
 
-    if not isinstance(table_name, str) or not table_name:
-        raise InvalidArgumentError(f"table: expected a table identifier such as 'db.events', got {table_name!r}")
     config = dict(catalog_config if catalog_config is not None else default_catalog_config())
     name = str(config.pop("name", "default"))
     try:
-        catalog = load_catalog(name, **config)
+        return name, load_catalog(name, **config)
     except (ValueError, ImportError) as exc:
         raise InvalidArgumentError(
             f"catalog_config: pyiceberg cannot load catalog {name!r} of type {config.get('type')!r} ({exc}); "
             "see pyiceberg's catalog configuration (sql, rest, glue, hive)") from None
+
+
+def load_table(table_name: str, catalog_config: dict[str, Any] | None) -> Any:
+    import_pyiceberg()
+    from pyiceberg.exceptions import NoSuchTableError
+
+    if not isinstance(table_name, str) or not table_name:
+        raise InvalidArgumentError(f"table: expected a table identifier such as 'db.events', got {table_name!r}")
+    name, catalog = _catalog(catalog_config)
     try:
         return catalog.load_table(table_name)
     except NoSuchTableError:

@@ -28,8 +28,9 @@ from ._hashing import fingerprint  # noqa: F401 (also importable from here, its 
 from ._pinned import local_version
 from ._plan_checks import _check_columns, _check_names, _check_schemas, check_filter
 from ._plan_types import PLANNING_VERSION, Split, SplitTable  # noqa: F401 (Split: also importable from here)
+from ._sniff import sniff
 from ._storage import Storage, display_url
-from .errors import ArrowStreamError, EmptyDatasetError
+from .errors import ArrowStreamError, CorruptFileError, EmptyDatasetError
 
 if TYPE_CHECKING:
     from ._plan_cache import PlanCache
@@ -84,16 +85,21 @@ class Plan:
 
 
 def read_footer(storage: Storage, file_format: FileFormat, entry: FileEntry, filter: pc.Expression | None,
-                 filter_columns: list[str]) -> FileFooter:
+                 filter_columns: list[str], format_given: bool = True) -> FileFooter:
     """Read one file's metadata, retrying transient errors; name the file when it cannot be read or
-    announces counts that cannot be."""
+    announces counts that cannot be (and, where ``format_given`` by the user, which ``format=`` it looks like)."""
     url = display_url(storage.protocol, entry.path)
     try:
         footer = storage.call(lambda: file_format.inspect(storage, entry, filter, filter_columns), url)
     except ArrowStreamError:
         raise
     except Exception as exc:  # backends raise their own types (Azure's HttpResponseError): classified
-        raise wrap_read_error(exc, url, file_format.label) from exc
+        error = wrap_read_error(exc, url, file_format.label)
+        if format_given and isinstance(error, CorruptFileError):   # a CSV file read as Parquet: say what it looks like
+            hint = sniff(storage, entry, file_format.name)
+            if hint is not None:
+                error = CorruptFileError(f"{url}: {hint}")
+        raise error from exc
     check_counts(footer, url, file_format.label, file_format.unit)
     _check_names(footer.schema, url, file_format.label)
     return footer

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from ._failures import failure_kind, is_expired_credentials, is_transient, retry_after, throttle_label
+from ._failures import failure_kind, is_expired_credentials, is_transient, retry_after, shown, throttle_label
 from .errors import ArgumentTypeError, ArrowStreamError, FileReadError, InvalidArgumentError
 
 logger = logging.getLogger("arrowstream")
@@ -231,13 +231,13 @@ class Attempts:
             raise FileReadError(self.message(exc, f"; the deadline of {self.deadline:g} s per {self.per} "
                                                   "was reached")) from exc
         logger.warning("transient error on %s (attempt %d of %d, %s): %s; retrying in %.2f s", self.what,
-                       self.in_a_row, self.policy.attempts, self.kinds[-1], type(exc).__name__, wait)
+                       self.in_a_row, self.policy.attempts, self.kinds[-1], shown(exc).partition(":")[0], wait)
         self.spent += wait
         return wait
 
     def message(self, exc: BaseException, why: str) -> str:
         """What happened, in terms a user acts on: the kind of failure, how often, how long, the knob."""
-        last = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        last = shown(exc)[:300]
         kind = self.kinds[-1]
         every = "on every attempt" if all(k == kind for k in self.kinds) else "on the last attempt"
         tried = f"{self.total} failed attempt{'s' if self.total > 1 else ''} over {self.spent:.1f} s"
@@ -253,6 +253,9 @@ class Attempts:
                       "with retry=arrowstream.RetryPolicy(deadline=..., throttle_delay=...)")
         elif kind == "unreachable":
             what = f"storage could not be reached ({every}), {tried}"
+            remedy = ("check the network connection (and any proxy), the host and port in the URL, or the endpoint "
+                      "in storage_options; if the store is only restarting, allow more with "
+                      "retry=arrowstream.RetryPolicy(attempts=..., deadline=...)")
         elif kind == "incomplete":
             what = f"the store sent bodies cut short or failing their checksum ({every}), {tried}"
         else:

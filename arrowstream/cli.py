@@ -18,6 +18,7 @@ import os
 import sys
 
 from ._cli_args import (
+    HelpFormatter,
     add_mixture_arguments,
     add_plan_arguments,
     add_source_arguments,
@@ -34,19 +35,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="arrowstream", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="train on a generated dataset, interrupt, resume, prove exactly-once")
+    demo = commands.add_parser("demo", formatter_class=HelpFormatter, help="train on a generated dataset, interrupt, resume, prove exactly-once")
     demo.add_argument("--rows", type=whole(1), default=200_000, help="rows in the generated dataset")
     demo.add_argument("--workers", type=whole(0), default=2, help="loader workers")
-    demo.add_argument("--batch-size", type=whole(1), default=1024)
+    demo.add_argument("--batch-size", type=whole(1), default=1024, help="rows per batch")
     demo.add_argument("--dir", default=None, help="where to write the dataset and checkpoint (default: a temp dir)")
     demo.add_argument("--phase", choices=["train", "resume"], default=None, help=argparse.SUPPRESS)
     demo.add_argument("--stop-at", type=fraction, default=0.4, help="fraction of epoch 0 after which to checkpoint")
-    demo.add_argument("--epochs", type=whole(1), default=2)
+    demo.add_argument("--epochs", type=whole(1), default=2, help="epochs to train")
     demo.add_argument("--mixture", action="store_true",
                       help="three sources in a weighted mixture: exact quotas, passes across epochs, exact resume")
     demo.add_argument("--iceberg", action="store_true",
                       help="read an Iceberg table (SQLite catalog, local warehouse) instead of Parquet files")
-    inspect = commands.add_parser("inspect", help="what a loader will do with this data: files, rows, schema, "
+    inspect = commands.add_parser("inspect", formatter_class=HelpFormatter, help="what a loader will do with this data: files, rows, schema, "
                                   "splits, rows and batches per rank and worker")
     add_source_arguments(inspect)
     inspect.add_argument("--world-size", type=int, default=1, help="ranks (default 1)")
@@ -55,13 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     inspect.add_argument("--no-even-batches", action="store_true", help="let ranks yield different batch counts")
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
     add_mixture_arguments(inspect)
-    bench = commands.add_parser("bench", help="throughput on this data against the raw pyarrow loop, per-worker "
+    bench = commands.add_parser("bench", formatter_class=HelpFormatter, help="throughput on this data against the raw pyarrow loop, per-worker "
                                 "metrics, and a plot of them over time")
     add_source_arguments(bench)
     bench.add_argument("--num-workers", type=int, default=2, help="loader workers (default 2)")
     bench.add_argument("--shuffle", action="store_true",
                        help="shuffle=True: splits in a seeded order, rows through the default record buffer (--seed)")
-    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--seed", type=int, default=0, help="the shuffle's seed")
     bench.add_argument("--assignment", choices=["static", "dynamic"], default="static",
                        help="how workers get their rows: the plan's splits (static, default) or leases taken as "
                             "they finish (dynamic, batches as they are ready); see docs/stragglers.md")
@@ -72,10 +73,10 @@ def main(argv: list[str] | None = None) -> int:
                        help="draw each worker's rows/s and idle share over time (needs matplotlib)")
     bench.add_argument("--json", action="store_true", help="print the results as JSON (metrics samples included)")
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
-    plan = commands.add_parser("plan", help="build the plan cache entry of a dataset ahead of a job (list once, "
+    plan = commands.add_parser("plan", formatter_class=HelpFormatter, help="build the plan cache entry of a dataset ahead of a job (list once, "
                                "read every footer), and print what it holds")
     add_plan_arguments(plan)
-    add_state_arguments(commands.add_parser("state", help="look inside a checkpoint"))
+    add_state_arguments(commands.add_parser("state", formatter_class=HelpFormatter, help="look inside a checkpoint"))
     _add_traceback_option(parser, commands)
     args = parser.parse_args(argv)
     try:
@@ -113,9 +114,9 @@ def _one_line(exc: BaseException) -> tuple[int, str]:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "state":
-        from . import _describe
+        from . import _state_show
 
-        return _describe.run_show(args)
+        return _state_show.run_show(args)
     if args.command == "inspect" and args.source:
         from . import _mix_inspect
 

@@ -79,6 +79,10 @@ from .errors import ArgumentTypeError, InvalidArgumentError, StateError, StateMi
 class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
     """The loader :meth:`StructuredDataset.create_dataloader` returns; see the module docstring.
 
+    Its batches are ``Any`` to mypy (their type follows ``output_format``, ``transform`` and ``collate_fn``,
+    chosen at run time): declare the loop variable as :data:`arrowstream.TorchBatch` (``NumpyBatch``,
+    ``DictBatch``, ``pyarrow.RecordBatch``) to have ``batch["x"]`` checked.
+
     Args:
         batches_per_transfer: With workers, how many consecutive batches of one worker travel
             to the trainer in one message (see ``arrowstream._transport``); by default as many as

@@ -231,6 +231,43 @@ def test_bench_samples_a_short_epoch_often_enough_to_plot(skewed):
     assert [s["batches"] for s in result["samples"]][:3] == [1, 2, 4]   # a sample every 2 batches: one per worker
 
 
+def test_bench_on_a_short_epoch_says_why_the_plot_is_flat_and_what_to_do(skewed, tmp_path):
+    """57 batches in a fraction of a second: the workers read ahead, so their lines are zeros between bursts;
+    the report and the figure say so, with the way out (a longer epoch, --sample-every)."""
+    from arrowstream._bench import plot_note
+
+    plot = tmp_path / "workers.png"
+    out = arrowstream_cli("bench", skewed, "--num-workers", "2", "--quiet", "--plot", str(plot))
+    note = out.split("\nnote: ", 1)[1]
+    assert note.startswith("the plot has little to show: the epoch took ") and "zeros between bursts" in note
+    assert "bench a longer epoch" in note and "--sample-every SECONDS" in note and plot.stat().st_size > 10_000
+    worker = [{"worker": 0, "rows": 0, "idle_s": 0.0, "read_s": 0.0, "convert_s": 0.0}]
+    steady = [{"t": t, "metrics": {"workers": [{**worker[0], "rows": 1000 * t, "read_s": t / 2}]}} for t in range(9)]
+    assert plot_note(steady, 8.0) is None   # rows in each interval: a rate to draw
+
+
+def test_bench_piped_to_a_log_prints_plain_progress_lines(skewed):
+    """stderr is not a terminal (a log file, CI): lines, not one bar redrawn with carriage returns."""
+    result = subprocess.run([sys.executable, "-m", "arrowstream", "bench", skewed, "--num-workers", "0",
+                             "--batch-size", "1000"], capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "\r" not in result.stderr, result.stderr[:300]
+    lines = result.stderr.splitlines()
+    assert lines[0] == "pyarrow: 57 batches", lines
+    assert [line.split(" batches")[0] for line in lines[1:]] == [f"arrowstream: {n}/57" for n in (*range(5, 56, 5), 57)]
+
+
+def test_bench_help_states_the_defaults(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for option, default in (("--batch-size BATCH_SIZE rows per batch", "1024"), ("--seed SEED the shuffle's seed", "0"),
+                            ("--num-workers NUM_WORKERS loader workers", "2")):
+        assert re.search(rf"{re.escape(option)} \(default:? {default}\)", text), option
+    assert "--split-bytes SPLIT_BYTES target split size in bytes (default: one split per row group" in text
+    assert "(default: False)" not in text and "(default: None)" not in text and "(default: [])" not in text
+
+
 def test_inspect_and_bench_read_csv_with_parse_options(tmp_path):
     path = tmp_path / "data.txt"
     path.write_text("# exported\n" + "".join(f"{i};{i * 0.5};name {i}\n" for i in range(3000)))

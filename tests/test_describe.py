@@ -244,6 +244,60 @@ def test_state_show_on_a_torch_save_file_and_as_json(folder, tmp_path, capsys):
     assert cli.main(["state", "show", str(as_json)]) == 0 and "found at: loader" in capsys.readouterr().out
 
 
+def test_state_show_with_the_data_counts_every_rank_and_names_the_columns(folder, tmp_path, capsys):
+    """Without the data: what the CLI can do (--path), and the columns as a hash said to be one; with --path the
+    share of a 2-rank checkpoint and the column names (found by the hash, or checked against --columns)."""
+    states, rows = [], 0
+    for rank in range(2):
+        loader, _ = loader_of(folder, rank=rank, world_size=2, columns=["id"])
+        rows += take(iter(loader), 2)
+        states.append(loader.state_dict())
+    path = tmp_path / "ckpt.pt"
+    torch.save({"loader": arrowstream.merge_state_dicts(states)}, path)
+    assert cli.main(["state", "show", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "pass dataset=)" not in text and "? of ? rows" in text and "state show CKPT --path DATA" in text
+    digest = describe_state(states[0])["options"]["columns"]
+    assert f"columns: hash {digest} (names not stored in the state" in text and f"columns={digest}" not in text
+    _, dataset = loader_of(folder, rank=0, world_size=2, columns=["id"])
+    known = describe_state(arrowstream.merge_state_dicts(states), dataset=dataset)   # the Python way
+    assert known["column_names"] == ["id"] and known["share"] == pytest.approx(rows / known["epoch_rows"])
+    assert cli.main(["state", "show", str(path), "--path", folder]) == 0
+    text = capsys.readouterr().out
+    assert f"epoch 0: {rows} rows in 4 batches consumed, {known['share']:.1%} of {known['epoch_rows']} rows" in text
+    assert "\ncolumns: id\n" in text and "hash" not in text
+    assert describe_state(states[0])["column_names"] is None
+    assert cli.main(["state", "show", str(path), "--path", folder, "--columns", "id", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["column_names"] == ["id"]
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["state", "show", str(path), "--path", folder, "--columns", "x,id"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--columns: x,id are not the columns the checkpoint read" in err
+    loader, _ = loader_of(folder, columns=["x", "id"])   # not in the schema's order: found only with --columns
+    take(iter(loader), 1)
+    torch.save(loader.state_dict(), path)
+    with pytest.raises(SystemExit):
+        cli.main(["state", "show", str(path), "--path", folder])
+    assert "no list of the data's columns in their schema order has it" in capsys.readouterr().err
+    assert cli.main(["state", "show", str(path), "--path", folder, "--columns", "x,id"]) == 0
+    assert "\ncolumns: x, id\n" in capsys.readouterr().out
+
+
+def test_state_show_with_the_data_asks_for_the_runs_parse_options(tmp_path, capsys):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.csv").write_text("a;b\n" + "".join(f"{i};{i}\n" for i in range(40)))
+    loader, _ = StructuredDataset.create_dataloader(path=str(tmp_path / "data"), format="csv", batch_size=4,
+                                                    parse_options={"delimiter": ";"}, rank=1, world_size=2)
+    next(iter(loader))
+    path = tmp_path / "ckpt.json"
+    path.write_text(json.dumps(loader.state_dict()))
+    with pytest.raises(SystemExit):
+        cli.main(["state", "show", str(path), "--path", str(tmp_path / "data")])
+    assert "--parse-option: the checkpoint's run read its text files with parse options" in capsys.readouterr().err
+    assert cli.main(["state", "show", str(path), "--path", str(tmp_path / "data"), "--parse-option", "delimiter=;"]) == 0
+    assert "rank 1: epoch 0, 4 rows in 1 batches, 20.0% of 20 rows" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("case", ["missing", "no state", "not a checkpoint", "tampered"])
 def test_state_show_user_errors_are_one_line(folder, tmp_path, capsys, case):
     path = tmp_path / "ckpt.pt"

@@ -3,22 +3,27 @@
 from __future__ import annotations
 
 import functools
+import http.server
 import io
 import json
 import os
 import re
+import socket
+import threading
 from collections import Counter
 
 import fsspec
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.csv
 import pyarrow.feather
+import pyarrow.orc
 import pyarrow.parquet as pq
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 from helpers import make_loader, make_table, write_dataset
 
-from arrowstream import StructuredDataset, errors
+from arrowstream import RetryPolicy, StructuredDataset, errors
 from arrowstream._torchdata_state import worker_state
 from arrowstream.testing import check_resume
 
@@ -28,6 +33,64 @@ def test_missing_path(tmp_path):
         StructuredDataset(tmp_path / "nope")
     assert isinstance(info.value, FileNotFoundError)
     assert "nope" in str(info.value)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class _QuietFiles(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_an_unreachable_url_is_not_called_missing(tmp_path, caplog):
+    """fsspec's HTTP filesystem reports a host it cannot reach as a missing file: the cause is named, and retried."""
+    pytest.importorskip("aiohttp")
+    url = f"http://127.0.0.1:{_free_port()}/data/part-0.parquet"   # nothing listens there
+    with pytest.raises(errors.FileReadError) as info:
+        StructuredDataset(url, retry=RetryPolicy(attempts=2, base_delay=0))
+    message = str(info.value)
+    assert not isinstance(info.value, FileNotFoundError) and "does not exist" not in message
+    assert message.startswith(f"{url}: storage could not be reached (on every attempt), 2 failed attempts"), message
+    assert "(last error: ClientConnectorError: Cannot connect to host 127.0.0.1" in message
+    assert "check the network connection" in message and "storage_options" in message
+    assert "unreachable): ClientConnectorError; retrying" in caplog.text
+    # a server that answers 404: missing it is
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietFiles, directory=str(tmp_path)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(errors.DatasetNotFoundError, match="does not exist"):
+            StructuredDataset(f"{base}/gone.parquet", retry=RetryPolicy(attempts=2, base_delay=0))
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_a_name_that_does_not_resolve_is_a_connection_failure_not_a_missing_file():
+    from arrowstream._failures import is_missing, is_transient, shown
+    try:
+        try:
+            raise socket.gaierror(-2, "Name or service not known")
+        except OSError as exc:
+            raise FileNotFoundError("https://no-such-host.invalid/x.parquet") from exc   # as fsspec's HTTP does
+    except FileNotFoundError as masked:
+        assert not is_missing(masked) and is_transient(masked)
+        assert shown(masked) == "gaierror: [Errno -2] Name or service not known"
+    plain = FileNotFoundError("s3://bucket/x.parquet")
+    assert is_missing(plain) and not is_transient(plain)
+    try:
+        try:
+            raise TimeoutError("an earlier attempt")
+        except TimeoutError:
+            raise FileNotFoundError("s3://bucket/x.parquet")
+    except FileNotFoundError as missing:
+        assert is_missing(missing) and not is_transient(missing)
 
 
 def test_glob_matching_nothing(tmp_path):
@@ -68,6 +131,51 @@ def test_not_a_parquet_file(tmp_path):
     with pytest.raises(errors.CorruptFileError, match=r"readme\.txt.*not a readable Parquet file") as info:
         StructuredDataset(tmp_path)
     assert isinstance(info.value, ValueError)
+
+
+def _write_as(table: pa.Table, path, fmt: str) -> None:
+    """``table`` written as a file of format ``fmt`` at ``path`` (whatever its name says)."""
+    if fmt == "parquet":
+        pq.write_table(table, path)
+    elif fmt == "orc":
+        pyarrow.orc.write_table(table, str(path))
+    elif fmt == "arrow":
+        pyarrow.feather.write_feather(table, str(path))
+    elif fmt == "csv":
+        pyarrow.csv.write_csv(table, str(path))
+    else:
+        path.write_text("".join(json.dumps(row) + "\n" for row in table.to_pylist()))
+
+
+@pytest.mark.parametrize(("asked", "actual", "looks"), [
+    ("csv", "parquet", "a Parquet file"), ("csv", "orc", "an ORC file"), ("jsonl", "arrow", "an Arrow IPC"),
+    ("jsonl", "parquet", "a Parquet file"),   # text formats on binary files: not "line 2 is not a valid row"
+    ("parquet", "csv", "CSV"), ("parquet", "jsonl", "JSON Lines"), ("orc", "parquet", "a Parquet file"),
+    ("arrow", "csv", "CSV"), ("parquet", "orc", "an ORC file"),   # and the reverse: not "rewrite the file"
+])
+def test_a_wrong_format_names_the_format_the_file_looks_like(tmp_path, asked, actual, looks):
+    _write_as(pa.table({"id": list(range(50)), "text": [f"t{i}" for i in range(50)]}), tmp_path / "part-0.data",
+              actual)
+    label = {"csv": "CSV", "jsonl": "JSON Lines", "parquet": "Parquet", "orc": "ORC", "arrow": "Arrow IPC"}[asked]
+    with pytest.raises(errors.CorruptFileError) as info:
+        StructuredDataset(tmp_path, format=asked)
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path / 'part-0.data'}: not a readable {label} file (format={asked!r}): it "
+                              f"looks like {looks}"), message
+    assert f"pass format={actual!r}" in message and "not a valid" not in message and "bad_rows" not in message
+
+
+def test_a_compressed_text_file_without_its_suffix_and_text_that_starts_like_magic(tmp_path):
+    import gzip
+    (tmp_path / "a.csv").write_bytes(gzip.compress(b"id,x\n1,2\n"))
+    with pytest.raises(errors.CorruptFileError, match=r"a\.csv: not a readable CSV file \(format='csv'\): it looks "
+                       r"like a gzip-compressed file: if it holds CSV or JSON Lines, name it with a \.gz suffix"):
+        StructuredDataset(tmp_path, format="csv")
+    (tmp_path / "a.csv").write_bytes(b"ORCID,PAR1\nORC1,2\n")   # text that starts with a magic is text
+    assert StructuredDataset(tmp_path, format="csv").num_rows == 1
+    (tmp_path / "a.csv").unlink()
+    (tmp_path / "a.csv.gz").write_bytes(gzip.compress(b"id,x\n1,2\n"))
+    assert StructuredDataset(tmp_path, format="csv").num_rows == 1
 
 
 def test_truncated_file(tmp_path):

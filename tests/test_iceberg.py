@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -454,3 +456,51 @@ def test_dynamic_assignment_over_positional_deletes_resumes_once_with_other_work
     fresh.load_state_dict(state)
     rest = [i for batch in fresh for i in batch["id"].tolist()]
     assert sorted(seen + rest) == kept and len(seen + rest) == remaining
+
+
+# -- the catalog through arrowstream --------------------------------------------------------------
+
+
+def _first_python_block(page: str, heading: str) -> str:
+    text = (Path(__file__).parent.parent / "docs" / page).read_text()
+    section = text[text.index(f"\n{heading}\n"):]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.parametrize(("page", "heading"), [("quickstart.md", "## Iceberg tables"),
+                                               ("iceberg.md", "## A first loader")])
+def test_the_docs_iceberg_block_without_pyiceberg_says_what_to_install(page, heading, tmp_path):
+    """The block's first failure is arrowstream's MissingDependencyError naming the extra, not a raw
+    ModuleNotFoundError of an `import pyiceberg` before arrowstream could say it."""
+    (tmp_path / "block.py").write_text(_first_python_block(page, heading))
+    hidden = "import runpy, sys; sys.modules['pyiceberg'] = None; runpy.run_path('block.py')"   # as if not installed
+    result = subprocess.run([sys.executable, "-c", hidden], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120, check=False)
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 1 and last.startswith("arrowstream.errors.MissingDependencyError: reading Iceberg "
+                                                      "tables needs pyiceberg"), result.stderr
+    assert re.search(r'"arrowstream-.*\.whl\[iceberg\]"', last), last
+
+
+def test_iceberg_catalog_opens_the_catalog_the_dataset_reads(tmp_path):
+    import arrowstream
+
+    config = arrowstream.iceberg_catalog_config(str(tmp_path))
+    catalog = arrowstream.iceberg_catalog(config)
+    catalog.create_namespace("db")
+    catalog.create_table("db.events", schema=rows(0, 1).schema).append(rows(0, 30))
+    assert IcebergDataset("db.events", catalog_config=config).num_rows == 30
+    with pytest.raises(errors.InvalidArgumentError, match="catalog_config: pyiceberg cannot load catalog 'default' of "
+                                                          "type 'nosuch'"):
+        arrowstream.iceberg_catalog({"type": "nosuch"})
+
+
+def test_a_data_file_that_is_not_its_format_gets_no_format_hint(catalog):
+    """A table names its data files' format: no `format=` to pass, so the error does not suggest one."""
+    catalog, config = catalog
+    catalog.create_table("db.events", schema=rows(0, 1).schema).append(rows(0, 30))
+    victim = data_files(catalog.load_table("db.events"))[0].removeprefix("file://")
+    Path(victim).write_bytes(b"id,score,name\n1,0.5,a\n")
+    with pytest.raises(errors.CorruptFileError, match=re.escape(Path(victim).name)) as info:
+        IcebergDataset("db.events", catalog_config=config)
+    assert "format=" not in str(info.value) and "looks like" not in str(info.value)

@@ -37,8 +37,9 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 
 from .._discovery import FileEntry
+from .._sniff import wrong_format_hint
 from .._storage import Storage, display_url
-from ..errors import MalformedRowError, SchemaMismatchError
+from ..errors import CorruptFileError, MalformedRowError, SchemaMismatchError
 from ._base import FileFooter, sliced
 from ._rowscan import RowScanner, scan_units
 from ._text_parse import ROW_OK, locate_bad_rows, owned
@@ -148,7 +149,11 @@ class TextFormat:
             if not head.strip():
                 return FileFooter(entry, self.name, pa.schema([]), (), (), (), None,
                                   TextLayout(settings, compression, (), (), (), False))
-            schema = self._infer(head, len(head) < _INFER_BYTES, display_url(storage.protocol, entry.path))
+            url = display_url(storage.protocol, entry.path)
+            hint = wrong_format_hint(head, self.name)   # a Parquet file read as CSV: say so, not "bad row"
+            if hint is not None:
+                raise CorruptFileError(f"{url}: {hint}")
+            schema = self._infer(head, len(head) < _INFER_BYTES, url)
             if settings.scannable:   # the scan goes on from the head: each byte is read once
                 unit_bytes = self.unit_bytes if compression is None else 1 << 62   # compressed: one unit
                 units, size, quoted, lone_cr = scan_units(itertools.chain([head], read_blocks(stream)), settings,
