@@ -24,11 +24,11 @@ from ._failures import wrap_read_error
 from ._footers import FooterTable, _shared_schema, as_table, files_fingerprint, handle_budget
 from ._formats import FileFooter, FileFormat, check_counts
 from ._formats._base import MetadataFormat
+from ._formats._sniff import sniff
 from ._hashing import fingerprint  # noqa: F401 (also importable from here, its old home)
 from ._pinned import local_version
 from ._plan_checks import _check_columns, _check_names, _check_schemas, check_filter
 from ._plan_types import PLANNING_VERSION, Split, SplitTable  # noqa: F401 (Split: also importable from here)
-from ._sniff import sniff
 from ._storage import Storage, display_url
 from .errors import ArrowStreamError, CorruptFileError, EmptyDatasetError
 

@@ -37,11 +37,11 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 
 from .._discovery import FileEntry
-from .._sniff import wrong_format_hint
 from .._storage import Storage, display_url
 from ..errors import CorruptFileError, MalformedRowError, SchemaMismatchError
 from ._base import FileFooter, sliced
 from ._rowscan import RowScanner, scan_units
+from ._sniff import wrong_format_hint
 from ._text_parse import ROW_OK, locate_bad_rows, owned
 from ._text_reader import TextFile, open_stream, read_blocks
 from ._text_settings import TextLayout, TextSettings
