@@ -124,3 +124,26 @@ def no_random_access(dataset: Any, asked: str, sizes: str) -> ArgumentTypeError:
     return ArgumentTypeError(
         f"{asked}: {name} streams batches and has no random access yet; read its batches in order from {loader} "
         f"(or `for batch in dataset`); batches per epoch: len(loader), or {sizes}")
+
+
+class Streamed:
+    """``len()``, ``[i]`` and truth of a dataset read as a stream, where random access is not offered yet:
+    :func:`no_random_access` errors naming what exists (``_called`` names the object in them, ``_sizes`` its
+    own ways to its sizes), and always true (``bool()`` must not ask ``len()``)."""
+
+    _called = "dataset"
+
+    def _sizes(self) -> str:   # pragma: no cover - every dataset answers
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        """Not yet: raises an :class:`~arrowstream.errors.ArgumentTypeError` (a ``TypeError``, which torch, tools
+        and ``list()`` take for "no length") that names ``len(loader)`` and the object's own sizes."""
+        raise no_random_access(self, f"len({self._called})", self._sizes())
+
+    def __getitem__(self, index: Any) -> Any:
+        """Not yet: the object is read as a stream; raises an :class:`~arrowstream.errors.ArgumentTypeError`."""
+        raise no_random_access(self, f"{self._called}[{index!r:.40}]", self._sizes())
+
+    def __bool__(self) -> bool:
+        return True   # not len(): a dataset is true, as it was before __len__ raised

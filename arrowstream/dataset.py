@@ -31,7 +31,7 @@ from ._layout import Epochs, batch_limits, check_known, rows_dropped, rows_trimm
 from ._lease_pool import PoolSlots, SharedPool
 from ._options import Options, check_bool, check_even_batches, check_int, check_storage_arguments, validate_options
 from ._order import Slot, SlotGrid
-from ._plain_loader import LoaderWatch, no_random_access
+from ._plain_loader import LoaderWatch, Streamed
 from ._planning import Plan
 from ._resume import checked_state, loaded_state, pending_for_epoch, replanned_epoch
 from ._retry import RetryPolicy, check_retry
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from .loader import ArrowStreamDataLoader
 
 
-class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
+class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
     """Batches of a tabular dataset, read once per epoch, resumable mid-epoch.
 
     Files are listed and their footers read once, here in the constructor; the rows are cut
@@ -549,20 +549,8 @@ class StructuredDataset(IterableDataset):  # type: ignore[type-arg]
         self._epochs.elastic = replanned_epoch(self, epoch, world_size, num_workers, saved)
         self._pending, self._active = None, None
 
-    def __len__(self) -> int:
-        """Not yet: raises an :class:`~arrowstream.errors.ArgumentTypeError` (a ``TypeError``, which torch, tools
-        and ``list()`` take for "no length") that names ``len(loader)``, :meth:`num_batches` and :attr:`num_rows`."""
-        raise no_random_access(self, "len(dataset)", self._sizes())
-
-    def __getitem__(self, index: Any) -> Any:
-        """Not yet: the dataset is read as a stream; raises an :class:`~arrowstream.errors.ArgumentTypeError`."""
-        raise no_random_access(self, f"dataset[{index!r:.40}]", self._sizes())
-
     def _sizes(self) -> str:
         return f"dataset.num_batches(num_workers); rows: dataset.num_rows ({self._plan.num_rows:,}, before any filter)"
-
-    def __bool__(self) -> bool:
-        return True   # not len(): a dataset is true, as it was before __len__ raised
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_pending": None, "_active": None, "_source": self._source.for_workers()}

@@ -27,7 +27,7 @@ from ._mix_state import EVEN, MixWorkerState, SourceCursor, SourceEpoch
 from ._mix_stream import MixSlot
 from ._options import Options, check_bool, check_even_batches, check_int, validate_options
 from ._order import even_batch_limits, natural_batches, rows_yielded
-from ._plain_loader import LoaderWatch, no_random_access
+from ._plain_loader import LoaderWatch, Streamed
 from ._plan_cache import check_plan_cache
 from ._retry import RetryPolicy, check_retry
 from ._row_ids import check_row_id_names, with_row_id_fields
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from ._mix_loader import MixtureDataLoader
 
 
-class Mixture(IterableDataset):  # type: ignore[type-arg]
+class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
     """Batches of several sources mixed by weight, each epoch exactly ``weight × epoch_rows`` rows of each.
 
     A source is read in passes (every row once per pass, its own order per pass); a pass that runs out
@@ -438,21 +438,11 @@ class Mixture(IterableDataset):  # type: ignore[type-arg]
             raise
         self._active = None
 
-    def __len__(self) -> int:
-        """Not yet: raises an :class:`~arrowstream.errors.ArgumentTypeError` (a ``TypeError``, which torch, tools
-        and ``list()`` take for "no length") that names ``len(loader)``, :meth:`num_batches` and :meth:`quotas`."""
-        raise no_random_access(self, "len(mixture)", self._sizes())
-
-    def __getitem__(self, index: Any) -> Any:
-        """Not yet: the mixture is read as a stream; raises an :class:`~arrowstream.errors.ArgumentTypeError`."""
-        raise no_random_access(self, f"mixture[{index!r:.40}]", self._sizes())
+    _called = "mixture"   # in the errors of len() and [i] (Streamed)
 
     def _sizes(self) -> str:
         return (f"mixture.num_batches(num_workers); rows per epoch: sum(mixture.quotas().values()) "
                 f"({sum(self._quotas.values()):,})")
-
-    def __bool__(self) -> bool:
-        return True   # not len(): a mixture is true, as it was before __len__ raised
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_pending": None, "_active": None,
