@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from ._cursor import Cursor, Run
 from ._interleave import PieceReader, block_size_for, interleave_runs
-from ._order import Slot, SlotGrid, assign_lpt, slot_split_ids, window_seed
+from ._order import Slot, SlotGrid, assign_lpt, cut_evenly, slot_split_ids, window_seed
 from ._piece import Piece
 from ._plan_types import Split, split_rows
 from ._state import ElasticSource
@@ -156,27 +156,16 @@ def remaining_items(plan: Plan, source: ElasticSource, *, shuffle: bool, seed: i
 
 def cut_shares(items: Sequence[Replay | Split], num_slots: int) -> list[Share]:
     """The items as one sequence of rows, cut into ``num_slots`` contiguous stretches of equal rows
-    (within one; the longer ones first): each new slot's share. A replay or range across a cut is
-    handed out in parts (:func:`replay_part`, :func:`split_part`)."""
-    total = sum(item_rows(item) for item in items)
-    bounds = [total * j // num_slots for j in range(num_slots + 1)]
+    (within one, :func:`~arrowstream._order.cut_evenly`): each new slot's share. A replay or range across a
+    cut is handed out in parts (:func:`replay_part`, :func:`split_part`)."""
     replays: list[list[Replay]] = [[] for _ in range(num_slots)]
     ranges: list[list[Split]] = [[] for _ in range(num_slots)]
-    slot, start = 0, 0
-    for item in items:
-        end = start + item_rows(item)
-        while slot < num_slots and bounds[slot + 1] <= start:
-            slot += 1
-        place = slot
-        while place < num_slots and bounds[place] < end:
-            lo, hi = max(bounds[place], start) - start, min(bounds[place + 1], end) - start
-            if hi > lo:
-                if isinstance(item, Replay):
-                    replays[place].append(replay_part(item, lo, hi))
-                else:
-                    ranges[place].append(split_part(item, lo, hi))
-            place += 1
-        start = end
+    for index, slot, lo, hi in cut_evenly([item_rows(item) for item in items], num_slots):
+        item = items[index]
+        if isinstance(item, Replay):
+            replays[slot].append(replay_part(item, lo, hi))
+        else:
+            ranges[slot].append(split_part(item, lo, hi))
     return [Share(tuple(r), tuple(s)) for r, s in zip(replays, ranges, strict=True)]
 
 

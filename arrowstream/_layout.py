@@ -36,6 +36,7 @@ from ._order import (
 )
 from ._plan_types import split_rows
 from ._state import EVEN, ElasticSource, WorkerState
+from ._trims import slot_trim
 from .errors import StateMismatchError
 
 if TYPE_CHECKING:
@@ -250,10 +251,7 @@ def rows_dropped(yields: Sequence[tuple[int, int, int]], options: Options) -> in
 
 def rows_trimmed(yields: Sequence[tuple[int, int, int]], options: Options, even_batches: bool) -> int:
     """Rows ``even_batches`` leaves out of slots of ``yields``: the last rows of those with the most batches."""
-    if not even_batches:
-        return 0
-    size, drop_last = options.batch_size, options.drop_last
-    return sum(r - kept for r, limit, kept in yields if limit < natural_batches(r, size, drop_last))
+    return slot_trim(yields, options.batch_size, options.drop_last).rows if even_batches else 0
 
 
 def batches_left(layout: EpochLayout, state: WorkerState, slot: Slot, options: Options) -> int | None:

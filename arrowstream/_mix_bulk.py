@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -82,18 +83,15 @@ def span_take(parts: SpanParts, source: HeldSource, taken: int, wanted: int,
 class BulkCursors:
     """The pipeline's cursor after each row of a part read here."""
 
-    def __init__(self, part: Part, interleave: int, buffer_rows: int, block_size: int | None) -> None:
-        self._ends = list(itertools.accumulate(split.num_rows for split in part.splits))
-        self._rows, self._block_size, self._buffer_rows = part.rows, block_size, buffer_rows
+    def __init__(self, split_rows: Sequence[int], interleave: int, buffer_rows: int, block_size: int | None) -> None:
+        """The cursors of a part whose splits hold ``split_rows`` rows."""
+        self._ends = list(itertools.accumulate(split_rows))
+        self._rows, self._block_size, self._buffer_rows = self._ends[-1], block_size, buffer_rows
         self._one_lane = interleave == 1
 
     @classmethod
-    def of_rows(cls, rows: int, interleave: int, buffer_rows: int, block_size: int | None) -> BulkCursors:
-        """The cursors of a part of ``rows`` rows of one split."""
-        cursors = cls.__new__(cls)
-        cursors._ends, cursors._rows, cursors._block_size, cursors._buffer_rows = [rows], rows, block_size, buffer_rows
-        cursors._one_lane = interleave == 1
-        return cursors
+    def of_part(cls, part: Part, interleave: int, buffer_rows: int, block_size: int | None) -> BulkCursors:
+        return cls([split.num_rows for split in part.splits], interleave, buffer_rows, block_size)
 
     def _read(self, rows: int) -> Cursor:
         """The interleaved stream's cursor once its first ``rows`` rows (> 0) are handed out."""

@@ -28,6 +28,7 @@ from ._mix_parts import ComposedParts, ListParts, Part, Parts, SliceParts
 from ._mix_plan import PASS_LAYOUTS, SPANS, TRACKS
 from ._mix_state import SourceCursor
 from ._mix_stream import MixSlot, source_seeds
+from ._order import cut_evenly
 from ._plan_types import Split
 from .errors import StateError
 
@@ -142,22 +143,9 @@ def replanned_parts(old_parts: Sequence[Parts], elastic: MixElastic, name: str, 
                              f"but its cursor leaves {sum(item.rows for item in left)}: not a position its epoch "
                              f"reaches; {REMEDY}")
         items += left
-    total = sum(item.rows for item in items)
-    count = len(new_slots)
-    bounds = [total * j // count for j in range(count + 1)]
     out: list[_NewParts] = [_NewParts(source_seeds(seed, name, slot)) for slot in new_slots]
-    item_start, first = 0, 0
-    for item in items:
-        item_end = item_start + item.rows
-        while first < count and bounds[first + 1] <= item_start:
-            first += 1
-        for j in range(first, count):
-            lo, hi = max(bounds[j], item_start), min(bounds[j + 1], item_end)
-            if bounds[j] >= item_end:
-                break
-            if hi > lo:
-                out[j].place(item, lo - item_start, hi - item_start)
-        item_start = item_end
+    for index, slot, lo, hi in cut_evenly([item.rows for item in items], len(new_slots)):
+        out[slot].place(items[index], lo, hi)
     return [new.parts() for new in out]
 
 

@@ -204,7 +204,8 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
                 f"set to epoch {self.dataset.epoch}; call mixture.set_epoch({replanned}) to finish it first (skipping "
                 "it would lose its rows)")
         self._epoch_watch.starting(self._iterator, self.dataset.epoch, mixture_order_varies(self.dataset))
-        self.dataset._warn_trims(self.num_workers)
+        if self.num_workers:   # (with none, the dataset warns in its own __iter__, in this process)
+            self.dataset._warn_trims(self.num_workers)
         try:
             inner = super().__iter__()
         except Exception as exc:

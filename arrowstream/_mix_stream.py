@@ -142,17 +142,19 @@ class SourceRows:
         rows = span_take(parts, held, self.taken, wanted, self._buffer_rows)
         batches = take(held.table, rows).to_batches()
         block = block_size_for(self._batch_size, self._interleave)
-        for mark in marks:   # the part of the mark's last row, and how far into it
-            part = parts.index_of_row(self.taken + mark - 1)
+
+        def after(taken: int) -> tuple[int, int, Cursor]:   # the part of the last row out, its end, the cursor
+            part = parts.index_of_row(taken - 1)
             before, end = parts.rows_before(part), parts.rows_before(part + 1)
-            after = BulkCursors.of_rows(end - before, self._interleave, self._buffer_rows, block)
-            cursors.append((part, _fields(after.after(self.taken + mark - before)), self.taken + mark))
-        last = parts.index_of_row(self.taken + wanted - 1)
-        before, end = parts.rows_before(last), parts.rows_before(last + 1)
+            return part, end, BulkCursors([end - before], self._interleave, self._buffer_rows, block).after(
+                taken - before)
+
+        for mark in marks:
+            part, _, cursor = after(self.taken + mark)
+            cursors.append((part, _fields(cursor), self.taken + mark))
         self.taken += wanted
-        self._part, self._part_end, self._queue = last, end, None
-        self._start = BulkCursors.of_rows(end - before, self._interleave, self._buffer_rows, block).after(
-            self.taken - before)
+        self._part, self._part_end, self._start = after(self.taken)
+        self._queue = None
         return [batches[0] if len(batches) == 1 else pa.concat_batches(batches)], cursors
 
     def _bulk_part(self) -> tuple[int, npt.NDArray[np.int64], BulkCursors] | None:
@@ -164,7 +166,7 @@ class SourceRows:
             if not bulk_readable(part, self._interleave, self._buffer_rows):
                 return None
             self._bulk = (self._part, bulk_order(self._held, part, self._buffer_rows),
-                          BulkCursors(part, self._interleave, self._buffer_rows,
+                          BulkCursors.of_part(part, self._interleave, self._buffer_rows,
                                       block_size_for(self._batch_size, self._interleave)))
         return self._bulk
 

@@ -7,7 +7,7 @@ Every split of an epoch goes to exactly one slot.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,6 +92,26 @@ def epoch_order(num_splits: int, *, shuffle: bool, seed: int, epoch: int) -> npt
     if not shuffle:
         return np.arange(num_splits, dtype=np.int64)
     return permutation(num_splits, derive_seed(_ORDER_DOMAIN, seed, epoch))
+
+
+def cut_evenly(sizes: Sequence[int], num_slots: int) -> Iterator[tuple[int, int, int, int]]:
+    """Items of ``sizes`` rows, one after another, cut into ``num_slots`` contiguous stretches of equal rows
+    (within one): ``(item, slot, lo, hi)`` for each non-empty piece, rows ``[lo, hi)`` of the item going to
+    ``slot``, in item order. How a re-planned epoch hands the rows left to the new slots."""
+    total = sum(sizes)
+    bounds = [total * j // num_slots for j in range(num_slots + 1)]
+    slot, start = 0, 0
+    for item, size in enumerate(sizes):
+        end = start + size
+        while slot < num_slots and bounds[slot + 1] <= start:
+            slot += 1
+        place = slot
+        while place < num_slots and bounds[place] < end:
+            lo, hi = max(bounds[place], start) - start, min(bounds[place + 1], end) - start
+            if hi > lo:
+                yield item, place, lo, hi
+            place += 1
+        start = end
 
 
 def assign_lpt(weights: Sequence[int] | npt.NDArray[np.int64], num_slots: int) -> list[list[int]]:

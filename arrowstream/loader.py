@@ -190,7 +190,8 @@ class ArrowStreamDataLoader(StatefulDataLoader):  # type: ignore[misc]
             check_replanned_epoch_over(self.dataset, self.num_workers)
             self._elastic_loaded = False
         self._epoch_watch.starting(self._iterator, self.dataset.epoch, dataset_order_varies(self.dataset))
-        self.dataset._warn_trims(self.num_workers)
+        if self.num_workers:   # (with none, the dataset warns in its own __iter__, in this process)
+            self.dataset._warn_trims(self.num_workers)
         self._advance_pool()
         try:
             inner = super().__iter__()

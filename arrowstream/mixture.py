@@ -18,6 +18,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from ._auto_buffer import adopt_mixture_buffer, resolve_buffer
 from ._collective import collective_world_size
 from ._convert import check_output_columns, resolve_fill_nulls
+from ._layout import slot_yields
 from ._mix_layout import MixEpochs, SourcePlan
 from ._mix_plan import MAX_EPOCH_ROWS, SPANS, positions, quotas, quotas_at
 from ._mix_reading import COMPACT, MixIterator, MixSide
@@ -26,7 +27,7 @@ from ._mix_sources import IcebergSource, Planned, Source, check_weights, followe
 from ._mix_state import EVEN, MixWorkerState, SourceCursor, SourceEpoch
 from ._mix_stream import MixSlot
 from ._options import Options, check_bool, check_even_batches, check_int, validate_options
-from ._order import even_batch_limits, natural_batches, rows_yielded
+from ._order import even_batch_limits, natural_batches
 from ._plain_loader import LoaderWatch, Streamed
 from ._plan_cache import check_plan_cache
 from ._retry import RetryPolicy, check_retry
@@ -331,10 +332,10 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
             return
         per_rank = max(num_workers, 1)
         mine = slice(self._rank * per_rank, (self._rank + 1) * per_rank)
-        rows = [sum(q.values()) for q in self.slot_quotas(num_workers)][mine]
-        limits = self.batch_limits(num_workers)[mine]
-        yields = [(r, limit, rows_yielded(r, limit, self._options.batch_size, self._options.drop_last))
-                  for r, limit in zip(rows, limits, strict=True)]
+        o = self._options
+        rows = self.slot_totals(self._history, self.epoch, self._world_size, num_workers)
+        limits = even_batch_limits(rows, self._world_size, o.batch_size, o.drop_last)
+        yields = slot_yields(rows[mine], limits[mine], o.batch_size, o.drop_last)
         elastic = self._epochs.replanned(MixSlot(self.epoch, self._rank, self._world_size, 0, num_workers))
         self._trim_watch.starting(self.epoch, self._rank,
                                   slot_trim(yields, self._options.batch_size, self._options.drop_last),

@@ -60,6 +60,7 @@ PURE_MODULES = [
     "_mix_state",     # a mixture worker's state
     "_mix_parts",     # a slot's parts of a source in an epoch, without walking them
     "_mix_bulk",      # a held source's parts read whole: their rows' order and cursors
+    "_trims",         # what even_batches trims of an epoch, and the warning
     "_skip_state",    # the skips of loader.skip() in a loader state
     "_dynamic",       # dynamic assignment: a rank's work, its leases, a worker's stream over them, the ledger
     "_ledger_rows",   # the rows a dynamic ledger leaves, checked against the plan (positions, never rows)

@@ -88,7 +88,7 @@ def test_a_part_read_whole_has_the_pipelines_rows_and_cursors(held, data, interl
     assert held_ids == file_ids and held_cursors == file_cursors   # the held reader is the file reader's twin
     rows = bulk_order(source, part, buffer_rows)
     assert source.table.column("id").take(pa.array(rows)).to_pylist() == held_ids
-    cursors = BulkCursors(part, interleave, buffer_rows, block_size_for(batch_size, interleave))
+    cursors = BulkCursors.of_part(part, interleave, buffer_rows, block_size_for(batch_size, interleave))
     assert [cursors.after(j) for j in range(1, part.rows + 1)] == held_cursors
 
 
