@@ -20,10 +20,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._discovery import FileEntry
 from ._footers import FooterTable
 from ._formats import FileFormat, check_counts, unit_format
 from ._formats._footer_table import footer_columns, footer_table_of, footers_of
+from ._plan_types import FileEntry
 from ._storage import display_url
 
 # 2: Parquet footers (FileMetaData handles) as bytes, the handle budget in the key.

@@ -32,7 +32,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ._values import (
-    GcPaused,
     check_objects,
     has_no_python_class,
     needs_object_check,
@@ -44,11 +43,9 @@ from .errors import InvalidArgumentError, NullValueError
 if TYPE_CHECKING:
     from ._batch_types import DictBatch, TorchBatch
 
-__all__ = ["OUTPUT_FORMATS", "GcPaused", "check_output_columns", "column_kind", "compact", "compact_array",
+__all__ = ["check_output_columns", "column_kind", "compact", "compact_array",
            "finish_objects", "make_converter", "make_value_check", "passthrough_collate", "resolve_fill_nulls",
-           "to_pydict_quietly"]   # GcPaused: the transport imports it from here
-
-OUTPUT_FORMATS = ("torch", "numpy", "arrow", "dict")
+           "to_pydict_quietly"]
 
 Converter = Callable[[pa.RecordBatch], Any]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import posixpath
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
 
 import fsspec
@@ -16,6 +15,7 @@ from ._backends import backend_options, single_attempt
 from ._credentials import CredentialProvider, as_provider
 from ._failures import is_expired_credentials, is_missing, is_permission
 from ._pinned import version_of
+from ._plan_types import FileEntry
 from ._retry import RetryPolicy
 from ._storage import Storage, current_options, open_filesystem
 from ._values import GcPaused
@@ -36,30 +36,6 @@ _NOT_PLAIN = ("\0\0", "\0.", "\0/", "/\0", "//", "/.")
 _Files = TypeVar("_Files")
 _TAG_KEYS = ("ETag", "etag", "generation", "version_id", "mtime", "LastModified", "last_modified",
              "updated", "created")
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    """One data file: its filesystem path, a portable name, size and modification tag.
-
-    ``version`` is what reads are pinned to (see ``arrowstream._pinned``): the ETag on S3 and Azure,
-    the generation on GCS, the modification time of a local file; "" where the listing gave none. It
-    is not in the data fingerprint (``tag`` is), which stays what checkpoints of earlier releases hold.
-
-    ``inode`` and ``changed_ns`` (a local file's ``st_ino`` and ``st_ctime_ns``; 0 elsewhere) are what
-    ``os.utime`` cannot restore: the plan cache compares them, so that a file rewritten with its size
-    and modification time kept is not planned from the footers of the file it was. They are in no
-    fingerprint (a ``chmod``, a hard link or a copy changes them, not the data), pin no read, and are
-    not kept in a plan (whose entries have 0): entries compare without them.
-    """
-
-    path: str
-    name: str
-    size: int
-    tag: str
-    version: str = ""
-    inode: int = field(default=0, compare=False)
-    changed_ns: int = field(default=0, compare=False)
 
 
 def _modification_tag(info: dict[str, Any]) -> str:

@@ -22,8 +22,8 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._discovery import FileEntry
 from ._formats import FileFooter
+from ._plan_types import FileEntry
 
 # Parquet FileMetaData handles save a worker from reading a footer again, but one costs ~10x its
 # serialized size in memory (a 1 KB footer: ~11 KB resident). The rule: a plan keeps the handles when

@@ -27,13 +27,13 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from ._discovery import FileEntry
 from ._failures import is_missing
 from ._footers import FooterTable, handle_budget
 from ._formats import FileFooter, UnitFile, get_format, register_format
 from ._iceberg_cache import Deleted, iceberg_cache_for
 from ._iceberg_table import IcebergSource, requested_schema
 from ._plan_cache import CacheOutcome, PlanCacheSetting
+from ._plan_types import FileEntry
 from ._planning import MAX_PLANNING_THREADS, Plan, build_plan, read_footer
 from ._retry import RetryPolicy
 from ._row_ids import physical_after_deletes

@@ -24,12 +24,12 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from ._cache_entry import CACHE_VERSION, _footers, encode
-from ._discovery import FileEntry
 from ._footers import FooterTable, handle_budget
 from ._formats import FileFormat
 from ._formats._footer_table import tabled
 from ._iceberg_table import IcebergSource
 from ._plan_cache import PlanCache, PlanCacheSetting, cache_folder
+from ._plan_types import FileEntry
 
 Deleted = npt.NDArray[np.int64] | None   # a data file's deleted positions, sorted; None: no deletes
 

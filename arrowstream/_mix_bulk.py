@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -32,7 +32,20 @@ from ._hashing import permutations
 from ._mix_parts import Part, Parts, SpanParts
 
 if TYPE_CHECKING:
-    from ._held import HeldSource
+    import pyarrow as pa
+
+    from ._plan_types import Split
+
+
+class HeldSource(Protocol):
+    """A source's rows held in this process as one table (what ``arrowstream._held`` reads)."""
+
+    @property
+    def table(self) -> pa.Table: ...
+
+    def first_row(self, split: Split) -> int: ...
+
+    def indices(self, splits: tuple[Split, ...]) -> npt.NDArray[np.int64]: ...
 
 
 def bulk_readable(part: Part, interleave: int, buffer_rows: int) -> bool:

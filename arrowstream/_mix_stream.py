@@ -14,7 +14,7 @@ import itertools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -31,11 +31,17 @@ from ._take import take
 from .errors import FileChangedError
 
 if TYPE_CHECKING:
-    from ._held import HeldSource
+    from ._mix_bulk import HeldSource
     from ._mix_parts import Parts
-    from ._reader import ReadAhead
+    from ._plan_types import Split
 
 logger = logging.getLogger("arrowstream")
+
+
+class ReadAhead(Protocol):
+    """What a slot's stream tells the read-ahead (``arrowstream._reader.ReadAhead``): the splits it reads next."""
+
+    def begin(self, order: Sequence[Split]) -> None: ...
 
 
 class SourceRows:

@@ -10,7 +10,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ._auto_buffer import buffer_argument
-from ._convert import OUTPUT_FORMATS
 from ._formats import TextSettings
 from ._hashing import fingerprint
 from ._plan_types import PLANNING_VERSION
@@ -18,6 +17,9 @@ from .errors import ArgumentTypeError, InvalidArgumentError
 
 TEXT_FORMATS = ("csv", "jsonl")
 MAX_INTERLEAVE = 1024  # each open split holds a file and a decoded read: file handles and memory run out beyond
+
+
+OUTPUT_FORMATS = ("torch", "numpy", "arrow", "dict")   # what a batch may be (arrowstream._convert makes them)
 
 
 @dataclass(frozen=True)

@@ -75,10 +75,10 @@ from ._cache_entry import (  # noqa: F401 (_MAGIC, _LENGTH, _read_table, _verifi
     encode,
     read_header,
 )
-from ._discovery import FileEntry
 from ._footers import FooterTable, handle_budget
 from ._formats import FileFormat
 from ._formats._footer_table import shaping_options, tabled
+from ._plan_types import FileEntry
 from ._storage import is_local_protocol
 from .errors import ArgumentTypeError, InvalidArgumentError
 

@@ -1,4 +1,4 @@
-"""The value types of a plan that the pure layers (order, interleave, stream, elastic) share.
+"""The value types of a plan that every layer shares: a file of the listing, a split, the splits as columns.
 
 Pure: numpy, no I/O, no torch, no fsspec (``tests/test_layers.py`` checks it). :mod:`arrowstream._planning`
 builds these from the files' metadata and re-exports them.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import overload
 
 import numpy as np
@@ -143,3 +143,27 @@ def split_rows(splits: Sequence[Split]) -> npt.NDArray[np.int64]:
     if isinstance(splits, SplitTable):
         return splits.num_rows
     return np.fromiter((s.num_rows for s in splits), dtype=np.int64, count=len(splits))
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One data file: its filesystem path, a portable name, size and modification tag.
+
+    ``version`` is what reads are pinned to (see ``arrowstream._pinned``): the ETag on S3 and Azure,
+    the generation on GCS, the modification time of a local file; "" where the listing gave none. It
+    is not in the data fingerprint (``tag`` is), which stays what checkpoints of earlier releases hold.
+
+    ``inode`` and ``changed_ns`` (a local file's ``st_ino`` and ``st_ctime_ns``; 0 elsewhere) are what
+    ``os.utime`` cannot restore: the plan cache compares them, so that a file rewritten with its size
+    and modification time kept is not planned from the footers of the file it was. They are in no
+    fingerprint (a ``chmod``, a hard link or a copy changes them, not the data), pin no read, and are
+    not kept in a plan (whose entries have 0): entries compare without them.
+    """
+
+    path: str
+    name: str
+    size: int
+    tag: str
+    version: str = ""
+    inode: int = field(default=0, compare=False)
+    changed_ns: int = field(default=0, compare=False)

@@ -19,7 +19,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ._cutting import REFINERS, _base_splits, refine_splits  # noqa: F401 (refine_splits: also importable from here)
-from ._discovery import FileEntry
 from ._failures import wrap_read_error
 from ._footers import FooterTable, _shared_schema, as_table, files_fingerprint, handle_budget
 from ._formats import FileFooter, FileFormat, check_counts
@@ -28,7 +27,7 @@ from ._formats._sniff import sniff
 from ._hashing import fingerprint  # noqa: F401 (also importable from here, its old home)
 from ._pinned import local_version
 from ._plan_checks import _check_columns, _check_names, _check_schemas, check_filter
-from ._plan_types import PLANNING_VERSION, Split, SplitTable  # noqa: F401 (Split: also importable from here)
+from ._plan_types import PLANNING_VERSION, FileEntry, Split, SplitTable  # noqa: F401 (Split: also importable from here)
 from ._storage import Storage, display_url
 from .errors import ArrowStreamError, CorruptFileError, EmptyDatasetError
 

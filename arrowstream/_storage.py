@@ -27,7 +27,7 @@ from ._retry import RetryPolicy
 from .errors import MissingDependencyError
 
 if TYPE_CHECKING:
-    from ._discovery import FileEntry
+    from ._plan_types import FileEntry
 
 logger = logging.getLogger("arrowstream")
 

@@ -42,8 +42,9 @@ import torch
 from torch.utils.data import get_worker_info
 
 from . import _ring
-from ._convert import GcPaused, finish_objects
+from ._convert import finish_objects
 from ._cursor import Position  # also importable from here, its old home
+from ._values import GcPaused
 from .errors import ArrowStreamError, WorkerError
 
 # (batch index, key, "torch" | "numpy", dtype, shape, byte offset)

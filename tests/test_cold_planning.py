@@ -13,9 +13,10 @@ import pytest
 
 import arrowstream._planning as planning
 from arrowstream import errors
-from arrowstream._discovery import FileEntry, _relative, discover_files
+from arrowstream._discovery import _relative, discover_files
 from arrowstream._formats import get_format
 from arrowstream._pinned import local_version, version_of
+from arrowstream._plan_types import FileEntry
 from arrowstream._storage import Storage
 
 NUM_FILES = 150   # over two chunks of _FILES_PER_CHUNK: read in three chunks

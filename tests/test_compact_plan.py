@@ -18,11 +18,11 @@ from pyarrow import feather, orc
 
 from arrowstream import StructuredDataset
 from arrowstream._cutting import _base_splits
-from arrowstream._discovery import FileEntry, discover_files
+from arrowstream._discovery import discover_files
 from arrowstream._footers import FooterTable, files_fingerprint
 from arrowstream._formats import FileFooter, get_format
 from arrowstream._hashing import fingerprint
-from arrowstream._plan_types import Split, SplitTable
+from arrowstream._plan_types import FileEntry, Split, SplitTable
 from arrowstream._planning import build_plan, read_footer
 from arrowstream.errors import SchemaMismatchError
 

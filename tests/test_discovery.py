@@ -14,7 +14,8 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 import arrowstream._discovery as discovery
-from arrowstream._discovery import FileEntry, discover_files
+from arrowstream._discovery import discover_files
+from arrowstream._plan_types import FileEntry
 
 HIDDEN = (".", "_")
 

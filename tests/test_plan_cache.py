@@ -1178,8 +1178,8 @@ def test_a_default_cold_start_writes_the_entry_of_its_plan(tmp_path, inspections
 def _many_footers(num_files: int, handles: dict[int, object] | None = None) -> tuple[list, object]:
     """A listing of ``num_files`` Parquet files and their footers as a FooterTable (nothing on disk: the
     cache's own columns are what is tested), handles at the given indices."""
-    from arrowstream._discovery import FileEntry
     from arrowstream._formats import FileFooter
+    from arrowstream._plan_types import FileEntry
 
     schema = pa.schema([("id", pa.int64())])
     entries = [FileEntry(f"/d/part-{i:05}.parquet", f"part-{i:05}.parquet", 1000 + i, f"mtime={i}", str(i))

@@ -16,7 +16,7 @@ from arrowstream import StructuredDataset
 from arrowstream._cutting import _base_splits, _single_units, refine_splits, refine_splits_v1
 from arrowstream._discovery import discover_files
 from arrowstream._order import assign_lpt, epoch_order, even_batch_limits, rows_yielded, slot_row_counts
-from arrowstream._plan_types import Split
+from arrowstream._plan_types import FileEntry, Split
 
 
 def test_directory_is_listed_recursively_sorted_and_skips_hidden(tmp_path):
@@ -75,7 +75,6 @@ def test_fewer_splits_than_slots_are_cut_to_row_ranges(tmp_path):
 
 
 def test_refine_splits_is_exact_and_deterministic():
-    from arrowstream._discovery import FileEntry
     from arrowstream._formats import FileFooter
 
     footer = FileFooter(FileEntry("p", "p", 1, ""), "parquet", pa.schema([]), (5, 7, 1), (50, 70, 10), (0, 1, 2))
@@ -95,7 +94,6 @@ def test_refine_splits_is_exact_and_deterministic():
 @settings(max_examples=200)
 @given(st.lists(st.integers(0, 50), min_size=1, max_size=6), st.integers(1, 40))
 def test_refine_covers_every_row_once_and_feeds_every_slot(group_rows, num_slots):
-    from arrowstream._discovery import FileEntry
     from arrowstream._formats import FileFooter
 
     footer = FileFooter(FileEntry("p", "p", 1, ""), "parquet", pa.schema([]), tuple(group_rows),
@@ -111,7 +109,6 @@ def test_refine_covers_every_row_once_and_feeds_every_slot(group_rows, num_slots
 
 
 def _footers(files: list[list[int]]):
-    from arrowstream._discovery import FileEntry
     from arrowstream._formats import FileFooter
 
     return [FileFooter(FileEntry(f"f{i}", f"f{i}", 1, ""), "parquet", pa.schema([]), tuple(units),

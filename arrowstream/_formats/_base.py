@@ -18,7 +18,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .._discovery import FileEntry
+from .._plan_types import FileEntry
 from .._storage import Storage
 from ..errors import CorruptFileError
 

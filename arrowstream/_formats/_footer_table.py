@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .._discovery import FileEntry
+from .._plan_types import FileEntry
 from ._base import FileFooter, FileFormat
 from ._text_settings import TextLayout, TextSettings
 from .parquet import parsed_metadata, serialized_metadata

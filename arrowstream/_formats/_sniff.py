@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from .._discovery import FileEntry
+    from .._plan_types import FileEntry
     from .._storage import Storage
 
 HEAD_BYTES = 512   # bytes a sniff looks at

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 
-from .._discovery import FileEntry
+from .._plan_types import FileEntry
 from .._storage import Storage, display_url
 from ..errors import MalformedRowError
 from ._base import FileFooter, sliced

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyarrow import ipc
 
-from .._discovery import FileEntry
+from .._plan_types import FileEntry
 from .._storage import Storage, display_url
 from ..errors import CorruptFileError
 from ._base import FileFooter, MetadataFormat, sliced

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyarrow import orc
 
-from .._discovery import FileEntry
+from .._plan_types import FileEntry
 from .._storage import Storage
 from ._base import FileFooter, MetadataFormat, sliced
 from ._opened import MetadataMismatch, schema_difference

@@ -21,7 +21,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from .._discovery import FileEntry
+from .._plan_types import FileEntry
 from .._storage import Storage, display_url
 from ..errors import CorruptFileError
 from ._base import FileFooter, LocalFooters, MetadataFormat

@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 
-from .._discovery import FileEntry
+from .._plan_types import FileEntry
 from .._storage import Storage, display_url
 from ..errors import CorruptFileError, MalformedRowError, SchemaMismatchError
 from ._base import FileFooter, sliced
