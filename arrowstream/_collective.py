@@ -104,18 +104,6 @@ def show(value: Any) -> str:
     return f"{text[:MAX_SHOWN - 32]}... ({len(text):,} chars, sha256 {digest})"
 
 
-def path_names(path: Any) -> Any:
-    """The path(s) as given, as normalised strings (``data/`` and ``./data`` alike; URLs as written)."""
-    if isinstance(path, (list, tuple)):
-        return [path_names(item) for item in path]
-    if not isinstance(path, (str, os.PathLike)):
-        return path
-    name = os.fspath(path)
-    if not isinstance(name, str):
-        return name
-    return (name.rstrip("/") or name) if "://" in name else os.path.normpath(name)
-
-
 def plan_arguments(source_arguments: dict[str, Any], options: Options, even_batches: bool, world_size: int,
                    group_size: int) -> dict[str, Any]:
     """What decides a dataset's plan and batches, compared between ranks: the source's arguments (no

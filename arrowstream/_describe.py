@@ -16,6 +16,7 @@ from typing import Any
 
 from ._dynamic import start_cursor
 from ._fields import MAX_INT, REMEDY, Fields, check_int, shorten
+from ._identity import DataIdentity
 from ._loader_state import read_checkpoint, read_loader_state
 from ._mix_loader import MIX_CHECKPOINT_KIND, MIX_LOADER_KIND, MIX_LOADER_VERSION, _read_checkpoint
 from ._mix_state import MixWorkerState
@@ -25,7 +26,6 @@ from ._state import (
     CHECKPOINT_KIND,
     LOADER_KIND,
     STATE_VERSION,
-    DataIdentity,
     WorkerState,
     check_compatible,
     check_planning,

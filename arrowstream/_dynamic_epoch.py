@@ -34,11 +34,12 @@ from ._dynamic import (
 )
 from ._elastic import Replay
 from ._fields import REMEDY, Fields, check_int, shorten
+from ._identity import DataIdentity
 from ._ledger_rows import EpochRows, Rank, check_yielded, rows_left, yielded_to_dict
 from ._metrics import worker_values
 from ._order import Slot, SlotGrid
 from ._plan_types import Split, split_rows
-from ._state import DataIdentity, WorkerState, check_compatible
+from ._state import WorkerState, check_compatible
 from ._stream import EpochStream
 from .errors import ArgumentTypeError, InvalidArgumentError, StateError, StateMismatchError
 

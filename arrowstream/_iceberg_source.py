@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ._iceberg import plan_iceberg
 from ._iceberg_table import IcebergSource, open_source
-from ._identity import layout_of
+from ._identity import DataIdentity, layout_of
 from ._plan_cache import CacheOutcome, PlanCacheSetting
 from ._source import Source
-from ._state import DataIdentity, check_same_table
+from ._state import check_same_table
 from .errors import StateMismatchError
 
 if TYPE_CHECKING:

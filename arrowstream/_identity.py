@@ -29,7 +29,6 @@ from .errors import ArgumentTypeError, InvalidArgumentError, StateError, StateMi
 
 if TYPE_CHECKING:
     from ._planning import Plan
-    from ._state import DataIdentity
 
 STRICT, LAYOUT = "strict", "layout"
 DATA_IDENTITIES = (STRICT, LAYOUT)
@@ -162,3 +161,35 @@ def layout_field(data: Fields) -> Layout | None:
     if not isinstance(value, dict):
         raise StateError(f"the state's {data.name('layout')} is {shorten(value)}, expected a dict or null; {REMEDY}")
     return Layout.from_dict(Fields(value, data.name("layout")))
+
+
+@dataclass(frozen=True)
+class DataIdentity:
+    """What the state remembers of the data: enough to refuse other data, nothing more."""
+
+    fingerprint: str
+    num_files: int
+    num_rows: int
+    snapshot_id: int | None = None  # the Iceberg snapshot read, and the schema it is read in; None for files
+    schema_id: int | None = None
+    table_uuid: str | None = None   # the Iceberg table's uuid (a table dropped and recreated gets a new one)
+    layout: Layout | None = None    # the data without modification tags (data_identity="layout"); None in older states
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"fingerprint": self.fingerprint, "num_files": self.num_files,
+                                "num_rows": self.num_rows, "snapshot_id": self.snapshot_id, "schema_id": self.schema_id}
+        if self.table_uuid is not None:  # Iceberg only: file states are unchanged, the version stays 5
+            data["table_uuid"] = self.table_uuid
+        if self.layout is not None:   # optional on load: states of earlier releases have none
+            data["layout"] = self.layout.to_dict()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Fields) -> DataIdentity:
+        table_uuid = data.value.get("table_uuid")   # optional: absent in file states and older Iceberg ones
+        if table_uuid is not None and not isinstance(table_uuid, str):
+            raise StateError(f"the state's {data.name('table_uuid')} is {shorten(table_uuid)}, expected a string or "
+                             f"null; {REMEDY}")
+        return cls(data.string("fingerprint"), data.integer("num_files"), data.integer("num_rows"),
+                   data.optional_integer("snapshot_id"), data.optional_integer("schema_id"), table_uuid,
+                   layout_field(data))

@@ -24,6 +24,7 @@ import numpy as np
 
 from ._cursor import Cursor
 from ._elastic import Share, assign_shares, cut_shares, remaining_items
+from ._identity import DataIdentity
 from ._order import (
     Slot,
     SlotGrid,
@@ -40,10 +41,10 @@ from ._trims import slot_trim
 from .errors import StateMismatchError
 
 if TYPE_CHECKING:
+    from ._identity import DataIdentity
     from ._options import Options
     from ._plan_types import Split
     from ._planning import Plan
-    from ._state import DataIdentity
 
 Assignment = Callable[[Sequence[int], int], list[list[int]]]
 """A policy: items (their weights, in order) over ``num_slots`` slots, each slot's item indices in order."""

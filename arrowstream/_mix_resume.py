@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._fields import REMEDY, Fields
-from ._identity import check_same_data
+from ._identity import DataIdentity, check_same_data
 from ._interleave import block_size_for
 from ._mix_elastic import MixElastic
 from ._mix_plan import SPANS, TRACKS, positions, quotas_at
@@ -21,7 +21,6 @@ from ._mix_position import check_counters, check_source_cursor, final_counters, 
 from ._mix_state import MixWorkerState
 from ._mix_stream import MixSlot
 from ._order import even_batch_limits
-from ._state import DataIdentity
 from .errors import StateError, StateMismatchError
 
 if TYPE_CHECKING:

@@ -15,11 +15,10 @@ from ._credentials import as_provider
 from ._fields import Fields, shorten
 from ._iceberg_source import IcebergTableSource
 from ._iceberg_table import load_table, open_source
-from ._identity import check_data_identity
+from ._identity import DataIdentity, check_data_identity
 from ._options import Options, check_storage_arguments, validate_options
 from ._planning import Plan
 from ._retry import RetryPolicy
-from ._state import DataIdentity
 from ._storage import Storage
 from ._topology import Topology
 from .errors import (

@@ -38,11 +38,12 @@ from ._watchdog import watch_trainer
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from ._identity import DataIdentity
     from ._layout import EpochLayout
     from ._options import Options
     from ._order import Slot
     from ._planning import Plan
-    from ._state import DataIdentity, WorkerState
+    from ._state import WorkerState
     from ._storage import Storage
 
 READ_BATCH_ROWS = 65536

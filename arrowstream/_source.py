@@ -12,18 +12,17 @@ source; readers open files through the formats the plan names (``arrowstream._fo
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ._collective import path_names
 from ._discovery import discover_files
 from ._formats import FILE_FORMATS, get_format
-from ._identity import layout_of
+from ._identity import DataIdentity, layout_of
 from ._plan_cache import CacheOutcome, PlanCacheSetting, check_plan_cache, plan_cache_for
 from ._planning import plan_files
-from ._state import DataIdentity
 from .errors import InvalidArgumentError, NotSupportedYetError
 
 if TYPE_CHECKING:
@@ -34,6 +33,18 @@ if TYPE_CHECKING:
     from ._storage import Storage
 
 PLANNED_FORMATS = ("parquet", "orc", "arrow", "csv", "jsonl", "json")  # file formats known by name, read or planned
+
+
+def path_names(path: Any) -> Any:
+    """The path(s) as given, as normalised strings (``data/`` and ``./data`` alike; URLs as written)."""
+    if isinstance(path, (list, tuple)):
+        return [path_names(item) for item in path]
+    if not isinstance(path, (str, os.PathLike)):
+        return path
+    name = os.fspath(path)
+    if not isinstance(name, str):
+        return name
+    return (name.rstrip("/") or name) if "://" in name else os.path.normpath(name)
 
 
 class Source:

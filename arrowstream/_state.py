@@ -15,7 +15,7 @@ from typing import Any
 
 from ._cursor import Cursor
 from ._fields import REMEDY, Fields, is_int, shorten
-from ._identity import STRICT, Layout, check_same_data, layout_field
+from ._identity import STRICT, DataIdentity, check_same_data
 from ._order import Slot, SlotGrid
 from ._plan_types import PLANNING_VERSION, PLANNING_VERSIONS
 from .errors import StateError, StateMismatchError, StateVersionError
@@ -171,38 +171,6 @@ def check_planning(options: Fields) -> int:
             f"this arrowstream does not know (it knows {', '.join(map(str, PLANNING_VERSIONS))}); upgrade "
             "arrowstream to load it, or start without loading the checkpoint")
     return int(planning)
-
-
-@dataclass(frozen=True)
-class DataIdentity:
-    """What the state remembers of the data: enough to refuse other data, nothing more."""
-
-    fingerprint: str
-    num_files: int
-    num_rows: int
-    snapshot_id: int | None = None  # the Iceberg snapshot read, and the schema it is read in; None for files
-    schema_id: int | None = None
-    table_uuid: str | None = None   # the Iceberg table's uuid (a table dropped and recreated gets a new one)
-    layout: Layout | None = None    # the data without modification tags (data_identity="layout"); None in older states
-
-    def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"fingerprint": self.fingerprint, "num_files": self.num_files,
-                                "num_rows": self.num_rows, "snapshot_id": self.snapshot_id, "schema_id": self.schema_id}
-        if self.table_uuid is not None:  # Iceberg only: file states are unchanged, the version stays 5
-            data["table_uuid"] = self.table_uuid
-        if self.layout is not None:   # optional on load: states of earlier releases have none
-            data["layout"] = self.layout.to_dict()
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Fields) -> DataIdentity:
-        table_uuid = data.value.get("table_uuid")   # optional: absent in file states and older Iceberg ones
-        if table_uuid is not None and not isinstance(table_uuid, str):
-            raise StateError(f"the state's {data.name('table_uuid')} is {shorten(table_uuid)}, expected a string or "
-                             f"null; {REMEDY}")
-        return cls(data.string("fingerprint"), data.integer("num_files"), data.integer("num_rows"),
-                   data.optional_integer("snapshot_id"), data.optional_integer("schema_id"), table_uuid,
-                   layout_field(data))
 
 
 @dataclass(frozen=True)

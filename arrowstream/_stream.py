@@ -15,10 +15,11 @@ from typing import Any
 import pyarrow as pa
 
 from ._cursor import Cursor, Position, Run
+from ._identity import DataIdentity
 from ._interleave import PieceReader, block_size_for, interleave_runs
 from ._order import Slot
 from ._plan_types import Split
-from ._state import DataIdentity, WorkerState
+from ._state import WorkerState
 from ._window import RUN_ROWS, shuffle_windows
 
 logger = logging.getLogger("arrowstream")

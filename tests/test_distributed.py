@@ -227,7 +227,7 @@ def test_handshake_timeout_and_fingerprint_values(monkeypatch, small_dataset):
     """The handshake's knob and how values are compared and shown (the handshake itself needs torchrun, above)."""
     import functools
 
-    from arrowstream import StructuredDataset, _collective, errors
+    from arrowstream import StructuredDataset, _collective, _source, errors
 
     assert _collective.handshake_timeout() == 300
     monkeypatch.setenv("ARROWSTREAM_HANDSHAKE_TIMEOUT", "2.5")
@@ -240,7 +240,7 @@ def test_handshake_timeout_and_fingerprint_values(monkeypatch, small_dataset):
     one, other = _collective.show(["/data/" + "a" * 300]), _collective.show(["/data/" + "a" * 299 + "b"])
     assert one != other and len(one) < 130 and "(310 chars, sha256 " in one
     assert _collective._ranks(list(range(1, 1000))) == "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, ... (999 ranks)]"
-    assert _collective.path_names(["data/", "./data", "s3://bucket/data/"]) == ["data", "data", "s3://bucket/data"]
+    assert _source.path_names(["data/", "./data", "s3://bucket/data/"]) == ["data", "data", "s3://bucket/data"]
     # a callable by its name, never its repr (an address that differs by process)
     assert _collective.callable_name(ids_of) == "helpers.ids_of"
     assert _collective.callable_name(functools.partial(ids_of)) == "functools.partial"

@@ -24,11 +24,12 @@ from hypothesis import strategies as st
 from arrowstream._cursor import Cursor, Run
 from arrowstream._elastic import assign_shares, cut_shares, item_rows, remaining_items, share_runs
 from arrowstream._formats import FileFooter
+from arrowstream._identity import DataIdentity
 from arrowstream._order import Slot, slot_split_ids, window_seed
 from arrowstream._plan_types import PLANNING_VERSION, FileEntry
 from arrowstream._planning import Plan, Split, build_plan
 from arrowstream._reader import Piece
-from arrowstream._state import EVEN, LPT, DataIdentity, ElasticSource, WorkerState
+from arrowstream._state import EVEN, LPT, ElasticSource, WorkerState
 from arrowstream._stream import EpochStream, open_runs
 
 ROWS_PER_FILE = 1_000_000

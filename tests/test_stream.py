@@ -18,12 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arrowstream._cursor import Cursor
+from arrowstream._identity import DataIdentity
 from arrowstream._interleave import block_size_for
 from arrowstream._order import Slot, window_seed
 from arrowstream._plan_types import PLANNING_VERSION
 from arrowstream._planning import Split
 from arrowstream._reader import Piece
-from arrowstream._state import DataIdentity, WorkerState
+from arrowstream._state import WorkerState
 from arrowstream._stream import EpochStream, RunQueue, open_runs
 
 ROWS_PER_SPLIT = 10_000  # split i holds ids i * ROWS_PER_SPLIT + source offset

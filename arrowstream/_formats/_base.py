@@ -23,7 +23,7 @@ from .._storage import Storage
 from ..errors import CorruptFileError
 
 if TYPE_CHECKING:
-    from .text import TextSettings
+    from ._text_settings import TextSettings
 
 
 @dataclass(frozen=True)
