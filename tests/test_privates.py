@@ -82,26 +82,21 @@ THIRD_PARTY: dict[tuple[str, str], str] = {
 # those parts; until then a count may shrink (lower it here) but never grow, and a module outside
 # it may have none.
 PENDING: dict[str, int] = {
-    "arrowstream._auto_buffer": 15,
-    "arrowstream._bench": 3,
-    "arrowstream._boundary": 2,
     "arrowstream._describe": 5,
     "arrowstream._dynamic_epoch": 18,
-    "arrowstream._epoch_watch": 2,
     "arrowstream._inspect": 3,
     "arrowstream._loader_resume": 1,
     "arrowstream._mix_inspect": 1,
     "arrowstream._mix_loader": 16,
+    # not part of another's files: part E's own work left (open_stream and MixIterator should take a value the
+    # mixture opens, as a dataset's EpochIterator takes open_epoch)
     "arrowstream._mix_reading": 27,
     "arrowstream._mix_resume": 18,
-    "arrowstream._plan_report": 1,
-    "arrowstream._position": 6,
-    "arrowstream._resume": 19,
     "arrowstream._skip": 1,
-    "arrowstream._storage": 1,
-    "arrowstream._transport": 3,
     "arrowstream.loader": 29,
-    "arrowstream.testing": 2,
+    # check_resume asks which worker made the last batch: the loader's batch iterator, which has no public
+    # handle until part B's loader shell gives one
+    "arrowstream.testing": 1,
 }
 
 _ACCESSORS = ("getattr", "hasattr", "setattr", "delattr")
