@@ -7,7 +7,7 @@ row estimated from the plan's metadata, between :data:`MIN_BATCHES` batches and 
 
 The size is a pure function of the plan and the options (never of the machine's free memory): every
 rank computes the same, and it is in each checkpoint's options, which a resume must match. A dataset
-whose size was left out adopts a loaded checkpoint's size instead (:func:`adopt_buffer`), so a
+whose size was left out adopts a loaded checkpoint's size instead (:func:`adopted`), so a
 checkpoint taken before this default (``shuffle_buffer_size`` 0) resumes exactly, in that epoch and
 the later ones. An explicit size is compared as before.
 
@@ -114,25 +114,16 @@ def adopted(options: Options, saved_options: Any) -> Options | None:
 
 
 def adopt_buffer(dataset: Any, saved_options: Any) -> None:
-    """Make ``dataset`` (a ``StructuredDataset``) shuffle rows with the buffer of a checkpoint's options, when its
-    own size was left to the default: in the checkpoint's epoch and the later ones."""
-    options = adopted(dataset._options, saved_options)
-    if options is not None:
-        dataset._options = options
-        dataset._use_plan(dataset._storage, dataset._plan)
+    """``dataset.adopt_buffer(saved_options)``, for the callers that import it from here."""
+    dataset.adopt_buffer(saved_options)
 
 
 def use_buffer(dataset: Any, rows: int) -> None:
-    """Put ``dataset``'s buffer back to ``rows`` (a refused checkpoint leaves it as it was)."""
-    if dataset._options.shuffle_buffer_size != rows:
-        dataset._options = dataclasses.replace(dataset._options, shuffle_buffer_size=rows)
-        dataset._use_plan(dataset._storage, dataset._plan)
+    """``dataset.use_buffer(rows)``, for the callers that import it from here."""
+    dataset.use_buffer(rows)
 
 
-def adopt_mixture_buffer(mixture: Any, saved_options: Any) -> None:
-    """:func:`adopt_buffer` for a ``Mixture``: its layout is made again with the checkpoint's size (before a
-    loaded state's re-planned epoch is set on it)."""
-    options = adopted(mixture._options, saved_options)
-    if options is not None:
-        mixture._options = options
-        mixture._epochs = mixture._layout()
+def with_buffer(options: Options, rows: int) -> Options | None:
+    """The options with a buffer of ``rows``, None when that is already their size (a refused checkpoint's
+    dataset goes back to its own size)."""
+    return None if options.shuffle_buffer_size == rows else dataclasses.replace(options, shuffle_buffer_size=rows)

@@ -51,7 +51,7 @@ def raw_convert(batch: pa.RecordBatch) -> dict[str, Any]:
 def raw_batches(dataset: Any, batch_size: int) -> Iterator[pa.RecordBatch]:
     """The rows of ``dataset`` through its source's own readers: files one after the other through each
     format's ``baseline_batches``, an Iceberg table through pyiceberg's scan of the pinned snapshot."""
-    yield from dataset._source.baseline_batches(dataset._plan, dataset._storage, batch_size)
+    yield from dataset.baseline_batches(batch_size)
 
 
 TEXT_BAR_SECONDS = 30.0   # a progress line in a log at least this often

@@ -37,12 +37,12 @@ def later_epoch_starts_whole(dataset: StructuredDataset, saved: list[WorkerState
 def check_replanned_epoch_over(dataset: StructuredDataset, num_workers: int) -> None:
     """Refuse to start a later epoch while the epoch a checkpoint was re-planned into (elastic
     resume) still has rows for this rank: skipping them would lose them silently."""
-    source = dataset._epochs.elastic
+    source = dataset.epochs.elastic
     if source is None or dataset.epoch <= source.epoch:
         return
     for slot in SlotGrid(dataset.world_size, num_workers).rank_slots(dataset.rank):
         worker = slot.worker_id
-        left = dataset.batches_left(dataset._epochs.start(slot, source.epoch), slot)
+        left = dataset.batches_left(dataset.epochs.start(slot, source.epoch), slot)
         if left != 0:
             rows = "rows to read (a filter decides how many it yields)" if left is None else f"{left} batch(es)"
             raise StateMismatchError(

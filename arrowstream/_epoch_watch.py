@@ -22,7 +22,7 @@ from .errors import RepeatedEpochWarning
 
 def dataset_order_varies(dataset: Any) -> bool:
     """Whether a ``StructuredDataset``'s epochs differ: shuffled splits, or rows in seeded windows."""
-    options = dataset._options
+    options = dataset.options
     return bool(options.shuffle or options.shuffle_buffer_size)
 
 
@@ -31,8 +31,8 @@ def mixture_order_varies(mixture: Any) -> bool:
     epoch then takes the rows after the last epoch's)."""
     if dataset_order_varies(mixture):
         return True
-    quotas = mixture.quotas()
-    return any(quotas.get(s.name) and quotas[s.name] != s.plan.num_rows for s in mixture._sources)
+    quotas, rows = mixture.quotas(), mixture.source_rows()
+    return any(quotas.get(name) and quotas[name] != rows[name] for name in rows)
 
 
 class EpochWatch:

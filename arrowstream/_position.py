@@ -19,11 +19,12 @@ from ._fields import REMEDY
 from ._interleave import block_size_for
 from ._order import Slot, SlotGrid
 from ._plan_types import split_rows as rows_of
-from ._state import WorkerState
+from ._state import ElasticSource, WorkerState
 from .errors import StateError
 
 if TYPE_CHECKING:
-    from .dataset import StructuredDataset
+    from ._layout import Epochs
+    from ._options import Options
 
 
 def cursor_at(split_rows: Sequence[int], interleave: int, block_size: int | None, rows: int) -> Cursor:
@@ -63,10 +64,10 @@ def cursor_at(split_rows: Sequence[int], interleave: int, block_size: int | None
     return Cursor(tuple((p, o) for p, o in lanes), next_split, turn, taken)
 
 
-def _slot_rows(dataset: StructuredDataset, slot: Slot, epoch: int) -> list[int]:
+def _slot_rows(epochs: Epochs, slot: Slot, epoch: int) -> list[int]:
     """The rows of each split ``slot`` reads in ``epoch`` as planned for its topology, in reading order
     (the epoch's layout, computed once for every slot)."""
-    rows: list[int] = rows_of(dataset._epochs.planned_splits(slot, epoch)).tolist()
+    rows: list[int] = rows_of(epochs.planned_splits(slot, epoch)).tolist()
     return rows
 
 
@@ -175,32 +176,33 @@ def check_position(saved: WorkerState, split_rows: Sequence[int], replay_rows: S
     return at_end
 
 
-def check_in_plan(dataset: StructuredDataset, saved: WorkerState, where: str, done: str | None = None) -> None:
-    """Check a parsed worker state against ``dataset``'s plan in the state's own topology (its slot);
-    ``done``: why the checkpoint counts the worker as done with its epoch (then nothing may be left)."""
-    options = dataset._options
+def check_in_plan(epochs: Epochs, options: Options, checked: set[ElasticSource], saved: WorkerState, where: str,
+                  done: str | None = None) -> None:
+    """Check a parsed worker state against a dataset's plan (its ``epochs`` and ``options``) in the state's own
+    topology (its slot); ``done``: why the checkpoint counts the worker as done with its epoch (then nothing may
+    be left). An elastic source already in ``checked`` is not checked again; one found valid is added."""
     exact = not options.drops_rows
     common: dict[str, Any] = {"interleave": options.interleave, "buffer_rows": options.shuffle_buffer_size,
                               "block_size": block_size_for(options.batch_size, options.interleave)}
     slot = saved.slot
     replay_rows: list[int] | None = None
     if saved.elastic is None:  # the epoch as the state's topology reads it, with the state's even_batches
-        layout = dataset._epochs.layouts.layout(saved.epoch, slot.grid, even_batches=bool(saved.options.get("even_batches")))
+        layout = epochs.layouts.layout(saved.epoch, slot.grid, even_batches=bool(saved.options.get("even_batches")))
         split_rows, limit = rows_of(layout.share(slot).splits).tolist(), layout.limit(slot)
     else:
         source = saved.elastic
         if source.epoch != saved.epoch:
             raise _refuse(f"{where}.elastic.epoch", f"is {source.epoch}, but the state is in epoch {saved.epoch}")
-        for index, old in enumerate(source.cursors if source not in dataset._checked_sources else ()):
+        for index, old in enumerate(source.cursors if source not in checked else ()):
             if old is None:
                 continue
             old_slot = SlotGrid(source.world_size, source.num_workers).slot_at(index)
             if old.replay_index or old.replay_offset:
                 raise _refuse(f"{where}.elastic.cursors[{index}]", "has replay fields; an old worker's cursor has none")
-            check_cursor(old, _slot_rows(dataset, old_slot, source.epoch), exact=exact,
+            check_cursor(old, _slot_rows(epochs, old_slot, source.epoch), exact=exact,
                          where=f"{where}.elastic.cursors[{index}]", **common)
-        dataset._checked_sources.add(source)  # every new worker carries the same source: checked once
-        layout = dataset._epochs.layouts.layout(saved.epoch, slot.grid, source)
+        checked.add(source)  # every new worker carries the same source: checked once
+        layout = epochs.layouts.layout(saved.epoch, slot.grid, source)
         share, limit = layout.share(slot), layout.limit(slot)
         split_rows, replay_rows = rows_of(share.splits).tolist(), [r.rows for r in share.replays]
     at_end = check_position(saved, split_rows, replay_rows, batch_size=options.batch_size, drop_last=options.drop_last,

@@ -3,36 +3,58 @@ re-planned from the states of another topology.
 
 The bodies of :meth:`StructuredDataset.check_state <arrowstream.StructuredDataset.check_state>`,
 ``load_state_dict`` and ``begin_elastic_epoch``, and the check of a pending state when its epoch opens.
-Pure: the dataset is handed in, and nothing here reads files (see ``tests/test_layers.py``).
+Pure: the dataset hands in what a check reads (a :class:`Against`) and applies what comes back (it follows
+a checkpoint's data, planning version and buffer itself); nothing here reads files (``tests/test_layers.py``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._auto_buffer import adopt_buffer
 from ._fields import Fields
 from ._layout import replanned_source
 from ._order import Slot, SlotGrid
 from ._position import check_in_plan
-from ._state import WORKER_KIND, ElasticSource, WorkerState, check_compatible, check_planning, check_slot, upgrade
+from ._state import (
+    WORKER_KIND,
+    DataIdentity,
+    ElasticSource,
+    WorkerState,
+    check_compatible,
+    check_planning,
+    check_slot,
+    upgrade,
+)
 from .errors import StateMismatchError
 
 if TYPE_CHECKING:
+    from ._layout import Epochs
+    from ._options import Options
     from .dataset import StructuredDataset
 
 
-def checked_state(dataset: StructuredDataset, state_dict: dict[str, Any], elastic: bool, slot: Slot | None,
+@dataclass(frozen=True)
+class Against:
+    """What a loaded worker state is checked against: a dataset's plan as it stands (after following the
+    state's data), the options, and what a checkpoint must match of the data."""
+
+    epochs: Epochs
+    options: Options
+    data: DataIdentity
+    state_options: dict[str, Any]
+    data_identity: str
+    checked: set[ElasticSource]   # the elastic sources found valid for this plan, which a check adds to
+
+
+def checked_state(against: Against, saved: WorkerState, elastic: bool, slot: Slot | None,
                   where: str, done: str | None) -> WorkerState:
-    """A worker state parsed and checked against ``dataset`` (see ``StructuredDataset.check_state``)."""
-    saved = WorkerState.from_dict(state_dict, where)
-    dataset._follow_source(saved)
-    options = dataset._state_options
+    """``saved`` checked against a dataset (see ``StructuredDataset.check_state``)."""
+    options = against.state_options
     if elastic:
         options = {**options, "even_batches": saved.options.get("even_batches")}
-    check_compatible(saved, dataset._data, options, dataset._data_identity)
+    check_compatible(saved, against.data, options, against.data_identity)
     if slot is not None:
         if saved.slot != slot:
             raise StateMismatchError(
@@ -41,16 +63,13 @@ def checked_state(dataset: StructuredDataset, state_dict: dict[str, Any], elasti
                 f"keeps rank {slot.rank} worker {slot.worker_id} of world_size={slot.world_size}, num_workers="
                 f"{slot.num_workers}; pass the dict returned by loader.state_dict() (or merge_state_dicts) unchanged")
         if not (elastic and saved.elastic is not None):  # a re-planned epoch re-planned again is refused
-            check_in_plan(dataset, saved, where, done)
+            check_in_plan(against.epochs, against.options, against.checked, saved, where, done)
     return saved
 
 
 def use_planning(dataset: StructuredDataset, planning: int) -> None:
-    """Make ``dataset`` cut splits for slots as planning version ``planning`` does (a loaded checkpoint's),
-    in this epoch and the later ones (see docs/state-format.md, Planning version)."""
-    if planning != dataset._options.planning:
-        dataset._options = dataclasses.replace(dataset._options, planning=planning)
-        dataset._use_plan(dataset._storage, dataset._plan)
+    """``dataset.use_planning(planning)``, for the callers that import it from here."""
+    dataset.use_planning(planning)
 
 
 def follow_planning(dataset: StructuredDataset, state_dict: Any, where: str) -> None:
@@ -60,30 +79,28 @@ def follow_planning(dataset: StructuredDataset, state_dict: Any, where: str) -> 
     The other states of the checkpoint must agree (their options are compared with the dataset's)."""
     if state_dict is not None:
         options = Fields(upgrade(state_dict, WORKER_KIND), where).mapping("options")
-        use_planning(dataset, check_planning(options))
-        adopt_buffer(dataset, options.value)   # shuffle_buffer_size left out: the checkpoint's
+        dataset.use_planning(check_planning(options))
+        dataset.adopt_buffer(options.value)   # shuffle_buffer_size left out: the checkpoint's
 
 
-def loaded_state(dataset: StructuredDataset, state_dict: dict[str, Any], slot: Slot) -> WorkerState:
-    """A worker state to resume from in ``slot`` (this process's), checked against the plan."""
-    saved = WorkerState.from_dict(state_dict)
-    use_planning(dataset, saved.options["planning"])
-    adopt_buffer(dataset, saved.options)   # shuffle_buffer_size left out: the checkpoint's
-    dataset._follow_source(saved)
-    check_compatible(saved, dataset._data, dataset._state_options, dataset._data_identity)
+def loaded_state(against: Against, saved: WorkerState, slot: Slot) -> WorkerState:
+    """A worker state to resume from in ``slot`` (this process's), checked against the plan (the dataset
+    has followed its planning version, buffer and data)."""
+    check_compatible(saved, against.data, against.state_options, against.data_identity)
     if saved.slot == slot:  # another slot's state is refused when the epoch opens (check_slot)
-        check_in_plan(dataset, saved, "worker state")
+        check_in_plan(against.epochs, against.options, against.checked, saved, "worker state")
     return saved
 
 
-def pending_for_epoch(dataset: StructuredDataset, pending: WorkerState | None, slot: Slot,
-                      epoch: int) -> WorkerState | None:
+def pending_for_epoch(pending: WorkerState | None, slot: Slot, epoch: int,
+                      nothing_left: Callable[[WorkerState], bool]) -> WorkerState | None:
     """The state ``slot`` resumes from in ``epoch``: ``pending``, or ``None`` when it had finished an
-    earlier epoch; a state of another slot, or of an epoch it cannot lead to, is refused."""
+    earlier epoch (``nothing_left`` of it); a state of another slot, or of an epoch it cannot lead to,
+    is refused."""
     if pending is None:
         return None
     check_slot(pending, slot)
-    if not (pending.epoch == epoch or (epoch > pending.epoch and nothing_left(dataset, pending, slot))):
+    if not (pending.epoch == epoch or (epoch > pending.epoch and nothing_left(pending))):
         raise StateMismatchError(
             f"the checkpoint is in epoch {pending.epoch} "
             f"({'complete' if pending.epoch_complete else 'mid-epoch'}) but the dataset is set to "
@@ -92,22 +109,21 @@ def pending_for_epoch(dataset: StructuredDataset, pending: WorkerState | None, s
     return pending if pending.epoch == epoch else None
 
 
-def nothing_left(dataset: StructuredDataset, state: WorkerState, slot: Slot) -> bool:
-    """True when a worker state has handed out every row of its epoch it ever will."""
-    left = dataset.batches_left(state, slot)
+def nothing_left(left: int | None, options: Options, holds: Callable[[int], bool]) -> bool:
+    """True when a worker state has handed out every row of its epoch it ever will: ``left`` batches by the
+    plan, or, when a filter decides (``None``), whether its stream ``holds`` the rows a batch needs."""
     if left is not None:
         return left == 0
-    options = dataset._options
     wanted = options.batch_size if options.drop_last else 1  # fewer rows than that: none
     # the filter decides what is left: look ahead from the cursor (the rows a resumed run reads first)
-    return not dataset._stream(slot, state.epoch, state).holds(wanted)
+    return not holds(wanted)
 
 
-def replanned_epoch(dataset: StructuredDataset, epoch: int, world_size: int, num_workers: int,
+def replanned_epoch(epochs: Epochs, options: Options, epoch: int, world_size: int, num_workers: int,
                     saved: Sequence[tuple[WorkerState, bool]]) -> ElasticSource:
     """The rest of ``epoch`` from the states of every old (rank, worker) slot, in slot order (each with
     whether its loader had finished the epoch), to be laid out for this topology."""
     # the epoch as the old topology read it, with its own even_batches
-    old = dataset._epochs.layouts.layout(epoch, SlotGrid(world_size, num_workers),
-                                  even_batches=bool(saved and saved[0][0].options.get("even_batches")))
-    return replanned_source(old, saved, dataset._options.interleave, dataset._options.drops_rows)
+    old = epochs.layouts.layout(epoch, SlotGrid(world_size, num_workers),
+                                even_batches=bool(saved and saved[0][0].options.get("even_batches")))
+    return replanned_source(old, saved, options.interleave, options.drops_rows)

@@ -158,8 +158,12 @@ class Storage:
         storage = object.__new__(type(self))  # not copy.copy: __getstate__ would drop the open filesystem
         storage.__dict__.update(self.__dict__)
         storage.read_ahead, storage.read_lanes = read_ahead, read_lanes
-        storage._prefetcher, storage._prefetcher_pid = None, -1
-        return storage
+        return storage._without_prefetcher()
+
+    def _without_prefetcher(self) -> Storage:
+        """This storage with no prefetcher yet (its own is made when first asked)."""
+        self._prefetcher, self._prefetcher_pid = None, -1
+        return self
 
     @property
     def prefetcher(self) -> Prefetcher | None:

@@ -86,15 +86,16 @@ class Chunk:
 
     def __init__(self, worker_id: int, batches: list[Any], positions: list[Any],
                  numpy_as_torch: bool = False, sizes: list[int] | None = None, objects: str | None = None,
-                 files: Callable[[], list[str]] | None = None) -> None:
+                 files: Callable[[], list[str]] | None = None,
+                 packed: tuple[list[_Entry], np.ndarray, list[Any] | int] | None = None) -> None:
         self.worker_id = worker_id
         self.positions = positions  # after each batch: a Position (a dataset's), or a mixture worker's state dict
         self.sizes = sizes  # set: ``batches`` is one span of these many rows per batch
         self.objects = objects  # set: Python objects are still Arrow, for this output format
         self.files = files  # the files this chunk's rows come from, asked only for an error message
         self._numpy_as_torch = numpy_as_torch
-        self._batches: list[Any] | None = batches
-        self._packed: tuple[list[_Entry], np.ndarray, list[Any] | int] | None = None
+        self._batches: list[Any] | None = batches if packed is None else None   # packed: unpacked when asked
+        self._packed = packed
         self._wire: tuple[Any, ...] | None = None  # what the queue sends, made by pack()
         # told (started, done) when the worker has collated and packed it: that time is converting, and the
         # worker's meter counts it so (never sent: the queue pickles only what pack() made)
@@ -160,7 +161,7 @@ class Chunk:
             except ArrowStreamError:
                 raise
             except Exception as exc:
-                raise WorkerError(_describe_failure(self, exc)) from exc
+                raise WorkerError(_describe_failure(self, self._batches or [], exc)) from exc
         return self
 
     def _serialize(self) -> tuple[Any, ...]:
@@ -288,10 +289,11 @@ def _loads_quietly(buffer: np.ndarray, offset: int) -> Any:
         _reading.buffer = previous
 
 
-def _describe_failure(chunk: Chunk, exc: BaseException) -> str:
-    """What could not be packed, for the error: the value (column and type) and the files."""
+def _describe_failure(chunk: Chunk, batches: list[Any], exc: BaseException) -> str:
+    """What of ``batches`` (``chunk``'s) could not be packed, for the error: the value (column and type) and the
+    files."""
     culprit = "a value"
-    for batch in chunk._batches or []:
+    for batch in batches:
         items = batch.items() if isinstance(batch, dict) else [("", batch)]
         for key, value in items:
             if _packs(value):
@@ -355,7 +357,4 @@ def _rebuild_from_ring(worker_id: int, positions: list[Position], entries: list[
 
 def _rebuild(worker_id: int, positions: list[Position], entries: list[_Entry], buffer: np.ndarray,
              skeletons: list[Any] | int, sizes: list[int] | None = None, objects: str | None = None) -> Chunk:
-    chunk = Chunk(worker_id, [], positions, sizes=sizes, objects=objects)
-    chunk._batches = None
-    chunk._packed = (entries, buffer, skeletons)
-    return chunk
+    return Chunk(worker_id, [], positions, sizes=sizes, objects=objects, packed=(entries, buffer, skeletons))

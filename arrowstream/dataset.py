@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ._auto_buffer import resolve_buffer
+from ._auto_buffer import adopted, resolve_buffer, with_buffer
 from ._collective import collective_world_size, plan_arguments, plan_together
 from ._convert import check_output_columns, resolve_fill_nulls
 from ._credentials import as_provider
@@ -33,7 +34,7 @@ from ._options import Options, check_bool, check_even_batches, check_int, check_
 from ._order import Slot, SlotGrid
 from ._plain_loader import LoaderWatch, Streamed
 from ._planning import Plan
-from ._resume import checked_state, loaded_state, pending_for_epoch, replanned_epoch
+from ._resume import Against, checked_state, loaded_state, nothing_left, pending_for_epoch, replanned_epoch
 from ._retry import RetryPolicy, check_retry
 from ._row_ids import check_row_id_names
 from ._runtime import EpochIterator, OpenEpoch, WorkerRuntime, WorkerSide, open_stream, read_schema
@@ -236,6 +237,32 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
                               previous.elastic if previous is not None else None)
         self._checked_sources: set[ElasticSource] = set()  # elastic sources found valid for this plan
         self._side.forget()
+
+    def _use_options(self, options: Options | None) -> None:
+        """Read with ``options`` from now on (None: as before): the plan's epochs are laid out again."""
+        if options is not None:
+            self._options = options
+            self._use_plan(self._storage, self._plan)
+
+    def use_planning(self, planning: int) -> None:
+        """Cut splits for slots as planning version ``planning`` does (a loaded checkpoint's), in this epoch
+        and the later ones (see docs/state-format.md, Planning version). For arrowstream's loader."""
+        if planning != self._options.planning:
+            self._use_options(dataclasses.replace(self._options, planning=planning))
+
+    def adopt_buffer(self, saved_options: Any) -> None:
+        """Shuffle rows with the buffer of a checkpoint's options, when this dataset's size was left to the
+        default: in the checkpoint's epoch and the later ones (``_auto_buffer``). For arrowstream's loader."""
+        self._use_options(adopted(self._options, saved_options))
+
+    def use_buffer(self, rows: int) -> None:
+        """Put the shuffle buffer back to ``rows`` (a refused checkpoint leaves it as it was)."""
+        self._use_options(with_buffer(self._options, rows))
+
+    def _against(self) -> Against:
+        """What a loaded worker state is checked against, as the plan stands now."""
+        return Against(self._epochs, self._options, self._data, self._state_options, self._data_identity,
+                       self._checked_sources)
 
     def _follow_source(self, saved: WorkerState) -> None:
         """Make the dataset read what a loaded state was taken on, when the source has moved on since
@@ -491,7 +518,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
 
     def _open(self, slot: Slot, pending: WorkerState | None) -> OpenEpoch:
         epoch = self.epoch
-        pending = pending_for_epoch(self, pending, slot, epoch)
+        pending = pending_for_epoch(pending, slot, epoch, functools.partial(self._nothing_left, slot=slot))
         return OpenEpoch(self._stream(slot, epoch, pending), self._worker_runtime(),
                          functools.partial(self._epochs.files_between, slot, epoch))
 
@@ -499,6 +526,43 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         """Batches a worker state of ``slot`` has still to hand out in its epoch, from the plan;
         ``None`` when a filter (or ``bad_rows='skip'``) decides, which only reading tells."""
         return self._epochs.batches_left(state, slot)
+
+    def _nothing_left(self, state: WorkerState, slot: Slot) -> bool:
+        """True when a worker state of ``slot`` has handed out every row of its epoch it ever will."""
+        return nothing_left(self.batches_left(state, slot), self._options,
+                            lambda wanted: self._stream(slot, state.epoch, state).holds(wanted))
+
+    @property
+    def assignment(self) -> str:
+        """How a rank's splits go to its workers: ``"static"`` (a fixed share each) or ``"dynamic"`` (leased).
+
+        Example:
+            >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq, arrowstream
+            >>> folder = tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"x": list(range(10))}), f"{folder}/part.parquet")
+            >>> arrowstream.StructuredDataset(folder, rank=0, world_size=1, plan_locally=True).assignment
+            'static'
+        """
+        return self._assignment
+
+    @property
+    def options(self) -> Options:
+        """The options this dataset reads with, as resolved (a frozen value; for arrowstream's own modules)."""
+        return self._options
+
+    @property
+    def source(self) -> Source:
+        """What rows exist: the files or the table this dataset reads (for arrowstream's own modules)."""
+        return self._source
+
+    def baseline_batches(self, batch_size: int) -> Iterator[pa.RecordBatch]:
+        """The rows through the source's own readers (pyarrow's, pyiceberg's), for ``arrowstream bench``."""
+        return self._source.baseline_batches(self._plan, self._storage, batch_size)
+
+    @property
+    def epochs(self) -> Epochs:
+        """The plan's epochs (layouts, an epoch re-planned from a loaded checkpoint): for arrowstream's loader."""
+        return self._epochs
 
     def _use_elastic(self, source: ElasticSource | None) -> None:
         """The epoch a loaded checkpoint was re-planned into for this topology (its counts: len, trimmed rows)."""
@@ -526,8 +590,11 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         The state is checked against the plan here too, for a plain ``StatefulDataLoader``
         (``ArrowStreamDataLoader.load_state_dict`` has checked it already, in the main process).
         """
-        saved = loaded_state(self, state_dict, self._slot())
-        self._pending = saved
+        saved = WorkerState.from_dict(state_dict)
+        self.use_planning(saved.options["planning"])
+        self.adopt_buffer(saved.options)   # shuffle_buffer_size left out: the checkpoint's
+        self._follow_source(saved)
+        self._pending = loaded_state(self._against(), saved, self._slot())
         self._active = None
 
     def check_state(self, state_dict: dict[str, Any], elastic: bool = False, *, slot: Slot | None = None,
@@ -540,13 +607,15 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         ``where`` names the state in errors; ``done`` says why the checkpoint counts the worker as done
         with its epoch, which it then must be.
         """
-        return checked_state(self, state_dict, elastic, slot, where, done)
+        saved = WorkerState.from_dict(state_dict, where)
+        self._follow_source(saved)
+        return checked_state(self._against(), saved, elastic, slot, where, done)
 
     def begin_elastic_epoch(self, epoch: int, world_size: int, num_workers: int,
                             saved: list[tuple[WorkerState, bool]]) -> None:
         """Re-plan the rest of ``epoch`` from the states of every old (rank, worker) slot, in slot
         order (each with whether its loader had finished the epoch), for this topology."""
-        self._epochs.elastic = replanned_epoch(self, epoch, world_size, num_workers, saved)
+        self._epochs.elastic = replanned_epoch(self._epochs, self._options, epoch, world_size, num_workers, saved)
         self._pending, self._active = None, None
 
     def _sizes(self) -> str:

@@ -15,7 +15,7 @@ import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ._auto_buffer import adopt_mixture_buffer, resolve_buffer
+from ._auto_buffer import adopted, resolve_buffer
 from ._collective import collective_world_size
 from ._convert import check_output_columns, resolve_fill_nulls
 from ._layout import slot_yields
@@ -248,6 +248,11 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
         return self._options.batch_size
 
     @property
+    def options(self) -> Options:
+        """The options this mixture reads with, as resolved (a frozen value; for arrowstream's own modules)."""
+        return self._options
+
+    @property
     def names(self) -> list[str]:
         """The sources' names, in order."""
         return [s.name for s in self._sources]
@@ -378,7 +383,10 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
         batches (``permuted`` in a state older than the option) and its pass layout (``tracks`` in a state older
         than the option): for the checkpoint's epoch and later ones."""
         self.use_pass_layout(saved_options["pass_layout"])   # (MixWorkerState.from_dict has checked both)
-        adopt_mixture_buffer(self, saved_options)
+        options = adopted(self._options, saved_options)   # its layout is made again with the checkpoint's buffer
+        if options is not None:
+            self._options = options
+            self._epochs = self._layout()
         self._batch_order = saved_options["batch_order"]
 
     def use_pass_layout(self, pass_layout: str) -> None:

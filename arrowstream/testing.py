@@ -210,7 +210,7 @@ def _build(make_loader: MakeLoader) -> tuple[Any, Any]:
         raise ArgumentTypeError(f"make_loader: the dataset it returned ({type(dataset).__name__}) has no set_epoch; "
                                 "return (loader, dataset) as create_dataloader does")
     if loader.num_workers > 0 and (getattr(loader, "in_order", True) is False
-                                   or getattr(dataset, "_assignment", None) == "dynamic"):
+                                   or getattr(dataset, "assignment", None) == "dynamic"):
         raise InvalidArgumentError(
             "make_loader: its loader hands out batches in an order that depends on timing (in_order=False or "
             "assignment='dynamic'; a resume yields exactly the rows not yet yielded, but not in one fixed order), so "

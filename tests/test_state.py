@@ -343,7 +343,7 @@ def test_the_plan_check_reads_the_splits_each_slot_reads(uneven_dataset):
         for slot in (grid.slot_at(index) for index in range(grid.num_slots)):
             ids = slot_split_ids([s.num_rows for s in splits], slot, shuffle=True, seed=4, epoch=epoch)
             assert list(dataset._epochs.planned_splits(slot, epoch)) == [splits[i] for i in ids]
-            assert _slot_rows(dataset, slot, epoch) == [splits[i].num_rows for i in ids]
+            assert _slot_rows(dataset.epochs, slot, epoch) == [splits[i].num_rows for i in ids]
 
 
 @pytest.mark.timeout(120)
