@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._fields import Fields
+from ._identity import DataIdentity
 from ._layout import replanned_source
 from ._order import Slot, SlotGrid
 from ._position import check_in_plan
 from ._state import (
     WORKER_KIND,
-    DataIdentity,
     ElasticSource,
     WorkerState,
     check_compatible,
