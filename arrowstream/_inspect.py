@@ -1,8 +1,10 @@
-"""``arrowstream inspect``: what a loader will do with a dataset, from its metadata alone.
+"""``arrowstream inspect``: what a loader will do with a dataset or a mixture, from its metadata alone.
 
-Files, rows, units (row groups, stripes, record batches), the schema, the splits, and how they
-are assigned for a given ``--world-size`` and ``--num-workers``: rows per (rank, worker) slot,
-the imbalance, the exact batches per rank and what ``even_batches`` and ``drop_last`` leave out.
+For a dataset (``PATH`` or ``--iceberg-table``): files, rows, units (row groups, stripes, record batches),
+the schema, the splits, and how they are assigned for a given ``--world-size`` and ``--num-workers``. For a
+mixture (``--source NAME=PATH ...``, :mod:`arrowstream._mix_inspect`): each source's rows, quota and passes
+at ``--epoch``, and each slot's rows of each source. Both share one walk over the (rank, worker) slots:
+rows, exact batches, what ``even_batches`` trims and ``drop_last`` drops, then per rank ``len(loader)``.
 Nothing is read but footers; the numbers are those the loader uses (same plan, same assignment).
 """
 
@@ -76,17 +78,9 @@ def describe(dataset: Any, num_workers: int) -> dict[str, Any]:
     splits = plan.splits_for(num_slots, options.planning)
     split_rows = [s.num_rows for s in splits]
     owned = assign_lpt(split_rows, num_slots)  # the loader's assignment: splits per slot
-    slots = []
-    for index, (rows, batches, kept) in enumerate(dataset.slot_yields(num_workers)):
-        trimmed = rows - kept if batches < natural_batches(rows, options.batch_size, options.drop_last) else 0
-        slots.append({"rank": index // per_rank, "worker": index % per_rank, "splits": len(owned[index]),
-                      "rows": rows, "batches": batches, "rows_yielded": kept, "rows_trimmed": trimmed,
-                      "rows_dropped": rows - kept - trimmed})
-    ranks = []
-    for rank in range(world_size):
-        mine = slots[rank * per_rank:(rank + 1) * per_rank]
-        ranks.append({"rank": rank, **{key: sum(s[key] for s in mine) for key in
-                                       ("rows", "batches", "rows_yielded", "rows_trimmed", "rows_dropped")}})
+    slots = [{**slot_line(index, per_rank, rows, batches, kept, options.batch_size, options.drop_last),
+              "splits": len(owned[index])}
+             for index, (rows, batches, kept) in enumerate(dataset.slot_yields(num_workers))]
     slot_rows = [s["rows"] for s in slots]
     mean = sum(slot_rows) / num_slots
     return {
@@ -103,11 +97,27 @@ def describe(dataset: Any, num_workers: int) -> dict[str, Any]:
         "splits": {"count": len(splits), "rows_min": min(split_rows, default=0),
                    "rows_median": statistics.median(split_rows) if split_rows else 0,
                    "rows_max": max(split_rows, default=0)},
-        "slots": slots, "ranks": ranks,
         "imbalance": (max(slot_rows) / mean - 1) if mean else 0.0,
-        "rows_trimmed": sum(s["rows_trimmed"] for s in slots),
-        "rows_dropped": sum(s["rows_dropped"] for s in slots),
+        **slots_summary(slots, world_size),
     }
+
+
+def slot_line(index: int, per_rank: int, rows: int, batches: int, kept: int, batch_size: int,
+              drop_last: bool) -> dict[str, Any]:
+    """A (rank, worker) slot's epoch: its ``rows``, the ``batches`` it yields and the rows they hold (``kept``);
+    the rest is trimmed by ``even_batches`` (fewer batches than its rows make) or dropped by ``drop_last``."""
+    trimmed = rows - kept if batches < natural_batches(rows, batch_size, drop_last) else 0
+    return {"rank": index // per_rank, "worker": index % per_rank, "rows": rows, "batches": batches,
+            "rows_yielded": kept, "rows_trimmed": trimmed, "rows_dropped": rows - kept - trimmed}
+
+
+def slots_summary(slots: list[dict[str, Any]], world_size: int) -> dict[str, Any]:
+    """The slots, each rank's sums (its ``batches``: ``len(loader)`` on it) and the epoch's rows left out."""
+    ranks = [{"rank": rank, **{key: sum(s[key] for s in slots if s["rank"] == rank) for key in
+                               ("rows", "batches", "rows_yielded", "rows_trimmed", "rows_dropped")}}
+             for rank in range(world_size)]
+    return {"slots": slots, "ranks": ranks, "batches_per_rank": [r["batches"] for r in ranks],
+            "rows_trimmed": sum(s["rows_trimmed"] for s in slots), "rows_dropped": sum(s["rows_dropped"] for s in slots)}
 
 
 def render(report: dict[str, Any], max_files: int = 20) -> str:
@@ -142,6 +152,11 @@ def render(report: dict[str, Any], max_files: int = 20) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``arrowstream inspect``: a mixture's report with ``--source``, else a dataset's."""
+    if args.source:
+        from . import _mix_inspect
+
+        return _mix_inspect.run(args)
     dataset = open_dataset(args, rank=0, world_size=args.world_size, even_batches=not args.no_even_batches,
                            drop_last=args.drop_last)
     report = describe(dataset, args.num_workers)

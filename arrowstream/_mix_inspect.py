@@ -1,8 +1,8 @@
-"""``arrowstream inspect --source NAME=PATH ...``: what a loader will do with a mixture, from metadata alone.
+"""``arrowstream inspect --source NAME=PATH ...``: a mixture's parts of :mod:`arrowstream._inspect`'s report.
 
-Each source's rows, its quota per epoch and where its passes stand when the epoch starts; per (rank,
-worker) slot, the rows of each source it takes and the batches it yields; per rank, ``len(loader)``; and
-the rows ``even_batches`` or ``drop_last`` leave out. The numbers are those the loader uses.
+Each source's rows, its quota per epoch and where its passes stand when the epoch starts, and each slot's
+rows of each source; the slots, the ranks and the rows left out are the dataset report's
+(``_inspect.slot_line``, ``_inspect.slots_summary``). The numbers are those the loader uses.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import argparse
 import json
 from typing import Any
 
+from ._inspect import slot_line, slots_summary
 from ._order import natural_batches
 from .errors import InvalidArgumentError
 
@@ -47,20 +48,17 @@ def describe(mixture: Any, num_workers: int, epoch: int) -> dict[str, Any]:
     per_slot = mixture.slot_quotas(num_workers, epoch)
     limits = mixture.batch_limits(num_workers, epoch)
     batch_size, drop_last = mixture.batch_size, mixture._options.drop_last
-    per_rank_workers = max(num_workers, 1)
     slots = []
     for index, (shares, limit) in enumerate(zip(per_slot, limits, strict=True)):
         total = sum(shares.values())
-        natural = natural_batches(total, batch_size, drop_last)
-        yielded = min(total, limit * batch_size)
-        slots.append({"rank": index // per_rank_workers, "worker": index % per_rank_workers, "rows": total,
-                      "sources": shares, "batches": limit, "rows_left_out": total - yielded,
-                      "trimmed_batches": natural - limit})
+        kept = min(total, limit * batch_size)
+        slots.append({**slot_line(index, max(num_workers, 1), total, limit, kept, batch_size, drop_last),
+                      "sources": shares, "rows_left_out": total - kept,
+                      "trimmed_batches": natural_batches(total, batch_size, drop_last) - limit})
     return {"epoch": epoch, "batch_size": batch_size, "world_size": mixture.world_size, "num_workers": num_workers,
             "sources": {name: {"rows": rows[name], "quota": quotas[name], "pass": passes[name][0],
                                "pass_row": passes[name][1]} for name in rows},
-            "epoch_rows": sum(quotas.values()), "slots": slots,
-            "batches_per_rank": [sum(s["batches"] for s in slots if s["rank"] == r) for r in range(mixture.world_size)],
+            "epoch_rows": sum(quotas.values()), **slots_summary(slots, mixture.world_size),
             "rows_left_out": sum(s["rows_left_out"] for s in slots)}
 
 

@@ -117,10 +117,6 @@ def _run(args: argparse.Namespace) -> int:
         from . import _state_show
 
         return _state_show.run_show(args)
-    if args.command == "inspect" and args.source:
-        from . import _mix_inspect
-
-        return _mix_inspect.run(args)
     if args.command == "inspect":
         from . import _inspect
 

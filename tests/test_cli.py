@@ -109,6 +109,7 @@ def test_inspect_reports_the_assignment_the_loader_uses(skewed, world_size, num_
         assert mine["batches"] == dataset.num_batches(num_workers)
         assert mine["rows_trimmed"] == dataset.rows_trimmed_per_epoch(num_workers)
     assert len({r["batches"] for r in report["ranks"]}) == 1   # even_batches: the same on every rank
+    assert report["batches_per_rank"] == [r["batches"] for r in report["ranks"]]   # as a mixture's report says it
     assert report["rows_trimmed"] == sum(r["rows"] - r["rows_yielded"] for r in report["ranks"])
 
 
@@ -390,4 +391,10 @@ def test_inspect_describes_a_mixture_with_the_loaders_numbers(tmp_path):
             weights={"web": 0.9, "wiki": 0.1}, epoch_rows=2000, batch_size=128, num_workers=2, rank=rank,
             world_size=3, plan_locally=True, plan_cache=False)
         mixture.set_epoch(1)
-        assert report["batches_per_rank"][rank] == len(loader) == len(list(loader))
+        assert report["batches_per_rank"][rank] == report["ranks"][rank]["batches"] == len(loader) == len(list(loader))
+    # the slots, ranks and rows left out of a dataset's report (one walk over the slots for both)
+    assert {"rank", "worker", "rows", "batches", "rows_yielded", "rows_trimmed", "rows_dropped"} <= set(report["slots"][0])
+    assert [r["rows"] for r in report["ranks"]] == [sum(s["rows"] for s in report["slots"] if s["rank"] == r)
+                                                    for r in range(3)]
+    assert report["rows_trimmed"] + report["rows_dropped"] == report["rows_left_out"] == sum(
+        r["rows"] - r["rows_yielded"] for r in report["ranks"])

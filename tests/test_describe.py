@@ -336,3 +336,77 @@ def test_every_golden_state_of_every_version_is_described():
             assert about["batches"] == case["consumed"] + skipped, path
         elif case["consumed"]:   # a merged checkpoint: each rank had consumed as many (0: taken by another topology)
             assert {rank["batches"] for rank in about["ranks"]} == {case["consumed"]}, path
+
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+@pytest.mark.parametrize("path", sorted(GOLDEN.glob("v*/*.json")), ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_golden_dataset_states_show_their_epoch_rows_and_workers(path):
+    """Each golden state of every version: its epoch, its rows (checked against the rows the golden run yielded
+    after it: together, every row of the epochs left once), and each worker's counters (rows in whole batches
+    but for its last; with 2 workers handing out one batch each in turn, each worker's batches)."""
+    case = json.loads(path.read_text())
+    about = describe_state(case["state"])
+    batch_size = case["options"]["batch_size"]
+    assert about["epoch"] == case["epoch"] and about["saved_version"] == int(path.parent.name[1:])
+    assert about["topology"]["num_workers"] == case["num_workers"]
+    for rank in about["ranks"]:
+        assert len(rank["workers"]) == max(case["num_workers"], 1)
+        current = [w for w in rank["workers"] if w["epoch"] == rank["epoch"]]
+        if rank.get("dynamic") is None:   # a dynamic rank counts its rows from the ledger
+            assert rank["rows"] == sum(w["rows"] for w in current)
+        assert rank["batches"] == sum(w["batches"] for w in current)
+        for worker in current:
+            full = worker["batches"] * batch_size   # whole batches, but for its last (the end of its share)
+            assert worker["rows"] == full == 0 or full - batch_size < worker["rows"] <= full
+    whole = about["topology"]["ranks_in_state"] == about["topology"]["world_size"]
+    if whole and about["elastic"] is None and case["options"].get("world_size", 1) == 1:
+        epochs_left = case["epochs"][-1] + 1 - case["epoch"]
+        pending = sum(rank["pending_skip"] for rank in about["ranks"]) * batch_size   # skipped on resume
+        yielded = sum(len(batch) for batch in case["continuation_ids"])
+        assert about["rows"] + pending + yielded == about["data"]["num_rows"] * epochs_left
+        if about["epoch_rows"] is not None:
+            assert about["share"] == pytest.approx(about["rows"] / about["epoch_rows"])
+    if about["elastic"] is not None:   # counts from the re-plan: no share of the epoch
+        assert about["share"] is None and "re-planned" in about["share_note"]
+    if case["num_workers"] == 2 and about["topology"]["batches_per_transfer"] == 1 and "next-epoch" not in path.name:
+        batches = [w["batches"] for w in about["ranks"][0]["workers"]]   # one batch of each worker in turn
+        assert batches == [len(range(w, case["consumed"], 2)) for w in range(2)]
+    text = format_state(about)
+    assert f"epoch {about['epoch']}: {about['rows']:,} rows in {about['batches']:,} batches consumed" in text
+
+
+@pytest.mark.parametrize("path", sorted(GOLDEN.glob("mixture-v*/*.json")), ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_golden_mixture_states_show_their_epoch_sources_and_workers(path):
+    """Each golden mixture state of every version: its epoch, its saved worker-state version, each source's
+    rows taken (with the rows of that source the golden run yielded after it: its quota in every epoch left),
+    and each worker's rows per source."""
+    case = json.loads(path.read_text())
+    about = describe_state(case["state"])
+    mix = about["mixture"]
+    version = int(path.parent.name.removeprefix("mixture-v"))
+    assert (about["epoch"], about["source"], mix["saved_state_version"]) == (case["epoch"], "mixture", version)
+    assert about["topology"]["num_workers"] == case["num_workers"] and about["saved_version"] == 1
+    [rank] = about["ranks"]
+    assert len(rank["workers"]) == max(case["num_workers"], 1)
+    for worker in rank["workers"]:
+        assert sum(worker["sources"].values()) == worker["rows"]
+    assert about["rows"] == rank["rows"] == sum(source["rows"] for source in mix["sources"].values())
+    for worker in rank["workers"]:   # batch_size 8: whole batches, but for a worker's last of the epoch
+        full = 8 * worker["batches"]
+        assert worker["rows"] == full if not worker["epoch_complete"] else full - 8 < worker["rows"] <= full
+    assert mix["epoch_rows"] == case["options"].get("epoch_rows", 90)
+    if mix["replanned"]:   # rows count from the re-plan (from 2 workers to 3): no share of the epoch
+        assert about["elastic"] == {"epoch": 0, "old_world_size": 1, "old_num_workers": 2, "old_workers": 2,
+                                    "old_workers_done": 0}
+        assert about["share"] is None and "re-planned" in about["share_note"]
+        return
+    epochs_left = case["epochs"][-1] + 1 - case["epoch"]
+    for name, source in mix["sources"].items():
+        later = sum(batch[0].count(name) for batch in case["continuation"])
+        assert source["rows"] + later == source["quota"] * epochs_left, name
+    assert about["share"] == (1.0 if rank["epoch_over"] else pytest.approx(about["rows"] / mix["epoch_rows"]))
+    text = format_state(about)
+    assert f"epoch {about['epoch']}: {about['rows']:,} rows in {about['batches']:,} batches consumed" in text
+    assert all(f"  {name}: weight" in text for name in mix["sources"])
