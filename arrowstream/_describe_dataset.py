@@ -78,7 +78,7 @@ class DatasetKind:
         if dataset is not None:
             _check_dataset(dataset, states, ledgers)
         # the state holds a hash of the columns read: the dataset (checked to match it) knows their names
-        columns = None if dataset is None else dataset._options.columns
+        columns = None if dataset is None else dataset.options.columns
         return {
             "source": "iceberg" if data is not None and data.snapshot_id is not None else "files",
             "assignment": "dynamic" if ledgers else "static",
@@ -96,10 +96,10 @@ class DatasetKind:
         if description["assignment"] == "dynamic":
             return _dynamic_rows(description)
         if dataset is not None:
-            if (dataset.world_size, dataset._options.planning) != (topology["world_size"], options.get("planning")):
+            if (dataset.world_size, dataset.options.planning) != (topology["world_size"], options.get("planning")):
                 raise StateMismatchError(
                     f"describe_state: the dataset runs world_size={dataset.world_size} with planning version "
-                    f"{dataset._options.planning}, the checkpoint world_size={topology['world_size']} with planning "
+                    f"{dataset.options.planning}, the checkpoint world_size={topology['world_size']} with planning "
                     f"version {shorten(options.get('planning'))}; pass a dataset built as the checkpoint's run was")
             per_rank = max(topology["num_workers"], 1)
             yields = dataset.slot_yields(topology["num_workers"])
@@ -159,7 +159,7 @@ def _check_dataset(dataset: Any, states: list[WorkerState], ledgers: list[dict[s
         saved = WorkerState(ledger["data"], ledger["options"], ledger["epoch"], SlotGrid(1, 0).slot(0, 0),
                             start_cursor(1), 0, 0, 0, False)
     if saved is not None:
-        check_compatible(saved, dataset._data, dataset._state_options)
+        check_compatible(saved, dataset.epochs.data, dataset.epochs.state_options)
 
 
 def _dynamic_rows(description: dict[str, Any]) -> EpochRows:
