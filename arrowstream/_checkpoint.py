@@ -1,5 +1,7 @@
 """One checkpoint for every rank: merge the loader states of all ranks, hand each rank its part.
 
+The loader states of a dataset and those of a mixture merge alike (one function for both); a mixture's
+checkpoint has kind ``"arrowstream.mixture_checkpoint"`` and its loader states' version.
 A merged checkpoint is a dict of JSON types: ``{"kind": "arrowstream.checkpoint", "version": 9,
 "world_size": N, "num_workers": W, "ranks": [state of rank 0, ..., state of rank N-1]}``, its
 version ``STATE_VERSION`` like the loader states it holds (merged checkpoints exist from version
@@ -10,12 +12,13 @@ version ``STATE_VERSION`` like the loader states it holds (merged checkpoints ex
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from ._fields import MAX_INT, shorten
 from ._loader_state import read_loader_state
-from ._mix_loader import MIX_LOADER_KIND, merge_mixture_states
-from ._state import CHECKPOINT_KIND, STATE_VERSION
+from ._mix_loader import MIX_CHECKPOINT_KIND, MIX_LOADER_KIND, MIX_LOADER_VERSION, read_mixture_state
+from ._state import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION
 from ._torchdata_state import read_inner
 from .errors import StateError, StateMismatchError, TopologyError
 
@@ -48,12 +51,15 @@ def merge_state_dicts(states: list[dict[str, Any]]) -> dict[str, Any]:
     """
     if not isinstance(states, (list, tuple)) or not states:
         raise StateError(f"merge_state_dicts: expected a non-empty list of loader.state_dict() results, got {shorten(states)}")
-    if isinstance(states[0], dict) and states[0].get("kind") == MIX_LOADER_KIND:
-        return merge_mixture_states(list(states))
+    kind, checkpoint_kind, version, read = _kind_of(states[0])
     by_rank: dict[int, dict[str, Any]] = {}
-    first = read_loader_state(states[0], "state 0")
+    first = read(states[0], "state 0")
     for index, state in enumerate(states):
-        state = read_loader_state(state, f"state {index}")
+        if not isinstance(state, dict) or state.get("kind") != kind:
+            found = shorten(state.get("kind")) if isinstance(state, dict) else type(state).__name__
+            raise StateError(f"merge_state_dicts: state {index} has kind {found}, state 0 has kind {kind!r}; merge the "
+                             "states of one training run (a dataset's loaders or a mixture's, not both)")
+        state = read(state, f"state {index}")
         rank, world_size = state["rank"], state["world_size"]
         for key in ("world_size", "num_workers", "batches_per_transfer"):
             if state[key] != first[key]:
@@ -73,12 +79,20 @@ def merge_state_dicts(states: list[dict[str, Any]]) -> dict[str, Any]:
         raise StateMismatchError(f"merge_state_dicts: no state for rank(s) {missing} of world_size={world_size}; "
                                  "pass the state of every rank")
     return {
-        "kind": CHECKPOINT_KIND,
-        "version": STATE_VERSION,
+        "kind": checkpoint_kind,
+        "version": version,
         "world_size": world_size,
         "num_workers": int(first["num_workers"]),
         "ranks": [by_rank[rank] for rank in range(world_size)],
     }
+
+
+def _kind_of(state: Any) -> tuple[str, str, int, Callable[[Any, str], dict[str, Any]]]:
+    """What the first state to merge is (a dataset's loader state or a mixture's): its kind, the kind and
+    version of their merged checkpoint, and how one of them is read."""
+    if isinstance(state, dict) and state.get("kind") == MIX_LOADER_KIND:
+        return MIX_LOADER_KIND, MIX_CHECKPOINT_KIND, MIX_LOADER_VERSION, read_mixture_state
+    return LOADER_KIND, CHECKPOINT_KIND, STATE_VERSION, read_loader_state
 
 
 def gather_state_dict(loader: Any) -> dict[str, Any]:

@@ -1,22 +1,22 @@
-"""The loader of a :class:`~arrowstream.Mixture`: a ``StatefulDataLoader`` whose state is checked on load."""
+"""The loader of a :class:`~arrowstream.Mixture`: the loader shell (``arrowstream._stream_loader``) with a
+mixture's hooks: how its state is read and checked against the mixture's passes, and another topology (at an
+epoch boundary, or the rest of an epoch re-planned, ``arrowstream._mix_elastic``)."""
 
 from __future__ import annotations
 
 import copy
 import inspect
 import logging
-import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from ._batches import BatchIterator, PerBatchCollate, worker_batches
+from ._batches import BatchIterator
 from ._convert import passthrough_collate
-from ._epoch_watch import EpochWatch, mixture_order_varies
+from ._epoch_watch import mixture_order_varies
 from ._fields import MAX_INT, REMEDY, Fields, shorten
 from ._loader_options import check_loader_options
-from ._metrics import Board, flatten, summarize, worker_values
 from ._mix_elastic import MixElastic
 from ._mix_position import final_counters
 from ._mix_reading import COMPACT
@@ -34,9 +34,9 @@ from ._mix_resume import (
 from ._mix_state import MixPosition, MixWorkerState
 from ._mix_stream import MixSlot
 from ._options import check_int
-from ._runtime import Transport
 from ._shm import share
-from ._skip import check_batches
+from ._skip_state import read_skips
+from ._stream_loader import StreamLoader
 from ._torchdata_state import (
     InnerState,
     clear_steps_since_snapshot,
@@ -49,8 +49,6 @@ from ._torchdata_state import (
     worker_state,
     worker_states,
 )
-from ._transport import default_batches_per_transfer
-from ._watchdog import raise_death_between_iterations
 from .errors import ArgumentTypeError, NotSupportedYetError, StateError, StateMismatchError
 
 if TYPE_CHECKING:
@@ -61,30 +59,6 @@ logger = logging.getLogger("arrowstream")
 MIX_LOADER_KIND = "arrowstream.mixture_loader"
 MIX_CHECKPOINT_KIND = "arrowstream.mixture_checkpoint"
 MIX_LOADER_VERSION = 1
-
-
-def merge_mixture_states(states: list[dict[str, Any]]) -> dict[str, Any]:
-    """Every rank's mixture loader state in one checkpoint (see ``arrowstream.merge_state_dicts``)."""
-    by_rank: dict[int, dict[str, Any]] = {}
-    first = Fields(states[0], "state 0")
-    for index, state in enumerate(states):
-        fields = Fields(state, f"state {index}")
-        if fields.value.get("kind") != MIX_LOADER_KIND:
-            raise StateError(f"merge_state_dicts: state {index} has kind {shorten(fields.value.get('kind'))}, state 0 is "
-                             f"a mixture loader's; merge the states of one training run")
-        for key in ("world_size", "num_workers"):
-            if fields.integer(key) != first.integer(key):
-                raise StateMismatchError(f"merge_state_dicts: state {index} has {key}={fields.integer(key)}, state 0 "
-                                         f"has {key}={first.integer(key)}; merge the states of one training run")
-        rank = fields.integer("rank", 0, first.integer("world_size") - 1)
-        by_rank.setdefault(rank, copy.deepcopy(state))
-    world_size = first.integer("world_size")
-    missing = sorted(set(range(world_size)) - set(by_rank))
-    if missing:
-        raise StateMismatchError(f"merge_state_dicts: no state for rank(s) {missing} of world_size={world_size}; "
-                                 "pass the state of every rank")
-    return {"kind": MIX_CHECKPOINT_KIND, "version": MIX_LOADER_VERSION, "world_size": world_size,
-            "num_workers": first.integer("num_workers"), "ranks": [by_rank[r] for r in range(world_size)]}
 
 
 def _read_checkpoint(fields: Fields) -> list[dict[str, Any]]:
@@ -107,9 +81,33 @@ def _read_checkpoint(fields: Fields) -> list[dict[str, Any]]:
     return [dict(outer) for outer in ranks]
 
 
-class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
+def read_mixture_state(state: Any, where: str) -> dict[str, Any]:
+    """A rank's mixture loader state (``loader.state_dict()``), its own fields checked; ``batches_per_transfer``
+    filled in where the first mixture states, whose workers sent one batch per message, lack it."""
+    fields = Fields(state, where)
+    if fields.value.get("kind") != MIX_LOADER_KIND:
+        raise StateError(f"the {where} has kind {shorten(fields.value.get('kind'))}, expected {MIX_LOADER_KIND!r}; "
+                         f"{REMEDY}")
+    version = fields.integer("version")
+    if version != MIX_LOADER_VERSION:
+        raise StateError(f"the {where} has version {version}; this arrowstream reads version {MIX_LOADER_VERSION}: "
+                         "upgrade arrowstream to load it")
+    world_size = fields.integer("world_size", 1)
+    fields.integer("rank", 0, world_size - 1)
+    num_workers = fields.integer("num_workers")
+    per_transfer = fields.integer("batches_per_transfer", 1) if "batches_per_transfer" in fields.value else 1
+    if num_workers == 0 and per_transfer != 1:
+        raise StateError(f"the {where}'s batches_per_transfer is {per_transfer} with num_workers=0, where it is "
+                         f"always 1; {REMEDY}")
+    read_skips(fields.value, where)   # optional: the skips of loader.skip(), absent when none
+    return {**fields.value, "batches_per_transfer": per_transfer}
+
+
+class MixtureDataLoader(StreamLoader):
     """The ``StatefulDataLoader`` of a :class:`~arrowstream.Mixture` (see ``Mixture.create_dataloader``):
-    ``len`` from metadata, and a state that is checked, field by field, before it is loaded.
+    ``len`` from metadata, and a state that is checked, field by field, before it is loaded. It is the
+    same loader shell as :class:`~arrowstream.ArrowStreamDataLoader`: ``state_dict``, ``load_state_dict``
+    (merged checkpoints, another topology), ``skip``, ``metrics`` (with the rows of each source).
 
     Args:
         batches_per_transfer: With workers, how many consecutive batches of one worker travel in one
@@ -124,7 +122,16 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
         >>> loader = arrowstream.MixtureDataLoader(mixture)
         >>> len(loader), [len(batch["x"]) for batch in loader]
         (3, [4, 4, 2])
+        >>> loader.skip(batches=1)   # the next epoch's first batch, passed over
+        >>> mixture.set_epoch(1)
+        >>> [len(batch["x"]) for batch in loader], loader.metrics()["skipped_rows"]
+        ([4, 2], 4)
     """
+
+    LOADER_KIND = MIX_LOADER_KIND
+    CHECKPOINT_KIND = MIX_CHECKPOINT_KIND
+    WATCH = "mixture"
+    MIXTURE = True
 
     def __init__(self, mixture: Mixture, batches_per_transfer: int | None = None, **kwargs: Any) -> None:
         from .mixture import Mixture
@@ -133,69 +140,36 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
             raise ArgumentTypeError(f"dataset: MixtureDataLoader loads an arrowstream Mixture, got {type(mixture).__name__}")
         kwargs.setdefault("batch_size", None)
         kwargs.setdefault("collate_fn", passthrough_collate)
-        self._epoch_watch = EpochWatch("mixture")   # warns when a finished epoch starts again (no set_epoch)
-        check_loader_options(kwargs.get("num_workers", 0), kwargs, mixture=True)
-        collate_fn = kwargs["collate_fn"]
-        if kwargs.get("num_workers", 0) > 0:  # workers send Chunks, packed by the collate step (in the worker)
-            kwargs["collate_fn"] = PerBatchCollate(None if collate_fn in (None, passthrough_collate) else collate_fn)
-        with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, deprecated in torch 2.13
-            warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
-            super().__init__(mixture, **kwargs)
-        if batches_per_transfer is None:
-            batches_per_transfer = default_batches_per_transfer(mixture.batch_size)
-        check_int("batches_per_transfer", batches_per_transfer, 1)
-        if self.num_workers == 0 or self.snapshot_every_n_steps != 1:
-            batches_per_transfer = 1
-        self._board = Board(self.num_workers) if self.num_workers > 0 else None
-        self._sources_board = share(torch.zeros((max(self.num_workers, 1), len(mixture.names)), dtype=torch.int64),
-                                    "MixtureDataLoader: rows per source of its workers")
-        self._batch_iterator: BatchIterator | None = None
+        self._sources_board: torch.Tensor | None = None   # rows per source of each worker (made with the transport)
         self._replanned_epoch: int | None = None   # a checkpoint re-planned for this topology, its epoch not begun
-        self._set_batches_per_transfer(batches_per_transfer)
+        self._start(mixture, kwargs, batches_per_transfer)
 
-    def _set_batches_per_transfer(self, value: int) -> None:
-        """Batches per message (it shapes the order of batches: a resumed loader takes its checkpoint's)."""
-        self.batches_per_transfer = value
-        transport = Transport(value, send_chunks=self.num_workers > 0, board=self._board)
-        self.dataset._side.use_transport(transport, self._sources_board)
+    # -- the hooks of StreamLoader ----------------------------------------------------------------------
 
-    def metrics(self, flat: bool = False) -> dict[str, Any]:
-        """What this rank's workers have done, as ``ArrowStreamDataLoader.metrics`` says, plus the rows
-        of each source: ``"rows/NAME"`` in the totals and in each worker's line.
+    def _state_version(self) -> int:
+        return MIX_LOADER_VERSION
 
-        Example:
-            >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
-            >>> a, b = tempfile.mkdtemp(), tempfile.mkdtemp()
-            >>> pq.write_table(pa.table({"x": list(range(30))}), os.path.join(a, "a.parquet"))
-            >>> pq.write_table(pa.table({"x": list(range(10))}), os.path.join(b, "b.parquet"))
-            >>> loader, mixture = arrowstream.Mixture.create_dataloader(
-            ...     sources={"a": arrowstream.Source(a), "b": arrowstream.Source(b)}, batch_size=8)
-            >>> batches = list(loader)
-            >>> m = loader.metrics()
-            >>> m["rows"], m["rows/a"], m["rows/b"]
-            (40, 30, 10)
-        """
-        mixture = self.dataset
-        metrics = summarize(worker_values(self._board, mixture._side.metered), mixture.rank)
-        per_source = self._sources_board.numpy()
+    def _use_transport(self) -> None:
+        if self._sources_board is None:
+            self._sources_board = share(torch.zeros((max(self.num_workers, 1), len(self.dataset.names)),
+                                                    dtype=torch.int64), "MixtureDataLoader: rows per source of its workers")
+        self.dataset._side.use_transport(self._transport, self._sources_board)
+
+    def _meter(self) -> Any:
+        return self.dataset._side.metered
+
+    def _add_metrics(self, metrics: dict[str, Any]) -> None:
+        """The rows of each source: ``"rows/NAME"`` in the totals and in each worker's line."""
+        assert self._sources_board is not None
+        names, per_source = self.dataset.names, self._sources_board.numpy()
         for index, line in enumerate(metrics["workers"]):
-            line.update({f"rows/{name}": int(per_source[index][k]) for k, name in enumerate(mixture.names)})
-        metrics.update({f"rows/{name}": int(per_source[:, k].sum()) for k, name in enumerate(mixture.names)})
-        return flatten(metrics) if flat else metrics
+            line.update({f"rows/{name}": int(per_source[index][k]) for k, name in enumerate(names)})
+        metrics.update({f"rows/{name}": int(per_source[:, k].sum()) for k, name in enumerate(names)})
 
-    def __len__(self) -> int:
-        return int(self.dataset.num_batches(self.num_workers))
+    def _order_varies(self) -> bool:
+        return mixture_order_varies(self.dataset)
 
-    def skip(self, batches: int) -> None:
-        """Not for mixtures yet: ``NotSupportedYetError`` (``ArrowStreamDataLoader.skip`` passes over batches of
-        a dataset), once ``batches`` is a count a dataset's skip would take."""
-        check_batches(batches)
-        raise NotSupportedYetError(
-            f"skip(batches={shorten(batches)}): a mixture loader does not skip batches yet; take and drop the batches "
-            "yourself (for _ in range(n): next(batches)) before the next checkpoint, which then resumes after them")
-
-    def __iter__(self) -> Any:
-        check_loader_options(self.num_workers, {"in_order": self.in_order}, mixture=True)  # also when set after __init__
+    def _before_iteration(self) -> None:
         replanned, self._replanned_epoch = self._replanned_epoch, None
         if replanned is not None and self.dataset.epoch != replanned:
             self._replanned_epoch = replanned
@@ -203,51 +177,28 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
                 f"the checkpoint is inside mixture epoch {replanned}, re-planned for this topology, but the mixture is "
                 f"set to epoch {self.dataset.epoch}; call mixture.set_epoch({replanned}) to finish it first (skipping "
                 "it would lose its rows)")
-        self._epoch_watch.starting(self._iterator, self.dataset.epoch, mixture_order_varies(self.dataset))
-        if self.num_workers:   # (with none, the dataset warns in its own __iter__, in this process)
-            self.dataset._warn_trims(self.num_workers)
-        try:
-            inner = super().__iter__()
-        except Exception as exc:
-            raise_death_between_iterations(self, exc, self.dataset.epoch)
-            raise
-        if self.num_workers == 0:
-            self._batch_iterator = None
-            return inner
-        self._batch_iterator = worker_batches(inner)
-        return self._batch_iterator
 
-    def _get_iterator(self) -> Any:
-        self._batch_iterator = None   # new workers: none of theirs handed out yet (what a state reads)
-        loaded: dict[str, Any] | None = self.next_iter_state  # type: ignore[has-type]
-        if loaded is not None and self.num_workers > 0:
-            loaded = self.next_iter_state = self._expanded(loaded)   # compact states, if torchdata kept its own
-            states = [None if s is None else MixWorkerState.from_dict(s) for s in worker_states(loaded)]
-            if all(s is not None and s.epoch_complete and s.epoch < self.dataset.epoch for s in states) \
-                    and not steps_since_snapshot(loaded):
-                loaded = copy.deepcopy(loaded)
-                set_last_yielded_worker(loaded, self.num_workers - 1)  # a later epoch starts at worker 0
-                self.next_iter_state = loaded
-        return super()._get_iterator()
+    def _later_epoch_starts_whole(self, inner: dict[str, Any]) -> bool:
+        states = [None if s is None else MixWorkerState.from_dict(s) for s in worker_states(inner)]
+        return all(s is not None and s.epoch_complete and s.epoch < self.dataset.epoch for s in states) \
+            and not steps_since_snapshot(inner)
 
-    def state_dict(self) -> dict[str, Any]:
-        """A JSON-able dict: ``json.dumps`` and ``torch.save`` both work."""
-        from . import __version__
-
+    def _epoch_start(self, worker_id: int) -> dict[str, Any]:
         mixture = self.dataset
-        inner = self._expanded(super().state_dict())
-        batches = self._batch_iterator
-        if batches is not None and batches.inside_chunk:   # torchdata stands after the whole chunk: step back
-            assert batches.chunk is not None
-            inner = copy.deepcopy(inner)
-            worker_id = batches.chunk.worker_id
-            after = MixWorkerState.from_dict(worker_state(inner, worker_id))
-            position = batches.chunk.positions[batches.taken - 1]
-            set_worker_state(inner, worker_id, after.at(position, mixture.names).to_dict())
-            set_last_yielded_worker(inner, (worker_id - 1) % self.num_workers)
-        return {"kind": MIX_LOADER_KIND, "version": MIX_LOADER_VERSION, "arrowstream_version": __version__,
-                "rank": mixture.rank, "world_size": mixture.world_size, "num_workers": self.num_workers,
-                "batches_per_transfer": self.batches_per_transfer, "dataloader": inner}
+        slot = MixSlot(mixture.epoch, mixture.rank, mixture.world_size, worker_id, self.num_workers)
+        return dict(mixture.start_state(slot).to_dict())
+
+    def _handed_out(self, inner: dict[str, Any], batches: BatchIterator) -> dict[str, Any]:
+        if not batches.inside_chunk:
+            return inner
+        assert batches.chunk is not None   # torchdata stands after the whole chunk: step back
+        inner = copy.deepcopy(inner)
+        worker_id = batches.chunk.worker_id
+        after = MixWorkerState.from_dict(worker_state(inner, worker_id))
+        position = batches.chunk.positions[batches.taken - 1]
+        set_worker_state(inner, worker_id, after.at(position, self.dataset.names).to_dict())
+        set_last_yielded_worker(inner, (worker_id - 1) % self.num_workers)
+        return inner
 
     def _expanded(self, inner: dict[str, Any]) -> dict[str, Any]:
         """torchdata's state with each worker's compact state (see ``Mixture.state_dict``) made whole."""
@@ -265,48 +216,23 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
             set_worker_state(inner, worker_id, mixture.start_state(slot).at(position, mixture.names).to_dict())
         return inner
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`; the next batch is the one after the saved one. At an epoch
-        boundary the mixture may have changed (weights, ``epoch_rows``, sources); see docs/mixing.md. With
-        ``shuffle_buffer_size`` left to its default, the mixture takes the checkpoint's (docs/shuffle.md)."""
-        shuffling = self.dataset._shuffling()
-        try:
-            self._load_state_dict(state_dict)
-        except BaseException:   # a refused checkpoint leaves the mixture shuffling as it did
-            self.dataset._shuffle_as(shuffling)
-            raise
+    def _settings(self) -> Any:
+        return self.dataset._shuffling()
 
-    def _load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if isinstance(state_dict, dict) and not state_dict:
-            super().load_state_dict({})
-            return
-        fields = Fields(state_dict, "mixture loader state")
-        if fields.value.get("kind") not in (MIX_LOADER_KIND, MIX_CHECKPOINT_KIND):
-            raise StateError(f"load_state_dict: expected the dict returned by a mixture loader's state_dict(), got kind "
-                             f"{shorten(fields.value.get('kind'))}; {REMEDY}")
-        version = fields.integer("version")
-        if version != MIX_LOADER_VERSION:
-            raise StateError(f"the mixture loader state has version {version}; this arrowstream reads version "
-                             f"{MIX_LOADER_VERSION}: upgrade arrowstream to load it")
+    def _restore_settings(self, settings: Any) -> None:
+        self.dataset._shuffle_as(settings)
+
+    def _read_loader_state(self, state: Any) -> dict[str, Any]:
+        return read_mixture_state(state, "mixture loader state")
+
+    def _read_checkpoint(self, state: Any) -> tuple[int, int, list[dict[str, Any]]]:
+        outers = _read_checkpoint(Fields(state, "mixture checkpoint"))
+        outers = [read_mixture_state(outer, f"the mixture checkpoint's ranks[{rank}]") for rank, outer in enumerate(outers)]
+        return len(outers), outers[0]["num_workers"], outers
+
+    def _load_own(self, outer: dict[str, Any]) -> None:
         mixture = self.dataset
-        if fields.value.get("kind") == MIX_CHECKPOINT_KIND:
-            outers = _read_checkpoint(fields)
-            if (len(outers), outers[0]["num_workers"]) != (mixture.world_size, self.num_workers):
-                self._load_at_boundary(outers)
-                return
-            fields = Fields(outers[mixture.rank], f"rank {mixture.rank}'s mixture loader state")
-        world_size = fields.integer("world_size", 1)
-        saved = (fields.integer("rank", 0, world_size - 1), world_size, fields.integer("num_workers"))
-        current = (mixture.rank, mixture.world_size, self.num_workers)
-        if saved != current:
-            if saved[1] == 1:   # one rank's state is all of it: a new topology can start its next epoch
-                self._load_at_boundary([fields.value])
-                return
-            raise StateMismatchError(
-                f"the checkpoint was taken by rank {saved[0]} of {saved[1]} with num_workers={saved[2]}; this loader is "
-                f"rank {current[0]} of {current[1]} with num_workers={current[2]}. Merge every rank's state with "
-                "arrowstream.gather_state_dict(loader) (or merge_state_dicts) and load the merged checkpoint; a "
-                "mixture changes ranks or workers at an epoch boundary")
+        fields = Fields(outer, f"rank {mixture.rank}'s mixture loader state")
         inner, parsed, states = _read_rank(fields, self.snapshot_every_n_steps)
         mixture._adopt_saved(states[0].options)   # its buffer (when left to the default) and batch order
         mixture._follow_sources(states[0].data)   # an Iceberg table moved on since: its snapshot (before any check)
@@ -324,18 +250,16 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
             check_worker_state(mixture, state, slot)
             if done and not state.epoch_complete:   # torchdata's fetcher ended: the loader yields no more of it
                 _check_nothing_left(mixture, state, slot)
-        # absent from the first mixture states, whose workers sent one batch per message
-        per_transfer = fields.integer("batches_per_transfer", 1) if "batches_per_transfer" in fields.value else 1
-        if per_transfer != self.batches_per_transfer and self.num_workers > 0:
-            if self.snapshot_every_n_steps != 1 and per_transfer > 1:
-                raise StateMismatchError(
-                    f"the checkpoint was taken with batches_per_transfer={per_transfer}, which needs "
-                    f"snapshot_every_n_steps=1; this loader has snapshot_every_n_steps={self.snapshot_every_n_steps}")
-            self._set_batches_per_transfer(per_transfer)   # it shapes the order of batches: the checkpoint's
+        self._follow_per_transfer(outer["batches_per_transfer"])
         self._batch_iterator = None
         follow(mixture, states)
         mixture._finished_epoch = -1
-        super().load_state_dict(inner)
+        self._load_torchdata(inner)
+
+    def _load_other_topology(self, outers: list[dict[str, Any]]) -> None:
+        self._load_at_boundary(outers)
+
+    # -- another topology -------------------------------------------------------------------------------
 
     def _load_at_boundary(self, outers: list[dict[str, Any]]) -> None:
         """A checkpoint of other ranks or workers (every rank's, in rank order). At an epoch boundary the next
@@ -373,7 +297,7 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
             mixture._epochs.elastic = None
             leave_tracks(mixture, epoch, saved, (mixture.world_size, self.num_workers))
             mixture._finished_epoch = epoch
-            super().load_state_dict({})
+            self._load_torchdata({})
             return
         self._load_replanned(old, states)
 
@@ -402,7 +326,7 @@ class MixtureDataLoader(StatefulDataLoader):  # type: ignore[misc]
         logger.info("elastic resume: the rest of mixture epoch %d, saved with world_size=%d, num_workers=%d, is "
                     "re-planned for world_size=%d, num_workers=%d", epoch, first.world_size, first.num_workers,
                     mixture.world_size, self.num_workers)
-        super().load_state_dict({})
+        self._load_torchdata({})
 
 
 def _read_rank(fields: Fields, snapshot_every_n_steps: int) -> tuple[dict[str, Any], InnerState, list[MixWorkerState]]:

@@ -39,12 +39,14 @@ def check_batches(batches: Any, pending: int = 0) -> int:
     return batches
 
 
-def _consumed(state: dict[str, Any]) -> tuple[int, int, int]:
-    """(epoch, batches, rows) a rank's loader state has handed out in its epoch, as its workers count them."""
+def _consumed(state: dict[str, Any], epoch: int) -> tuple[int, int]:
+    """(batches, rows) a rank's loader state has handed out in ``epoch`` (the one its loader iterates), as its
+    workers count them (a dataset's worker state holds them in ``counters``, a mixture's at its top). Workers that
+    stand in an earlier epoch (a loaded state at the end of one, before the first batch of the next) have handed
+    out none of it."""
     states = [s for s in worker_states(state["dataloader"]) if isinstance(s, dict)]
-    epoch = max((int(s["epoch"]) for s in states), default=0)
-    current = [s["counters"] for s in states if s["epoch"] == epoch]
-    return epoch, sum(int(c["batches"]) for c in current), sum(int(c["rows"]) for c in current)
+    current = [s.get("counters", s) for s in states if s["epoch"] == epoch]
+    return sum(int(c["batches"]) for c in current), sum(int(c["rows"]) for c in current)
 
 
 class Skipper:
@@ -79,7 +81,8 @@ class Skipper:
         """Take the pending skip's batches from ``batches`` and throw them away, and record the skip. At the
         end of the epoch the skip ends (``StopIteration`` goes on to the caller)."""
         wanted, self.pending = self.pending, 0
-        epoch, at_batch, rows_before = _consumed(loader.state_dict())
+        epoch = loader.dataset.epoch   # the epoch this iteration reads
+        at_batch, rows_before = _consumed(loader.state_dict(), epoch)
         taken = 0
         try:
             for _ in range(wanted):
@@ -98,7 +101,7 @@ class Skipper:
         counters moved by since ``rows_before``."""
         if not batches:
             return
-        skip = Skip(epoch, at_batch, batches, _consumed(loader.state_dict())[2] - rows_before)
+        skip = Skip(epoch, at_batch, batches, _consumed(loader.state_dict(), epoch)[1] - rows_before)
         self.done.append(skip)
         self.skipped_batches += skip.batches
         self.skipped_rows += skip.rows

@@ -15,7 +15,6 @@ from arrowstream import (
     ArgumentTypeError,
     InvalidArgumentError,
     Mixture,
-    NotSupportedYetError,
     Source,
     StateError,
     StructuredDataset,
@@ -216,11 +215,27 @@ def test_tampered_skips_are_refused(folder, key, value, named):
         arrowstream.merge_state_dicts([state])
 
 
-def test_a_mixture_loader_refuses_skip(tmp_path):
+def test_a_mixture_loader_checks_skip_arguments_as_a_datasets(tmp_path):
+    """A mixture's loader skips (tests/test_mix_skip.py); its argument is checked as a dataset's skip checks it."""
     pq.write_table(pa.table({"id": list(range(20))}), tmp_path / "a.parquet")
     loader, _ = Mixture.create_dataloader(sources={"a": Source(str(tmp_path))}, batch_size=4, plan_cache=False)
-    with pytest.raises(NotSupportedYetError, match="skip"):
-        loader.skip(batches=2)
     for bad, error in ((2**70, InvalidArgumentError), (-1, InvalidArgumentError), (1.5, ArgumentTypeError)):
-        with pytest.raises(error, match=r"^batches: skip\(\)"):   # its argument checked as a dataset's skip checks it
+        with pytest.raises(error, match=r"^batches: skip\(\)"):
             loader.skip(batches=bad)
+    assert "pending_skip" not in loader.state_dict()
+
+
+def test_a_skip_pending_in_a_state_at_the_epoch_boundary_is_recorded_in_the_next_epoch(folder):
+    """It was recorded as epoch 0, after the whole epoch, with negative rows (the loaded state's counters)."""
+    loader, _ = loader_of(folder)
+    list(loader)
+    loader.skip(batches=2)
+    boundary = json_roundtrip(loader.state_dict())
+    reference, reference_dataset = loader_of(folder)
+    reference_dataset.set_epoch(1)
+    next_epoch = list(reference)
+    resumed, resumed_dataset = loader_of(folder)
+    resumed.load_state_dict(boundary)
+    resumed_dataset.set_epoch(1)
+    assert keys(resumed) == keys(next_epoch[2:])
+    assert resumed.state_dict()["skips"] == [{"epoch": 1, "at_batch": 0, "batches": 2, "rows": rows_of(next_epoch[:2])}]
