@@ -102,7 +102,7 @@ class StreamLoader(StatefulDataLoader):  # type: ignore[misc]
         self._before_iteration()
         self._epoch_watch.starting(self._iterator, self.dataset.epoch, self._order_varies())
         if self.num_workers:   # (with none, the dataset warns in its own __iter__, in this process)
-            self.dataset._warn_trims(self.num_workers)
+            self.dataset.warn_trims(self.num_workers)
         self._before_workers()
         try:
             inner = super().__iter__()

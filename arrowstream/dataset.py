@@ -436,7 +436,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
             return rank_trim(trimmed, kept + trimmed, self._options.batch_size, num_workers)
         return slot_trim(self._rank_yields(num_workers), self._options.batch_size, self._options.drop_last)
 
-    def _warn_trims(self, num_workers: int) -> None:
+    def warn_trims(self, num_workers: int) -> None:
         """Warn (once per epoch) when ``even_batches`` trims more than one batch of a worker this epoch."""
         elastic = self._epochs.elastic
         replanned = None if elastic is None or elastic.epoch != self.epoch else (elastic.world_size,
@@ -472,7 +472,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         pending, self._pending = self._pending, None
         slot = self._slot()
         if info is None:   # the trainer's process (a loader with workers warns in its own __iter__)
-            self._warn_trims(0)
+            self.warn_trims(0)
         if self._assignment == DYNAMIC:
             return self._iter_dynamic(slot)
         self._active = EpochIterator(slot, functools.partial(self._open, slot, pending),

@@ -331,7 +331,7 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
         per_rank = max(num_workers, 1)
         return sum(self.batch_limits(num_workers)[self._rank * per_rank:(self._rank + 1) * per_rank])
 
-    def _warn_trims(self, num_workers: int) -> None:
+    def warn_trims(self, num_workers: int) -> None:
         """Warn (once per epoch) when ``even_batches`` trims more than one batch of a worker this epoch."""
         if not self._even_batches:
             return
@@ -410,7 +410,7 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
             guard_feeder(info.id)
         pending, self._pending = self._pending, None
         if info is None:   # the trainer's process (a loader with workers warns in its own __iter__)
-            self._warn_trims(0)
+            self.warn_trims(0)
         self._active = MixIterator(self, pending)
         return self._active
 

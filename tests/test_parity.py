@@ -57,7 +57,6 @@ _MIXTURE_DYNAMIC = ("issue #38 part A: a Mixture takes no assignment= (an Argume
 PENDING: dict[tuple[str, str, str], str] = {
     ("dataset", "dynamic", "elastic_ranks"): _DYNAMIC_RANKS,
     ("iceberg", "dynamic", "elastic_ranks"): _DYNAMIC_RANKS,
-    ("mixture", "static", "skip"): "issue #38 part B: a mixture loader does not skip batches yet (a NotSupportedYetError)",
     **{("mixture", "dynamic", feature): _MIXTURE_DYNAMIC for feature in FEATURES},
 }
 
