@@ -26,29 +26,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from .errors import ArgumentTypeError, InvalidArgumentError
-
 if TYPE_CHECKING:
     from ._options import Options
     from ._planning import Plan
 
-AUTO = "auto"
 BUDGET_BYTES = 64 * 2**20  # decoded rows held per worker (its memory is about 2 to 3 times that: docs/shuffle.md)
 MIN_BATCHES = 4  # a smaller window hardly moves rows across batches; with rows this large, batches dominate memory
 MAX_ROWS = 1 << 17  # narrow rows: larger windows shuffle slower (a random gather out of cache; docs/shuffle.md)
-
-
-def buffer_argument(value: Any) -> tuple[int, bool]:
-    """``shuffle_buffer_size`` as given: ``(rows, False)`` for an int, ``(0, True)`` when left to the
-    default (``None`` or ``"auto"``; the rows are set once the plan is known, :func:`resolve_buffer`)."""
-    if value is None or (isinstance(value, str) and value == AUTO):
-        return 0, True
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ArgumentTypeError(f"shuffle_buffer_size: expected an int (rows), or None / 'auto' for a buffer sized "
-                                f"by memory (the default), got {type(value).__name__} {value!r}")
-    if value < 0:
-        raise InvalidArgumentError(f"shuffle_buffer_size: must be >= 0 (0: split order only), got {value}")
-    return value, False
 
 
 def fixed_row_bytes(schema: pa.Schema) -> int:

@@ -42,7 +42,7 @@ from ._state import ElasticSource
 from ._stream import open_runs
 
 if TYPE_CHECKING:
-    from ._planning import Plan
+    from ._plan_types import PlanView
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ def _halve(split: Split) -> tuple[Split, Split]:
             split_rest(split, first))
 
 
-def remaining_items(plan: Plan, source: ElasticSource, *, shuffle: bool, seed: int, batch_size: int,
+def remaining_items(plan: PlanView, source: ElasticSource, *, shuffle: bool, seed: int, batch_size: int,
                     interleave: int, buffer_rows: int, planning: int) -> list[Replay | Split]:
     """Every row of ``source.epoch`` the old workers had not handed out, old worker after old worker:
     the rest of the window it stood in (a replay), then its ranges.

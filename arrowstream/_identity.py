@@ -28,7 +28,7 @@ from ._fields import REMEDY, Fields, shorten
 from .errors import ArgumentTypeError, InvalidArgumentError, StateError, StateMismatchError
 
 if TYPE_CHECKING:
-    from ._planning import Plan
+    from ._plan_types import PlanView
 
 STRICT, LAYOUT = "strict", "layout"
 DATA_IDENTITIES = (STRICT, LAYOUT)
@@ -89,7 +89,7 @@ def _string_bytes(names: pa.Array) -> tuple[bytes, bytes | memoryview]:
     return _int64_bytes(offsets - start), b"" if data is None else memoryview(data)[start:stop]
 
 
-def layout_of(plan: Plan) -> Layout:
+def layout_of(plan: PlanView) -> Layout:
     """The layout of ``plan``'s files, hashed from its columns (a few MB for 50,000 files)."""
     files = plan.files
     schema = plan.identity.get("schema") or []

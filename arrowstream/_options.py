@@ -9,7 +9,6 @@ from typing import Any
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ._auto_buffer import buffer_argument
 from ._formats import TextSettings
 from ._hashing import fingerprint
 from ._plan_types import PLANNING_VERSION
@@ -20,6 +19,22 @@ MAX_INTERLEAVE = 1024  # each open split holds a file and a decoded read: file h
 
 
 OUTPUT_FORMATS = ("torch", "numpy", "arrow", "dict")   # what a batch may be (arrowstream._convert makes them)
+
+
+AUTO = "auto"   # shuffle_buffer_size sized by memory (arrowstream._auto_buffer)
+
+
+def buffer_argument(value: Any) -> tuple[int, bool]:
+    """``shuffle_buffer_size`` as given: ``(rows, False)`` for an int, ``(0, True)`` when left to the
+    default (``None`` or ``"auto"``; the rows are set once the plan is known, :func:`resolve_buffer`)."""
+    if value is None or (isinstance(value, str) and value == AUTO):
+        return 0, True
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ArgumentTypeError(f"shuffle_buffer_size: expected an int (rows), or None / 'auto' for a buffer sized "
+                                f"by memory (the default), got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise InvalidArgumentError(f"shuffle_buffer_size: must be >= 0 (0: split order only), got {value}")
+    return value, False
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,14 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import overload
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 import numpy as np
 import numpy.typing as npt
 from numpy.typing import ArrayLike
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 PLANNING_VERSION = 2
 """How splits are cut for a number of slots (``arrowstream._planning.REFINERS``): recorded in every worker
@@ -167,3 +170,69 @@ class FileEntry:
     version: str = ""
     inode: int = field(default=0, compare=False)
     changed_ns: int = field(default=0, compare=False)
+
+
+class PlanFiles(Protocol):
+    """What the pure layers read of a plan's files (``arrowstream._footers.FooterTable``): a column per fact."""
+
+    @property
+    def names(self) -> pa.Array: ...
+
+    @property
+    def sizes(self) -> npt.NDArray[np.int64]: ...
+
+    @property
+    def unit_offsets(self) -> npt.NDArray[np.int64]: ...
+
+    @property
+    def unit_rows(self) -> npt.NDArray[np.int64]: ...
+
+
+class PlanView(Protocol):
+    """What the pure layers read of a plan (``arrowstream._planning.Plan``, which planning builds): its files,
+    its splits (cut for a number of slots as a planning version cuts them), its schema and identity."""
+
+    @property
+    def files(self) -> PlanFiles: ...
+
+    @property
+    def splits(self) -> SplitTable: ...
+
+    @property
+    def schema(self) -> pa.Schema: ...
+
+    @property
+    def identity(self) -> dict[str, Any]: ...
+
+    def splits_for(self, num_slots: int, planning: int = PLANNING_VERSION) -> SplitTable: ...
+
+    def url(self, file_index: int) -> str: ...
+
+
+class OrderOptions(Protocol):
+    """What the pure layers read of a dataset's options (``arrowstream._options.Options``): how rows are ordered
+    and cut into batches."""
+
+    @property
+    def batch_size(self) -> int: ...
+
+    @property
+    def drop_last(self) -> bool: ...
+
+    @property
+    def drops_rows(self) -> bool: ...
+
+    @property
+    def interleave(self) -> int: ...
+
+    @property
+    def planning(self) -> int: ...
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def shuffle(self) -> bool: ...
+
+    @property
+    def shuffle_buffer_size(self) -> int: ...
