@@ -355,6 +355,8 @@ def load_dynamic_ledger(dataset: Any, outers: Sequence[dict[str, Any]]) -> int:
         raise StateMismatchError(f"checkpoint rank {missing[0]} was taken with assignment='static' and others with "
                                  f"'dynamic'; {REMEDY}")
     adopt_buffer(dataset, Fields(outers[0]["dynamic"], "dynamic").mapping("options").value)   # when left out
+    # an Iceberg table that moved on since the checkpoint: its pinned snapshot, planned before a ledger is checked
+    dataset._follow_source(_ledger_state(outers[0]))
     world_size = outers[0]["world_size"]
     if world_size != dataset.world_size and all(_epoch_over(dataset, outer) for outer in outers) \
             and len(outers) == world_size:
@@ -371,13 +373,20 @@ def load_dynamic_ledger(dataset: Any, outers: Sequence[dict[str, Any]]) -> int:
     if outer["rank"] != dataset.rank:
         raise StateMismatchError(f"this loader state belongs to rank {outer['rank']} of {world_size}, this loader is "
                                  f"rank {dataset.rank}; load each rank's own state, or the merged checkpoint on every rank")
-    ledger = Fields(outer["dynamic"], "dynamic")
+    saved = _ledger_state(outer)
     epoch, work = work_from_dict(outer["dynamic"], dataset._plan, dataset._dynamic, dataset._options)
-    saved = WorkerState(DataIdentity.from_dict(ledger.mapping("data")), dict(ledger.mapping("options").value), epoch,
-                        SlotGrid(world_size, 0).slot(dataset.rank, 0), start_cursor(1), 0, 0, 0, False, None)
     check_compatible(saved, dataset._data, dataset._state_options, dataset._data_identity)
     dataset._dynamic.load(epoch, work)
     return epoch
+
+
+def _ledger_state(outer: dict[str, Any]) -> WorkerState:
+    """What a rank's ledger says of the data and options it was taken on, as a worker state (for the checks
+    and the source's ``follow`` that a static state goes through)."""
+    ledger = Fields(outer["dynamic"], "dynamic")
+    return WorkerState(DataIdentity.from_dict(ledger.mapping("data")), dict(ledger.mapping("options").value),
+                       ledger.integer("epoch"), SlotGrid(outer["world_size"], 0).slot(outer["rank"], 0), start_cursor(1), 0, 0,
+                       0, False, None)
 
 
 def _epoch_over(dataset: Any, outer: dict[str, Any]) -> bool:
