@@ -282,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
     extra: dict[str, Any] = {}
     if args.num_workers > 0:
         extra["persistent_workers"] = False
-    if args.num_workers > 0 and args.assignment == "dynamic":   # as create_dataloader: batches as they are ready
+    if args.num_workers > 0 and not dataset.policy.in_order:   # as create_dataloader: batches as they are ready
         extra["in_order"] = False
     loader = ArrowStreamDataLoader(dataset, batch_size=None, num_workers=args.num_workers,
                                    collate_fn=passthrough_collate, **extra)

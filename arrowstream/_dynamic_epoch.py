@@ -41,7 +41,7 @@ from ._order import Slot, SlotGrid
 from ._plan_types import Split, split_rows
 from ._state import WorkerState, check_compatible
 from ._stream import EpochStream
-from .errors import ArgumentTypeError, InvalidArgumentError, StateError, StateMismatchError
+from .errors import StateError, StateMismatchError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -50,8 +50,6 @@ if TYPE_CHECKING:
     from ._planning import Plan
     from ._runtime import WorkerRuntime
 
-DYNAMIC = "dynamic"
-ASSIGNMENTS = ("static", DYNAMIC)
 END = Cursor((), 1 << 62, replay_index=1 << 62)   # past every replay and split a worker could lease
 
 
@@ -158,13 +156,6 @@ class DynamicEpochs:
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_fresh": {}, "_placed": {}}
-
-
-def stitches_last_rows(dataset: Any, num_workers: int) -> bool:
-    """Whether the workers' last rows of a dynamic epoch are stitched into whole batches (see
-    :func:`~arrowstream._dynamic.last_pieces`): with two workers or more, and rows known before reading
-    (a filter or ``bad_rows='skip'`` leaves each worker's last batch short, as it leaves len() unknown)."""
-    return dataset._assignment == DYNAMIC and num_workers > 1 and not dataset._options.drops_rows
 
 
 def dynamic_stream(runtime: WorkerRuntime, leases: PoolLeases, take: Callable[[], int | None], slot: Slot,
@@ -293,27 +284,6 @@ def work_from_dict(value: Any, plan: Plan, epochs: DynamicEpochs, options: Optio
     return epoch, work
 
 
-def check_assignment(assignment: Any, options: Options, group_size: int = 1) -> str:
-    """``assignment``, checked: ``"static"`` or ``"dynamic"`` (not with a filter and a shuffle buffer,
-    whose windows' rows a checkpoint could not name before reading; not with ``group_size`` above 1,
-    whose ranks must yield the same batches)."""
-    if not isinstance(assignment, str):
-        raise ArgumentTypeError(f"assignment: expected 'static' or 'dynamic', got {type(assignment).__name__}")
-    if assignment not in ASSIGNMENTS:
-        raise InvalidArgumentError(f"assignment: expected 'static' or 'dynamic', got {assignment!r}")
-    if assignment == DYNAMIC and options.drops_rows and options.shuffle_buffer_size:
-        raise InvalidArgumentError(
-            "assignment='dynamic' with a filter (or bad_rows='skip') and shuffle_buffer_size: which rows a shuffle "
-            "window holds is unknown before reading, so a checkpoint could not name the rows a worker had not "
-            "handed out. Use one of them, or assignment='static'")
-    if assignment == DYNAMIC and group_size > 1:
-        raise InvalidArgumentError(
-            f"assignment='dynamic' with group_size={group_size}: the ranks of a group must yield the same batches, "
-            "and dynamic assignment orders them by the timing of each rank's own workers. Use assignment='static' "
-            "with group_size above 1")
-    return assignment
-
-
 # -- the loader's side ------------------------------------------------------------------------------
 
 
@@ -347,15 +317,13 @@ def dynamic_ledger(dataset: Any, pool: Any, cursors: Sequence[Cursor | None], nu
 def load_dynamic_ledger(dataset: Any, outers: Sequence[dict[str, Any]]) -> int:
     """Check the ledgers of loader states (one, or every rank's of a merged checkpoint) against ``dataset`` and
     make the rest of the saved epoch its work; the saved epoch."""
-    if dataset._assignment != DYNAMIC:
-        raise StateMismatchError(
-            "checkpoint was taken with assignment='dynamic', this dataset has assignment='static': the rest of its "
-            "epoch is a ledger of leases, not worker cursors. Build the dataset with assignment='dynamic' to resume")
     missing = [index for index, outer in enumerate(outers) if "dynamic" not in outer]
     if missing:
         raise StateMismatchError(f"checkpoint rank {missing[0]} was taken with assignment='static' and others with "
                                  f"'dynamic'; {REMEDY}")
     adopt_buffer(dataset, Fields(outers[0]["dynamic"], "dynamic").mapping("options").value)   # when left out
+    # an Iceberg table that moved on since the checkpoint: its pinned snapshot, planned before a ledger is checked
+    dataset._follow_source(_ledger_state(outers[0]))
     world_size = outers[0]["world_size"]
     if world_size != dataset.world_size and all(_epoch_over(dataset, outer) for outer in outers) \
             and len(outers) == world_size:
@@ -372,13 +340,20 @@ def load_dynamic_ledger(dataset: Any, outers: Sequence[dict[str, Any]]) -> int:
     if outer["rank"] != dataset.rank:
         raise StateMismatchError(f"this loader state belongs to rank {outer['rank']} of {world_size}, this loader is "
                                  f"rank {dataset.rank}; load each rank's own state, or the merged checkpoint on every rank")
-    ledger = Fields(outer["dynamic"], "dynamic")
+    saved = _ledger_state(outer)
     epoch, work = work_from_dict(outer["dynamic"], dataset._plan, dataset._dynamic, dataset._options)
-    saved = WorkerState(DataIdentity.from_dict(ledger.mapping("data")), dict(ledger.mapping("options").value), epoch,
-                        SlotGrid(world_size, 0).slot(dataset.rank, 0), start_cursor(1), 0, 0, 0, False, None)
     check_compatible(saved, dataset._data, dataset._state_options, dataset._data_identity)
     dataset._dynamic.load(epoch, work)
     return epoch
+
+
+def _ledger_state(outer: dict[str, Any]) -> WorkerState:
+    """What a rank's ledger says of the data and options it was taken on, as a worker state (for the checks
+    and the source's ``follow`` that a static state goes through)."""
+    ledger = Fields(outer["dynamic"], "dynamic")
+    return WorkerState(DataIdentity.from_dict(ledger.mapping("data")), dict(ledger.mapping("options").value),
+                       ledger.integer("epoch"), SlotGrid(outer["world_size"], 0).slot(outer["rank"], 0), start_cursor(1), 0, 0,
+                       0, False, None)
 
 
 def _epoch_over(dataset: Any, outer: dict[str, Any]) -> bool:

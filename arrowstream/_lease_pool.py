@@ -127,7 +127,7 @@ class SharedPool:
 
 class PoolSlots:
     """Two pools shared by persistent workers, one per iteration in turn: an iteration's workers read the
-    current one when their ``iter()`` starts (see ``StructuredDataset._iter_dynamic``).
+    current one when their ``iter()`` starts (see ``DynamicAssignment.iterate``).
 
     Why two: when a persistent loader starts its next iteration, torch lets each worker finish the fetches
     it was sent before it acknowledges the new iteration, and those fetches of the old iteration may take

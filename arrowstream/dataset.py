@@ -13,23 +13,14 @@ import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ._assignment import Assignment, check_assignment
 from ._auto_buffer import adopted, resolve_buffer, with_buffer
 from ._collective import collective_world_size, plan_arguments, plan_together
 from ._convert import check_output_columns, resolve_fill_nulls
 from ._credentials import as_provider
-from ._dynamic import TAIL_LEASES_PER_WORKER, LocalPool, PoolLeases, fixed_leases
-from ._dynamic_epoch import (
-    DYNAMIC,
-    DynamicEpochs,
-    check_assignment,
-    dynamic_stream,
-    lease_taker,
-    start_state,
-    stitches_last_rows,
-)
+from ._dynamic_epoch import DynamicEpochs
 from ._identity import check_data_identity
-from ._layout import Epochs, batch_limits, check_known, rows_dropped, rows_trimmed, slot_rows, slot_yields
-from ._lease_pool import PoolSlots, SharedPool
+from ._layout import Epochs, batch_limits, check_known, slot_rows, slot_yields
 from ._options import Options, check_bool, check_even_batches, check_int, check_storage_arguments, validate_options
 from ._order import Slot, SlotGrid
 from ._plain_loader import LoaderWatch, Streamed
@@ -44,7 +35,7 @@ from ._state import ElasticSource, WorkerState
 from ._storage import Storage
 from ._stream import EpochStream
 from ._topology import resolve_topology
-from ._trims import Trim, TrimWatch, rank_trim, slot_trim
+from ._trims import Trim, TrimWatch
 from .errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -198,7 +189,9 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         # with one reader of distinct data there is nothing to even out
         self._even_batches = check_even_batches(even_batches, self._world_size, self._options)
         self._read_ahead_depth = check_int("read_ahead", read_ahead, 0)
-        self._assignment = check_assignment(assignment, self._options, self._topology.group_size)
+        # how the rank's rows reach its workers (_assignment): asked, never tested by name
+        self._policy: Assignment = check_assignment(assignment, self._options, self._topology.group_size)
+        self._assignment = self._policy.name
         self._data_identity = check_data_identity(data_identity)   # what a loaded checkpoint must match (_identity)
         # shared, so that set_epoch reaches persistent workers
         self._epoch_cell = share(torch.zeros(1, dtype=torch.int64), "StructuredDataset: the epoch cell")
@@ -224,8 +217,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         self._fill_nulls = resolve_fill_nulls(self._options.fill_nulls, plan.schema)
         self._data = self._source.identity(plan)
         self._state_options = {**self._options.state_options(), "even_batches": self._even_batches}
-        if self._assignment == DYNAMIC:   # static states stay as they were
-            self._state_options["assignment"] = DYNAMIC
+        self._state_options.update(self._policy.state_options())
         previous_dynamic: DynamicEpochs | None = vars(self).get("_dynamic")
         self._dynamic = DynamicEpochs(plan, self._options, self._world_size, self._rank, self._even_batches)
         if previous_dynamic is not None:
@@ -413,28 +405,19 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
     def rows_dropped_per_epoch(self, num_workers: int = 0) -> int:
         """Rows ``drop_last`` drops each epoch on this rank (each worker's short last batch; with
         ``assignment="dynamic"``, the rank's)."""
-        if self._assignment == DYNAMIC:
-            check_known(self._options, "rows drop_last drops are")
-            return self._dynamic.rows_left_out(self.epoch)[1]
-        return rows_dropped(self._rank_yields(num_workers), self._options)
+        return self._policy.rows_dropped(self, num_workers)
 
     def rows_trimmed_per_epoch(self, num_workers: int = 0) -> int:
         """Rows ``even_batches`` leaves out each epoch on this rank, so that every rank yields
         the same number of batches (the last rows of the workers with the most batches; with
         ``assignment="dynamic"``, the last rows of the rank's share)."""
-        if self._assignment == DYNAMIC:
-            return self._dynamic.rows_left_out(self.epoch)[0] if self._even_batches else 0
-        return rows_trimmed(self._rank_yields(num_workers), self._options, self._even_batches)
+        return self._policy.rows_trimmed(self, num_workers)
 
     def _trim(self, num_workers: int) -> Trim | None:
         """What ``even_batches`` trims of this rank's epoch (None: nothing is evened, or a filter decides)."""
         if not self._even_batches or self._options.drops_rows:
             return None
-        if self._assignment == DYNAMIC:
-            trimmed = self._dynamic.rows_left_out(self.epoch)[0]
-            kept = self._dynamic.fresh(self.epoch).num_rows
-            return rank_trim(trimmed, kept + trimmed, self._options.batch_size, num_workers)
-        return slot_trim(self._rank_yields(num_workers), self._options.batch_size, self._options.drop_last)
+        return self._policy.trim(self, num_workers)
 
     def warn_trims(self, num_workers: int) -> None:
         """Warn (once per epoch) when ``even_batches`` trims more than one batch of a worker this epoch."""
@@ -447,9 +430,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         """Exact batches per epoch on this rank; ``TypeError`` when a filter makes it unknowable.
         With ``even_batches`` (the default on more than one rank) every rank has the same number."""
         check_known(self._options, "number of batches is")
-        if self._assignment == DYNAMIC:
-            return self._dynamic.batches(self.epoch)
-        return sum(limit for _, limit, _ in self._rank_yields(num_workers))
+        return self._policy.num_batches(self, num_workers)
 
     # -- iteration ----------------------------------------------------------------------------
 
@@ -473,43 +454,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         slot = self._slot()
         if info is None:   # the trainer's process (a loader with workers warns in its own __iter__)
             self.warn_trims(0)
-        if self._assignment == DYNAMIC:
-            return self._iter_dynamic(slot)
-        self._active = EpochIterator(slot, functools.partial(self._open, slot, pending),
-                                     before=lambda: pending or self._epochs.start(slot, self.epoch))
-        return self._active
-
-    def _iter_dynamic(self, slot: Slot) -> EpochIterator:
-        epoch = self.epoch
-        refusal = None
-        if get_worker_info() is None:   # the trainer's process reads alone: its own pool, each iteration
-            loaded = self._dynamic.reads_loaded(epoch)
-            self._pool = LocalPool(len(self._dynamic.leases(epoch, 0, loaded=loaded)), epoch, loaded)
-            refusal = self._dynamic.refusal(epoch)   # the loader refuses first; raised when read, as static does
-        pool = self._pool
-        if isinstance(pool, PoolSlots):   # persistent workers: the pool of this iteration, taken now
-            pool = pool.current()
-        if pool is None:
-            raise InvalidArgumentError("assignment='dynamic': this dataset's workers share leases that its loader "
-                                       "lays out; iterate it through create_dataloader's loader (or "
-                                       "ArrowStreamDataLoader), not a plain DataLoader")
-        before = start_state(self._data, self._state_options, epoch, slot, self._options.interleave)
-
-        def open_epoch() -> OpenEpoch:
-            if refusal is not None:
-                raise refusal
-            runtime = self._worker_runtime()
-            # the loaded checkpoint's rest of the epoch, or its fresh rows, as the loader laid out the pool
-            leases = PoolLeases(functools.partial(self._dynamic.leases, epoch, slot.num_workers, loaded=pool.loaded),
-                                lambda: pool.pieces)
-            if isinstance(pool, SharedPool):
-                pool.check(epoch, fixed_leases(leases.of(TAIL_LEASES_PER_WORKER).bounds), slot.worker_id)
-            owners = pool.owners if stitches_last_rows(self, slot.num_workers) else None
-            stream = dynamic_stream(runtime, leases, lease_taker(pool, leases, runtime, slot.worker_id), slot,
-                                    epoch, self._options, self._data, self._state_options, before, owners)
-            return OpenEpoch(stream, runtime, lambda start, end: [f"the files leased by worker {slot.worker_id}"])
-
-        self._active = EpochIterator(slot, open_epoch, before=lambda: before)
+        self._active = self._policy.iterate(self, slot, pending)
         return self._active
 
     def _worker_runtime(self) -> WorkerRuntime:
@@ -544,6 +489,12 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
             'static'
         """
         return self._assignment
+
+    @property
+    def policy(self) -> Assignment:
+        """The assignment policy that :attr:`assignment` names (``arrowstream._assignment``): what the loader,
+        ``len`` and the state ask of how rows go to workers."""
+        return self._policy
 
     @property
     def options(self) -> Options:

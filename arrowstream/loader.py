@@ -30,21 +30,14 @@ from typing import Any
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from ._assignment import loader_in_order
 from ._auto_buffer import use_buffer
 from ._batches import BatchIterator, delivered_state, rewind_into_chunk
 from ._boundary import check_replanned_epoch_over, later_epoch_starts_whole
 from ._convert import passthrough_collate
 from ._credentials import as_provider
-from ._dynamic import MAX_TAIL_LEASES_PER_WORKER, fixed_leases
-from ._dynamic_epoch import (
-    DYNAMIC,
-    dynamic_ledger,
-    load_dynamic_ledger,
-    stitches_last_rows,
-)
 from ._epoch_watch import dataset_order_varies
-from ._fields import REMEDY
-from ._lease_pool import PoolSlots, SharedPool
+from ._lease_pool import SharedPool
 from ._loader_options import check_loader_options
 from ._loader_resume import check_workers, elastic_slots, follow_checkpoint_planning, mark_epoch_complete
 from ._loader_state import read_checkpoint, read_loader_state
@@ -65,7 +58,7 @@ from ._torchdata_state import (
     worker_states,
 )
 from ._transport import MAX_BATCHES_PER_TRANSFER, ROWS_PER_TRANSFER, default_batches_per_transfer  # noqa: F401 (re-exported)
-from .errors import ArgumentTypeError, StateError, StateMismatchError
+from .errors import ArgumentTypeError, StateMismatchError
 
 
 class ArrowStreamDataLoader(StreamLoader):
@@ -116,32 +109,19 @@ class ArrowStreamDataLoader(StreamLoader):
         return dataset_order_varies(self.dataset)
 
     def _before_iteration(self) -> None:
-        if self.dataset._assignment == DYNAMIC:
-            self._check_dynamic_epoch()
+        self.dataset.policy.before_iteration(self)
         if self._elastic_loaded:  # the first epoch after loading a checkpoint re-planned for this topology
             check_replanned_epoch_over(self.dataset, self.num_workers)
             self._elastic_loaded = False
 
     def _before_workers(self) -> None:
-        self._advance_pool()
+        self.dataset.policy.advance(self)
 
     def _iteration_started(self) -> None:
-        if self.dataset._assignment == DYNAMIC:   # a loaded checkpoint's rest is read by this iteration, once
-            self.dataset._dynamic.started(self.dataset.epoch)
+        self.dataset.policy.started(self)
 
     def _before_get_iterator(self) -> None:
-        if self.dataset._assignment == DYNAMIC and self.num_workers > 0:
-            # new pools for new workers, before they start: they inherit them (an abandoned iteration's
-            # workers keep the old ones); persistent workers use two in turn (see _advance_pool)
-            epoch = self.dataset.epoch
-            rest = self.dataset._dynamic.reads_loaded(epoch)   # a loaded checkpoint's rest, or fresh rows
-            leases, finest, fixed = self._lease_counts(epoch, rest)
-            if self.persistent_workers:
-                slots = PoolSlots(epoch, leases, self.multiprocessing_context, finest, fixed, rest)
-                self.dataset._pool, self._pool = slots, slots.current()
-            else:
-                self._pool = self.dataset._pool = SharedPool(epoch, leases, self.multiprocessing_context, finest,
-                                                             fixed, rest)
+        self.dataset.policy.start_workers(self)   # before the workers start: they inherit it (lease pools)
 
     def _later_epoch_starts_whole(self, inner: dict[str, Any]) -> bool:
         states = worker_states(inner)
@@ -163,7 +143,8 @@ class ArrowStreamDataLoader(StreamLoader):
         return inner
 
     def _state_extras(self, inner: dict[str, Any]) -> dict[str, Any]:
-        return {} if self.dataset._assignment != DYNAMIC else {"dynamic": self._dynamic_ledger(inner)}
+        ledger: dict[str, Any] = self.dataset.policy.state_fields(self, inner)   # a dynamic ledger (_assignment)
+        return ledger
 
     def _settings(self) -> Any:
         return self.dataset._options.planning, self.dataset._options.shuffle_buffer_size
@@ -211,62 +192,14 @@ class ArrowStreamDataLoader(StreamLoader):
     def _load_other_topology(self, outers: list[dict[str, Any]]) -> None:
         self._load_elastic(outers)
 
-    # -- assignment='dynamic' ---------------------------------------------------------------------------
-
-    def _check_dynamic_epoch(self) -> None:
-        """assignment='dynamic', before an iteration: refuse an epoch that a loaded checkpoint's rest cannot lead
-        to (see ``DynamicEpochs.refusal``), and forget the iteration state_dict() started for another epoch or
-        work than the dataset's now (set_epoch came after it): a new one starts."""
-        loader: Any = self   # torchdata's attributes, untyped
-        epochs, epoch = self.dataset._dynamic, self.dataset.epoch
-        pool = self._pool if self.num_workers > 0 else self.dataset._pool
-        if loader._initial_iter_for_state_dict and pool is not None \
-                and (pool.epoch, pool.loaded) != (epoch, epochs.reads_loaded(epoch)):
-            if self.num_workers > 0:
-                loader._iterator._shutdown_workers()
-            loader._iterator, loader._initial_iter_for_state_dict = None, False
-        refusal = epochs.refusal(epoch)
-        if refusal is not None:
-            raise refusal
-
-    def _advance_pool(self) -> None:
-        """assignment='dynamic' with persistent workers, before torchdata starts them on the next iteration:
-        that iteration's leases, in the pool the last one did not use (see ``PoolSlots``). Where the pool
-        has no room for them, the workers are ended and new ones start, with new pools."""
-        loader: Any = self   # torchdata's attributes, untyped
-        iterator = loader._iterator
-        if self.dataset._assignment != DYNAMIC or self.num_workers == 0 or not self.persistent_workers \
-                or iterator is None:
-            return   # no workers yet: _get_iterator makes the pools
-        if loader._initial_iter_for_state_dict and not iterator._finished:
-            return   # the workers state_dict() started are this iteration's, on the pool made for them
-        epoch, slots = self.dataset.epoch, self.dataset._pool
-        loaded = self.dataset._dynamic.reads_loaded(epoch)
-        leases, finest, fixed = self._lease_counts(epoch, loaded)
-        pool = slots.advance(epoch, leases, finest, fixed, loaded) if isinstance(slots, PoolSlots) else None
-        if pool is not None:
-            self._pool = pool
-            return
-        logger.info("assignment='dynamic': epoch %d has %d leases, more than the persistent workers' pools hold; "
-                    "starting new workers", epoch, leases)
-        iterator._shutdown_workers()
-        self._iterator = None
-
-    def _lease_counts(self, epoch: int, loaded: bool) -> tuple[int, int, int]:
-        """The leases of a dynamic ``epoch`` (of a loaded checkpoint's rest of it: ``loaded``) for this loader's
-        workers: how many with the default tail, with the finest one (the room a pool needs), and before the
-        last eighth (the same with any tail)."""
-        epochs = self.dataset._dynamic
-        default = epochs.leases(epoch, self.num_workers, loaded=loaded)
-        finest = len(epochs.leases(epoch, self.num_workers, MAX_TAIL_LEASES_PER_WORKER, loaded))
-        return len(default), finest, fixed_leases(default.bounds)
+    # -- the assignment policy's part ------------------------------------------------------------------
 
     def _stitcher(self, inner: Any) -> Stitcher | None:
         """assignment='dynamic' with workers: what makes the workers' last rows into whole batches,
         converted, collated and pinned as the batches of ``inner`` (torch's iterator) are (see
         ``arrowstream._stitch``)."""
         dataset = self.dataset
-        if not stitches_last_rows(dataset, self.num_workers):
+        if not dataset.policy.stitches_last_rows(dataset, self.num_workers):
             return None
         convert = trainer_convert(dataset._plan, dataset._options, dataset._fill_nulls)
         # torch pins only where an accelerator is present, to its device
@@ -282,34 +215,15 @@ class ArrowStreamDataLoader(StreamLoader):
 
         return Stitcher(stitched)
 
-    def _dynamic_ledger(self, inner: dict[str, Any]) -> dict[str, Any]:
-        """assignment='dynamic': the rest of the epoch, from who took which lease and each worker's state
-        after its last batch handed out (see ``arrowstream._dynamic``)."""
-        dataset = self.dataset
-        if self.num_workers == 0:
-            active, pool = dataset._active, dataset._pool
-            cursors = [None if active is None else active.state().cursor]
-        else:
-            # each worker's position after its last batch handed out, as the batches went by (torchdata's
-            # own snapshots do not follow the batches handed out when they come out of order)
-            pool = self._pool
-            delivered = {} if self._batch_iterator is None else self._batch_iterator.handed_out()
-            cursors = [None if w not in delivered else delivered[w].cursor for w in range(self.num_workers)]
-        return dynamic_ledger(dataset, pool, cursors, self.num_workers)
-
     def _refuse_without_ledger(self) -> None:
-        """A state without a ``dynamic`` ledger whose worker states agree with a dynamic dataset (they carry
-        ``assignment: 'dynamic'``): the ledger was removed, and the worker cursors do not say which rows are
-        left (a static state is refused before, by its options)."""
-        if self.dataset._assignment == DYNAMIC:
-            raise StateError("the state has no 'dynamic' ledger, but its worker states were taken with "
-                             "assignment='dynamic', whose rest of the epoch is the ledger, not the workers' cursors; "
-                             f"{REMEDY}")
+        """A state without a ledger whose worker states agree with the dataset: refused where the assignment
+        policy needs one (a dynamic ledger removed: the worker cursors do not say which rows are left)."""
+        self.dataset.policy.refuse_without_ledger()
 
     def _load_dynamic(self, outers: list[dict[str, Any]]) -> None:
         """Resume a dynamic checkpoint: the rest of its epoch is this rank's work, leased anew by this
         loader's workers (any number)."""
-        epoch = load_dynamic_ledger(self.dataset, outers)
+        epoch = self.dataset.policy.load_ledger(self.dataset, outers)
         self.dataset.set_epoch(epoch)
         # the leases of an earlier iteration say nothing of the loaded epoch's rest
         self._pool = self.dataset._pool = None
@@ -378,9 +292,8 @@ def build_dataloader(dataset_cls: type, *, dataset_args: dict[str, Any], num_wor
     provider = dataset_kwargs.get("credential_provider")
     if callable(provider):  # wrapped once: its picklability is checked here, and the dataset keeps it
         provider = dataset_kwargs["credential_provider"] = as_provider(provider)
-    dynamic = dataset_kwargs.get("assignment") == DYNAMIC
-    if dynamic and num_workers > 0:   # batches as workers have them: a slow worker holds up no other
-        kwargs.setdefault("in_order", False)
+    if not loader_in_order(dataset_kwargs.get("assignment", "static")) and num_workers > 0:
+        kwargs.setdefault("in_order", False)   # batches as workers have them: a slow worker holds up no other
     check_loader_options(num_workers, kwargs, provider)  # before planning, which may be long
     dataset = dataset_cls(**dataset_args, **dataset_kwargs)
     kwargs.setdefault("collate_fn", passthrough_collate)

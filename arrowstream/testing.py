@@ -21,6 +21,7 @@ import torch
 
 from ._batch_diff import first_difference, snapshot
 from ._fresh_process import check_importable, run_in_fresh_process
+from ._static_assignment import StaticAssignment
 from .errors import ArgumentTypeError, InvalidArgumentError
 
 __all__ = ["ResumeReport", "check_resume"]
@@ -210,7 +211,7 @@ def _build(make_loader: MakeLoader) -> tuple[Any, Any]:
         raise ArgumentTypeError(f"make_loader: the dataset it returned ({type(dataset).__name__}) has no set_epoch; "
                                 "return (loader, dataset) as create_dataloader does")
     if loader.num_workers > 0 and (getattr(loader, "in_order", True) is False
-                                   or getattr(dataset, "assignment", None) == "dynamic"):
+                                   or not getattr(dataset, "policy", StaticAssignment).same_order):
         raise InvalidArgumentError(
             "make_loader: its loader hands out batches in an order that depends on timing (in_order=False or "
             "assignment='dynamic'; a resume yields exactly the rows not yet yielded, but not in one fixed order), so "

@@ -278,6 +278,50 @@ def test_resume_continues_on_the_pinned_snapshot_after_an_append(catalog):
         latest.load_state_dict(saved[0])
 
 
+@pytest.mark.parametrize("num_workers,merged", [(0, False), (2, False), (2, True)])
+def test_a_dynamic_checkpoint_resumes_on_its_pinned_snapshot_after_an_append(catalog, num_workers, merged):
+    """assignment='dynamic': the rest of the epoch is the checkpoint snapshot's, each row once, none of the rows
+    appended since; the next epoch reads that snapshot whole (as the static path does)."""
+    from arrowstream import merge_state_dicts
+
+    table = events(catalog)
+    options = {"batch_size": 50, "shuffle": True, "seed": 9, "assignment": "dynamic", "plan_cache": False}
+    world = {"world_size": 2, "plan_locally": True} if merged else {}
+    before, states = [], []
+    for rank in range(2 if merged else 1):
+        loader, dataset = IcebergDataset.create_dataloader(table="db.events", catalog_config=catalog[1],
+                                                           num_workers=num_workers, **world,
+                                                           **({"rank": rank} if merged else {}), **options)
+        pinned = dataset.snapshot_id
+        dataset.set_epoch(0)
+        for step, batch in enumerate(loader):
+            before.extend(ids_of(batch))
+            if step == 6:
+                break
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    state = merge_state_dicts(states) if merged else states[0]
+
+    table.append(rows(2000, 500))          # the table moves on
+    after, per_rank = [], []
+    for rank in range(2 if merged else 1):
+        fresh_loader, fresh_dataset = IcebergDataset.create_dataloader(
+            table="db.events", catalog_config=catalog[1], num_workers=num_workers, **world,
+            **({"rank": rank} if merged else {}), **options)
+        assert fresh_dataset.snapshot_id != pinned
+        fresh_loader.load_state_dict(state)
+        assert fresh_dataset.snapshot_id == pinned
+        fresh_dataset.set_epoch(0)
+        after.extend(i for batch in fresh_loader for i in ids_of(batch))
+        fresh_dataset.set_epoch(1)
+        per_rank.append([i for batch in fresh_loader for i in ids_of(batch)])
+    trimmed = 2000 - len(before) - len(after)
+    assert len(before + after) == len(set(before + after)) and max(before + after) < 2000
+    assert 0 <= trimmed < 50 * 2   # even_batches trims less than a batch per rank; one rank trims nothing
+    assert not merged or trimmed == 0 or trimmed == 2000 % (50 * 2)
+    epoch1 = [i for ids in per_rank for i in ids]
+    assert len(epoch1) == len(set(epoch1)) and max(epoch1) < 2000 and len(epoch1) == 2000 - trimmed
+
+
 def test_resume_refuses_an_expired_snapshot(catalog):
     table = events(catalog)
     loader, dataset = IcebergDataset.create_dataloader(table="db.events", catalog_config=catalog[1], batch_size=100)

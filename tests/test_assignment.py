@@ -1,0 +1,120 @@
+"""The assignment policies (``arrowstream._assignment``): one registry by name, asked instead of tested by name."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import os
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from arrowstream import StructuredDataset
+from arrowstream._assignment import ASSIGNMENTS, Assignment
+from arrowstream._dynamic_assignment import DynamicAssignment
+from arrowstream._static_assignment import StaticAssignment
+
+PACKAGE_DIR = os.path.join(os.path.dirname(__file__), "..", "arrowstream")
+POLICY_MODULES = ("_assignment.py", "_static_assignment.py", "_dynamic_assignment.py")
+# comparisons that stay for now, each with its owner: a description's field, not a dataset's policy
+KNOWN = {("_describe.py", "compares assignment with 'dynamic'")}   # #38 part C (one describe_state)
+
+
+def protocol_members() -> set[str]:
+    return {name for name, value in vars(Assignment).items()
+            if not name.startswith("_") and (callable(value) or name in Assignment.__annotations__)} \
+        | set(Assignment.__annotations__)
+
+
+@pytest.mark.parametrize("name,policy", list(ASSIGNMENTS.items()))
+def test_every_registered_policy_answers_the_protocol_under_its_own_name(name, policy):
+    assert policy.name == name
+    missing = {m for m in protocol_members() if not hasattr(policy, m)}
+    assert missing == set()
+    for member in protocol_members():
+        value = getattr(Assignment, member, None)
+        if callable(value):
+            assert inspect.signature(getattr(type(policy), member)).parameters.keys() \
+                == inspect.signature(value).parameters.keys(), member
+
+
+def test_the_option_values_are_the_registered_names():
+    assert list(ASSIGNMENTS) == ["static", "dynamic"]
+    assert isinstance(ASSIGNMENTS["static"], StaticAssignment)
+    assert isinstance(ASSIGNMENTS["dynamic"], DynamicAssignment)
+
+
+def _policy_names(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Constant) and node.value in ASSIGNMENTS:
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [n for elt in node.elts for n in _policy_names(elt)]
+    return []
+
+
+def _is_assignment(node: ast.AST) -> bool:
+    if isinstance(node, ast.Name):
+        return node.id in ("assignment", "_assignment")
+    if isinstance(node, ast.Attribute):
+        return node.attr in ("assignment", "_assignment")
+    return isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value == "assignment"
+
+
+def assignment_knowledge(tree: ast.Module) -> set[str]:
+    """What a module outside the policies knows of them by name: ``DYNAMIC``-like constants, comparisons of an
+    ``assignment`` with a policy's name."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(_is_assignment(side) for side in sides):
+                found.update(f"compares assignment with {name!r}" for side in sides for name in _policy_names(side))
+        elif isinstance(node, ast.Name) and node.id in ("DYNAMIC", "STATIC"):
+            found.add(f"names {node.id}")
+        elif isinstance(node, ast.alias) and node.name in ("DYNAMIC", "STATIC"):
+            found.add(f"names {node.name}")
+    return found
+
+
+def test_no_module_outside_the_policies_tests_an_assignment_by_name():
+    leaks = set()
+    for folder, _, files in os.walk(PACKAGE_DIR):
+        for name in files:
+            relative = os.path.relpath(os.path.join(folder, name), PACKAGE_DIR).replace(os.sep, "/")
+            if not name.endswith(".py") or relative in POLICY_MODULES:
+                continue
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                leaks.update((relative, what) for what in assignment_knowledge(ast.parse(f.read(), relative)))
+    assert leaks - KNOWN == set(), f"ask the dataset's policy (arrowstream/_assignment.py) instead: {sorted(leaks)}"
+    assert KNOWN - leaks == set(), f"fixed, so remove them from KNOWN: {sorted(KNOWN - leaks)}"
+
+
+@pytest.mark.parametrize("source, leak", [
+    ("if dataset._assignment == DYNAMIC: pass", "names DYNAMIC"),
+    ('dynamic = kwargs.get("x").assignment != "dynamic"', "compares assignment with 'dynamic'"),
+    ('ok = options["assignment"] in ("static", "dynamic")', "compares assignment with 'static'"),
+])
+def test_the_check_sees_what_it_looks_for(source, leak):
+    assert leak in assignment_knowledge(ast.parse(source))
+
+
+def test_a_new_policy_is_one_registry_line(tmp_path, monkeypatch):
+    """A policy registered under a new name is taken by the dataset and asked by its loader: here one that reads
+    as static does, counted when it lays out an epoch's batches."""
+    asked: list[str] = []
+
+    class Counted(StaticAssignment):
+        name = "counted"
+
+        def num_batches(self, dataset: Any, num_workers: int) -> int:
+            asked.append("num_batches")
+            return super().num_batches(dataset, num_workers)
+
+    monkeypatch.setitem(ASSIGNMENTS, "counted", Counted())
+    pq.write_table(pa.table({"id": list(range(100))}), tmp_path / "part.parquet", row_group_size=10)
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), batch_size=8, assignment="counted",
+                                                    plan_cache=False, shuffle=True)
+    assert len(loader) == 13 and asked == ["num_batches"]
+    assert sorted(int(i) for batch in loader for i in batch["id"]) == list(range(100))
