@@ -19,7 +19,7 @@ from arrowstream._static_assignment import StaticAssignment
 PACKAGE_DIR = os.path.join(os.path.dirname(__file__), "..", "arrowstream")
 POLICY_MODULES = ("_assignment.py", "_static_assignment.py", "_dynamic_assignment.py")
 # comparisons that stay for now, each with its owner: a description's field, not a dataset's policy
-KNOWN = {("_describe.py", "compares assignment with 'dynamic'")}   # #38 part C (one describe_state)
+KNOWN = {("_describe_dataset.py", "compares assignment with 'dynamic'")}   # a saved state read as JSON: its ledger, not a policy
 
 
 def protocol_members() -> set[str]:

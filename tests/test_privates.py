@@ -70,9 +70,9 @@ THIRD_PARTY: dict[tuple[str, str], str] = {
     ("arrowstream.mixture", "_getframe"): "sys._getframe: the caller's frame, where the loader watch looks for a plain DataLoader",
     ("arrowstream.testing", "_iterator"): "torchdata's StatefulDataLoader: its iterator, to end its workers now",
     ("arrowstream.testing", "_shutdown_workers"): _TORCH_WORKERS,
-    ("arrowstream.loader", "_initial_iter_for_state_dict"): _TORCHDATA_LOOP,
-    ("arrowstream.loader", "_finished"): _TORCHDATA_LOOP,
-    ("arrowstream.loader", "_shutdown_workers"): _TORCH_WORKERS,
+    ("arrowstream._dynamic_assignment", "_initial_iter_for_state_dict"): _TORCHDATA_LOOP,
+    ("arrowstream._dynamic_assignment", "_finished"): _TORCHDATA_LOOP,
+    ("arrowstream._dynamic_assignment", "_shutdown_workers"): _TORCH_WORKERS,
     ("arrowstream.loader", "_pin_memory"): "torch's iterator: whether (and to which device) it pins batches",
     ("arrowstream.loader", "_pin_memory_device"): "torch's iterator: whether (and to which device) it pins batches",
 }
@@ -83,7 +83,11 @@ THIRD_PARTY: dict[tuple[str, str], str] = {
 # it may have none.
 PENDING: dict[str, int] = {
     "arrowstream._describe": 5,
-    "arrowstream._dynamic_epoch": 18,
+    # the assignment policies take the dataset and loader and read their fields (#38 part A, merged before part F):
+    # next, each policy owns its state (leases, pools) and is handed the values it reads
+    "arrowstream._dynamic_assignment": 42,
+    "arrowstream._dynamic_epoch": 16,
+    "arrowstream._static_assignment": 10,
     "arrowstream._inspect": 3,
     "arrowstream._loader_resume": 1,
     "arrowstream._mix_inspect": 1,
@@ -93,7 +97,7 @@ PENDING: dict[str, int] = {
     "arrowstream._mix_reading": 27,
     "arrowstream._mix_resume": 18,
     "arrowstream._skip": 1,
-    "arrowstream.loader": 29,
+    "arrowstream.loader": 12,
     # check_resume asks which worker made the last batch: the loader's batch iterator, which has no public
     # handle until part B's loader shell gives one
     "arrowstream.testing": 1,
