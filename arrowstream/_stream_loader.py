@@ -112,9 +112,28 @@ class StreamLoader(StatefulDataLoader):  # type: ignore[misc]
         self._iteration_started()
         if self.num_workers == 0:
             self._batch_iterator = None
-            return SkippingIterator(self, inner)
+            return SkippingIterator(self, self._skipper, inner)
         self._batch_iterator = worker_batches(inner, self._stitcher(inner))
-        return SkippingIterator(self, self._batch_iterator)
+        return SkippingIterator(self, self._skipper, self._batch_iterator)
+
+    @property
+    def last_batch_worker(self) -> int | None:
+        """The worker that made the batch just handed out: 0 (the trainer's process) without workers, the
+        worker of the chunk it came in with workers; ``None`` before the first batch of an iteration.
+
+        Example:
+            >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
+            >>> folder = tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"x": list(range(10))}), os.path.join(folder, "part.parquet"))
+            >>> loader, dataset = arrowstream.StructuredDataset.create_dataloader(path=folder, batch_size=4)
+            >>> batch = next(iter(loader))
+            >>> loader.last_batch_worker
+            0
+        """
+        if self.num_workers == 0:
+            return 0
+        chunk = None if self._batch_iterator is None else self._batch_iterator.chunk
+        return None if chunk is None else chunk.worker_id
 
     def _get_iterator(self) -> Any:
         """torchdata's hook that starts an epoch's iterator (from a loaded state, if any): a loaded
