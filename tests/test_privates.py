@@ -83,9 +83,6 @@ THIRD_PARTY: dict[tuple[str, str], str] = {
 # it may have none.
 PENDING: dict[str, int] = {
     "arrowstream._dynamic_epoch": 18,
-    "arrowstream._mix_loader": 15,
-    "arrowstream._mix_reading": 27,
-    "arrowstream._mix_resume": 18,
     # part A's: the dynamic methods (_load_dynamic, _refuse_without_ledger, _check_dynamic_epoch, _advance_pool,
     # _lease_counts, _dynamic_ledger, _before_get_iterator's pools) and the lines branching on DYNAMIC
     "arrowstream.loader": 19,
