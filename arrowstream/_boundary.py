@@ -11,17 +11,36 @@ epoch is left alone: the workers refuse the later epoch (``StateMismatchError``)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from ._order import SlotGrid
+from ._order import Slot, SlotGrid
 from ._state import WorkerState
 from .errors import StateMismatchError
 
 if TYPE_CHECKING:
-    from .dataset import StructuredDataset
+    from ._layout import Epochs
 
 
-def later_epoch_starts_whole(dataset: StructuredDataset, saved: list[WorkerState], steps_since_snapshot: int) -> bool:
+class EpochsOf(Protocol):
+    """What the epoch boundary reads of a dataset (``StructuredDataset`` answers it): its epoch and epochs, its
+    rank among the ranks, and what a worker state has left of its epoch."""
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def epochs(self) -> Epochs: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    def batches_left(self, state: WorkerState, slot: Slot) -> int | None: ...
+
+
+def later_epoch_starts_whole(dataset: EpochsOf, saved: list[WorkerState], steps_since_snapshot: int) -> bool:
     """Whether a later epoch than the saved workers' starts whole, after ``steps_since_snapshot`` more
     batches of theirs (yielded after their snapshot). With no step since the snapshot, each worker
     checks its own state when it starts (a filter may leave rows only reading finds); after some,
@@ -34,7 +53,7 @@ def later_epoch_starts_whole(dataset: StructuredDataset, saved: list[WorkerState
     return all(n is not None for n in left) and sum(n for n in left if n is not None) == steps_since_snapshot
 
 
-def check_replanned_epoch_over(dataset: StructuredDataset, num_workers: int) -> None:
+def check_replanned_epoch_over(dataset: EpochsOf, num_workers: int) -> None:
     """Refuse to start a later epoch while the epoch a checkpoint was re-planned into (elastic
     resume) still has rows for this rank: skipping them would lose them silently."""
     source = dataset.epochs.elastic

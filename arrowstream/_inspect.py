@@ -69,7 +69,7 @@ def open_dataset(args: argparse.Namespace, **kwargs: Any) -> Any:
 
 def describe(dataset: Any, num_workers: int) -> dict[str, Any]:
     """The whole report as plain data (what ``--json`` prints)."""
-    plan, options = dataset._plan, dataset._options
+    plan, options = dataset.plan, dataset.options
     grid = SlotGrid(dataset.world_size, num_workers)
     world_size, per_rank, num_slots = grid.world_size, grid.workers_per_rank, grid.num_slots
     footers = plan.files
@@ -84,7 +84,7 @@ def describe(dataset: Any, num_workers: int) -> dict[str, Any]:
     slot_rows = [s["rows"] for s in slots]
     mean = sum(slot_rows) / num_slots
     return {
-        "source": {"format": options.format, "table": dataset._source.table_name,
+        "source": {"format": options.format, "table": dataset.source.table_name,
                    "snapshot_id": getattr(dataset, "snapshot_id", None)},
         "files": len(footers), "rows": plan.num_rows, "bytes": sum(f["bytes"] for f in files),
         "units": sum(f["units"] for f in files), "unit_name": unit_format(options.format).units,

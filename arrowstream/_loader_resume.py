@@ -9,10 +9,10 @@ across the ranks of a merged checkpoint re-planned for another topology (see ``_
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ._order import SlotGrid
-from ._resume import follow_planning
+from ._order import Slot, SlotGrid
+from ._resume import Replans, follow_planning
 from ._state import WorkerState
 from ._torchdata_state import (
     InnerState,
@@ -25,10 +25,21 @@ from ._torchdata_state import (
 from .errors import StateError, StateMismatchError
 
 if TYPE_CHECKING:
-    from .dataset import StructuredDataset
+    from ._layout import Epochs
 
 
-def follow_checkpoint_planning(dataset: StructuredDataset, parsed: list[InnerState]) -> None:
+class ChecksStates(Replans, Protocol):
+    """What the loader's resume checks ask of a dataset (``StructuredDataset`` answers it): to plan as a checkpoint
+    did (:class:`~arrowstream._resume.Replans`), to check a worker state against its plan, and what a worker
+    state has left of its epoch."""
+
+    def check_state(self, state_dict: dict[str, Any], elastic: bool = False, *, slot: Slot | None = None,
+                    where: str = "worker state", done: str | None = None) -> WorkerState: ...
+
+    def batches_left(self, state: WorkerState, slot: Slot) -> int | None: ...
+
+
+def follow_checkpoint_planning(dataset: ChecksStates, parsed: list[InnerState]) -> None:
     """Make ``dataset`` plan as the checkpoint of these ranks' torchdata dicts did: by the planning version of
     its first worker state (the others are compared with it as they are checked)."""
     for rank, inner in enumerate(parsed):
@@ -38,7 +49,7 @@ def follow_checkpoint_planning(dataset: StructuredDataset, parsed: list[InnerSta
                 return
 
 
-def check_workers(dataset: StructuredDataset, parsed: InnerState, rank: int, world_size: int,
+def check_workers(dataset: ChecksStates, parsed: InnerState, rank: int, world_size: int,
                   elastic: bool = False) -> list[WorkerState]:
     """Check the worker states of one rank's torchdata dict against the plan, in worker order
     (the dataset planning as the checkpoint did: :func:`follow_checkpoint_planning`).
@@ -73,7 +84,7 @@ def check_workers(dataset: StructuredDataset, parsed: InnerState, rank: int, wor
     return saved
 
 
-def elastic_slots(dataset: StructuredDataset,
+def elastic_slots(dataset: ChecksStates,
                   outers: list[dict[str, Any]]) -> tuple[int, int, list[tuple[WorkerState, bool]]]:
     """The old world size, the old workers per rank, and the state of every old (rank, worker) slot in
     slot order with whether its loader had finished the epoch, checked for an elastic resume."""
@@ -103,7 +114,7 @@ def elastic_slots(dataset: StructuredDataset,
     return old_world, old_workers, slots
 
 
-def mark_epoch_complete(inner: dict[str, Any], dataset: StructuredDataset) -> None:
+def mark_epoch_complete(inner: dict[str, Any], epochs: Epochs) -> None:
     """A state taken after the epoch ended: every worker is done with that epoch.
 
     torchdata would replay the epoch from the start; marking the workers complete, their cursors
@@ -115,7 +126,7 @@ def mark_epoch_complete(inner: dict[str, Any], dataset: StructuredDataset) -> No
         if state is None:
             return None
         saved = WorkerState.from_dict(state)
-        return dataclasses.replace(saved, cursor=dataset._epochs.end_cursor(saved), epoch_complete=True).to_dict()
+        return dataclasses.replace(saved, cursor=epochs.end_cursor(saved), epoch_complete=True).to_dict()
 
     for worker_id, state in enumerate(worker_states(inner)):
         set_worker_state(inner, worker_id, complete(state))

@@ -47,7 +47,7 @@ def describe(mixture: Any, num_workers: int, epoch: int) -> dict[str, Any]:
     rows, quotas, passes = mixture.source_rows(), mixture.quotas(), mixture.passes(epoch)
     per_slot = mixture.slot_quotas(num_workers, epoch)
     limits = mixture.batch_limits(num_workers, epoch)
-    batch_size, drop_last = mixture.batch_size, mixture._options.drop_last
+    batch_size, drop_last = mixture.batch_size, mixture.options.drop_last
     slots = []
     for index, (shares, limit) in enumerate(zip(per_slot, limits, strict=True)):
         total = sum(shares.values())

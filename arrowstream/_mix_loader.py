@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -21,19 +21,19 @@ from ._mix_elastic import MixElastic
 from ._mix_position import final_counters
 from ._mix_reading import COMPACT
 from ._mix_resume import (
-    adopt_replanned,
+    MixtureView,
     check_epochs,
     check_finished,
     check_worker_options,
     check_worker_state,
     finished_state,
-    follow,
     leave_tracks,
     slot_counts,
 )
 from ._mix_state import MixPosition, MixWorkerState
 from ._mix_stream import MixSlot
 from ._options import check_int
+from ._plain_loader import stream_kind
 from ._shm import share
 from ._skip_state import read_skips
 from ._stream_loader import StreamLoader
@@ -50,9 +50,6 @@ from ._torchdata_state import (
     worker_states,
 )
 from .errors import ArgumentTypeError, NotSupportedYetError, StateError, StateMismatchError
-
-if TYPE_CHECKING:
-    from .mixture import Mixture
 
 logger = logging.getLogger("arrowstream")
 
@@ -133,10 +130,8 @@ class MixtureDataLoader(StreamLoader):
     WATCH = "mixture"
     MIXTURE = True
 
-    def __init__(self, mixture: Mixture, batches_per_transfer: int | None = None, **kwargs: Any) -> None:
-        from .mixture import Mixture
-
-        if not isinstance(mixture, Mixture):
+    def __init__(self, mixture: Any, batches_per_transfer: int | None = None, **kwargs: Any) -> None:
+        if stream_kind(mixture) != "mixture":
             raise ArgumentTypeError(f"dataset: MixtureDataLoader loads an arrowstream Mixture, got {type(mixture).__name__}")
         kwargs.setdefault("batch_size", None)
         kwargs.setdefault("collate_fn", passthrough_collate)
@@ -153,10 +148,10 @@ class MixtureDataLoader(StreamLoader):
         if self._sources_board is None:
             self._sources_board = share(torch.zeros((max(self.num_workers, 1), len(self.dataset.names)),
                                                     dtype=torch.int64), "MixtureDataLoader: rows per source of its workers")
-        self.dataset._side.use_transport(self._transport, self._sources_board)
+        self.dataset.worker_side.use_transport(self._transport, self._sources_board)
 
     def _meter(self) -> Any:
-        return self.dataset._side.metered
+        return self.dataset.worker_side.metered
 
     def _add_metrics(self, metrics: dict[str, Any]) -> None:
         """The rows of each source: ``"rows/NAME"`` in the totals and in each worker's line."""
@@ -217,10 +212,10 @@ class MixtureDataLoader(StreamLoader):
         return inner
 
     def _settings(self) -> Any:
-        return self.dataset._shuffling()
+        return self.dataset.shuffling()
 
     def _restore_settings(self, settings: Any) -> None:
-        self.dataset._shuffle_as(settings)
+        self.dataset.shuffle_as(settings)
 
     def _read_loader_state(self, state: Any) -> dict[str, Any]:
         return read_mixture_state(state, "mixture loader state")
@@ -234,9 +229,10 @@ class MixtureDataLoader(StreamLoader):
         mixture = self.dataset
         fields = Fields(outer, f"rank {mixture.rank}'s mixture loader state")
         inner, parsed, states = _read_rank(fields, self.snapshot_every_n_steps)
-        mixture._adopt_saved(states[0].options)   # its buffer (when left to the default) and batch order
-        mixture._follow_sources(states[0].data)   # an Iceberg table moved on since: its snapshot (before any check)
-        adopt_replanned(mixture, states)
+        # its buffer (when left to the default), batch order, and the data of an Iceberg table moved on since: its
+        # snapshot (before any check)
+        mixture.adopt_checkpoint(states[0])
+        mixture.adopt_replanned(states)
         slots = [MixSlot(s.epoch, mixture.rank, mixture.world_size, worker_id, self.num_workers)
                  for worker_id, s in enumerate(states)]
         for state, slot in zip(states, slots, strict=True):
@@ -252,8 +248,8 @@ class MixtureDataLoader(StreamLoader):
                 _check_nothing_left(mixture, state, slot)
         self._follow_per_transfer(outer["batches_per_transfer"])
         self._batch_iterator = None
-        follow(mixture, states)
-        mixture._finished_epoch = -1
+        mixture.follow(states)
+        mixture.finish_through(-1)
         self._load_torchdata(inner)
 
     def _load_other_topology(self, outers: list[dict[str, Any]]) -> None:
@@ -286,17 +282,18 @@ class MixtureDataLoader(StreamLoader):
             old += [(s, MixSlot(s.epoch, rank, world_size, worker, num_workers)) for worker, s in enumerate(ranks)]
             states += ranks
         check_epochs(old)
-        mixture._adopt_saved(states[0].options)   # its buffer (when left to the default) and batch order
-        mixture._follow_sources(states[0].data)   # an Iceberg table moved on since the checkpoint: its snapshot
+        # its buffer (when left to the default), batch order, and an Iceberg table moved on since the checkpoint: its
+        # snapshot
+        mixture.adopt_checkpoint(states[0])
         saved = (old[0][1].world_size, old[0][1].num_workers)
         if all(s.epoch_complete for s, _ in old):
-            adopt_replanned(mixture, states)   # (an epoch re-planned for the old topology: its slots' rows)
+            mixture.adopt_replanned(states)   # (an epoch re-planned for the old topology: its slots' rows)
             for state, slot in old:   # each at the end of its epoch
                 check_finished(mixture, state, slot, f"mixture worker state of rank {slot.rank} worker {slot.worker_id}")
-            epoch = follow(mixture, states)
-            mixture._epochs.elastic = None
+            epoch = mixture.follow(states)
+            mixture.use_replanned(None)
             leave_tracks(mixture, epoch, saved, (mixture.world_size, self.num_workers))
-            mixture._finished_epoch = epoch
+            mixture.finish_through(epoch)
             self._load_torchdata({})
             return
         self._load_replanned(old, states)
@@ -314,14 +311,14 @@ class MixtureDataLoader(StreamLoader):
         epoch = max(s.epoch for s in states)
         for state, slot in old:
             check_worker_state(mixture, state, slot, elastic=True)
-        follow(mixture, states)
+        mixture.follow(states)
         cursors = tuple(None if s.epoch_complete or s.epoch < epoch else dict(s.cursors) for s, _ in old)
         _, first = old[0]
-        elastic = MixElastic(epoch, first.world_size, first.num_workers, cursors, mixture._pass_layout)
+        elastic = MixElastic(epoch, first.world_size, first.num_workers, cursors, mixture.pass_layout)
         leave_tracks(mixture, epoch, (first.world_size, first.num_workers), (mixture.world_size, self.num_workers))
-        mixture._epochs.elastic = (elastic, mixture.world_size, self.num_workers)
+        mixture.use_replanned((elastic, mixture.world_size, self.num_workers))
         mixture.slot_quotas(self.num_workers, epoch)   # re-planned now: a state that does not add up is refused here
-        mixture._finished_epoch = -1
+        mixture.finish_through(-1)
         self._replanned_epoch = epoch
         logger.info("elastic resume: the rest of mixture epoch %d, saved with world_size=%d, num_workers=%d, is "
                     "re-planned for world_size=%d, num_workers=%d", epoch, first.world_size, first.num_workers,
@@ -348,10 +345,10 @@ def _read_rank(fields: Fields, snapshot_every_n_steps: int) -> tuple[dict[str, A
     return inner, parsed, states
 
 
-def _check_nothing_left(mixture: Mixture, state: MixWorkerState, slot: MixSlot) -> None:
+def _check_nothing_left(mixture: MixtureView, state: MixWorkerState, slot: MixSlot) -> None:
     """Refuse a state inside its epoch with batches left that torchdata's dict says its loader yields no more of
     (its fetcher ended)."""
-    batch_size, drop_last = mixture.batch_size, mixture._options.drop_last
+    batch_size, drop_last = mixture.batch_size, mixture.options.drop_last
     _, batches, _ = final_counters(*slot_counts(mixture, state, slot), batch_size=batch_size, drop_last=drop_last)
     if state.batches < batches:
         raise StateError(f"the mixture loader state's fetcher_state.fetcher_ended is true, so the loader would yield "
@@ -359,7 +356,7 @@ def _check_nothing_left(mixture: Mixture, state: MixWorkerState, slot: MixSlot) 
                          f"{state.batches} of its {batches} batches; {REMEDY}")
 
 
-def _finished(inner: dict[str, Any], parsed: InnerState, states: list[MixWorkerState], mixture: Mixture, rank: int,
+def _finished(inner: dict[str, Any], parsed: InnerState, states: list[MixWorkerState], mixture: MixtureView, rank: int,
               world_size: int, num_workers: int) -> list[MixWorkerState]:
     """The states of a loader whose loop had ended, marked done with their epoch, their counters at its end
     (checked: the batches they had left are those yielded after their snapshots), in ``inner`` too."""

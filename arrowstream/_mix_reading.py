@@ -3,7 +3,8 @@
 :class:`MixSide` holds what the loader hands over before its workers start (the :class:`Transport`:
 batches per message, chunks, the metrics board; and the board of rows per source) and this process's
 meter. :func:`open_stream` opens a slot's :class:`~arrowstream._mix_stream.MixStream` of the mixture's
-epoch. :class:`MixIterator` is what ``iter(mixture)`` returns: in a loader worker it sends
+epoch from the values the mixture hands it (a :class:`MixReading`). :class:`MixIterator` is what
+``iter(mixture)`` returns: in a loader worker it sends
 ``batches_per_transfer`` batches per message as one :class:`~arrowstream._transport.Chunk` (the shared
 memory ring, numeric columns as ndarrays that the trainer makes tensors of), each with the worker's state
 after it, so that the loader can stand between two batches of a chunk.
@@ -13,9 +14,10 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pyarrow as pa
 from torch.utils.data import get_worker_info
@@ -24,9 +26,8 @@ from ._convert import make_converter, make_value_check
 from ._held import HeldReader, HeldSource, holds
 from ._interleave import PieceReader
 from ._metrics import Meter
-from ._mix_schema import caster
 from ._mix_state import MixPosition, MixWorkerState
-from ._mix_stream import MixStream, SourceRows
+from ._mix_stream import MixSlot, MixStream, SourceRows
 from ._reader import ReadAhead, SplitReader, row_ids_for
 from ._runtime import READ_BATCH_ROWS, Transport, settle_worker
 from ._transport import Chunk, default_batches_per_transfer
@@ -35,7 +36,9 @@ from .errors import StateMismatchError
 if TYPE_CHECKING:
     import torch
 
-    from .mixture import Mixture
+    from ._mix_parts import Parts
+    from ._mix_sources import Planned
+    from ._options import Options
 
 
 COMPACT = "arrowstream.mixture_position"
@@ -76,34 +79,73 @@ class MixSide:
         return {**self.__dict__, "_meter": None}
 
 
-def open_stream(mixture: Mixture, pending: MixWorkerState | None) -> MixStream:
-    """The stream of this process's slot in the mixture's epoch, from ``pending`` (a loaded state) if any."""
-    slot = mixture._slot()
+@dataclass(frozen=True)
+class MixReading:
+    """What a slot reads of a mixture's epoch, as the mixture lays it out (its values, handed to
+    :func:`open_stream`): the options, the sources as planned, where each source's files start in the
+    mixture's files, the slot's parts of each source, each source's cast to the mixture's schema, the
+    fill values, the slot's batches under ``even_batches`` (None: without) and the order inside a batch."""
+
+    options: Options
+    sources: Sequence[Planned]
+    bases: Sequence[int]
+    parts: Mapping[str, Parts]
+    casts: Mapping[str, Callable[[pa.RecordBatch], pa.RecordBatch]]
+    fill_nulls: Any
+    limit: int | None
+    batch_order: str | None
+
+
+@dataclass(frozen=True)
+class MixOutput:
+    """How a mixture's rows become its batches: what :class:`MixIterator` converts a span with."""
+
+    output_format: str
+    schema: pa.Schema
+    fill_nulls: Any
+    transform: Callable[[Any], Any] | None
+
+
+class MixOpened(NamedTuple):
+    """A slot's epoch of a mixture, opened: its stream and how its batches are made."""
+
+    stream: MixStream
+    output: MixOutput
+
+
+def start_in_epoch(pending: MixWorkerState | None, slot: MixSlot) -> MixWorkerState | None:
+    """``pending`` (a loaded state) if the slot's epoch goes on from it; None where the mixture is set to a
+    later epoch than a finished one; refused where it is set to another epoch than an unfinished one."""
     if pending is not None and pending.epoch != slot.epoch:
         if not (pending.epoch_complete and pending.epoch < slot.epoch):
             raise StateMismatchError(
                 f"the checkpoint is in mixture epoch {pending.epoch} (mid-epoch) but the mixture is set to epoch "
                 f"{slot.epoch}; call mixture.set_epoch({pending.epoch}) before iterating to finish the saved "
                 "epoch, or start without loading the checkpoint")
-        pending = None
-    start = pending or mixture.start_state(slot)
-    options = mixture._options
-    if slot.epoch <= mixture._finished_epoch or start.epoch_complete:   # nothing left in this epoch
-        start = MixWorkerState(**{**start.__dict__, "epoch_complete": True})
-        return MixStream([], [], cast=lambda name, batch: batch, batch_size=options.batch_size, drop_last=False,
-                         max_batches=None, batch_order=None, seed=0, slot=slot, start=start)
-    meter = mixture._side.meter()
+        return None
+    return pending
+
+
+def finished_stream(slot: MixSlot, start: MixWorkerState, batch_size: int) -> MixStream:
+    """The stream of a slot with nothing left in its epoch (``start``, marked done with it)."""
+    start = MixWorkerState(**{**start.__dict__, "epoch_complete": True})
+    return MixStream([], [], cast=lambda name, batch: batch, batch_size=batch_size, drop_last=False,
+                     max_batches=None, batch_order=None, seed=0, slot=slot, start=start)
+
+
+def open_stream(reading: MixReading, slot: MixSlot, start: MixWorkerState, meter: Meter) -> MixStream:
+    """The stream of ``slot`` in the mixture's epoch that ``reading`` lays out, from ``start``."""
+    options, parts = reading.options, reading.parts
     in_worker = get_worker_info() is not None
     if in_worker:
         settle_worker()   # as a dataset's workers do
-    parts = mixture._epochs.parts(mixture._history, slot)
     quotas = {name: parts[name].rows for name in parts}
     total = max(sum(quotas.values()), 1)
     sources = []
-    bases = mixture.file_bases()   # with row ids: a source's files are numbered after the sources' before it
-    for s, base in zip(mixture._sources, bases, strict=True):
+    # with row ids: a source's files are numbered after the sources' before it
+    for s, base in zip(reading.sources, reading.bases, strict=True):
         row_ids = row_ids_for(s.plan, base) if options.with_row_ids else None
-        check = make_value_check(options.output_format, s.plan.schema, mixture._fill_nulls)
+        check = make_value_check(options.output_format, s.plan.schema, reading.fill_nulls)
         prefetcher = s.storage.prefetcher   # object stores: each segment's next splits fetched ahead
         read_ahead = None if prefetcher is None else ReadAhead(s.plan, prefetcher, s.storage.read_ahead)
         # each source's first reads decode what its first batch needs and no more: its share of a dataset's
@@ -126,13 +168,10 @@ def open_stream(mixture: Mixture, pending: MixWorkerState | None) -> MixStream:
                                   interleave=options.interleave, buffer_rows=options.shuffle_buffer_size,
                                   start=start.cursors[s.name], url=str(s.source.arguments().get("path", s.name)),
                                   read_ahead=read_ahead, held=held))
-    schemas = mixture._source_schemas()
-    casts = {s.name: caster(schemas[s.name], mixture._schema, s.name, mixture._source_column) for s in mixture._sources}
-    limit = mixture.batch_limits(slot.num_workers, slot.epoch)[slot.index] if mixture._even_batches else None
-    return MixStream(sources, [parts[s.name].rows for s in mixture._sources],
+    casts = reading.casts
+    return MixStream(sources, [parts[s.name].rows for s in reading.sources],
                      cast=lambda name, batch: casts[name](batch), batch_size=options.batch_size,
-                     drop_last=options.drop_last, max_batches=limit,
-                     batch_order=mixture._batch_order if options.shuffle_buffer_size > 0 else None,
+                     drop_last=options.drop_last, max_batches=reading.limit, batch_order=reading.batch_order,
                      seed=options.seed, slot=slot, start=start)
 
 
@@ -144,11 +183,21 @@ class MixIterator:
     own. In a loader worker the span travels as one :class:`~arrowstream._transport.Chunk`; in the
     trainer's process (``num_workers=0``) its batches are handed out one by one. Each batch carries the position after it, so a state taken between two batches
     of a span is exact.
+
+    Args:
+        side: The mixture's side in this process (the loader's transport and boards, the meter).
+        open_epoch: Opens the slot's stream of the mixture's epoch (from a loaded state, if any); see
+            :class:`MixOpened`.
+        before: The state before the first batch (the loaded one, or the epoch's start).
+        epoch: The mixture's epoch now (before the stream is opened).
     """
 
-    def __init__(self, mixture: Mixture, pending: MixWorkerState | None) -> None:
-        self._mixture = mixture
-        self._pending = pending
+    def __init__(self, side: MixSide, open_epoch: Callable[[], MixOpened], before: Callable[[], MixWorkerState],
+                 epoch: Callable[[], int]) -> None:
+        self._side = side
+        self._open_epoch = open_epoch
+        self._before = before
+        self._epoch = epoch
         self._stream: MixStream | None = None
         self._convert: Callable[[pa.RecordBatch], Any] = lambda batch: batch
         self._span_convert: Callable[[pa.RecordBatch], Any] | None = None
@@ -164,24 +213,22 @@ class MixIterator:
         return self
 
     def _open(self) -> MixStream:
-        mixture = self._mixture
-        self._stream = open_stream(mixture, self._pending)
+        self._stream, output = self._open_epoch()
         info = get_worker_info()
         in_worker = info is not None
-        transport = mixture._side.transport
-        output_format = mixture._options.output_format
-        transform = mixture._transform
+        transport = self._side.transport
+        output_format, transform = output.output_format, output.transform
         self._as_torch = in_worker and transport.batches_per_transfer > 1 and transform is None and \
             output_format == "torch"
         made = "numpy" if self._as_torch else output_format
         if transform is None:   # a span's columns converted at once; Python objects made batch by batch
-            self._span_convert = make_converter(made, mixture._schema, mixture._fill_nulls, in_worker=in_worker,
+            self._span_convert = make_converter(made, output.schema, output.fill_nulls, in_worker=in_worker,
                                                 objects_later=True, torch_values=self._as_torch)
             self._objects = output_format if output_format in ("torch", "numpy", "dict") else None
         else:
-            convert = make_converter(made, mixture._schema, mixture._fill_nulls, in_worker=in_worker)
+            convert = make_converter(made, output.schema, output.fill_nulls, in_worker=in_worker)
             self._convert = lambda batch: transform(convert(batch))
-        self._sources = mixture._side.source_row()
+        self._sources = self._side.source_row()
         return self._stream
 
     def __next__(self) -> Any:
@@ -192,7 +239,7 @@ class MixIterator:
             return self._chunk.finish(batch)
         stream = self._stream or self._open()
         info = get_worker_info()
-        transport = self._mixture._side.transport
+        transport = self._side.transport
         chunks = info is not None and transport.send_chunks
         per_span = transport.batches_per_transfer if chunks else default_batches_per_transfer(stream.batch_size)
         # up to a multiple of per_span batches: chunk ends do not move across a resume
@@ -218,26 +265,26 @@ class MixIterator:
 
     def _metered(self, rows: int, batches: int, entered: float, read: float) -> None:
         done = perf_counter()
-        self._mixture._side.meter().batch(rows, batches, read - entered, done - read,
+        self._side.meter().batch(rows, batches, read - entered, done - read,
                                           entered - self._left_at if self._left_at else 0.0, done)
         self._left_at = done
 
     def _packed(self, started: float, done: float) -> None:
         """A chunk this iterator made was collated and packed in the worker: converting, not waiting."""
-        self._mixture._side.meter().packed(done - started, done)
+        self._side.meter().packed(done - started, done)
         self._left_at = done
 
     def position(self) -> tuple[int, MixPosition | None]:
         """The epoch and where this iterator stands (None: at the state it started from)."""
         if self._stream is None:
-            return self._mixture.epoch, None
+            return self._epoch(), None
         if self._ready:
             return self._stream.epoch, self._position
         return self._stream.epoch, self._stream.position()
 
     def state(self) -> MixWorkerState:
         if self._stream is None:
-            return self._pending or self._mixture.start_state(self._mixture._slot())
+            return self._before()
         if self._ready:   # batches of a span are still to be handed out: the state after the last one handed
             assert self._position is not None
             return self._stream.state(self._position)

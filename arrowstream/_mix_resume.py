@@ -9,8 +9,8 @@ goes on at its exact position in its passes.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._fields import REMEDY, Fields
 from ._identity import DataIdentity, check_same_data
@@ -24,8 +24,46 @@ from ._order import even_batch_limits
 from .errors import StateError, StateMismatchError
 
 if TYPE_CHECKING:
+    from ._mix_layout import MixEpochs
     from ._mix_sources import Planned
-    from .mixture import Mixture
+    from ._options import Options
+
+History = list[tuple[int, dict[str, int]]]
+
+
+class MixtureView(Protocol):
+    """What the checks of a mixture's states read of a mixture (``Mixture`` answers it): its sources as planned,
+    their names and quotas, its options, its history of quotas, its epochs and how they lay passes out."""
+
+    @property
+    def planned_sources(self) -> Sequence[Planned]: ...
+
+    @property
+    def names(self) -> list[str]: ...
+
+    @property
+    def options(self) -> Options: ...
+
+    @property
+    def batch_size(self) -> int: ...
+
+    @property
+    def history(self) -> History: ...
+
+    @property
+    def epochs(self) -> MixEpochs: ...
+
+    @property
+    def pass_layout(self) -> str: ...
+
+    def quotas(self, epoch: int | None = None) -> dict[str, int]: ...
+
+    def state_options(self) -> dict[str, Any]: ...
+
+    def use_pass_layout(self, pass_layout: str) -> None: ...
+
+    def slot_totals(self, history: History, epoch: int, world_size: int, num_workers: int,
+                    lacking: Mapping[str, int] | None = None) -> list[int]: ...
 
 _FINISH = ("finish the saved epoch with the saved mixture (same sources, weights and epoch_rows), then change it "
            "at the next epoch boundary; or resume with the saved mixture")
@@ -50,9 +88,9 @@ def _check_source_data(source: Planned, saved: dict[str, Any]) -> None:
     check_same_data(before, now, source.data_identity, f"source {source.name!r}")
 
 
-def follow(mixture: Mixture, saved: list[MixWorkerState]) -> int:
-    """Make ``mixture`` stand where the checkpoint of ``saved`` (every worker's state) stands; returns
-    the saved epoch. Refuses, naming saved vs current, a mid-epoch checkpoint of another mixture."""
+def saved_epoch(saved: list[MixWorkerState]) -> MixWorkerState:
+    """The state of the first worker in the checkpoint's latest epoch, refused unless every worker in it agrees
+    on its sources (their starts, quotas, history and data) and they are those its history gives."""
     epoch = max(state.epoch for state in saved)
     latest = [state for state in saved if state.epoch == epoch]
     first = latest[0]
@@ -66,8 +104,16 @@ def follow(mixture: Mixture, saved: list[MixWorkerState]) -> int:
             raise StateError(f"the checkpoint's source {name!r} starts mixture epoch {epoch} at row {e.start} of its "
                              f"passes with quota {e.quota}, but its history {first.history} gives "
                              f"{starts.get(name, 0)} and {in_effect.get(name, 0)}; {REMEDY}")
-    mixture._follow_sources(first.data)   # an Iceberg table moved on since: its checkpoint's snapshot
-    for source in mixture._sources:
+    return first
+
+
+def followed_history(mixture: MixtureView, saved: list[MixWorkerState], first: MixWorkerState) -> History:
+    """The history of quotas that makes ``mixture`` stand where the checkpoint of ``saved`` (every worker's state;
+    ``first``: its :func:`saved_epoch`, whose sources' data ``mixture`` follows already) stands. Refuses, naming
+    saved vs current, a mid-epoch checkpoint of another mixture."""
+    epoch = first.epoch
+    latest = [state for state in saved if state.epoch == epoch]
+    for source in mixture.planned_sources:
         if source.name in first.data:
             _check_source_data(source, first.data[source.name])
     saved_quotas = {name: (e.start, e.quota) for name, e in first.epochs.items()}
@@ -79,25 +125,24 @@ def follow(mixture: Mixture, saved: list[MixWorkerState]) -> int:
                 f"the checkpoint is inside mixture epoch {epoch}, taken with sources and quotas "
                 f"{{{_describe(saved_quotas)}}}; this mixture has {{{_describe(current)}}}. Mid-epoch, the mixture "
                 f"cannot change: {_FINISH}")
-        mixture._history = [(e, dict(q)) for e, q in first.history]
-    else:   # the next epoch may differ: kept sources go on from where the saved epoch left them
-        names = set(mixture.names)
-        kept = [(e, {n: q for n, q in quotas.items() if n in names}) for e, quotas in first.history if e <= epoch]
-        mixture._history = [*kept, (epoch + 1, mixture.quotas())]
-    mixture._epoch_cell[0] = epoch
-    return epoch
+        return [(e, dict(q)) for e, q in first.history]
+    # the next epoch may differ: kept sources go on from where the saved epoch left them
+    names = set(mixture.names)
+    kept = [(e, {n: q for n, q in quotas.items() if n in names}) for e, quotas in first.history if e <= epoch]
+    return [*kept, (epoch + 1, mixture.quotas())]
 
 
-def check_with_mixture(mixture: Mixture, state: MixWorkerState) -> None:
+def check_with_mixture(mixture: MixtureView, state: MixWorkerState) -> None:
     """A worker state loaded into the mixture itself (a plain ``StatefulDataLoader``'s path; a
     ``MixtureDataLoader`` has followed its checkpoint first): refused unless taken on the mixture's data and, inside
     its epoch, with the starts and quotas the mixture gives that epoch."""
     if state.epoch_complete:   # (its epoch yields no more: the next one starts from the mixture's own history)
         return
-    for source in mixture._sources:
+    for source in mixture.planned_sources:
         if source.name in state.data:
             _check_source_data(source, state.data[source.name])
-    starts, in_effect = positions(mixture._history, state.epoch), quotas_at(mixture._history, state.epoch)
+    history = mixture.history
+    starts, in_effect = positions(history, state.epoch), quotas_at(history, state.epoch)
     current = {name: (starts.get(name, 0), in_effect.get(name, 0)) for name in mixture.names}
     saved = {name: (e.start, e.quota) for name, e in state.epochs.items()}
     if current != saved:
@@ -106,15 +151,15 @@ def check_with_mixture(mixture: Mixture, state: MixWorkerState) -> None:
                                  f"mixture cannot change: {_FINISH}")
 
 
-def leave_tracks(mixture: Mixture, epoch: int, saved: tuple[int, int], current: tuple[int, int]) -> None:
+def leave_tracks(mixture: MixtureView, epoch: int, saved: tuple[int, int], current: tuple[int, int]) -> None:
     """A checkpoint whose passes were laid out in tracks (mixture state version 3 or older), resumed on another
     topology: from ``epoch + 1`` on the mixture lays its passes out in spans, which is exact only where every
     source's pass ends with ``epoch`` (what tracks leave of a pass depends on the topology that read it);
     elsewhere, a ``StateMismatchError`` with the way out."""
-    if mixture._pass_layout != TRACKS:
+    if mixture.pass_layout != TRACKS:
         return
-    after = positions(mixture._history, epoch + 1)
-    inside = {s.name: after.get(s.name, 0) % s.plan.num_rows for s in mixture._sources
+    after = positions(mixture.history, epoch + 1)
+    inside = {s.name: after.get(s.name, 0) % s.plan.num_rows for s in mixture.planned_sources
               if s.plan.num_rows and after.get(s.name, 0) % s.plan.num_rows}
     if inside:
         raise StateMismatchError(
@@ -127,13 +172,14 @@ def leave_tracks(mixture: Mixture, epoch: int, saved: tuple[int, int], current: 
     mixture.use_pass_layout(SPANS)
 
 
-def adopt_replanned(mixture: Mixture, states: list[MixWorkerState]) -> None:
-    """States taken inside an epoch re-planned for their topology: the mixture lays that epoch out again
-    from the old cursors they keep (every worker's the same), each checked against its old slot's parts."""
+def replanned_from(mixture: MixtureView, states: list[MixWorkerState]) -> tuple[MixElastic, int, int] | None:
+    """States taken inside an epoch re-planned for their topology: what the mixture lays that epoch out again
+    from (the old cursors they keep, every worker's the same, each checked against its old slot's parts, and
+    the topology it was re-planned for); None: the states are of an epoch as planned. ``mixture`` has no
+    re-planned epoch while they are checked."""
     replanned = [s for s in states if s.elastic is not None]
-    mixture._epochs.elastic = None
     if not replanned:
-        return
+        return None
     first = replanned[0]
     if any(s.elastic != first.elastic for s in replanned):
         raise StateError(f"the workers' states disagree on the epoch they were re-planned from; {REMEDY}")
@@ -145,10 +191,10 @@ def adopt_replanned(mixture: Mixture, states: list[MixWorkerState]) -> None:
         raise StateError(f"the mixture worker state's elastic.pass_layout is {SPANS!r} but its options.pass_layout "
                          f"{TRACKS!r}: an epoch laid out in spans is never followed by tracks; {REMEDY}")
     _check_old_cursors(mixture, elastic, first)
-    mixture._epochs.elastic = (elastic, first.world_size, first.num_workers)
+    return elastic, first.world_size, first.num_workers
 
 
-def _check_old_cursors(mixture: Mixture, elastic: MixElastic, state: MixWorkerState) -> None:
+def _check_old_cursors(mixture: MixtureView, elastic: MixElastic, state: MixWorkerState) -> None:
     """Refuse an old slot's cursors of the epoch ``state`` is in, re-planned from them, unless each names the
     sources of that epoch and stands where its ``taken`` says in that slot's parts of its source (the re-plan
     reads what each old slot had left from there; a source this mixture lacks, left out at the epoch's end,
@@ -161,21 +207,21 @@ def _check_old_cursors(mixture: Mixture, elastic: MixElastic, state: MixWorkerSt
             raise StateError(f"the mixture worker state's elastic.cursors[{index}] names source(s) {sorted(cursors)}, "
                              f"its epoch {state.epoch} has {sorted(state.epochs)}; {REMEDY}")
         old = MixSlot(elastic.epoch, index // per_rank, elastic.world_size, index % per_rank, elastic.num_workers)
-        parts = mixture._epochs.planned_parts(state.history, old, elastic.pass_layout)
+        parts = mixture.epochs.planned_parts(state.history, old, elastic.pass_layout)
         for name, cursor in cursors.items():
             if name in parts:
                 check_source_cursor(cursor, parts[name], **_reading(mixture),
                                     where=f"mixture worker state's elastic.cursors[{index}].{name}")
 
 
-def _reading(mixture: Mixture) -> dict[str, Any]:
+def _reading(mixture: MixtureView) -> dict[str, Any]:
     """How the mixture's slots read a part of a source (what a cursor in it depends on)."""
-    options = mixture._options
+    options = mixture.options
     return {"interleave": options.interleave, "block_size": block_size_for(options.batch_size, options.interleave),
             "buffer_rows": options.shuffle_buffer_size}
 
 
-def check_worker_options(mixture: Mixture, state: MixWorkerState, slot: MixSlot, elastic: bool = False) -> None:
+def check_worker_options(mixture: MixtureView, state: MixWorkerState, slot: MixSlot, elastic: bool = False) -> None:
     """Refuse ``state`` unless it is of the worker ``slot`` and of the mixture's options (what its batches are
     counted with). ``elastic``: a state of another topology, whose epoch is re-planned for this one (its own
     ``even_batches``, the default of its world size, laid out its epoch)."""
@@ -195,7 +241,7 @@ def check_worker_options(mixture: Mixture, state: MixWorkerState, slot: MixSlot,
             + "; build the mixture with the saved options to resume")
 
 
-def check_worker_state(mixture: Mixture, state: MixWorkerState, slot: MixSlot,
+def check_worker_state(mixture: MixtureView, state: MixWorkerState, slot: MixSlot,
                        elastic: bool = False) -> MixWorkerState:
     """``state``, refused unless it is a position the worker ``slot`` reaches in the mixture as it stands
     (``elastic``: see :func:`check_worker_options`): its epoch's sources as its history says, and inside the
@@ -219,12 +265,12 @@ def check_worker_state(mixture: Mixture, state: MixWorkerState, slot: MixSlot,
         raise refuse(f"{where}'s history", f"changes the quotas from epoch {state.history[-1][0]} on, after its own "
                                            f"epoch {state.epoch} (a mixture changes at the boundary it is loaded at)")
     # the epoch as the state's own history lays it out (follow() has matched it with the mixture's)
-    parts_of = mixture._epochs.parts(state.history, slot)
+    parts_of = mixture.epochs.parts(state.history, slot)
     names = mixture.names
     total, limit = slot_counts(mixture, state, slot)
     quotas = [parts_of[name].rows for name in names]
     assert sum(quotas) == total
-    check_counters(state, names, quotas, limit, batch_size=mixture.batch_size, drop_last=mixture._options.drop_last,
+    check_counters(state, names, quotas, limit, batch_size=mixture.batch_size, drop_last=mixture.options.drop_last,
                    where=where)
     for name in names:
         check_source_cursor(state.cursors[name], parts_of[name], **_reading(mixture), where=f"{where}'s sources.{name}")
@@ -263,7 +309,7 @@ def counted_with(state: MixWorkerState) -> tuple[int, bool, bool]:
     return options.integer("batch_size", 1), options.boolean("drop_last"), options.boolean("even_batches")
 
 
-def lacking_rows(mixture: Mixture, state: MixWorkerState) -> dict[str, int]:
+def lacking_rows(mixture: MixtureView, state: MixWorkerState) -> dict[str, int]:
     """The rows of one pass of each source that gave rows to ``state``'s epoch and that ``mixture`` lacks (left
     out at this epoch boundary), as the state's data of it counts them."""
     names = set(mixture.names)
@@ -276,7 +322,7 @@ def lacking_rows(mixture: Mixture, state: MixWorkerState) -> dict[str, int]:
             for name in lacking}
 
 
-def slot_counts(mixture: Mixture, state: MixWorkerState, slot: MixSlot) -> tuple[int, int | None]:
+def slot_counts(mixture: MixtureView, state: MixWorkerState, slot: MixSlot) -> tuple[int, int | None]:
     """The rows ``slot`` takes in ``state``'s epoch (as the state's history lays it out, sources this mixture lacks
     counted too) and its batches under ``even_batches`` (None: without), as the state counts batches."""
     batch_size, drop_last, even = counted_with(state)
@@ -286,7 +332,7 @@ def slot_counts(mixture: Mixture, state: MixWorkerState, slot: MixSlot) -> tuple
     return totals[slot.index], limit
 
 
-def finished_state(mixture: Mixture, state: MixWorkerState, slot: MixSlot) -> MixWorkerState:
+def finished_state(mixture: MixtureView, state: MixWorkerState, slot: MixSlot) -> MixWorkerState:
     """``state`` done with its epoch: its counters those of its slot's stream at the end of the epoch."""
     batch_size, drop_last, _ = counted_with(state)
     rows, batches, dropped = final_counters(*slot_counts(mixture, state, slot), batch_size=batch_size,
@@ -294,11 +340,11 @@ def finished_state(mixture: Mixture, state: MixWorkerState, slot: MixSlot) -> Mi
     return dataclasses.replace(state, rows=rows, batches=batches, rows_dropped=dropped, epoch_complete=True)
 
 
-def check_finished(mixture: Mixture, state: MixWorkerState, slot: MixSlot, where: str) -> None:
+def check_finished(mixture: MixtureView, state: MixWorkerState, slot: MixSlot, where: str) -> None:
     """Refuse a state that says its slot is done with its epoch unless its counters are those of the epoch's end
     (where a source this mixture lacks gave rows to an epoch re-planned for another topology, they cannot be
     counted: see :meth:`~arrowstream.Mixture.slot_totals`, and the state is taken as it says)."""
-    if lacking_rows(mixture, state) and mixture._epochs.replanned(slot) is not None:
+    if lacking_rows(mixture, state) and mixture.epochs.replanned(slot) is not None:
         return
     batch_size, drop_last, _ = counted_with(state)
     expected = final_counters(*slot_counts(mixture, state, slot), batch_size=batch_size, drop_last=drop_last)

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import warnings
 from types import FrameType
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch.utils.data import dataloader as _torch_loader
@@ -129,9 +129,13 @@ def no_random_access(dataset: Any, asked: str, sizes: str) -> ArgumentTypeError:
 class Streamed:
     """``len()``, ``[i]`` and truth of a dataset read as a stream, where random access is not offered yet:
     :func:`no_random_access` errors naming what exists (``_called`` names the object in them, ``_sizes`` its
-    own ways to its sizes), and always true (``bool()`` must not ask ``len()``)."""
+    own ways to its sizes), and always true (``bool()`` must not ask ``len()``).
+
+    ``stream_kind`` says which of arrowstream's loaders reads it: ``"dataset"`` (``ArrowStreamDataLoader``) or
+    ``"mixture"`` (``MixtureDataLoader``), which check it without importing the front doors."""
 
     _called = "dataset"
+    stream_kind: ClassVar[str] = "dataset"
 
     def _sizes(self) -> str:   # pragma: no cover - every dataset answers
         raise NotImplementedError
@@ -147,3 +151,8 @@ class Streamed:
 
     def __bool__(self) -> bool:
         return True   # not len(): a dataset is true, as it was before __len__ raised
+
+
+def stream_kind(value: Any) -> str | None:
+    """Which of arrowstream's loaders reads ``value``: its :attr:`Streamed.stream_kind`, or None for anything else."""
+    return value.stream_kind if isinstance(value, Streamed) else None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._fields import Fields
 from ._identity import DataIdentity
@@ -32,7 +32,15 @@ from .errors import StateMismatchError
 if TYPE_CHECKING:
     from ._layout import Epochs
     from ._options import Options
-    from .dataset import StructuredDataset
+
+
+class Replans(Protocol):
+    """What following a checkpoint's planning asks of a dataset (``StructuredDataset`` answers it): to cut splits
+    by a planning version, and to take a checkpoint's shuffle buffer where its own was left to the default."""
+
+    def use_planning(self, planning: int) -> None: ...
+
+    def adopt_buffer(self, saved_options: Any) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -67,12 +75,12 @@ def checked_state(against: Against, saved: WorkerState, elastic: bool, slot: Slo
     return saved
 
 
-def use_planning(dataset: StructuredDataset, planning: int) -> None:
+def use_planning(dataset: Replans, planning: int) -> None:
     """``dataset.use_planning(planning)``, for the callers that import it from here."""
     dataset.use_planning(planning)
 
 
-def follow_planning(dataset: StructuredDataset, state_dict: Any, where: str) -> None:
+def follow_planning(dataset: Replans, state_dict: Any, where: str) -> None:
     """Make ``dataset`` cut splits as the worker state ``state_dict`` was planned (its ``options.planning``):
     a job that resumes from a checkpoint keeps the checkpoint's planning version, in every later epoch too;
     and its shuffle buffer, when the dataset's size was left to the default (``_auto_buffer``).

@@ -111,14 +111,14 @@ class SkippingIterator:
     """The loader's iterator: its batches, after the pending skip (if any) has been taken out. Everything
     else is the wrapped iterator's (torchdata's, or the chunks' ``BatchIterator``): ``_inner``, ``_workers``."""
 
-    def __init__(self, loader: Any, batches: Iterator[Any]) -> None:
-        self._loader, self._batches = loader, batches
+    def __init__(self, loader: Any, skipper: Skipper, batches: Iterator[Any]) -> None:
+        self._loader, self._skipper, self._batches = loader, skipper, batches
 
     def __iter__(self) -> SkippingIterator:
         return self
 
     def __next__(self) -> Any:
-        skipper: Skipper = self._loader._skipper
+        skipper = self._skipper
         if skipper.pending:
             skipper.run(self._loader, self._batches)
         return next(self._batches)

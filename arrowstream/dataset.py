@@ -28,7 +28,7 @@ from ._planning import Plan
 from ._resume import Against, checked_state, loaded_state, nothing_left, pending_for_epoch, replanned_epoch
 from ._retry import RetryPolicy, check_retry
 from ._row_ids import check_row_id_names
-from ._runtime import EpochIterator, OpenEpoch, WorkerRuntime, WorkerSide, open_stream, read_schema
+from ._runtime import EpochIterator, OpenEpoch, WorkerRuntime, WorkerSide, open_stream, read_schema, trainer_convert
 from ._shm import guard_feeder, share
 from ._source import FileSource, Source, check_file_format
 from ._state import ElasticSource, WorkerState
@@ -515,9 +515,75 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         """The plan's epochs (layouts, an epoch re-planned from a loaded checkpoint): for arrowstream's loader."""
         return self._epochs
 
-    def _use_elastic(self, source: ElasticSource | None) -> None:
-        """The epoch a loaded checkpoint was re-planned into for this topology (its counts: len, trimmed rows)."""
+    def use_replanned(self, source: ElasticSource | None) -> None:
+        """Count this epoch as the one a loaded checkpoint was re-planned into for this topology (``len``, trimmed
+        rows); ``None``: as planned. For arrowstream's loader, which has checked ``source`` against the plan.
+
+        Example:
+            >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq, arrowstream
+            >>> folder = tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"x": list(range(10))}), f"{folder}/part.parquet")
+            >>> dataset = arrowstream.StructuredDataset(folder, batch_size=4)
+            >>> dataset.use_replanned(None)
+            >>> dataset.epochs.elastic is None
+            True
+        """
         self._epochs.elastic = source
+
+    @property
+    def plan(self) -> Plan:
+        """The plan: the files' footers and the splits cut from them (a value; for arrowstream's tools).
+
+        Example:
+            >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq, arrowstream
+            >>> folder = tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"x": list(range(10))}), f"{folder}/part.parquet")
+            >>> arrowstream.StructuredDataset(folder, batch_size=4).plan.num_rows
+            10
+        """
+        return self._plan
+
+    @property
+    def credential_provider(self) -> Callable[[], dict[str, Any]] | None:
+        """The ``credential_provider`` this dataset was built with, wrapped once (its picklability checked), or
+        ``None``: the loader checks it against its ``multiprocessing_context``.
+
+        Example:
+            >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq, arrowstream
+            >>> folder = tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"x": list(range(10))}), f"{folder}/part.parquet")
+            >>> arrowstream.StructuredDataset(folder).credential_provider is None
+            True
+        """
+        return self._credential_provider
+
+    @property
+    def worker_side(self) -> WorkerSide:
+        """The dataset's handle on the processes that read it: the loader hands it its transport before any worker
+        starts, and reads the trainer's meter from it (for arrowstream's loader).
+
+        Example:
+            >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq, arrowstream
+            >>> folder = tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"x": list(range(10))}), f"{folder}/part.parquet")
+            >>> arrowstream.StructuredDataset(folder).worker_side.transport.batches_per_transfer
+            1
+        """
+        return self._side
+
+    def trainer_converter(self) -> Callable[[pa.RecordBatch], Any]:
+        """How a record batch of this dataset becomes an output batch in the trainer's process (where
+        ``assignment="dynamic"`` stitches the workers' last rows into whole batches), for arrowstream's loader.
+
+        Example:
+            >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq, arrowstream
+            >>> folder = tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"x": list(range(10))}), f"{folder}/part.parquet")
+            >>> convert = arrowstream.StructuredDataset(folder, output_format="dict").trainer_converter()
+            >>> convert(pa.record_batch({"x": [1, 2]}))
+            {'x': [1, 2]}
+        """
+        return trainer_convert(self._plan, self._options, self._fill_nulls)
 
     def _stream(self, slot: Slot, epoch: int, start: WorkerState | None) -> EpochStream:
         runtime = self._worker_runtime()

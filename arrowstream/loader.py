@@ -43,8 +43,8 @@ from ._loader_resume import check_workers, elastic_slots, follow_checkpoint_plan
 from ._loader_state import read_checkpoint, read_loader_state
 from ._options import check_int
 from ._order import SlotGrid
+from ._plain_loader import stream_kind
 from ._resume import use_planning
-from ._runtime import trainer_convert
 from ._state import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, WorkerState
 from ._stitch import Stitcher
 from ._storage import logger
@@ -83,16 +83,14 @@ class ArrowStreamDataLoader(StreamLoader):
     TAKES_PLAIN_STATE = True
 
     def __init__(self, dataset: Any, *args: Any, batches_per_transfer: int | None = None, **kwargs: Any) -> None:
-        from .dataset import StructuredDataset
-
-        if not isinstance(dataset, StructuredDataset):
+        if stream_kind(dataset) != "dataset":
             raise ArgumentTypeError(f"dataset: ArrowStreamDataLoader loads an arrowstream StructuredDataset (or "
                                     f"IcebergDataset), got {type(dataset).__name__}; use a plain StatefulDataLoader "
                                     "for other datasets")
         kwargs = _loader_arguments(dataset, args, kwargs)
         self._elastic_loaded = False  # a checkpoint re-planned for this topology, its epoch not started yet
         self._pool: SharedPool | None = None  # assignment='dynamic': the leases of the running iteration
-        self._start(dataset, kwargs, batches_per_transfer, dataset._credential_provider)
+        self._start(dataset, kwargs, batches_per_transfer, dataset.credential_provider)
 
     # -- the hooks of StreamLoader ----------------------------------------------------------------------
 
@@ -100,10 +98,10 @@ class ArrowStreamDataLoader(StreamLoader):
         return STATE_VERSION
 
     def _use_transport(self) -> None:
-        self.dataset._side.use_transport(self._transport)
+        self.dataset.worker_side.use_transport(self._transport)
 
     def _meter(self) -> Any:
-        return self.dataset._side.meter
+        return self.dataset.worker_side.meter
 
     def _order_varies(self) -> bool:
         return dataset_order_varies(self.dataset)
@@ -133,7 +131,7 @@ class ArrowStreamDataLoader(StreamLoader):
     def _epoch_start(self, worker_id: int) -> dict[str, Any]:
         dataset = self.dataset
         slot = SlotGrid(dataset.world_size, self.num_workers).slot(dataset.rank, worker_id)
-        return dict(dataset._epochs.start(slot, dataset.epoch).to_dict())
+        return dict(dataset.epochs.start(slot, dataset.epoch).to_dict())
 
     def _handed_out(self, inner: dict[str, Any], batches: BatchIterator) -> dict[str, Any]:
         if not delivers_in_order(self._iterator):  # torchdata's snapshot falls behind
@@ -147,7 +145,7 @@ class ArrowStreamDataLoader(StreamLoader):
         return ledger
 
     def _settings(self) -> Any:
-        return self.dataset._options.planning, self.dataset._options.shuffle_buffer_size
+        return self.dataset.options.planning, self.dataset.options.shuffle_buffer_size
 
     def _restore_settings(self, settings: Any) -> None:
         planning, buffer_rows = settings
@@ -181,9 +179,9 @@ class ArrowStreamDataLoader(StreamLoader):
         self._refuse_without_ledger()
         self.dataset.set_epoch(max(s.epoch for s in saved))
         # inside an epoch re-planned for this topology: the counts of that epoch (len, trimmed rows)
-        self.dataset._use_elastic(next((s.elastic for s in saved if s.elastic is not None), None))
+        self.dataset.use_replanned(next((s.elastic for s in saved if s.elastic is not None), None))
         if iterator_finished(inner):
-            mark_epoch_complete(inner, self.dataset)
+            mark_epoch_complete(inner, self.dataset.epochs)
         self._follow_per_transfer(per_transfer)
         self._batch_iterator = None
         self._elastic_loaded = False
@@ -201,7 +199,7 @@ class ArrowStreamDataLoader(StreamLoader):
         dataset = self.dataset
         if not dataset.policy.stitches_last_rows(dataset, self.num_workers):
             return None
-        convert = trainer_convert(dataset._plan, dataset._options, dataset._fill_nulls)
+        convert = dataset.trainer_converter()
         # torch pins only where an accelerator is present, to its device
         collate, pin, device = self.collate_fn, inner._pin_memory, inner._pin_memory_device
 

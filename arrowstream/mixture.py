@@ -7,6 +7,7 @@ the mixture between epochs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -19,10 +20,21 @@ from ._auto_buffer import adopted, resolve_buffer
 from ._collective import collective_world_size
 from ._convert import check_output_columns, resolve_fill_nulls
 from ._layout import slot_yields
+from ._mix_elastic import MixElastic
 from ._mix_layout import MixEpochs, SourcePlan
 from ._mix_plan import MAX_EPOCH_ROWS, SPANS, positions, quotas, quotas_at
-from ._mix_reading import COMPACT, MixIterator, MixSide
-from ._mix_schema import unify
+from ._mix_reading import (
+    COMPACT,
+    MixIterator,
+    MixOpened,
+    MixOutput,
+    MixReading,
+    MixSide,
+    finished_stream,
+    open_stream,
+    start_in_epoch,
+)
+from ._mix_schema import caster, unify
 from ._mix_sources import IcebergSource, Planned, Source, check_weights, followed_source, plan_source
 from ._mix_state import EVEN, MixWorkerState, SourceCursor, SourceEpoch
 from ._mix_stream import MixSlot
@@ -133,11 +145,11 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
         # the quotas in effect from each epoch on: a checkpoint loaded at an epoch boundary may change them
         self._history: list[tuple[int, dict[str, int]]] = [(0, dict(self._quotas))]
         # how passes are laid out over the slots (_mix_plan.PASS_LAYOUTS): a run resumed from a state of version 3
-        # or older keeps that state's tracks on its topology (_adopt_saved)
+        # or older keeps that state's tracks on its topology (adopt_checkpoint)
         self._pass_layout = SPANS
         self._epochs = self._layout()
         # how the shuffle buffer mixes a batch's sources (_mix_stream.BATCH_ORDERS): a run resumed from a state of
-        # version 1 or 2 keeps that state's order (_adopt_saved)
+        # version 1 or 2 keeps that state's order (adopt_checkpoint)
         self._batch_order = EVEN
         self._epoch_cell = share(torch.zeros(1, dtype=torch.int64), "Mixture: the epoch cell")
         self._loader_watch = LoaderWatch("Mixture")   # a loader that batches again, or cannot resume
@@ -393,14 +405,169 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
         """Lay this epoch's and later epochs' passes out as ``pass_layout`` says (see _mix_plan.PASS_LAYOUTS)."""
         self._pass_layout = self._epochs.pass_layout = pass_layout
 
-    def _shuffling(self) -> tuple[Options, MixEpochs, str, str, Any]:
-        """What :meth:`_adopt_saved` (and a re-planned epoch adopted from a checkpoint) may change, to put back
-        (:meth:`_shuffle_as`) when a checkpoint is refused."""
+    def shuffling(self) -> tuple[Options, MixEpochs, str, str, Any]:
+        """What loading a checkpoint may change of how this mixture shuffles and lays out its epochs (its buffer,
+        its order inside batches, its pass layout, a re-planned epoch), to put back with :meth:`shuffle_as` when
+        the checkpoint is refused. For arrowstream's loader.
+
+        Example:
+            >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
+            >>> a = tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"x": list(range(10))}), os.path.join(a, "a.parquet"))
+            >>> mixture = arrowstream.Mixture({"a": arrowstream.Source(a)}, batch_size=4)
+            >>> before = mixture.shuffling()
+            >>> mixture.shuffle_as(before)
+            >>> mixture.shuffling() == before
+            True
+        """
         return self._options, self._epochs, self._batch_order, self._pass_layout, self._epochs.elastic
 
-    def _shuffle_as(self, shuffling: tuple[Options, MixEpochs, str, str, Any]) -> None:
+    def shuffle_as(self, shuffling: tuple[Options, MixEpochs, str, str, Any]) -> None:
+        """Shuffle and lay epochs out as :meth:`shuffling` said (a refused checkpoint leaves the mixture as it was)."""
         self._options, self._epochs, self._batch_order, pass_layout, self._epochs.elastic = shuffling
         self.use_pass_layout(pass_layout)
+
+    def adopt_checkpoint(self, state: MixWorkerState) -> None:
+        """Read as the checkpoint of worker state ``state`` was taken: its shuffle buffer (when this mixture's was
+        left to the default), its order inside batches and its pass layout, in its epoch and later ones; and the
+        data it was taken on where a source has moved on since (an Iceberg table: the checkpoint's snapshot). For
+        arrowstream's loader, before it checks the checkpoint's states.
+
+        Example:
+            >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
+            >>> a = tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"x": list(range(10))}), os.path.join(a, "a.parquet"))
+            >>> mixture = arrowstream.Mixture({"a": arrowstream.Source(a)}, batch_size=4)
+            >>> saved = arrowstream.Mixture({"a": arrowstream.Source(a)}, batch_size=4).state_dict()
+            >>> mixture.adopt_checkpoint(MixWorkerState.from_dict(saved))
+            >>> mixture.pass_layout
+            'spans'
+        """
+        self._adopt_saved(state.options)
+        self._follow_sources(state.data)
+
+    def follow(self, saved: list[MixWorkerState]) -> int:
+        """Stand where the checkpoint of ``saved`` (every worker's state, checked) stands: its epoch and history of
+        quotas (a new one where it ends an epoch: kept sources go on from their positions); returns the epoch.
+        Refuses, naming saved vs current, a mid-epoch checkpoint of another mixture. For arrowstream's loader.
+
+        Example:
+            >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
+            >>> a = tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"x": list(range(10))}), os.path.join(a, "a.parquet"))
+            >>> mixture = arrowstream.Mixture({"a": arrowstream.Source(a)}, batch_size=4)
+            >>> mixture.follow([MixWorkerState.from_dict(mixture.state_dict())])
+            0
+        """
+        from ._mix_resume import followed_history, saved_epoch
+
+        first = saved_epoch(saved)
+        self._follow_sources(first.data)   # an Iceberg table moved on since: its checkpoint's snapshot
+        self._history = followed_history(self, saved, first)
+        self._epoch_cell[0] = first.epoch
+        return first.epoch
+
+    def adopt_replanned(self, states: list[MixWorkerState]) -> None:
+        """Lay the epoch of ``states`` out again as they were re-planned for their topology, from the old cursors
+        they keep (each checked); as planned where none was re-planned. For arrowstream's loader.
+
+        Example:
+            >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
+            >>> a = tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"x": list(range(10))}), os.path.join(a, "a.parquet"))
+            >>> mixture = arrowstream.Mixture({"a": arrowstream.Source(a)}, batch_size=4)
+            >>> mixture.adopt_replanned([MixWorkerState.from_dict(mixture.state_dict())])
+            >>> mixture.epochs.elastic is None
+            True
+        """
+        from ._mix_resume import replanned_from
+
+        self._epochs.elastic = None
+        self._epochs.elastic = replanned_from(self, states)
+
+    def use_replanned(self, replanned: tuple[MixElastic, int, int] | None) -> None:
+        """Lay the epoch out as re-planned from another topology's cursors for (``world_size``, ``num_workers``);
+        ``None``: as planned. For arrowstream's loader, which has checked what it hands in.
+
+        Example:
+            >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
+            >>> a = tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"x": list(range(10))}), os.path.join(a, "a.parquet"))
+            >>> mixture = arrowstream.Mixture({"a": arrowstream.Source(a)}, batch_size=4)
+            >>> mixture.use_replanned(None)
+            >>> mixture.epochs.elastic is None
+            True
+        """
+        self._epochs.elastic = replanned
+
+    def finish_through(self, epoch: int) -> None:
+        """Count the epochs up to ``epoch`` as finished by a checkpoint loaded with another topology (their workers
+        start done with them); ``-1``: none. For arrowstream's loader.
+
+        Example:
+            >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
+            >>> a = tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"x": list(range(10))}), os.path.join(a, "a.parquet"))
+            >>> mixture = arrowstream.Mixture({"a": arrowstream.Source(a)}, batch_size=4)
+            >>> mixture.finish_through(0)
+            >>> mixture.state_dict()["epoch_complete"]
+            True
+        """
+        self._finished_epoch = epoch
+
+    @property
+    def epochs(self) -> MixEpochs:
+        """Every slot's parts of every source in an epoch (an epoch re-planned for another topology too): for
+        arrowstream's own modules.
+
+        Example:
+            >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
+            >>> a = tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"x": list(range(10))}), os.path.join(a, "a.parquet"))
+            >>> arrowstream.Mixture({"a": arrowstream.Source(a)}, batch_size=4).epochs.pass_layout
+            'spans'
+        """
+        return self._epochs
+
+    @property
+    def pass_layout(self) -> str:
+        """How this mixture lays its sources' passes out over the slots (``_mix_plan.PASS_LAYOUTS``).
+
+        Example:
+            >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
+            >>> a = tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"x": list(range(10))}), os.path.join(a, "a.parquet"))
+            >>> arrowstream.Mixture({"a": arrowstream.Source(a)}, batch_size=4).pass_layout
+            'spans'
+        """
+        return self._pass_layout
+
+    @property
+    def planned_sources(self) -> tuple[Planned, ...]:
+        """The sources as planned (each a frozen value: name, plan, storage, data): for arrowstream's own modules.
+
+        Example:
+            >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
+            >>> a = tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"x": list(range(10))}), os.path.join(a, "a.parquet"))
+            >>> [s.plan.num_rows for s in arrowstream.Mixture({"a": arrowstream.Source(a)}).planned_sources]
+            [10]
+        """
+        return tuple(self._sources)
+
+    @property
+    def worker_side(self) -> MixSide:
+        """The mixture's handle on the processes that read it: the loader hands it its transport and board of rows
+        per source before any worker starts, and reads the trainer's meter from it (for arrowstream's loader).
+
+        Example:
+            >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
+            >>> a = tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"x": list(range(10))}), os.path.join(a, "a.parquet"))
+            >>> arrowstream.Mixture({"a": arrowstream.Source(a)}).worker_side.transport.batches_per_transfer
+            1
+        """
+        return self._side
 
     def __iter__(self) -> MixIterator:
         # a DataLoader of the user's with a batch_size of its own is refused, torch's plain one warned (_plain_loader)
@@ -411,8 +578,27 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
         pending, self._pending = self._pending, None
         if info is None:   # the trainer's process (a loader with workers warns in its own __iter__)
             self.warn_trims(0)
-        self._active = MixIterator(self, pending)
+        self._active = MixIterator(self._side, functools.partial(self._open, pending),
+                                   before=lambda: pending or self.start_state(self._slot()), epoch=lambda: self.epoch)
         return self._active
+
+    def _open(self, pending: MixWorkerState | None) -> MixOpened:
+        """This process's slot's epoch, opened (from ``pending``, a loaded state, if any)."""
+        slot = self._slot()
+        start = start_in_epoch(pending, slot) or self.start_state(slot)
+        options = self._options
+        output = MixOutput(options.output_format, self._schema, self._fill_nulls, self._transform)
+        if slot.epoch <= self._finished_epoch or start.epoch_complete:   # nothing left in this epoch
+            return MixOpened(finished_stream(slot, start, options.batch_size), output)
+        meter = self._side.meter()
+        schemas = self._source_schemas()
+        reading = MixReading(
+            options, tuple(self._sources), self.file_bases(), self._epochs.parts(self._history, slot),
+            casts={s.name: caster(schemas[s.name], self._schema, s.name, self._source_column) for s in self._sources},
+            fill_nulls=self._fill_nulls,
+            limit=self.batch_limits(slot.num_workers, slot.epoch)[slot.index] if self._even_batches else None,
+            batch_order=self._batch_order if options.shuffle_buffer_size > 0 else None)
+        return MixOpened(open_stream(reading, slot, start, meter), output)
 
     # -- state --------------------------------------------------------------------------------
 
@@ -432,22 +618,23 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from a worker state (checked here too, for a plain ``StatefulDataLoader``)."""
-        from ._mix_resume import adopt_replanned, check_with_mixture, check_worker_state
+        from ._mix_resume import check_with_mixture, check_worker_state
 
         state = MixWorkerState.from_dict(state_dict)
         slot = dataclasses.replace(self._slot(), epoch=state.epoch)   # checked in its own epoch
-        shuffling = self._shuffling()
+        shuffling = self.shuffling()
         self._adopt_saved(state.options)
         try:
-            adopt_replanned(self, [state])
+            self.adopt_replanned([state])
             self._pending = check_worker_state(self, state, slot)
             check_with_mixture(self, state)
         except BaseException:   # a refused state leaves the mixture shuffling as it did
-            self._shuffle_as(shuffling)
+            self.shuffle_as(shuffling)
             raise
         self._active = None
 
     _called = "mixture"   # in the errors of len() and [i] (Streamed)
+    stream_kind = "mixture"   # read by MixtureDataLoader (Streamed)
 
     def _sizes(self) -> str:
         return (f"mixture.num_batches(num_workers); rows per epoch: sum(mixture.quotas().values()) "

@@ -229,8 +229,7 @@ def _worker_of_last_batch(loader: Any) -> int | None:
     worker of the chunk it came in with arrowstream's loaders, None when the loader does not tell."""
     if loader.num_workers == 0:
         return 0
-    chunk = getattr(getattr(loader, "_batch_iterator", None), "chunk", None)
-    worker = getattr(chunk, "worker_id", None)
+    worker = getattr(loader, "last_batch_worker", None)   # arrowstream's loaders (StreamLoader)
     return worker if isinstance(worker, int) else None
 
 

@@ -883,11 +883,9 @@ def test_an_iceberg_source_that_moved_on_is_read_at_the_checkpoints_snapshot(tmp
 
 def spans_of(sources, per_span, **kwargs):
     """Every span a slot's stream gives, ``per_span`` batches at a time (as a loader worker takes them)."""
-    from arrowstream._mix_reading import open_stream
-
     mixture = Mixture(sources=sources, weights=WEIGHTS, epoch_rows=500, batch_size=32, source_column="src",
                       shuffle=True, plan_cache=False, **kwargs)
-    stream = open_stream(mixture, None)
+    stream = mixture._open(None).stream
     spans = []
     while True:
         try:

@@ -82,25 +82,12 @@ THIRD_PARTY: dict[tuple[str, str], str] = {
 # those parts; until then a count may shrink (lower it here) but never grow, and a module outside
 # it may have none.
 PENDING: dict[str, int] = {
-    "arrowstream._describe": 5,
-    # the assignment policies take the dataset and loader and read their fields (#38 part A, merged before part F):
-    # next, each policy owns its state (leases, pools) and is handed the values it reads
+    # the assignment policies take the dataset and loader and read their fields (#38 part A): next, each
+    # policy owns its state (leases, pools) and is handed the values it reads
     "arrowstream._dynamic_assignment": 42,
     "arrowstream._dynamic_epoch": 16,
     "arrowstream._static_assignment": 10,
-    "arrowstream._inspect": 3,
-    "arrowstream._loader_resume": 1,
-    "arrowstream._mix_inspect": 1,
-    "arrowstream._mix_loader": 15,
-    # not part of another's files: part E's own work left (open_stream and MixIterator should take a value the
-    # mixture opens, as a dataset's EpochIterator takes open_epoch)
-    "arrowstream._mix_reading": 27,
-    "arrowstream._mix_resume": 18,
-    "arrowstream._skip": 1,
-    "arrowstream.loader": 12,
-    # check_resume asks which worker made the last batch: the loader's batch iterator, which has no public
-    # handle until part B's loader shell gives one
-    "arrowstream.testing": 1,
+    "arrowstream.loader": 2,
 }
 
 _ACCESSORS = ("getattr", "hasattr", "setattr", "delattr")
@@ -243,3 +230,52 @@ def test_pending_counts_may_shrink_but_not_grow() -> None:
     assert len(grown) == 1 and grown[0].startswith("pkg.helper: 2 private accesses, PENDING allows 1")
     outside = failures(found, {"pkg.helper": 2})
     assert len(outside) == 1 and outside[0].startswith("pkg.rows:8: other._shared")
+
+
+# The front doors, and the modules above them that may name them: the front doors themselves, the package's
+# entry points and the tools.
+FRONT_DOORS = ("arrowstream.dataset", "arrowstream.mixture", "arrowstream.iceberg")
+NAME_FRONT_DOORS = {*FRONT_DOORS, "arrowstream.__init__", "arrowstream.testing", "arrowstream.cli", "arrowstream._bench",
+                    "arrowstream._demo", "arrowstream._inspect", "arrowstream._mix_inspect", "arrowstream._state_show",
+                    "arrowstream._plan_report"}
+
+
+def front_door_imports(module: str, tree: ast.AST) -> list[str]:
+    """Every import of a front door in ``module`` (at the top, inside a function, under ``if TYPE_CHECKING:``),
+    as ``module:line: name``; ``from . import StructuredDataset`` counts too."""
+    package = module if module == "arrowstream" else module.rsplit(".", 1)[0]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package if node.level else ""
+            for _ in range(max(node.level - 1, 0)):
+                base = base.rsplit(".", 1)[0]
+            source = ".".join(part for part in (base, node.module or "") if part)
+            names = [source] + [f"{source}.{alias.name}" for alias in node.names]
+            if source == "arrowstream":   # the lazily loaded names of the package
+                doors = {"StructuredDataset": "dataset", "Mixture": "mixture", "IcebergDataset": "iceberg"}
+                names += [f"arrowstream.{doors[alias.name]}" for alias in node.names if alias.name in doors]
+        else:
+            continue
+        found += [(node.lineno, f"{module}:{node.lineno}: {name}") for name in names if name in FRONT_DOORS]
+    return [line for _, line in sorted(found)]
+
+
+def test_no_module_below_the_front_doors_names_them() -> None:
+    """The helpers take values (or a protocol of their own): only the front doors, the entry points and the tools
+    import ``StructuredDataset``, ``IcebergDataset`` or ``Mixture``, even for a type hint."""
+    found = [line for module, text in package_sources().items() if module not in NAME_FRONT_DOORS
+             for line in front_door_imports(module, ast.parse(text, module))]
+    assert not found, "\n".join(found)
+
+
+def test_the_front_door_check_catches_every_kind_of_import() -> None:
+    source = ("from typing import TYPE_CHECKING\n"
+              "if TYPE_CHECKING:\n    from .dataset import StructuredDataset\n"
+              "def build():\n    from .mixture import Mixture\n    from . import IcebergDataset\n"
+              "import arrowstream.dataset\n")
+    found = front_door_imports("arrowstream._helper", ast.parse(source))
+    assert found == ["arrowstream._helper:3: arrowstream.dataset", "arrowstream._helper:5: arrowstream.mixture",
+                     "arrowstream._helper:6: arrowstream.iceberg", "arrowstream._helper:7: arrowstream.dataset"]

@@ -260,3 +260,21 @@ def test_a_snapshot_is_a_copy():
     taken = snapshot({"x": values})
     values[1] = 7
     assert "element 1: expected 0.0, got 7.0" in first_difference(taken, snapshot({"x": values}))
+
+
+@pytest.mark.parametrize("front", ["dataset", "mixture"])
+def test_last_batch_worker_names_the_worker_of_each_batch(tmp_path, front):
+    """The loaders' public handle on the worker that made the batch just handed out (what check_resume reads):
+    a chunk's worker for every batch of it, in torchdata's round robin; None before the first batch."""
+    path = write_dataset(tmp_path / "data", [(64, 8), (64, 8)])
+    if front == "dataset":
+        loader, _ = StructuredDataset.create_dataloader(path, batch_size=8, num_workers=2, batches_per_transfer=2,
+                                                        plan_cache=False)
+    else:
+        loader, _ = Mixture.create_dataloader(sources={"a": Source(path)}, batch_size=8, num_workers=2,
+                                              batches_per_transfer=2, plan_cache=False)
+    assert loader.last_batch_worker is None
+    workers = []
+    for batch in loader:
+        workers.append(loader.last_batch_worker)
+    assert workers == [0, 0, 1, 1] * 4
