@@ -460,7 +460,7 @@ def test_state_from_the_future_and_garbage(small_dataset):
     loader, _ = make_loader(small_dataset, 2, batch_size=32)
     with pytest.raises(errors.StateVersionError, match="version 99, newer"):
         loader.load_state_dict({**state, "version": 99})
-    with pytest.raises(errors.StateError, match="expected the dict returned by loader.state_dict"):
+    with pytest.raises(errors.StateError, match="expected the dict returned by this loader.s state_dict"):
         loader.load_state_dict({"hello": 1})
     worker = worker_state(state["dataloader"], 0)
     del worker["cursor"]
