@@ -48,8 +48,7 @@ from ._plan_types import Split, split_rows
 from ._stream import open_runs
 
 if TYPE_CHECKING:
-    from ._options import Options
-    from ._planning import Plan
+    from ._plan_types import OrderOptions, PlanView
 
 TAIL_FRACTION = 8        # the last 1/8 of a rank's rows (at least) is leased in small pieces
 TAIL_LEASES_PER_WORKER = 8    # a tail lease is about rows / (workers x this): fewer cuts inside row groups
@@ -499,7 +498,7 @@ def leased_runs(readers: Sequence[PieceReader], share: LeasedShare, *, seed: int
         yield with_replay_index(run, index)
 
 
-def rank_share(plan: Plan, world_size: int, rank: int, epoch: int, options: Options,
+def rank_share(plan: PlanView, world_size: int, rank: int, epoch: int, options: OrderOptions,
                even_batches: bool) -> tuple[Sequence[Split], int]:
     """A rank's splits of ``epoch`` under dynamic assignment (its share of the static assignment across
     ranks, each rank one slot, in the epoch's order) and the rows of them it yields (``even_batches``,
@@ -519,7 +518,7 @@ def work_of(share: Sequence[Split], kept: int) -> Work:
     return Work((), (), share if kept == int(split_rows(share).sum()) else truncated(share, kept), 0)
 
 
-def fresh_work(plan: Plan, world_size: int, rank: int, epoch: int, options: Options, even_batches: bool) -> Work:
+def fresh_work(plan: PlanView, world_size: int, rank: int, epoch: int, options: OrderOptions, even_batches: bool) -> Work:
     """A rank's rows of ``epoch`` under dynamic assignment, cut to the rows it yields (see :func:`rank_share`)."""
     return work_of(*rank_share(plan, world_size, rank, epoch, options, even_batches))
 

@@ -42,9 +42,7 @@ from .errors import StateMismatchError
 
 if TYPE_CHECKING:
     from ._identity import DataIdentity
-    from ._options import Options
-    from ._plan_types import Split
-    from ._planning import Plan
+    from ._plan_types import OrderOptions, PlanView, Split
 
 Assignment = Callable[[Sequence[int], int], list[list[int]]]
 """A policy: items (their weights, in order) over ``num_slots`` slots, each slot's item indices in order."""
@@ -90,7 +88,7 @@ def slot_yields(rows: Sequence[int], limits: Sequence[int] | None, batch_size: i
     return out
 
 
-def lay_out_epoch(plan: Plan, grid: SlotGrid, epoch: int, options: Options, *, even_batches: bool,
+def lay_out_epoch(plan: PlanView, grid: SlotGrid, epoch: int, options: OrderOptions, *, even_batches: bool,
                   source: ElasticSource | None = None,
                   assign: Assignment = assign_lpt) -> EpochLayout:
     """The layout of ``epoch`` for ``grid``: the plan's splits in the epoch's order given out by
@@ -145,7 +143,7 @@ class Layouts:
     the checkpoint's own.
     """
 
-    def __init__(self, plan: Plan, options: Options, even_batches: bool,
+    def __init__(self, plan: PlanView, options: OrderOptions, even_batches: bool,
                  assign: Assignment = assign_lpt) -> None:
         self._plan, self._options, self._even_batches, self._assign = plan, options, even_batches, assign
         self._kept: dict[tuple[Any, ...], EpochLayout] = {}
@@ -174,7 +172,7 @@ class Epochs:
     options its worker states carry, and ``elastic``: the epoch re-planned from a loaded checkpoint of
     another topology, if any, which that epoch is laid out from."""
 
-    def __init__(self, plan: Plan, options: Options, even_batches: bool, data: DataIdentity,
+    def __init__(self, plan: PlanView, options: OrderOptions, even_batches: bool, data: DataIdentity,
                  state_options: dict[str, Any], elastic: ElasticSource | None = None) -> None:
         self.plan, self.options, self.data, self.state_options = plan, options, data, state_options
         self.layouts = Layouts(plan, options, even_batches)
@@ -220,28 +218,28 @@ class Epochs:
 # -- facts from the plan: what StructuredDataset.num_batches, slot_yields ... answer -----------------
 
 
-def slot_rows(plan: Plan, grid: SlotGrid, planning: int) -> list[int]:
+def slot_rows(plan: PlanView, grid: SlotGrid, planning: int) -> list[int]:
     """Rows (before the filter) each slot of ``grid`` reads per epoch planned for its topology (with
     planning version ``planning``)."""
     num_slots = grid.num_slots
     return slot_row_counts(plan.splits_for(num_slots, planning).num_rows, num_slots)
 
 
-def batch_limits(rows: Sequence[int], world_size: int, options: Options, even_batches: bool) -> list[int] | None:
+def batch_limits(rows: Sequence[int], world_size: int, options: OrderOptions, even_batches: bool) -> list[int] | None:
     """Batches each slot of ``rows`` rows may yield under ``even_batches``; ``None`` when they are not evened."""
     if not even_batches:
         return None
     return even_batch_limits(rows, world_size, options.batch_size, options.drop_last)
 
 
-def check_known(options: Options, what: str) -> None:
+def check_known(options: OrderOptions, what: str) -> None:
     """Refuse (``TypeError``) a count that a filter (or ``bad_rows='skip'``) leaves unknown before reading."""
     if options.drops_rows:
         raise TypeError(f"the {what} unknown before reading: the filter (or bad_rows='skip') decides how many "
                         "rows each worker yields")
 
 
-def rows_dropped(yields: Sequence[tuple[int, int, int]], options: Options) -> int:
+def rows_dropped(yields: Sequence[tuple[int, int, int]], options: OrderOptions) -> int:
     """Rows ``drop_last`` drops from slots of ``yields`` (rows, batches, rows yielded): each short last batch."""
     if not options.drop_last:
         return 0
@@ -250,12 +248,12 @@ def rows_dropped(yields: Sequence[tuple[int, int, int]], options: Options) -> in
     return sum(r % size for r, limit, _ in yields if limit == r // size)
 
 
-def rows_trimmed(yields: Sequence[tuple[int, int, int]], options: Options, even_batches: bool) -> int:
+def rows_trimmed(yields: Sequence[tuple[int, int, int]], options: OrderOptions, even_batches: bool) -> int:
     """Rows ``even_batches`` leaves out of slots of ``yields``: the last rows of those with the most batches."""
     return slot_trim(yields, options.batch_size, options.drop_last).rows if even_batches else 0
 
 
-def batches_left(layout: EpochLayout, state: WorkerState, slot: Slot, options: Options) -> int | None:
+def batches_left(layout: EpochLayout, state: WorkerState, slot: Slot, options: OrderOptions) -> int | None:
     """Batches a worker state of ``slot`` has still to hand out in the epoch of ``layout``; ``None`` when
     a filter (or ``bad_rows='skip'``) decides, which only reading tells."""
     if state.epoch_complete:

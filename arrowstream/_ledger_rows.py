@@ -43,14 +43,13 @@ from .errors import StateError
 
 if TYPE_CHECKING:
     from ._dynamic import Work
-    from ._options import Options
-    from ._planning import Plan
+    from ._plan_types import OrderOptions, PlanView
 
 POSITION_SUM_MODULUS = 2**53 - 111   # a prime: the sum stays exact in any JSON reader's doubles
 _ROW_BITS = 40   # a row of a file as one int64: file << 40 | row
 
 
-def _intervals(plan: Plan, splits: Sequence[Split]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+def _intervals(plan: PlanView, splits: Sequence[Split]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """The rows of ``splits`` (in their order) as half-open intervals of keys: file << 40 | row in the file."""
     table = SplitTable.from_splits(splits)
     files = plan.files   # units of every file in one column: file i's are unit_offsets[i]:unit_offsets[i + 1]
@@ -109,7 +108,7 @@ class EpochRows:
     """A rank's rows of one dynamic epoch (its fresh splits, cut), placed: where each of a ledger's splits
     lies among them."""
 
-    def __init__(self, plan: Plan, fresh: Sequence[Split]) -> None:
+    def __init__(self, plan: PlanView, fresh: Sequence[Split]) -> None:
         self._plan = plan
         start, end = _intervals(plan, fresh)
         rows = end - start
@@ -153,7 +152,7 @@ class _PositionReader:
         pass
 
 
-def window_positions(replay: Replay, firsts: npt.NDArray[np.int64], *, options: Options) -> npt.NDArray[np.int64]:
+def window_positions(replay: Replay, firsts: npt.NDArray[np.int64], *, options: OrderOptions) -> npt.NDArray[np.int64]:
     """The positions of the rows of the shuffle window ``replay`` stands in, in the order they are read (before
     the window's permutation; ``firsts``: the position of the first row of each of the replay's splits)."""
     lengths = split_rows(replay.splits)
@@ -217,10 +216,10 @@ class Rank:
     rows: EpochRows
     rank: int
     world_size: int
-    options: Options
+    options: OrderOptions
 
 
-def rows_left(plan: Plan, work: Work, epoch: int, rank: Rank, where: str) -> Tally:
+def rows_left(plan: PlanView, work: Work, epoch: int, rank: Rank, where: str) -> Tally:
     """Check the rows ``work`` (a ledger of ``epoch``) leaves against the rank's rows of the epoch, as the
     module docstring says; return their tally."""
     rows, leased = rank.rows, work.fresh_from_row
@@ -287,7 +286,7 @@ def _replay_window(replay: Replay, rows: EpochRows, leased: int, rank: Rank, nam
     return window
 
 
-def _check_start(start: Cursor, lengths: list[int], options: Options, where: str) -> None:
+def _check_start(start: Cursor, lengths: list[int], options: OrderOptions, where: str) -> None:
     """A replay's cursor, where its window starts: a rotation of ``interleave`` lanes at most over the replay's
     splits. A lane may stand on a split past them, unopened (offset 0): a dynamic worker's lanes stand on the
     splits it would lease next, and one that leased no more reads nothing there. Which rows the window then

@@ -25,10 +25,25 @@ from .errors import StateError, StateMismatchError
 
 if TYPE_CHECKING:
     from ._mix_layout import MixEpochs
-    from ._mix_sources import Planned
-    from ._options import Options
+    from ._plan_types import OrderOptions, PlanView
 
 History = list[tuple[int, dict[str, int]]]
+
+
+class PlannedData(Protocol):
+    """What the checks read of a planned source of the mixture (``arrowstream._mix_sources.Planned``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def data(self) -> dict[str, Any]: ...
+
+    @property
+    def data_identity(self) -> str: ...
+
+    @property
+    def plan(self) -> PlanView: ...
 
 
 class MixtureView(Protocol):
@@ -36,13 +51,13 @@ class MixtureView(Protocol):
     their names and quotas, its options, its history of quotas, its epochs and how they lay passes out."""
 
     @property
-    def planned_sources(self) -> Sequence[Planned]: ...
+    def planned_sources(self) -> Sequence[PlannedData]: ...
 
     @property
     def names(self) -> list[str]: ...
 
     @property
-    def options(self) -> Options: ...
+    def options(self) -> OrderOptions: ...
 
     @property
     def batch_size(self) -> int: ...
@@ -73,7 +88,7 @@ def _describe(epochs: dict[str, tuple[int, int]]) -> str:
     return ", ".join(f"{name}: quota {quota}" for name, (_, quota) in epochs.items())
 
 
-def _check_source_data(source: Planned, saved: dict[str, Any]) -> None:
+def _check_source_data(source: PlannedData, saved: dict[str, Any]) -> None:
     """Refuse a checkpoint taken on other data of ``source`` (as its ``data_identity`` compares them)."""
     if saved == source.data:
         return

@@ -24,7 +24,7 @@ from .errors import StateError
 
 if TYPE_CHECKING:
     from ._layout import Epochs
-    from ._options import Options
+    from ._plan_types import OrderOptions
 
 
 def cursor_at(split_rows: Sequence[int], interleave: int, block_size: int | None, rows: int) -> Cursor:
@@ -176,7 +176,7 @@ def check_position(saved: WorkerState, split_rows: Sequence[int], replay_rows: S
     return at_end
 
 
-def check_in_plan(epochs: Epochs, options: Options, checked: set[ElasticSource], saved: WorkerState, where: str,
+def check_in_plan(epochs: Epochs, options: OrderOptions, checked: set[ElasticSource], saved: WorkerState, where: str,
                   done: str | None = None) -> None:
     """Check a parsed worker state against a dataset's plan (its ``epochs`` and ``options``) in the state's own
     topology (its slot); ``done``: why the checkpoint counts the worker as done with its epoch (then nothing may

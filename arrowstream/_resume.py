@@ -31,7 +31,7 @@ from .errors import StateMismatchError
 
 if TYPE_CHECKING:
     from ._layout import Epochs
-    from ._options import Options
+    from ._plan_types import OrderOptions
 
 
 class Replans(Protocol):
@@ -49,7 +49,7 @@ class Against:
     state's data), the options, and what a checkpoint must match of the data."""
 
     epochs: Epochs
-    options: Options
+    options: OrderOptions
     data: DataIdentity
     state_options: dict[str, Any]
     data_identity: str
@@ -117,7 +117,7 @@ def pending_for_epoch(pending: WorkerState | None, slot: Slot, epoch: int,
     return pending if pending.epoch == epoch else None
 
 
-def nothing_left(left: int | None, options: Options, holds: Callable[[int], bool]) -> bool:
+def nothing_left(left: int | None, options: OrderOptions, holds: Callable[[int], bool]) -> bool:
     """True when a worker state has handed out every row of its epoch it ever will: ``left`` batches by the
     plan, or, when a filter decides (``None``), whether its stream ``holds`` the rows a batch needs."""
     if left is not None:
@@ -127,7 +127,7 @@ def nothing_left(left: int | None, options: Options, holds: Callable[[int], bool
     return not holds(wanted)
 
 
-def replanned_epoch(epochs: Epochs, options: Options, epoch: int, world_size: int, num_workers: int,
+def replanned_epoch(epochs: Epochs, options: OrderOptions, epoch: int, world_size: int, num_workers: int,
                     saved: Sequence[tuple[WorkerState, bool]]) -> ElasticSource:
     """The rest of ``epoch`` from the states of every old (rank, worker) slot, in slot order (each with
     whether its loader had finished the epoch), to be laid out for this topology."""
