@@ -42,18 +42,18 @@ from .errors import (
 
 if TYPE_CHECKING:
     from . import testing
-    from ._batch_types import DictBatch, NumpyBatch, TorchBatch
-    from ._checkpoint import gather_state_dict, merge_state_dicts
-    from ._describe import describe_state, format_state
-    from ._iceberg_table import default_catalog_config as iceberg_catalog_config
-    from ._iceberg_table import iceberg_catalog
-    from ._metrics import gather_metrics
-    from ._mix_loader import MixtureDataLoader
-    from ._mix_sources import IcebergSource, Source
-    from ._retry import RetryPolicy
+    from ._loader.checkpoint import gather_state_dict, merge_state_dicts
+    from ._loader.dataset import ArrowStreamDataLoader
+    from ._loader.mixture import MixtureDataLoader
+    from ._sources.iceberg_table import default_catalog_config as iceberg_catalog_config
+    from ._sources.iceberg_table import iceberg_catalog
+    from ._sources.mixture import IcebergSource, Source
+    from ._storage.retry import RetryPolicy
+    from ._tools.describe import describe_state, format_state
+    from ._worker.batch_types import DictBatch, NumpyBatch, TorchBatch
+    from ._worker.metrics import gather_metrics
     from .dataset import StructuredDataset
     from .iceberg import IcebergDataset
-    from .loader import ArrowStreamDataLoader
     from .mixture import Mixture
 
 # The one source of the version: pyproject.toml reads it from here (`dynamic = ["version"]`).
@@ -63,24 +63,24 @@ __version__ = "0.2.0"
 # (the `arrowstream` command) and `import arrowstream.errors` stay fast: `arrowstream --help` starts
 # in a tenth of a second instead of the seconds torch takes. `from arrowstream import X` works as before.
 _LAZY: dict[str, tuple[str, str | None]] = {  # name -> (module, attribute; None: the module itself)
-    "ArrowStreamDataLoader": (".loader", "ArrowStreamDataLoader"),
-    "DictBatch": ("._batch_types", "DictBatch"),
+    "ArrowStreamDataLoader": ("._loader.dataset", "ArrowStreamDataLoader"),
+    "DictBatch": ("._worker.batch_types", "DictBatch"),
     "IcebergDataset": (".iceberg", "IcebergDataset"),
-    "IcebergSource": ("._mix_sources", "IcebergSource"),
+    "IcebergSource": ("._sources.mixture", "IcebergSource"),
     "Mixture": (".mixture", "Mixture"),
-    "MixtureDataLoader": ("._mix_loader", "MixtureDataLoader"),
-    "NumpyBatch": ("._batch_types", "NumpyBatch"),
-    "RetryPolicy": ("._retry", "RetryPolicy"),
-    "Source": ("._mix_sources", "Source"),
+    "MixtureDataLoader": ("._loader.mixture", "MixtureDataLoader"),
+    "NumpyBatch": ("._worker.batch_types", "NumpyBatch"),
+    "RetryPolicy": ("._storage.retry", "RetryPolicy"),
+    "Source": ("._sources.mixture", "Source"),
     "StructuredDataset": (".dataset", "StructuredDataset"),
-    "TorchBatch": ("._batch_types", "TorchBatch"),
-    "describe_state": ("._describe", "describe_state"),
-    "format_state": ("._describe", "format_state"),
-    "gather_metrics": ("._metrics", "gather_metrics"),
-    "gather_state_dict": ("._checkpoint", "gather_state_dict"),
-    "iceberg_catalog": ("._iceberg_table", "iceberg_catalog"),
-    "iceberg_catalog_config": ("._iceberg_table", "default_catalog_config"),
-    "merge_state_dicts": ("._checkpoint", "merge_state_dicts"),
+    "TorchBatch": ("._worker.batch_types", "TorchBatch"),
+    "describe_state": ("._tools.describe", "describe_state"),
+    "format_state": ("._tools.describe", "format_state"),
+    "gather_metrics": ("._worker.metrics", "gather_metrics"),
+    "gather_state_dict": ("._loader.checkpoint", "gather_state_dict"),
+    "iceberg_catalog": ("._sources.iceberg_table", "iceberg_catalog"),
+    "iceberg_catalog_config": ("._sources.iceberg_table", "default_catalog_config"),
+    "merge_state_dicts": ("._loader.checkpoint", "merge_state_dicts"),
     "testing": (".testing", None),
 }
 

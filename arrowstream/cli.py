@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 
-from ._cli_args import (
+from ._tools.cli_args import (
     HelpFormatter,
     add_mixture_arguments,
     add_plan_arguments,
@@ -114,24 +114,24 @@ def _one_line(exc: BaseException) -> tuple[int, str]:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "state":
-        from . import _state_show
+        from ._tools import state_show as _state_show
 
         return _state_show.run_show(args)
     if args.command == "inspect":
-        from . import _inspect
+        from ._tools import inspect as _inspect
 
         return _inspect.run(args)
     if args.command == "plan":
-        from . import _plan_report
+        from ._tools import plan_report as _plan_report
 
         return _plan_report.run(args)
     if args.command == "bench":
         if args.plot:
             check_plot(args.plot)
-        from . import _bench
+        from ._tools import bench as _bench
 
         return _bench.run(args)
-    from . import _demo
+    from ._tools import demo as _demo
 
     if args.phase is not None:
         return _demo.run_phase(args)

@@ -14,32 +14,47 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ._assignment import Assignment, check_assignment
-from ._auto_buffer import adopted, resolve_buffer, with_buffer
-from ._collective import collective_world_size, plan_arguments, plan_together
-from ._convert import check_output_columns, resolve_fill_nulls
-from ._credentials import as_provider
-from ._dynamic_epoch import DynamicEpochs
-from ._identity import check_data_identity
-from ._layout import Epochs, batch_limits, check_known, slot_rows, slot_yields
-from ._options import Options, check_bool, check_even_batches, check_int, check_storage_arguments, validate_options
-from ._order import Slot, SlotGrid
-from ._plain_loader import LoaderWatch, Streamed
-from ._planning import Plan
-from ._resume import Against, checked_state, loaded_state, nothing_left, pending_for_epoch, replanned_epoch
-from ._retry import RetryPolicy, check_retry
-from ._row_ids import check_row_id_names
-from ._runtime import EpochIterator, OpenEpoch, WorkerRuntime, WorkerSide, open_stream, read_schema, trainer_convert
-from ._shm import guard_feeder, share
-from ._source import FileSource, Source, check_file_format
-from ._state import ElasticSource, WorkerState
-from ._storage import Storage
-from ._stream import EpochStream
-from ._topology import resolve_topology
-from ._trims import Trim, TrimWatch
+from ._assignment.dynamic_epoch import DynamicEpochs
+from ._core.order import Slot, SlotGrid
+from ._core.row_ids import check_row_id_names
+from ._core.stream import EpochStream
+from ._layout.layout import Epochs, batch_limits, check_known, slot_rows, slot_yields
+from ._layout.trims import Trim, TrimWatch
+from ._loader.plain import LoaderWatch, Streamed
+from ._planning.auto_buffer import adopted, resolve_buffer, with_buffer
+from ._planning.collective import collective_world_size, plan_arguments, plan_together
+from ._planning.options import (
+    Options,
+    check_bool,
+    check_even_batches,
+    check_int,
+    check_storage_arguments,
+    validate_options,
+)
+from ._planning.plan import Plan
+from ._planning.topology import resolve_topology
+from ._sources.files import FileSource, Source, check_file_format
+from ._state.identity import check_data_identity
+from ._state.resume import Against, checked_state, loaded_state, nothing_left, pending_for_epoch, replanned_epoch
+from ._state.worker import ElasticSource, WorkerState
+from ._storage.credentials import as_provider
+from ._storage.filesystem import Storage
+from ._storage.retry import RetryPolicy, check_retry
+from ._worker.convert import check_output_columns, resolve_fill_nulls
+from ._worker.runtime import (
+    EpochIterator,
+    OpenEpoch,
+    WorkerRuntime,
+    WorkerSide,
+    open_stream,
+    read_schema,
+    trainer_convert,
+)
+from ._worker.shm import guard_feeder, share
 from .errors import InvalidArgumentError
 
 if TYPE_CHECKING:
-    from .loader import ArrowStreamDataLoader
+    from ._loader.dataset import ArrowStreamDataLoader
 
 
 class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
@@ -168,7 +183,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
                  retry: RetryPolicy | None = None, plan_cache: Any = None, assignment: str = "static",
                  with_row_ids: bool = False, data_identity: str = "strict") -> None:
         super().__init__()
-        # a Source (arrowstream._source) comes from a front door such as IcebergDataset; else files of a format
+        # a Source (arrowstream._sources.files) comes from a front door such as IcebergDataset; else files of a format
         source: Source | None = path if isinstance(path, Source) else None
         if source is None:
             format = check_file_format(format)
@@ -290,7 +305,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
             >>> sum(len(batch["x"]) for batch in evaluation)
             10
         """
-        from .loader import build_dataloader
+        from ._loader.dataset import build_dataloader
 
         return build_dataloader(cls, dataset_args={"path": path, "format": format, "batch_size": batch_size},
                                 num_workers=num_workers, **kwargs)
@@ -620,7 +635,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         for another topology, where ``even_batches`` may differ (it is on with several ranks only).
 
         With ``slot`` (the (rank, worker) the state must come from), its cursor and counters are also
-        checked against the plan: a position the worker's stream reaches (see ``arrowstream._position``).
+        checked against the plan: a position the worker's stream reaches (see ``arrowstream._state.position``).
         ``where`` names the state in errors; ``done`` says why the checkpoint counts the worker as done
         with its epoch, which it then must be.
         """

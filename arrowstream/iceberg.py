@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._iceberg_source import IcebergTableSource
-from ._iceberg_table import load_table, open_source
-from ._plan_cache import check_plan_cache
+from ._planning.cache import check_plan_cache
+from ._sources.iceberg import IcebergTableSource
+from ._sources.iceberg_table import load_table, open_source
 from .dataset import StructuredDataset
 from .errors import InvalidArgumentError
 
 if TYPE_CHECKING:
-    from .loader import ArrowStreamDataLoader
+    from ._loader.dataset import ArrowStreamDataLoader
 
 
 class IcebergDataset(StructuredDataset):
@@ -95,7 +95,7 @@ class IcebergDataset(StructuredDataset):
             >>> sum(len(batch["x"]) for batch in loader)
             7
         """
-        from .loader import build_dataloader
+        from ._loader.dataset import build_dataloader
 
         loader, dataset = build_dataloader(
             cls, dataset_args={"table": table, "catalog_config": catalog_config, "batch_size": batch_size},

@@ -16,14 +16,26 @@ import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ._auto_buffer import adopted, resolve_buffer
-from ._collective import collective_world_size
-from ._convert import check_output_columns, resolve_fill_nulls
-from ._layout import slot_yields
-from ._mix_elastic import MixElastic
-from ._mix_layout import MixEpochs, SourcePlan
-from ._mix_plan import MAX_EPOCH_ROWS, SPANS, positions, quotas, quotas_at
-from ._mix_reading import (
+from ._core.order import even_batch_limits, natural_batches
+from ._core.row_ids import check_row_id_names, with_row_id_fields
+from ._layout.layout import slot_yields
+from ._layout.trims import TrimWatch, slot_trim
+from ._loader.plain import LoaderWatch, Streamed
+from ._mixing.elastic import MixElastic
+from ._mixing.layout import MixEpochs, SourcePlan
+from ._mixing.quotas import MAX_EPOCH_ROWS, SPANS, positions, quotas, quotas_at
+from ._mixing.schema import caster, unify
+from ._mixing.stream import MixSlot
+from ._planning.auto_buffer import adopted, resolve_buffer
+from ._planning.cache import check_plan_cache
+from ._planning.collective import collective_world_size
+from ._planning.options import Options, check_bool, check_even_batches, check_int, validate_options
+from ._planning.topology import resolve_topology
+from ._sources.mixture import IcebergSource, Planned, Source, check_weights, followed_source, plan_source
+from ._state.mixture import EVEN, MixWorkerState, SourceCursor, SourceEpoch
+from ._storage.retry import RetryPolicy, check_retry
+from ._worker.convert import check_output_columns, resolve_fill_nulls
+from ._worker.mixture import (
     COMPACT,
     MixIterator,
     MixOpened,
@@ -34,23 +46,11 @@ from ._mix_reading import (
     open_stream,
     start_in_epoch,
 )
-from ._mix_schema import caster, unify
-from ._mix_sources import IcebergSource, Planned, Source, check_weights, followed_source, plan_source
-from ._mix_state import EVEN, MixWorkerState, SourceCursor, SourceEpoch
-from ._mix_stream import MixSlot
-from ._options import Options, check_bool, check_even_batches, check_int, validate_options
-from ._order import even_batch_limits, natural_batches
-from ._plain_loader import LoaderWatch, Streamed
-from ._plan_cache import check_plan_cache
-from ._retry import RetryPolicy, check_retry
-from ._row_ids import check_row_id_names, with_row_id_fields
-from ._shm import guard_feeder, share
-from ._topology import resolve_topology
-from ._trims import TrimWatch, slot_trim
+from ._worker.shm import guard_feeder, share
 from .errors import ArgumentTypeError, EmptyDatasetError, InvalidArgumentError, StateMismatchError
 
 if TYPE_CHECKING:
-    from ._mix_loader import MixtureDataLoader
+    from ._loader.mixture import MixtureDataLoader
 
 
 class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
@@ -229,7 +229,7 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
             >>> sum(len(batch["x"]) for batch in loader)
             10
         """
-        from ._mix_loader import build_mixture_loader
+        from ._loader.mixture import build_mixture_loader
 
         return build_mixture_loader(cls, {"sources": sources, "weights": weights, "epoch_rows": epoch_rows,
                                               "source_column": source_column, "batch_size": batch_size},
@@ -377,7 +377,7 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
                                {name: SourceCursor(0, None, 0) for name in starts},
                                {s.name: s.data for s in self._sources}, None if elastic is None else elastic.to_dict())
         if slot.epoch <= self._finished_epoch:
-            from ._mix_resume import finished_state
+            from ._state.mixture_resume import finished_state
 
             state = finished_state(self, state, slot)
         return state
@@ -459,7 +459,7 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
             >>> mixture.follow([MixWorkerState.from_dict(mixture.state_dict())])
             0
         """
-        from ._mix_resume import followed_history, saved_epoch
+        from ._state.mixture_resume import followed_history, saved_epoch
 
         first = saved_epoch(saved)
         self._follow_sources(first.data)   # an Iceberg table moved on since: its checkpoint's snapshot
@@ -480,7 +480,7 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
             >>> mixture.epochs.elastic is None
             True
         """
-        from ._mix_resume import replanned_from
+        from ._state.mixture_resume import replanned_from
 
         self._epochs.elastic = None
         self._epochs.elastic = replanned_from(self, states)
@@ -618,7 +618,7 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from a worker state (checked here too, for a plain ``StatefulDataLoader``)."""
-        from ._mix_resume import check_with_mixture, check_worker_state
+        from ._state.mixture_resume import check_with_mixture, check_worker_state
 
         state = MixWorkerState.from_dict(state_dict)
         slot = dataclasses.replace(self._slot(), epoch=state.epoch)   # checked in its own epoch

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from ._batch_diff import first_difference, snapshot
-from ._fresh_process import check_importable, run_in_fresh_process
-from ._static_assignment import StaticAssignment
+from ._assignment.static import StaticAssignment
+from ._tools.batch_diff import first_difference, snapshot
+from ._tools.fresh_process import check_importable, run_in_fresh_process
 from .errors import ArgumentTypeError, InvalidArgumentError
 
 __all__ = ["ResumeReport", "check_resume"]

@@ -275,7 +275,7 @@ def instrumentation_cost(iterations: int, repeats: int = 5) -> dict[str, dict[st
     """Microseconds per call of each probe beyond ``bare``: median and min over ``repeats`` alternations."""
     sys.path.insert(0, str(REPO_ROOT))
     import arrowstream
-    from arrowstream._metrics import Board, Meter
+    from arrowstream._worker.metrics import Board, Meter
 
     if not Path(arrowstream.__file__).resolve().is_relative_to(REPO_ROOT):
         raise RuntimeError(f"arrowstream was imported from {arrowstream.__file__}, not from {REPO_ROOT}")
@@ -483,7 +483,7 @@ def add_worktree(revision: str, folder: Path) -> Path:
                          "(the default is c243d52)") from None
     git("worktree", "add", "--detach", "--quiet", str(folder), commit)
     if (folder / "arrowstream" / "_metrics.py").exists():
-        raise RuntimeError(f"--baseline {revision} already has arrowstream/_metrics.py; "
+        raise RuntimeError(f"--baseline {revision} already has arrowstream/_worker/metrics.py; "
                            "pass a revision without metrics (the default is c243d52)")
     return folder
 

@@ -65,7 +65,7 @@ from suite.common import emit_report, log
 from suite.tables import names as random_names
 
 from arrowstream import Mixture, Source, StructuredDataset
-from arrowstream._bench import raw_convert
+from arrowstream._tools.bench import raw_convert
 
 RESULT_PREFIX = "MIX_RESULT "
 BATCH = 1024
@@ -561,8 +561,8 @@ class Breakdown:
         batches = -(-profile.rows // BATCH)
         per = 1e6 / batches
         read, convert = seconds_in(profile, "(_read_once)"), seconds_in(profile, "(to_torch)")
-        take = seconds_in(profile, "arrowstream/_mix_stream.py", "(take_marked)")   # 0 for the single source
-        takes = max(0.0, take - seconds_in(profile, "arrowstream/_stream.py", "(fill)")) if take else 0.0
+        take = seconds_in(profile, "arrowstream/_mixing/stream.py", "(take_marked)")   # 0 for the single source
+        takes = max(0.0, take - seconds_in(profile, "arrowstream/_core/stream.py", "(fill)")) if take else 0.0
         return cls(batches, read * per, convert * per, (profile.total_s - read - convert) * per,
                    seconds_in(profile, "(shares_after)") * per, takes * per,
                    seconds_in(profile, "_mix_stream.py", "(next_span)", own=True) * per)
@@ -627,7 +627,7 @@ def reading(throughput: dict[str, dict[tuple[str, int], list[Epoch]]], resume: l
             f"{share_of(nw2, 'resource_sharer.py', '(get_connection)'):.0%}: a new connection per tensor to receive "
             f"its shared-memory file descriptor ({calls_of(nw2, 'resource_sharer.py', '(get_connection)'):,} "
             f"connections for {nw2.rows:,} rows). Like `StructuredDataset`'s, the mixture's workers send "
-            f"`batches_per_transfer` batches per message through a shared buffer (`arrowstream/_transport.py`); "
+            f"`batches_per_transfer` batches per message through a shared buffer (`arrowstream/_worker/transport.py`); "
             f"the first version sent each batch's tensors on their own, a connection per tensor (0.04x).")
     return lines
 

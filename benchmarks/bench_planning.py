@@ -220,13 +220,13 @@ def synthetic_source(template: str, num_files: int) -> Any:
     """A file source whose plan reuses ``template``'s footer under ``num_files`` names: no listing, no footers
     read beyond the one (readers open the template, whatever the name)."""
     from arrowstream._formats import get_format
-    from arrowstream._planning import build_plan, read_footer
-    from arrowstream._source import FileSource
-    from arrowstream._storage import Storage
+    from arrowstream._planning.plan import build_plan, read_footer
+    from arrowstream._sources.files import FileSource
+    from arrowstream._storage.filesystem import Storage
 
     class SyntheticSource(FileSource):
         def plan(self, options: Any, retry: Any) -> tuple[Storage, Any]:
-            from arrowstream._discovery import discover_files
+            from arrowstream._planning.discovery import discover_files
 
             storage, entries = discover_files(template, None, None, retry)
             footer = read_footer(storage, get_format("parquet"), entries[0], None, [])

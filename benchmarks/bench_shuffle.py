@@ -322,7 +322,7 @@ SPLIT_ONLY, DEFAULT = "split order only (`shuffle_buffer_size=0`)", "the default
 
 def default_rows(table: tables.Table) -> tuple[int, float]:
     """The default buffer's rows for ``table`` and the bytes per row it was sized by (from the plan)."""
-    from arrowstream._auto_buffer import row_bytes
+    from arrowstream._planning.auto_buffer import row_bytes
 
     dataset = StructuredDataset([str(f) for f in table.files], batch_size=BATCH, shuffle=True, plan_cache=False)
     return dataset._options.shuffle_buffer_size, row_bytes(dataset._plan)
@@ -382,7 +382,7 @@ def window_speed(table: tables.Table, repeats: int) -> dict[int, float]:
 
 
 def default_report(args: argparse.Namespace) -> list[str]:
-    from arrowstream._auto_buffer import BUDGET_BYTES, MAX_ROWS, MIN_BATCHES
+    from arrowstream._planning.auto_buffer import BUDGET_BYTES, MAX_ROWS, MIN_BATCHES
 
     quality_tables = [tables.ensure(spec) for spec in DEFAULT_QUALITY_SPECS]
     numeric = tables.ensure(tables.TableSpec("numeric", args.rows, 8, 65536, 0))

@@ -59,7 +59,7 @@ from suite.common import cpu_model  # benchmarks/ is on sys.path when run as a s
 
 import arrowstream
 from arrowstream import StructuredDataset
-from arrowstream._runtime import READ_BATCH_ROWS
+from arrowstream._worker.runtime import READ_BATCH_ROWS
 
 HERE = Path(__file__).resolve().parent
 DATA_ROOT = HERE / "data"

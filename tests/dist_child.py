@@ -107,7 +107,7 @@ def run(scenario: dict) -> dict:
 def handshakes() -> dict:
     from torch.distributed import distributed_c10d
 
-    from arrowstream import _collective
+    from arrowstream._planning import collective as _collective
 
     store = distributed_c10d._get_default_store()
     completed = _collective._completed.get(distributed_c10d._get_default_group(), 0)

@@ -33,7 +33,7 @@ def test_demo_trains_checkpoints_resumes_and_proves_exactly_once(tmp_path):
 
 def test_demo_fails_loudly_when_the_checkpoint_is_wrong(tmp_path, monkeypatch):
     """The demo's own check is real: a resume that skips a batch is caught."""
-    from arrowstream import _demo
+    from arrowstream._tools import demo as _demo
     from arrowstream.cli import main
 
     original = _demo.run_phase
@@ -137,7 +137,7 @@ def test_inspect_prints_the_same_report_as_text(skewed):
 
 
 def test_inspect_reads_an_iceberg_table(tmp_path):
-    from arrowstream import _demo
+    from arrowstream._tools import demo as _demo
 
     _demo.write_table(str(tmp_path), 4000)
     report = json.loads(arrowstream_cli("inspect", "--iceberg-table", "demo.regression", "--catalog-root",
@@ -152,8 +152,8 @@ def test_inspect_reads_an_iceberg_table(tmp_path):
 
 
 def test_bench_raw_loop_of_an_iceberg_table_is_its_snapshot_scan(tmp_path):
-    from arrowstream import _demo
-    from arrowstream._bench import raw_batches
+    from arrowstream._tools import demo as _demo
+    from arrowstream._tools.bench import raw_batches
 
     _demo.write_table(str(tmp_path), 4000)
     dataset = arrowstream.IcebergDataset("demo.regression", arrowstream.iceberg_catalog_config(str(tmp_path)))
@@ -223,7 +223,7 @@ def test_bench_plot_checks_matplotlib_before_it_runs(skewed, tmp_path):
 def test_bench_samples_a_short_epoch_often_enough_to_plot(skewed):
     """57 batches in well under a second: the default samples every len(loader)/100 batches (rounded to the
     workers), not every 0.1 s, so each worker's line on the plot has its 20+ points."""
-    from arrowstream._bench import series
+    from arrowstream._tools.bench import series
 
     result = json.loads(arrowstream_cli("bench", skewed, "--num-workers", "2", "--json", "--quiet"))
     lines = series(result["samples"])
@@ -235,7 +235,7 @@ def test_bench_samples_a_short_epoch_often_enough_to_plot(skewed):
 def test_bench_on_a_short_epoch_says_why_the_plot_is_flat_and_what_to_do(skewed, tmp_path):
     """57 batches in a fraction of a second: the workers read ahead, so their lines are zeros between bursts;
     the report and the figure say so, with the way out (a longer epoch, --sample-every)."""
-    from arrowstream._bench import plot_note
+    from arrowstream._tools.bench import plot_note
 
     plot = tmp_path / "workers.png"
     out = arrowstream_cli("bench", skewed, "--num-workers", "2", "--quiet", "--plot", str(plot))
@@ -315,7 +315,7 @@ def test_the_package_imports_its_public_names_on_first_use():
     for name in arrowstream.__all__:
         assert getattr(arrowstream, name) is not None
     assert arrowstream.StructuredDataset is StructuredDataset
-    assert arrowstream.merge_state_dicts.__module__ == "arrowstream._checkpoint"
+    assert arrowstream.merge_state_dicts.__module__ == "arrowstream._loader.checkpoint"
     with pytest.raises(AttributeError, match="no attribute 'StructuredDatasett'"):
         arrowstream.StructuredDatasett  # noqa: B018
 
@@ -330,7 +330,7 @@ def test_help_is_plain_text(argv, capsys):
     markup = re.findall(r"``|`\w|:(?:func|meth|class|data|mod|attr|ref):", text)
     assert not markup, text
     if argv == ["plan"]:
-        from arrowstream._plan_cache import CACHE_DIR_ENV
+        from arrowstream._planning.cache import CACHE_DIR_ENV
 
         assert f"${CACHE_DIR_ENV}" in text
 

@@ -11,13 +11,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import arrowstream._planning as planning
+import arrowstream._planning.plan as planning
 from arrowstream import errors
-from arrowstream._discovery import _relative, discover_files
+from arrowstream._core.plan_types import FileEntry
 from arrowstream._formats import get_format
-from arrowstream._pinned import local_version, version_of
-from arrowstream._plan_types import FileEntry
-from arrowstream._storage import Storage
+from arrowstream._planning.discovery import _relative, discover_files
+from arrowstream._storage.filesystem import Storage
+from arrowstream._storage.pinned import local_version, version_of
 
 NUM_FILES = 150   # over two chunks of _FILES_PER_CHUNK: read in three chunks
 

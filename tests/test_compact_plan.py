@@ -17,13 +17,13 @@ from hypothesis import strategies as st
 from pyarrow import feather, orc
 
 from arrowstream import StructuredDataset
-from arrowstream._cutting import _base_splits
-from arrowstream._discovery import discover_files
-from arrowstream._footers import FooterTable, files_fingerprint
+from arrowstream._core.hashing import fingerprint
+from arrowstream._core.plan_types import FileEntry, Split, SplitTable
 from arrowstream._formats import FileFooter, get_format
-from arrowstream._hashing import fingerprint
-from arrowstream._plan_types import FileEntry, Split, SplitTable
-from arrowstream._planning import build_plan, read_footer
+from arrowstream._formats.footers import FooterTable, files_fingerprint
+from arrowstream._planning.cutting import _base_splits
+from arrowstream._planning.discovery import discover_files
+from arrowstream._planning.plan import build_plan, read_footer
 from arrowstream.errors import SchemaMismatchError
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -101,7 +101,7 @@ IDENTITIES = [{}, {"schema": [["id", "int64"], ["name", "string"]]},
 @settings(max_examples=60)
 @given(footers_of(), st.sampled_from(IDENTITIES), st.sampled_from([1, 2, 4096]))
 def test_files_fingerprint_is_the_digest_of_the_whole_json(footers, identity, chunk):
-    from arrowstream import _footers
+    from arrowstream._formats import footers as _footers
 
     _footers._FINGERPRINT_CHUNK, default = chunk, _footers._FINGERPRINT_CHUNK   # chunk borders inside the files
     try:
@@ -230,7 +230,7 @@ def test_a_million_units_plan_is_columns_that_pickle_as_buffers():
 def test_handles_are_kept_within_the_budget(tmp_path, monkeypatch):
     """Parquet FileMetaData handles stay with a small dataset, are dropped past the budget; either way the
     rows read are the same."""
-    from arrowstream import _footers
+    from arrowstream._formats import footers as _footers
 
     folder = tmp_path / "d"
     folder.mkdir()

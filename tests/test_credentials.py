@@ -19,9 +19,8 @@ from proxy import start_proxy
 from test_object_stores import Where, read_ids, write_files
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from arrowstream import StructuredDataset, errors
-from arrowstream._credentials import CredentialProvider
-from arrowstream.loader import ArrowStreamDataLoader
+from arrowstream import ArrowStreamDataLoader, StructuredDataset, errors
+from arrowstream._storage.credentials import CredentialProvider
 
 SECRET = f"s3cr3t/{uuid.uuid4().hex}"           # the secret key every provider here returns
 OPTION_SECRET = f"0pt10n/{uuid.uuid4().hex}"    # a secret in storage_options

@@ -16,7 +16,7 @@ from helpers import assert_replanned_continuation, ids_of, json_roundtrip, make_
 
 import arrowstream
 from arrowstream import Mixture, RepeatedEpochWarning, Source, errors
-from arrowstream._auto_buffer import BUDGET_BYTES, MAX_ROWS, MIN_BATCHES, auto_buffer_rows
+from arrowstream._planning.auto_buffer import BUDGET_BYTES, MAX_ROWS, MIN_BATCHES, auto_buffer_rows
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 sys.path.insert(0, GOLDEN)
@@ -197,7 +197,7 @@ def test_a_mixtures_windows_together_hold_at_most_the_maximum(sorted_rows):
 def test_a_mixture_checkpoint_of_an_older_default_size_resumes_exactly(sorted_rows, monkeypatch):
     """0.2.0 gave each source of a mixture a whole dataset's window; a checkpoint of that size (in its options)
     resumes with the size it was taken with, mid-epoch, to the same batches."""
-    monkeypatch.setattr(arrowstream._auto_buffer, "MAX_ROWS", 1_200)   # windows smaller than a source's rows
+    monkeypatch.setattr(arrowstream._planning.auto_buffer, "MAX_ROWS", 1_200)   # windows smaller than a source's rows
     sources = {name: Source(sorted_rows) for name in ("a", "b")}
     _, default = Mixture.create_dataloader(sources=sources, batch_size=BATCH, shuffle=True, plan_cache=False)
     older = default._options.shuffle_buffer_size * 2

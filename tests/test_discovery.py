@@ -13,9 +13,9 @@ import pytest
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
-import arrowstream._discovery as discovery
-from arrowstream._discovery import discover_files
-from arrowstream._plan_types import FileEntry
+from arrowstream._core.plan_types import FileEntry
+from arrowstream._planning import discovery
+from arrowstream._planning.discovery import discover_files
 
 HIDDEN = (".", "_")
 

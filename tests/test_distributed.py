@@ -306,7 +306,7 @@ def test_even_batch_limits_are_minimal_and_even():
     from hypothesis import given
     from hypothesis import strategies as st
 
-    from arrowstream._order import even_batch_limits, natural_batches, rows_yielded
+    from arrowstream._core.order import even_batch_limits, natural_batches, rows_yielded
 
     @given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 50), st.booleans(), st.data())
     def check(world_size, per_rank, batch_size, drop_last, data):

@@ -300,7 +300,7 @@ def test_the_quickstart_extras_table_names_every_extra():
 
 
 def test_the_quickstart_says_where_the_plan_cache_writes_and_how_to_move_or_stop_it(monkeypatch, tmp_path):
-    from arrowstream._plan_cache import default_folder
+    from arrowstream._planning.cache import default_folder
 
     monkeypatch.delenv("ARROWSTREAM_CACHE_DIR", raising=False)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)

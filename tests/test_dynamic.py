@@ -15,7 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from arrowstream import StructuredDataset, errors
-from arrowstream._dynamic import (
+from arrowstream._core.order import SlotGrid
+from arrowstream._core.stream import RunQueue
+from arrowstream._layout.leases import (
     MAX_TAIL_LEASES_PER_WORKER,
     TAIL_LEASES_PER_WORKER,
     LeasedShare,
@@ -29,9 +31,7 @@ from arrowstream._dynamic import (
     remaining_work,
     tail_pieces,
 )
-from arrowstream._order import SlotGrid
-from arrowstream._reader import SplitReader
-from arrowstream._stream import RunQueue
+from arrowstream._worker.reader import SplitReader
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ class Worker:
         runs = leased_runs(readers, self.share, seed=options.seed, epoch=epoch, slot=self.slot,
                            batch_size=batch_size, interleave=options.interleave,
                            buffer_rows=options.shuffle_buffer_size)
-        from arrowstream._dynamic import start_cursor
+        from arrowstream._layout.leases import start_cursor
         self.queue = RunQueue(runs, start_cursor(options.interleave))
         self.batch_size = batch_size
         self.done = False
@@ -622,7 +622,7 @@ def test_on_s3_leased_splits_are_read_ahead_and_resume_once(folder, s3_server, n
     a checkpoint's rest is still read once."""
     import os
 
-    from arrowstream._prefetch import Prefetcher
+    from arrowstream._storage.prefetch import Prefetcher
 
     fetched = []
     schedule = Prefetcher.schedule
@@ -670,7 +670,7 @@ def test_a_worker_killed_mid_epoch_loses_nothing_a_checkpoint_after_the_error_re
 
 
 def test_two_pools_are_laid_out_in_turn_and_refuse_more_leases_than_they_hold():
-    from arrowstream._lease_pool import PoolSlots, SharedPool
+    from arrowstream._worker.lease_pool import PoolSlots, SharedPool
 
     slots = PoolSlots(0, 3)
     first = slots.current()
@@ -745,7 +745,7 @@ def test_a_checkpoint_loaded_into_running_persistent_workers_resumes_once(folder
 
 
 def test_when_the_pools_have_no_room_for_an_epochs_leases_new_workers_start(folder, monkeypatch):
-    from arrowstream import _lease_pool
+    from arrowstream._worker import lease_pool as _lease_pool
 
     monkeypatch.setattr(_lease_pool, "pool_capacity", lambda leases: 0)   # no room in the other pool
     path, total = folder
@@ -778,7 +778,7 @@ def test_the_workers_lay_out_the_last_eighth_by_what_they_measured(folder):
 
 
 def test_the_pool_lays_out_its_last_eighth_once_when_its_first_lease_is_taken():
-    from arrowstream._lease_pool import SharedPool
+    from arrowstream._worker.lease_pool import SharedPool
 
     calls = []
 
@@ -803,10 +803,10 @@ def test_finer_tail_leases_read_every_row_once_and_resume_once(folder, persisten
     """With the finest tail leases: the workers lay out the leases with the pool's count (a mismatch would
     be refused), and a checkpoint, which names rows, not leases, resumes exactly in a loader that lays out
     the default leases; a checkpoint in the tail too (where the layouts differ)."""
-    import arrowstream._dynamic_epoch
+    import arrowstream._assignment.dynamic_epoch
 
     # in the workers too (forked after this)
-    monkeypatch.setattr(arrowstream._dynamic_epoch, "tail_pieces", lambda read_s, convert_s: MAX_TAIL_LEASES_PER_WORKER)
+    monkeypatch.setattr(arrowstream._assignment.dynamic_epoch, "tail_pieces", lambda read_s, convert_s: MAX_TAIL_LEASES_PER_WORKER)
     path, total = folder
     loader, dataset = StructuredDataset.create_dataloader(path, num_workers=2, transform=slow_first_worker,
                                                           persistent_workers=persistent, **MIXED)

@@ -138,7 +138,7 @@ def test_an_iteration_that_state_dict_started_follows_a_later_set_epoch(path):
 
 def positions_of(dataset, epoch, ids):
     """The positions of rows ``ids`` among the rank's rows of ``epoch`` (ids run on across the two files)."""
-    from arrowstream._plan_types import Split
+    from arrowstream._core.plan_types import Split
 
     splits = [Split(0, 0, 6, i, 1, 0) if i < 600 else Split(1, 0, 5, i - 600, 1, 0) for i in ids]
     placed = dataset._dynamic.rank(epoch).rows.place(splits)
@@ -150,7 +150,7 @@ def positions_of(dataset, epoch, ids):
 def test_the_ledger_counts_the_rows_yielded_and_the_sums_of_their_positions(path, num_workers, batches, resumed):
     """``yielded`` is what the trainer received before the checkpoint, across a resume too: as many rows,
     and the sums of their positions and squares (which rows a replay's window hands out included)."""
-    from arrowstream._ledger_rows import POSITION_SUM_MODULUS
+    from arrowstream._state.ledger_rows import POSITION_SUM_MODULUS
 
     seen, state = state_after(path, num_workers, batches)
     loader, dataset = make(path, num_workers if not resumed else 0)
@@ -259,7 +259,7 @@ def test_a_ledger_of_version_8_loads_without_a_count(path):
 def test_a_part_of_a_permutation_is_its_places_values():
     import numpy as np
 
-    from arrowstream._hashing import permutation, permutation_part
+    from arrowstream._core.hashing import permutation, permutation_part
 
     rng = np.random.default_rng(0)
     for n in (1, 2, 7, 100, 1000):
@@ -274,9 +274,9 @@ def test_one_lanes_positions_in_arithmetic_are_those_interleave_reads():
     """``interleave=1``: a window's rows are counted without reading them through the rotation."""
     import numpy as np
 
-    from arrowstream._cursor import Cursor
-    from arrowstream._ledger_rows import _rotation_positions, _serial_positions
-    from arrowstream._plan_types import Split
+    from arrowstream._core.cursor import Cursor
+    from arrowstream._core.plan_types import Split
+    from arrowstream._state.ledger_rows import _rotation_positions, _serial_positions
 
     rng = np.random.default_rng(1)
     for _ in range(200):

@@ -1,4 +1,4 @@
-"""The pure elastic planner (``arrowstream._elastic``), property-based: no files, no loader, no workers.
+"""The pure elastic planner (``arrowstream._layout.elastic``), property-based: no files, no loader, no workers.
 
 Random plans (files of units of rows, cut into splits), an old topology whose workers each stopped
 after a random number of batches, and a new topology: the rest of the epoch re-planned over the new
@@ -21,16 +21,16 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arrowstream._cursor import Cursor, Run
-from arrowstream._elastic import assign_shares, cut_shares, item_rows, remaining_items, share_runs
+from arrowstream._core.cursor import Cursor, Run
+from arrowstream._core.order import Slot, slot_split_ids, window_seed
+from arrowstream._core.plan_types import PLANNING_VERSION, FileEntry
+from arrowstream._core.stream import EpochStream, open_runs
 from arrowstream._formats import FileFooter
-from arrowstream._identity import DataIdentity
-from arrowstream._order import Slot, slot_split_ids, window_seed
-from arrowstream._plan_types import PLANNING_VERSION, FileEntry
-from arrowstream._planning import Plan, Split, build_plan
-from arrowstream._reader import Piece
-from arrowstream._state import EVEN, LPT, ElasticSource, WorkerState
-from arrowstream._stream import EpochStream, open_runs
+from arrowstream._layout.elastic import assign_shares, cut_shares, item_rows, remaining_items, share_runs
+from arrowstream._planning.plan import Plan, Split, build_plan
+from arrowstream._state.identity import DataIdentity
+from arrowstream._state.worker import EVEN, LPT, ElasticSource, WorkerState
+from arrowstream._worker.reader import Piece
 
 ROWS_PER_FILE = 1_000_000
 DATA = DataIdentity("0" * 32, 1, 0)

@@ -24,7 +24,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 from helpers import make_loader, make_table, write_dataset
 
 from arrowstream import RetryPolicy, StructuredDataset, errors
-from arrowstream._torchdata_state import worker_state
+from arrowstream._loader.torchdata_state import worker_state
 from arrowstream.testing import check_resume
 
 
@@ -73,7 +73,7 @@ def test_an_unreachable_url_is_not_called_missing(tmp_path, caplog):
 
 
 def test_a_name_that_does_not_resolve_is_a_connection_failure_not_a_missing_file():
-    from arrowstream._failures import is_missing, is_transient, shown
+    from arrowstream._storage.failures import is_missing, is_transient, shown
     try:
         try:
             raise socket.gaierror(-2, "Name or service not known")

@@ -33,8 +33,8 @@ from helpers import check_exactly_once, check_resume, json_roundtrip, make_loade
 from pyarrow import ipc, orc
 
 from arrowstream import StructuredDataset, _planning, errors
-from arrowstream._bench import raw_batches
 from arrowstream._formats import FILE_FORMATS, FileFormat, UnitFormat, get_format, unit_format
+from arrowstream._tools.bench import raw_batches
 
 ROWS_PER_FILE = [700, 1, 1300, 450]   # uneven files, one of a single row
 UNIT_ROWS = 150                       # rows per row group / stripe / record batch
@@ -104,8 +104,8 @@ class ReaderContract:
 
         monkeypatch.setattr(_planning, "read_footer", lying)
         monkeypatch.setattr(_planning, "_read_local", lambda *args: None)   # local files too: the careful read
-        if "arrowstream._iceberg" in sys.modules:   # Iceberg reads its data files' metadata through it
-            monkeypatch.setattr(sys.modules["arrowstream._iceberg"], "read_footer", lying)
+        if "arrowstream._sources.iceberg_files" in sys.modules:   # Iceberg reads its data files' metadata through it
+            monkeypatch.setattr(sys.modules["arrowstream._sources.iceberg_files"], "read_footer", lying)
         return lied
 
     def corrupt(self, source: Any) -> str:
@@ -388,7 +388,7 @@ def _members(protocol: type) -> set[str]:
 
 
 def test_every_format_answers_the_whole_protocol_it_is_registered_for():
-    import arrowstream._iceberg  # noqa: F401 (registers the format of Iceberg data files)
+    import arrowstream._sources.iceberg_files  # noqa: F401 (registers the format of Iceberg data files)
 
     assert {"units", "row_ok_column", "open", "byte_ranges"} <= _members(UnitFormat)
     assert {"configured", "inspect", "reconcile", "baseline_batches"} <= _members(FileFormat) - _members(UnitFormat)

@@ -10,7 +10,7 @@ import sys
 import pytest
 from helpers import assert_replanned_continuation, ids_of, make_loader, replanned_by_an_older_cut
 
-from arrowstream._torchdata_state import worker_state, worker_states
+from arrowstream._loader.torchdata_state import worker_state, worker_states
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 sys.path.insert(0, GOLDEN)
@@ -21,7 +21,7 @@ FILES = sorted(glob.glob(os.path.join(GOLDEN, "v*", "*.json")))
 
 
 def test_there_is_a_golden_file_for_the_current_version():
-    from arrowstream._state import STATE_VERSION
+    from arrowstream._state.worker import STATE_VERSION
 
     assert any(f"{os.sep}v{STATE_VERSION}{os.sep}" in f for f in FILES)
 
@@ -60,7 +60,7 @@ def _worker_state(loader_state):
 def test_v1_states_migrate_step_by_step():
     """v2 added batches_per_transfer to the loader state (a v1 loader sent one batch per message);
     v3 turned the worker's (split_index, row_offset) into one lane of the interleaved cursor."""
-    from arrowstream import _state
+    from arrowstream._state import worker as _state
 
     with open(os.path.join(GOLDEN, "v1", "workers2-shuffle-mid.json")) as f:
         loader_state = json.load(f)["state"]

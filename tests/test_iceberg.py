@@ -27,7 +27,7 @@ from pyiceberg.types import LongType, NestedField, StringType, StructType
 from test_formats import UNIT_ROWS, ReaderContract
 
 from arrowstream import IcebergDataset, errors
-from arrowstream._torchdata_state import worker_states
+from arrowstream._loader.torchdata_state import worker_states
 
 ROW_GROUP_LIMIT = {"write.parquet.row-group-limit": str(UNIT_ROWS)}
 

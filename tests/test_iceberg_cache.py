@@ -1,4 +1,4 @@
-"""The plan cache of Iceberg snapshots (``arrowstream._iceberg_cache``): a warm start reads the manifests and
+"""The plan cache of Iceberg snapshots (``arrowstream._sources.iceberg_cache``): a warm start reads the manifests and
 no data file footer and no delete file, plans what a cold start plans, resumes exactly; one entry per snapshot;
 damaged or stale entries are rebuilt; no credentials or catalog settings in an entry."""
 
@@ -23,9 +23,9 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 from test_iceberg import ROW_GROUP_LIMIT, assert_same_rows, files_by_rows, read_all, rows
 from test_plan_cache import _entry_of, _entry_parts
 
-import arrowstream._footers as footers_module
-import arrowstream._iceberg as iceberg_module
-import arrowstream._plan_cache as plan_cache
+import arrowstream._formats.footers as footers_module
+import arrowstream._planning.cache as plan_cache
+import arrowstream._sources.iceberg_files as iceberg_module
 from arrowstream import IcebergDataset, errors
 
 TABLE = "db.events"

@@ -146,5 +146,5 @@ def test_gather_metrics_merges_every_rank(data, tmp_path):
     assert sorted((w["rank"], w["worker"]) for w in merged["workers"]) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert [r["rows"] for r in merged["ranks"]] == [sum(len(b) for b in r["m"]["epochs"]["0"]) for r in per_rank]
     assert merged["batches"] == sum(r["batches"] for r in merged["ranks"])
-    flat = arrowstream._metrics.flatten(merged)
+    flat = arrowstream._worker.metrics.flatten(merged)
     assert flat["rank1/rows"] == merged["ranks"][1]["rows"] and "rank1/worker1/rows" in flat

@@ -1,6 +1,6 @@
-"""A held source's parts read whole (``arrowstream._mix_bulk``) give the pipeline's rows and cursors.
+"""A held source's parts read whole (``arrowstream._mixing.bulk``) give the pipeline's rows and cursors.
 
-A mixture holds a small source in memory (``arrowstream._held``) and reads a part of it at once where the
+A mixture holds a small source in memory (``arrowstream._worker.held``) and reads a part of it at once where the
 pipeline's order is simple (one window or none, one lane's order). Property: for random parts of a real
 Parquet source (files of several row groups, splits cut to row ranges), random interleave, shuffle buffer
 and batch size, the rows read whole come in the order the pipeline hands them out (through the held
@@ -19,17 +19,17 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from arrowstream import Mixture, Source
-from arrowstream._cursor import Cursor
-from arrowstream._held import HeldReader, HeldSource, holds
-from arrowstream._interleave import block_size_for
-from arrowstream._mix_bulk import BulkCursors, bulk_order, bulk_readable
-from arrowstream._mix_parts import Part, SpanParts
-from arrowstream._mix_plan import span_first
-from arrowstream._mix_state import SourceCursor
-from arrowstream._mix_stream import SourceRows
-from arrowstream._plan_types import Split
-from arrowstream._reader import SplitReader
-from arrowstream._stream import RunQueue, open_runs
+from arrowstream._core.cursor import Cursor
+from arrowstream._core.interleave import block_size_for
+from arrowstream._core.plan_types import Split
+from arrowstream._core.stream import RunQueue, open_runs
+from arrowstream._mixing.bulk import BulkCursors, bulk_order, bulk_readable
+from arrowstream._mixing.parts import Part, SpanParts
+from arrowstream._mixing.quotas import span_first
+from arrowstream._mixing.stream import SourceRows
+from arrowstream._state.mixture import SourceCursor
+from arrowstream._worker.held import HeldReader, HeldSource, holds
+from arrowstream._worker.reader import SplitReader
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arrowstream._mix_plan import (
+from arrowstream._core.plan_types import SplitTable
+from arrowstream._mixing.quotas import (
     consumed,
     epoch_segments,
     positions,
@@ -27,8 +28,7 @@ from arrowstream._mix_plan import (
     span_taken,
     tracks,
 )
-from arrowstream._mix_span import batch_order, even_order, even_orders, even_span_order, in_batch_order, mixed
-from arrowstream._plan_types import SplitTable
+from arrowstream._mixing.span import batch_order, even_order, even_orders, even_span_order, in_batch_order, mixed
 
 
 @given(st.dictionaries(st.text(min_size=1, max_size=3), st.integers(0, 10_000), min_size=1, max_size=5),
@@ -128,7 +128,7 @@ def test_batch_shares_stay_within_one_row_and_end_at_the_quotas(slot_quotas, bat
 def test_a_segment_is_cut_from_the_splits_in_pass_order():
     table = SplitTable([0, 1, 2], [0, 0, 0], [1, 1, 1], [0, 0, 0], [10, 5, 20], [100, 50, 200])
     order = __import__("numpy").array([2, 0, 1])
-    from arrowstream._mix_plan import Segment
+    from arrowstream._mixing.quotas import Segment
 
     splits = segment_splits(table, order, Segment(0, 15, 32))   # rows 15..32 of (20, 10, 5)
     assert [(s.file_index, s.row_start, s.num_rows) for s in splits] == [(2, 15, 5), (0, 0, 10), (1, 0, 2)]

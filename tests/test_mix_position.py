@@ -1,4 +1,4 @@
-"""Where a mixture slot stands in a part of a source, by arithmetic (``arrowstream._mix_position``).
+"""Where a mixture slot stands in a part of a source, by arithmetic (``arrowstream._state.mixture_position``).
 
 Property: for random parts of a real Parquet source (splits cut to row ranges, in any order), random interleave,
 shuffle buffer and batch size, :func:`part_cursor` after every row is the cursor the pipeline reports; so is it
@@ -16,14 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_mix_bulk import held  # noqa: F401 (the fixture)
 
-from arrowstream._cursor import Cursor
-from arrowstream._interleave import block_size_for
-from arrowstream._mix_parts import Part
-from arrowstream._mix_plan import shares_after
-from arrowstream._mix_position import SHARES_REPLAYED, final_counters, part_cursor, shares_at
-from arrowstream._plan_types import Split
-from arrowstream._reader import SplitReader  # noqa: F401 (held's reader)
-from arrowstream._stream import RunQueue, open_runs
+from arrowstream._core.cursor import Cursor
+from arrowstream._core.interleave import block_size_for
+from arrowstream._core.plan_types import Split
+from arrowstream._core.stream import RunQueue, open_runs
+from arrowstream._mixing.parts import Part
+from arrowstream._mixing.quotas import shares_after
+from arrowstream._state.mixture_position import SHARES_REPLAYED, final_counters, part_cursor, shares_at
+from arrowstream._worker.reader import SplitReader  # noqa: F401 (held's reader)
 
 
 def _cursors(reader, part, start, rows, interleave, buffer_rows, batch_size):

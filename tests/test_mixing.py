@@ -230,7 +230,7 @@ def test_a_source_is_left_out_at_any_epoch_boundary_and_the_others_go_on(three, 
     """A checkpoint taken after the loop is an epoch boundary, whichever batch a worker's last transfer or the
     last snapshot ended with (the last batch's state said the epoch was still going when a worker's batches
     were a multiple of its transfers, and a source left out was refused as if mid-epoch)."""
-    from arrowstream._torchdata_state import set_worker_state, worker_states
+    from arrowstream._loader.torchdata_state import set_worker_state, worker_states
 
     options = {"shuffle": shuffle, "seed": 4, "epoch_rows": epoch_rows, "snapshot_every_n_steps": snapshot,
                **({} if per_transfer is None else {"batches_per_transfer": per_transfer})}
@@ -345,7 +345,7 @@ def test_a_tampered_state_is_refused(three, edit):
 def test_the_shuffle_buffer_spreads_each_source_evenly_over_its_batches(three, num_workers):
     """With a shuffle buffer a batch's sources are spread evenly (each batch's shares in even_order), each
     source's rows in its window's order; without one, the sources come one after another."""
-    from arrowstream._mix_span import even_order
+    from arrowstream._mixing.span import even_order
 
     names = list(WEIGHTS)
     for buffer in (64, 0):
@@ -701,7 +701,7 @@ def test_merged_metrics_of_ranks_add_the_rows_of_each_source(three):
     """What gather_metrics returns on every rank (it all-gathers, then merges): the ranks' rows of each source
     added, each rank's own in ``ranks``."""
     import arrowstream
-    from arrowstream._metrics import merge
+    from arrowstream._worker.metrics import merge
 
     per_rank, seen = [], Counter()
     for rank in range(2):
@@ -938,8 +938,8 @@ def test_each_source_decodes_no_further_than_its_first_batch_needs_then_in_full_
     splits (never below ``SMALLEST_READ_ROWS``), until it is read; then they are full reads, which cost less
     per row."""
     from arrowstream._formats.parquet import ParquetFile
-    from arrowstream._reader import SMALLEST_READ_ROWS
-    from arrowstream._runtime import READ_BATCH_ROWS
+    from arrowstream._worker.reader import SMALLEST_READ_ROWS
+    from arrowstream._worker.runtime import READ_BATCH_ROWS
 
     reads = []   # (rows per file of the source, rows per read asked, rows the read gave)
     read_units = ParquetFile.read_units
@@ -952,7 +952,7 @@ def test_each_source_decodes_no_further_than_its_first_batch_needs_then_in_full_
             yield batch
 
     monkeypatch.setattr(ParquetFile, "read_units", recorded)
-    monkeypatch.setattr("arrowstream._reader.SMALLEST_READ_ROWS", 64)   # the test's files are small
+    monkeypatch.setattr("arrowstream._worker.reader.SMALLEST_READ_ROWS", 64)   # the test's files are small
     assert SMALLEST_READ_ROWS >= 1024
     loader, mixture = loader_of(three, weights=None, epoch_rows=None, shuffle=True, shuffle_buffer_size=buffer)
     window = mixture._options.shuffle_buffer_size

@@ -25,7 +25,7 @@ import pytest
 from helpers import check_exactly_once, check_resume, ids_of, make_loader, make_table
 from proxy import start_proxy
 
-import arrowstream._source
+import arrowstream._sources.files
 from arrowstream import RetryPolicy, StructuredDataset, errors
 
 LAYOUT = [(700, 150), (1300, 200), (450, 150)]   # (rows, row group rows) per file
@@ -175,13 +175,13 @@ class StorageContract:
 
     def test_a_file_rewritten_between_listing_and_footer_is_named(self, where, via, monkeypatch):
         fs = write_pinned(where)
-        listing = arrowstream._source.discover_files
+        listing = arrowstream._sources.files.discover_files
 
         def listed_then_rewritten(*args, **kwargs):
             listed = listing(*args, **kwargs)
             rewrite(fs, where.url, 1, "same size")
             return listed
-        monkeypatch.setattr(arrowstream._source, "discover_files", listed_then_rewritten)
+        monkeypatch.setattr(arrowstream._sources.files, "discover_files", listed_then_rewritten)
         with pytest.raises(errors.FileChangedError, match=r"part-1\.parquet: changed since planning"):
             StructuredDataset(via.url, batch_size=50, storage_options=via.storage_options)
 
@@ -442,7 +442,7 @@ class TestAzure(RemoteContract):
     server_fixture = "azure_server"
 
     # the Azure SDK's own retries (15 s and more between them) are turned down when arrowstream opens the
-    # filesystem (arrowstream/_backends.py), so fault tests need no shorter SDK backoff
+    # filesystem (arrowstream/_storage/backends.py), so fault tests need no shorter SDK backoff
 
 
 class RotatingKeys:

@@ -6,9 +6,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arrowstream._hashing import derive_seed, derive_seeds, permutation, permutations
-from arrowstream._mix_plan import batch_permutation, batch_permutations
-from arrowstream._order import Slot, SlotGrid, assign_lpt, epoch_order, slot_row_counts, slot_split_ids
+from arrowstream._core.hashing import derive_seed, derive_seeds, permutation, permutations
+from arrowstream._core.order import Slot, SlotGrid, assign_lpt, epoch_order, slot_row_counts, slot_split_ids
+from arrowstream._mixing.quotas import batch_permutation, batch_permutations
 
 weights = st.lists(st.integers(min_value=1, max_value=10_000), min_size=0, max_size=200)
 

@@ -14,7 +14,7 @@ from helpers import all_batches, ids_of, make_loader, run_epochs
 from pyarrow import ipc, orc
 
 from arrowstream import CorruptFileError, InvalidArgumentError, NullValueError, StructuredDataset
-from arrowstream._convert import make_converter
+from arrowstream._worker.convert import make_converter
 
 
 def test_torch_output_types(small_dataset):

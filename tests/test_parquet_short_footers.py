@@ -16,11 +16,11 @@ import pytest
 from test_corruption import flipped, rewrite_parquet_rows
 from test_types import C_FORMATS, COLUMNS, _writable, with_c_formats
 
-import arrowstream._planning as planning
-from arrowstream._discovery import discover_files
-from arrowstream._footers import FooterTable, files_fingerprint
+import arrowstream._planning.plan as planning
 from arrowstream._formats import FileFooter, get_format, parquet
+from arrowstream._formats.footers import FooterTable, files_fingerprint
 from arrowstream._formats.parquet import serialized_metadata
+from arrowstream._planning.discovery import discover_files
 
 PARQUET = get_format("parquet")
 

@@ -25,11 +25,11 @@ import pytest
 from helpers import ids_of, json_roundtrip, make_loader, make_table, write_dataset
 from pyarrow import feather, orc
 
-import arrowstream._discovery as discovery
-import arrowstream._footers as footers_module
-import arrowstream._plan_cache as plan_cache
+import arrowstream._formats.footers as footers_module
+import arrowstream._planning.cache as plan_cache
 from arrowstream import StructuredDataset, errors
 from arrowstream._formats import FILE_FORMATS, _rowscan
+from arrowstream._planning import discovery
 
 LAYOUT = [(300, 100), (250, 100), (120, 60)]
 ROWS = sum(rows for rows, _ in LAYOUT)
@@ -555,7 +555,7 @@ def _restamped(entry: Path, folder: Path) -> None:
     """The entry rewritten (checksum and all) with the inode numbers and change times of the files as listed now:
     what a listing sees where a rewrite leaves them as they were (a rewrite within one tick of a coarse clock, a
     filesystem whose change time ``utime`` sets too): the entry is stale and its listing is the current one."""
-    from arrowstream._cache_entry import _stamps
+    from arrowstream._planning.cache_entry import _stamps
 
     header, payload = _entry_parts(entry.read_bytes())
     table = plan_cache._read_table(payload)
@@ -951,7 +951,7 @@ def test_s3_warm_restart_reads_with_the_cold_requests_and_read_ahead(s3_server, 
     fetched ahead (none read directly)."""
     from proxy import start_proxy
 
-    from arrowstream import _prefetch
+    from arrowstream._storage import prefetch as _prefetch
 
     url = s3_server.url(f"cache-footers-{os.getpid()}-{id(inspections)}")
     fs = s3_server.filesystem()
@@ -1178,8 +1178,8 @@ def test_a_default_cold_start_writes_the_entry_of_its_plan(tmp_path, inspections
 def _many_footers(num_files: int, handles: dict[int, object] | None = None) -> tuple[list, object]:
     """A listing of ``num_files`` Parquet files and their footers as a FooterTable (nothing on disk: the
     cache's own columns are what is tested), handles at the given indices."""
+    from arrowstream._core.plan_types import FileEntry
     from arrowstream._formats import FileFooter
-    from arrowstream._plan_types import FileEntry
 
     schema = pa.schema([("id", pa.int64())])
     entries = [FileEntry(f"/d/part-{i:05}.parquet", f"part-{i:05}.parquet", 1000 + i, f"mtime={i}", str(i))

@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arrowstream import StructuredDataset
-from arrowstream._cutting import _base_splits, _single_units, refine_splits, refine_splits_v1
-from arrowstream._discovery import discover_files
-from arrowstream._order import assign_lpt, epoch_order, even_batch_limits, rows_yielded, slot_row_counts
-from arrowstream._plan_types import FileEntry, Split
+from arrowstream._core.order import assign_lpt, epoch_order, even_batch_limits, rows_yielded, slot_row_counts
+from arrowstream._core.plan_types import FileEntry, Split
+from arrowstream._planning.cutting import _base_splits, _single_units, refine_splits, refine_splits_v1
+from arrowstream._planning.discovery import discover_files
 
 
 def test_directory_is_listed_recursively_sorted_and_skips_hidden(tmp_path):
@@ -164,7 +164,7 @@ def test_cut_units_give_every_slot_its_share_within_one_batch(files, world_size,
 def test_one_file_of_two_row_groups_over_3_ranks_of_2_workers_trims_at_most_a_batch_per_slot(tmp_path):
     """Issue #19: 4,000 rows in 2 row groups over 3 ranks x 2 workers, batch_size=128. Version 1 cut
     8 ranges of 500 rows, two slots got 1,000 and even_batches trimmed 976 rows every epoch."""
-    from arrowstream._resume import use_planning
+    from arrowstream._state.resume import use_planning
 
     folder = write_dataset(tmp_path / "d", [(4000, 2000)])
     datasets = [StructuredDataset(folder, batch_size=128, rank=rank, world_size=3, plan_locally=True)

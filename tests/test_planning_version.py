@@ -14,9 +14,9 @@ import sys
 import pytest
 from helpers import assert_replanned_continuation, ids_of, make_loader, write_dataset
 
-from arrowstream._plan_types import PLANNING_VERSION
-from arrowstream._state import STATE_VERSION
-from arrowstream._torchdata_state import worker_state
+from arrowstream._core.plan_types import PLANNING_VERSION
+from arrowstream._loader.torchdata_state import worker_state
+from arrowstream._state.worker import STATE_VERSION
 from arrowstream.errors import StateError, StateMismatchError, StateVersionError
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")

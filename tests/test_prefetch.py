@@ -1,4 +1,4 @@
-"""Read-ahead of remote splits (``arrowstream._prefetch``) against a real fsspec ``memory://`` filesystem:
+"""Read-ahead of remote splits (``arrowstream._storage.prefetch``) against a real fsspec ``memory://`` filesystem:
 coalescing, the prefetcher's schedule/read/release and its depth bound, a refreshed filesystem, failed
 fetches, and :class:`PartsFile` (reads, seeks, the small-read block). The object-store suite runs the same
 code on S3, GCS and Azure (tests/test_object_stores.py); here each behaviour is checked on its own."""
@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from arrowstream import errors
-from arrowstream._pinned import Pin
-from arrowstream._prefetch import MAX_GAP, SMALL_READ, PartsFile, Prefetcher, coalesce
+from arrowstream._storage.pinned import Pin
+from arrowstream._storage.prefetch import MAX_GAP, SMALL_READ, PartsFile, Prefetcher, coalesce
 
 SIZE = 3 * SMALL_READ + 123
 DATA = np.random.default_rng(0).integers(0, 256, SIZE, dtype=np.uint8).tobytes()

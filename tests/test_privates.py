@@ -34,47 +34,47 @@ PACKAGE = pathlib.Path(arrowstream.__file__).parent
 _TORCH_WORKERS = "torch's multi-process iterator: its workers, to end them now or name the one that died"
 _TORCHDATA_LOOP = "torchdata's StatefulDataLoader: the iteration state_dict() starts, reached as `loader: Any = self`"
 THIRD_PARTY: dict[tuple[str, str], str] = {
-    ("arrowstream._backends", "_request"): "gcsfs: one attempt of the request its decorator retries 6 times",
-    ("arrowstream._backends", "_config"): "azure-storage-blob: the client's retry policy, turned down",
-    ("arrowstream._backends", "_timeout_kwargs"): "adlfs: its timeouts, given to the requests it sends without",
-    ("arrowstream._pinned", "_get_object"): "gcsfs: the one GET of an object's metadata (its _info races 2-4)",
-    ("arrowstream._pinned", "_info"): "fsspec's async filesystems: the coroutine behind info()",
-    ("arrowstream._pinned", "_call_s3"): "s3fs: a request pinned to an object version",
-    ("arrowstream._pinned", "_call"): "gcsfs: a request pinned to an object generation",
-    ("arrowstream._pinned", "_timeout_kwargs"): "adlfs: its timeouts, for the pinned request",
-    ("arrowstream._batches", "_workers"): _TORCH_WORKERS,
-    ("arrowstream._batches", "_shutdown_workers"): _TORCH_WORKERS,
-    ("arrowstream._shm", "_workers"): _TORCH_WORKERS,
-    ("arrowstream._shm", "_shutdown"): "torch's iterator: marked shut down after its workers are ended",
-    ("arrowstream._shm", "_exit"): "os._exit: a worker whose batch cannot be sent ends without atexit handlers",
-    ("arrowstream._shm", "_on_queue_feeder_error"): "multiprocessing's queue: a batch it cannot send ends the worker",
-    ("arrowstream._watchdog", "_exit"): "os._exit: the watchdog ends an orphaned worker without atexit handlers",
-    ("arrowstream._watchdog", "_iterator"): "torchdata's StatefulDataLoader: its iterator, to watch its workers",
-    ("arrowstream._watchdog", "_workers"): _TORCH_WORKERS,
-    ("arrowstream._watchdog", "_workers_status"): _TORCH_WORKERS,
-    ("arrowstream._watchdog", "_shutdown_workers"): _TORCH_WORKERS,
-    ("arrowstream._watchdog", "_worker_result_queue"): "torch's iterator: the queue whose reads are guarded",
-    ("arrowstream._watchdog", "_reader"): "multiprocessing's queue: the pipe a guarded read polls",
-    ("arrowstream._watchdog", "_poll"): "multiprocessing's queue: replaced by a read that notices a dead worker",
-    ("arrowstream._watchdog", "_recv_bytes"): "multiprocessing's queue: replaced by a read that notices a dead worker",
-    ("arrowstream._watchdog", "_guarded"): "a mark arrowstream leaves on multiprocessing's queue: guarded once",
-    ("arrowstream._epoch_watch", "_finished"): "torchdata's iterator: whether the last iteration read its epoch",
-    ("arrowstream._plain_loader", "_IterableDatasetFetcher"): "torch: the code that tells a plain DataLoader",
-    ("arrowstream._plain_loader", "_DatasetKind"): "torch: the code that tells a plain DataLoader",
-    ("arrowstream._plain_loader", "_SingleProcessDataLoaderIter"): "torch: the code that tells a plain DataLoader",
-    ("arrowstream._plain_loader", "_worker_loop"): "torch: the code that tells a plain DataLoader",
-    ("arrowstream._collective", "_get_default_group"): "torch.distributed: the group and store of the handshake",
-    ("arrowstream._collective", "_get_default_store"): "torch.distributed: the group and store of the handshake",
+    ("arrowstream._storage.backends", "_request"): "gcsfs: one attempt of the request its decorator retries 6 times",
+    ("arrowstream._storage.backends", "_config"): "azure-storage-blob: the client's retry policy, turned down",
+    ("arrowstream._storage.backends", "_timeout_kwargs"): "adlfs: its timeouts, given to the requests it sends without",
+    ("arrowstream._storage.pinned", "_get_object"): "gcsfs: the one GET of an object's metadata (its _info races 2-4)",
+    ("arrowstream._storage.pinned", "_info"): "fsspec's async filesystems: the coroutine behind info()",
+    ("arrowstream._storage.pinned", "_call_s3"): "s3fs: a request pinned to an object version",
+    ("arrowstream._storage.pinned", "_call"): "gcsfs: a request pinned to an object generation",
+    ("arrowstream._storage.pinned", "_timeout_kwargs"): "adlfs: its timeouts, for the pinned request",
+    ("arrowstream._loader.batches", "_workers"): _TORCH_WORKERS,
+    ("arrowstream._loader.batches", "_shutdown_workers"): _TORCH_WORKERS,
+    ("arrowstream._worker.shm", "_workers"): _TORCH_WORKERS,
+    ("arrowstream._worker.shm", "_shutdown"): "torch's iterator: marked shut down after its workers are ended",
+    ("arrowstream._worker.shm", "_exit"): "os._exit: a worker whose batch cannot be sent ends without atexit handlers",
+    ("arrowstream._worker.shm", "_on_queue_feeder_error"): "multiprocessing's queue: a batch it cannot send ends the worker",
+    ("arrowstream._worker.watchdog", "_exit"): "os._exit: the watchdog ends an orphaned worker without atexit handlers",
+    ("arrowstream._worker.watchdog", "_iterator"): "torchdata's StatefulDataLoader: its iterator, to watch its workers",
+    ("arrowstream._worker.watchdog", "_workers"): _TORCH_WORKERS,
+    ("arrowstream._worker.watchdog", "_workers_status"): _TORCH_WORKERS,
+    ("arrowstream._worker.watchdog", "_shutdown_workers"): _TORCH_WORKERS,
+    ("arrowstream._worker.watchdog", "_worker_result_queue"): "torch's iterator: the queue whose reads are guarded",
+    ("arrowstream._worker.watchdog", "_reader"): "multiprocessing's queue: the pipe a guarded read polls",
+    ("arrowstream._worker.watchdog", "_poll"): "multiprocessing's queue: replaced by a read that notices a dead worker",
+    ("arrowstream._worker.watchdog", "_recv_bytes"): "multiprocessing's queue: replaced by a read that notices a dead worker",
+    ("arrowstream._worker.watchdog", "_guarded"): "a mark arrowstream leaves on multiprocessing's queue: guarded once",
+    ("arrowstream._loader.epoch_watch", "_finished"): "torchdata's iterator: whether the last iteration read its epoch",
+    ("arrowstream._loader.plain", "_IterableDatasetFetcher"): "torch: the code that tells a plain DataLoader",
+    ("arrowstream._loader.plain", "_DatasetKind"): "torch: the code that tells a plain DataLoader",
+    ("arrowstream._loader.plain", "_SingleProcessDataLoaderIter"): "torch: the code that tells a plain DataLoader",
+    ("arrowstream._loader.plain", "_worker_loop"): "torch: the code that tells a plain DataLoader",
+    ("arrowstream._planning.collective", "_get_default_group"): "torch.distributed: the group and store of the handshake",
+    ("arrowstream._planning.collective", "_get_default_store"): "torch.distributed: the group and store of the handshake",
     ("arrowstream.cli", "_SubParsersAction"): "argparse: the type of add_subparsers(), to type a helper",
     ("arrowstream.dataset", "_getframe"): "sys._getframe: the caller's frame, where the loader watch looks for a plain DataLoader",
     ("arrowstream.mixture", "_getframe"): "sys._getframe: the caller's frame, where the loader watch looks for a plain DataLoader",
     ("arrowstream.testing", "_iterator"): "torchdata's StatefulDataLoader: its iterator, to end its workers now",
     ("arrowstream.testing", "_shutdown_workers"): _TORCH_WORKERS,
-    ("arrowstream._dynamic_assignment", "_initial_iter_for_state_dict"): _TORCHDATA_LOOP,
-    ("arrowstream._dynamic_assignment", "_finished"): _TORCHDATA_LOOP,
-    ("arrowstream._dynamic_assignment", "_shutdown_workers"): _TORCH_WORKERS,
-    ("arrowstream.loader", "_pin_memory"): "torch's iterator: whether (and to which device) it pins batches",
-    ("arrowstream.loader", "_pin_memory_device"): "torch's iterator: whether (and to which device) it pins batches",
+    ("arrowstream._assignment.dynamic", "_initial_iter_for_state_dict"): _TORCHDATA_LOOP,
+    ("arrowstream._assignment.dynamic", "_finished"): _TORCHDATA_LOOP,
+    ("arrowstream._assignment.dynamic", "_shutdown_workers"): _TORCH_WORKERS,
+    ("arrowstream._loader.dataset", "_pin_memory"): "torch's iterator: whether (and to which device) it pins batches",
+    ("arrowstream._loader.dataset", "_pin_memory_device"): "torch's iterator: whether (and to which device) it pins batches",
 }
 
 # Violations left in modules that other parts of issue #38 own right now (B: the loader shell, A:
@@ -84,10 +84,10 @@ THIRD_PARTY: dict[tuple[str, str], str] = {
 PENDING: dict[str, int] = {
     # the assignment policies take the dataset and loader and read their fields (#38 part A): next, each
     # policy owns its state (leases, pools) and is handed the values it reads
-    "arrowstream._dynamic_assignment": 42,
-    "arrowstream._dynamic_epoch": 16,
-    "arrowstream._static_assignment": 10,
-    "arrowstream.loader": 2,
+    "arrowstream._assignment.dynamic": 42,
+    "arrowstream._assignment.dynamic_epoch": 16,
+    "arrowstream._assignment.static": 10,
+    "arrowstream._loader.dataset": 2,
 }
 
 _ACCESSORS = ("getattr", "hasattr", "setattr", "delattr")
@@ -235,9 +235,9 @@ def test_pending_counts_may_shrink_but_not_grow() -> None:
 # The front doors, and the modules above them that may name them: the front doors themselves, the package's
 # entry points and the tools.
 FRONT_DOORS = ("arrowstream.dataset", "arrowstream.mixture", "arrowstream.iceberg")
-NAME_FRONT_DOORS = {*FRONT_DOORS, "arrowstream.__init__", "arrowstream.testing", "arrowstream.cli", "arrowstream._bench",
-                    "arrowstream._demo", "arrowstream._inspect", "arrowstream._mix_inspect", "arrowstream._state_show",
-                    "arrowstream._plan_report"}
+NAME_FRONT_DOORS = {*FRONT_DOORS, "arrowstream.__init__", "arrowstream.testing", "arrowstream.cli", "arrowstream._tools.bench",
+                    "arrowstream._tools.demo", "arrowstream._tools.inspect", "arrowstream._tools.mixture_inspect", "arrowstream._tools.state_show",
+                    "arrowstream._tools.plan_report"}
 
 
 def front_door_imports(module: str, tree: ast.AST) -> list[str]:

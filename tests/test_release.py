@@ -15,7 +15,7 @@ import tomllib
 from setuptools.config.pyprojecttoml import read_configuration
 
 import arrowstream
-from arrowstream._install import EXTRAS, install_hint
+from arrowstream._core.install import EXTRAS, install_hint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -23,7 +23,7 @@ from helpers import ids_of, json_roundtrip, make_loader
 
 import arrowstream
 from arrowstream import Mixture, Source, TrimWarning
-from arrowstream._torchdata_state import worker_states
+from arrowstream._loader.torchdata_state import worker_states
 
 ROWS, FILES, BATCH = 8000, 20, 64
 

@@ -15,10 +15,10 @@ from botocore.exceptions import ClientError, ReadTimeoutError
 from s3fs.errors import translate_boto_error
 
 from arrowstream import RetryPolicy, StructuredDataset, errors
-from arrowstream._backends import backend_options
-from arrowstream._failures import failure_kind, is_transient, parse_seconds, retry_after
-from arrowstream._retry import Attempts
-from arrowstream._storage import open_filesystem
+from arrowstream._storage.backends import backend_options
+from arrowstream._storage.failures import failure_kind, is_transient, parse_seconds, retry_after
+from arrowstream._storage.filesystem import open_filesystem
+from arrowstream._storage.retry import Attempts
 
 
 def slowdown(retry_after_value: str | None = None) -> OSError:
@@ -187,8 +187,8 @@ class Failing:
 def test_one_decision_after_a_failure_for_requests_and_splits(caplog):
     """Attempts.after decides for a request (Storage.call) and a split (SplitReader) alike: wait and try
     again, ask the credential provider again, or give up with an error that says why."""
-    from arrowstream._retry import MAX_REFRESHES
-    from arrowstream._storage import Storage
+    from arrowstream._storage.filesystem import Storage
+    from arrowstream._storage.retry import MAX_REFRESHES
 
     asked = []
     storage = Storage("memory", credential_provider=lambda: asked.append(1) or {})

@@ -1,4 +1,4 @@
-"""The CSV / JSON Lines row scanner on byte strings (arrowstream/_formats/_rowscan.py): where rows start
+"""The CSV / JSON Lines row scanner on byte strings (arrowstream/_formats/rowscan.py): where rows start
 when bytes arrive in blocks cut anywhere. Readers and planning over real files: tests/test_text.py."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from arrowstream._formats._rowscan import RowScanner, row_starts, scan_units
-from arrowstream._formats._text_settings import TextSettings
+from arrowstream._formats.rowscan import RowScanner, row_starts, scan_units
+from arrowstream._formats.text_settings import TextSettings
 
 QUOTE = ord('"')
 

@@ -9,10 +9,10 @@ import pytest
 from helpers import ids_of, write_dataset
 
 from arrowstream import IcebergDataset, StructuredDataset
-from arrowstream._layout import Layouts, lay_out_epoch
-from arrowstream._order import SlotGrid, epoch_order, even_batch_limits, slot_row_counts, slot_split_ids
-from arrowstream._runtime import Transport
-from arrowstream._storage import Storage
+from arrowstream._core.order import SlotGrid, epoch_order, even_batch_limits, slot_row_counts, slot_split_ids
+from arrowstream._layout.layout import Layouts, lay_out_epoch
+from arrowstream._storage.filesystem import Storage
+from arrowstream._worker.runtime import Transport
 
 TOPOLOGIES = [(1, 0), (1, 3), (2, 2), (3, 1)]
 
@@ -63,7 +63,7 @@ def test_the_loader_hands_the_dataset_its_transport_in_one_call(uneven_dataset):
     """The loader writes nothing onto the dataset but its transport settings, which reach the workers."""
     dataset = StructuredDataset(uneven_dataset, batch_size=64)
     before = set(vars(dataset))
-    from arrowstream.loader import ArrowStreamDataLoader
+    from arrowstream import ArrowStreamDataLoader
 
     loader = ArrowStreamDataLoader(dataset, batch_size=None, num_workers=2, batches_per_transfer=3)
     assert set(vars(dataset)) == before
@@ -83,7 +83,7 @@ def test_the_storage_reads_ahead_as_built_not_as_written_from_outside():
 
 
 def test_the_front_doors_override_no_planning_hook():
-    """IcebergDataset stands on a source (arrowstream._iceberg_source): it overrides no hook of planning,
+    """IcebergDataset stands on a source (arrowstream._sources.iceberg): it overrides no hook of planning,
     identity, snapshot following or pickling."""
     hooks = {"_make_plan", "_arguments", "_use_plan", "_follow_source", "_follow_snapshot", "__getstate__",
              "_plan_here"}

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from arrowstream import StructuredDataset, errors, merge_state_dicts
-from arrowstream._cursor import Cursor
-from arrowstream._state import STATE_VERSION
-from arrowstream._torchdata_state import iterator_finished, steps_since_snapshot, worker_state
+from arrowstream._core.cursor import Cursor
+from arrowstream._loader.torchdata_state import iterator_finished, steps_since_snapshot, worker_state
+from arrowstream._state.worker import STATE_VERSION
 
 
 def _only_json_types(value):
@@ -90,7 +90,7 @@ def test_dataset_in_a_users_own_stateful_dataloader(uneven_dataset):
 
 
 def test_v4_worker_state_migrates_to_v5_without_a_snapshot():
-    from arrowstream._state import MIGRATIONS, WORKER_KIND, upgrade
+    from arrowstream._state.worker import MIGRATIONS, WORKER_KIND, upgrade
 
     v4 = {"kind": WORKER_KIND, "version": 4, "data": {"fingerprint": "f" * 32, "num_files": 2, "num_rows": 10},
           "options": {}, "epoch": 0, "slot": {"rank": 0, "world_size": 1, "worker_id": 0, "num_workers": 0},
@@ -102,7 +102,7 @@ def test_v4_worker_state_migrates_to_v5_without_a_snapshot():
 
 def test_v5_worker_state_migrates_to_v6_on_planning_version_1():
     """Every state before v6 was taken on the splits planning version 1 cut (issue #19, point 3)."""
-    from arrowstream._state import MIGRATIONS, STATE_VERSION, WORKER_KIND, upgrade
+    from arrowstream._state.worker import MIGRATIONS, STATE_VERSION, WORKER_KIND, upgrade
 
     v5 = {"kind": WORKER_KIND, "version": 5, "data": {}, "options": {"batch_size": 4, "even_batches": True},
           "epoch": 0, "slot": {}, "cursor": {}, "counters": {}, "epoch_complete": False, "elastic": None}
@@ -118,9 +118,10 @@ def test_the_package_docstrings_show_the_current_state_version():
 
     import arrowstream
 
-    shown = {(path.name, int(version)) for path in pathlib.Path(arrowstream.__file__).parent.glob("*.py")
+    package = pathlib.Path(arrowstream.__file__).parent
+    shown = {(path.relative_to(package).as_posix(), int(version)) for path in package.rglob("*.py")
              for version in re.findall(r'"version": (\d+)', path.read_text())}
-    assert ("_checkpoint.py", STATE_VERSION) in shown
+    assert ("_loader/checkpoint.py", STATE_VERSION) in shown
     assert {version for _, version in shown} == {STATE_VERSION}, shown
 
 
@@ -313,10 +314,10 @@ def test_long_values_are_shortened_in_errors(validation_dataset):
        block_size=st.integers(1, 12), data=st.data())
 def test_cursor_at_is_where_the_rotation_stands(split_rows, interleave, block_size, data):
     """The arithmetic the plan check uses is the rotation ``interleave_runs`` makes, after any row."""
-    from arrowstream._elastic import _CountReader
-    from arrowstream._interleave import interleave_runs
-    from arrowstream._planning import Split
-    from arrowstream._position import cursor_at
+    from arrowstream._core.interleave import interleave_runs
+    from arrowstream._layout.elastic import _CountReader
+    from arrowstream._planning.plan import Split
+    from arrowstream._state.position import cursor_at
 
     splits = [Split(0, 0, 1, 0, rows, 0) for rows in split_rows]
     start = Cursor.start(len(splits), interleave)
@@ -333,8 +334,8 @@ def test_cursor_at_is_where_the_rotation_stands(split_rows, interleave, block_si
 def test_the_plan_check_reads_the_splits_each_slot_reads(uneven_dataset):
     """The epoch layout computes every slot's reading order at once (``_position`` and the workers read
     it); it is ``slot_split_ids``, one slot at a time."""
-    from arrowstream._order import SlotGrid, slot_split_ids
-    from arrowstream._position import _slot_rows
+    from arrowstream._core.order import SlotGrid, slot_split_ids
+    from arrowstream._state.position import _slot_rows
 
     dataset = StructuredDataset(uneven_dataset, batch_size=8, shuffle=True, seed=4, split_bytes=4096)
     for world_size, num_workers, epoch in [(1, 0, 0), (1, 3, 2), (2, 2, 5)]:

@@ -38,8 +38,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from arrowstream import Mixture, Source, errors, merge_state_dicts
-from arrowstream._held import holds
-from arrowstream._mix_stream import MixSlot
+from arrowstream._mixing.stream import MixSlot
+from arrowstream._worker.held import holds
 
 OPTIONS = {"batch_size": 16, "interleave": 2, "shuffle_buffer_size": 64, "even_batches": False}
 OTHER_TYPES = [None, "x", 1.5, [], {}, True, False, [0, 0]]

@@ -21,8 +21,8 @@ from torch.utils.data import get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from arrowstream import ArgumentTypeError, InvalidArgumentError, Mixture, Source, StateMismatchError, StructuredDataset
-from arrowstream._batch_diff import first_difference, snapshot
-from arrowstream._fresh_process import run_in_fresh_process
+from arrowstream._tools.batch_diff import first_difference, snapshot
+from arrowstream._tools.fresh_process import run_in_fresh_process
 from arrowstream.testing import _Batch, _compare_continuation, _Point, check_resume
 
 

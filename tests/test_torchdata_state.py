@@ -1,6 +1,6 @@
 """torchdata's private state layout: every key arrowstream relies on is where it expects (issue #18).
 
-``arrowstream._torchdata_state`` is the one module that reads and writes torchdata's own
+``arrowstream._loader.torchdata_state`` is the one module that reads and writes torchdata's own
 ``StatefulDataLoader`` state, and ``relied_on`` lists every path it uses. Here real states of the
 installed torchdata (0 and 2 workers; before, during and after an epoch) are checked against that
 list: a torchdata that renames or reshapes a key fails loudly, naming the key and the pin to revisit.
@@ -21,8 +21,7 @@ from helpers import write_dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from arrowstream import StructuredDataset
-from arrowstream._state import WorkerState
-from arrowstream._torchdata_state import (
+from arrowstream._loader.torchdata_state import (
     ITERATOR_ATTRIBUTES,
     ITERATOR_FINISHED,
     LAST_YIELDED_WORKER_ID,
@@ -42,6 +41,7 @@ from arrowstream._torchdata_state import (
     worker_state,
     worker_states,
 )
+from arrowstream._state.worker import WorkerState
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,8 +59,8 @@ def _is(value: Any, types: tuple[type, ...]) -> bool:
 
 
 def layout_problems(inner: Any, num_workers: int) -> list[str]:
-    """What is not where ``arrowstream._torchdata_state`` relies on it in a real torchdata state."""
-    revisit = (f"arrowstream/_torchdata_state.py relies on it: revisit that module and the pin "
+    """What is not where ``arrowstream._loader.torchdata_state`` relies on it in a real torchdata state."""
+    revisit = (f"arrowstream/_loader/torchdata_state.py relies on it: revisit that module and the pin "
                f"{_torchdata_pin()!r} in pyproject.toml")
     found = f"torchdata {torchdata.__version__}'s StatefulDataLoader state (num_workers={num_workers})"
     problems: list[str] = []
@@ -137,7 +137,7 @@ def test_the_iterator_keeps_each_workers_latest_state_out_of_order(tmp_path):
         loader = StatefulDataLoader(dataset, batch_size=None, num_workers=2, in_order=False)
     batches = iter(loader)
     missing = [name for name in ITERATOR_ATTRIBUTES if not hasattr(batches, name)]
-    assert not missing, (f"torchdata {torchdata.__version__}'s iterator has no {missing}; arrowstream/_torchdata_state.py "
+    assert not missing, (f"torchdata {torchdata.__version__}'s iterator has no {missing}; arrowstream/_loader/torchdata_state.py "
                          f"relies on it: revisit that module and the pin {_torchdata_pin()!r} in pyproject.toml")
     assert not delivers_in_order(batches)
     for _ in range(5):
@@ -213,7 +213,7 @@ def test_a_renamed_or_reshaped_key_fails_naming_it_and_the_pin(real_states):
     problems = layout_problems(renamed, 2)
     pin = _torchdata_pin()
     assert len(problems) == 3 + 2 * 6, problems  # the rename, the bool, the list, and the 6 paths of each worker
-    assert all(pin in problem and "arrowstream/_torchdata_state.py" in problem for problem in problems)
+    assert all(pin in problem and "arrowstream/_loader/torchdata_state.py" in problem for problem in problems)
     assert any(f"has no {LAST_YIELDED_WORKER_ID!r} in dataloader._snapshot" in p for p in problems)
     assert any("dataloader._snapshot._worker_snapshots is of type list, expected dict" in p for p in problems)
     assert any("_worker_snapshots is of type list, not a dict with 'worker_1'" in p for p in problems)

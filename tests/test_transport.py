@@ -19,8 +19,8 @@ from leaks import Snapshot
 from servers import server_process_groups
 
 from arrowstream import WorkerError
-from arrowstream._cursor import Cursor
-from arrowstream._transport import Chunk, Position
+from arrowstream._core.cursor import Cursor
+from arrowstream._worker.transport import Chunk, Position
 
 
 def _sorted_keys(loader):
@@ -194,7 +194,7 @@ def test_ring_and_by_value_transports_agree(uneven_dataset, monkeypatch):
 
 
 def test_ring_slots_are_claimed_freed_and_never_waited_for():
-    from arrowstream import _ring
+    from arrowstream._worker import ring as _ring
 
     ring = _ring.Ring(slot_bytes=4096, num_slots=2)
     _ring.register(ring.id, os.getpid(), ring.tensor)

@@ -22,7 +22,7 @@ from pyarrow import ipc, orc
 from pyarrow.cffi import ffi
 
 from arrowstream import ConversionError, InvalidArgumentError, StructuredDataset
-from arrowstream._take import take
+from arrowstream._core.take import take
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "formats.md"
 ROWS = 6

@@ -1,8 +1,8 @@
-"""File formats behind one reader contract (see :mod:`arrowstream._formats._base`)."""
+"""File formats behind one reader contract (see :mod:`arrowstream._formats.base`)."""
 
 from __future__ import annotations
 
-from ._base import FileFooter, FileFormat, UnitFile, UnitFormat, check_counts, name_units
+from .base import FileFooter, FileFormat, UnitFile, UnitFormat, check_counts, name_units
 from .ipc import IPC
 from .orc import ORC
 from .parquet import PARQUET

@@ -19,11 +19,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyarrow import ipc
 
-from .._plan_types import FileEntry
-from .._storage import Storage, display_url
+from .._core.plan_types import FileEntry
+from .._storage.filesystem import Storage, display_url
 from ..errors import CorruptFileError
-from ._base import FileFooter, MetadataFormat, sliced
-from ._opened import MetadataMismatch, schema_difference
+from .base import FileFooter, MetadataFormat, sliced
+from .opened import MetadataMismatch, schema_difference
 
 _MAGIC = b"ARROW1"
 _FOOTER_SCHEMA, _FOOTER_RECORD_BATCHES = 1, 3   # Footer table fields (File.fbs)

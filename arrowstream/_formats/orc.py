@@ -14,10 +14,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyarrow import orc
 
-from .._plan_types import FileEntry
-from .._storage import Storage
-from ._base import FileFooter, MetadataFormat, sliced
-from ._opened import MetadataMismatch, schema_difference
+from .._core.plan_types import FileEntry
+from .._storage.filesystem import Storage
+from .base import FileFooter, MetadataFormat, sliced
+from .opened import MetadataMismatch, schema_difference
 
 # field numbers in orc_proto.proto
 _TAIL_FOOTER = 2          # FileTail.footer

@@ -21,11 +21,11 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from .._plan_types import FileEntry
-from .._storage import Storage, display_url
+from .._core.plan_types import FileEntry
+from .._storage.filesystem import Storage, display_url
 from ..errors import CorruptFileError
-from ._base import FileFooter, LocalFooters, MetadataFormat
-from ._opened import MetadataMismatch, file_state, remember, schema_difference, units_difference, verified
+from .base import FileFooter, LocalFooters, MetadataFormat
+from .opened import MetadataMismatch, file_state, remember, schema_difference, units_difference, verified
 
 _ENCRYPTION_MARKERS = ("encrypted", "decrypt")
 _FRAGMENTS = ds.ParquetFileFormat()   # one for every footer read: making one per file costs as much as a read

@@ -36,15 +36,15 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 
-from .._plan_types import FileEntry
-from .._storage import Storage, display_url
+from .._core.plan_types import FileEntry
+from .._storage.filesystem import Storage, display_url
 from ..errors import CorruptFileError, MalformedRowError, SchemaMismatchError
-from ._base import FileFooter, sliced
-from ._rowscan import RowScanner, scan_units
-from ._sniff import wrong_format_hint
-from ._text_parse import ROW_OK, locate_bad_rows, owned
-from ._text_reader import TextFile, open_stream, read_blocks
-from ._text_settings import TextLayout, TextSettings
+from .base import FileFooter, sliced
+from .rowscan import RowScanner, scan_units
+from .sniff import wrong_format_hint
+from .text_parse import ROW_OK, locate_bad_rows, owned
+from .text_reader import TextFile, open_stream, read_blocks
+from .text_settings import TextLayout, TextSettings
 
 __all__ = ["CSV", "JSONL", "ROW_OK", "TextFile", "TextFormat", "TextSettings"]
 

@@ -196,7 +196,7 @@ def capture(case: dict, path: str) -> dict:
 
 
 def main() -> None:
-    from arrowstream._state import STATE_VERSION
+    from arrowstream._state.worker import STATE_VERSION
 
     write_data()
     write_cut_data()

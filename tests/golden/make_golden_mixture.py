@@ -88,7 +88,7 @@ def capture(root: str, case: dict) -> dict:
 
 
 def main() -> None:
-    from arrowstream._mix_state import MIX_STATE_VERSION
+    from arrowstream._state.mixture import MIX_STATE_VERSION
 
     out_dir = os.path.join(HERE, f"mixture-v{MIX_STATE_VERSION}")
     if os.path.isdir(out_dir) and "--force" not in sys.argv:

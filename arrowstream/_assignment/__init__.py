@@ -1,0 +1,116 @@
+"""How a rank's rows reach its workers: the ``assignment=`` policy, asked instead of testing its name.
+
+A policy answers what the dataset and its loader ask of the epoch: the batches of an epoch (``len(loader)``),
+the rows ``even_batches`` trims and ``drop_last`` drops, how an iteration opens a worker's stream, what the
+loader does around an iteration (lease pools), what its state carries (a ledger) and how a checkpoint of it
+loads. Two policies today, each in its own module:
+
+- ``"static"`` (:mod:`arrowstream._assignment.static`): each (rank, worker) slot reads the splits the epoch
+  layout gives it (longest processing time, :mod:`arrowstream._layout.layout`);
+- ``"dynamic"`` (:mod:`arrowstream._assignment.dynamic`): a rank's workers lease its rows as they finish what
+  they hold (:mod:`arrowstream._layout.leases`).
+
+A new policy is one module with a class that answers :class:`Assignment`, and one line in :data:`ASSIGNMENTS`
+(the way mosaicml/streaming names its partition algorithms in one dict).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from ..errors import ArgumentTypeError, InvalidArgumentError
+from .dynamic import DynamicAssignment
+from .static import StaticAssignment
+
+if TYPE_CHECKING:
+    from .._core.order import Slot
+    from .._layout.trims import Trim
+    from .._planning.options import Options
+    from .._state.worker import WorkerState
+    from .._worker.runtime import EpochIterator
+
+
+class Assignment(Protocol):
+    """What the dataset (``dataset``: a ``StructuredDataset``) and its loader (``loader``: an
+    ``ArrowStreamDataLoader``) ask of an assignment policy."""
+
+    name: ClassVar[str]
+    in_order: ClassVar[bool]   # the loader's default: batches in the workers' round robin (False: as they are ready)
+    same_order: ClassVar[bool]   # a resume yields the same batches in the same order (check_resume can compare)
+
+    def check(self, options: Options, group_size: int) -> None:
+        """Refuse options the policy cannot keep its guarantees with (an ``InvalidArgumentError``)."""
+
+    def state_options(self) -> dict[str, Any]:
+        """What the policy adds to a worker state's ``options`` (compared when a state is loaded)."""
+
+    # -- facts of an epoch -----------------------------------------------------------------------
+
+    def num_batches(self, dataset: Any, num_workers: int) -> int:
+        """Batches this rank yields in the dataset's epoch."""
+
+    def rows_dropped(self, dataset: Any, num_workers: int) -> int:
+        """Rows ``drop_last`` drops in the dataset's epoch on this rank."""
+
+    def rows_trimmed(self, dataset: Any, num_workers: int) -> int:
+        """Rows ``even_batches`` trims in the dataset's epoch on this rank."""
+
+    def trim(self, dataset: Any, num_workers: int) -> Trim | None:
+        """What ``even_batches`` trims of this rank's epoch (None: nothing is evened, or a filter decides)."""
+
+    def stitches_last_rows(self, dataset: Any, num_workers: int) -> bool:
+        """Whether the workers' last rows are made into whole batches in the trainer (``_stitch``)."""
+
+    # -- iteration -------------------------------------------------------------------------------
+
+    def iterate(self, dataset: Any, slot: Slot, pending: WorkerState | None) -> EpochIterator:
+        """A worker's (or the trainer's) iterator over its rows of the dataset's epoch; ``pending``: a loaded
+        worker state it resumes from."""
+
+    def start_workers(self, loader: Any) -> None:
+        """Before the loader's workers start on an iteration (they inherit what is made here)."""
+
+    def before_iteration(self, loader: Any) -> None:
+        """Before an iteration: refuse an epoch a loaded checkpoint cannot lead to."""
+
+    def advance(self, loader: Any) -> None:
+        """Before persistent workers start on the next iteration."""
+
+    def started(self, loader: Any) -> None:
+        """An iteration started."""
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def state_fields(self, loader: Any, inner: dict[str, Any]) -> dict[str, Any]:
+        """What the policy adds to a loader state beside torchdata's dict ``inner``."""
+
+    def load_ledger(self, dataset: Any, outers: list[dict[str, Any]]) -> int:
+        """Load the ledgers of loader states (one rank's, or every rank's of a merged checkpoint); the epoch."""
+
+    def refuse_without_ledger(self) -> None:
+        """A loader state without a ledger (worker cursors only) is loaded: raise when the policy needs one."""
+
+
+ASSIGNMENTS: dict[str, Assignment] = {
+    StaticAssignment.name: StaticAssignment(),
+    DynamicAssignment.name: DynamicAssignment(),
+}
+
+
+def check_assignment(assignment: Any, options: Options, group_size: int = 1) -> Assignment:
+    """The policy named ``assignment``, checked against ``options`` and ``group_size``."""
+    names = " or ".join(repr(name) for name in ASSIGNMENTS)
+    if not isinstance(assignment, str):
+        raise ArgumentTypeError(f"assignment: expected {names}, got {type(assignment).__name__}")
+    policy = ASSIGNMENTS.get(assignment)
+    if policy is None:
+        raise InvalidArgumentError(f"assignment: expected {names}, got {assignment!r}")
+    policy.check(options, group_size)
+    return policy
+
+
+def loader_in_order(assignment: Any) -> bool:
+    """The loader's default ``in_order`` for ``assignment=`` as given to ``create_dataloader`` (not checked yet:
+    the dataset checks it)."""
+    policy = ASSIGNMENTS.get(assignment) if isinstance(assignment, str) else None
+    return True if policy is None else policy.in_order

@@ -1,0 +1,369 @@
+"""A dataset's epochs under ``assignment="dynamic"``: the work of each epoch, a worker's stream over the
+leases it takes, and the ledger a checkpoint saves (see :mod:`arrowstream._layout.leases` for the model).
+
+The ledger is the rest of the epoch as a :class:`~arrowstream._layout.leases.Work`, in splits of the plan:
+replays (each an old worker's slot, the splits its window read, where it stood, the rows left), explicit
+splits, and the row of the rank's fresh splits from which everything is left. It is JSON, a few hundred
+bytes per worker, whatever the number of files, and is checked against the plan when loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .._core.cursor import Cursor
+from .._core.fields import REMEDY, Fields, check_int, shorten
+from .._core.order import Slot, SlotGrid
+from .._core.plan_types import Split, split_rows
+from .._core.stream import EpochStream
+from .._layout.elastic import Replay
+from .._layout.leases import (
+    TAIL_LEASES_PER_WORKER,
+    LeasedShare,
+    Leases,
+    PoolLeases,
+    StitchTag,
+    Work,
+    last_pieces,
+    leased_runs,
+    rank_share,
+    remaining_work,
+    start_cursor,
+    tail_pieces,
+    work_of,
+)
+from .._planning.auto_buffer import adopt_buffer
+from .._state.identity import DataIdentity
+from .._state.ledger_rows import EpochRows, Rank, check_yielded, rows_left, yielded_to_dict
+from .._state.worker import WorkerState, check_compatible
+from .._worker.metrics import worker_values
+from ..errors import StateError, StateMismatchError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .._planning.options import Options
+    from .._planning.plan import Plan
+    from .._worker.runtime import WorkerRuntime
+
+END = Cursor((), 1 << 62, replay_index=1 << 62)   # past every replay and split a worker could lease
+
+
+class DynamicEpochs:
+    """What a dataset with dynamic assignment asks of its epochs: each epoch's :class:`Work` (a loaded
+    ledger's for the first iteration of the epoch it was saved in, else the rank's fresh rows) and its leases.
+
+    A loaded ledger is *pending* until an iteration of its epoch starts: that iteration reads it, the next
+    ones read the epoch whole (as a static checkpoint's worker states serve one iteration). While it is
+    pending, an iteration of another epoch is refused unless the ledger leaves nothing (:meth:`refusal`).
+    The loader tells its workers which work an iteration reads through the lease pool (``pool.loaded``).
+    """
+
+    def __init__(self, plan: Plan, options: Options, world_size: int, rank: int, even_batches: bool) -> None:
+        self._plan, self._options = plan, options
+        self._world_size, self._rank, self._even_batches = world_size, rank, even_batches
+        self.loaded: tuple[int, Work] | None = None   # a checkpoint's rest of its epoch (kept for the workers)
+        self.pending = False   # the loaded rest is not read yet: the next iteration of its epoch reads it
+        self._fresh: dict[int, tuple[Work, int]] = {}   # epoch -> its fresh work, and the rank's rows before cuts
+        self._placed: dict[int, EpochRows] = {}   # epoch -> its fresh rows, placed (to check a ledger's rows)
+
+    def _laid_out(self, epoch: int) -> tuple[Work, int]:
+        laid_out = self._fresh.get(epoch)
+        if laid_out is None:
+            if len(self._fresh) >= 4:
+                del self._fresh[next(iter(self._fresh))]
+            share, kept = rank_share(self._plan, self._world_size, self._rank, epoch, self._options,
+                                     self._even_batches)
+            laid_out = self._fresh[epoch] = (work_of(share, kept), int(split_rows(share).sum()))
+        return laid_out
+
+    def fresh(self, epoch: int) -> Work:
+        """The rank's rows of ``epoch``, cut to the rows it yields."""
+        return self._laid_out(epoch)[0]
+
+    def rank(self, epoch: int) -> Rank:
+        """What a ledger of ``epoch`` is checked against: the rank's rows of it, placed (see ``_ledger_rows``)."""
+        placed = self._placed.get(epoch)
+        if placed is None:
+            if len(self._placed) >= 4:
+                del self._placed[next(iter(self._placed))]
+            placed = self._placed[epoch] = EpochRows(self._plan, self.fresh(epoch).fresh)
+        return Rank(placed, self._rank, self._world_size, self._options)
+
+    def load(self, epoch: int, work: Work) -> None:
+        """A checkpoint's rest of ``epoch``, pending: the next iteration of that epoch reads it."""
+        self.loaded, self.pending = (epoch, work), True
+
+    def pending_rest(self) -> tuple[int, Work] | None:
+        """The loaded rest while no iteration has read it: what a checkpoint taken now holds."""
+        return self.loaded if self.pending else None
+
+    def reads_loaded(self, epoch: int) -> bool:
+        """Whether an iteration of ``epoch`` that starts now reads the loaded rest."""
+        return self.pending and self.loaded is not None and self.loaded[0] == epoch
+
+    def refusal(self, epoch: int) -> StateMismatchError | None:
+        """Why an iteration of ``epoch`` may not start now: a pending rest of another epoch with rows left, or of a
+        later epoch (the rows left would never be read, as a static checkpoint's are not:
+        ``_resume.pending_for_epoch``); None when it may."""
+        if not self.pending or self.loaded is None:
+            return None
+        saved, work = self.loaded
+        left = work.num_rows
+        if saved == epoch or (epoch > saved and left == 0):
+            return None
+        where = f"mid-epoch, {left} row(s) of this rank not yielded yet" if left else "complete"
+        return StateMismatchError(
+            f"the checkpoint is in epoch {saved} ({where}) but the dataset is set to epoch {epoch}; call "
+            f"dataset.set_epoch({saved}) before iterating to finish the saved epoch, or start without loading the "
+            "checkpoint")
+
+    def started(self, epoch: int) -> None:
+        """An iteration of ``epoch`` started: a pending rest it reads, or one that leaves nothing before a later
+        epoch, is done with."""
+        if self.pending and self.refusal(epoch) is None:
+            self.pending = False
+
+    def work(self, epoch: int, loaded: bool = False) -> Work:
+        """The rows of ``epoch`` this rank's workers lease: the loaded rest (``loaded``), else the fresh rows."""
+        if loaded:
+            assert self.loaded is not None and self.loaded[0] == epoch, "the pool reads a rest that was not loaded"
+            return self.loaded[1]
+        return self.fresh(epoch)
+
+    def leases(self, epoch: int, num_workers: int, pieces: int = TAIL_LEASES_PER_WORKER, loaded: bool = False) -> Leases:
+        """The leases of ``epoch`` for ``num_workers`` workers, ``pieces`` tail leases per worker (the pool's:
+        see :func:`~arrowstream._layout.leases.tail_pieces`), over the loaded rest (``loaded``) or the fresh rows."""
+        return Leases(self.work(epoch, loaded), self._options.batch_size, num_workers, pieces)
+
+    def batches(self, epoch: int) -> int:
+        """Batches this rank yields in a whole ``epoch`` (the workers' last rows stitched into whole batches, all full but one)."""
+        rows = self.fresh(epoch).num_rows
+        return -(-rows // self._options.batch_size)
+
+    def rows_left_out(self, epoch: int) -> tuple[int, int]:
+        """Rows of the rank's share of ``epoch`` that ``even_batches`` trims and that ``drop_last`` drops."""
+        work, rank_rows = self._laid_out(epoch)
+        kept = work.num_rows
+        whole = rank_rows - rank_rows % self._options.batch_size if self._options.drop_last else rank_rows
+        if kept < whole:   # evened out: what is left out is trimmed (as a static slot's would be)
+            return rank_rows - kept, 0
+        return 0, rank_rows - whole
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_fresh": {}, "_placed": {}}
+
+
+def dynamic_stream(runtime: WorkerRuntime, leases: PoolLeases, take: Callable[[], int | None], slot: Slot,
+                   epoch: int, options: Options, data: DataIdentity, state_options: dict[str, Any],
+                   start: WorkerState, owners: Callable[[], npt.NDArray[np.int64]] | None = None) -> EpochStream:
+    """A worker's batches of ``epoch``: the rows of the leases it takes with ``take``; ``owners`` (who
+    took each lease, read once the pool is dry): its last rows are cut into pieces stitched with the
+    other workers' (None: its last batch is short, if it must be)."""
+    share = LeasedShare(leases, take)
+    read_ahead = runtime.read_ahead   # object stores: the next leased splits fetched in the background
+    runs = leased_runs(runtime.readers, share, seed=options.seed, epoch=epoch, slot=slot,
+                       batch_size=options.batch_size, interleave=options.interleave,
+                       buffer_rows=options.shuffle_buffer_size,
+                       reading_order=None if read_ahead is None else read_ahead.begin)
+    # drop_last and even_batches are in the work already (cut to whole batches); the end is the pool's
+    last = None
+    if owners is not None:
+        def last() -> list[tuple[int, StitchTag | None]]:   # the pool is dry: its last eighth laid out
+            return last_pieces(np.diff(leases.current.bounds), owners(), slot.worker_id, slot.num_workers,
+                               options.batch_size)
+
+    return EpochStream(runs=runs, end=END, batch_size=options.batch_size, drop_last=False,
+                       max_batches=None, convert=runtime.convert, data=data, options=state_options, epoch=epoch,
+                       slot=slot, start=start, last_pieces=last)
+
+
+def lease_taker(pool: Any, leases: PoolLeases, runtime: WorkerRuntime, worker: int) -> Callable[[], int | None]:
+    """How worker ``worker`` takes its next lease from ``pool`` (None once it is dry). The worker that reaches
+    the last eighth first lays it out by what every worker measured so far (see
+    :func:`~arrowstream._layout.leases.tail_pieces`). From the last eighth on, the worker decodes with pyarrow's
+    threads: the workers that are done leave cores idle, which then decode a costly row group (one that a cut
+    would not make cheaper) together."""
+    meter, board = runtime.meter, runtime.transport.board
+
+    def decide() -> tuple[int, int]:
+        measured = worker_values(board, meter)
+        pieces = tail_pieces(sum(v["read_s"] for v in measured), sum(v["convert_s"] for v in measured))
+        return pieces, len(leases.of(pieces))
+
+    def take() -> int | None:
+        lease: int | None = pool.take(worker, decide)
+        if lease is not None:
+            meter.leased()
+        last = lease is None or lease >= pool.fixed
+        for reader in runtime.readers:
+            reader.use_threads = reader.threads_by_default or last
+        return lease
+
+    return take
+
+
+def start_state(data: DataIdentity, state_options: dict[str, Any], epoch: int, slot: Slot,
+                interleave: int) -> WorkerState:
+    return WorkerState(data, state_options, epoch, slot, start_cursor(interleave), 0, 0, 0, False, None)
+
+
+# -- the ledger as JSON ---------------------------------------------------------------------------
+
+
+def _split_to_list(split: Split) -> list[int]:
+    return [split.file_index, split.unit_start, split.unit_stop, split.row_start, split.num_rows, split.num_bytes]
+
+
+def work_to_dict(epoch: int, work: Work, yielded: dict[str, int]) -> dict[str, Any]:
+    return {
+        "epoch": epoch,
+        "replays": [{"slot": [r.slot.world_size, r.slot.num_workers, r.slot.rank, r.slot.worker_id],
+                     "splits": [_split_to_list(s) for s in r.splits], "start": r.start.to_dict(), "rows": r.rows}
+                    for r in work.replays],
+        "splits": [_split_to_list(s) for s in work.splits],
+        "fresh_from_row": work.fresh_from_row,
+        "yielded": yielded,
+    }
+
+
+def _split_from_list(plan: Plan, value: Any, where: str) -> Split:
+    """A split of the ledger, checked against the plan: a file, units and rows it has."""
+    if not isinstance(value, list) or len(value) != 6:
+        raise StateError(f"the state's {where} is {shorten(value)}, expected [file, unit start, unit stop, row start, "
+                         f"rows, bytes]; {REMEDY}")
+    file_index, unit_start, unit_stop, row_start, num_rows, num_bytes = (
+        check_int(v, f"{where}[{i}]") for i, v in enumerate(value))
+    if file_index >= len(plan.files):
+        raise StateError(f"the state's {where} names file {file_index}, but the dataset has {len(plan.files)} file(s); "
+                         f"{REMEDY}")
+    unit_rows = plan.files[file_index].unit_rows
+    if not unit_start < unit_stop <= len(unit_rows) or num_rows < 1 \
+            or row_start + num_rows > sum(unit_rows[unit_start:unit_stop]):
+        raise StateError(f"the state's {where} ({shorten(value)}) is not a range of rows of "
+                         f"{plan.url(file_index)} (units {unit_start}..{unit_stop} of {len(unit_rows)}); {REMEDY}")
+    return Split(file_index, unit_start, unit_stop, row_start, num_rows, num_bytes)
+
+
+def work_from_dict(value: Any, plan: Plan, epochs: DynamicEpochs, options: Options,
+                   where: str = "dynamic") -> tuple[int, Work]:
+    """The ledger of a dynamic checkpoint: its epoch and the rest of that epoch, checked against the plan: its
+    splits and replays where the rank's leased rows are, and with ``yielded`` all of the rank's rows of the
+    epoch (see :mod:`arrowstream._state.ledger_rows`)."""
+    fields = Fields(value, where)
+    epoch = fields.integer("epoch")
+    replays = []
+    for number, replay in enumerate(fields.sequence("replays")):
+        name = f"{where}.replays[{number}]"
+        entry = Fields(replay, name)
+        slot_fields = entry.sequence("slot")
+        if len(slot_fields) != 4:
+            raise StateError(f"the state's {name}.slot is {shorten(slot_fields)}, expected [world size, workers, rank, "
+                             f"worker]; {REMEDY}")
+        world, workers, rank, worker = (check_int(v, f"{name}.slot[{i}]") for i, v in enumerate(slot_fields))
+        if world < 1 or rank >= world or worker >= max(workers, 1):
+            raise StateError(f"the state's {name}.slot is {shorten(slot_fields)}: not a slot; {REMEDY}")
+        splits = tuple(_split_from_list(plan, s, f"{name}.splits[{i}]") for i, s in enumerate(entry.sequence("splits")))
+        start = Cursor.from_dict(entry.mapping("start").value, f"{name}.start")
+        rows = entry.integer("rows", 1)   # inside its window: see _ledger_rows
+        replays.append(Replay(SlotGrid(world, workers).slot(rank, worker), splits, start, rows))
+    splits = tuple(_split_from_list(plan, s, f"{where}.splits[{i}]") for i, s in enumerate(fields.sequence("splits")))
+    fresh = epochs.fresh(epoch)
+    fresh_rows = fresh.num_rows
+    fresh_from = fields.integer("fresh_from_row", 0, fresh_rows)
+    work = Work(tuple(replays), splits, fresh.fresh, fresh_from)
+    if work.num_rows > fresh_rows:
+        raise StateError(f"the state's {where} leaves {work.num_rows} row(s) of epoch {epoch}, more than the rank reads "
+                         f"in an epoch ({fresh_rows}); {REMEDY}")
+    placed = epochs.rank(epoch)
+    check_yielded(fields.get("yielded"), placed, rows_left(plan, work, epoch, placed, where), epoch, where)
+    return epoch, work
+
+
+# -- the loader's side ------------------------------------------------------------------------------
+
+
+def dynamic_ledger(dataset: Any, pool: Any, cursors: Sequence[Cursor | None], num_workers: int) -> dict[str, Any]:
+    """The ``dynamic`` part of a loader state: the rest of the epoch being read (or, before any
+    iteration, of the dataset's epoch), with the data and options it must resume on. ``cursors``: each
+    worker's after its last batch handed out (None: it has handed out none yet)."""
+    epochs: DynamicEpochs = dataset._dynamic
+    options: Options = dataset._options
+    pending = epochs.pending_rest()
+    if pending is not None:   # a loaded rest no iteration has read yet (state_dict() may have started workers)
+        epoch, work = pending
+    elif pool is None:
+        epoch = dataset.epoch
+        work = epochs.fresh(epoch)
+    else:
+        epoch = pool.epoch
+        pieces, owners = pool.snapshot()
+        leases = epochs.leases(epoch, num_workers, pieces, loaded=pool.loaded)
+        grid = SlotGrid(dataset.world_size, num_workers)
+        slots = [grid.slot(dataset.rank, worker) for worker in range(max(num_workers, 1))]
+        started = [start_cursor(options.interleave) if cursor is None else cursor for cursor in cursors]
+        work = remaining_work(leases, owners, started, slots, batch_size=options.batch_size,
+                              interleave=options.interleave, buffer_rows=options.shuffle_buffer_size)
+    rank = epochs.rank(epoch)
+    yielded = yielded_to_dict(rank, rows_left(dataset._plan, work, epoch, rank, "dynamic"))
+    return {**work_to_dict(epoch, work, yielded), "data": dataset._data.to_dict(),
+            "options": dict(dataset._state_options)}
+
+
+def load_dynamic_ledger(dataset: Any, outers: Sequence[dict[str, Any]]) -> int:
+    """Check the ledgers of loader states (one, or every rank's of a merged checkpoint) against ``dataset`` and
+    make the rest of the saved epoch its work; the saved epoch."""
+    missing = [index for index, outer in enumerate(outers) if "dynamic" not in outer]
+    if missing:
+        raise StateMismatchError(f"checkpoint rank {missing[0]} was taken with assignment='static' and others with "
+                                 f"'dynamic'; {REMEDY}")
+    adopt_buffer(dataset, Fields(outers[0]["dynamic"], "dynamic").mapping("options").value)   # when left out
+    # an Iceberg table that moved on since the checkpoint: its pinned snapshot, planned before a ledger is checked
+    dataset._follow_source(_ledger_state(outers[0]))
+    world_size = outers[0]["world_size"]
+    if world_size != dataset.world_size and all(_epoch_over(dataset, outer) for outer in outers) \
+            and len(outers) == world_size:
+        # every rank had read its whole epoch: nothing is left to re-plan, the next epoch is laid out here
+        epoch = Fields(outers[0]["dynamic"], "dynamic").integer("epoch")
+        dataset._dynamic.load(epoch, Work((), ()))
+        return epoch
+    if world_size != dataset.world_size:
+        raise StateMismatchError(
+            f"checkpoint was taken with world_size={world_size} and assignment='dynamic', this loader has "
+            f"world_size={dataset.world_size}: dynamic assignment re-plans the rest of an epoch for other workers "
+            f"of a rank, not yet for other ranks. Resume with world_size={world_size} until the epoch ends")
+    outer = outers[0] if len(outers) == 1 else outers[dataset.rank]
+    if outer["rank"] != dataset.rank:
+        raise StateMismatchError(f"this loader state belongs to rank {outer['rank']} of {world_size}, this loader is "
+                                 f"rank {dataset.rank}; load each rank's own state, or the merged checkpoint on every rank")
+    saved = _ledger_state(outer)
+    epoch, work = work_from_dict(outer["dynamic"], dataset._plan, dataset._dynamic, dataset._options)
+    check_compatible(saved, dataset._data, dataset._state_options, dataset._data_identity)
+    dataset._dynamic.load(epoch, work)
+    return epoch
+
+
+def _ledger_state(outer: dict[str, Any]) -> WorkerState:
+    """What a rank's ledger says of the data and options it was taken on, as a worker state (for the checks
+    and the source's ``follow`` that a static state goes through)."""
+    ledger = Fields(outer["dynamic"], "dynamic")
+    return WorkerState(DataIdentity.from_dict(ledger.mapping("data")), dict(ledger.mapping("options").value),
+                       ledger.integer("epoch"), SlotGrid(outer["world_size"], 0).slot(outer["rank"], 0), start_cursor(1), 0, 0,
+                       0, False, None)
+
+
+def _epoch_over(dataset: Any, outer: dict[str, Any]) -> bool:
+    """Whether a rank's ledger leaves nothing of its epoch (checked against the plan as its world size
+    laid the epoch out)."""
+    ledger = Fields(outer["dynamic"], "dynamic")
+    if ledger.sequence("replays") or ledger.sequence("splits"):
+        return False
+    saved_options = ledger.mapping("options").value
+    epochs = DynamicEpochs(dataset._plan, dataset._options, outer["world_size"], outer["rank"],
+                           bool(saved_options.get("even_batches")))
+    epoch = ledger.integer("epoch")
+    return ledger.integer("fresh_from_row") >= epochs.fresh(epoch).num_rows

@@ -1,0 +1,77 @@
+"""``assignment="static"``: each (rank, worker) slot reads the splits the epoch layout gives it
+(:mod:`arrowstream._layout.layout`), and a checkpoint holds every worker's cursor. See :mod:`arrowstream._assignment`."""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .._layout.layout import rows_dropped, rows_trimmed
+from .._layout.trims import slot_trim
+from ..errors import StateMismatchError
+
+if TYPE_CHECKING:
+    from .._core.order import Slot
+    from .._layout.trims import Trim
+    from .._planning.options import Options
+    from .._state.worker import WorkerState
+    from .._worker.runtime import EpochIterator
+
+
+class StaticAssignment:
+    """The splits of each slot fixed by the epoch layout (longest processing time on rows)."""
+
+    name: ClassVar[str] = "static"
+    in_order: ClassVar[bool] = True
+    same_order: ClassVar[bool] = True
+
+    def check(self, options: Options, group_size: int) -> None:
+        return None
+
+    def state_options(self) -> dict[str, Any]:
+        return {}   # static states stay as they were before there was a choice
+
+    def num_batches(self, dataset: Any, num_workers: int) -> int:
+        return sum(limit for _, limit, _ in dataset._rank_yields(num_workers))
+
+    def rows_dropped(self, dataset: Any, num_workers: int) -> int:
+        return rows_dropped(dataset._rank_yields(num_workers), dataset._options)
+
+    def rows_trimmed(self, dataset: Any, num_workers: int) -> int:
+        return rows_trimmed(dataset._rank_yields(num_workers), dataset._options, dataset._even_batches)
+
+    def trim(self, dataset: Any, num_workers: int) -> Trim | None:
+        options = dataset._options
+        return slot_trim(dataset._rank_yields(num_workers), options.batch_size, options.drop_last)
+
+    def stitches_last_rows(self, dataset: Any, num_workers: int) -> bool:
+        return False
+
+    def iterate(self, dataset: Any, slot: Slot, pending: WorkerState | None) -> EpochIterator:
+        from .._worker.runtime import EpochIterator
+
+        return EpochIterator(slot, functools.partial(dataset._open, slot, pending),
+                             before=lambda: pending or dataset._epochs.start(slot, dataset.epoch))
+
+    def start_workers(self, loader: Any) -> None:
+        return None
+
+    def before_iteration(self, loader: Any) -> None:
+        return None
+
+    def advance(self, loader: Any) -> None:
+        return None
+
+    def started(self, loader: Any) -> None:
+        return None
+
+    def state_fields(self, loader: Any, inner: dict[str, Any]) -> dict[str, Any]:
+        return {}   # the workers' cursors in torchdata's dict are the whole state
+
+    def load_ledger(self, dataset: Any, outers: list[dict[str, Any]]) -> int:
+        raise StateMismatchError(
+            "checkpoint was taken with assignment='dynamic', this dataset has assignment='static': the rest of its "
+            "epoch is a ledger of leases, not worker cursors. Build the dataset with assignment='dynamic' to resume")
+
+    def refuse_without_ledger(self) -> None:
+        return None

@@ -1,0 +1,255 @@
+"""Elastic resume: the rest of an epoch, re-planned over another (world_size, num_workers).
+
+From the cursors of every old worker (an :class:`~arrowstream._state.worker.ElasticSource`), the rows
+not yet handed out are cut into *items*:
+
+* a **replay** for each old worker that was inside a shuffle window: the rest of that window,
+  read again the way the old worker read it (its splits, its window seed) and handed out in its
+  shuffled order from where it stood; its size and where the window ends follow from row counts;
+* a **range** for each open split after that (the rows past its cursor) and every split the old
+  worker had not opened: a :class:`~arrowstream._planning.plan.Split` like any other.
+
+The items, old worker after old worker, are one sequence of rows, cut into as many contiguous
+stretches as there are new (rank, worker) slots, of equal rows within one (:func:`cut_shares`): so
+``even_batches`` trims at most one batch per new slot, however the rows left were spread. A stretch
+may hold part of a replay (the old window is read whole, the part handed out) or of a range. A new
+worker reads its replays first, then its ranges through the usual pipeline (interleave, shuffle
+windows of its own). Every row left is read by exactly one new worker, and the plan is a pure
+function of the source, so a checkpoint taken in the re-planned epoch resumes exactly with the new
+topology.
+
+States of state version 8 and older re-planned by longest processing time
+on whole items (:func:`assign_shares`, the :data:`LPT` cut); a state taken inside such an epoch is
+resumed with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from .._core.cursor import Cursor, Run
+from .._core.interleave import PieceReader, block_size_for, interleave_runs
+from .._core.order import Slot, SlotGrid, assign_lpt, cut_evenly, slot_split_ids, window_seed
+from .._core.piece import Piece
+from .._core.plan_types import Split, split_rows
+from .._core.stream import open_runs
+from .._state.worker import ElasticSource
+
+if TYPE_CHECKING:
+    from .._core.plan_types import PlanView
+
+
+@dataclass(frozen=True)
+class Replay:
+    """The rest of an old worker's shuffle window: ``rows`` rows from ``start`` in its stream."""
+
+    slot: Slot
+    splits: tuple[Split, ...]
+    start: Cursor
+    rows: int
+
+
+@dataclass(frozen=True)
+class Share:
+    """What one new slot reads in the re-planned epoch."""
+
+    replays: tuple[Replay, ...]
+    splits: Sequence[Split]   # a tuple, or a SplitTable: a slot's share of a plan's table, in reading order
+
+    @property
+    def num_rows(self) -> int:
+        return sum(r.rows for r in self.replays) + int(split_rows(self.splits).sum())
+
+
+class _CountReader:
+    """Reads row counts, not rows: one column-less piece per split, for planning."""
+
+    def read(self, split: Split, position: int, offset: int) -> Iterator[Piece]:
+        if offset < split.num_rows:
+            batch = pa.RecordBatch.from_arrays([pa.nulls(split.num_rows - offset)], names=["n"])
+            yield Piece(batch, position, offset, split.num_rows, None)
+
+    def close(self) -> None:
+        pass
+
+
+def window_end(splits: Sequence[Split], start: Cursor, block_size: int | None, lanes: int,
+                buffer_rows: int) -> tuple[int, Cursor]:
+    """The rows of the window that starts at ``start`` and the stream cursor past it."""
+    begin = dataclasses.replace(start, window_index=0, window_offset=0)
+    size = 0
+    for run in interleave_runs([_CountReader() for _ in range(lanes)], splits, block_size, begin):
+        if size + run.num_rows >= buffer_rows:
+            return buffer_rows, run.after(buffer_rows - size)
+        size += run.num_rows
+    return size, Cursor.end(len(splits))
+
+
+def split_rest(split: Split, offset: int) -> Split:
+    """The rows of ``split`` from source offset ``offset`` on."""
+    rows = split.num_rows - offset
+    return dataclasses.replace(split, row_start=split.row_start + offset, num_rows=rows,
+                               num_bytes=split.num_bytes * rows // max(split.num_rows, 1))
+
+
+def split_part(split: Split, a: int, b: int) -> Split:
+    """Rows ``[a, b)`` of ``split``."""
+    rest = split_rest(split, a) if a else split
+    rows = b - a
+    if rows == rest.num_rows:
+        return rest
+    return dataclasses.replace(rest, num_rows=rows, num_bytes=rest.num_bytes * rows // max(rest.num_rows, 1))
+
+
+def replay_part(replay: Replay, a: int, b: int) -> Replay:
+    """Rows ``[a, b)`` of what ``replay`` hands out, as a replay of its own."""
+    start = dataclasses.replace(replay.start, window_offset=replay.start.window_offset + a)
+    return Replay(replay.slot, replay.splits, start, b - a)
+
+
+def item_rows(item: Replay | Split) -> int:
+    """Rows of an item of a re-planned epoch."""
+    return item.rows if isinstance(item, Replay) else item.num_rows
+
+
+def _halve(split: Split) -> tuple[Split, Split]:
+    first = split.num_rows // 2
+    return (dataclasses.replace(split, num_rows=first, num_bytes=split.num_bytes // 2),
+            split_rest(split, first))
+
+
+def remaining_items(plan: PlanView, source: ElasticSource, *, shuffle: bool, seed: int, batch_size: int,
+                    interleave: int, buffer_rows: int, planning: int) -> list[Replay | Split]:
+    """Every row of ``source.epoch`` the old workers had not handed out, old worker after old worker:
+    the rest of the window it stood in (a replay), then its ranges.
+
+    A shuffle window's extent follows from row counts, which a filter makes unknown before
+    reading: the loader refuses a source with a worker inside a window and a filter.
+    """
+    grid = SlotGrid(source.world_size, source.num_workers)
+    splits = plan.splits_for(grid.num_slots, planning)  # as the old topology read them
+    rows = split_rows(splits)
+    block_size = block_size_for(batch_size, interleave)
+    items: list[Replay | Split] = []
+    for index, cursor in enumerate(source.cursors):
+        if cursor is None:
+            continue
+        slot = grid.slot_at(index)
+        mine = [splits[i] for i in slot_split_ids(rows, slot, shuffle=shuffle, seed=seed, epoch=source.epoch)]
+        end = cursor
+        if buffer_rows and cursor.window_offset:
+            size, end = window_end(mine, cursor, block_size, interleave, buffer_rows)
+            if size > cursor.window_offset:
+                items.append(Replay(slot, tuple(mine), cursor, size - cursor.window_offset))
+        for position, offset in end.lanes:
+            if position < len(mine) and offset < mine[position].num_rows:
+                items.append(split_rest(mine[position], offset))
+        items.extend(s for s in mine[end.next_split_index:] if s.num_rows)
+    return items
+
+
+def cut_shares(items: Sequence[Replay | Split], num_slots: int) -> list[Share]:
+    """The items as one sequence of rows, cut into ``num_slots`` contiguous stretches of equal rows
+    (within one, :func:`~arrowstream._core.order.cut_evenly`): each new slot's share. A replay or range across a
+    cut is handed out in parts (:func:`replay_part`, :func:`split_part`)."""
+    replays: list[list[Replay]] = [[] for _ in range(num_slots)]
+    ranges: list[list[Split]] = [[] for _ in range(num_slots)]
+    for index, slot, lo, hi in cut_evenly([item_rows(item) for item in items], num_slots):
+        item = items[index]
+        if isinstance(item, Replay):
+            replays[slot].append(replay_part(item, lo, hi))
+        else:
+            ranges[slot].append(split_part(item, lo, hi))
+    return [Share(tuple(r), tuple(s)) for r, s in zip(replays, ranges, strict=True)]
+
+
+def assign_shares(items: Sequence[Replay | Split], num_slots: int,
+                  assign: Callable[[Sequence[int], int], list[list[int]]] = assign_lpt) -> list[Share]:
+    """The items over ``num_slots`` new slots by ``assign`` on rows, whole (LPT by default: deterministic,
+    order kept per slot; ranges halved while there are fewer items than slots): the :data:`LPT` cut of
+    states before version 9, which can leave a new slot far more rows than another."""
+    replays = [item for item in items if isinstance(item, Replay)]
+    ranges = [item for item in items if not isinstance(item, Replay)]
+    while ranges and len(replays) + len(ranges) < num_slots:
+        largest = max(range(len(ranges)), key=lambda i: (ranges[i].num_rows, -i))
+        if ranges[largest].num_rows < 2:
+            break
+        ranges[largest:largest + 1] = _halve(ranges[largest])
+    weights = [r.rows for r in replays] + [s.num_rows for s in ranges]
+    shares = []
+    for owned in assign(weights, num_slots):
+        shares.append(Share(tuple(replays[i] for i in owned if i < len(replays)),
+                            tuple(ranges[i - len(replays)] for i in owned if i >= len(replays))))
+    return shares
+
+
+def _replay_cursor(after_replays: Cursor, index: int, taken: int, rows: int, more: int) -> Cursor:
+    """The cursor once ``taken + more`` rows of replay ``index`` (``rows`` rows) are handed out."""
+    done = taken + more
+    if done >= rows:
+        return dataclasses.replace(after_replays, replay_index=index + 1, replay_offset=0)
+    return dataclasses.replace(after_replays, replay_index=index, replay_offset=done)
+
+
+def with_replay_index(run: Run, index: int) -> Run:
+    """``run`` with cursors past ``index`` replays (most already are: then as they come, without a copy,
+    which costs ~20 us a batch)."""
+    def after(rows: int) -> Cursor:
+        cursor = run.after(rows)
+        if cursor.replay_index == index and cursor.replay_offset == 0:
+            return cursor
+        return dataclasses.replace(cursor, replay_index=index, replay_offset=0)
+
+    return Run(run.batch, after)
+
+
+def share_runs(readers: Sequence[PieceReader], share: Share, *, seed: int, epoch: int, slot: Slot,
+               batch_size: int, interleave: int, buffer_rows: int, start: Cursor) -> Iterator[Run]:
+    """A worker's rows of its share of an epoch, from ``start``: replays (of an epoch re-planned for
+    this topology), then its splits. With nothing replayed, the splits' runs as they come."""
+    if not share.replays:
+        return open_runs(readers, share.splits, batch_size=batch_size, interleave=interleave,
+                         buffer_rows=buffer_rows, window_seed=functools.partial(window_seed, seed, epoch, slot),
+                         start=start)
+    return _replayed_runs(readers, share, seed=seed, epoch=epoch, slot=slot, batch_size=batch_size,
+                          interleave=interleave, buffer_rows=buffer_rows, start=start)
+
+
+def replay_runs(readers: Sequence[PieceReader], replay: Replay, index: int, skip: int, after_replays: Cursor, *,
+                seed: int, epoch: int, batch_size: int, interleave: int, buffer_rows: int) -> Iterator[Run]:
+    """The rows of ``replay`` (a worker's replay ``index``) from its row ``skip`` on, read again the way
+    its old worker read them; the cursors are ``after_replays`` with the replay fields set."""
+    old_start = dataclasses.replace(replay.start, window_offset=replay.start.window_offset + skip)
+    runs = open_runs(readers, replay.splits, batch_size=batch_size, interleave=interleave,
+                     buffer_rows=buffer_rows, start=old_start,
+                     window_seed=functools.partial(window_seed, seed, epoch, replay.slot))
+    taken = skip
+    for run in runs:
+        if taken >= replay.rows:
+            break
+        run = run.head(min(run.num_rows, replay.rows - taken))
+        yield Run(run.batch, functools.partial(_replay_cursor, after_replays, index, taken, replay.rows))
+        taken += run.num_rows
+    for reader in readers:
+        reader.close()
+
+
+def _replayed_runs(readers: Sequence[PieceReader], share: Share, *, seed: int, epoch: int, slot: Slot,
+                   batch_size: int, interleave: int, buffer_rows: int, start: Cursor) -> Iterator[Run]:
+    first_split = Cursor.start(len(share.splits), interleave)
+    for index in range(start.replay_index, len(share.replays)):
+        skip = start.replay_offset if index == start.replay_index else 0
+        yield from replay_runs(readers, share.replays[index], index, skip, first_split, seed=seed, epoch=epoch,
+                               batch_size=batch_size, interleave=interleave, buffer_rows=buffer_rows)
+    replays = len(share.replays)
+    base = start if start.replay_index >= replays else dataclasses.replace(first_split, replay_index=replays)
+    seeds: Callable[[int], int] = functools.partial(window_seed, seed, epoch, slot)
+    for run in open_runs(readers, share.splits, batch_size=batch_size, interleave=interleave,
+                         buffer_rows=buffer_rows, window_seed=seeds, start=base):
+        yield with_replay_index(run, replays)

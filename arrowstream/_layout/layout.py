@@ -1,0 +1,270 @@
+"""The epoch layout: what every (rank, worker) slot reads in an epoch, and how many batches it may yield.
+
+A pure function of (plan, topology, options, epoch) and, for an epoch re-planned from a checkpoint
+of another topology, its :class:`~arrowstream._state.worker.ElasticSource`. A normal epoch is a layout with
+nothing replayed: each slot's share is the splits an *assignment policy* gives it, in the epoch's
+order (shuffled or not); a re-planned one is the rows the old workers had not handed out, as
+replays and ranges (see :mod:`arrowstream._layout.elastic`), given out by the same policy. Either way
+``even_batches`` caps each slot's batches from the rows of the shares alone.
+
+An assignment policy is a function ``(weights, num_slots) -> items of each slot`` that is
+deterministic and keeps each slot's items in their given order: :func:`~arrowstream._core.order.assign_lpt`
+(longest processing time on rows) today. A new policy is a new function handed to
+:class:`Layouts`, not a branch in the dataset. :class:`Epochs` is what a dataset asks of its
+plan's epochs: layouts, where a slot starts and ends, what it has left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._core.cursor import Cursor
+from .._core.order import (
+    Slot,
+    SlotGrid,
+    assign_lpt,
+    epoch_order,
+    even_batch_limits,
+    natural_batches,
+    rows_yielded,
+    slot_row_counts,
+)
+from .._core.plan_types import split_rows
+from .._state.identity import DataIdentity
+from .._state.worker import EVEN, ElasticSource, WorkerState
+from ..errors import StateMismatchError
+from .elastic import Share, assign_shares, cut_shares, remaining_items
+from .trims import slot_trim
+
+if TYPE_CHECKING:
+    from .._core.plan_types import OrderOptions, PlanView, Split
+    from .._state.identity import DataIdentity
+
+Assignment = Callable[[Sequence[int], int], list[list[int]]]
+"""A policy: items (their weights, in order) over ``num_slots`` slots, each slot's item indices in order."""
+
+_KEPT = 8  # layouts kept per dataset: an epoch or two of a few topologies (checks of other ranks' states)
+
+
+@dataclass(frozen=True)
+class EpochLayout:
+    """Every slot's share of one epoch under one topology, and its batch limit under ``even_batches``."""
+
+    epoch: int
+    grid: SlotGrid
+    shares: tuple[Share, ...]
+    limits: tuple[int, ...] | None
+    source: ElasticSource | None = None  # the checkpoint this epoch was re-planned from; None: planned here
+
+    @property
+    def replanned(self) -> bool:
+        """Whether the epoch is the rest of one of another topology (its shares are not the plan's splits)."""
+        return self.source is not None
+
+    def share(self, slot: Slot) -> Share:
+        return self.shares[slot.index]
+
+    def limit(self, slot: Slot) -> int | None:
+        return None if self.limits is None else self.limits[slot.index]
+
+    def yields(self, rank: int, batch_size: int, drop_last: bool) -> list[tuple[int, int, int]]:
+        """Per worker of ``rank``: its rows, the batches it yields and the rows it yields."""
+        mine = self.grid.rank_range(rank)
+        return slot_yields([share.num_rows for share in self.shares[mine]],
+                           None if self.limits is None else list(self.limits[mine]), batch_size, drop_last)
+
+
+def slot_yields(rows: Sequence[int], limits: Sequence[int] | None, batch_size: int,
+                drop_last: bool) -> list[tuple[int, int, int]]:
+    """(rows, batches it yields, rows it yields) of slots of ``rows`` rows under ``limits`` (None: no limit)."""
+    out = []
+    for index, r in enumerate(rows):
+        limit = natural_batches(r, batch_size, drop_last) if limits is None else limits[index]
+        out.append((r, limit, rows_yielded(r, limit, batch_size, drop_last)))
+    return out
+
+
+def lay_out_epoch(plan: PlanView, grid: SlotGrid, epoch: int, options: OrderOptions, *, even_batches: bool,
+                  source: ElasticSource | None = None,
+                  assign: Assignment = assign_lpt) -> EpochLayout:
+    """The layout of ``epoch`` for ``grid``: the plan's splits in the epoch's order given out by
+    ``assign``, or, with ``source``, the rest of that epoch of another topology, re-planned."""
+    if source is None:
+        splits = plan.splits_for(grid.num_slots, options.planning)
+        order = epoch_order(len(splits), shuffle=options.shuffle, seed=options.seed, epoch=epoch)
+        rows = splits.num_rows[order]
+        shares = tuple(Share((), splits.take(order[np.asarray(owned, dtype=np.int64)]))   # columns, no Split objects
+                       for owned in assign(rows.tolist(), grid.num_slots))
+    else:
+        items = remaining_items(
+            plan, source, shuffle=options.shuffle, seed=options.seed, batch_size=options.batch_size,
+            interleave=options.interleave, buffer_rows=options.shuffle_buffer_size, planning=options.planning)
+        shares = tuple(cut_shares(items, grid.num_slots) if source.cut == EVEN
+                       else assign_shares(items, grid.num_slots, assign))
+    limits = None
+    if even_batches:
+        limits = tuple(even_batch_limits([share.num_rows for share in shares], grid.world_size,
+                                         options.batch_size, options.drop_last))
+    return EpochLayout(epoch, grid, shares, limits, source)
+
+
+def replanned_source(old: EpochLayout, saved: Sequence[tuple[WorkerState, bool]], interleave: int,
+                     drops_rows: bool) -> ElasticSource:
+    """The rest of ``old.epoch`` as the states of every old slot (in slot order, each with whether its
+    loader had finished the epoch) left it: what an epoch re-planned for another topology starts from."""
+    epoch = old.epoch
+    cursors: list[Cursor | None] = []
+    for index, (state, finished) in enumerate(saved):
+        if state.epoch < epoch:  # it had not started the epoch: all of its share is left
+            cursors.append(Cursor.start(len(old.shares[index].splits), interleave))
+        elif finished or state.epoch_complete or (old.limits is not None and state.batches >= old.limits[index]):
+            cursors.append(None)
+        else:
+            cursors.append(state.cursor)
+    inside_windows = [i for i, c in enumerate(cursors) if c is not None and c.window_offset]
+    if inside_windows and drops_rows:
+        rank, worker = divmod(inside_windows[0], old.grid.workers_per_rank)
+        raise StateMismatchError(
+            f"elastic resume: the checkpoint's rank {rank} worker {worker} stood inside a shuffle window, and "
+            "with a filter the rows of a window are unknown before reading, so they cannot be re-planned; "
+            f"resume with world_size={old.grid.world_size}, num_workers={old.grid.num_workers} until the epoch "
+            "ends, then change")
+    return ElasticSource(epoch, old.grid.world_size, old.grid.num_workers, tuple(cursors))
+
+
+class Layouts:
+    """The layouts of one plan under one set of options, each computed once (the last few kept).
+
+    ``even_batches`` is the dataset's; a layout for a checkpoint of another topology may ask for
+    the checkpoint's own.
+    """
+
+    def __init__(self, plan: PlanView, options: OrderOptions, even_batches: bool,
+                 assign: Assignment = assign_lpt) -> None:
+        self._plan, self._options, self._even_batches, self._assign = plan, options, even_batches, assign
+        self._kept: dict[tuple[Any, ...], EpochLayout] = {}
+
+    def layout(self, epoch: int, grid: SlotGrid, source: ElasticSource | None = None,
+               even_batches: bool | None = None) -> EpochLayout:
+        """The layout of ``epoch`` for ``grid`` (re-planned from ``source`` when given)."""
+        even = self._even_batches if even_batches is None else even_batches
+        key = (epoch, grid, source, even)
+        layout = self._kept.get(key)
+        if layout is None:
+            if len(self._kept) >= _KEPT:
+                del self._kept[next(iter(self._kept))]
+            layout = self._kept[key] = lay_out_epoch(self._plan, grid, epoch, self._options, even_batches=even,
+                                                     source=source, assign=self._assign)
+        return layout
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_kept"] = {}  # recomputed where needed: workers lay out only their own epochs
+        return state
+
+
+class Epochs:
+    """The epochs of one plan as one dataset reads them: its :class:`Layouts`, the data identity and
+    options its worker states carry, and ``elastic``: the epoch re-planned from a loaded checkpoint of
+    another topology, if any, which that epoch is laid out from."""
+
+    def __init__(self, plan: PlanView, options: OrderOptions, even_batches: bool, data: DataIdentity,
+                 state_options: dict[str, Any], elastic: ElasticSource | None = None) -> None:
+        self.plan, self.options, self.data, self.state_options = plan, options, data, state_options
+        self.layouts = Layouts(plan, options, even_batches)
+        self.elastic = elastic
+
+    def layout(self, epoch: int, grid: SlotGrid, source: ElasticSource | None = None) -> EpochLayout:
+        """The layout of ``epoch`` for ``grid``: re-planned from ``source`` (by default ``elastic``, when
+        it is of that epoch), else the plan's for this topology."""
+        if source is None and self.elastic is not None and self.elastic.epoch == epoch:
+            source = self.elastic
+        return self.layouts.layout(epoch, grid, source)
+
+    def start(self, slot: Slot, epoch: int) -> WorkerState:
+        """The state of ``slot`` before the first batch of ``epoch``."""
+        layout = self.layout(epoch, slot.grid)
+        cursor = Cursor.start(len(layout.share(slot).splits), self.options.interleave)
+        return WorkerState(self.data, self.state_options, epoch, slot, cursor, 0, 0, 0, False, layout.source)
+
+    def end_cursor(self, state: WorkerState) -> Cursor:
+        """Past the last row of the epoch of a worker state (its share, when re-planned)."""
+        share = self.layouts.layout(state.epoch, state.slot.grid, state.elastic).share(state.slot)
+        return Cursor((), len(share.splits), replay_index=len(share.replays))
+
+    def batches_left(self, state: WorkerState, slot: Slot) -> int | None:
+        """See :func:`batches_left`: in the layout the state was taken in."""
+        return batches_left(self.layouts.layout(state.epoch, slot.grid, state.elastic), state, slot, self.options)
+
+    def planned_splits(self, slot: Slot, epoch: int) -> Sequence[Split]:
+        """The splits ``slot`` reads in ``epoch`` as planned for its topology, in reading order."""
+        return self.layouts.layout(epoch, slot.grid).share(slot).splits
+
+    def files_between(self, slot: Slot, epoch: int, start: Cursor, end: Cursor) -> list[str]:
+        """The files of the splits ``slot`` read from cursor ``start`` to ``end`` (for error messages)."""
+        layout = self.layout(epoch, slot.grid)
+        if layout.replanned:
+            return [f"the files of worker slot {slot.index} (re-planned epoch {layout.epoch})"]
+        splits = layout.share(slot).splits
+        first = min([index for index, _ in start.lanes] + [start.next_split_index])
+        last = min(max(end.next_split_index, first + 1), len(splits))
+        return [self.plan.url(index) for index in sorted({splits[i].file_index for i in range(first, last)})]
+
+
+# -- facts from the plan: what StructuredDataset.num_batches, slot_yields ... answer -----------------
+
+
+def slot_rows(plan: PlanView, grid: SlotGrid, planning: int) -> list[int]:
+    """Rows (before the filter) each slot of ``grid`` reads per epoch planned for its topology (with
+    planning version ``planning``)."""
+    num_slots = grid.num_slots
+    return slot_row_counts(plan.splits_for(num_slots, planning).num_rows, num_slots)
+
+
+def batch_limits(rows: Sequence[int], world_size: int, options: OrderOptions, even_batches: bool) -> list[int] | None:
+    """Batches each slot of ``rows`` rows may yield under ``even_batches``; ``None`` when they are not evened."""
+    if not even_batches:
+        return None
+    return even_batch_limits(rows, world_size, options.batch_size, options.drop_last)
+
+
+def check_known(options: OrderOptions, what: str) -> None:
+    """Refuse (``TypeError``) a count that a filter (or ``bad_rows='skip'``) leaves unknown before reading."""
+    if options.drops_rows:
+        raise TypeError(f"the {what} unknown before reading: the filter (or bad_rows='skip') decides how many "
+                        "rows each worker yields")
+
+
+def rows_dropped(yields: Sequence[tuple[int, int, int]], options: OrderOptions) -> int:
+    """Rows ``drop_last`` drops from slots of ``yields`` (rows, batches, rows yielded): each short last batch."""
+    if not options.drop_last:
+        return 0
+    check_known(options, "rows drop_last drops are")
+    size = options.batch_size
+    return sum(r % size for r, limit, _ in yields if limit == r // size)
+
+
+def rows_trimmed(yields: Sequence[tuple[int, int, int]], options: OrderOptions, even_batches: bool) -> int:
+    """Rows ``even_batches`` leaves out of slots of ``yields``: the last rows of those with the most batches."""
+    return slot_trim(yields, options.batch_size, options.drop_last).rows if even_batches else 0
+
+
+def batches_left(layout: EpochLayout, state: WorkerState, slot: Slot, options: OrderOptions) -> int | None:
+    """Batches a worker state of ``slot`` has still to hand out in the epoch of ``layout``; ``None`` when
+    a filter (or ``bad_rows='skip'``) decides, which only reading tells."""
+    if state.epoch_complete:
+        return 0
+    share, limit = layout.share(slot), layout.limit(slot)
+    at_end = (state.cursor.replay_index >= len(share.replays)
+              and state.cursor.at_end(split_rows(share.splits).tolist()))
+    allowed = None if limit is None else max(limit - state.batches, 0)
+    if at_end or allowed == 0:
+        return 0
+    if options.drops_rows:
+        return None
+    left = natural_batches(share.num_rows - state.rows - state.rows_dropped, options.batch_size, options.drop_last)
+    return left if allowed is None else min(left, allowed)

@@ -1,0 +1,1 @@
+"""The loader: torchdata's StatefulDataLoader wrapped, its state, checkpoints, batches, skips."""

@@ -1,0 +1,159 @@
+"""A mixture's epochs: every slot's parts of every source, and its rows of each.
+
+Pure. A normal epoch follows from the history of quotas (:mod:`arrowstream._mixing.quotas`): a slot's parts
+are its segments of the passes, laid out in spans (arithmetic: :class:`~arrowstream._mixing.parts.SpanParts`)
+or, for a run resumed from a state of mixture state version 3 or older, in tracks. The epoch a checkpoint
+of another topology was re-planned into follows from the old slots' cursors (:mod:`arrowstream._mixing.elastic`),
+for the topology it was re-planned for.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._core.plan_types import SplitTable
+from .elastic import MixElastic, replanned_parts
+from .parts import ListParts, Part, Parts, SpanParts
+from .quotas import (
+    SPANS,
+    Segment,
+    epoch_segments,
+    pass_order,
+    positions,
+    quotas_at,
+    segment_splits,
+    slot_quotas,
+    span_first,
+    span_taken,
+)
+from .stream import MixSlot, source_seeds
+
+History = Sequence[tuple[int, dict[str, int]]]
+
+
+@dataclass(frozen=True)
+class SourcePlan:
+    """What the layout needs of a source: its name, splits and rows."""
+
+    name: str
+    splits: SplitTable
+    rows: int
+
+
+class MixEpochs:
+    """Every slot's parts of every source, in normal epochs and in the one re-planned for this topology."""
+
+    def __init__(self, sources: Sequence[SourcePlan], *, shuffle: bool, seed: int, batch_size: int, interleave: int,
+                 buffer_rows: int, pass_layout: str = SPANS) -> None:
+        self._sources = list(sources)
+        self._shuffle, self._seed = shuffle, seed
+        self._batch_size, self._interleave, self._buffer_rows = batch_size, interleave, buffer_rows
+        self.pass_layout = pass_layout   # of normal epochs (see _mix_plan.PASS_LAYOUTS)
+        self.elastic: tuple[MixElastic, int, int] | None = None   # re-planned for (world_size, num_workers)
+        self._replanned: dict[tuple[Any, ...], list[dict[str, Parts]]] = {}
+
+    def _track_segments(self, history: History, epoch: int, num_slots: int) -> dict[str, list[list[Segment]]]:
+        starts, quotas = positions(history, epoch), quotas_at(history, epoch)
+        return {s.name: epoch_segments(s.rows, starts.get(s.name, 0), quotas[s.name], num_slots)
+                if quotas.get(s.name) else [[] for _ in range(num_slots)] for s in self._sources}
+
+    def _normal_parts(self, history: History, slot: MixSlot, pass_layout: str | None = None) -> dict[str, Parts]:
+        if (pass_layout or self.pass_layout) != SPANS:
+            return self._track_parts(history, slot)
+        starts, quotas = positions(history, slot.epoch), quotas_at(history, slot.epoch)
+        out: dict[str, Parts] = {}
+        for s in self._sources:
+            quota = quotas.get(s.name, 0)
+            out[s.name] = ListParts(()) if not quota else SpanParts(
+                s.splits, rows=s.rows, start=starts.get(s.name, 0), quota=quota, num_slots=slot.num_slots,
+                slot=slot.index, first=span_first(s.name, slot.num_slots), shuffle=self._shuffle, seed=self._seed,
+                name=s.name, epoch=slot.epoch)
+        return out
+
+    def _track_parts(self, history: History, slot: MixSlot) -> dict[str, Parts]:
+        segments = self._track_segments(history, slot.epoch, slot.num_slots)
+        out: dict[str, Parts] = {}
+        for s in self._sources:
+            orders: dict[int, Any] = {}
+            seeds = source_seeds(self._seed, s.name, slot)
+            parts = []
+            for index, segment in enumerate(segments[s.name][slot.index]):
+                if segment.pass_index not in orders:
+                    orders[segment.pass_index] = pass_order(len(s.splits), shuffle=self._shuffle, seed=self._seed,
+                                                            name=s.name, pass_index=segment.pass_index)
+                parts.append(Part(segment_splits(s.splits, orders[segment.pass_index], segment), segment.num_rows,
+                                  functools.partial(seeds, index)))
+            out[s.name] = ListParts(parts)
+        return out
+
+    def planned_parts(self, history: History, slot: MixSlot, pass_layout: str) -> dict[str, Parts]:
+        """``slot``'s parts of every source in its epoch as planned (not re-planned), its passes laid out as
+        ``pass_layout`` says: an old slot's, whose cursors an epoch re-planned for another topology keeps."""
+        return self._normal_parts(history, slot, pass_layout)
+
+    def replanned(self, slot: MixSlot) -> MixElastic | None:
+        """The re-planned epoch ``slot`` is in, if it is in one."""
+        if self.elastic is None:
+            return None
+        elastic, world_size, num_workers = self.elastic
+        same = (slot.epoch, slot.world_size, slot.num_workers) == (elastic.epoch, world_size, num_workers)
+        return elastic if same else None
+
+    def parts(self, history: History, slot: MixSlot) -> dict[str, Parts]:
+        """``slot``'s parts of every source in its epoch."""
+        elastic = self.replanned(slot)
+        if elastic is None:
+            return self._normal_parts(history, slot)
+        return self._replanned_epoch(history, elastic, slot.world_size, slot.num_workers)[slot.index]
+
+    def _replanned_epoch(self, history: History, elastic: MixElastic, world_size: int,
+                         num_workers: int) -> list[dict[str, Parts]]:
+        key = (json.dumps(elastic.to_dict()), world_size, num_workers, json.dumps(list(history)))
+        if key not in self._replanned:
+            olds = [MixSlot(elastic.epoch, rank, elastic.world_size, worker, elastic.num_workers)
+                    for rank in range(elastic.world_size) for worker in range(max(elastic.num_workers, 1))]
+            news = [MixSlot(elastic.epoch, rank, world_size, worker, num_workers)
+                    for rank in range(world_size) for worker in range(max(num_workers, 1))]
+            old_parts = [self._normal_parts(history, old, elastic.pass_layout) for old in olds]
+            out: list[dict[str, Parts]] = [{} for _ in news]
+            for s in self._sources:
+                per_old = [parts[s.name] for parts in old_parts]
+                per_new = replanned_parts(per_old, elastic, s.name, news, seed=self._seed,
+                                          batch_size=self._batch_size, interleave=self._interleave,
+                                          buffer_rows=self._buffer_rows)
+                for index, parts in enumerate(per_new):
+                    out[index][s.name] = parts
+            self._replanned = {key: out}   # one re-planned epoch at a time
+        return self._replanned[key]
+
+    def slot_rows(self, history: History, epoch: int, world_size: int, num_workers: int) -> list[dict[str, int]]:
+        """Per slot of a topology: its rows of each source in ``epoch``."""
+        slots = [MixSlot(epoch, rank, world_size, worker, num_workers)
+                 for rank in range(world_size) for worker in range(max(num_workers, 1))]
+        elastic = self.replanned(slots[0])
+        if elastic is not None:
+            epoch_parts = self._replanned_epoch(history, elastic, world_size, num_workers)
+            return [{name: parts.rows for name, parts in slot_parts.items()} for slot_parts in epoch_parts]
+        if self.pass_layout != SPANS:
+            segments = self._track_segments(history, epoch, len(slots))
+            return [{name: sum(seg.num_rows for seg in per_slot[slot.index]) for name, per_slot in segments.items()}
+                    for slot in slots]
+        quotas = quotas_at(history, epoch)
+        firsts = {s.name: span_first(s.name, len(slots)) for s in self._sources}
+        return [{s.name: span_taken(quotas.get(s.name, 0), len(slots), slot.index, firsts[s.name])
+                 for s in self._sources} for slot in slots]
+
+    def source_slot_rows(self, name: str, rows: int, start: int, quota: int, num_slots: int) -> list[int]:
+        """Per slot: its rows of a source of ``rows`` rows a pass (named ``name``, which may be none of this
+        mixture's: a checkpoint's source left out since) in an epoch that takes ``quota`` from ``start``."""
+        if self.pass_layout != SPANS:
+            return slot_quotas(rows, start, quota, num_slots)
+        first = span_first(name, num_slots)
+        return [span_taken(quota, num_slots, slot, first) for slot in range(num_slots)]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_replanned": {}}

@@ -1,0 +1,362 @@
+"""One slot's epoch of a mixture: each source's rows, taken batch by batch in proportion, and its state.
+
+A :class:`SourceRows` reads one source's segments of the slot's epoch (see :mod:`arrowstream._mixing.quotas`)
+through the usual pipeline (interleaved splits, shuffle windows), segment after segment, and hands out
+exactly the rows asked for. A :class:`MixStream` cuts batches: each takes from every source its share
+(:func:`~arrowstream._mixing.quotas.shares_after`), casts them to the mixture's schema, and mixes them when
+the shuffle buffer is on (:data:`~arrowstream._state.mixture.BATCH_ORDERS`). Where it stands is a :class:`~arrowstream._state.mixture.MixWorkerState`.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from .._core.cursor import Cursor
+from .._core.interleave import PieceReader, block_size_for
+from .._core.stream import RunQueue, open_runs
+from .._core.take import take
+from .._state.mixture import EVEN, PERMUTED, CompactCursor, MixPosition, MixWorkerState, SourceCursor
+from ..errors import FileChangedError
+from .bulk import BulkCursors, bulk_order, bulk_readable, span_take, spans_readable
+from .quotas import batch_permutations, shares_after, window_seed
+from .span import batch_order, even_span_order, in_batch_order, mixed
+
+if TYPE_CHECKING:
+    from .._core.plan_types import Split
+    from .bulk import HeldSource
+    from .parts import Parts
+
+logger = logging.getLogger("arrowstream")
+
+
+class ReadAhead(Protocol):
+    """What a slot's stream tells the read-ahead (``arrowstream._worker.reader.ReadAhead``): the splits it reads next."""
+
+    def begin(self, order: Sequence[Split]) -> None: ...
+
+
+class SourceRows:
+    """One source's rows of a slot's epoch (its parts, in order), from a :class:`SourceCursor` on, handed
+    out as asked."""
+
+    def __init__(self, name: str, readers: Sequence[PieceReader], parts: Parts, *, batch_size: int,
+                 interleave: int, buffer_rows: int, start: SourceCursor, url: str,
+                 read_ahead: ReadAhead | None = None, held: HeldSource | None = None) -> None:
+        self.name = name
+        self._readers = readers
+        self._held = held   # a small source held in memory: parts that allow it are read whole (_mix_bulk)
+        self._bulk: tuple[int, npt.NDArray[np.int64], BulkCursors] | None = None   # (part, its order, cursors)
+        self._spans = spans_readable(parts, held, buffer_rows)   # every part read many at once (span_take)
+        self._parts = parts
+        self._num_parts = len(parts)
+        self._part_end = parts.rows_before(start.segment + 1) if start.segment < self._num_parts else 0
+        self._batch_size, self._interleave, self._buffer_rows = batch_size, interleave, buffer_rows
+        self._part = start.segment
+        self._start = start.cursor
+        self._queue: RunQueue | None = None
+        self.taken = start.taken
+        self._url = url
+        self._read_ahead = read_ahead
+
+    def _open(self) -> RunQueue:
+        part = self._parts[self._part]
+        start = self._start or part.start or Cursor.start(len(part.splits), self._interleave)
+        if self._read_ahead is not None:
+            self._read_ahead.begin(part.splits)
+        runs = open_runs(self._readers, part.splits, batch_size=self._batch_size, interleave=self._interleave,
+                         buffer_rows=self._buffer_rows, window_seed=part.seeds, start=start)
+        return RunQueue(runs, start)
+
+    def _short(self, wanted: int, given: int) -> FileChangedError:
+        return FileChangedError(f"source {self.name!r} ({self._url}) gave {given} of the {wanted} row(s) its plan "
+                                "promised: a file changed or lost rows since planning; re-plan (restart) to read the "
+                                "data as it is now")
+
+    def take_marked(self, marks: Sequence[int]) -> tuple[list[pa.RecordBatch], list[CompactCursor]]:
+        """The next ``marks[-1]`` rows as the pieces they were read in (no copy), and where the source
+        stands once the first ``marks[i]`` of them are handed out, for each mark (rising from 0), in
+        :meth:`compact_cursor`'s form; ``FileChangedError`` if the source has fewer rows."""
+        wanted = marks[-1] if marks else 0
+        pieces: list[pa.RecordBatch] = []
+        bulk: list[npt.NDArray[np.int64]] = []   # rows of the held table read whole, not yet taken
+        cursors: list[CompactCursor] = []
+        done, mark_index = 0, 0
+        while mark_index < len(marks) and marks[mark_index] == 0:   # none handed out yet: where it stands
+            cursors.append(self.compact_cursor())
+            mark_index += 1
+        if self._spans is not None and wanted:
+            return self._take_spans(wanted, marks[mark_index:], cursors)
+        while done < wanted:
+            if self._part >= self._num_parts:
+                raise self._short(wanted, done)
+            in_part = self._part_end - self.taken
+            if in_part <= 0:   # this part is done: the next one with rows, from its first row
+                if self._queue is not None:
+                    for reader in self._readers:
+                        reader.close()
+                # the next part with rows (spans have parts of none: a piece another slot takes whole)
+                self._part, self._start, self._queue = self._parts.index_of_row(self.taken), None, None
+                if self._part < self._num_parts:
+                    self._part_end = self._parts.rows_before(self._part + 1)
+                continue
+            rows = min(wanted - done, in_part)
+            if self._queue is None and self._bulk_part() is not None:
+                first = mark_index
+                while mark_index < len(marks) and marks[mark_index] <= done + rows:
+                    mark_index += 1
+                cursors += self._take_bulk(rows, [mark - done for mark in marks[first:mark_index]], bulk)
+                done += rows
+                self.taken += rows
+                continue
+            self._flush(bulk, pieces)
+            if self._queue is None:
+                self._queue = self._open()
+            queue = self._queue
+            queue.fill(rows)
+            if queue.buffered == 0:
+                raise self._short(wanted, done)
+            rows = min(rows, queue.buffered)
+            first = mark_index
+            while mark_index < len(marks) and marks[mark_index] <= done + rows:
+                mark_index += 1
+            taken, after = queue.take_marked(rows, [mark - done for mark in marks[first:mark_index]])
+            pieces += taken
+            cursors += [(self._part, _fields(cursor), self.taken + mark - done)
+                        for mark, cursor in zip(marks[first:mark_index], after, strict=True)]
+            done += rows
+            self.taken += rows
+        self._flush(bulk, pieces)
+        return pieces, cursors
+
+    def _take_spans(self, wanted: int, marks: Sequence[int],
+                    cursors: list[CompactCursor]) -> tuple[list[pa.RecordBatch], list[CompactCursor]]:
+        """:meth:`take_marked` of a held source of one split in spans: the rows of many parts at once, and the
+        cursor of the part each mark ends in."""
+        parts, held = self._spans, self._held
+        assert parts is not None and held is not None
+        if self.taken + wanted > parts.rows:
+            raise self._short(wanted, max(parts.rows - self.taken, 0))
+        rows = span_take(parts, held, self.taken, wanted, self._buffer_rows)
+        batches = take(held.table, rows).to_batches()
+        block = block_size_for(self._batch_size, self._interleave)
+
+        def after(taken: int) -> tuple[int, int, Cursor]:   # the part of the last row out, its end, the cursor
+            part = parts.index_of_row(taken - 1)
+            before, end = parts.rows_before(part), parts.rows_before(part + 1)
+            return part, end, BulkCursors([end - before], self._interleave, self._buffer_rows, block).after(
+                taken - before)
+
+        for mark in marks:
+            part, _, cursor = after(self.taken + mark)
+            cursors.append((part, _fields(cursor), self.taken + mark))
+        self.taken += wanted
+        self._part, self._part_end, self._start = after(self.taken)
+        self._queue = None
+        return [batches[0] if len(batches) == 1 else pa.concat_batches(batches)], cursors
+
+    def _bulk_part(self) -> tuple[int, npt.NDArray[np.int64], BulkCursors] | None:
+        """The current part's order and cursors when it is read whole from the held rows, else None."""
+        if self._held is None:
+            return None
+        if self._bulk is None or self._bulk[0] != self._part:
+            part = self._parts[self._part]
+            if not bulk_readable(part, self._interleave, self._buffer_rows):
+                return None
+            self._bulk = (self._part, bulk_order(self._held, part, self._buffer_rows),
+                          BulkCursors.of_part(part, self._interleave, self._buffer_rows,
+                                      block_size_for(self._batch_size, self._interleave)))
+        return self._bulk
+
+    def _take_bulk(self, rows: int, marks: Sequence[int],
+                   pending: list[npt.NDArray[np.int64]]) -> list[CompactCursor]:
+        """The next ``rows`` rows of the current part from its order (into ``pending``), and the cursors once
+        ``marks[i]`` of them are handed out."""
+        assert self._bulk is not None
+        _, order, cursors = self._bulk
+        offset = self.taken - self._parts.rows_before(self._part)
+        pending.append(order[offset:offset + rows])
+        out: list[CompactCursor] = [(self._part, _fields(cursors.after(offset + mark)), self.taken + mark)
+                                    for mark in marks]
+        self._start = cursors.after(offset + rows)
+        return out
+
+    def _flush(self, pending: list[npt.NDArray[np.int64]], pieces: list[pa.RecordBatch]) -> None:
+        """Take the rows read whole so far from the held table, as one piece after ``pieces``."""
+        if pending:
+            assert self._held is not None
+            rows = pending[0] if len(pending) == 1 else np.concatenate(pending)
+            batches = take(self._held.table, rows).to_batches()
+            pieces.append(batches[0] if len(batches) == 1 else pa.concat_batches(batches))
+            pending.clear()
+
+    def compact_cursor(self) -> CompactCursor:
+        """Where it stands, as plain tuples (see :class:`MixPosition`)."""
+        cursor = self._start if self._queue is None else self._queue.cursor
+        return self._part, None if cursor is None else _fields(cursor), self.taken
+
+
+def _fields(cursor: Cursor) -> tuple[Any, ...]:
+    """A cursor's fields in order, as :class:`MixPosition` carries them."""
+    return (cursor.lanes, cursor.next_split_index, cursor.turn_index, cursor.block_offset, cursor.window_index,
+            cursor.window_offset, cursor.replay_index, cursor.replay_offset)
+
+
+@dataclass(frozen=True)
+class MixSlot:
+    """A slot's identity in an epoch, for seeds and states."""
+
+    epoch: int
+    rank: int
+    world_size: int
+    worker_id: int
+    num_workers: int
+
+    @property
+    def index(self) -> int:
+        return self.rank * max(self.num_workers, 1) + self.worker_id
+
+    @property
+    def num_slots(self) -> int:
+        return self.world_size * max(self.num_workers, 1)
+
+
+def source_seeds(seed: int, name: str, slot: MixSlot) -> Callable[[int, int], int]:
+    return functools.partial(_seed_of, seed, name, slot.epoch, slot.index, slot.num_slots)
+
+
+def _seed_of(seed: int, name: str, epoch: int, slot_index: int, num_slots: int, segment: int, window: int) -> int:
+    return window_seed(seed, name, epoch, slot_index, num_slots, segment, window)
+
+
+class MixStream:
+    """A slot's batches of a mixture epoch: each takes every source's share, cast to one schema."""
+
+    def __init__(self, sources: Sequence[SourceRows], quotas: Sequence[int], *, cast: Callable[[str, pa.RecordBatch], pa.RecordBatch],
+                 batch_size: int, drop_last: bool, max_batches: int | None, batch_order: str | None, seed: int,
+                 slot: MixSlot, start: MixWorkerState) -> None:
+        """``batch_order``: one of :data:`~arrowstream._state.mixture.BATCH_ORDERS`, or None: the sources one after
+        another."""
+        self._sources = list(sources)
+        self._quotas = list(quotas)
+        self._total = sum(quotas)
+        self._cast = cast
+        self._batch_size, self._drop_last, self._max_batches = batch_size, drop_last, max_batches
+        self._batch_order, self._seed, self._slot = batch_order, seed, slot
+        self._start = start
+        self.rows, self.batches, self.rows_dropped = start.rows, start.batches, start.rows_dropped
+        self.complete = start.epoch_complete
+
+    def _finish(self) -> None:
+        left = self._total - self.rows
+        if self._max_batches is not None and self.batches >= self._max_batches and left:
+            logger.info("even_batches: rank %d worker %d stops after %d batch(es) of mixture epoch %d; %d row(s) of "
+                        "its quotas are trimmed", self._slot.rank, self._slot.worker_id, self.batches,
+                        self._slot.epoch, left)
+        elif self._drop_last and left:
+            self.rows_dropped += left
+            logger.info("drop_last: rank %d worker %d dropped its last %d row(s) of mixture epoch %d",
+                        self._slot.rank, self._slot.worker_id, left, self._slot.epoch)
+        self.complete = True
+
+    def __iter__(self) -> MixStream:
+        return self
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch_size
+
+    @property
+    def epoch(self) -> int:
+        return self._slot.epoch
+
+    def _plan(self, max_batches: int) -> tuple[list[tuple[int, list[int]]], bool]:
+        """Up to ``max_batches`` next batches, planned without reading: the slot's rows after each and each
+        source's (:func:`~arrowstream._mixing.quotas.shares_after`), and whether the epoch ends with them (no batch
+        after the last: so the state after the epoch's last batch says the epoch is complete, as the state
+        taken after the loop must, whichever batch a span or a transfer ends with)."""
+        taken = [source.taken for source in self._sources]
+        rows, batches = self.rows, self.batches
+        plan: list[tuple[int, list[int]]] = []
+        while True:
+            left = self._total - rows
+            if (self._max_batches is not None and batches >= self._max_batches) or left == 0 \
+                    or (self._drop_last and left < self._batch_size):
+                return plan, True
+            if len(plan) == max_batches:
+                return plan, False
+            rows += min(self._batch_size, left)
+            batches += 1
+            taken = shares_after(taken, self._quotas, rows)
+            plan.append((rows, taken))
+
+    def _permutations(self, sizes: list[int], first: int) -> list[npt.NDArray[np.int64]]:
+        """The order of each batch's rows (batch ``first`` on, of ``sizes`` rows), those of the same size
+        computed together."""
+        orders: list[npt.NDArray[np.int64]] = [np.empty(0, np.int64)] * len(sizes)
+        for size in set(sizes):
+            numbers = [j for j, rows in enumerate(sizes) if rows == size]
+            together = batch_permutations(size, self._seed, self._slot.epoch, self._slot.index, self._slot.num_slots,
+                                          [first + j for j in numbers])
+            for j, order in zip(numbers, together, strict=True):
+                orders[j] = order
+        return orders
+
+    def __next__(self) -> pa.RecordBatch:
+        return self.next_span(1)[0]
+
+    def next_span(self, max_batches: int) -> tuple[pa.RecordBatch, list[int], list[MixPosition], list[int]]:
+        """Up to ``max_batches`` next batches as one record batch (one concatenation), with each batch's
+        rows, the position after each, and the rows of each source among them; the batches are those
+        ``next()`` would give, one after another.
+
+        The batches are planned first (each source's share of each), then each source's rows of the whole
+        span are taken in one pass, with its cursor after each batch's share."""
+        if self.complete:
+            raise StopIteration
+        plan, ends = self._plan(max_batches)
+        if not plan:
+            self._finish()
+            raise StopIteration
+        before = [source.taken for source in self._sources]
+        marks = [[after[k] - before[k] for _, after in plan] for k in range(len(self._sources))]
+        pieces, cursors = [], []
+        for source, source_marks in zip(self._sources, marks, strict=True):
+            taken, after = source.take_marked(source_marks)
+            pieces.append([self._cast(source.name, piece) for piece in taken])
+            cursors.append(after)
+        first = self.batches
+        given = [sum(before)] + [sum(after) for _, after in plan]
+        sizes = [now - then for then, now in itertools.pairwise(given)]
+        positions = [MixPosition(rows, first + j + 1, self.rows_dropped, False,
+                                 tuple(source_cursors[j] for source_cursors in cursors))
+                     for j, (rows, _) in enumerate(plan)]
+        if self._batch_order == EVEN and sum(1 for source_marks in marks if source_marks[-1]) > 1:
+            span = mixed(pieces, even_span_order(marks))   # (one source alone: its even order is its own)
+        elif self._batch_order == PERMUTED:   # each batch's rows by its own permutation (as if taken alone)
+            span = mixed(pieces, batch_order(marks, self._permutations(sizes, first)))
+        else:
+            span = in_batch_order(pieces, marks)
+        counts = [source_marks[-1] for source_marks in marks]
+        self.rows = plan[-1][0]
+        self.batches += len(plan)
+        if ends:
+            self._finish()
+        return span, sizes, positions, counts
+
+    def position(self) -> MixPosition:
+        """Where the stream stands: after the last batch it gave."""
+        return MixPosition(self.rows, self.batches, self.rows_dropped, self.complete,
+                           tuple(source.compact_cursor() for source in self._sources))
+
+    def state(self, position: MixPosition | None = None) -> MixWorkerState:
+        """The worker's state where it stands now, or at ``position`` (one of :meth:`position`'s)."""
+        return self._start.at(position or self.position(), [source.name for source in self._sources])

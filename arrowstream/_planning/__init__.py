@@ -1,0 +1,1 @@
+"""Planning: listing, footers, cutting into splits, the plan cache, the ranks' handshake."""

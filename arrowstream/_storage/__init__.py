@@ -1,0 +1,1 @@
+"""Storage: filesystems, retries, pinned versions, credentials, read-ahead."""

@@ -1,0 +1,1 @@
+"""Tools: the command line's commands, bench, demo, inspect, describe."""

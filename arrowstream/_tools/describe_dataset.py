@@ -1,0 +1,182 @@
+"""``describe_state``'s parts for a ``StructuredDataset``'s states (a loader state, a merged checkpoint):
+worker states, the dynamic ledger, the options and data of the workers, and the rows of the epoch from the
+state's counts or from the dataset's plan."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .._core.fields import REMEDY, Fields, check_int, shorten
+from .._core.order import SlotGrid
+from .._layout.leases import start_cursor
+from .._loader.torchdata_state import InnerState
+from .._state.identity import DataIdentity
+from .._state.loader import read_checkpoint, read_loader_state
+from .._state.worker import (
+    CHECKPOINT_KIND,
+    LOADER_KIND,
+    STATE_VERSION,
+    WorkerState,
+    check_compatible,
+    check_planning,
+)
+from ..errors import StateError, StateMismatchError
+from .describe_kind import GIVE_THE_DATA, REPLANNED, UNKNOWN, Envelope, EpochRows, elastic_summary, read_workers
+
+
+class DatasetKind:
+    """A ``StructuredDataset``'s (or ``IcebergDataset``'s) loader state or merged checkpoint."""
+
+    kinds: tuple[str, ...] = (LOADER_KIND, CHECKPOINT_KIND)
+
+    def read(self, state: dict[str, Any]) -> Envelope:
+        saved_version = state.get("version")
+        if state["kind"] == CHECKPOINT_KIND:
+            world_size, num_workers, outers = read_checkpoint(state)
+            wheres = [f"checkpoint.ranks[{index}]" for index in range(len(outers))]
+        else:
+            outer = read_loader_state(state)
+            world_size, num_workers, outers, wheres = outer["world_size"], outer["num_workers"], [outer], \
+                ["loader state"]
+        first = outers[0]
+        return Envelope(state["kind"], STATE_VERSION, first.get("saved_version", saved_version),
+                        first.get("arrowstream_version"), world_size, num_workers, first["batches_per_transfer"],
+                        outers, wheres)
+
+    def worker_states(self, outer: dict[str, Any], where: str) -> tuple[InnerState, list[WorkerState | None]]:
+        inner = read_workers(outer["dataloader"], outer["num_workers"],
+                             "dataloader" if where == "loader state" else f"{where}.dataloader", where)
+        states: list[WorkerState | None] = []
+        for worker, raw in enumerate(inner.worker_states):
+            name = f"rank {outer['rank']} worker {worker} state"  # as load_state_dict names it
+            state = None if raw is None else WorkerState.from_dict(raw, name)
+            if state is not None:
+                found = (state.slot.rank, state.slot.world_size, state.slot.worker_id, state.slot.num_workers)
+                wanted = (outer["rank"], outer["world_size"], worker, outer["num_workers"])
+                if found != wanted:
+                    raise StateError(f"the state's {name} has slot (rank, world_size, worker_id, num_workers) = "
+                                     f"{found}, but it is found at {wanted}; {REMEDY}")
+            states.append(state)
+        return inner, states
+
+    def worker_fields(self, state: WorkerState | None) -> dict[str, Any]:
+        return {}
+
+    def rank_fields(self, outer: dict[str, Any], where: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
+        if "dynamic" not in outer:
+            return {}
+        ledger = _ledger(outer["dynamic"], f"{where}.dynamic")
+        return {"epoch": ledger["epoch"], "dynamic": {k: v for k, v in ledger.items() if k not in ("data", "options")}}
+
+    def body(self, envelope: Envelope, ranks: list[dict[str, Any]], states: list[WorkerState],
+             dataset: Any) -> dict[str, Any]:
+        ledgers = [_ledger(outer["dynamic"], "dynamic") for outer in envelope.outers if "dynamic" in outer]
+        first = states[0] if states else None
+        options = dict(first.options) if first is not None else dict(ledgers[0]["options"]) if ledgers else {}
+        data = first.data if first is not None else ledgers[0]["data"] if ledgers else None
+        if dataset is not None:
+            _check_dataset(dataset, states, ledgers)
+        # the state holds a hash of the columns read: the dataset (checked to match it) knows their names
+        columns = None if dataset is None else dataset.options.columns
+        return {
+            "source": "iceberg" if data is not None and data.snapshot_id is not None else "files",
+            "assignment": "dynamic" if ledgers else "static",
+            "options": options,
+            "data": None if data is None else data.to_dict(),
+            "elastic": elastic_summary(next((s.elastic for s in states if s.elastic is not None), None)),
+            "column_names": None if columns is None or options.get("columns") is None else list(columns),
+        }
+
+    def epoch_rows(self, description: dict[str, Any], dataset: Any) -> EpochRows:
+        """The rows each rank yields in the state's epoch, or None each and why not."""
+        topology, options, ranks = description["topology"], description["options"], description["ranks"]
+        if description["elastic"] is not None:
+            return EpochRows([None] * len(ranks), note=REPLANNED)
+        if description["assignment"] == "dynamic":
+            return _dynamic_rows(description)
+        if dataset is not None:
+            if (dataset.world_size, dataset.options.planning) != (topology["world_size"], options.get("planning")):
+                raise StateMismatchError(
+                    f"describe_state: the dataset runs world_size={dataset.world_size} with planning version "
+                    f"{dataset.options.planning}, the checkpoint world_size={topology['world_size']} with planning "
+                    f"version {shorten(options.get('planning'))}; pass a dataset built as the checkpoint's run was")
+            per_rank = max(topology["num_workers"], 1)
+            yields = dataset.slot_yields(topology["num_workers"])
+            return EpochRows([sum(y[2] for y in yields[r["rank"] * per_rank:(r["rank"] + 1) * per_rank])
+                              for r in ranks])
+        if options.get("filter") is not None:
+            return EpochRows([None] * len(ranks), note="a filter drops rows that are known only by reading them")
+        if topology["world_size"] == 1 and description["data"] is not None and not options.get("drop_last"):
+            return EpochRows([description["data"]["num_rows"]])
+        return EpochRows([None] * len(ranks), note=("each rank's rows of the epoch follow from the plan, "
+                                                    f"{UNKNOWN}: give it with {GIVE_THE_DATA}"))
+
+
+def _ledger(value: Any, where: str) -> dict[str, Any]:
+    """The dynamic ledger's summary, its fields read as the loader reads them (the plan aside)."""
+    fields = Fields(value, where)
+    epoch = fields.integer("epoch")
+    replay_rows, replays = 0, fields.sequence("replays")
+    for number, replay in enumerate(replays):
+        entry = Fields(replay, f"{where}.replays[{number}]")
+        slot = entry.sequence("slot")
+        if len(slot) != 4:
+            raise StateError(f"the state's {entry.name('slot')} is {shorten(slot)}, expected [world size, workers, "
+                             f"rank, worker]; {REMEDY}")
+        for index, item in enumerate(slot):
+            check_int(item, f"{entry.name('slot')}[{index}]")
+        _splits_rows(entry.sequence("splits"), entry.name("splits"))
+        entry.mapping("start")
+        replay_rows += entry.integer("rows", 1)
+    split_list = fields.sequence("splits")
+    options = fields.mapping("options")
+    check_planning(options)
+    return {"epoch": epoch, "replays": len(replays), "replay_rows": replay_rows, "splits": len(split_list),
+            "split_rows": _splits_rows(split_list, f"{where}.splits"),
+            "fresh_from_row": fields.integer("fresh_from_row"),
+            "data": DataIdentity.from_dict(fields.mapping("data")), "options": dict(options.value),
+            "ledger_bytes": len(json.dumps(value))}
+
+
+def _splits_rows(splits: list[Any], where: str) -> int:
+    rows = 0
+    for index, split in enumerate(splits):
+        if not isinstance(split, list) or len(split) != 6:
+            raise StateError(f"the state's {where}[{index}] is {shorten(split)}, expected [file index, first unit, "
+                             f"unit stop, row start, rows, bytes]; {REMEDY}")
+        rows += check_int(split[4], f"{where}[{index}][4]", 1)
+        for position in (0, 1, 2, 3, 5):
+            check_int(split[position], f"{where}[{index}][{position}]")
+    return rows
+
+
+def _check_dataset(dataset: Any, states: list[WorkerState], ledgers: list[dict[str, Any]]) -> None:
+    """Refuse a dataset other than the checkpoint's (data or options): its plan would say other counts."""
+    saved = states[0] if states else None
+    if saved is None and ledgers:  # a dynamic state's ledger names the data and options
+        ledger = ledgers[0]
+        saved = WorkerState(ledger["data"], ledger["options"], ledger["epoch"], SlotGrid(1, 0).slot(0, 0),
+                            start_cursor(1), 0, 0, 0, False)
+    if saved is not None:
+        check_compatible(saved, dataset.epochs.data, dataset.epochs.state_options)
+
+
+def _dynamic_rows(description: dict[str, Any]) -> EpochRows:
+    """A dynamic ledger names the rows left of its epoch, but its fresh rows only from a row on: on one
+    rank without a filter or drop_last they are the data's rows, and the rank's rows consumed are the rest
+    (its workers' counters start again at a resume; the ledger does not)."""
+    options, data = description["options"], description["data"]
+    if description["topology"]["world_size"] != 1 or options.get("filter") is not None or options.get("drop_last") \
+            or data is None:
+        return EpochRows([None] * len(description["ranks"]), note=("with dynamic assignment a rank's rows of the "
+                                                                   f"epoch follow from the plan, {UNKNOWN}"))
+    [rank] = description["ranks"]
+    ledger = rank["dynamic"]
+    left = ledger["replay_rows"] + ledger["split_rows"] + max(data["num_rows"] - ledger["fresh_from_row"], 0)
+    ledger["rows_left"] = left
+    rank["rows"] = data["num_rows"] - left
+    return EpochRows([data["num_rows"]])
+
+
+DATASET = DatasetKind()

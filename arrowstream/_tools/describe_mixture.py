@@ -1,0 +1,93 @@
+"""``describe_state``'s parts for a ``Mixture``'s states (a mixture loader state, a merged mixture
+checkpoint): worker states, the rows taken of each source, the quotas and their history; a mixture's epoch
+holds the sum of its quotas."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._core.fields import Fields
+from .._loader.mixture import MIX_CHECKPOINT_KIND, MIX_LOADER_KIND, MIX_LOADER_VERSION, _read_checkpoint
+from .._loader.torchdata_state import InnerState
+from .._mixing.elastic import MixElastic
+from .._state.mixture import MIX_STATE_VERSION, MixWorkerState
+from ..errors import StateError
+from .describe_kind import ONE_RANK_OF_SEVERAL, REPLANNED, Envelope, EpochRows, elastic_summary, read_workers
+
+
+class MixtureKind:
+    """A ``Mixture``'s loader state or merged checkpoint."""
+
+    kinds: tuple[str, ...] = (MIX_LOADER_KIND, MIX_CHECKPOINT_KIND)
+
+    def read(self, state: dict[str, Any]) -> Envelope:
+        fields = Fields(state, "mixture state")
+        version = fields.integer("version")
+        if version != MIX_LOADER_VERSION:
+            raise StateError(f"the mixture state has version {version}; this arrowstream reads version "
+                             f"{MIX_LOADER_VERSION}: upgrade arrowstream to read it")
+        merged = state["kind"] == MIX_CHECKPOINT_KIND
+        outers = _read_checkpoint(fields) if merged else [state]
+        wheres = [f"ranks[{index}]" for index in range(len(outers))] if merged else ["mixture loader state"]
+        for outer, where in zip(outers, wheres, strict=True):
+            part = Fields(outer, where)
+            world_size = part.integer("world_size", 1)
+            outer["rank"], outer["num_workers"] = part.integer("rank", 0, world_size - 1), part.integer("num_workers")
+            outer["world_size"] = world_size
+            outer["batches_per_transfer"] = part.integer("batches_per_transfer", 1) \
+                if "batches_per_transfer" in outer else 1
+        first = outers[0]
+        return Envelope(state["kind"], version, version, first.get("arrowstream_version"), first["world_size"],
+                        first["num_workers"], first["batches_per_transfer"], outers, wheres)
+
+    def worker_states(self, outer: dict[str, Any], where: str) -> tuple[InnerState, list[MixWorkerState | None]]:
+        inner = read_workers(Fields(outer, where).mapping("dataloader").value, outer["num_workers"],
+                             f"{where}.dataloader", where)
+        states = [None if s is None else MixWorkerState.from_dict(s, f"{where} worker {w}'s mixture state")
+                  for w, s in enumerate(inner.worker_states)]
+        # the version each was saved in (its parser migrates it without saying)
+        outer.setdefault("saved_state_versions", []).extend(
+            s["version"] for s in inner.worker_states if isinstance(s, dict))
+        return inner, states
+
+    def worker_fields(self, state: MixWorkerState | None) -> dict[str, Any]:
+        return {"sources": {} if state is None else {n: c.taken for n, c in state.cursors.items()}}
+
+    def rank_fields(self, outer: dict[str, Any], where: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
+        names = dict.fromkeys(name for line in lines for name in line["sources"])
+        return {"sources": {name: sum(line["sources"].get(name, 0) for line in lines) for name in names}}
+
+    def body(self, envelope: Envelope, ranks: list[dict[str, Any]], states: list[MixWorkerState],
+             dataset: Any) -> dict[str, Any]:
+        first = states[0] if states else None
+        sources = {} if first is None else {
+            name: {"quota": e.quota, "start": e.start, "rows": sum(r["sources"].get(name, 0) for r in ranks),
+                   "data": dict(first.data[name])}
+            for name, e in first.epochs.items()}
+        epoch_rows = sum(s["quota"] for s in sources.values()) or None
+        elastic = next((s.elastic for s in states if s.elastic is not None), None)
+        saved = [v for outer in envelope.outers for v in outer.get("saved_state_versions", [])]
+        return {
+            "source": "mixture", "assignment": "static",
+            "options": {} if first is None else dict(first.options),
+            "data": None,
+            "elastic": None if elastic is None else elastic_summary(MixElastic.from_dict(elastic, "mixture worker state's elastic")),
+            "column_names": None,
+            "mixture": {"weights": {n: s["quota"] / epoch_rows for n, s in sources.items()} if epoch_rows else {},
+                        "epoch_rows": epoch_rows, "sources": sources,
+                        "history": [] if first is None else [[e, dict(q)] for e, q in first.history],
+                        "replanned": elastic is not None,
+                        "state_version": MIX_STATE_VERSION, "saved_state_version": min(saved, default=None)},
+        }
+
+    def epoch_rows(self, description: dict[str, Any], dataset: Any) -> EpochRows:
+        """A mixture's epoch is the sum of its quotas; a rank's part of it, that of its slots (one rank: all)."""
+        ranks, total = description["ranks"], description["mixture"]["epoch_rows"]
+        if description["elastic"] is not None:
+            return EpochRows([None] * len(ranks), note=REPLANNED)
+        if description["topology"]["world_size"] == 1:
+            return EpochRows([total] * len(ranks))
+        return EpochRows([None] * len(ranks), total, ONE_RANK_OF_SEVERAL)
+
+
+MIXTURE = MixtureKind()

@@ -1,0 +1,164 @@
+"""``arrowstream inspect``: what a loader will do with a dataset or a mixture, from its metadata alone.
+
+For a dataset (``PATH`` or ``--iceberg-table``): files, rows, units (row groups, stripes, record batches),
+the schema, the splits, and how they are assigned for a given ``--world-size`` and ``--num-workers``. For a
+mixture (``--source NAME=PATH ...``, :mod:`arrowstream._tools.mixture_inspect`): each source's rows, quota and passes
+at ``--epoch``, and each slot's rows of each source. Both share one walk over the (rank, worker) slots:
+rows, exact batches, what ``even_batches`` trims and ``drop_last`` drops, then per rank ``len(loader)``.
+Nothing is read but footers; the numbers are those the loader uses (same plan, same assignment).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from typing import Any
+
+from .._core.order import SlotGrid, assign_lpt, natural_batches
+from .._formats import unit_format
+
+
+def _storage_options(pairs: list[str], flag: str = "--storage-option") -> dict[str, Any] | None:
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            from ..errors import InvalidArgumentError
+            raise InvalidArgumentError(f"{flag}: expected KEY=VALUE, got {pair!r}")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return options or None
+
+
+def open_dataset(args: argparse.Namespace, **kwargs: Any) -> Any:
+    """The dataset the source options name, with ``kwargs`` (rank, world_size, shuffle, ...)."""
+    from ..errors import InvalidArgumentError
+
+    columns = args.columns.split(",") if args.columns else None
+    common: dict[str, Any] = {"batch_size": args.batch_size, **kwargs}
+    if args.split_bytes is not None:
+        common["split_bytes"] = args.split_bytes
+    if args.iceberg_table:
+        if args.path is not None:
+            raise InvalidArgumentError(f"path: give a path or --iceberg-table, not both (got {args.path!r})")
+        from .. import IcebergDataset, iceberg_catalog_config
+
+        if args.catalog_config:
+            with open(args.catalog_config) as f:
+                catalog_config = json.load(f)
+        elif args.catalog_root:
+            catalog_config = iceberg_catalog_config(args.catalog_root)
+        else:
+            raise InvalidArgumentError("--iceberg-table needs its catalog: --catalog-root DIR (arrowstream's "
+                                       "default SQLite catalog) or --catalog-config FILE.json")
+        return IcebergDataset(args.iceberg_table, catalog_config=catalog_config, snapshot_id=args.snapshot_id,
+                              selected_fields=columns, **common)
+    if args.path is None:
+        raise InvalidArgumentError("path: name the data (a file, directory, glob or URL) or pass --iceberg-table")
+    from .. import StructuredDataset
+
+    parse_options = _storage_options(args.parse_option, "--parse-option")
+    if parse_options is not None:
+        common["parse_options"] = parse_options
+    return StructuredDataset(args.path, format=args.format, columns=columns,
+                             storage_options=_storage_options(args.storage_option), **common)
+
+
+def describe(dataset: Any, num_workers: int) -> dict[str, Any]:
+    """The whole report as plain data (what ``--json`` prints)."""
+    plan, options = dataset.plan, dataset.options
+    grid = SlotGrid(dataset.world_size, num_workers)
+    world_size, per_rank, num_slots = grid.world_size, grid.workers_per_rank, grid.num_slots
+    footers = plan.files
+    files = [{"name": f.entry.name, "rows": sum(f.unit_rows), "units": len(f.unit_rows), "bytes": f.entry.size}
+             for f in footers]
+    splits = plan.splits_for(num_slots, options.planning)
+    split_rows = [s.num_rows for s in splits]
+    owned = assign_lpt(split_rows, num_slots)  # the loader's assignment: splits per slot
+    slots = [{**slot_line(index, per_rank, rows, batches, kept, options.batch_size, options.drop_last),
+              "splits": len(owned[index])}
+             for index, (rows, batches, kept) in enumerate(dataset.slot_yields(num_workers))]
+    slot_rows = [s["rows"] for s in slots]
+    mean = sum(slot_rows) / num_slots
+    return {
+        "source": {"format": options.format, "table": dataset.source.table_name,
+                   "snapshot_id": getattr(dataset, "snapshot_id", None)},
+        "files": len(footers), "rows": plan.num_rows, "bytes": sum(f["bytes"] for f in files),
+        "units": sum(f["units"] for f in files), "unit_name": unit_format(options.format).units,
+        "schema": [[field.name, str(field.type)] for field in plan.schema],
+        "file_list": files,
+        "topology": {"world_size": world_size, "num_workers": num_workers, "slots": num_slots,
+                     "batch_size": options.batch_size, "drop_last": options.drop_last,
+                     "even_batches": dataset.batch_limits(num_workers) is not None,
+                     "planning": options.planning},
+        "splits": {"count": len(splits), "rows_min": min(split_rows, default=0),
+                   "rows_median": statistics.median(split_rows) if split_rows else 0,
+                   "rows_max": max(split_rows, default=0)},
+        "imbalance": (max(slot_rows) / mean - 1) if mean else 0.0,
+        **slots_summary(slots, world_size),
+    }
+
+
+def slot_line(index: int, per_rank: int, rows: int, batches: int, kept: int, batch_size: int,
+              drop_last: bool) -> dict[str, Any]:
+    """A (rank, worker) slot's epoch: its ``rows``, the ``batches`` it yields and the rows they hold (``kept``);
+    the rest is trimmed by ``even_batches`` (fewer batches than its rows make) or dropped by ``drop_last``."""
+    trimmed = rows - kept if batches < natural_batches(rows, batch_size, drop_last) else 0
+    return {"rank": index // per_rank, "worker": index % per_rank, "rows": rows, "batches": batches,
+            "rows_yielded": kept, "rows_trimmed": trimmed, "rows_dropped": rows - kept - trimmed}
+
+
+def slots_summary(slots: list[dict[str, Any]], world_size: int) -> dict[str, Any]:
+    """The slots, each rank's sums (its ``batches``: ``len(loader)`` on it) and the epoch's rows left out."""
+    ranks = [{"rank": rank, **{key: sum(s[key] for s in slots if s["rank"] == rank) for key in
+                               ("rows", "batches", "rows_yielded", "rows_trimmed", "rows_dropped")}}
+             for rank in range(world_size)]
+    return {"slots": slots, "ranks": ranks, "batches_per_rank": [r["batches"] for r in ranks],
+            "rows_trimmed": sum(s["rows_trimmed"] for s in slots), "rows_dropped": sum(s["rows_dropped"] for s in slots)}
+
+
+def render(report: dict[str, Any], max_files: int = 20) -> str:
+    """The report as text for a terminal."""
+    topology, splits = report["topology"], report["splits"]
+    source = report["source"]
+    what = (f"Iceberg table {source['table']} at snapshot {source['snapshot_id']}" if source["table"]
+            else f"{source['format']} files")
+    lines = [(f"{what}: {report['files']:,} files, {report['rows']:,} rows, {report['units']:,} "
+              f"{report['unit_name']}, {report['bytes'] / 2**20:,.1f} MiB"), "", "schema:"]
+    lines += [f"  {name}: {type_}" for name, type_ in report["schema"]]
+    lines += ["", f"files ({min(max_files, report['files'])} of {report['files']:,}):"]
+    lines += [f"  {f['name']}  {f['rows']:,} rows  {f['units']} {report['unit_name']}  {f['bytes']:,} bytes"
+              for f in report["file_list"][:max_files]]
+    lines += ["", (f"world_size={topology['world_size']} num_workers={topology['num_workers']} "
+                   f"batch_size={topology['batch_size']} drop_last={topology['drop_last']} "
+                   f"even_batches={topology['even_batches']}: {topology['slots']} slots"),
+              (f"splits: {splits['count']:,} (planning version {topology['planning']}; rows per split: min {splits['rows_min']:,}, median "
+               f"{splits['rows_median']:,.0f}, max {splits['rows_max']:,})"), "",
+              "rank  worker  splits        rows   batches  rows trimmed  rows dropped"]
+    for s in report["slots"]:
+        lines.append(f"{s['rank']:>4}  {s['worker']:>6}  {s['splits']:>6}  {s['rows']:>10,}  {s['batches']:>8,}  "
+                     f"{s['rows_trimmed']:>12,}  {s['rows_dropped']:>12,}")
+    lines += ["", "rank        rows   batches  rows yielded  rows trimmed"]
+    for r in report["ranks"]:
+        lines.append(f"{r['rank']:>4}  {r['rows']:>10,}  {r['batches']:>8,}  {r['rows_yielded']:>12,}  "
+                     f"{r['rows_trimmed']:>12,}")
+    lines += ["", f"imbalance: the fullest slot holds {report['imbalance']:.1%} more rows than the mean",
+              (f"even_batches trims {report['rows_trimmed']:,} rows per epoch; drop_last drops "
+               f"{report['rows_dropped']:,}")]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``arrowstream inspect``: a mixture's report with ``--source``, else a dataset's."""
+    if args.source:
+        from . import mixture_inspect as _mix_inspect
+
+        return _mix_inspect.run(args)
+    dataset = open_dataset(args, rank=0, world_size=args.world_size, even_batches=not args.no_even_batches,
+                           drop_last=args.drop_last)
+    report = describe(dataset, args.num_workers)
+    print(json.dumps(report, indent=2) if args.json else render(report))
+    return 0

@@ -1,0 +1,1 @@
+"""The worker runtime: readers, conversion, transport, shared memory, metrics, watchdog, leases."""
