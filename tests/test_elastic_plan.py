@@ -23,14 +23,14 @@ from hypothesis import strategies as st
 
 from arrowstream._core.cursor import Cursor, Run
 from arrowstream._core.order import Slot, slot_split_ids, window_seed
-from arrowstream._core.plan_types import PLANNING_VERSION, FileEntry
+from arrowstream._core.piece import Piece
+from arrowstream._core.plan_types import PLANNING_VERSION, FileEntry, Split
 from arrowstream._core.stream import EpochStream, open_runs
 from arrowstream._formats import FileFooter
 from arrowstream._layout.elastic import assign_shares, cut_shares, item_rows, remaining_items, share_runs
-from arrowstream._planning.plan import Plan, Split, build_plan
+from arrowstream._planning.plan import Plan, build_plan
 from arrowstream._state.identity import DataIdentity
 from arrowstream._state.worker import EVEN, LPT, ElasticSource, WorkerState
-from arrowstream._worker.reader import Piece
 
 ROWS_PER_FILE = 1_000_000
 DATA = DataIdentity("0" * 32, 1, 0)

@@ -315,8 +315,8 @@ def test_long_values_are_shortened_in_errors(validation_dataset):
 def test_cursor_at_is_where_the_rotation_stands(split_rows, interleave, block_size, data):
     """The arithmetic the plan check uses is the rotation ``interleave_runs`` makes, after any row."""
     from arrowstream._core.interleave import interleave_runs
+    from arrowstream._core.plan_types import Split
     from arrowstream._layout.elastic import _CountReader
-    from arrowstream._planning.plan import Split
     from arrowstream._state.position import cursor_at
 
     splits = [Split(0, 0, 1, 0, rows, 0) for rows in split_rows]

@@ -20,12 +20,11 @@ from hypothesis import strategies as st
 from arrowstream._core.cursor import Cursor
 from arrowstream._core.interleave import block_size_for
 from arrowstream._core.order import Slot, window_seed
-from arrowstream._core.plan_types import PLANNING_VERSION
+from arrowstream._core.piece import Piece
+from arrowstream._core.plan_types import PLANNING_VERSION, Split
 from arrowstream._core.stream import EpochStream, RunQueue, open_runs
-from arrowstream._planning.plan import Split
 from arrowstream._state.identity import DataIdentity
 from arrowstream._state.worker import WorkerState
-from arrowstream._worker.reader import Piece
 
 ROWS_PER_SPLIT = 10_000  # split i holds ids i * ROWS_PER_SPLIT + source offset
 SLOT = Slot(0, 1, 0, 0)

@@ -19,8 +19,8 @@ from leaks import Snapshot
 from servers import server_process_groups
 
 from arrowstream import WorkerError
-from arrowstream._core.cursor import Cursor
-from arrowstream._worker.transport import Chunk, Position
+from arrowstream._core.cursor import Cursor, Position
+from arrowstream._worker.transport import Chunk
 
 
 def _sorted_keys(loader):

@@ -18,8 +18,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .._core.hashing import fingerprint  # noqa: F401 (also importable from here, its old home)
-from .._core.plan_types import PLANNING_VERSION, FileEntry, Split, SplitTable  # noqa: F401 (Split: also importable from here)
+from .._core.plan_types import PLANNING_VERSION, FileEntry, SplitTable
 from .._formats import FileFooter, FileFormat, check_counts
 from .._formats.base import MetadataFormat
 from .._formats.footers import FooterTable, _shared_schema, as_table, files_fingerprint, handle_budget
@@ -29,7 +28,7 @@ from .._storage.filesystem import Storage, display_url
 from .._storage.pinned import local_version
 from ..errors import ArrowStreamError, CorruptFileError, EmptyDatasetError
 from .checks import _check_columns, _check_names, _check_schemas, check_filter
-from .cutting import REFINERS, _base_splits, refine_splits  # noqa: F401 (refine_splits: also importable from here)
+from .cutting import REFINERS, _base_splits
 
 if TYPE_CHECKING:
     from .cache import PlanCache

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .._core.nullability import conformer
-from .._core.piece import Piece  # also importable from here, its old home
+from .._core.piece import Piece
 from .._core.plan_types import Split, split_available
 from .._core.row_ids import RowIds
 from .._formats import UnitFile, name_units, unit_format

@@ -41,7 +41,7 @@ import pyarrow as pa
 import torch
 from torch.utils.data import get_worker_info
 
-from .._core.cursor import Position  # also importable from here, its old home
+from .._core.cursor import Position
 from .._core.values import GcPaused
 from ..errors import ArrowStreamError, WorkerError
 from . import ring as _ring
