@@ -80,7 +80,9 @@ from suite.common import emit_report, log
 from suite.report import fmt_ms, fmt_ratio, fmt_rps, machine
 
 # _prefetch: the read-ahead diagnostics wrap a few of its methods during a run and restore them after
-from arrowstream import StructuredDataset, _pinned, _prefetch
+from arrowstream import StructuredDataset
+from arrowstream._storage import pinned as _pinned
+from arrowstream._storage import prefetch as _prefetch
 
 warnings.filterwarnings("ignore", message=".*not writable.*")  # torch.from_numpy on Arrow buffers
 

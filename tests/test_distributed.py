@@ -227,7 +227,9 @@ def test_handshake_timeout_and_fingerprint_values(monkeypatch, small_dataset):
     """The handshake's knob and how values are compared and shown (the handshake itself needs torchrun, above)."""
     import functools
 
-    from arrowstream import StructuredDataset, _collective, _source, errors
+    from arrowstream import StructuredDataset, errors
+    from arrowstream._planning import collective as _collective
+    from arrowstream._sources import files as _source
 
     assert _collective.handshake_timeout() == 300
     monkeypatch.setenv("ARROWSTREAM_HANDSHAKE_TIMEOUT", "2.5")

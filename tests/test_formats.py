@@ -32,8 +32,9 @@ import pytest
 from helpers import check_exactly_once, check_resume, json_roundtrip, make_loader, make_table
 from pyarrow import ipc, orc
 
-from arrowstream import StructuredDataset, _planning, errors
+from arrowstream import StructuredDataset, errors
 from arrowstream._formats import FILE_FORMATS, FileFormat, UnitFormat, get_format, unit_format
+from arrowstream._planning import plan as _planning
 from arrowstream._tools.bench import raw_batches
 
 ROWS_PER_FILE = [700, 1, 1300, 450]   # uneven files, one of a single row

@@ -28,7 +28,8 @@ from pyarrow import feather, orc
 import arrowstream._formats.footers as footers_module
 import arrowstream._planning.cache as plan_cache
 from arrowstream import StructuredDataset, errors
-from arrowstream._formats import FILE_FORMATS, _rowscan
+from arrowstream._formats import FILE_FORMATS
+from arrowstream._formats import rowscan as _rowscan
 from arrowstream._planning import discovery
 
 LAYOUT = [(300, 100), (250, 100), (120, 60)]
