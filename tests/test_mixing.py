@@ -568,6 +568,34 @@ def test_a_filter_is_refused_until_quotas_can_count_filtered_rows(three, tmp_pat
         Mixture(sources=filtered, plan_cache=False)
 
 
+def test_assignment_static_is_what_a_mixture_does(three):
+    loader, mixture = loader_of(three, shuffle=True, assignment="static")
+    reference, reference_mixture = loader_of(three, shuffle=True)
+    assert epoch_batches(loader, mixture, 0) == epoch_batches(reference, reference_mixture, 0)
+    assert Mixture(three, plan_cache=False, assignment="static").names == ["big", "small", "mid"]
+
+
+def test_assignment_dynamic_is_refused_with_the_reason(three):
+    reason = r"each batch's share of every source is fixed per worker slot"
+    with pytest.raises(errors.InvalidArgumentError, match=rf"^assignment: a Mixture takes assignment='static' only, "
+                                                          rf"got 'dynamic': {reason} .*read_ahead or num_workers"):
+        loader_of(three, num_workers=2, assignment="dynamic")
+    with pytest.raises(errors.InvalidArgumentError, match=reason):
+        Mixture(three, plan_cache=False, assignment="dynamic")
+
+
+@pytest.mark.parametrize(("value", "error"), [("lpt", errors.InvalidArgumentError), (None, errors.ArgumentTypeError)])
+def test_an_unknown_assignment_gets_a_datasets_error(three, value, error):
+    from arrowstream import StructuredDataset
+
+    with pytest.raises(error) as dataset_error:
+        StructuredDataset(three["big"].path, assignment=value, plan_cache=False)
+    with pytest.raises(error) as mixture_error:
+        loader_of(three, assignment=value)
+    assert type(mixture_error.value) is type(dataset_error.value)
+    assert str(mixture_error.value) == str(dataset_error.value)
+
+
 def test_ranks_split_every_quota_between_them_with_equal_batches(three):
     rows: Counter[str] = Counter()
     ids: list[int] = []
