@@ -16,6 +16,7 @@ import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ._assignment import ASSIGNMENTS, check_assignment
 from ._core.order import even_batch_limits, natural_batches
 from ._core.row_ids import check_row_id_names, with_row_id_fields
 from ._layout.layout import slot_yields
@@ -53,6 +54,23 @@ if TYPE_CHECKING:
     from ._loader.mixture import MixtureDataLoader
 
 
+_SHARES_FIXED = "each batch's share of every source is fixed per worker slot"
+
+
+def _check_assignment(assignment: Any, options: Options, group_size: int) -> None:
+    """A mixture's ``assignment=``: ``"static"`` is taken; another policy a dataset takes is refused with the
+    reason; anything else gets the dataset's error."""
+    if isinstance(assignment, str) and assignment != "static" and assignment in ASSIGNMENTS:
+        raise InvalidArgumentError(
+            f"assignment: a Mixture takes assignment='static' only, got {assignment!r}: {_SHARES_FIXED} (each "
+            "(rank, worker) slot reads a fixed stretch of every source, laid out before the epoch and cut into "
+            "batches by the slot's quotas); leasing splits to whichever worker is free would leave a worker "
+            "with runs of one source, and its batches without their shares. Leave assignment out for a mixture; "
+            "against a slow worker raise read_ahead or num_workers, or read a single source with "
+            "StructuredDataset(..., assignment='dynamic') (docs/stragglers.md)")
+    check_assignment(assignment, options, group_size)
+
+
 class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
     """Batches of several sources mixed by weight, each epoch exactly ``weight × epoch_rows`` rows of each.
 
@@ -70,6 +88,10 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
             number inside that file) to every batch, as :class:`~arrowstream.StructuredDataset` does.
         batch_size: Rows per batch; this and every other keyword are those of
             :class:`~arrowstream.StructuredDataset`, shared by every source.
+        assignment: ``"static"``, the only one a mixture takes: each (rank, worker) slot reads its own stretch
+            of every source, which is what gives every batch each source's share. ``"dynamic"`` is refused
+            (an :class:`~arrowstream.errors.InvalidArgumentError` saying why); any other value as a dataset
+            refuses it.
 
     Example:
         >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
@@ -92,7 +114,8 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
                  drop_last: bool = False, fill_nulls: Any = None, accelerator: Any = None,
                  rank: int | None = None, world_size: int | None = None, even_batches: bool = True,
                  group_size: int = 1, read_ahead: int = 1, plan_locally: bool = False,
-                 retry: RetryPolicy | None = None, plan_cache: Any = None, with_row_ids: bool = False) -> None:
+                 retry: RetryPolicy | None = None, plan_cache: Any = None, with_row_ids: bool = False,
+                 assignment: str = "static") -> None:
         super().__init__()
         if not isinstance(sources, Mapping) or not sources:
             raise ArgumentTypeError("sources: expected a non-empty dict of name to arrowstream.Source or "
@@ -128,6 +151,7 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
         plan_locally = check_bool("plan_locally", plan_locally)
         self._topology = resolve_topology(rank, world_size, accelerator, group_size, plan_locally=plan_locally)
         self._rank, self._world_size = self._topology.data_rank, self._topology.data_world_size
+        _check_assignment(assignment, self._options, self._topology.group_size)   # before planning
         self._even_batches = check_even_batches(even_batches, self._world_size, self._options)
         plan_cache = check_plan_cache(plan_cache)
         collective = not plan_locally and collective_world_size() > 1
@@ -216,9 +240,15 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
     @classmethod
     def create_dataloader(cls, sources: Mapping[str, Source | IcebergSource], weights: Mapping[str, float] | None = None,
                           epoch_rows: int | None = None, source_column: str | None = None, batch_size: int = 1024, *,
-                          num_workers: int = 0, **kwargs: Any) -> tuple[MixtureDataLoader, Mixture]:
+                          num_workers: int = 0, assignment: str = "static",
+                          **kwargs: Any) -> tuple[MixtureDataLoader, Mixture]:
         """Build the mixture and its ``StatefulDataLoader``; returns ``(loader, mixture)``. Mixture
         keywords are those of :class:`Mixture`; every other keyword goes to the loader.
+
+        ``assignment`` is ``"static"`` (the default, and the only one a mixture takes): every batch holds each
+        source in its share because each (rank, worker) slot reads a fixed stretch of every source.
+        ``assignment="dynamic"`` is refused with an :class:`~arrowstream.errors.InvalidArgumentError` saying why
+        (see docs/mixing.md, "Stragglers").
 
         Example:
             >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
@@ -232,7 +262,8 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
         from ._loader.mixture import build_mixture_loader
 
         return build_mixture_loader(cls, {"sources": sources, "weights": weights, "epoch_rows": epoch_rows,
-                                              "source_column": source_column, "batch_size": batch_size},
+                                              "source_column": source_column, "batch_size": batch_size,
+                                              "assignment": assignment},
                                     num_workers=num_workers, **kwargs)
 
     # -- epochs -------------------------------------------------------------------------------

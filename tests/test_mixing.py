@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections import Counter
 
@@ -560,12 +561,54 @@ def test_a_source_with_no_rows_is_refused_by_its_name_whatever_its_weight(three,
         Mixture(sources={"big": three["big"], "gone": Source(str(tmp_path / "gone"))}, plan_cache=False)
 
 
-def test_a_filter_is_refused_until_quotas_can_count_filtered_rows(three, tmp_path):
+def test_a_filter_is_refused_because_quotas_are_counted_before_reading(three, tmp_path):
     import pyarrow.compute as pc
 
     filtered = {**three, "big": Source(three["big"].path, filter=pc.field("id") > 10)}
-    with pytest.raises(errors.NotSupportedYetError, match=r"sources\['big'\].*filter"):
+    with pytest.raises(errors.InvalidArgumentError) as raised:
         Mixture(sources=filtered, plan_cache=False)
+    assert type(raised.value) is errors.InvalidArgumentError
+    assert re.match(r"sources\['big'\]: a filter .* makes the rows a source gives unknown before reading, and a "
+                    r"mixture's quotas, passes and per-batch shares are counted from metadata before the epoch "
+                    r"starts; filter the data beforehand .*or filter in transform=", str(raised.value))
+
+
+def test_assignment_static_is_what_a_mixture_does(three):
+    loader, mixture = loader_of(three, shuffle=True, assignment="static")
+    reference, reference_mixture = loader_of(three, shuffle=True)
+    assert epoch_batches(loader, mixture, 0) == epoch_batches(reference, reference_mixture, 0)
+    assert Mixture(three, plan_cache=False, assignment="static").names == ["big", "small", "mid"]
+
+
+def test_assignment_dynamic_is_refused_with_the_reason(three):
+    reason = r"each batch's share of every source is fixed per worker slot"
+    with pytest.raises(errors.InvalidArgumentError, match=rf"^assignment: a Mixture takes assignment='static' only, "
+                                                          rf"got 'dynamic': {reason} .*read_ahead or num_workers"):
+        loader_of(three, num_workers=2, assignment="dynamic")
+    with pytest.raises(errors.InvalidArgumentError, match=reason):
+        Mixture(three, plan_cache=False, assignment="dynamic")
+
+
+@pytest.mark.parametrize(("value", "error"), [("lpt", errors.InvalidArgumentError), (None, errors.ArgumentTypeError)])
+def test_an_unknown_assignment_gets_a_datasets_error(three, value, error):
+    from arrowstream import StructuredDataset
+
+    with pytest.raises(error) as dataset_error:
+        StructuredDataset(three["big"].path, assignment=value, plan_cache=False)
+    with pytest.raises(error) as mixture_error:
+        loader_of(three, assignment=value)
+    assert type(mixture_error.value) is type(dataset_error.value)
+    assert str(mixture_error.value) == str(dataset_error.value)
+
+
+def test_in_order_false_is_refused_with_the_reason(three):
+    with pytest.raises(errors.InvalidArgumentError) as raised:
+        loader_of(three, num_workers=2, in_order=False)
+    assert type(raised.value) is errors.InvalidArgumentError
+    assert re.match(r"in_order: a MixtureDataLoader does not take in_order=False: its checkpoint names each worker's "
+                    r"place by torchdata's round robin, so batches handed out ahead of their turn would be read again "
+                    r"or lost by a resume .* Leave in_order at True: .*raise prefetch_factor", str(raised.value))
+    assert "yet" not in str(raised.value).split()
 
 
 def test_ranks_split_every_quota_between_them_with_equal_batches(three):
@@ -782,8 +825,7 @@ def test_a_checkpoint_inside_a_replanned_epoch_resumes_exactly(three):
     loader, mixture = loader_of(three, 2, **ELASTIC)
     mixture.set_epoch(0)
     it = iter(loader)
-    for _ in range(3):
-        next(it)
+    seen = [next(it)["id"].tolist() for _ in range(3)]
     state = json.loads(json.dumps(loader.state_dict()))
     del it
     first, first_mixture = loader_of(three, 3, **ELASTIC)
@@ -799,9 +841,19 @@ def test_a_checkpoint_inside_a_replanned_epoch_resumes_exactly(three):
     second.load_state_dict(inside)
     second_mixture.set_epoch(0)
     assert [b["id"].tolist() for b in second] == rest
-    other, _ = loader_of(three, 2, **ELASTIC)
-    with pytest.raises(errors.NotSupportedYetError, match="already re-planned"):
+    other, other_mixture = loader_of(three, 2, **ELASTIC)
+    with pytest.raises(errors.StateMismatchError) as raised:   # load_state_dict raises only StateErrors
         other.load_state_dict(inside)
+    assert type(raised.value) is errors.StateMismatchError
+    assert str(raised.value) == (
+        "the checkpoint was taken inside mixture epoch 0, itself re-planned from world_size=1, num_workers=2 to "
+        "world_size=1, num_workers=3: that epoch's plan already depends on two topologies; resume it with "
+        "world_size=1, num_workers=3 and finish the epoch (another topology works again from the next epoch's "
+        "checkpoints)")
+    other.load_state_dict(state)   # refused, the loader is as it was: its own topology's checkpoint resumes
+    other_mixture.set_epoch(0)
+    reference, reference_mixture = loader_of(three, 2, **ELASTIC)
+    assert seen + [b["id"].tolist() for b in other] == [ids for _, ids in epoch_batches(reference, reference_mixture, 0)]
 
 
 def test_ranks_change_mid_epoch_through_a_merged_checkpoint(three):

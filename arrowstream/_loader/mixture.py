@@ -32,7 +32,7 @@ from .._state.skips import read_skips
 from .._worker.convert import passthrough_collate
 from .._worker.mixture import COMPACT
 from .._worker.shm import share
-from ..errors import ArgumentTypeError, NotSupportedYetError, StateError, StateMismatchError
+from ..errors import ArgumentTypeError, StateError, StateMismatchError
 from .batches import BatchIterator
 from .epoch_watch import mixture_order_varies
 from .options import check_loader_options
@@ -301,13 +301,18 @@ class MixtureDataLoader(StreamLoader):
     def _load_replanned(self, old: list[tuple[MixWorkerState, MixSlot]], states: list[MixWorkerState]) -> None:
         """The rest of a saved epoch, re-planned over this loader's ranks and workers."""
         mixture = self.dataset
-        if any(s.elastic is not None for s in states):
-            for s in states:   # (a well-formed one: a state re-planned again is not supported yet)
-                if s.elastic is not None:
-                    MixElastic.from_dict(s.elastic, "mixture worker state's elastic")
-            raise NotSupportedYetError(
-                "the checkpoint was taken inside an epoch already re-planned for another topology; resume it with "
-                "the topology it was re-planned for, finish that epoch, then change ranks or workers")
+        replanned = [MixElastic.from_dict(s.elastic, "mixture worker state's elastic") for s in states
+                     if s.elastic is not None]   # (well-formed ones: a tampered one is a StateError)
+        if replanned:
+            # a re-plan is a pure function of one old topology's cursors; this epoch's already depends on two
+            _, saved = old[0]
+            raise StateMismatchError(
+                f"the checkpoint was taken inside mixture epoch {replanned[0].epoch}, itself re-planned from "
+                f"world_size={replanned[0].world_size}, num_workers={replanned[0].num_workers} to world_size="
+                f"{saved.world_size}, num_workers={saved.num_workers}: that epoch's plan already depends on two "
+                f"topologies; resume it with world_size={saved.world_size}, "
+                f"num_workers={saved.num_workers} and finish the epoch (another topology works again from the next "
+                "epoch's checkpoints)")
         epoch = max(s.epoch for s in states)
         for state, slot in old:
             check_worker_state(mixture, state, slot, elastic=True)

@@ -3,7 +3,7 @@
 torchdata checks few of them, and with bare ``assert``s or builtin errors; some bad values are
 accepted and break exact resume silently (``in_order=False``: torchdata gives no guarantee
 about the state of a loader that hands batches out of order; ``ArrowStreamDataLoader`` makes
-that state exact itself, see ``_batches.delivered_state``, a ``MixtureDataLoader`` does not yet).
+that state exact itself, see ``_batches.delivered_state``; a ``MixtureDataLoader`` refuses it).
 Every keyword is checked here, in the main process, before the loader is built or a worker starts.
 """
 
@@ -92,22 +92,25 @@ def check_loader_options(num_workers: Any, options: Mapping[str, Any], credentia
     :class:`~arrowstream.errors.InvalidArgumentError` naming the first bad keyword, or the
     dataset's ``credential_provider`` when it cannot be pickled and the workers start by spawn or
     forkserver (which send them the dataset by pickle). ``mixture``: the options of a
-    ``MixtureDataLoader``, which does not take ``in_order=False`` yet.
+    ``MixtureDataLoader``, which refuses ``in_order=False``.
 
     Example:
         >>> check_loader_options(2, {"prefetch_factor": 4, "persistent_workers": True, "in_order": False})
         >>> check_loader_options(2, {"in_order": False}, mixture=True)
         Traceback (most recent call last):
         ...
-        arrowstream.errors.InvalidArgumentError: in_order: a MixtureDataLoader does not take in_order=False yet: its checkpoint cannot say exactly what out-of-order delivery handed out, and a resume would lose or repeat rows (guarantee 4, exact resume). Leave in_order at True for mixtures (a StructuredDataset or IcebergDataset loader takes in_order=False)
+        arrowstream.errors.InvalidArgumentError: in_order: a MixtureDataLoader does not take in_order=False: its checkpoint names each worker's place by torchdata's round robin, so batches handed out ahead of their turn would be read again or lost by a resume (guarantee 4, exact resume). Leave in_order at True: each worker of a mixture reads a fixed share of every source, so the epoch ends with the slowest worker either way; to keep a slow worker from stalling the others' batches, raise prefetch_factor (or read_ahead, num_workers)
     """
     check_int("num_workers", num_workers, 0)
     _check_dataset_owned(options)
     if "in_order" in options and not check_bool("in_order", options["in_order"]) and mixture:
         raise InvalidArgumentError(
-            "in_order: a MixtureDataLoader does not take in_order=False yet: its checkpoint cannot say exactly what "
-            "out-of-order delivery handed out, and a resume would lose or repeat rows (guarantee 4, exact resume). "
-            "Leave in_order at True for mixtures (a StructuredDataset or IcebergDataset loader takes in_order=False)")
+            "in_order: a MixtureDataLoader does not take in_order=False: its checkpoint names each worker's place by "
+            "torchdata's round robin, so batches handed out "
+            "ahead of their turn would be read again or lost by a resume (guarantee 4, exact resume). Leave in_order "
+            "at True: each worker of a mixture reads a fixed share of every source, so the epoch ends with the "
+            "slowest worker either way; to keep a slow worker from stalling the others' batches, raise "
+            "prefetch_factor (or read_ahead, num_workers)")
     if options.get("prefetch_factor") is not None:
         check_int("prefetch_factor", options["prefetch_factor"], 1)
     if "snapshot_every_n_steps" in options:

@@ -23,7 +23,6 @@ from ..errors import (
     DatasetNotFoundError,
     EmptyDatasetError,
     InvalidArgumentError,
-    NotSupportedYetError,
 )
 from . import files as _source
 from .iceberg import IcebergTableSource
@@ -152,10 +151,11 @@ def _plan_source(where: str, name: str, spec: Source | IcebergSource, shared: di
         options = validate_options(format=source.format, columns=columns, filter=snapshot.arrow_filter,
                                    split_bytes=None, **shared)
     if options.drops_rows:
-        raise NotSupportedYetError(
+        raise InvalidArgumentError(
             f"{where}: a filter (filter=, row_filter= or parse_options bad_rows='skip') makes the rows a source "
-            "gives unknown before reading, and a mixture's quotas are counted from metadata; filter the data "
-            "beforehand, or filter in transform= (the quotas then count rows before it)")
+            "gives unknown before reading, and a mixture's quotas, passes and per-batch shares are counted from "
+            "metadata before the epoch starts; filter the data beforehand (write the filtered rows as the source), "
+            "or filter in transform= (the quotas then count rows before it)")
     arguments = {**plan_arguments(source.arguments(), options, even_batches, topology.world_size,
                                   topology.group_size), "mixture_source": name}
     storage, plan = plan_together(source, options, retry, arguments, collective=collective)
