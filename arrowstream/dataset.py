@@ -236,7 +236,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         # the epoch re-planned for a loaded checkpoint of another topology (by the loader) stays
         previous: Epochs | None = vars(self).get("_epochs")
         self._epochs = Epochs(plan, self._options, self._even_batches, self._data, self._state_options,
-                              previous.elastic if previous is not None else None)
+                              previous.elastic if previous is not None else None, assign=self._policy.assign)
         self._checked_sources: set[ElasticSource] = set()  # elastic sources found valid for this plan
         self._side.forget()
 

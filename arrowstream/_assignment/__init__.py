@@ -20,6 +20,7 @@ A new policy is one module with a class that answers :class:`Assignment`, and on
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from ..errors import ArgumentTypeError, InvalidArgumentError
@@ -54,6 +55,12 @@ class Assignment(Protocol):
     def use_plan(self, dataset: PolicyDataset) -> None:
         """The dataset's plan or options are new (built, or changed by a loaded checkpoint): lay out again what the
         policy keeps of them."""
+
+    def assign(self, weights: Sequence[int], num_slots: int) -> list[list[int]]:
+        """Which items (splits, or a re-planned epoch's rest) each (rank, worker) slot reads, by their ``weights``
+        (rows), in their given order: how the dataset lays out an epoch, re-plans one for another topology, and
+        how ``arrowstream inspect`` reports it. Each slot's rows must not depend on the items' order (as longest
+        processing time's do not): ``dataset.slot_rows`` and the batch limits count them once for every epoch."""
 
     # -- facts of an epoch -----------------------------------------------------------------------
 

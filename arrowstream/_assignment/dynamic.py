@@ -7,11 +7,13 @@ ledger). See :mod:`arrowstream._assignment`.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch.utils.data import get_worker_info
 
 from .._core.fields import REMEDY
+from .._core.order import assign_lpt
 from .._layout.layout import check_known
 from .._layout.leases import MAX_TAIL_LEASES_PER_WORKER, TAIL_LEASES_PER_WORKER, LocalPool, PoolLeases, fixed_leases
 from .._layout.trims import rank_trim
@@ -95,6 +97,11 @@ class DynamicAssignment:
         self._shared = None
 
     # -- facts of an epoch -----------------------------------------------------------------------
+
+    def assign(self, weights: Sequence[int], num_slots: int) -> list[list[int]]:
+        """Across ranks as static (longest processing time on rows): each rank's rows stay fixed, its workers lease
+        them (the dataset's layouts, used for the rank's share and by ``arrowstream inspect``)."""
+        return assign_lpt(weights, num_slots)
 
     def num_batches(self, dataset: PolicyDataset, num_workers: int) -> int:
         return int(self.epochs.batches(dataset.epoch))

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .._core.order import SlotGrid
+from .._core.order import SlotGrid, assign_lpt
 from .._layout.layout import rows_dropped, rows_trimmed
 from .._layout.trims import slot_trim
 from ..errors import StateMismatchError
@@ -35,6 +36,10 @@ class StaticAssignment:
 
     def use_plan(self, dataset: PolicyDataset) -> None:
         return None   # the dataset's epochs lay out each slot's splits: nothing of its own to lay out again
+
+    def assign(self, weights: Sequence[int], num_slots: int) -> list[list[int]]:
+        """Longest processing time on rows: deterministic, each slot's items in their given order."""
+        return assign_lpt(weights, num_slots)
 
     def num_batches(self, dataset: PolicyDataset, num_workers: int) -> int:
         return sum(limit for _, limit, _ in rank_yields(dataset, num_workers))
