@@ -14,7 +14,6 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ._assignment import Assignment, check_assignment
-from ._assignment.dynamic_epoch import DynamicEpochs
 from ._core.order import Slot, SlotGrid
 from ._core.row_ids import check_row_id_names
 from ._core.stream import EpochStream
@@ -34,7 +33,7 @@ from ._planning.options import (
 from ._planning.plan import Plan
 from ._planning.topology import resolve_topology
 from ._sources.files import FileSource, Source, check_file_format
-from ._state.identity import check_data_identity
+from ._state.identity import DataIdentity, check_data_identity
 from ._state.resume import Against, checked_state, loaded_state, nothing_left, pending_for_epoch, replanned_epoch
 from ._state.worker import ElasticSource, WorkerState
 from ._storage.credentials import as_provider
@@ -233,15 +232,11 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         self._data = self._source.identity(plan)
         self._state_options = {**self._options.state_options(), "even_batches": self._even_batches}
         self._state_options.update(self._policy.state_options())
-        previous_dynamic: DynamicEpochs | None = vars(self).get("_dynamic")
-        self._dynamic = DynamicEpochs(plan, self._options, self._world_size, self._rank, self._even_batches)
-        if previous_dynamic is not None:
-            self._dynamic.loaded, self._dynamic.pending = previous_dynamic.loaded, previous_dynamic.pending
-        self._pool: Any = None   # the leases of this iteration (dynamic; the loader's, shared by its workers)
+        self._policy.use_plan(self)   # what the policy lays out of the plan (dynamic: its epochs), laid out again
         # the epoch re-planned for a loaded checkpoint of another topology (by the loader) stays
         previous: Epochs | None = vars(self).get("_epochs")
         self._epochs = Epochs(plan, self._options, self._even_batches, self._data, self._state_options,
-                              previous.elastic if previous is not None else None)
+                              previous.elastic if previous is not None else None, assign=self._policy.assign)
         self._checked_sources: set[ElasticSource] = set()  # elastic sources found valid for this plan
         self._side.forget()
 
@@ -271,9 +266,10 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         return Against(self._epochs, self._options, self._data, self._state_options, self._data_identity,
                        self._checked_sources)
 
-    def _follow_source(self, saved: WorkerState) -> None:
+    def follow_source(self, saved: WorkerState) -> None:
         """Make the dataset read what a loaded state was taken on, when the source has moved on since
-        (an Iceberg table: the checkpoint's pinned snapshot); planned here, as a worker would not."""
+        (an Iceberg table: the checkpoint's pinned snapshot); planned here, as a worker would not. For
+        arrowstream's loader and assignment policies."""
         followed = self._source.follow(saved.data, self._data)
         if followed is not None:
             self._source = followed
@@ -411,12 +407,6 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         return slot_yields(self.slot_rows(num_workers), self.batch_limits(num_workers), self._options.batch_size,
                            self._options.drop_last)
 
-    def _rank_yields(self, num_workers: int) -> list[tuple[int, int, int]]:
-        """Per worker of this rank: (rows, batches it yields, rows it yields), this epoch (re-planned for
-        this topology, when a checkpoint of another was loaded)."""
-        layout = self._epochs.layout(self.epoch, self._grid(num_workers))
-        return layout.yields(self._rank, self._options.batch_size, self._options.drop_last)
-
     def rows_dropped_per_epoch(self, num_workers: int = 0) -> int:
         """Rows ``drop_last`` drops each epoch on this rank (each worker's short last batch; with
         ``assignment="dynamic"``, the rank's)."""
@@ -472,14 +462,16 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         self._active = self._policy.iterate(self, slot, pending)
         return self._active
 
-    def _worker_runtime(self) -> WorkerRuntime:
-        """This process's readers and converters, built once."""
+    def worker_runtime(self) -> WorkerRuntime:
+        """This process's readers and converters, built once (for arrowstream's assignment policies)."""
         return self._side.runtime(self._plan, self._storage, self._options, self._fill_nulls)
 
-    def _open(self, slot: Slot, pending: WorkerState | None) -> OpenEpoch:
+    def open_epoch(self, slot: Slot, pending: WorkerState | None) -> OpenEpoch:
+        """The stream of ``slot`` over the splits the epoch layout gives it, from ``pending`` (a loaded worker
+        state) or the start of the dataset's epoch: how ``assignment="static"`` opens a worker's epoch."""
         epoch = self.epoch
         pending = pending_for_epoch(pending, slot, epoch, functools.partial(self._nothing_left, slot=slot))
-        return OpenEpoch(self._stream(slot, epoch, pending), self._worker_runtime(),
+        return OpenEpoch(self._stream(slot, epoch, pending), self.worker_runtime(),
                          functools.partial(self._epochs.files_between, slot, epoch))
 
     def batches_left(self, state: WorkerState, slot: Slot) -> int | None:
@@ -515,6 +507,36 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
     def options(self) -> Options:
         """The options this dataset reads with, as resolved (a frozen value; for arrowstream's own modules)."""
         return self._options
+
+    @property
+    def even_batches(self) -> bool:
+        """Whether every rank yields the same number of batches each epoch (``even_batches`` as resolved: off with
+        one rank).
+
+        Example:
+            >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq, arrowstream
+            >>> folder = tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"x": list(range(10))}), f"{folder}/part.parquet")
+            >>> arrowstream.StructuredDataset(folder, rank=0, world_size=1, plan_locally=True).even_batches
+            False
+        """
+        return self._even_batches
+
+    @property
+    def identity(self) -> DataIdentity:
+        """What the data is (names, sizes, modification tags, unit rows, schema), as states record it."""
+        return self._data
+
+    @property
+    def data_identity(self) -> str:
+        """What a loaded checkpoint must match of the data: ``"strict"`` or ``"layout"`` (see ``data_identity``)."""
+        return self._data_identity
+
+    @property
+    def state_options(self) -> dict[str, Any]:
+        """The options a worker state carries and a loaded one is compared on (for arrowstream's own modules;
+        not to be changed)."""
+        return self._state_options
 
     @property
     def source(self) -> Source:
@@ -601,7 +623,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         return trainer_convert(self._plan, self._options, self._fill_nulls)
 
     def _stream(self, slot: Slot, epoch: int, start: WorkerState | None) -> EpochStream:
-        runtime = self._worker_runtime()
+        runtime = self.worker_runtime()
         start = start or self._epochs.start(slot, epoch)
         return open_stream(runtime, self._epochs.layouts.layout(epoch, slot.grid, start.elastic), slot, start,
                            self._options, self._data, self._state_options)
@@ -625,7 +647,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         saved = WorkerState.from_dict(state_dict)
         self.use_planning(saved.options["planning"])
         self.adopt_buffer(saved.options)   # shuffle_buffer_size left out: the checkpoint's
-        self._follow_source(saved)
+        self.follow_source(saved)
         self._pending = loaded_state(self._against(), saved, self._slot())
         self._active = None
 
@@ -640,7 +662,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         with its epoch, which it then must be.
         """
         saved = WorkerState.from_dict(state_dict, where)
-        self._follow_source(saved)
+        self.follow_source(saved)
         return checked_state(self._against(), saved, elastic, slot, where, done)
 
     def begin_elastic_epoch(self, epoch: int, world_size: int, num_workers: int,
@@ -649,6 +671,13 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         order (each with whether its loader had finished the epoch), for this topology."""
         self._epochs.elastic = replanned_epoch(self._epochs, self._options, epoch, world_size, num_workers, saved)
         self._pending, self._active = None, None
+
+    def load_ledger(self, outers: list[dict[str, Any]]) -> int:
+        """Resume from the ledgers of loader states (one rank's, or every rank's of a merged checkpoint), as the
+        assignment policy keeps them (``assignment="dynamic"``); the saved epoch. For arrowstream's loader."""
+        epoch = self._policy.load_ledger(self, outers)
+        self._active = None
+        return epoch
 
     def _sizes(self) -> str:
         return f"dataset.num_batches(num_workers); rows: dataset.num_rows ({self._plan.num_rows:,}, before any filter)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 import os
 from typing import Any
 
@@ -118,3 +119,51 @@ def test_a_new_policy_is_one_registry_line(tmp_path, monkeypatch):
                                                     plan_cache=False, shuffle=True)
     assert len(loader) == 13 and asked == ["num_batches"]
     assert sorted(int(i) for batch in loader for i in batch["id"]) == list(range(100))
+
+
+def _rows(tmp_path, count: int = 100) -> str:
+    pq.write_table(pa.table({"id": list(range(count))}), tmp_path / "part.parquet", row_group_size=10)
+    return str(tmp_path)
+
+
+def test_each_dataset_owns_its_policy_and_the_policy_its_state(tmp_path):
+    """A policy is made per dataset and holds what only it uses (the dynamic one: its epochs, the workers' lease
+    pool and the loader's); the dataset and its loader hold none of it, and a loaded ledger forgets the leases."""
+    path = _rows(tmp_path)
+    loader, dataset = StructuredDataset.create_dataloader(path, batch_size=8, num_workers=2, assignment="dynamic",
+                                                          plan_cache=False)
+    other = StructuredDataset(path, batch_size=8, assignment="dynamic", plan_cache=False)
+    assert type(dataset.policy) is DynamicAssignment and dataset.policy is not other.policy
+    assert dataset.policy is not ASSIGNMENTS["dynamic"]
+    assert not {"_dynamic", "_pool"} & set(vars(dataset)) and "_pool" not in vars(loader)
+    assert dataset.policy.pool is None
+    assert sorted(int(i) for batch in loader for i in batch["id"]) == list(range(100))
+    pool = dataset.policy.pool
+    assert pool is not None and pool.epoch == 0 and len(pool) > 0 and other.policy.pool is None
+    assert len(dataset.policy.epochs.leases(0, 2, pool.pieces)) == len(pool)
+    loader.load_state_dict(json.loads(json.dumps(loader.state_dict())))
+    assert dataset.policy.pool is None   # the leases of before say nothing of the loaded rest
+
+
+def test_the_layouts_and_inspect_ask_the_policy_which_slot_reads_what(tmp_path, monkeypatch):
+    """The epoch layout a dataset reads by and ``arrowstream inspect``'s report both come from the policy's
+    ``assign``: here one that reads as static does, traced."""
+    from arrowstream._tools.inspect import describe
+
+    asked: list[int] = []
+
+    class Traced(StaticAssignment):
+        name = "traced"
+
+        def assign(self, weights: Any, num_slots: int) -> list[list[int]]:
+            asked.append(num_slots)
+            return super().assign(weights, num_slots)
+
+    monkeypatch.setitem(ASSIGNMENTS, "traced", Traced())
+    path = _rows(tmp_path)
+    dataset = StructuredDataset(path, batch_size=8, assignment="traced", rank=0, world_size=2, plan_locally=True,
+                                plan_cache=False)
+    rows = sorted(int(i) for batch in dataset for i in batch["id"])
+    assert asked and set(asked) == {2} and len(rows) == dataset.slot_rows(0)[0]
+    report = describe(dataset, 2)
+    assert asked[-1] == 4 and sum(slot["splits"] for slot in report["slots"]) == dataset.num_splits(2)

@@ -491,7 +491,7 @@ def test_metrics_count_each_workers_leases_and_the_tail(folder):
     loader, dataset = StructuredDataset.create_dataloader(path, num_workers=2, transform=slow_first_worker, **MIXED)
     ids_of_loader(loader)
     metrics = loader.metrics()
-    leases = len(dataset._dynamic.leases(0, 2, loader._pool.pieces))   # the last eighth as the workers laid it out
+    leases = len(dataset.policy.epochs.leases(0, 2, dataset.policy.pool.pieces))   # the last eighth as the workers laid it out
     assert metrics["leases"] == leases == sum(w["leases"] for w in metrics["workers"]) and leases > 2
     assert all(w["leases"] > 0 for w in metrics["workers"]) and metrics["rows"] == total
     # batches come as they are ready (in_order=False by default): the straggler took less
@@ -772,9 +772,9 @@ def test_the_workers_lay_out_the_last_eighth_by_what_they_measured(folder):
     path, total = folder
     loader, dataset = StructuredDataset.create_dataloader(path, num_workers=2, transform=costly_convert, **MIXED)
     assert sorted(ids_of_loader(loader)[0]) == list(range(total))
-    pieces = loader._pool.pieces
-    assert pieces > TAIL_LEASES_PER_WORKER and len(loader._pool) == len(dataset._dynamic.leases(0, 2, pieces))
-    assert loader.metrics()["leases"] == len(loader._pool)
+    pieces = dataset.policy.pool.pieces
+    assert pieces > TAIL_LEASES_PER_WORKER and len(dataset.policy.pool) == len(dataset.policy.epochs.leases(0, 2, pieces))
+    assert loader.metrics()["leases"] == len(dataset.policy.pool)
 
 
 def test_the_pool_lays_out_its_last_eighth_once_when_its_first_lease_is_taken():
@@ -818,8 +818,8 @@ def test_finer_tail_leases_read_every_row_once_and_resume_once(folder, persisten
         state = json.loads(json.dumps(loader.state_dict()))
         rest = [int(i) for batch in iterator for i in batch["id"]]
         assert sorted(seen + rest) == list(range(total)) and len(loader) == -(-total // 32)
-        assert loader._pool.pieces == MAX_TAIL_LEASES_PER_WORKER
-        assert len(loader._pool) > len(dataset._dynamic.leases(epoch, 2))
+        assert dataset.policy.pool.pieces == MAX_TAIL_LEASES_PER_WORKER
+        assert len(dataset.policy.pool) > len(dataset.policy.epochs.leases(epoch, 2))
         fresh, _ = StructuredDataset.create_dataloader(path, num_workers=3, **MIXED)
         fresh.load_state_dict(state)
         assert sorted(seen + ids_of_loader(fresh)[0]) == list(range(total)), (epoch, stop)

@@ -141,7 +141,7 @@ def positions_of(dataset, epoch, ids):
     from arrowstream._core.plan_types import Split
 
     splits = [Split(0, 0, 6, i, 1, 0) if i < 600 else Split(1, 0, 5, i - 600, 1, 0) for i in ids]
-    placed = dataset._dynamic.rank(epoch).rows.place(splits)
+    placed = dataset.policy.epochs.rank(epoch).rows.place(splits)
     assert (placed >= 0).all()
     return placed.tolist()
 

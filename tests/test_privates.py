@@ -32,7 +32,7 @@ PACKAGE = pathlib.Path(arrowstream.__file__).parent
 
 # Private names of other libraries' objects that a module reaches on purpose: (module, name) -> why.
 _TORCH_WORKERS = "torch's multi-process iterator: its workers, to end them now or name the one that died"
-_TORCHDATA_LOOP = "torchdata's StatefulDataLoader: the iteration state_dict() starts, reached as `loader: Any = self`"
+_TORCHDATA_LOOP = "torchdata's iterator: whether the iteration state_dict() started has read its epoch"
 THIRD_PARTY: dict[tuple[str, str], str] = {
     ("arrowstream._storage.backends", "_request"): "gcsfs: one attempt of the request its decorator retries 6 times",
     ("arrowstream._storage.backends", "_config"): "azure-storage-blob: the client's retry policy, turned down",
@@ -70,9 +70,8 @@ THIRD_PARTY: dict[tuple[str, str], str] = {
     ("arrowstream.mixture", "_getframe"): "sys._getframe: the caller's frame, where the loader watch looks for a plain DataLoader",
     ("arrowstream.testing", "_iterator"): "torchdata's StatefulDataLoader: its iterator, to end its workers now",
     ("arrowstream.testing", "_shutdown_workers"): _TORCH_WORKERS,
-    ("arrowstream._assignment.dynamic", "_initial_iter_for_state_dict"): _TORCHDATA_LOOP,
-    ("arrowstream._assignment.dynamic", "_finished"): _TORCHDATA_LOOP,
-    ("arrowstream._assignment.dynamic", "_shutdown_workers"): _TORCH_WORKERS,
+    ("arrowstream._loader.shell", "_finished"): _TORCHDATA_LOOP,
+    ("arrowstream._loader.shell", "_shutdown_workers"): _TORCH_WORKERS,
     ("arrowstream._loader.dataset", "_pin_memory"): "torch's iterator: whether (and to which device) it pins batches",
     ("arrowstream._loader.dataset", "_pin_memory_device"): "torch's iterator: whether (and to which device) it pins batches",
 }
@@ -81,14 +80,7 @@ THIRD_PARTY: dict[tuple[str, str], str] = {
 # dynamic assignment, C: describe/inspect): module -> count. The lead empties this after merging
 # those parts; until then a count may shrink (lower it here) but never grow, and a module outside
 # it may have none.
-PENDING: dict[str, int] = {
-    # the assignment policies take the dataset and loader and read their fields (#38 part A): next, each
-    # policy owns its state (leases, pools) and is handed the values it reads
-    "arrowstream._assignment.dynamic": 42,
-    "arrowstream._assignment.dynamic_epoch": 16,
-    "arrowstream._assignment.static": 10,
-    "arrowstream._loader.dataset": 2,
-}
+PENDING: dict[str, int] = {}
 
 _ACCESSORS = ("getattr", "hasattr", "setattr", "delattr")
 _OWN = ("self", "cls")

@@ -10,17 +10,25 @@ loads. Two policies today, each in its own module:
 - ``"dynamic"`` (:mod:`arrowstream._assignment.dynamic`): a rank's workers lease its rows as they finish what
   they hold (:mod:`arrowstream._layout.leases`).
 
+Each dataset makes its own policy, which owns what only it uses (the dynamic policy: its epochs and lease pools)
+and is handed the rest: the dataset and the loader it is given answer :class:`~arrowstream._assignment.views.PolicyDataset`
+and :class:`~arrowstream._assignment.views.PolicyLoader` with public values; no policy reads their fields.
+
 A new policy is one module with a class that answers :class:`Assignment`, and one line in :data:`ASSIGNMENTS`
 (the way mosaicml/streaming names its partition algorithms in one dict).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from ..errors import ArgumentTypeError, InvalidArgumentError
 from .dynamic import DynamicAssignment
 from .static import StaticAssignment
+from .views import PolicyDataset, PolicyLoader
+
+__all__ = ["ASSIGNMENTS", "Assignment", "PolicyDataset", "PolicyLoader", "check_assignment", "loader_in_order"]
 
 if TYPE_CHECKING:
     from .._core.order import Slot
@@ -32,7 +40,7 @@ if TYPE_CHECKING:
 
 class Assignment(Protocol):
     """What the dataset (``dataset``: a ``StructuredDataset``) and its loader (``loader``: an
-    ``ArrowStreamDataLoader``) ask of an assignment policy."""
+    ``ArrowStreamDataLoader``) ask of an assignment policy, one made per dataset."""
 
     name: ClassVar[str]
     in_order: ClassVar[bool]   # the loader's default: batches in the workers' round robin (False: as they are ready)
@@ -44,53 +52,64 @@ class Assignment(Protocol):
     def state_options(self) -> dict[str, Any]:
         """What the policy adds to a worker state's ``options`` (compared when a state is loaded)."""
 
+    def use_plan(self, dataset: PolicyDataset) -> None:
+        """The dataset's plan or options are new (built, or changed by a loaded checkpoint): lay out again what the
+        policy keeps of them."""
+
+    def assign(self, weights: Sequence[int], num_slots: int) -> list[list[int]]:
+        """Which items (splits, or a re-planned epoch's rest) each (rank, worker) slot reads, by their ``weights``
+        (rows), in their given order: how the dataset lays out an epoch, re-plans one for another topology, and
+        how ``arrowstream inspect`` reports it. Each slot's rows must not depend on the items' order (as longest
+        processing time's do not): ``dataset.slot_rows`` and the batch limits count them once for every epoch."""
+
     # -- facts of an epoch -----------------------------------------------------------------------
 
-    def num_batches(self, dataset: Any, num_workers: int) -> int:
+    def num_batches(self, dataset: PolicyDataset, num_workers: int) -> int:
         """Batches this rank yields in the dataset's epoch."""
 
-    def rows_dropped(self, dataset: Any, num_workers: int) -> int:
+    def rows_dropped(self, dataset: PolicyDataset, num_workers: int) -> int:
         """Rows ``drop_last`` drops in the dataset's epoch on this rank."""
 
-    def rows_trimmed(self, dataset: Any, num_workers: int) -> int:
+    def rows_trimmed(self, dataset: PolicyDataset, num_workers: int) -> int:
         """Rows ``even_batches`` trims in the dataset's epoch on this rank."""
 
-    def trim(self, dataset: Any, num_workers: int) -> Trim | None:
+    def trim(self, dataset: PolicyDataset, num_workers: int) -> Trim | None:
         """What ``even_batches`` trims of this rank's epoch (None: nothing is evened, or a filter decides)."""
 
-    def stitches_last_rows(self, dataset: Any, num_workers: int) -> bool:
+    def stitches_last_rows(self, dataset: PolicyDataset, num_workers: int) -> bool:
         """Whether the workers' last rows are made into whole batches in the trainer (``_stitch``)."""
 
     # -- iteration -------------------------------------------------------------------------------
 
-    def iterate(self, dataset: Any, slot: Slot, pending: WorkerState | None) -> EpochIterator:
+    def iterate(self, dataset: PolicyDataset, slot: Slot, pending: WorkerState | None) -> EpochIterator:
         """A worker's (or the trainer's) iterator over its rows of the dataset's epoch; ``pending``: a loaded
         worker state it resumes from."""
 
-    def start_workers(self, loader: Any) -> None:
+    def start_workers(self, loader: PolicyLoader) -> None:
         """Before the loader's workers start on an iteration (they inherit what is made here)."""
 
-    def before_iteration(self, loader: Any) -> None:
+    def before_iteration(self, loader: PolicyLoader) -> None:
         """Before an iteration: refuse an epoch a loaded checkpoint cannot lead to."""
 
-    def advance(self, loader: Any) -> None:
+    def advance(self, loader: PolicyLoader) -> None:
         """Before persistent workers start on the next iteration."""
 
-    def started(self, loader: Any) -> None:
+    def started(self, loader: PolicyLoader) -> None:
         """An iteration started."""
 
     # -- state -----------------------------------------------------------------------------------
 
-    def state_fields(self, loader: Any, inner: dict[str, Any]) -> dict[str, Any]:
+    def state_fields(self, loader: PolicyLoader, inner: dict[str, Any]) -> dict[str, Any]:
         """What the policy adds to a loader state beside torchdata's dict ``inner``."""
 
-    def load_ledger(self, dataset: Any, outers: list[dict[str, Any]]) -> int:
+    def load_ledger(self, dataset: PolicyDataset, outers: list[dict[str, Any]]) -> int:
         """Load the ledgers of loader states (one rank's, or every rank's of a merged checkpoint); the epoch."""
 
     def refuse_without_ledger(self) -> None:
         """A loader state without a ledger (worker cursors only) is loaded: raise when the policy needs one."""
 
 
+# name -> a policy of that kind; each dataset makes its own of the same class (``type(policy)()``), which holds its state
 ASSIGNMENTS: dict[str, Assignment] = {
     StaticAssignment.name: StaticAssignment(),
     DynamicAssignment.name: DynamicAssignment(),
@@ -98,13 +117,15 @@ ASSIGNMENTS: dict[str, Assignment] = {
 
 
 def check_assignment(assignment: Any, options: Options, group_size: int = 1) -> Assignment:
-    """The policy named ``assignment``, checked against ``options`` and ``group_size``."""
+    """A new policy of the kind named ``assignment`` (one per dataset), checked against ``options`` and
+    ``group_size``."""
     names = " or ".join(repr(name) for name in ASSIGNMENTS)
     if not isinstance(assignment, str):
         raise ArgumentTypeError(f"assignment: expected {names}, got {type(assignment).__name__}")
-    policy = ASSIGNMENTS.get(assignment)
-    if policy is None:
+    registered = ASSIGNMENTS.get(assignment)
+    if registered is None:
         raise InvalidArgumentError(f"assignment: expected {names}, got {assignment!r}")
+    policy = type(registered)()
     policy.check(options, group_size)
     return policy
 

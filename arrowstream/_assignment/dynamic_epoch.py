@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from .._planning.options import Options
     from .._planning.plan import Plan
     from .._worker.runtime import WorkerRuntime
+    from .views import PolicyDataset
 
 END = Cursor((), 1 << 62, replay_index=1 << 62)   # past every replay and split a worker could lease
 
@@ -70,6 +71,12 @@ class DynamicEpochs:
         self.pending = False   # the loaded rest is not read yet: the next iteration of its epoch reads it
         self._fresh: dict[int, tuple[Work, int]] = {}   # epoch -> its fresh work, and the rank's rows before cuts
         self._placed: dict[int, EpochRows] = {}   # epoch -> its fresh rows, placed (to check a ledger's rows)
+
+    def replan(self, plan: Plan, options: Options) -> None:
+        """The dataset's plan or options changed (a checkpoint's planning or buffer, a table that moved on): the
+        epochs are laid out again from them; a loaded rest stays."""
+        self._plan, self._options = plan, options
+        self._fresh, self._placed = {}, {}
 
     def _laid_out(self, epoch: int) -> tuple[Work, int]:
         laid_out = self._fresh.get(epoch)
@@ -287,12 +294,12 @@ def work_from_dict(value: Any, plan: Plan, epochs: DynamicEpochs, options: Optio
 # -- the loader's side ------------------------------------------------------------------------------
 
 
-def dynamic_ledger(dataset: Any, pool: Any, cursors: Sequence[Cursor | None], num_workers: int) -> dict[str, Any]:
+def dynamic_ledger(dataset: PolicyDataset, epochs: DynamicEpochs, pool: Any, cursors: Sequence[Cursor | None],
+                   num_workers: int) -> dict[str, Any]:
     """The ``dynamic`` part of a loader state: the rest of the epoch being read (or, before any
     iteration, of the dataset's epoch), with the data and options it must resume on. ``cursors``: each
     worker's after its last batch handed out (None: it has handed out none yet)."""
-    epochs: DynamicEpochs = dataset._dynamic
-    options: Options = dataset._options
+    options = dataset.options
     pending = epochs.pending_rest()
     if pending is not None:   # a loaded rest no iteration has read yet (state_dict() may have started workers)
         epoch, work = pending
@@ -309,27 +316,28 @@ def dynamic_ledger(dataset: Any, pool: Any, cursors: Sequence[Cursor | None], nu
         work = remaining_work(leases, owners, started, slots, batch_size=options.batch_size,
                               interleave=options.interleave, buffer_rows=options.shuffle_buffer_size)
     rank = epochs.rank(epoch)
-    yielded = yielded_to_dict(rank, rows_left(dataset._plan, work, epoch, rank, "dynamic"))
-    return {**work_to_dict(epoch, work, yielded), "data": dataset._data.to_dict(),
-            "options": dict(dataset._state_options)}
+    yielded = yielded_to_dict(rank, rows_left(dataset.plan, work, epoch, rank, "dynamic"))
+    return {**work_to_dict(epoch, work, yielded), "data": dataset.identity.to_dict(),
+            "options": dict(dataset.state_options)}
 
 
-def load_dynamic_ledger(dataset: Any, outers: Sequence[dict[str, Any]]) -> int:
+def load_dynamic_ledger(dataset: PolicyDataset, epochs: DynamicEpochs, outers: Sequence[dict[str, Any]]) -> int:
     """Check the ledgers of loader states (one, or every rank's of a merged checkpoint) against ``dataset`` and
-    make the rest of the saved epoch its work; the saved epoch."""
+    make the rest of the saved epoch the work of its ``epochs`` (re-planned in place when the dataset follows the
+    checkpoint's buffer or source); the saved epoch."""
     missing = [index for index, outer in enumerate(outers) if "dynamic" not in outer]
     if missing:
         raise StateMismatchError(f"checkpoint rank {missing[0]} was taken with assignment='static' and others with "
                                  f"'dynamic'; {REMEDY}")
     adopt_buffer(dataset, Fields(outers[0]["dynamic"], "dynamic").mapping("options").value)   # when left out
     # an Iceberg table that moved on since the checkpoint: its pinned snapshot, planned before a ledger is checked
-    dataset._follow_source(_ledger_state(outers[0]))
+    dataset.follow_source(_ledger_state(outers[0]))
     world_size = outers[0]["world_size"]
     if world_size != dataset.world_size and all(_epoch_over(dataset, outer) for outer in outers) \
             and len(outers) == world_size:
         # every rank had read its whole epoch: nothing is left to re-plan, the next epoch is laid out here
         epoch = Fields(outers[0]["dynamic"], "dynamic").integer("epoch")
-        dataset._dynamic.load(epoch, Work((), ()))
+        epochs.load(epoch, Work((), ()))
         return epoch
     if world_size != dataset.world_size:
         raise StateMismatchError(
@@ -341,9 +349,9 @@ def load_dynamic_ledger(dataset: Any, outers: Sequence[dict[str, Any]]) -> int:
         raise StateMismatchError(f"this loader state belongs to rank {outer['rank']} of {world_size}, this loader is "
                                  f"rank {dataset.rank}; load each rank's own state, or the merged checkpoint on every rank")
     saved = _ledger_state(outer)
-    epoch, work = work_from_dict(outer["dynamic"], dataset._plan, dataset._dynamic, dataset._options)
-    check_compatible(saved, dataset._data, dataset._state_options, dataset._data_identity)
-    dataset._dynamic.load(epoch, work)
+    epoch, work = work_from_dict(outer["dynamic"], dataset.plan, epochs, dataset.options)
+    check_compatible(saved, dataset.identity, dataset.state_options, dataset.data_identity)
+    epochs.load(epoch, work)
     return epoch
 
 
@@ -356,14 +364,14 @@ def _ledger_state(outer: dict[str, Any]) -> WorkerState:
                        0, False, None)
 
 
-def _epoch_over(dataset: Any, outer: dict[str, Any]) -> bool:
+def _epoch_over(dataset: PolicyDataset, outer: dict[str, Any]) -> bool:
     """Whether a rank's ledger leaves nothing of its epoch (checked against the plan as its world size
     laid the epoch out)."""
     ledger = Fields(outer["dynamic"], "dynamic")
     if ledger.sequence("replays") or ledger.sequence("splits"):
         return False
     saved_options = ledger.mapping("options").value
-    epochs = DynamicEpochs(dataset._plan, dataset._options, outer["world_size"], outer["rank"],
+    epochs = DynamicEpochs(dataset.plan, dataset.options, outer["world_size"], outer["rank"],
                            bool(saved_options.get("even_batches")))
     epoch = ledger.integer("epoch")
     return ledger.integer("fresh_from_row") >= epochs.fresh(epoch).num_rows

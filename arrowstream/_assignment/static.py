@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from .._core.order import SlotGrid, assign_lpt
 from .._layout.layout import rows_dropped, rows_trimmed
 from .._layout.trims import slot_trim
 from ..errors import StateMismatchError
@@ -16,6 +18,7 @@ if TYPE_CHECKING:
     from .._planning.options import Options
     from .._state.worker import WorkerState
     from .._worker.runtime import EpochIterator
+    from .views import PolicyDataset, PolicyLoader
 
 
 class StaticAssignment:
@@ -31,47 +34,62 @@ class StaticAssignment:
     def state_options(self) -> dict[str, Any]:
         return {}   # static states stay as they were before there was a choice
 
-    def num_batches(self, dataset: Any, num_workers: int) -> int:
-        return sum(limit for _, limit, _ in dataset._rank_yields(num_workers))
+    def use_plan(self, dataset: PolicyDataset) -> None:
+        return None   # the dataset's epochs lay out each slot's splits: nothing of its own to lay out again
 
-    def rows_dropped(self, dataset: Any, num_workers: int) -> int:
-        return rows_dropped(dataset._rank_yields(num_workers), dataset._options)
+    def assign(self, weights: Sequence[int], num_slots: int) -> list[list[int]]:
+        """Longest processing time on rows: deterministic, each slot's items in their given order."""
+        return assign_lpt(weights, num_slots)
 
-    def rows_trimmed(self, dataset: Any, num_workers: int) -> int:
-        return rows_trimmed(dataset._rank_yields(num_workers), dataset._options, dataset._even_batches)
+    def num_batches(self, dataset: PolicyDataset, num_workers: int) -> int:
+        return sum(limit for _, limit, _ in rank_yields(dataset, num_workers))
 
-    def trim(self, dataset: Any, num_workers: int) -> Trim | None:
-        options = dataset._options
-        return slot_trim(dataset._rank_yields(num_workers), options.batch_size, options.drop_last)
+    def rows_dropped(self, dataset: PolicyDataset, num_workers: int) -> int:
+        return rows_dropped(rank_yields(dataset, num_workers), dataset.options)
 
-    def stitches_last_rows(self, dataset: Any, num_workers: int) -> bool:
+    def rows_trimmed(self, dataset: PolicyDataset, num_workers: int) -> int:
+        return rows_trimmed(rank_yields(dataset, num_workers), dataset.options, dataset.even_batches)
+
+    def trim(self, dataset: PolicyDataset, num_workers: int) -> Trim | None:
+        options = dataset.options
+        return slot_trim(rank_yields(dataset, num_workers), options.batch_size, options.drop_last)
+
+    def stitches_last_rows(self, dataset: PolicyDataset, num_workers: int) -> bool:
         return False
 
-    def iterate(self, dataset: Any, slot: Slot, pending: WorkerState | None) -> EpochIterator:
+    def iterate(self, dataset: PolicyDataset, slot: Slot, pending: WorkerState | None) -> EpochIterator:
         from .._worker.runtime import EpochIterator
 
-        return EpochIterator(slot, functools.partial(dataset._open, slot, pending),
-                             before=lambda: pending or dataset._epochs.start(slot, dataset.epoch))
+        return EpochIterator(slot, functools.partial(dataset.open_epoch, slot, pending),
+                             before=lambda: pending or dataset.epochs.start(slot, dataset.epoch))
 
-    def start_workers(self, loader: Any) -> None:
+    def start_workers(self, loader: PolicyLoader) -> None:
         return None
 
-    def before_iteration(self, loader: Any) -> None:
+    def before_iteration(self, loader: PolicyLoader) -> None:
         return None
 
-    def advance(self, loader: Any) -> None:
+    def advance(self, loader: PolicyLoader) -> None:
         return None
 
-    def started(self, loader: Any) -> None:
+    def started(self, loader: PolicyLoader) -> None:
         return None
 
-    def state_fields(self, loader: Any, inner: dict[str, Any]) -> dict[str, Any]:
+    def state_fields(self, loader: PolicyLoader, inner: dict[str, Any]) -> dict[str, Any]:
         return {}   # the workers' cursors in torchdata's dict are the whole state
 
-    def load_ledger(self, dataset: Any, outers: list[dict[str, Any]]) -> int:
+    def load_ledger(self, dataset: PolicyDataset, outers: list[dict[str, Any]]) -> int:
         raise StateMismatchError(
             "checkpoint was taken with assignment='dynamic', this dataset has assignment='static': the rest of its "
             "epoch is a ledger of leases, not worker cursors. Build the dataset with assignment='dynamic' to resume")
 
     def refuse_without_ledger(self) -> None:
         return None
+
+
+def rank_yields(dataset: PolicyDataset, num_workers: int) -> list[tuple[int, int, int]]:
+    """Per worker of the dataset's rank: (rows, batches it yields, rows it yields), in the dataset's epoch
+    (re-planned for this topology, when a checkpoint of another was loaded)."""
+    options = dataset.options
+    layout = dataset.epochs.layout(dataset.epoch, SlotGrid(dataset.world_size, num_workers))
+    return layout.yields(dataset.rank, options.batch_size, options.drop_last)

@@ -170,12 +170,14 @@ class Layouts:
 class Epochs:
     """The epochs of one plan as one dataset reads them: its :class:`Layouts`, the data identity and
     options its worker states carry, and ``elastic``: the epoch re-planned from a loaded checkpoint of
-    another topology, if any, which that epoch is laid out from."""
+    another topology, if any, which that epoch is laid out from. ``assign``: how items go to slots (the
+    dataset's assignment policy's), in a planned epoch and in one re-planned on another topology alike."""
 
     def __init__(self, plan: PlanView, options: OrderOptions, even_batches: bool, data: DataIdentity,
-                 state_options: dict[str, Any], elastic: ElasticSource | None = None) -> None:
+                 state_options: dict[str, Any], elastic: ElasticSource | None = None,
+                 assign: Assignment = assign_lpt) -> None:
         self.plan, self.options, self.data, self.state_options = plan, options, data, state_options
-        self.layouts = Layouts(plan, options, even_batches)
+        self.layouts = Layouts(plan, options, even_batches, assign)
         self.elastic = elastic
 
     def layout(self, epoch: int, grid: SlotGrid, source: ElasticSource | None = None) -> EpochLayout:

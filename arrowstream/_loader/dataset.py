@@ -41,7 +41,6 @@ from .._state.worker import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, WorkerS
 from .._storage.credentials import as_provider
 from .._storage.filesystem import logger
 from .._worker.convert import passthrough_collate
-from .._worker.lease_pool import SharedPool
 from .._worker.stitch import Stitcher
 from .._worker.transport import MAX_BATCHES_PER_TRANSFER, ROWS_PER_TRANSFER, default_batches_per_transfer  # noqa: F401 (re-exported)
 from ..errors import ArgumentTypeError, StateMismatchError
@@ -89,7 +88,6 @@ class ArrowStreamDataLoader(StreamLoader):
                                     "for other datasets")
         kwargs = _loader_arguments(dataset, args, kwargs)
         self._elastic_loaded = False  # a checkpoint re-planned for this topology, its epoch not started yet
-        self._pool: SharedPool | None = None  # assignment='dynamic': the leases of the running iteration
         self._start(dataset, kwargs, batches_per_transfer, dataset.credential_provider)
 
     # -- the hooks of StreamLoader ----------------------------------------------------------------------
@@ -221,11 +219,8 @@ class ArrowStreamDataLoader(StreamLoader):
     def _load_dynamic(self, outers: list[dict[str, Any]]) -> None:
         """Resume a dynamic checkpoint: the rest of its epoch is this rank's work, leased anew by this
         loader's workers (any number)."""
-        epoch = self.dataset.policy.load_ledger(self.dataset, outers)
+        epoch = self.dataset.load_ledger(outers)   # the leases of an earlier iteration are forgotten
         self.dataset.set_epoch(epoch)
-        # the leases of an earlier iteration say nothing of the loaded epoch's rest
-        self._pool = self.dataset._pool = None
-        self.dataset._active = None
         self._batch_iterator = None
         self._elastic_loaded = False
         self._load_torchdata({})

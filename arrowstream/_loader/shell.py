@@ -184,6 +184,34 @@ class StreamLoader(LoadsState, StatefulDataLoader):  # type: ignore[misc]
         set_last_yielded_worker(inner, self.num_workers - 1)  # the next batch comes from worker 0
         return inner
 
+    # -- torchdata's loop, for the assignment policies (arrowstream._assignment.views.PolicyLoader) ------------
+
+    def holds_iteration(self) -> bool:
+        """Whether torchdata holds an iterator (with workers: their processes) for the next ``iter()``."""
+        return self._iterator is not None
+
+    def holds_state_dict_iteration(self, unread: bool = False) -> bool:
+        """Whether the iterator torchdata holds was started by ``state_dict()`` (the next ``iter()`` goes on with
+        it, workers and all); ``unread``: and it has not read its epoch to the end."""
+        iterator: Any = self._iterator
+        if not self._initial_iter_for_state_dict:
+            return False
+        return not (unread and iterator is not None and iterator._finished)
+
+    def end_iteration(self) -> None:
+        """End the iterator torchdata holds (its workers now) and forget it, as torchdata's ``load_state_dict``
+        does: the next ``iter()`` starts a new one."""
+        iterator: Any = self._iterator
+        if self.num_workers > 0 and iterator is not None:
+            iterator._shutdown_workers()
+        self._iterator: Any = None   # torchdata's own fields, as its load_state_dict leaves them
+        self._initial_iter_for_state_dict = False
+
+    def positions_handed_out(self) -> dict[int, Any]:
+        """Each worker's position after its last batch handed out in this iteration, for the workers that
+        handed out any (with workers; see ``BatchIterator.handed_out``)."""
+        return {} if self._batch_iterator is None else self._batch_iterator.handed_out()
+
     def skip(self, batches: int) -> None:
         """Pass over the next ``batches`` batches this loader would yield (after a loss spike, say).
 

@@ -15,7 +15,7 @@ import json
 import statistics
 from typing import Any
 
-from .._core.order import SlotGrid, assign_lpt, natural_batches
+from .._core.order import SlotGrid, natural_batches
 from .._formats import unit_format
 
 
@@ -77,7 +77,7 @@ def describe(dataset: Any, num_workers: int) -> dict[str, Any]:
              for f in footers]
     splits = plan.splits_for(num_slots, options.planning)
     split_rows = [s.num_rows for s in splits]
-    owned = assign_lpt(split_rows, num_slots)  # the loader's assignment: splits per slot
+    owned = dataset.policy.assign(split_rows, num_slots)  # the loader's assignment (its policy's): splits per slot
     slots = [{**slot_line(index, per_rank, rows, batches, kept, options.batch_size, options.drop_last),
               "splits": len(owned[index])}
              for index, (rows, batches, kept) in enumerate(dataset.slot_yields(num_workers))]
