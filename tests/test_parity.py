@@ -50,13 +50,9 @@ REFUSED: dict[tuple[str, str, str], tuple[type[Exception], str]] = {
     ("mixture", "dynamic", "check_resume"): (InvalidArgumentError, _TIMING),
 }
 
-_DYNAMIC_RANKS = ("issue #38 part A: dynamic assignment does not re-plan the rest of an epoch for another world size "
-                  "yet (a StateMismatchError)")
 _MIXTURE_DYNAMIC = ("issue #38 part A: a Mixture takes no assignment= (an ArgumentTypeError for an unknown keyword, "
                     "which gives no reason)")
 PENDING: dict[tuple[str, str, str], str] = {
-    ("dataset", "dynamic", "elastic_ranks"): _DYNAMIC_RANKS,
-    ("iceberg", "dynamic", "elastic_ranks"): _DYNAMIC_RANKS,
     **{("mixture", "dynamic", feature): _MIXTURE_DYNAMIC for feature in FEATURES},
 }
 
