@@ -10,6 +10,7 @@ bytes per worker, whatever the number of files, and is checked against the plan 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -73,6 +74,18 @@ class DynamicEpochs:
         self._fresh: dict[int, tuple[Work, int]] = {}   # epoch -> its fresh work, and the rank's rows before cuts
         self._placed: dict[int, EpochRows] = {}   # epoch -> its fresh rows, placed (to check a ledger's rows)
         self.replanned: Replanned | None = None   # an epoch re-planned from a checkpoint of another world size
+
+    @property
+    def plan(self) -> Plan:
+        return self._plan
+
+    @property
+    def options(self) -> Options:
+        return self._options
+
+    @property
+    def even_batches(self) -> bool:
+        return self._even_batches
 
     def checking(self, world_size: int, rank: int, even_batches: bool, replanned: Replanned | None = None) -> DynamicEpochs:
         """The epochs of rank ``rank`` of ``world_size`` on the same plan and options but ``even_batches`` (another
@@ -331,7 +344,7 @@ def dynamic_ledger(dataset: Any, pool: Any, cursors: Sequence[Cursor | None], nu
         work = remaining_work(leases, owners, started, slots, batch_size=options.batch_size,
                               interleave=options.interleave, buffer_rows=options.shuffle_buffer_size)
     rank = epochs.rank(epoch)
-    yielded = yielded_to_dict(rank, rows_left(dataset._plan, work, epoch, rank, "dynamic"))
+    yielded = yielded_to_dict(rank, rows_left(epochs.plan, work, epoch, rank, "dynamic"))
     replanned = epochs.replanned
     source = replanned.value if replanned is not None and replanned.epoch == epoch else None
     return {**work_to_dict(epoch, work, yielded), "replanned": source, "data": dataset._data.to_dict(),
@@ -350,8 +363,9 @@ def load_dynamic_ledger(dataset: Any, outers: Sequence[dict[str, Any]]) -> int:
     dataset._follow_source(_ledger_state(outers[0]))
     world_size = outers[0]["world_size"]
     epochs: DynamicEpochs = dataset._dynamic
+    current = _Current(dataset._data, dataset._state_options, dataset._data_identity)
     if world_size != dataset.world_size:
-        replanned = _replanned(dataset, outers)
+        replanned = _replanned(epochs, current, outers, dataset.world_size)
         epochs.use_replanned(replanned)
         epochs.load(replanned.epoch, epochs.fresh(replanned.epoch))
         return replanned.epoch
@@ -360,10 +374,10 @@ def load_dynamic_ledger(dataset: Any, outers: Sequence[dict[str, Any]]) -> int:
         raise StateMismatchError(f"this loader state belongs to rank {outer['rank']} of {world_size}, this loader is "
                                  f"rank {dataset.rank}; load each rank's own state, or the merged checkpoint on every rank")
     saved = _ledger_state(outer)
-    checked = _ledger_epochs(outer["dynamic"], epochs.checking(dataset.world_size, dataset.rank, epochs._even_batches),
+    checked = _ledger_epochs(outer["dynamic"], epochs.checking(dataset.world_size, dataset.rank, epochs.even_batches),
                              "dynamic")
-    epoch, work = work_from_dict(outer["dynamic"], dataset._plan, checked, dataset._options)
-    check_compatible(saved, dataset._data, dataset._state_options, dataset._data_identity)
+    epoch, work = work_from_dict(outer["dynamic"], epochs.plan, checked, epochs.options)
+    check_compatible(saved, current.data, current.state_options, current.identity)
     epochs.use_replanned(checked.replanned)
     epochs.load(epoch, work)
     return epoch
@@ -395,7 +409,7 @@ def replanned_from_dict(value: Any, epochs: DynamicEpochs, where: str) -> Replan
         if Fields(rest, name).get("yielded") is None:
             raise StateError(f"the state's {name}.yielded is missing: an old rank's rest names the rows it had yielded; "
                              f"{REMEDY}")
-        epoch, work = work_from_dict(rest, epochs._plan, epochs.checking(world_size, rank, even_batches, source), epochs._options, name)
+        epoch, work = work_from_dict(rest, epochs.plan, epochs.checking(world_size, rank, even_batches, source), epochs.options, name)
         works.append(work)
         found.add(epoch)
     if len(found) != 1 or (source is not None and source.epoch not in found):
@@ -404,16 +418,25 @@ def replanned_from_dict(value: Any, epochs: DynamicEpochs, where: str) -> Replan
                                                              "rests": list(rests), "replanned": inner})
 
 
-def _replanned(dataset: Any, outers: Sequence[dict[str, Any]]) -> Replanned:
+@dataclass(frozen=True)
+class _Current:
+    """What a ledger's data and options are checked against: the dataset's."""
+
+    data: DataIdentity
+    state_options: dict[str, Any]
+    identity: str
+
+
+def _replanned(epochs: DynamicEpochs, current: _Current, outers: Sequence[dict[str, Any]],
+               new_world_size: int) -> Replanned:
     """The rest of the epoch of a merged checkpoint of another world size: every old rank's ledger, checked, to be
-    re-planned over this loader's ranks (see :func:`~arrowstream._layout.leases.replanned_work`)."""
-    epochs: DynamicEpochs = dataset._dynamic
+    re-planned over ``new_world_size`` ranks (see :func:`~arrowstream._layout.leases.replanned_work`)."""
     world_size = outers[0]["world_size"]
     ranks = [outer["rank"] for outer in outers]
     if ranks != list(range(world_size)):
         raise StateMismatchError(
             f"checkpoint was taken with world_size={world_size} and assignment='dynamic', this loader has "
-            f"world_size={dataset.world_size}: re-planning the rest of the epoch for another world size needs every "
+            f"world_size={new_world_size}: re-planning the rest of the epoch for another world size needs every "
             f"old rank's ledger (each holds the rows its rank had left), and this state holds rank(s) "
             f"{shorten(ranks)} only. Load the merged checkpoint of every rank (arrowstream.gather_state_dict or "
             "merge_state_dicts)")
@@ -422,12 +445,11 @@ def _replanned(dataset: Any, outers: Sequence[dict[str, Any]]) -> Replanned:
         where = f"checkpoint.ranks[{rank}].dynamic"
         saved = _ledger_state(outer)
         even_batches = saved.options.get("even_batches")   # the old world size's (off on one rank)
-        check_compatible(saved, dataset._data, {**dataset._state_options, "even_batches": even_batches},
-                         dataset._data_identity)
+        check_compatible(saved, current.data, {**current.state_options, "even_batches": even_batches}, current.identity)
         old = _ledger_epochs(outer["dynamic"], epochs.checking(world_size, rank, bool(even_batches)), where)
-        epoch, work = work_from_dict(outer["dynamic"], dataset._plan, old, dataset._options, where)
+        epoch, work = work_from_dict(outer["dynamic"], epochs.plan, old, epochs.options, where)
         placed = old.rank(epoch)
-        rests.append((work, work_to_dict(epoch, work, yielded_to_dict(placed, rows_left(dataset._plan, work, epoch,
+        rests.append((work, work_to_dict(epoch, work, yielded_to_dict(placed, rows_left(epochs.plan, work, epoch,
                                                                                            placed, where)))))
         sources.append(Fields(outer["dynamic"], where).get("replanned"))
         found.append(epoch)
@@ -435,7 +457,7 @@ def _replanned(dataset: Any, outers: Sequence[dict[str, Any]]) -> Replanned:
         other = next(rank for rank, epoch in enumerate(found) if epoch != found[0])
         raise StateMismatchError(
             f"the checkpoint's rank 0 is in epoch {found[0]} and its rank {other} in epoch {found[other]}: the rest of "
-            f"one epoch is re-planned for world_size={dataset.world_size}, and these ranks were not in the same one. "
+            f"one epoch is re-planned for world_size={new_world_size}, and these ranks were not in the same one. "
             f"Resume with world_size={world_size} until every rank is in the same epoch, then change")
     if any(source != sources[0] for source in sources):
         raise StateError(f"the checkpoint's ranks' ledgers say their epoch was re-planned from different checkpoints; "
