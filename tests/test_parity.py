@@ -52,11 +52,7 @@ REFUSED: dict[tuple[str, str, str], tuple[type[Exception], str]] = {
     **{("mixture", "dynamic", feature): (InvalidArgumentError, _MIXTURE_SHARES) for feature in FEATURES},
 }
 
-_DYNAMIC_RANKS = ("issue #38 part A: dynamic assignment does not re-plan the rest of an epoch for another world size "
-                  "yet (a StateMismatchError)")
 PENDING: dict[tuple[str, str, str], str] = {
-    ("dataset", "dynamic", "elastic_ranks"): _DYNAMIC_RANKS,
-    ("iceberg", "dynamic", "elastic_ranks"): _DYNAMIC_RANKS,
 }
 
 

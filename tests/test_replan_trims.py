@@ -3,7 +3,7 @@ equal stretches per new (rank, worker) slot, so ``even_batches`` trims at most o
 that, in a planned or a re-planned epoch, is a ``TrimWarning`` naming the rows.
 
 An in-process matrix: old topology -> new topology (ranks are explicit ``rank``/``world_size`` loaders in this
-process, their states merged) x {default buffer, explicit buffer, interleave, drop_last, mixture, dynamic}.
+process, their states merged) x {default buffer, explicit buffer, interleave, drop_last, mixture, dynamic (other workers, and other ranks)}.
 Each case counts the rows read before the checkpoint and after it on every new rank: none twice, every row
 of the epoch read but those ``even_batches`` trims and ``drop_last`` drops (as the datasets count them), at
 most one batch per new slot, equal batches on every rank and ``len(loader)`` exact.
@@ -144,6 +144,27 @@ def test_dynamic_assignment_replans_for_other_workers_without_a_trim(twenty, old
     counts = Counter(seen + after)
     assert max(counts.values()) == 1 and len(counts) == ROWS   # 8000 rows over 2 ranks: nothing to trim
     assert lengths[0] == lengths[1]
+
+
+DYNAMIC_TOPOLOGIES = [((1, 2), (2, 2)), ((2, 1), (3, 1)), ((3, 0), (2, 0)), ((2, 2), (1, 3))]
+
+
+@pytest.mark.parametrize(("old", "new"), DYNAMIC_TOPOLOGIES,
+                         ids=[f"{o[0]}x{o[1]}-to-{n[0]}x{n[1]}" for o, n in DYNAMIC_TOPOLOGIES])
+def test_a_dynamic_epoch_replanned_for_another_world_size_trims_at_most_one_batch_per_rank(twenty, old, new):
+    """Dynamic assignment: every old rank's ledger, its rows left cut into equal stretches, one per new rank."""
+    options = {"batch_size": BATCH, "shuffle": True, "seed": 4, "assignment": "dynamic", "batches_per_transfer": 1}
+    seen, state = _old_states(twenty, *old, steps=9, options=options)
+    after, lengths, left_out = _resume_everywhere(twenty, *new, state=state, options=options)
+    # the rows the old epoch's own even_batches trimmed (20 files over 3 ranks) were never leased: not re-planned
+    old_trims = sum(make_loader(twenty, old[1], rank=rank, world_size=old[0], **options)[1]
+                    .rows_trimmed_per_epoch(old[1]) for rank in range(old[0]))
+    counts = Counter(seen + after)
+    assert max(counts.values()) == 1, "a row came twice"
+    assert len(counts) + left_out + old_trims == ROWS, "rows were lost beyond what even_batches and drop_last count"
+    assert left_out <= new[0] * BATCH   # a rank's rows are trimmed together: at most a batch per rank
+    assert all(expected == got for expected, got in lengths), "len(loader) was not the batches read"
+    assert len({got for _, got in lengths}) == 1, "the ranks yielded different numbers of batches"
 
 
 def _mixture(sources, num_workers, rank, world_size, **kwargs):

@@ -10,6 +10,7 @@ bytes per worker, whatever the number of files, and is checked against the plan 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,12 +27,14 @@ from .._layout.leases import (
     LeasedShare,
     Leases,
     PoolLeases,
+    Replanned,
     StitchTag,
     Work,
     last_pieces,
     leased_runs,
     rank_share,
     remaining_work,
+    replanned_work,
     start_cursor,
     tail_pieces,
     work_of,
@@ -71,6 +74,31 @@ class DynamicEpochs:
         self.pending = False   # the loaded rest is not read yet: the next iteration of its epoch reads it
         self._fresh: dict[int, tuple[Work, int]] = {}   # epoch -> its fresh work, and the rank's rows before cuts
         self._placed: dict[int, EpochRows] = {}   # epoch -> its fresh rows, placed (to check a ledger's rows)
+        self.replanned: Replanned | None = None   # an epoch re-planned from a checkpoint of another world size
+
+    @property
+    def plan(self) -> Plan:
+        return self._plan
+
+    @property
+    def options(self) -> Options:
+        return self._options
+
+    @property
+    def even_batches(self) -> bool:
+        return self._even_batches
+
+    def checking(self, world_size: int, rank: int, even_batches: bool, replanned: Replanned | None = None) -> DynamicEpochs:
+        """The epochs of rank ``rank`` of ``world_size`` on the same plan and options but ``even_batches`` (another
+        rank's ledger is checked against them), re-planned from ``replanned``."""
+        epochs = DynamicEpochs(self._plan, self._options, world_size, rank, even_batches)
+        epochs.use_replanned(replanned)
+        return epochs
+
+    def use_replanned(self, replanned: Replanned | None) -> None:
+        """Lay out ``replanned.epoch`` from every old rank's rest (None: every epoch from the plan)."""
+        self.replanned = replanned
+        self._fresh, self._placed = {}, {}
 
     def replan(self, plan: Plan, options: Options) -> None:
         """The dataset's plan or options changed (a checkpoint's planning or buffer, a table that moved on): the
@@ -83,9 +111,15 @@ class DynamicEpochs:
         if laid_out is None:
             if len(self._fresh) >= 4:
                 del self._fresh[next(iter(self._fresh))]
-            share, kept = rank_share(self._plan, self._world_size, self._rank, epoch, self._options,
-                                     self._even_batches)
-            laid_out = self._fresh[epoch] = (work_of(share, kept), int(split_rows(share).sum()))
+            replanned = self.replanned
+            if replanned is not None and replanned.epoch == epoch:
+                laid_out = replanned_work(replanned.rests, self._world_size, self._rank, self._options.batch_size,
+                                          self._options.drop_last, self._even_batches)
+            else:
+                share, kept = rank_share(self._plan, self._world_size, self._rank, epoch, self._options,
+                                         self._even_batches)
+                laid_out = (work_of(share, kept), int(split_rows(share).sum()))
+            self._fresh[epoch] = laid_out
         return laid_out
 
     def fresh(self, epoch: int) -> Work:
@@ -98,7 +132,8 @@ class DynamicEpochs:
         if placed is None:
             if len(self._placed) >= 4:
                 del self._placed[next(iter(self._placed))]
-            placed = self._placed[epoch] = EpochRows(self._plan, self.fresh(epoch).fresh)
+            fresh = self.fresh(epoch)
+            placed = self._placed[epoch] = EpochRows(self._plan, fresh.fresh, fresh.replays)
         return Rank(placed, self._rank, self._world_size, self._options)
 
     def load(self, epoch: int, work: Work) -> None:
@@ -281,7 +316,7 @@ def work_from_dict(value: Any, plan: Plan, epochs: DynamicEpochs, options: Optio
     splits = tuple(_split_from_list(plan, s, f"{where}.splits[{i}]") for i, s in enumerate(fields.sequence("splits")))
     fresh = epochs.fresh(epoch)
     fresh_rows = fresh.num_rows
-    fresh_from = fields.integer("fresh_from_row", 0, fresh_rows)
+    fresh_from = fields.integer("fresh_from_row", 0, fresh_rows - sum(r.rows for r in fresh.replays))
     work = Work(tuple(replays), splits, fresh.fresh, fresh_from)
     if work.num_rows > fresh_rows:
         raise StateError(f"the state's {where} leaves {work.num_rows} row(s) of epoch {epoch}, more than the rank reads "
@@ -316,8 +351,10 @@ def dynamic_ledger(dataset: PolicyDataset, epochs: DynamicEpochs, pool: Any, cur
         work = remaining_work(leases, owners, started, slots, batch_size=options.batch_size,
                               interleave=options.interleave, buffer_rows=options.shuffle_buffer_size)
     rank = epochs.rank(epoch)
-    yielded = yielded_to_dict(rank, rows_left(dataset.plan, work, epoch, rank, "dynamic"))
-    return {**work_to_dict(epoch, work, yielded), "data": dataset.identity.to_dict(),
+    yielded = yielded_to_dict(rank, rows_left(epochs.plan, work, epoch, rank, "dynamic"))
+    replanned = epochs.replanned
+    source = replanned.value if replanned is not None and replanned.epoch == epoch else None
+    return {**work_to_dict(epoch, work, yielded), "replanned": source, "data": dataset.identity.to_dict(),
             "options": dict(dataset.state_options)}
 
 
@@ -333,26 +370,108 @@ def load_dynamic_ledger(dataset: PolicyDataset, epochs: DynamicEpochs, outers: S
     # an Iceberg table that moved on since the checkpoint: its pinned snapshot, planned before a ledger is checked
     dataset.follow_source(_ledger_state(outers[0]))
     world_size = outers[0]["world_size"]
-    if world_size != dataset.world_size and all(_epoch_over(dataset, outer) for outer in outers) \
-            and len(outers) == world_size:
-        # every rank had read its whole epoch: nothing is left to re-plan, the next epoch is laid out here
-        epoch = Fields(outers[0]["dynamic"], "dynamic").integer("epoch")
-        epochs.load(epoch, Work((), ()))
-        return epoch
+    current = _Current(dataset.identity, dataset.state_options, dataset.data_identity)
     if world_size != dataset.world_size:
-        raise StateMismatchError(
-            f"checkpoint was taken with world_size={world_size} and assignment='dynamic', this loader has "
-            f"world_size={dataset.world_size}: dynamic assignment re-plans the rest of an epoch for other workers "
-            f"of a rank, not yet for other ranks. Resume with world_size={world_size} until the epoch ends")
+        replanned = _replanned(epochs, current, outers, dataset.world_size)
+        epochs.use_replanned(replanned)
+        epochs.load(replanned.epoch, epochs.fresh(replanned.epoch))
+        return replanned.epoch
     outer = outers[0] if len(outers) == 1 else outers[dataset.rank]
     if outer["rank"] != dataset.rank:
         raise StateMismatchError(f"this loader state belongs to rank {outer['rank']} of {world_size}, this loader is "
                                  f"rank {dataset.rank}; load each rank's own state, or the merged checkpoint on every rank")
     saved = _ledger_state(outer)
-    epoch, work = work_from_dict(outer["dynamic"], dataset.plan, epochs, dataset.options)
-    check_compatible(saved, dataset.identity, dataset.state_options, dataset.data_identity)
+    checked = _ledger_epochs(outer["dynamic"], epochs.checking(dataset.world_size, dataset.rank, epochs.even_batches),
+                             "dynamic")
+    epoch, work = work_from_dict(outer["dynamic"], epochs.plan, checked, epochs.options)
+    check_compatible(saved, current.data, current.state_options, current.identity)
+    epochs.use_replanned(checked.replanned)
     epochs.load(epoch, work)
     return epoch
+
+
+def _ledger_epochs(ledger: Any, epochs: DynamicEpochs, where: str) -> DynamicEpochs:
+    """``epochs`` re-planned as ``ledger`` says its epoch was (its ``replanned``), to check it against."""
+    source = Fields(ledger, where).get("replanned")
+    if source is not None:
+        epochs.use_replanned(replanned_from_dict(source, epochs, f"{where}.replanned"))
+    return epochs
+
+
+def replanned_from_dict(value: Any, epochs: DynamicEpochs, where: str) -> Replanned:
+    """The ``replanned`` field of a ledger: every old rank's rest of the epoch (each checked against the plan as
+    its rank had laid the epoch out, re-planned in turn where it was) and the world size they were taken on."""
+    fields = Fields(value, where)
+    world_size = fields.integer("world_size", 1)
+    even_batches = fields.boolean("even_batches")
+    rests = fields.sequence("rests")
+    if len(rests) != world_size:
+        raise StateError(f"the state's {where}.rests holds {len(rests)} ledger(s), expected one per old rank: "
+                         f"{world_size} for world_size={world_size}; {REMEDY}")
+    inner = fields.get("replanned")
+    source = None if inner is None else replanned_from_dict(inner, epochs, f"{where}.replanned")
+    works, found = [], set()
+    for rank, rest in enumerate(rests):
+        name = f"{where}.rests[{rank}]"
+        if Fields(rest, name).get("yielded") is None:
+            raise StateError(f"the state's {name}.yielded is missing: an old rank's rest names the rows it had yielded; "
+                             f"{REMEDY}")
+        epoch, work = work_from_dict(rest, epochs.plan, epochs.checking(world_size, rank, even_batches, source), epochs.options, name)
+        works.append(work)
+        found.add(epoch)
+    if len(found) != 1 or (source is not None and source.epoch not in found):
+        raise StateError(f"the state's {where} holds rests of epochs {sorted(found)}, expected one epoch; {REMEDY}")
+    return Replanned(found.pop(), world_size, tuple(works), {"world_size": world_size, "even_batches": even_batches,
+                                                             "rests": list(rests), "replanned": inner})
+
+
+@dataclass(frozen=True)
+class _Current:
+    """What a ledger's data and options are checked against: the dataset's."""
+
+    data: DataIdentity
+    state_options: dict[str, Any]
+    identity: str
+
+
+def _replanned(epochs: DynamicEpochs, current: _Current, outers: Sequence[dict[str, Any]],
+               new_world_size: int) -> Replanned:
+    """The rest of the epoch of a merged checkpoint of another world size: every old rank's ledger, checked, to be
+    re-planned over ``new_world_size`` ranks (see :func:`~arrowstream._layout.leases.replanned_work`)."""
+    world_size = outers[0]["world_size"]
+    ranks = [outer["rank"] for outer in outers]
+    if ranks != list(range(world_size)):
+        raise StateMismatchError(
+            f"checkpoint was taken with world_size={world_size} and assignment='dynamic', this loader has "
+            f"world_size={new_world_size}: re-planning the rest of the epoch for another world size needs every "
+            f"old rank's ledger (each holds the rows its rank had left), and this state holds rank(s) "
+            f"{shorten(ranks)} only. Load the merged checkpoint of every rank (arrowstream.gather_state_dict or "
+            "merge_state_dicts)")
+    rests, sources, found = [], [], []
+    for rank, outer in enumerate(outers):
+        where = f"checkpoint.ranks[{rank}].dynamic"
+        saved = _ledger_state(outer)
+        even_batches = saved.options.get("even_batches")   # the old world size's (off on one rank)
+        check_compatible(saved, current.data, {**current.state_options, "even_batches": even_batches}, current.identity)
+        old = _ledger_epochs(outer["dynamic"], epochs.checking(world_size, rank, bool(even_batches)), where)
+        epoch, work = work_from_dict(outer["dynamic"], epochs.plan, old, epochs.options, where)
+        placed = old.rank(epoch)
+        rests.append((work, work_to_dict(epoch, work, yielded_to_dict(placed, rows_left(epochs.plan, work, epoch,
+                                                                                           placed, where)))))
+        sources.append(Fields(outer["dynamic"], where).get("replanned"))
+        found.append(epoch)
+    if len(set(found)) > 1:
+        other = next(rank for rank, epoch in enumerate(found) if epoch != found[0])
+        raise StateMismatchError(
+            f"the checkpoint's rank 0 is in epoch {found[0]} and its rank {other} in epoch {found[other]}: the rest of "
+            f"one epoch is re-planned for world_size={new_world_size}, and these ranks were not in the same one. "
+            f"Resume with world_size={world_size} until every rank is in the same epoch, then change")
+    if any(source != sources[0] for source in sources):
+        raise StateError(f"the checkpoint's ranks' ledgers say their epoch was re-planned from different checkpoints; "
+                         f"{REMEDY}")
+    return Replanned(found[0], world_size, tuple(work for work, _ in rests),
+                     {"world_size": world_size, "even_batches": bool(even_batches),
+                      "rests": [value for _, value in rests], "replanned": sources[0]})
 
 
 def _ledger_state(outer: dict[str, Any]) -> WorkerState:
@@ -362,16 +481,3 @@ def _ledger_state(outer: dict[str, Any]) -> WorkerState:
     return WorkerState(DataIdentity.from_dict(ledger.mapping("data")), dict(ledger.mapping("options").value),
                        ledger.integer("epoch"), SlotGrid(outer["world_size"], 0).slot(outer["rank"], 0), start_cursor(1), 0, 0,
                        0, False, None)
-
-
-def _epoch_over(dataset: PolicyDataset, outer: dict[str, Any]) -> bool:
-    """Whether a rank's ledger leaves nothing of its epoch (checked against the plan as its world size
-    laid the epoch out)."""
-    ledger = Fields(outer["dynamic"], "dynamic")
-    if ledger.sequence("replays") or ledger.sequence("splits"):
-        return False
-    saved_options = ledger.mapping("options").value
-    epochs = DynamicEpochs(dataset.plan, dataset.options, outer["world_size"], outer["rank"],
-                           bool(saved_options.get("even_batches")))
-    epoch = ledger.integer("epoch")
-    return ledger.integer("fresh_from_row") >= epochs.fresh(epoch).num_rows

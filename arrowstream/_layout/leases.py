@@ -34,14 +34,14 @@ import dataclasses
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from .._core.cursor import Cursor, Run
 from .._core.interleave import PieceReader, block_size_for
-from .._core.order import Slot, SlotGrid, natural_batches, rows_yielded, window_seed
+from .._core.order import Slot, SlotGrid, cut_evenly, even_batch_limits, natural_batches, rows_yielded, window_seed
 from .._core.plan_types import Split, split_rows
 from .._core.stream import open_runs
 from .elastic import Replay, replay_part, replay_runs, split_part, split_rest, window_end, with_replay_index
@@ -521,6 +521,69 @@ def work_of(share: Sequence[Split], kept: int) -> Work:
 def fresh_work(plan: PlanView, world_size: int, rank: int, epoch: int, options: OrderOptions, even_batches: bool) -> Work:
     """A rank's rows of ``epoch`` under dynamic assignment, cut to the rows it yields (see :func:`rank_share`)."""
     return work_of(*rank_share(plan, world_size, rank, epoch, options, even_batches))
+
+
+@dataclass(frozen=True)
+class Replanned:
+    """A dynamic epoch re-planned for another world size: every old rank's rest of ``epoch`` (``rests``, in old rank
+    order, each a :class:`Work` of that rank, checked), taken on ``world_size`` ranks; ``value``: as the ledger
+    saves it (the old rests and what they were re-planned from in turn, if they were)."""
+
+    epoch: int
+    world_size: int
+    rests: tuple[Work, ...]
+    value: dict[str, Any] = dataclasses.field(compare=False, hash=False)
+
+
+def rest_items(work: Work) -> list[Replay | Split]:
+    """The items of ``work`` in lease order: its replays, its splits, then its fresh splits from ``fresh_from_row``."""
+    items: list[Replay | Split] = [*work.replays, *(s for s in work.splits if s.num_rows)]
+    before = 0
+    for split in work.fresh:
+        end = before + split.num_rows
+        if end > work.fresh_from_row:
+            items.append(split_rest(split, max(work.fresh_from_row - before, 0)))
+        before = end
+    return items
+
+
+def replanned_work(rests: Sequence[Work], world_size: int, rank: int, batch_size: int, drop_last: bool,
+                   even_batches: bool) -> tuple[Work, int]:
+    """A rank's rows of a dynamic epoch re-planned for ``world_size`` ranks from every old rank's rest (``rests``,
+    in old rank order), and its rows before ``even_batches`` and ``drop_last`` cut them.
+
+    The rests' items, old rank after old rank, are one sequence of rows cut into ``world_size`` stretches of
+    equal rows within one (:func:`~arrowstream._core.order.cut_evenly`), as a static re-plan cuts its items
+    (:func:`~arrowstream._layout.elastic.cut_shares`): rank ``rank`` leases its stretch, its replays first (the
+    rest of old windows, read again the way the old workers read them), then its splits, as fresh splits of a
+    :class:`Work` (``fresh_from_row`` counts in them). ``even_batches`` then trims at most one batch per rank."""
+    items = [item for rest in rests for item in rest_items(rest)]
+    sizes = [item.rows if isinstance(item, Replay) else item.num_rows for item in items]
+    replays: list[Replay] = []
+    splits: list[Split] = []
+    stretch_rows = [0] * world_size
+    for index, slot, lo, hi in cut_evenly(sizes, world_size):
+        stretch_rows[slot] += hi - lo
+        if slot != rank:
+            continue
+        item = items[index]
+        if isinstance(item, Replay):
+            replays.append(replay_part(item, lo, hi))
+        else:
+            splits.append(split_part(item, lo, hi))
+    rows = stretch_rows[rank]
+    limits = (even_batch_limits(stretch_rows, world_size, batch_size, drop_last) if even_batches
+              else [natural_batches(r, batch_size, drop_last) for r in stretch_rows])
+    kept = rows_yielded(rows, limits[rank], batch_size, drop_last)
+    head = sum(r.rows for r in replays)
+    if kept < head:   # (a stretch of replays longer than what the rank yields: the last ones cut)
+        cut: list[Replay] = []
+        for replay in replays:
+            take = min(replay.rows, kept - sum(r.rows for r in cut))
+            if take > 0:
+                cut.append(replay_part(replay, 0, take))
+        replays, splits = cut, []
+    return Work(tuple(replays), (), truncated(splits, kept - head), 0), rows
 
 
 class LocalPool:

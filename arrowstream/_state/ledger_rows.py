@@ -108,15 +108,19 @@ class EpochRows:
     """A rank's rows of one dynamic epoch (its fresh splits, cut), placed: where each of a ledger's splits
     lies among them."""
 
-    def __init__(self, plan: PlanView, fresh: Sequence[Split]) -> None:
+    def __init__(self, plan: PlanView, fresh: Sequence[Split], head: Sequence[Replay] = ()) -> None:
         self._plan = plan
+        # an epoch re-planned for another world size: the stretch's replays (parts of old windows) come first,
+        # positions 0 to head_rows - 1, replay after replay; its fresh splits follow
+        self.head = tuple(head)
+        self.head_rows = sum(replay.rows for replay in self.head)
         start, end = _intervals(plan, fresh)
         rows = end - start
-        first = np.cumsum(rows) - rows   # the position of each fresh split's first row
+        first = np.cumsum(rows) - rows + self.head_rows   # the position of each fresh split's first row
         held = np.flatnonzero(rows > 0)   # a split of no rows holds no position (and may start where another does)
         order = held[np.argsort(start[held], kind="stable")]
         self._start, self._end, self._first = start[order], end[order], first[order]
-        self.num_rows = int(rows.sum())
+        self.num_rows = self.head_rows + int(rows.sum())
 
     @property
     def tally(self) -> Tally:
@@ -222,7 +226,7 @@ class Rank:
 def rows_left(plan: PlanView, work: Work, epoch: int, rank: Rank, where: str) -> Tally:
     """Check the rows ``work`` (a ledger of ``epoch``) leaves against the rank's rows of the epoch, as the
     module docstring says; return their tally."""
-    rows, leased = rank.rows, work.fresh_from_row
+    rows, leased = rank.rows, rank.rows.head_rows + work.fresh_from_row
     # explicit splits: among the leased rows, each row once
     firsts, lengths = _leased(rows, work.splits, leased, f"{where}.splits",
                               "which the fresh rows leave too: the ledger leaves some rows twice")
@@ -239,6 +243,10 @@ def rows_left(plan: PlanView, work: Work, epoch: int, rank: Rank, where: str) ->
     windows: dict[tuple[Any, ...], npt.NDArray[np.int64]] = {}
     for number, replay in enumerate(work.replays):
         name = f"{where}.replays[{number}]"
+        inherited = _head_part(replay, rows.head)
+        if inherited is not None:   # the rest of an old window the re-planned stretch replays: its rows in order
+            left += Tally.of_range(inherited, replay.rows)
+            continue
         window = _replay_window(replay, rows, leased, rank, name, windows)
         offset = replay.start.window_offset
         if offset + replay.rows > len(window):
@@ -246,6 +254,20 @@ def rows_left(plan: PlanView, work: Work, epoch: int, rank: Rank, where: str) ->
                              f"{len(window)} rows (the one its start cursor stands in, over its splits); {REMEDY}")
         left += Tally.of_positions(replay_positions(replay, window, seed=rank.options.seed, epoch=epoch))
     return left
+
+
+def _head_part(replay: Replay, head: Sequence[Replay]) -> int | None:
+    """The position of the first row ``replay`` hands out where it is a part of one of ``head``'s replays (the
+    same old window, from a later row on, within it): None where it is none."""
+    at = 0
+    for item in head:
+        offset = replay.start.window_offset - item.start.window_offset
+        if (item.slot, item.splits) == (replay.slot, replay.splits) \
+                and dataclasses.replace(item.start, window_offset=0) == dataclasses.replace(replay.start, window_offset=0) \
+                and 0 <= offset and offset + replay.rows <= item.rows:
+            return at + offset
+        at += item.rows
+    return None
 
 
 def _leased(rows: EpochRows, splits: Sequence[Split], leased: int, name: str,
@@ -259,7 +281,7 @@ def _leased(rows: EpochRows, splits: Sequence[Split], leased: int, name: str,
     for index in np.flatnonzero(firsts + lengths > leased)[:1]:
         raise StateError(f"the state's {name}[{index}] ({shorten(_as_list(splits[int(index)]))}) names rows "
                          f"{int(firsts[index])} to {int(firsts[index] + lengths[index]) - 1} of the rank's epoch, "
-                         f"from fresh_from_row={leased} on, {why}; {REMEDY}")
+                         f"from fresh_from_row={leased - rows.head_rows} on, {why}; {REMEDY}")
     return firsts, lengths
 
 
@@ -272,7 +294,7 @@ def _replay_window(replay: Replay, rows: EpochRows, leased: int, rank: Rank, nam
     if (slot.world_size, slot.rank) != (rank.world_size, rank.rank):
         raise StateError(f"the state's {name}.slot is a worker of rank {slot.rank} of world_size={slot.world_size}, but "
                          f"the ledger is rank {rank.rank}'s of world_size={rank.world_size}: a replay is the window of "
-                         f"an old worker of the same rank; {REMEDY}")
+                         f"an old worker of the same rank, or a part of one its re-planned epoch replays; {REMEDY}")
     if not options.shuffle_buffer_size:
         raise StateError(f"the state's {name} replays a shuffle window, but shuffle_buffer_size=0; {REMEDY}")
     start = replay.start   # its replay fields say how many replays the worker had read before: not read here

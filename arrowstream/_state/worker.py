@@ -20,7 +20,7 @@ from .._core.plan_types import PLANNING_VERSION, PLANNING_VERSIONS
 from ..errors import StateError, StateMismatchError, StateVersionError
 from .identity import STRICT, DataIdentity, check_same_data
 
-STATE_VERSION = 9
+STATE_VERSION = 10
 WORKER_KIND = "arrowstream.worker"
 LOADER_KIND = "arrowstream.loader"
 CHECKPOINT_KIND = "arrowstream.checkpoint"  # every rank's loader state, merged
@@ -132,6 +132,19 @@ def _unchanged_in_v9(state: dict[str, Any]) -> dict[str, Any]:
     return dict(state)
 
 
+def _loader_v9_to_v10(state: dict[str, Any]) -> dict[str, Any]:
+    """v10 adds ``replanned`` to the dynamic ledger (every old rank's rest of an epoch re-planned for another
+    world size, which v9 refused); a v9 ledger's epoch was laid out from the plan: ``None``."""
+    if "dynamic" not in state:
+        return dict(state)
+    return {**state, "dynamic": {**state["dynamic"], "replanned": None}}
+
+
+def _unchanged_in_v10(state: dict[str, Any]) -> dict[str, Any]:
+    """Worker states and the merged checkpoint did not change in v10 (its loader states migrate on their own)."""
+    return dict(state)
+
+
 # (kind, n) -> the step from version n to n + 1 of that kind; each takes and returns a plain dict
 MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
     (LOADER_KIND, 1): _loader_v1_to_v2,
@@ -155,6 +168,9 @@ MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = 
     (WORKER_KIND, 8): _worker_v8_to_v9,
     (LOADER_KIND, 8): _loader_v8_to_v9,
     (CHECKPOINT_KIND, 8): _unchanged_in_v9,
+    (WORKER_KIND, 9): _unchanged_in_v10,
+    (LOADER_KIND, 9): _loader_v9_to_v10,
+    (CHECKPOINT_KIND, 9): _unchanged_in_v10,
 }
 
 

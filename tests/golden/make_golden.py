@@ -66,6 +66,12 @@ CASES = [
                  "assignment": "dynamic"},
      "epochs": [0, 1], "point": ("mid", 0, 2)},
     # (from v9 on the two dynamic cases' ledgers count the rows yielded: "yielded", checked on load)
+    # from v10 on: a dynamic checkpoint of 2 ranks re-planned for 3 (every old rank's ledger, cut into equal
+    # stretches), and rank 1's state inside that re-planned epoch (its ledger's "replanned")
+    {"name": "dynamic-rank1of3-replanned-from-2-ranks-mid", "num_workers": 0, "replanned_from": (2, 2, 3),
+     "options": {"batch_size": 8, "shuffle": True, "seed": 6, "shuffle_buffer_size": 12, "interleave": 2,
+                 "assignment": "dynamic", "rank": 1, "world_size": 3},
+     "epochs": [0, 1], "point": ("mid", 0, 2)},
     # from v8 on: loader.skip() (a skip done before the point is recorded in "skips", one asked for at the point
     # is the state's "pending_skip"), the default record-level buffer of shuffle=True, and data_identity="layout"
     # (the state holds the data's layout; the test touches the files before loading it)
@@ -141,6 +147,19 @@ def capture(case: dict, path: str) -> dict:
             if step + 1 == steps:
                 break
         loader.load_state_dict(json.loads(json.dumps(old.state_dict())))
+    if case.get("replanned_from"):
+        # every rank of another world size after some batches, merged, loaded here: the rest re-planned
+        old_world, old_workers, steps = case["replanned_from"]
+        states = []
+        for rank in range(old_world):
+            options = {**case["options"], "rank": rank, "world_size": old_world}
+            old, old_dataset = StructuredDataset.create_dataloader(path=path, num_workers=old_workers, **options)
+            old_dataset.set_epoch(0)
+            for step, _ in enumerate(old):
+                if step + 1 == steps:
+                    break
+            states.append(old.state_dict())
+        loader.load_state_dict(json.loads(json.dumps(merge_state_dicts(states))))
     if case.get("elastic_ranks"):
         # every rank of another topology after some batches, merged, loaded here: the rest of the epoch re-planned
         old_world, old_workers, steps = case["elastic_ranks"]
