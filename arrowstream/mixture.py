@@ -16,7 +16,7 @@ import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ._assignment import ASSIGNMENTS, check_assignment
+from ._assignment import check_assignment
 from ._core.order import even_batch_limits, natural_batches
 from ._core.row_ids import check_row_id_names, with_row_id_fields
 from ._layout.layout import slot_yields
@@ -58,9 +58,9 @@ _SHARES_FIXED = "each batch's share of every source is fixed per worker slot"
 
 
 def _check_assignment(assignment: Any, options: Options, group_size: int) -> None:
-    """A mixture's ``assignment=``: ``"static"`` is taken; another policy a dataset takes is refused with the
-    reason; anything else gets the dataset's error."""
-    if isinstance(assignment, str) and assignment != "static" and assignment in ASSIGNMENTS:
+    """A mixture's ``assignment=``: a policy whose slots read what the layout gives them (``"static"``) is taken;
+    another policy a dataset takes is refused with the reason; anything else gets the dataset's error."""
+    if not check_assignment(assignment, options, group_size).fixed_slots:
         raise InvalidArgumentError(
             f"assignment: a Mixture takes assignment='static' only, got {assignment!r}: {_SHARES_FIXED} (each "
             "(rank, worker) slot reads a fixed stretch of every source, laid out before the epoch and cut into "
@@ -68,7 +68,6 @@ def _check_assignment(assignment: Any, options: Options, group_size: int) -> Non
             "with runs of one source, and its batches without their shares. Leave assignment out for a mixture; "
             "against a slow worker raise read_ahead or num_workers, or read a single source with "
             "StructuredDataset(..., assignment='dynamic') (docs/stragglers.md)")
-    check_assignment(assignment, options, group_size)
 
 
 class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]

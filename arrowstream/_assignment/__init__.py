@@ -45,6 +45,7 @@ class Assignment(Protocol):
     name: ClassVar[str]
     in_order: ClassVar[bool]   # the loader's default: batches in the workers' round robin (False: as they are ready)
     same_order: ClassVar[bool]   # a resume yields the same batches in the same order (check_resume can compare)
+    fixed_slots: ClassVar[bool]   # each (rank, worker) slot reads what the layout gives it (a mixture needs this)
 
     def check(self, options: Options, group_size: int) -> None:
         """Refuse options the policy cannot keep its guarantees with (an ``InvalidArgumentError``)."""

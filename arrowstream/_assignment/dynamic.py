@@ -50,6 +50,7 @@ class DynamicAssignment:
     name: ClassVar[str] = "dynamic"
     in_order: ClassVar[bool] = False   # batches as workers have them: a slow worker holds up no other
     same_order: ClassVar[bool] = False   # the order follows the workers' timing
+    fixed_slots: ClassVar[bool] = False   # a slot reads what it leases
 
     def __init__(self) -> None:
         self._epochs: DynamicEpochs | None = None   # made by use_plan, then re-planned in place

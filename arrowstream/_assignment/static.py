@@ -27,6 +27,7 @@ class StaticAssignment:
     name: ClassVar[str] = "static"
     in_order: ClassVar[bool] = True
     same_order: ClassVar[bool] = True
+    fixed_slots: ClassVar[bool] = True   # a slot reads its share of the layout
 
     def check(self, options: Options, group_size: int) -> None:
         return None
