@@ -32,10 +32,10 @@ from ._planning.options import (
 )
 from ._planning.plan import Plan
 from ._planning.topology import resolve_topology
-from ._sources.files import FileSource, Source, check_file_format
+from ._sources.files import FileOrigin, Origin, check_file_format
 from ._state.identity import DataIdentity, check_data_identity
 from ._state.resume import Against, checked_state, loaded_state, nothing_left, pending_for_epoch, replanned_epoch
-from ._state.worker import ElasticSource, WorkerState
+from ._state.worker import Leftovers, WorkerState
 from ._storage.credentials import as_provider
 from ._storage.filesystem import Storage
 from ._storage.retry import RetryPolicy, check_retry
@@ -182,8 +182,8 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
                  retry: RetryPolicy | None = None, plan_cache: Any = None, assignment: str = "static",
                  with_row_ids: bool = False, data_identity: str = "strict") -> None:
         super().__init__()
-        # a Source (arrowstream._sources.files) comes from a front door such as IcebergDataset; else files of a format
-        source: Source | None = path if isinstance(path, Source) else None
+        # a Origin (arrowstream._sources.files) comes from a front door such as IcebergDataset; else files of a format
+        source: Origin | None = path if isinstance(path, Origin) else None
         if source is None:
             format = check_file_format(format)
         self._options: Options = validate_options(
@@ -194,7 +194,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         check_storage_arguments(storage_options, credential_provider)
         # wrapped once: its picklability is checked here, for loaders that start workers by spawn or forkserver
         self._credential_provider = as_provider(credential_provider)
-        self._source: Source = source or FileSource(path, format, storage_options, self._credential_provider,
+        self._origin: Origin = source or FileOrigin(path, format, storage_options, self._credential_provider,
                                                     plan_cache)
         self._retry = check_retry(retry)
         plan_locally = check_bool("plan_locally", plan_locally)
@@ -215,9 +215,9 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         self._active: EpochIterator | None = None
         self._side = WorkerSide()  # the loader's transport settings; this process's runtime and meter
         # what decides the plan and the batches, compared between ranks (transform by its qualified name)
-        arguments = plan_arguments(self._source.arguments(), self._options, self._even_batches,
+        arguments = plan_arguments(self._origin.arguments(), self._options, self._even_batches,
                                    self._topology.world_size, self._topology.group_size)
-        storage, plan = plan_together(self._source, self._options, self._retry, arguments,
+        storage, plan = plan_together(self._origin, self._options, self._retry, arguments,
                                       collective=not plan_locally and collective_world_size() > 1)
         self._options = resolve_buffer(self._options, [plan])   # shuffle_buffer_size left out: sized by the plan
         self._use_plan(storage, plan)
@@ -229,7 +229,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
             check_row_id_names(plan.schema)
         self._file_names: tuple[str, ...] | None = None   # dataset.files, made when first asked
         self._fill_nulls = resolve_fill_nulls(self._options.fill_nulls, plan.schema)
-        self._data = self._source.identity(plan)
+        self._data = self._origin.identity(plan)
         self._state_options = {**self._options.state_options(), "even_batches": self._even_batches}
         self._state_options.update(self._policy.state_options())
         self._policy.use_plan(self)   # what the policy lays out of the plan (dynamic: its epochs), laid out again
@@ -237,7 +237,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         previous: Epochs | None = vars(self).get("_epochs")
         self._epochs = Epochs(plan, self._options, self._even_batches, self._data, self._state_options,
                               previous.elastic if previous is not None else None, assign=self._policy.assign)
-        self._checked_sources: set[ElasticSource] = set()  # elastic sources found valid for this plan
+        self._checked_sources: set[Leftovers] = set()  # elastic sources found valid for this plan
         self._side.forget()
 
     def _use_options(self, options: Options | None) -> None:
@@ -266,13 +266,13 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         return Against(self._epochs, self._options, self._data, self._state_options, self._data_identity,
                        self._checked_sources)
 
-    def follow_source(self, saved: WorkerState) -> None:
+    def follow_origin(self, saved: WorkerState) -> None:
         """Make the dataset read what a loaded state was taken on, when the source has moved on since
         (an Iceberg table: the checkpoint's pinned snapshot); planned here, as a worker would not. For
         arrowstream's loader and assignment policies."""
-        followed = self._source.follow(saved.data, self._data)
+        followed = self._origin.follow(saved.data, self._data)
         if followed is not None:
-            self._source = followed
+            self._origin = followed
             self._use_plan(*followed.plan(self._options, self._retry))
 
     # -- the loader ---------------------------------------------------------------------------
@@ -539,20 +539,20 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         return self._state_options
 
     @property
-    def source(self) -> Source:
+    def origin(self) -> Origin:
         """What rows exist: the files or the table this dataset reads (for arrowstream's own modules)."""
-        return self._source
+        return self._origin
 
     def baseline_batches(self, batch_size: int) -> Iterator[pa.RecordBatch]:
         """The rows through the source's own readers (pyarrow's, pyiceberg's), for ``arrowstream bench``."""
-        return self._source.baseline_batches(self._plan, self._storage, batch_size)
+        return self._origin.baseline_batches(self._plan, self._storage, batch_size)
 
     @property
     def epochs(self) -> Epochs:
         """The plan's epochs (layouts, an epoch re-planned from a loaded checkpoint): for arrowstream's loader."""
         return self._epochs
 
-    def use_replanned(self, source: ElasticSource | None) -> None:
+    def use_replanned(self, source: Leftovers | None) -> None:
         """Count this epoch as the one a loaded checkpoint was re-planned into for this topology (``len``, trimmed
         rows); ``None``: as planned. For arrowstream's loader, which has checked ``source`` against the plan.
 
@@ -647,7 +647,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         saved = WorkerState.from_dict(state_dict)
         self.use_planning(saved.options["planning"])
         self.adopt_buffer(saved.options)   # shuffle_buffer_size left out: the checkpoint's
-        self.follow_source(saved)
+        self.follow_origin(saved)
         self._pending = loaded_state(self._against(), saved, self._slot())
         self._active = None
 
@@ -662,7 +662,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         with its epoch, which it then must be.
         """
         saved = WorkerState.from_dict(state_dict, where)
-        self.follow_source(saved)
+        self.follow_origin(saved)
         return checked_state(self._against(), saved, elastic, slot, where, done)
 
     def begin_elastic_epoch(self, epoch: int, world_size: int, num_workers: int,
@@ -683,7 +683,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         return f"dataset.num_batches(num_workers); rows: dataset.num_rows ({self._plan.num_rows:,}, before any filter)"
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_pending": None, "_active": None, "_source": self._source.for_workers()}
+        return {**self.__dict__, "_pending": None, "_active": None, "_source": self._origin.for_workers()}
 
     def __repr__(self) -> str:
         return (f"StructuredDataset(format={self._options.format!r}, files={len(self._plan.files)}, "

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._planning.cache import check_plan_cache
-from ._sources.iceberg import IcebergTableSource
+from ._sources.iceberg import IcebergOrigin
 from ._sources.iceberg_table import load_table, open_source
 from .dataset import StructuredDataset
 from .errors import InvalidArgumentError
@@ -72,7 +72,7 @@ class IcebergDataset(StructuredDataset):
         plan_cache = check_plan_cache(plan_cache)
         snapshot = open_source(load_table(table, catalog_config), table, snapshot_id, row_filter, selected_fields)
         columns = None if "*" in snapshot.selected_fields else list(snapshot.output_columns)
-        super().__init__(IcebergTableSource(snapshot, pinned_by_user=snapshot_id is not None, plan_cache=plan_cache),
+        super().__init__(IcebergOrigin(snapshot, pinned_by_user=snapshot_id is not None, plan_cache=plan_cache),
                          batch_size=batch_size, columns=columns, filter=snapshot.arrow_filter, **kwargs)
 
     @classmethod
@@ -108,9 +108,9 @@ class IcebergDataset(StructuredDataset):
         return self._table_source.snapshot_id
 
     @property
-    def _table_source(self) -> IcebergTableSource:
-        assert isinstance(self._source, IcebergTableSource)
-        return self._source
+    def _table_source(self) -> IcebergOrigin:
+        assert isinstance(self._origin, IcebergOrigin)
+        return self._origin
 
     def __repr__(self) -> str:
         source = self._table_source

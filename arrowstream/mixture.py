@@ -672,7 +672,7 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_pending": None, "_active": None,
-                "_sources": [Planned(s.name, s.source.for_workers(), s.options, s.storage, s.plan, s.data,
+                "_sources": [Planned(s.name, s.origin.for_workers(), s.options, s.storage, s.plan, s.data,
                                      s.data_identity) for s in self._sources]}
 
     def __repr__(self) -> str:

@@ -221,10 +221,10 @@ def synthetic_source(template: str, num_files: int) -> Any:
     read beyond the one (readers open the template, whatever the name)."""
     from arrowstream._formats import get_format
     from arrowstream._planning.plan import build_plan, read_footer
-    from arrowstream._sources.files import FileSource
+    from arrowstream._sources.files import FileOrigin
     from arrowstream._storage.filesystem import Storage
 
-    class SyntheticSource(FileSource):
+    class SyntheticSource(FileOrigin):
         def plan(self, options: Any, retry: Any) -> tuple[Storage, Any]:
             from arrowstream._planning.discovery import discover_files
 

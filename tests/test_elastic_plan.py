@@ -30,7 +30,7 @@ from arrowstream._formats import FileFooter
 from arrowstream._layout.elastic import assign_shares, cut_shares, item_rows, remaining_items, share_runs
 from arrowstream._planning.plan import Plan, build_plan
 from arrowstream._state.identity import DataIdentity
-from arrowstream._state.worker import EVEN, LPT, ElasticSource, WorkerState
+from arrowstream._state.worker import EVEN, LPT, Leftovers, WorkerState
 
 ROWS_PER_FILE = 1_000_000
 DATA = DataIdentity("0" * 32, 1, 0)
@@ -107,7 +107,7 @@ def normal_stream(plan: Plan, layout: dict[str, Any], slot: Slot, epoch: int) ->
                      WorkerState(DATA, OPTIONS, epoch, slot, start, 0, 0, 0, False))
 
 
-def share_stream(plan: Plan, layout: dict[str, Any], source: ElasticSource, shares: list[Any], slot: Slot,
+def share_stream(plan: Plan, layout: dict[str, Any], source: Leftovers, shares: list[Any], slot: Slot,
                  state: WorkerState | None = None) -> EpochStream:
     """A new slot's part of the re-planned epoch, from its start or from ``state``."""
     share = shares[slot.index]
@@ -156,7 +156,7 @@ def test_the_replanned_epoch_hands_out_every_row_left_exactly_once(layout):
         handed += ids
         state = through_json(stream.state())
         cursors.append(None if finished or state.epoch_complete else state.cursor)
-    source = ElasticSource(epoch, *layout["old"], tuple(cursors), layout["cut"])
+    source = Leftovers(epoch, *layout["old"], tuple(cursors), layout["cut"])
     items = remaining_items(plan, source, shuffle=layout["shuffle"], seed=layout["seed"],
                             batch_size=layout["batch_size"], interleave=layout["interleave"],
                             buffer_rows=layout["buffer_rows"], planning=PLANNING_VERSION)

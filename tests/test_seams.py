@@ -85,6 +85,6 @@ def test_the_storage_reads_ahead_as_built_not_as_written_from_outside():
 def test_the_front_doors_override_no_planning_hook():
     """IcebergDataset stands on a source (arrowstream._sources.iceberg): it overrides no hook of planning,
     identity, snapshot following or pickling."""
-    hooks = {"_make_plan", "_arguments", "_use_plan", "follow_source", "_follow_snapshot", "__getstate__",
+    hooks = {"_make_plan", "_arguments", "_use_plan", "follow_origin", "_follow_snapshot", "__getstate__",
              "_plan_here"}
     assert hooks & set(vars(IcebergDataset)) == set()

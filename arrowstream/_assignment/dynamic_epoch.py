@@ -368,7 +368,7 @@ def load_dynamic_ledger(dataset: PolicyDataset, epochs: DynamicEpochs, outers: S
                                  f"'dynamic'; {REMEDY}")
     adopt_buffer(dataset, Fields(outers[0]["dynamic"], "dynamic").mapping("options").value)   # when left out
     # an Iceberg table that moved on since the checkpoint: its pinned snapshot, planned before a ledger is checked
-    dataset.follow_source(_ledger_state(outers[0]))
+    dataset.follow_origin(_ledger_state(outers[0]))
     world_size = outers[0]["world_size"]
     current = _Current(dataset.identity, dataset.state_options, dataset.data_identity)
     if world_size != dataset.world_size:

@@ -1,6 +1,6 @@
 """Elastic resume: the rest of an epoch, re-planned over another (world_size, num_workers).
 
-From the cursors of every old worker (an :class:`~arrowstream._state.worker.ElasticSource`), the rows
+From the cursors of every old worker (an :class:`~arrowstream._state.worker.Leftovers`), the rows
 not yet handed out are cut into *items*:
 
 * a **replay** for each old worker that was inside a shuffle window: the rest of that window,
@@ -39,7 +39,7 @@ from .._core.order import Slot, SlotGrid, assign_lpt, cut_evenly, slot_split_ids
 from .._core.piece import Piece
 from .._core.plan_types import Split, split_rows
 from .._core.stream import open_runs
-from .._state.worker import ElasticSource
+from .._state.worker import Leftovers
 
 if TYPE_CHECKING:
     from .._core.plan_types import PlanView
@@ -124,24 +124,24 @@ def _halve(split: Split) -> tuple[Split, Split]:
             split_rest(split, first))
 
 
-def remaining_items(plan: PlanView, source: ElasticSource, *, shuffle: bool, seed: int, batch_size: int,
+def remaining_items(plan: PlanView, leftovers: Leftovers, *, shuffle: bool, seed: int, batch_size: int,
                     interleave: int, buffer_rows: int, planning: int) -> list[Replay | Split]:
-    """Every row of ``source.epoch`` the old workers had not handed out, old worker after old worker:
+    """Every row of ``leftovers.epoch`` the old workers had not handed out, old worker after old worker:
     the rest of the window it stood in (a replay), then its ranges.
 
     A shuffle window's extent follows from row counts, which a filter makes unknown before
-    reading: the loader refuses a source with a worker inside a window and a filter.
+    reading: the loader refuses a leftovers with a worker inside a window and a filter.
     """
-    grid = SlotGrid(source.world_size, source.num_workers)
+    grid = SlotGrid(leftovers.world_size, leftovers.num_workers)
     splits = plan.splits_for(grid.num_slots, planning)  # as the old topology read them
     rows = split_rows(splits)
     block_size = block_size_for(batch_size, interleave)
     items: list[Replay | Split] = []
-    for index, cursor in enumerate(source.cursors):
+    for index, cursor in enumerate(leftovers.cursors):
         if cursor is None:
             continue
         slot = grid.slot_at(index)
-        mine = [splits[i] for i in slot_split_ids(rows, slot, shuffle=shuffle, seed=seed, epoch=source.epoch)]
+        mine = [splits[i] for i in slot_split_ids(rows, slot, shuffle=shuffle, seed=seed, epoch=leftovers.epoch)]
         end = cursor
         if buffer_rows and cursor.window_offset:
             size, end = window_end(mine, cursor, block_size, interleave, buffer_rows)

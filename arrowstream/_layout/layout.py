@@ -1,7 +1,7 @@
 """The epoch layout: what every (rank, worker) slot reads in an epoch, and how many batches it may yield.
 
 A pure function of (plan, topology, options, epoch) and, for an epoch re-planned from a checkpoint
-of another topology, its :class:`~arrowstream._state.worker.ElasticSource`. A normal epoch is a layout with
+of another topology, its :class:`~arrowstream._state.worker.Leftovers`. A normal epoch is a layout with
 nothing replayed: each slot's share is the splits an *assignment policy* gives it, in the epoch's
 order (shuffled or not); a re-planned one is the rows the old workers had not handed out, as
 replays and ranges (see :mod:`arrowstream._layout.elastic`), given out by the same policy. Either way
@@ -35,7 +35,7 @@ from .._core.order import (
 )
 from .._core.plan_types import split_rows
 from .._state.identity import DataIdentity
-from .._state.worker import EVEN, ElasticSource, WorkerState
+from .._state.worker import EVEN, Leftovers, WorkerState
 from ..errors import StateMismatchError
 from .elastic import Share, assign_shares, cut_shares, remaining_items
 from .trims import slot_trim
@@ -58,12 +58,12 @@ class EpochLayout:
     grid: SlotGrid
     shares: tuple[Share, ...]
     limits: tuple[int, ...] | None
-    source: ElasticSource | None = None  # the checkpoint this epoch was re-planned from; None: planned here
+    leftovers: Leftovers | None = None  # the checkpoint this epoch was re-planned from; None: planned here
 
     @property
     def replanned(self) -> bool:
         """Whether the epoch is the rest of one of another topology (its shares are not the plan's splits)."""
-        return self.source is not None
+        return self.leftovers is not None
 
     def share(self, slot: Slot) -> Share:
         return self.shares[slot.index]
@@ -89,11 +89,11 @@ def slot_yields(rows: Sequence[int], limits: Sequence[int] | None, batch_size: i
 
 
 def lay_out_epoch(plan: PlanView, grid: SlotGrid, epoch: int, options: OrderOptions, *, even_batches: bool,
-                  source: ElasticSource | None = None,
+                  leftovers: Leftovers | None = None,
                   assign: Assignment = assign_lpt) -> EpochLayout:
     """The layout of ``epoch`` for ``grid``: the plan's splits in the epoch's order given out by
-    ``assign``, or, with ``source``, the rest of that epoch of another topology, re-planned."""
-    if source is None:
+    ``assign``, or, with ``leftovers``, the rest of that epoch of another topology, re-planned."""
+    if leftovers is None:
         splits = plan.splits_for(grid.num_slots, options.planning)
         order = epoch_order(len(splits), shuffle=options.shuffle, seed=options.seed, epoch=epoch)
         rows = splits.num_rows[order]
@@ -101,19 +101,19 @@ def lay_out_epoch(plan: PlanView, grid: SlotGrid, epoch: int, options: OrderOpti
                        for owned in assign(rows.tolist(), grid.num_slots))
     else:
         items = remaining_items(
-            plan, source, shuffle=options.shuffle, seed=options.seed, batch_size=options.batch_size,
+            plan, leftovers, shuffle=options.shuffle, seed=options.seed, batch_size=options.batch_size,
             interleave=options.interleave, buffer_rows=options.shuffle_buffer_size, planning=options.planning)
-        shares = tuple(cut_shares(items, grid.num_slots) if source.cut == EVEN
+        shares = tuple(cut_shares(items, grid.num_slots) if leftovers.cut == EVEN
                        else assign_shares(items, grid.num_slots, assign))
     limits = None
     if even_batches:
         limits = tuple(even_batch_limits([share.num_rows for share in shares], grid.world_size,
                                          options.batch_size, options.drop_last))
-    return EpochLayout(epoch, grid, shares, limits, source)
+    return EpochLayout(epoch, grid, shares, limits, leftovers)
 
 
-def replanned_source(old: EpochLayout, saved: Sequence[tuple[WorkerState, bool]], interleave: int,
-                     drops_rows: bool) -> ElasticSource:
+def replanned_leftovers(old: EpochLayout, saved: Sequence[tuple[WorkerState, bool]], interleave: int,
+                     drops_rows: bool) -> Leftovers:
     """The rest of ``old.epoch`` as the states of every old slot (in slot order, each with whether its
     loader had finished the epoch) left it: what an epoch re-planned for another topology starts from."""
     epoch = old.epoch
@@ -133,7 +133,7 @@ def replanned_source(old: EpochLayout, saved: Sequence[tuple[WorkerState, bool]]
             "with a filter the rows of a window are unknown before reading, so they cannot be re-planned; "
             f"resume with world_size={old.grid.world_size}, num_workers={old.grid.num_workers} until the epoch "
             "ends, then change")
-    return ElasticSource(epoch, old.grid.world_size, old.grid.num_workers, tuple(cursors))
+    return Leftovers(epoch, old.grid.world_size, old.grid.num_workers, tuple(cursors))
 
 
 class Layouts:
@@ -148,17 +148,17 @@ class Layouts:
         self._plan, self._options, self._even_batches, self._assign = plan, options, even_batches, assign
         self._kept: dict[tuple[Any, ...], EpochLayout] = {}
 
-    def layout(self, epoch: int, grid: SlotGrid, source: ElasticSource | None = None,
+    def layout(self, epoch: int, grid: SlotGrid, leftovers: Leftovers | None = None,
                even_batches: bool | None = None) -> EpochLayout:
-        """The layout of ``epoch`` for ``grid`` (re-planned from ``source`` when given)."""
+        """The layout of ``epoch`` for ``grid`` (re-planned from ``leftovers`` when given)."""
         even = self._even_batches if even_batches is None else even_batches
-        key = (epoch, grid, source, even)
+        key = (epoch, grid, leftovers, even)
         layout = self._kept.get(key)
         if layout is None:
             if len(self._kept) >= _KEPT:
                 del self._kept[next(iter(self._kept))]
             layout = self._kept[key] = lay_out_epoch(self._plan, grid, epoch, self._options, even_batches=even,
-                                                     source=source, assign=self._assign)
+                                                     leftovers=leftovers, assign=self._assign)
         return layout
 
     def __getstate__(self) -> dict[str, Any]:
@@ -174,24 +174,24 @@ class Epochs:
     dataset's assignment policy's), in a planned epoch and in one re-planned on another topology alike."""
 
     def __init__(self, plan: PlanView, options: OrderOptions, even_batches: bool, data: DataIdentity,
-                 state_options: dict[str, Any], elastic: ElasticSource | None = None,
+                 state_options: dict[str, Any], elastic: Leftovers | None = None,
                  assign: Assignment = assign_lpt) -> None:
         self.plan, self.options, self.data, self.state_options = plan, options, data, state_options
         self.layouts = Layouts(plan, options, even_batches, assign)
         self.elastic = elastic
 
-    def layout(self, epoch: int, grid: SlotGrid, source: ElasticSource | None = None) -> EpochLayout:
-        """The layout of ``epoch`` for ``grid``: re-planned from ``source`` (by default ``elastic``, when
+    def layout(self, epoch: int, grid: SlotGrid, leftovers: Leftovers | None = None) -> EpochLayout:
+        """The layout of ``epoch`` for ``grid``: re-planned from ``leftovers`` (by default ``elastic``, when
         it is of that epoch), else the plan's for this topology."""
-        if source is None and self.elastic is not None and self.elastic.epoch == epoch:
-            source = self.elastic
-        return self.layouts.layout(epoch, grid, source)
+        if leftovers is None and self.elastic is not None and self.elastic.epoch == epoch:
+            leftovers = self.elastic
+        return self.layouts.layout(epoch, grid, leftovers)
 
     def start(self, slot: Slot, epoch: int) -> WorkerState:
         """The state of ``slot`` before the first batch of ``epoch``."""
         layout = self.layout(epoch, slot.grid)
         cursor = Cursor.start(len(layout.share(slot).splits), self.options.interleave)
-        return WorkerState(self.data, self.state_options, epoch, slot, cursor, 0, 0, 0, False, layout.source)
+        return WorkerState(self.data, self.state_options, epoch, slot, cursor, 0, 0, 0, False, layout.leftovers)
 
     def end_cursor(self, state: WorkerState) -> Cursor:
         """Past the last row of the epoch of a worker state (its share, when re-planned)."""

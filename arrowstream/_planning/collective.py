@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 from ..errors import ArrowStreamError, InvalidArgumentError, TopologyError
 
 if TYPE_CHECKING:
-    from .._sources.files import Source
+    from .._sources.files import Origin
     from .._storage.filesystem import Storage
     from .._storage.retry import RetryPolicy
     from .options import Options
@@ -234,7 +234,7 @@ def _difference_message(answers: dict[int, list[list[str]]]) -> str:
             "rank= and world_size=) to a dataset that each rank plans and reads apart")
 
 
-def plan_together(source: Source, options: Options, retry: RetryPolicy, arguments: dict[str, Any], *,
+def plan_together(source: Origin, options: Options, retry: RetryPolicy, arguments: dict[str, Any], *,
                   collective: bool) -> tuple[Storage, Plan]:
     """The storage and the plan of ``source``. ``collective`` (under torch.distributed, unless
     ``plan_locally``): every rank first checks that it builds what rank 0 builds (:func:`agree` on

@@ -1,7 +1,7 @@
 """The source seam: what a dataset reads rows from, planned to one :class:`~arrowstream._planning.plan.Plan`.
 
-A :class:`Source` knows its data: files of one format (:class:`FileSource`), a snapshot of an
-Iceberg table (:class:`arrowstream._sources.iceberg.IcebergTableSource`), and next a mixture of
+A :class:`Origin` knows its data: files of one format (:class:`FileOrigin`), a snapshot of an
+Iceberg table (:class:`arrowstream._sources.iceberg.IcebergOrigin`), and next a mixture of
 sources. It says what the ranks compare before planning, plans (listing, footers, splits), says
 what identifies the data a state was taken on, and, when a loaded state was taken on other data of
 the same source (an Iceberg snapshot since superseded), gives the source of that data. What comes
@@ -22,7 +22,7 @@ from .._formats import FILE_FORMATS, get_format
 from .._planning.cache import CacheOutcome, PlanCacheSetting, check_plan_cache, plan_cache_for
 from .._planning.discovery import discover_files
 from .._planning.plan import plan_files
-from .._state.identity import DataIdentity, layout_of
+from .._state.identity import DataIdentity, shape_of
 from ..errors import InvalidArgumentError, NotSupportedYetError
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def path_names(path: Any) -> Any:
     return (name.rstrip("/") or name) if "://" in name else os.path.normpath(name)
 
 
-class Source:
+class Origin:
     """What a dataset reads rows from; see the module docstring. Subclasses set ``format`` and
     ``plans_on_rank0`` and implement the methods."""
 
@@ -72,12 +72,12 @@ class Source:
         """What a state remembers of the data of ``plan``."""
         raise NotImplementedError
 
-    def follow(self, saved: DataIdentity, current: DataIdentity) -> Source | None:
+    def follow(self, saved: DataIdentity, current: DataIdentity) -> Origin | None:
         """The source of the data a loaded state was taken on, when it is other data of this source
         (the dataset plans it instead); None to keep this one. Raises when that data cannot be read."""
         return None
 
-    def for_workers(self) -> Source:
+    def for_workers(self) -> Origin:
         """This source as it travels to worker processes (no catalog connection: the plan has it all)."""
         return self
 
@@ -103,7 +103,7 @@ def check_file_format(format: Any) -> str:
     return str(format)
 
 
-class FileSource(Source):
+class FileOrigin(Origin):
     """Files of one format under a path (a directory, a glob, files; local or any fsspec URL)."""
 
     plans_on_rank0 = True
@@ -132,11 +132,11 @@ class FileSource(Source):
         return storage, plan
 
     def identity(self, plan: Plan) -> DataIdentity:
-        return DataIdentity(plan.data_fingerprint, len(plan.files), plan.num_rows, layout=layout_of(plan))
+        return DataIdentity(plan.data_fingerprint, len(plan.files), plan.num_rows, layout=shape_of(plan))
 
-    def for_workers(self) -> FileSource:
+    def for_workers(self) -> FileOrigin:
         # workers never list files: the credentials stay with the storage (which refreshes them)
-        return FileSource(self.path, self.format, None, None, plan_cache=False)
+        return FileOrigin(self.path, self.format, None, None, plan_cache=False)
 
     def baseline_batches(self, plan: Plan, storage: Storage, batch_size: int) -> Iterator[pa.RecordBatch]:
         """File after file, each through its format's own pyarrow reader (``baseline_batches``)."""

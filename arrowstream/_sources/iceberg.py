@@ -1,4 +1,4 @@
-"""A snapshot of an Iceberg table as a :class:`~arrowstream._sources.files.Source` (see ``arrowstream.iceberg``).
+"""A snapshot of an Iceberg table as a :class:`~arrowstream._sources.files.Origin` (see ``arrowstream.iceberg``).
 
 The snapshot is pinned: the data identity records it (and the schema it is read in, and the
 table's uuid), and a loaded state taken on another snapshot of the same table is followed, unless
@@ -11,10 +11,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._planning.cache import CacheOutcome, PlanCacheSetting
-from .._state.identity import DataIdentity, layout_of
+from .._state.identity import DataIdentity, shape_of
 from .._state.worker import check_same_table
 from ..errors import StateMismatchError
-from .files import Source
+from .files import Origin
 from .iceberg_files import plan_iceberg
 from .iceberg_table import IcebergSource, open_source
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class IcebergTableSource(Source):
+class IcebergOrigin(Origin):
     """One snapshot of a table: ``snapshot`` (table, snapshot, schema, filter and projection) and whether
     the user pinned it (then a checkpoint of another snapshot is refused, not followed); ``plan_cache``
     where the snapshot's planning is kept (``_iceberg_cache``; not in ``arguments()``: where the footers
@@ -82,9 +82,9 @@ class IcebergTableSource(Source):
         table = self.snapshot.table
         assert table is not None, "an Iceberg source is planned where it holds its table"
         return DataIdentity(plan.data_fingerprint, len(plan.files), plan.num_rows, self.snapshot.snapshot_id,
-                            self.snapshot.schema_id, str(table.metadata.table_uuid), layout_of(plan))
+                            self.snapshot.schema_id, str(table.metadata.table_uuid), shape_of(plan))
 
-    def follow(self, saved: DataIdentity, current: DataIdentity) -> IcebergTableSource | None:
+    def follow(self, saved: DataIdentity, current: DataIdentity) -> IcebergOrigin | None:
         """The checkpoint's snapshot when the table moved on since (unless pinned here)."""
         snapshot, table = self.snapshot, self.snapshot.table
         check_same_table(saved, current, repr(snapshot.table_name))
@@ -110,7 +110,7 @@ class IcebergTableSource(Source):
         """The pinned snapshot's rows through pyiceberg's own scan."""
         return self.snapshot.baseline_batches(batch_size)
 
-    def for_workers(self) -> IcebergTableSource:
+    def for_workers(self) -> IcebergOrigin:
         # a catalog connection does not travel to workers; the plan has all they need
         snapshot = self.snapshot
         return replace(self, snapshot=IcebergSource(snapshot.table_name, None, snapshot.snapshot_id, snapshot.schema_id,

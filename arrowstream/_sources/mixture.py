@@ -25,7 +25,7 @@ from ..errors import (
     InvalidArgumentError,
 )
 from . import files as _source
-from .iceberg import IcebergTableSource
+from .iceberg import IcebergOrigin
 from .iceberg_table import load_table, open_source
 
 
@@ -75,7 +75,7 @@ class Planned:
     """A source of the mixture, planned."""
 
     name: str
-    source: _source.Source
+    origin: _source.Origin
     options: Options
     storage: Storage
     plan: Plan
@@ -139,14 +139,14 @@ def _plan_source(where: str, name: str, spec: Source | IcebergSource, shared: di
     if isinstance(spec, Source):
         fmt = _source.check_file_format(spec.format)
         check_storage_arguments(spec.storage_options, spec.credential_provider)
-        source: _source.Source = _source.FileSource(spec.path, fmt, spec.storage_options,
+        source: _source.Origin = _source.FileOrigin(spec.path, fmt, spec.storage_options,
                                                     as_provider(spec.credential_provider), plan_cache)
         options = validate_options(format=fmt, columns=spec.columns, filter=spec.filter,
                                    split_bytes=spec.split_bytes, parse_options=spec.parse_options, **shared)
     else:
         snapshot = open_source(load_table(spec.table, spec.catalog_config), spec.table, spec.snapshot_id,
                                spec.row_filter, spec.selected_fields)
-        source = IcebergTableSource(snapshot, pinned_by_user=spec.snapshot_id is not None, plan_cache=plan_cache)
+        source = IcebergOrigin(snapshot, pinned_by_user=spec.snapshot_id is not None, plan_cache=plan_cache)
         columns = None if "*" in snapshot.selected_fields else list(snapshot.output_columns)
         options = validate_options(format=source.format, columns=columns, filter=snapshot.arrow_filter,
                                    split_bytes=None, **shared)
@@ -168,7 +168,7 @@ def followed_source(planned: Planned, saved: Any, retry: RetryPolicy, read_ahead
     if not isinstance(saved, dict) or saved == planned.data:
         return None
     where = f"the checkpoint's data of source {planned.name!r}"
-    followed = planned.source.follow(DataIdentity.from_dict(Fields(saved, where)),
+    followed = planned.origin.follow(DataIdentity.from_dict(Fields(saved, where)),
                                      DataIdentity.from_dict(Fields(planned.data, where)))
     if followed is None:
         return None

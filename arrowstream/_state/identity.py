@@ -4,7 +4,7 @@ A state remembers the data it was taken on by two digests (see ``docs/state-form
 
 - the data ``fingerprint`` (strict): every file's relative name, size, modification tag (mtime, ETag,
   generation) and unit row counts, and the schema;
-- its :class:`Layout`: the same without the modification tags, kept as one digest per part (names, sizes,
+- its :class:`DataShape`: the same without the modification tags, kept as one digest per part (names, sizes,
   unit row counts, schema) so that a refusal can say which part differs.
 
 Names are relative to the files' common folder (Iceberg: to the table's location), so a copy of the data
@@ -48,7 +48,7 @@ def check_data_identity(value: Any, name: str = "data_identity") -> str:
 
 
 @dataclass(frozen=True)
-class Layout:
+class DataShape:
     """The data without its modification tags: a digest of each part, and sizes that messages can show."""
 
     names: str    # the files' relative names, in order
@@ -63,7 +63,7 @@ class Layout:
                 "num_bytes": self.num_bytes, "num_columns": self.num_columns}
 
     @classmethod
-    def from_dict(cls, data: Fields) -> Layout:
+    def from_dict(cls, data: Fields) -> DataShape:
         return cls(data.string("names"), data.string("sizes"), data.string("rows"), data.string("schema"),
                    data.integer("num_bytes"), data.integer("num_columns"))
 
@@ -89,19 +89,19 @@ def _string_bytes(names: pa.Array) -> tuple[bytes, bytes | memoryview]:
     return _int64_bytes(offsets - start), b"" if data is None else memoryview(data)[start:stop]
 
 
-def layout_of(plan: PlanView) -> Layout:
+def shape_of(plan: PlanView) -> DataShape:
     """The layout of ``plan``'s files, hashed from its columns (a few MB for 50,000 files)."""
     files = plan.files
     schema = plan.identity.get("schema") or []
     offsets = np.asarray(files.unit_offsets, dtype=np.int64)
     first, last = (int(offsets[0]), int(offsets[-1])) if len(offsets) else (0, 0)   # the files' units, from 0
-    return Layout(names=_digest(*_string_bytes(files.names)), sizes=_digest(_int64_bytes(files.sizes)),
+    return DataShape(names=_digest(*_string_bytes(files.names)), sizes=_digest(_int64_bytes(files.sizes)),
                   rows=_digest(_int64_bytes(offsets - first), _int64_bytes(files.unit_rows[first:last])),
                   schema=_digest(repr(schema).encode()),
                   num_bytes=int(np.sum(files.sizes, dtype=np.int64)), num_columns=len(schema))
 
 
-def _differences(saved: DataIdentity, current: DataIdentity, saved_layout: Layout, layout: Layout) -> list[str]:
+def _differences(saved: DataIdentity, current: DataIdentity, saved_layout: DataShape, layout: DataShape) -> list[str]:
     """What differs between two layouts, saved vs current, one phrase each."""
     found = []
     if saved.num_files != current.num_files or saved_layout.names != layout.names:
@@ -153,14 +153,14 @@ def check_same_data(saved: DataIdentity, current: DataIdentity, data_identity: s
         f"the checkpoint was taken on (or a copy of it), or {_RESTART}")
 
 
-def layout_field(data: Fields) -> Layout | None:
+def shape_field(data: Fields) -> DataShape | None:
     """The optional ``layout`` of a state's data identity (absent in states of earlier releases)."""
     value = data.value.get("layout")
     if value is None:
         return None
     if not isinstance(value, dict):
         raise StateError(f"the state's {data.name('layout')} is {shorten(value)}, expected a dict or null; {REMEDY}")
-    return Layout.from_dict(Fields(value, data.name("layout")))
+    return DataShape.from_dict(Fields(value, data.name("layout")))
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ class DataIdentity:
     snapshot_id: int | None = None  # the Iceberg snapshot read, and the schema it is read in; None for files
     schema_id: int | None = None
     table_uuid: str | None = None   # the Iceberg table's uuid (a table dropped and recreated gets a new one)
-    layout: Layout | None = None    # the data without modification tags (data_identity="layout"); None in older states
+    layout: DataShape | None = None    # the data without modification tags (data_identity="layout"); None in older states
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"fingerprint": self.fingerprint, "num_files": self.num_files,
@@ -192,4 +192,4 @@ class DataIdentity:
                              f"null; {REMEDY}")
         return cls(data.string("fingerprint"), data.integer("num_files"), data.integer("num_rows"),
                    data.optional_integer("snapshot_id"), data.optional_integer("schema_id"), table_uuid,
-                   layout_field(data))
+                   shape_field(data))

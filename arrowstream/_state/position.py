@@ -20,7 +20,7 @@ from .._core.interleave import block_size_for
 from .._core.order import Slot, SlotGrid
 from .._core.plan_types import split_rows as rows_of
 from ..errors import StateError
-from .worker import ElasticSource, WorkerState
+from .worker import Leftovers, WorkerState
 
 if TYPE_CHECKING:
     from .._core.plan_types import OrderOptions
@@ -176,7 +176,7 @@ def check_position(saved: WorkerState, split_rows: Sequence[int], replay_rows: S
     return at_end
 
 
-def check_in_plan(epochs: Epochs, options: OrderOptions, checked: set[ElasticSource], saved: WorkerState, where: str,
+def check_in_plan(epochs: Epochs, options: OrderOptions, checked: set[Leftovers], saved: WorkerState, where: str,
                   done: str | None = None) -> None:
     """Check a parsed worker state against a dataset's plan (its ``epochs`` and ``options``) in the state's own
     topology (its slot); ``done``: why the checkpoint counts the worker as done with its epoch (then nothing may

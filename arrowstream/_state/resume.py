@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .._core.fields import Fields
 from .._core.order import Slot, SlotGrid
-from .._layout.layout import replanned_source
+from .._layout.layout import replanned_leftovers
 from ..errors import StateMismatchError
 from .identity import DataIdentity
 from .position import check_in_plan
 from .worker import (
     WORKER_KIND,
-    ElasticSource,
+    Leftovers,
     WorkerState,
     check_compatible,
     check_planning,
@@ -53,7 +53,7 @@ class Against:
     data: DataIdentity
     state_options: dict[str, Any]
     data_identity: str
-    checked: set[ElasticSource]   # the elastic sources found valid for this plan, which a check adds to
+    checked: set[Leftovers]   # the elastic sources found valid for this plan, which a check adds to
 
 
 def checked_state(against: Against, saved: WorkerState, elastic: bool, slot: Slot | None,
@@ -128,10 +128,10 @@ def nothing_left(left: int | None, options: OrderOptions, holds: Callable[[int],
 
 
 def replanned_epoch(epochs: Epochs, options: OrderOptions, epoch: int, world_size: int, num_workers: int,
-                    saved: Sequence[tuple[WorkerState, bool]]) -> ElasticSource:
+                    saved: Sequence[tuple[WorkerState, bool]]) -> Leftovers:
     """The rest of ``epoch`` from the states of every old (rank, worker) slot, in slot order (each with
     whether its loader had finished the epoch), to be laid out for this topology."""
     # the epoch as the old topology read it, with its own even_batches
     old = epochs.layouts.layout(epoch, SlotGrid(world_size, num_workers),
                                 even_batches=bool(saved and saved[0][0].options.get("even_batches")))
-    return replanned_source(old, saved, options.interleave, options.drops_rows)
+    return replanned_leftovers(old, saved, options.interleave, options.drops_rows)

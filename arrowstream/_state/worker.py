@@ -190,7 +190,7 @@ def check_planning(options: Fields) -> int:
 
 
 @dataclass(frozen=True)
-class ElasticSource:
+class Leftovers:
     """Where every worker of the old topology stood when an epoch was re-planned for a new one.
 
     ``cursors`` has one entry per old (rank, worker) slot, in slot order: its cursor in
@@ -209,7 +209,7 @@ class ElasticSource:
                 "cursors": [None if c is None else c.to_dict() for c in self.cursors], "cut": self.cut}
 
     @classmethod
-    def from_dict(cls, source: Any, where: str = "elastic") -> ElasticSource:
+    def from_dict(cls, source: Any, where: str = "elastic") -> Leftovers:
         """Parse the ``elastic`` field of a worker state (typed and bounded; ``StateError`` if not)."""
         fields = Fields(source, where)
         world_size, num_workers = fields.integer("world_size", 1), fields.integer("num_workers")
@@ -241,7 +241,7 @@ class WorkerState:
     batches: int
     rows_dropped: int
     epoch_complete: bool
-    elastic: ElasticSource | None = None  # set in an epoch re-planned for another topology
+    elastic: Leftovers | None = None  # set in an epoch re-planned for another topology
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -281,7 +281,7 @@ class WorkerState:
             batches=counters.integer("batches"),
             rows_dropped=counters.integer("rows_dropped"),
             epoch_complete=fields.boolean("epoch_complete"),
-            elastic=None if elastic is None else ElasticSource.from_dict(elastic, f"{where}.elastic"),
+            elastic=None if elastic is None else Leftovers.from_dict(elastic, f"{where}.elastic"),
         )
 
 

@@ -90,7 +90,7 @@ def read_workers(raw: Any, num_workers: int, where: str, owner: str) -> InnerSta
 
 
 def elastic_summary(elastic: Any) -> dict[str, Any] | None:
-    """An epoch re-planned from another topology (a dataset's ``ElasticSource``, a mixture's ``MixElastic``:
+    """An epoch re-planned from another topology (a dataset's ``Leftovers``, a mixture's ``MixElastic``:
     one cursor per old slot, ``None`` for a slot that had nothing left)."""
     if elastic is None:
         return None

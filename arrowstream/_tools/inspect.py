@@ -84,7 +84,7 @@ def describe(dataset: Any, num_workers: int) -> dict[str, Any]:
     slot_rows = [s["rows"] for s in slots]
     mean = sum(slot_rows) / num_slots
     return {
-        "source": {"format": options.format, "table": dataset.source.table_name,
+        "source": {"format": options.format, "table": dataset.origin.table_name,
                    "snapshot_id": getattr(dataset, "snapshot_id", None)},
         "files": len(footers), "rows": plan.num_rows, "bytes": sum(f["bytes"] for f in files),
         "units": sum(f["units"] for f in files), "unit_name": unit_format(options.format).units,

@@ -23,7 +23,7 @@ def _folder_usage(folder: str) -> dict[str, int]:
 
 def report(dataset: Any) -> dict[str, Any]:
     """What the plan cache did for ``dataset`` and what its entry holds, as plain data."""
-    outcome = dataset.source.cache_outcome
+    outcome = dataset.origin.cache_outcome
     out: dict[str, Any] = {"action": outcome.action, "reason": outcome.reason, "entry": outcome.path}
     if outcome.path is None:
         return out

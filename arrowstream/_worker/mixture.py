@@ -166,7 +166,7 @@ def open_stream(reading: MixReading, slot: MixSlot, start: MixWorkerState, meter
                        for _ in range(options.interleave)]
         sources.append(SourceRows(s.name, readers, parts[s.name], batch_size=options.batch_size,
                                   interleave=options.interleave, buffer_rows=options.shuffle_buffer_size,
-                                  start=start.cursors[s.name], url=str(s.source.arguments().get("path", s.name)),
+                                  start=start.cursors[s.name], url=str(s.origin.arguments().get("path", s.name)),
                                   read_ahead=read_ahead, held=held))
     casts = reading.casts
     return MixStream(sources, [parts[s.name].rows for s in reading.sources],
