@@ -220,9 +220,11 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         storage, plan = plan_together(self._origin, self._options, self._retry, arguments,
                                       collective=not plan_locally and collective_world_size() > 1)
         self._options = resolve_buffer(self._options, [plan])   # shuffle_buffer_size left out: sized by the plan
-        self._use_plan(storage, plan)
+        self._use_plan(storage, plan, replanned=None)
 
-    def _use_plan(self, storage: Storage, plan: Plan) -> None:
+    def _use_plan(self, storage: Storage, plan: Plan, *, replanned: Leftovers | None) -> None:
+        """Read ``plan`` from now on; ``replanned``: the epoch re-planned for a loaded checkpoint of another
+        topology, which stays (``None``: none)."""
         self._storage, self._plan = storage.reading(self._read_ahead_depth, self._options.interleave), plan
         check_output_columns(self._options.output_format, plan.schema)
         if self._options.with_row_ids:
@@ -233,18 +235,16 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         self._state_options = {**self._options.state_options(), "even_batches": self._even_batches}
         self._state_options.update(self._policy.state_options())
         self._policy.use_plan(self)   # what the policy lays out of the plan (dynamic: its epochs), laid out again
-        # the epoch re-planned for a loaded checkpoint of another topology (by the loader) stays
-        previous: Epochs | None = vars(self).get("_epochs")
-        self._epochs = Epochs(plan, self._options, self._even_batches, self._data, self._state_options,
-                              previous.elastic if previous is not None else None, assign=self._policy.assign)
-        self._checked_sources: set[Leftovers] = set()  # elastic sources found valid for this plan
+        self._epochs = Epochs(plan, self._options, self._even_batches, self._data, self._state_options, replanned,
+                              assign=self._policy.assign)
+        self._checked_sources: set[Leftovers] = set()  # leftovers found valid for this plan
         self._side.forget()
 
     def _use_options(self, options: Options | None) -> None:
         """Read with ``options`` from now on (None: as before): the plan's epochs are laid out again."""
         if options is not None:
             self._options = options
-            self._use_plan(self._storage, self._plan)
+            self._use_plan(self._storage, self._plan, replanned=self._epochs.elastic)
 
     def use_planning(self, planning: int) -> None:
         """Cut splits for slots as planning version ``planning`` does (a loaded checkpoint's), in this epoch
@@ -273,7 +273,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         followed = self._origin.follow(saved.data, self._data)
         if followed is not None:
             self._origin = followed
-            self._use_plan(*followed.plan(self._options, self._retry))
+            self._use_plan(*followed.plan(self._options, self._retry), replanned=self._epochs.elastic)
 
     # -- the loader ---------------------------------------------------------------------------
 

@@ -77,7 +77,7 @@ def test_in_order_set_after_construction_is_checked_when_iterating(small_dataset
         iter(loader)
 
 
-def test_mixtures_do_not_take_in_order_false_yet(small_dataset):
+def test_mixtures_refuse_in_order_false(small_dataset):
     sources = {"a": Source(small_dataset), "b": Source(small_dataset)}
     with pytest.raises(errors.InvalidArgumentError, match="in_order: a MixtureDataLoader does not take in_order=False"):
         Mixture.create_dataloader(sources=sources, batch_size=32, num_workers=2, in_order=False)
