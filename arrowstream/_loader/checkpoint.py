@@ -2,7 +2,7 @@
 
 The loader states of a dataset and those of a mixture merge alike (one function for both); a mixture's
 checkpoint has kind ``"arrowstream.mixture_checkpoint"`` and its loader states' version.
-A merged checkpoint is a dict of JSON types: ``{"kind": "arrowstream.checkpoint", "version": 9,
+A merged checkpoint is a dict of JSON types: ``{"kind": "arrowstream.checkpoint", "version": 10,
 "world_size": N, "num_workers": W, "ranks": [state of rank 0, ..., state of rank N-1]}``, its
 version ``STATE_VERSION`` like the loader states it holds (merged checkpoints exist from version
 4 on); each entry is the state ``loader.state_dict()`` returned on that rank. Ranks of one
