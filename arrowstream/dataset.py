@@ -683,7 +683,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         return f"dataset.num_batches(num_workers); rows: dataset.num_rows ({self._plan.num_rows:,}, before any filter)"
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_pending": None, "_active": None, "_source": self._origin.for_workers()}
+        return {**self.__dict__, "_pending": None, "_active": None, "_origin": self._origin.for_workers()}
 
     def __repr__(self) -> str:
         return (f"StructuredDataset(format={self._options.format!r}, files={len(self._plan.files)}, "
