@@ -485,7 +485,7 @@ def main() -> int:
         f"- Date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC",
         f"- Machine: {machine()}",
         "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + f" ({commit})",
-        f"- arrowstream sources (hash of `arrowstream/*.py`): {sources} at the start, {source_hash()} at the end",
+        f"- arrowstream sources (hash of `arrowstream/**/*.py`): {sources} at the start, {source_hash()} at the end",
         f"- Load average (1/5/15 min) at the start: {load_start}; at the end: {loadavg()} (the machine is shared)",
         f"- Command: `{shlex.join(sys.orig_argv)}`",
         f"- Wall time: {(time.perf_counter() - started) / 60:.1f} min", "",

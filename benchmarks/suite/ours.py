@@ -28,8 +28,9 @@ def source_hash() -> str:
     """A short hash of the arrowstream sources this process imported (the package may change
     between runs while the suite runs; the report flags that)."""
     digest = hashlib.sha1()
-    for path in sorted(Path(arrowstream.__file__).parent.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    package = Path(arrowstream.__file__).parent
+    for path in sorted(package.glob("**/*.py")):  # the modules live in folders by layer (#38)
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:10]
 
 

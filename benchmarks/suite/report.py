@@ -369,7 +369,7 @@ def render(*, title_date: str, command: str, versions: dict[str, str], tables: l
              f"- Python: {platform.python_version()}",
              f"- Load average (1/5/15 min) at the start: {load[0]}; at the end: {load[1]} (the machine is shared)",
              f"- Versions: {', '.join(f'{k} {v}' for k, v in versions.items())}",
-             f"- arrowstream sources measured (hash of `arrowstream/*.py`): {', '.join(arrowstream_sources(by_table))}"
+             f"- arrowstream sources measured (hash of `arrowstream/**/*.py`): {', '.join(arrowstream_sources(by_table))}"
              + (" (**changed during the run**)" if len(arrowstream_sources(by_table)) > 1 else ""),
              f"- Command: `{command}`",
              f"- Suite wall time: {wall_s / 60:.1f} min", "",
