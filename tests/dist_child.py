@@ -78,7 +78,7 @@ def run(scenario: dict) -> dict:
     out: dict = {"rank": int(os.environ["RANK"]), "len": len(loader), "epochs": {}, "merged": None,
                  "rows_trimmed": dataset.rows_trimmed_per_epoch(scenario["num_workers"]),
                  "data_rank": dataset.rank, "data_world_size": dataset.world_size,
-                 "plan_cache": getattr(getattr(dataset._source, "cache_outcome", None), "action", None)}
+                 "plan_cache": getattr(getattr(dataset._origin, "cache_outcome", None), "action", None)}
     for epoch in scenario["epochs"]:
         dataset.set_epoch(epoch)
         out.setdefault("lens", {})[str(epoch)] = len(loader)  # an epoch re-planned by elastic resume has its own

@@ -97,11 +97,11 @@ def test_a_warm_start_reads_no_footer_and_no_delete_file(table_with_deletes, rea
     table, config = table_with_deletes
     cold = IcebergDataset(TABLE, catalog_config=config, plan_cache=False)
     first = IcebergDataset(TABLE, catalog_config=config)
-    assert first._source.cache_outcome.action == "built"
+    assert first._origin.cache_outcome.action == "built"
     assert reads["footers"] == 2 * 3 and reads["delete_reads"] == 2
     reads.update(footers=0, delete_reads=0, opened=[])
     warm = IcebergDataset(TABLE, catalog_config=config)
-    assert warm._source.cache_outcome.action == "hit"
+    assert warm._origin.cache_outcome.action == "hit"
     assert (reads["footers"], reads["delete_reads"]) == (0, 0)
     assert reads["opened"] and not set(reads["opened"]) & data_and_delete_files(table)   # manifests: yes
     assert plan_facts(warm) == plan_facts(cold) == plan_facts(first)
@@ -121,7 +121,7 @@ def test_exact_resume_across_cached_restarts(table_with_deletes, reads):
     def factory(source, num_workers, **options):
         loader, dataset = IcebergDataset.create_dataloader(table=TABLE, catalog_config=config,
                                                            num_workers=num_workers, **options)
-        outcomes.append(dataset._source.cache_outcome.action)
+        outcomes.append(dataset._origin.cache_outcome.action)
         return loader, dataset
 
     def rows_of_epoch(batches, dataset):
@@ -140,12 +140,12 @@ def test_another_snapshot_is_another_entry(table_with_deletes, reads):
     table.append(rows(5000, 100))
     new = IcebergDataset(TABLE, catalog_config=config)
     assert new.snapshot_id != old.snapshot_id
-    assert new._source.cache_outcome.action == "built" and len(cache_files()) == 2
+    assert new._origin.cache_outcome.action == "built" and len(cache_files()) == 2
     assert new._plan.num_rows == old._plan.num_rows + 100
     reads.update(footers=0, delete_reads=0)
     pinned = IcebergDataset(TABLE, catalog_config=config, snapshot_id=old.snapshot_id)
     again = IcebergDataset(TABLE, catalog_config=config)
-    assert [d._source.cache_outcome.action for d in (pinned, again)] == ["hit", "hit"]
+    assert [d._origin.cache_outcome.action for d in (pinned, again)] == ["hit", "hit"]
     assert plan_facts(pinned) == plan_facts(old) and plan_facts(again) == plan_facts(new)
     assert (reads["footers"], reads["delete_reads"]) == (0, 0)
 
@@ -163,12 +163,12 @@ def test_a_damaged_entry_is_logged_and_rebuilt(table_with_deletes, reads, caplog
     reads.update(footers=0, delete_reads=0)
     with caplog.at_level(logging.WARNING, logger="arrowstream"):
         rebuilt = IcebergDataset(TABLE, catalog_config=config)
-    outcome = rebuilt._source.cache_outcome
+    outcome = rebuilt._origin.cache_outcome
     assert outcome.action == "rebuilt" and "damaged" in outcome.reason
     assert any("is not used" in r.message and "damaged" in r.message for r in caplog.records)
     assert (reads["footers"], reads["delete_reads"]) == (3, 1)
     assert plan_facts(rebuilt) == plan_facts(cold)
-    assert IcebergDataset(TABLE, catalog_config=config)._source.cache_outcome.action == "hit"
+    assert IcebergDataset(TABLE, catalog_config=config)._origin.cache_outcome.action == "hit"
 
 
 def _tampered(entry: Path, column: str, change: Any) -> None:
@@ -196,7 +196,7 @@ def test_an_entry_of_other_scan_tasks_is_stale(table_with_deletes, reads, caplog
     reads.update(footers=0, delete_reads=0)
     with caplog.at_level(logging.INFO, logger="arrowstream"):
         again = IcebergDataset(TABLE, catalog_config=config)
-    outcome = again._source.cache_outcome
+    outcome = again._origin.cache_outcome
     assert outcome.action == "rebuilt" and f"the listing changed: {differs}" in outcome.reason
     assert (reads["footers"], reads["delete_reads"]) == (3, 1)
     assert plan_facts(again) == plan_facts(cold)
@@ -221,12 +221,12 @@ def test_plan_cache_false_writes_nothing_and_a_folder_is_used(table_with_deletes
     _, config = table_with_deletes
     off = IcebergDataset(TABLE, catalog_config=config, plan_cache=False)
     off_again = IcebergDataset(TABLE, catalog_config=config, plan_cache=False)
-    assert not cache_files() and off_again._source.cache_outcome.action == "off"
+    assert not cache_files() and off_again._origin.cache_outcome.action == "off"
     assert reads["footers"] == 6
     folder = tmp_path / "chosen"
     IcebergDataset(TABLE, catalog_config=config, plan_cache=str(folder))
     warm = IcebergDataset(TABLE, catalog_config=config, plan_cache=folder)
-    assert warm._source.cache_outcome.action == "hit" and len(list(folder.glob("*.plan"))) == 1
+    assert warm._origin.cache_outcome.action == "hit" and len(list(folder.glob("*.plan"))) == 1
     assert not cache_files() and plan_facts(warm) == plan_facts(off)
     with pytest.raises(errors.ArgumentTypeError, match="plan_cache: expected None"):
         IcebergDataset(TABLE, catalog_config=config, plan_cache=5)
@@ -238,7 +238,7 @@ def test_parquet_footers_are_kept_as_handles_within_the_budget(table_with_delete
     table, config = table_with_deletes
     cold = IcebergDataset(TABLE, catalog_config=config)
     warm = IcebergDataset(TABLE, catalog_config=config)
-    assert warm._source.cache_outcome.action == "hit"
+    assert warm._origin.cache_outcome.action == "hit"
     for dataset in (cold, warm):
         assert all(isinstance(f.extra.inner.handle, pq.FileMetaData) for f in dataset._plan.files)
     opened = []
@@ -249,7 +249,7 @@ def test_parquet_footers_are_kept_as_handles_within_the_budget(table_with_delete
     assert len(opened) == 3 and all(isinstance(m, pq.FileMetaData) for m in opened)
     monkeypatch.setattr(footers_module, "REMOTE_HANDLE_BUDGET", 100)
     over = IcebergDataset(TABLE, catalog_config=config)
-    assert over._source.cache_outcome.action == "built"
+    assert over._origin.cache_outcome.action == "built"
     assert all(f.extra.inner.handle is None for f in over._plan.files)
     assert plan_facts(over) == plan_facts(cold)
 
@@ -273,7 +273,7 @@ def test_deleted_positions_are_one_list_column(table_with_deletes):
         writer.write_table(table)
     the_entry().write_bytes(_entry_of(header, bytes(sink.getvalue())))
     again = IcebergDataset(TABLE, catalog_config=config)
-    assert again._source.cache_outcome.action == "rebuilt" and "not sorted" in again._source.cache_outcome.reason
+    assert again._origin.cache_outcome.action == "rebuilt" and "not sorted" in again._origin.cache_outcome.reason
     assert np.array_equal(sorted(f.extra.deleted.size for f in again._plan.files if f.extra.deleted is not None),
                           [7, 161])
 
@@ -285,7 +285,7 @@ def test_row_filter_and_selected_fields_are_part_of_the_key(table_with_deletes):
     again = IcebergDataset(TABLE, catalog_config=config, **options)
     other = IcebergDataset(TABLE, catalog_config=config, row_filter="id >= 1300", selected_fields=["id"])
     fields = IcebergDataset(TABLE, catalog_config=config, row_filter=options["row_filter"])
-    assert [d._source.cache_outcome.action for d in (first, again, other, fields)] == ["built", "hit", "built", "built"]
+    assert [d._origin.cache_outcome.action for d in (first, again, other, fields)] == ["built", "hit", "built", "built"]
     assert len(cache_files()) == 3 and plan_facts(again) == plan_facts(first)
 
 
@@ -295,7 +295,7 @@ def test_an_unwritable_folder_is_one_warning_and_planning_goes_on(table_with_del
     blocked.write_text("not a folder")
     with caplog.at_level(logging.WARNING, logger="arrowstream"):
         datasets = [IcebergDataset(TABLE, catalog_config=config, plan_cache=blocked / "cache") for _ in range(2)]
-    assert [d._source.cache_outcome.action for d in datasets] == ["off", "off"]
+    assert [d._origin.cache_outcome.action for d in datasets] == ["off", "off"]
     assert sum("cannot write the plan cache" in r.message for r in caplog.records) == 1
     assert datasets[1]._plan.num_rows == 2000 - 7 - 161
 
@@ -317,4 +317,4 @@ def test_cli_plan_builds_a_table_entry_ahead_of_a_job(table_with_deletes, tmp_pa
     # the job that follows finds the entry built ahead and reads no footer
     reads["footers"] = 0
     dataset = IcebergDataset(TABLE, catalog_config=_config, batch_size=64, plan_cache=folder)
-    assert dataset._source.cache_outcome.action == "hit" and reads["footers"] == 0
+    assert dataset._origin.cache_outcome.action == "hit" and reads["footers"] == 0

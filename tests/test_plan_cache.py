@@ -104,11 +104,11 @@ def test_warm_restart_reads_no_footer_and_the_same_plan(tmp_path, inspections, k
     path = write_format(tmp_path / "data", kind)
     options = {"split_bytes": 2000} if kind in ("csv", "jsonl") else {}
     cold = StructuredDataset(path, format=kind, batch_size=64, **options)
-    assert inspections[kind] == len(LAYOUT) and cold._source.cache_outcome.action == "built"
+    assert inspections[kind] == len(LAYOUT) and cold._origin.cache_outcome.action == "built"
     inspections.clear()
     warm = StructuredDataset(path, format=kind, batch_size=64, **options)
     assert inspections[kind] == 0, "a warm restart read footers"
-    assert warm._source.cache_outcome.action == "hit"
+    assert warm._origin.cache_outcome.action == "hit"
     assert plan_of(warm) == plan_of(cold)
     assert warm._plan.data_fingerprint == cold._plan.data_fingerprint
     assert [s for s in warm._plan.splits] == [s for s in cold._plan.splits]
@@ -196,7 +196,7 @@ def test_stale_entry_is_rebuilt(tmp_path, inspections, caplog, change):
     inspections.clear()
     with caplog.at_level(logging.INFO, logger="arrowstream"):
         dataset = StructuredDataset(path, batch_size=64)
-    assert dataset._source.cache_outcome.action == "rebuilt"
+    assert dataset._origin.cache_outcome.action == "rebuilt"
     assert "listing changed" in caplog.text
     assert inspections["parquet"] == {"rewritten": 3, "added": 4, "removed": 2}[change]
     assert sorted(i for batch in dataset for i in ids_of(batch)) == expected
@@ -264,7 +264,7 @@ def test_damaged_entry_is_logged_and_rebuilt(tmp_path, inspections, caplog, dama
     inspections.clear()
     with caplog.at_level(logging.INFO, logger="arrowstream"):
         dataset = StructuredDataset(path, batch_size=64)
-    assert dataset._source.cache_outcome.action == "rebuilt"
+    assert dataset._origin.cache_outcome.action == "rebuilt"
     assert str(entry) in caplog.text and "rebuilding it" in caplog.text
     assert inspections["parquet"] == len(LAYOUT)
     assert sorted(i for batch in dataset for i in ids_of(batch)) == list(range(ROWS))
@@ -290,7 +290,7 @@ def test_warm_plan_keeps_the_cold_plans_parquet_footers(tmp_path, inspections, m
     cold = StructuredDataset(path, batch_size=64)
     inspections.clear()
     warm = StructuredDataset(path, batch_size=64)
-    assert warm._source.cache_outcome.action == "hit" and inspections["parquet"] == 0
+    assert warm._origin.cache_outcome.action == "hit" and inspections["parquet"] == 0
     _same_footers(warm, cold)
     opened_without = []   # files a worker opens without the planned footer (it reads the footer then)
     original = pq.ParquetFile.__init__
@@ -320,13 +320,13 @@ def test_warm_plan_follows_the_handle_budget(tmp_path, inspections, monkeypatch)
     assert _cached_parquet_footers(the_entry()) == [None] * len(LAYOUT)
     inspections.clear()
     warm = StructuredDataset(path, batch_size=64)
-    assert warm._source.cache_outcome.action == "hit" and inspections["parquet"] == 0
+    assert warm._origin.cache_outcome.action == "hit" and inspections["parquet"] == 0
     assert all(f.handle is None for f in warm._plan.files)
     monkeypatch.setattr(footers_module, "LOCAL_HANDLE_BUDGET", default)
     larger = StructuredDataset(path, batch_size=64)   # a cold plan now keeps them: so does the entry
-    assert (larger._source.cache_outcome.action, larger._source.cache_outcome.reason) == ("built", "no entry yet")
+    assert (larger._origin.cache_outcome.action, larger._origin.cache_outcome.reason) == ("built", "no entry yet")
     assert all(isinstance(f.handle, pq.FileMetaData) for f in larger._plan.files)
-    assert all(_cached_parquet_footers(Path(larger._source.cache_outcome.path)))
+    assert all(_cached_parquet_footers(Path(larger._origin.cache_outcome.path)))
     inspections.clear()
     _same_footers(StructuredDataset(path, batch_size=64), larger)
     assert inspections["parquet"] == 0
@@ -367,7 +367,7 @@ def test_an_entry_of_an_earlier_version_is_rebuilt_not_misread(tmp_path, inspect
     inspections.clear()
     with caplog.at_level(logging.INFO, logger="arrowstream"):
         dataset = StructuredDataset(path, batch_size=64)
-    outcome = dataset._source.cache_outcome
+    outcome = dataset._origin.cache_outcome
     if where == "in place":
         assert outcome.action == "rebuilt"
         assert outcome.reason == (f"it is of cache format version {version}, this release reads "
@@ -415,8 +415,8 @@ def test_damaged_parquet_footer_in_an_entry_is_logged_and_rebuilt(tmp_path, insp
     inspections.clear()
     with caplog.at_level(logging.INFO, logger="arrowstream"):
         dataset = StructuredDataset(path, batch_size=64)
-    assert dataset._source.cache_outcome.action == "rebuilt"
-    assert reason in dataset._source.cache_outcome.reason
+    assert dataset._origin.cache_outcome.action == "rebuilt"
+    assert reason in dataset._origin.cache_outcome.reason
     assert str(entry) in caplog.text and "rebuilding it" in caplog.text
     assert inspections["parquet"] == len(LAYOUT)
     assert sorted(i for batch in dataset for i in ids_of(batch)) == list(range(ROWS))
@@ -525,7 +525,7 @@ def test_a_rewrite_keeping_size_and_mtime_is_a_stale_listing(tmp_path, caplog, i
     inspections.clear()
     with caplog.at_level(logging.INFO, logger="arrowstream"):
         dataset = StructuredDataset(str(folder), batch_size=64, filter=filter, output_format="arrow")
-    outcome = dataset._source.cache_outcome
+    outcome = dataset._origin.cache_outcome
     assert outcome.action == "rebuilt", outcome
     assert "inode change time" in outcome.reason and "part-0.parquet" in outcome.reason
     assert inspections["parquet"] >= 1
@@ -547,8 +547,8 @@ def test_a_file_replaced_by_another_with_its_size_and_mtime_is_a_stale_listing(t
     os.utime(temporary, ns=(before.st_atime_ns, before.st_mtime_ns))
     os.replace(temporary, target)
     dataset = StructuredDataset(str(folder), batch_size=64)
-    assert dataset._source.cache_outcome.action == "rebuilt"
-    assert "inode number" in dataset._source.cache_outcome.reason
+    assert dataset._origin.cache_outcome.action == "rebuilt"
+    assert "inode number" in dataset._origin.cache_outcome.reason
     assert sorted(i for batch in dataset for i in ids_of(batch)) == list(range(1000, 1200))
 
 
@@ -583,7 +583,7 @@ def test_a_stale_entry_the_listing_cannot_tell_is_named_when_the_file_is_opened(
     entry = the_entry()
     _restamped(entry, folder)
     dataset = StructuredDataset(str(folder), batch_size=64, filter=filter, output_format="arrow")
-    assert dataset._source.cache_outcome.action == "hit"
+    assert dataset._origin.cache_outcome.action == "hit"
     assert bool(dataset._plan.files.handles) is handles
     with pytest.raises(errors.StalePlanCacheError) as caught:
         list(dataset)
@@ -656,7 +656,7 @@ def test_other_formats_rewritten_keeping_size_and_mtime(tmp_path, kind):
     _rewrite_keeping_size_and_mtime(target, rewrite)
     expected = {"arrow": [1.5] * 200, "orc": list(range(200)), "csv": [10] * 500}[kind]
     dataset = StructuredDataset(str(folder), format=file_format, batch_size=64, output_format="arrow", **options)
-    assert dataset._source.cache_outcome.action == "rebuilt"
+    assert dataset._origin.cache_outcome.action == "rebuilt"
     batches = list(dataset)
     assert sorted(v for batch in batches for v in batch.column("id").to_pylist()) == expected
     now_type = {"arrow": pa.float64(), "orc": pa.int32(), "csv": pa.int64()}[kind]
@@ -666,7 +666,7 @@ def test_other_formats_rewritten_keeping_size_and_mtime(tmp_path, kind):
     entry.write_bytes(stale)   # the entry of the file as planned, its listing made the current one
     _restamped(entry, folder)
     dataset = StructuredDataset(str(folder), format=file_format, batch_size=64, output_format="arrow", **options)
-    assert dataset._source.cache_outcome.action == "hit"
+    assert dataset._origin.cache_outcome.action == "hit"
     if kind == "csv":   # rows counted against the entry's scan when a unit is parsed: changed, or a stray quote
         with pytest.raises(errors.MalformedRowError, match=f"part-0.csv: .*planned from the plan cache entry {entry}: "
                                                            "if the file was rewritten .* plan_cache=False"):
@@ -689,8 +689,8 @@ def test_a_changed_inode_time_rebuilds_the_entry_and_keeps_checkpoints(tmp_path)
     target = Path(path) / "part-001.parquet"
     target.chmod(0o600)
     loader, dataset = make_loader(path, 0, batch_size=64)
-    assert dataset._source.cache_outcome.action == "rebuilt"
-    reason = dataset._source.cache_outcome.reason
+    assert dataset._origin.cache_outcome.action == "rebuilt"
+    reason = dataset._origin.cache_outcome.reason
     assert "inode change time" in reason and "part-001.parquet" in reason
     loader.load_state_dict(state)   # strict: the same files
     assert Counter(before + [i for batch in loader for i in ids_of(batch)]) == Counter(range(ROWS))
@@ -714,15 +714,15 @@ def test_s3_a_rewrite_of_the_same_size_is_a_stale_listing(s3_server):
             pq.write_table(table, f, row_group_size=100, compression="none", use_dictionary=False)
         dataset = StructuredDataset(url, batch_size=64, storage_options=s3_server.storage_options)
         assert sorted(i for batch in dataset for i in ids_of(batch)) == table.column("id").to_pylist()
-    assert dataset._source.cache_outcome.action == "rebuilt"
-    assert "listing changed" in dataset._source.cache_outcome.reason
+    assert dataset._origin.cache_outcome.action == "rebuilt"
+    assert "listing changed" in dataset._origin.cache_outcome.reason
 
 
 def test_plan_cache_false_writes_nothing_and_reads_every_footer(tmp_path, inspections):
     path = write_dataset(tmp_path / "data", LAYOUT)
     for _ in range(2):
         dataset = StructuredDataset(path, batch_size=64, plan_cache=False)
-        assert dataset._source.cache_outcome.action == "off"
+        assert dataset._origin.cache_outcome.action == "off"
     assert inspections["parquet"] == 2 * len(LAYOUT)
     assert cache_files(os.environ["ARROWSTREAM_CACHE_DIR"]) == []
 
@@ -736,7 +736,7 @@ def test_a_listing_without_modification_tags_is_not_cached(tmp_path, monkeypatch
                         lambda statuses: [dataclasses.replace(e, tag="", version="") for e in local_entries(statuses)])
     for _ in range(2):
         dataset = StructuredDataset(path, batch_size=64)
-        assert dataset._source.cache_outcome.action == "off"
+        assert dataset._origin.cache_outcome.action == "off"
     assert inspections["parquet"] == 2 * len(LAYOUT)
     assert cache_files(os.environ["ARROWSTREAM_CACHE_DIR"]) == []
 
@@ -752,7 +752,7 @@ def test_an_entry_is_not_used_by_a_listing_without_modification_tags(tmp_path, m
                         lambda statuses: [dataclasses.replace(e, tag="", version="") for e in local_entries(statuses)])
     inspections.clear()
     dataset = StructuredDataset(path, batch_size=64)
-    assert dataset._source.cache_outcome.action == "off" and inspections["parquet"] == len(LAYOUT)
+    assert dataset._origin.cache_outcome.action == "off" and inspections["parquet"] == len(LAYOUT)
     assert the_entry().read_bytes() == written
 
 
@@ -783,7 +783,7 @@ def test_not_in_the_rank_fingerprint_nor_the_state(tmp_path):
     folder = str(tmp_path / "elsewhere-cache")
     default = StructuredDataset(path, batch_size=64)
     placed = StructuredDataset(path, batch_size=64, plan_cache=folder)
-    assert placed._source.arguments() == default._source.arguments()
+    assert placed._origin.arguments() == default._origin.arguments()
     loader, dataset = make_loader(path, 0, batch_size=64, plan_cache=folder)
     dataset.set_epoch(0)
     next(iter(loader))
@@ -799,7 +799,7 @@ def test_unwritable_folder_warns_once_and_plans_without(tmp_path, caplog, monkey
     with caplog.at_level(logging.WARNING, logger="arrowstream"):
         for _ in range(2):
             dataset = StructuredDataset(path, batch_size=64, plan_cache=blocker / "cache")
-            assert dataset._source.cache_outcome.action == "off"
+            assert dataset._origin.cache_outcome.action == "off"
             assert sorted(i for batch in dataset for i in ids_of(batch)) == list(range(ROWS))
     assert caplog.text.count("cannot write the plan cache") == 1
 
@@ -868,7 +868,7 @@ def test_least_recently_used_entries_are_removed(tmp_path, monkeypatch, inspecti
     assert inspections["parquet"] == len(LAYOUT)
     monkeypatch.setenv("ARROWSTREAM_CACHE_MAX_BYTES", "0")   # room for nothing: every entry goes, reads go on
     dataset = StructuredDataset(write_dataset(tmp_path / "data3", LAYOUT), batch_size=64)
-    assert dataset._source.cache_outcome.action == "off" and cache_files(folder) == []
+    assert dataset._origin.cache_outcome.action == "off" and cache_files(folder) == []
     assert sorted(i for batch in dataset for i in ids_of(batch)) == list(range(ROWS))
     monkeypatch.setenv("ARROWSTREAM_CACHE_MAX_BYTES", "lots")
     with pytest.raises(errors.InvalidArgumentError, match="ARROWSTREAM_CACHE_MAX_BYTES='lots' is not a number"):
@@ -880,7 +880,7 @@ import json, sys
 from arrowstream import StructuredDataset
 dataset = StructuredDataset(sys.argv[1], batch_size=64)
 ids = sorted(int(i) for batch in dataset for i in batch["id"])
-print(json.dumps({"action": dataset._source.cache_outcome.action, "rows": len(ids), "unique": len(set(ids))}))
+print(json.dumps({"action": dataset._origin.cache_outcome.action, "rows": len(ids), "unique": len(set(ids))}))
 """
 
 
@@ -897,7 +897,7 @@ def test_processes_that_start_together_each_write_a_whole_entry(tmp_path, inspec
     assert len(cache_files(folder)) == 1 and not [n for n in os.listdir(folder) if n.startswith(".")]
     inspections.clear()
     dataset = StructuredDataset(path, batch_size=64)
-    assert dataset._source.cache_outcome.action == "hit" and inspections["parquet"] == 0
+    assert dataset._origin.cache_outcome.action == "hit" and inspections["parquet"] == 0
 
 
 def test_cli_plan_builds_and_prints_what_it_holds(tmp_path, capsys):
@@ -916,7 +916,7 @@ def test_cli_plan_builds_and_prints_what_it_holds(tmp_path, capsys):
     assert info["folder_entries"] == 1
     # the job that follows finds the entry built ahead
     dataset = StructuredDataset(path, format="csv", batch_size=64, split_bytes=2000, plan_cache=folder)
-    assert dataset._source.cache_outcome.action == "hit"
+    assert dataset._origin.cache_outcome.action == "hit"
 
 
 def test_s3_warm_restart_lists_once_reads_no_footer_and_keeps_no_credentials(s3_server, inspections):
@@ -932,12 +932,12 @@ def test_s3_warm_restart_lists_once_reads_no_footer_and_keeps_no_credentials(s3_
         proxy.configure(flavor="s3")
         options = {**s3_server.options_via(proxy.endpoint), **secrets}
         cold = StructuredDataset(url, batch_size=64, storage_options=options)
-        assert cold._source.cache_outcome.action == "built"
+        assert cold._origin.cache_outcome.action == "built"
         proxy.reset()
         inspections.clear()
         warm = StructuredDataset(url, batch_size=64, storage_options=options)
         planning = proxy.stats()["counts"]
-        assert warm._source.cache_outcome.action == "hit" and inspections["parquet"] == 0
+        assert warm._origin.cache_outcome.action == "hit" and inspections["parquet"] == 0
         assert planning.get("list", 0) == 1 and planning.get("head", 0) == 0
         assert planning.get("read", 0) == 0, f"a warm restart read footers: {planning}"
         assert sorted(i for batch in warm for i in ids_of(batch)) == list(range(ROWS))
@@ -973,7 +973,7 @@ def test_s3_warm_restart_reads_with_the_cold_requests_and_read_ahead(s3_server, 
         def read(action: str) -> tuple[dict[str, int], int]:
             dataset = StructuredDataset(url, batch_size=64, read_ahead=2,
                                         storage_options=s3_server.options_via(proxy.endpoint))
-            assert dataset._source.cache_outcome.action == action
+            assert dataset._origin.cache_outcome.action == action
             prefetchers.clear()
             proxy.reset()
             assert sorted(i for batch in dataset for i in ids_of(batch)) == list(range(ROWS))
@@ -997,7 +997,7 @@ with open(sys.argv[2]) as f:
     loader.load_state_dict(json.load(f))
 dataset.set_epoch(0)
 ids = [i for batch in loader for i in ids_of(batch)]
-print(json.dumps({"action": dataset._source.cache_outcome.action, "ids": ids}))
+print(json.dumps({"action": dataset._origin.cache_outcome.action, "ids": ids}))
 """
 
 
@@ -1063,7 +1063,7 @@ def test_an_entry_without_handles_loads_as_columns_into_the_cold_plan(tmp_path, 
                         classmethod(lambda cls, *a, **k: built.append(1) or original(*a, **k)))
     inspections.clear()
     warm = StructuredDataset(path, batch_size=64)
-    assert warm._source.cache_outcome.action == "hit" and inspections["parquet"] == 0
+    assert warm._origin.cache_outcome.action == "hit" and inspections["parquet"] == 0
     assert built == []   # the columns of the entry are the plan's: no table built of FileFooters
     assert _plan_facts(warm) == _plan_facts(cold)
     assert sorted(i for batch in warm for i in ids_of(batch)) == list(range(ROWS))
@@ -1071,7 +1071,7 @@ def test_an_entry_without_handles_loads_as_columns_into_the_cold_plan(tmp_path, 
     orc_cold = StructuredDataset(orc_path, format="orc", batch_size=64)
     built.clear()
     orc_warm = StructuredDataset(orc_path, format="orc", batch_size=64)
-    assert orc_warm._source.cache_outcome.action == "hit" and built == []   # byte ranges kept: columns too
+    assert orc_warm._origin.cache_outcome.action == "hit" and built == []   # byte ranges kept: columns too
     assert all(isinstance(f.handle, tuple) for f in orc_warm._plan.files)
     assert plan_of(orc_warm) == plan_of(orc_cold)
 
@@ -1103,7 +1103,7 @@ def test_impossible_counts_in_an_entry_are_caught_on_the_columnar_path(tmp_path,
     inspections.clear()
     with caplog.at_level(logging.INFO, logger="arrowstream"):
         dataset = StructuredDataset(path, batch_size=64)
-    assert dataset._source.cache_outcome.action == "rebuilt" and "damaged" in caplog.text
+    assert dataset._origin.cache_outcome.action == "rebuilt" and "damaged" in caplog.text
     assert inspections["parquet"] == len(LAYOUT)
     assert sorted(i for batch in dataset for i in ids_of(batch)) == list(range(ROWS))
 
@@ -1156,7 +1156,7 @@ def test_a_default_cold_start_writes_the_entry_of_its_plan(tmp_path, inspections
         path = write_format(tmp_path / "data", kind)
         options = {"format": kind, **({"split_bytes": 2000} if kind in ("csv", "jsonl") else {})}
     cold = StructuredDataset(path, batch_size=64, **options)
-    assert cold._source.cache_outcome.action == "built" and computed_fingerprints == [1]
+    assert cold._origin.cache_outcome.action == "built" and computed_fingerprints == [1]
     assert cold._plan.files.known_fingerprints == {
         json.dumps({"schema": [[f.name, str(f.type)] for f in cold._plan.schema]}, separators=(",", ":")):
             cold._plan.data_fingerprint}
@@ -1169,7 +1169,7 @@ def test_a_default_cold_start_writes_the_entry_of_its_plan(tmp_path, inspections
     inspections.clear()
     computed_fingerprints.clear()
     warm = StructuredDataset(path, batch_size=64, **options)
-    assert warm._source.cache_outcome.action == "hit" and sum(inspections.values()) == 0
+    assert warm._origin.cache_outcome.action == "hit" and sum(inspections.values()) == 0
     assert computed_fingerprints == [], "a warm start computed the data fingerprint"
     assert warm._plan.data_fingerprint == cold._plan.data_fingerprint
     assert _columns_of(warm._plan.files) == _columns_of(cold._plan.files)
@@ -1231,12 +1231,12 @@ def test_the_data_fingerprint_is_kept_and_taken_from_the_entry(tmp_path, compute
     assert header["fingerprints"] == {} and computed_fingerprints == []   # the footers kept, planning failed
     columns = ["id", "x", "name"]   # what the files share: planned from the entry
     first = StructuredDataset(path, batch_size=64, columns=columns)
-    assert first._source.cache_outcome.action == "hit" and computed_fingerprints == [1]
+    assert first._origin.cache_outcome.action == "hit" and computed_fingerprints == [1]
     assert json.loads(_entry_parts(the_entry().read_bytes())[0])["fingerprints"] == \
         first._plan.files.known_fingerprints != {}
     computed_fingerprints.clear()
     again = StructuredDataset(path, batch_size=64, columns=columns)
-    assert again._source.cache_outcome.action == "hit" and computed_fingerprints == []
+    assert again._origin.cache_outcome.action == "hit" and computed_fingerprints == []
     assert again._plan.data_fingerprint == first._plan.data_fingerprint == \
         StructuredDataset(path, batch_size=64, columns=columns, plan_cache=False)._plan.data_fingerprint
 
@@ -1261,9 +1261,9 @@ def test_the_entry_is_trusted_as_a_whole_fingerprint_included(tmp_path, caplog):
     (identity,) = json.loads(_entry_parts(original)[0])["fingerprints"]
     entry.write_bytes(_with_fingerprints(original, {identity: "0" * 32}))
     forged = StructuredDataset(path, batch_size=64)
-    assert forged._source.cache_outcome.action == "hit" and forged._plan.data_fingerprint == "0" * 32
+    assert forged._origin.cache_outcome.action == "hit" and forged._plan.data_fingerprint == "0" * 32
     entry.write_bytes(_with_fingerprints(original, {identity: 5}))
     with caplog.at_level(logging.INFO, logger="arrowstream"):
         rebuilt = StructuredDataset(path, batch_size=64)
-    assert rebuilt._source.cache_outcome.action == "rebuilt" and "damaged" in caplog.text
+    assert rebuilt._origin.cache_outcome.action == "rebuilt" and "damaged" in caplog.text
     assert rebuilt._plan.data_fingerprint == cold._plan.data_fingerprint

@@ -134,6 +134,24 @@ def prepare_copy(target: str, data: str = "data") -> str:
     return target
 
 
+def merged_state_of(case: dict, key: str, path: str) -> dict:
+    """The merged checkpoint of every rank of the topology ``case[key]`` = (world size, workers, steps), each after
+    ``steps`` batches of epoch 0, through JSON."""
+    from arrowstream import StructuredDataset, merge_state_dicts
+
+    old_world, old_workers, steps = case[key]
+    states = []
+    for rank in range(old_world):
+        options = {**case["options"], "rank": rank, "world_size": old_world}
+        old, old_dataset = StructuredDataset.create_dataloader(path=path, num_workers=old_workers, **options)
+        old_dataset.set_epoch(0)
+        for step, _ in enumerate(old):
+            if step + 1 == steps:
+                break
+        states.append(old.state_dict())
+    return json.loads(json.dumps(merge_state_dicts(states)))
+
+
 def capture(case: dict, path: str) -> dict:
     from arrowstream import StructuredDataset, merge_state_dicts
 
@@ -149,30 +167,10 @@ def capture(case: dict, path: str) -> dict:
         loader.load_state_dict(json.loads(json.dumps(old.state_dict())))
     if case.get("replanned_from"):
         # every rank of another world size after some batches, merged, loaded here: the rest re-planned
-        old_world, old_workers, steps = case["replanned_from"]
-        states = []
-        for rank in range(old_world):
-            options = {**case["options"], "rank": rank, "world_size": old_world}
-            old, old_dataset = StructuredDataset.create_dataloader(path=path, num_workers=old_workers, **options)
-            old_dataset.set_epoch(0)
-            for step, _ in enumerate(old):
-                if step + 1 == steps:
-                    break
-            states.append(old.state_dict())
-        loader.load_state_dict(json.loads(json.dumps(merge_state_dicts(states))))
+        loader.load_state_dict(merged_state_of(case, "replanned_from", path))
     if case.get("elastic_ranks"):
         # every rank of another topology after some batches, merged, loaded here: the rest of the epoch re-planned
-        old_world, old_workers, steps = case["elastic_ranks"]
-        states = []
-        for rank in range(old_world):
-            options = {**case["options"], "rank": rank, "world_size": old_world}
-            old, old_dataset = StructuredDataset.create_dataloader(path=path, num_workers=old_workers, **options)
-            old_dataset.set_epoch(0)
-            for step, _ in enumerate(old):
-                if step + 1 == steps:
-                    break
-            states.append(old.state_dict())
-        state = json.loads(json.dumps(merge_state_dicts(states)))
+        state = merged_state_of(case, "elastic_ranks", path)
         loader.load_state_dict(state)
         all_ids = []
         for epoch in case["epochs"]:
