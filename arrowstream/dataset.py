@@ -206,7 +206,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         # how the rank's rows reach its workers (_assignment): asked, never tested by name
         self._policy: Assignment = check_assignment(assignment, self._options, self._topology.group_size)
         self._assignment = self._policy.name
-        self._data_identity = check_data_identity(data_identity)   # what a loaded checkpoint must match (_identity)
+        self._data_identity = check_data_identity(data_identity)   # what a checkpoint must match (_state.identity)
         # shared, so that set_epoch reaches persistent workers
         self._epoch_cell = share(torch.zeros(1, dtype=torch.int64), "StructuredDataset: the epoch cell")
         self._loader_watch = LoaderWatch("StructuredDataset")   # a loader that batches again, or cannot resume
@@ -254,7 +254,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
 
     def adopt_buffer(self, saved_options: Any) -> None:
         """Shuffle rows with the buffer of a checkpoint's options, when this dataset's size was left to the
-        default: in the checkpoint's epoch and the later ones (``_auto_buffer``). For arrowstream's loader."""
+        default: in the checkpoint's epoch and the later ones (``_planning.auto_buffer``). For arrowstream's loader."""
         self._use_options(adopted(self._options, saved_options))
 
     def use_buffer(self, rows: int) -> None:
@@ -450,7 +450,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         return self._grid(info.num_workers).slot(self._rank, info.id)
 
     def __iter__(self) -> EpochIterator:
-        # a DataLoader of the user's with a batch_size of its own is refused, torch's plain one warned (_plain_loader)
+        # a DataLoader of the user's with a batch_size of its own is refused, torch's plain one warned (_loader.plain)
         self._loader_watch.check(self, sys._getframe(1))
         info = get_worker_info()
         if info is not None:  # before the worker's first message: see _shm

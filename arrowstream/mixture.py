@@ -167,11 +167,11 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
                                         f"{self._quotas[s.name]} per epoch; leave it out until it has rows")
         # the quotas in effect from each epoch on: a checkpoint loaded at an epoch boundary may change them
         self._history: list[tuple[int, dict[str, int]]] = [(0, dict(self._quotas))]
-        # how passes are laid out over the slots (_mix_plan.PASS_LAYOUTS): a run resumed from a state of version 3
+        # how passes are laid out over the slots (_mixing.quotas.PASS_LAYOUTS): a run resumed from a state of version 3
         # or older keeps that state's tracks on its topology (adopt_checkpoint)
         self._pass_layout = SPANS
         self._epochs = self._layout()
-        # how the shuffle buffer mixes a batch's sources (_mix_stream.BATCH_ORDERS): a run resumed from a state of
+        # how the shuffle buffer mixes a batch's sources (_state.mixture.BATCH_ORDERS): a run resumed from a state of
         # version 1 or 2 keeps that state's order (adopt_checkpoint)
         self._batch_order = EVEN
         self._epoch_cell = share(torch.zeros(1, dtype=torch.int64), "Mixture: the epoch cell")
@@ -432,7 +432,7 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
         self._batch_order = saved_options["batch_order"]
 
     def use_pass_layout(self, pass_layout: str) -> None:
-        """Lay this epoch's and later epochs' passes out as ``pass_layout`` says (see _mix_plan.PASS_LAYOUTS)."""
+        """Lay this epoch's and later epochs' passes out as ``pass_layout`` says (see _mixing.quotas.PASS_LAYOUTS)."""
         self._pass_layout = self._epochs.pass_layout = pass_layout
 
     def shuffling(self) -> tuple[Options, MixEpochs, str, str, Any]:
@@ -561,7 +561,7 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
 
     @property
     def pass_layout(self) -> str:
-        """How this mixture lays its sources' passes out over the slots (``_mix_plan.PASS_LAYOUTS``).
+        """How this mixture lays its sources' passes out over the slots (``arrowstream._mixing.quotas.PASS_LAYOUTS``).
 
         Example:
             >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
@@ -600,7 +600,7 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
         return self._side
 
     def __iter__(self) -> MixIterator:
-        # a DataLoader of the user's with a batch_size of its own is refused, torch's plain one warned (_plain_loader)
+        # a DataLoader of the user's with a batch_size of its own is refused, torch's plain one warned (_loader.plain)
         self._loader_watch.check(self, sys._getframe(1))
         info = get_worker_info()
         if info is not None:

@@ -78,7 +78,7 @@ class Assignment(Protocol):
         """What ``even_batches`` trims of this rank's epoch (None: nothing is evened, or a filter decides)."""
 
     def stitches_last_rows(self, dataset: PolicyDataset, num_workers: int) -> bool:
-        """Whether the workers' last rows are made into whole batches in the trainer (``_stitch``)."""
+        """Whether the workers' last rows are made into whole batches in the trainer (``_worker.stitch``)."""
 
     # -- iteration -------------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Nullability joined: one type for types that differ only in their fields' nullability (at any depth), each
 field nullable where any of them makes it so, and the cast of a batch into a schema that joined its own.
 
-What a dataset's files (``_plan_checks``) and a mixture's sources (``_mix_schema``) share: a field nullable in
+What a dataset's files (``_planning.checks``) and a mixture's sources (``_mixing.schema``) share: a field nullable in
 one file (or source) and not in another is nullable in the batches; a batch read where it is not is cast, so
 that batches of both concatenate; a field nullable nowhere stays not nullable.
 """

@@ -134,7 +134,7 @@ class EpochStream:
                  last_pieces: Callable[[], list[tuple[int, Any]]] | None = None) -> None:
         self._end = end
         # assignment='dynamic' with workers: how the last rows (fewer than a batch) are handed out, as
-        # pieces of (rows, tag); a tagged piece is stitched with other workers' (see _dynamic.last_pieces)
+        # pieces of (rows, tag); a tagged piece is stitched with other workers' (see _layout.leases.last_pieces)
         self._last_pieces = last_pieces
         self._pieces: deque[tuple[int, Any]] | None = None
         self._elastic = start.elastic
@@ -202,7 +202,7 @@ class EpochStream:
 
     def next_piece(self) -> tuple[Any, pa.RecordBatch] | None:
         """The next piece of this worker's last rows that other workers' rows make a batch with, and
-        its tag; None when the next rows (if any) are not such a piece (see ``_dynamic.last_pieces``)."""
+        its tag; None when the next rows (if any) are not such a piece (see ``_layout.leases.last_pieces``)."""
         if self._complete or self._last_pieces is None:
             return None
         self._queue.fill(self._batch_size)

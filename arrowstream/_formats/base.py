@@ -61,7 +61,7 @@ class FileFooter:
 class UnitFile(Protocol):
     """One open file in a worker, checked when opened to be the file the plan describes (see ``_opened``). A file
     of a format that prunes units by statistics also has ``check_pruned(filter)``: the units the plan pruned
-    (never read) are those ``filter`` prunes by the file's statistics (``_reader.SplitReader`` calls it)."""
+    (never read) are those ``filter`` prunes by the file's statistics (``_worker.reader.SplitReader`` calls it)."""
 
     def read_units(self, units: Sequence[int], columns: list[str], batch_rows: int,
                    use_threads: bool) -> Iterator[pa.RecordBatch]:

@@ -7,7 +7,7 @@ ORC); a Parquet ``FileMetaData`` kept as ``handle`` as its Thrift bytes (a Parqu
 read back with ``pq.read_metadata`` and checked against the units' rows and bytes); a text file's
 layout (``TextLayout``: compression, byte ranges, line counts, names, flags), whose parse options are
 the dataset's own (the cache key holds them). Handles are written exactly where the footers have
-them: planning keeps them within the handle budget (``_footers``), which bounds the entry too.
+them: planning keeps them within the handle budget (``arrowstream._formats.footers``), which bounds the entry too.
 """
 
 from __future__ import annotations

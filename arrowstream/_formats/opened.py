@@ -11,7 +11,7 @@ the reader a Parquet footer, that footer against the file's own (one read of its
 of the row groups the plan pruned and so never reads; and where a Parquet file without a handle had row groups
 pruned, the plan's filter against the file's statistics. The last two are made once per state of a file
 (:func:`file_state`) per process (:func:`verified`). A difference is a :class:`MetadataMismatch`, which the split
-reader turns into the error naming what the plan came from (``_reader.SplitReader``). Text has no metadata of its
+reader turns into the error naming what the plan came from (``_worker.reader.SplitReader``). Text has no metadata of its
 own: the rows of each unit, counted against the scan the plan holds when the unit is parsed, are its check.
 """
 

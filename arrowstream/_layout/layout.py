@@ -34,7 +34,6 @@ from .._core.order import (
     slot_row_counts,
 )
 from .._core.plan_types import split_rows
-from .._state.identity import DataIdentity
 from .._state.worker import EVEN, Leftovers, WorkerState
 from ..errors import StateMismatchError
 from .elastic import Share, assign_shares, cut_shares, remaining_items

@@ -1,5 +1,5 @@
 """The trainer's side of chunks: a worker loader's chunks handed out batch by batch, and the state
-moved back to the last batch handed out when it is taken inside a chunk (see ``_transport``), or,
+moved back to the last batch handed out when it is taken inside a chunk (see ``arrowstream._worker.transport``), or,
 with ``in_order=False``, made to say exactly what each worker handed out (:func:`delivered_state`).
 
 :class:`PerBatchCollate` is the collate step in the workers: a user's ``collate_fn`` applied to each
@@ -38,7 +38,7 @@ class PerBatchCollate:
     def __call__(self, item: Any) -> Any:
         if isinstance(item, Chunk):
             started = perf_counter()
-            # a piece of last rows is collated in the trainer, once its batch is whole (see _stitch)
+            # a piece of last rows is collated in the trainer, once its batch is whole (see _worker.stitch)
             stitched = len(item) == 1 and isinstance(item.peek(), StitchPiece)
             packed = (item if self.collate_fn is None or stitched else item.map_batches(self.collate_fn)).pack()
             if item.on_packed is not None:
@@ -185,7 +185,7 @@ def delivered_state(inner: dict[str, Any], batches: BatchIterator, latest: dict[
     an item handed out ahead of its turn skips the snapshot. Its state then stands at an older step and
     asks to replay the batches since, which a resumed loader would fetch again in its own order: other
     batches, so rows lost and rows repeated. Here every worker gets instead the state it sent with its
-    last item the loader took (``latest``, see ``_torchdata_state.latest_worker_snapshots``), moved back
+    last item the loader took (``latest``, see ``torchdata_state.latest_worker_snapshots``), moved back
     to the last batch of it handed out when the trainer is inside that item's chunk (or forward, where a
     worker sent no state with its item), and nothing is left to replay: each worker resumes from its
     own cursor, in any order of the workers.

@@ -4,14 +4,14 @@ A plain ``StatefulDataLoader`` over a :class:`~arrowstream.StructuredDataset` al
 exactly; this subclass adds what a production loop needs on top:
 
 * ``state_dict()`` wraps torchdata's state with a kind, a format version and the topology,
-  moved back to the last batch handed out when it is taken inside a chunk (see ``_transport``);
+  moved back to the last batch handed out when it is taken inside a chunk (see ``arrowstream._worker.transport``);
   with ``in_order=False``, where torchdata's own snapshot falls behind, each worker's state is
-  the one after its last batch handed out (see ``_batches.delivered_state``);
-* ``load_state_dict()`` takes that state, a merged checkpoint of every rank (see ``_checkpoint``)
+  the one after its last batch handed out (see ``arrowstream._loader.batches.delivered_state``);
+* ``load_state_dict()`` takes that state, a merged checkpoint of every rank (see ``arrowstream._loader.checkpoint``)
   or a plain ``StatefulDataLoader``'s state, and checks all of it in the main process (format,
   data fingerprint, options, topology, each worker's cursor against the plan) before any worker
   starts, raising a clear error; it restores the saved epoch on the dataset; a state of another
-  topology has the rest of its epoch re-planned for this one (``_elastic``); and a state taken
+  topology has the rest of its epoch re-planned for this one (``arrowstream._layout.elastic``); and a state taken
   after an epoch ended resumes as "that epoch is done" instead of replaying it;
 * ``len(loader)`` is the exact number of batches per epoch when row counts are known;
 * ``metrics()`` reads what each worker has done, live (see :mod:`arrowstream._worker.metrics`).
@@ -20,7 +20,7 @@ All of that is the loader shell a mixture's loader shares (``arrowstream._loader
 the dataset's hooks: how its state is read and checked against the plan, elastic re-planning and
 ``assignment='dynamic'`` (its leases and its ledger).
 
-torchdata's own dict inside the state is read and rewritten through ``_torchdata_state`` only.
+torchdata's own dict inside the state is read and rewritten through ``arrowstream._loader.torchdata_state`` only.
 """
 
 from __future__ import annotations

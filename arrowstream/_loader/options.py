@@ -3,7 +3,7 @@
 torchdata checks few of them, and with bare ``assert``s or builtin errors; some bad values are
 accepted and break exact resume silently (``in_order=False``: torchdata gives no guarantee
 about the state of a loader that hands batches out of order; ``ArrowStreamDataLoader`` makes
-that state exact itself, see ``_batches.delivered_state``; a ``MixtureDataLoader`` refuses it).
+that state exact itself, see ``arrowstream._loader.batches.delivered_state``; a ``MixtureDataLoader`` refuses it).
 Every keyword is checked here, in the main process, before the loader is built or a worker starts.
 """
 

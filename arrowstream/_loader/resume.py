@@ -3,7 +3,7 @@ main process before any worker starts, and how it marks a state taken after its 
 
 Each worker state is checked against the plan by the dataset (``StructuredDataset.check_state``);
 here are the checks across a rank's workers (done workers, batches yielded since the snapshots) and
-across the ranks of a merged checkpoint re-planned for another topology (see ``_elastic``).
+across the ranks of a merged checkpoint re-planned for another topology (see ``arrowstream._layout.elastic``).
 """
 
 from __future__ import annotations

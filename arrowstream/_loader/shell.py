@@ -3,13 +3,13 @@
 
 It holds, once for both:
 
-* the transport (workers send chunks of ``batches_per_transfer`` batches, see ``_transport``) and
+* the transport (workers send chunks of ``batches_per_transfer`` batches, see ``arrowstream._worker.transport``) and
   the collate step that packs them;
 * ``__iter__``: the options checked again, the epoch watch, the trims warning, the watchdog, the
-  chunks unpacked batch by batch, and ``skip`` (``_skip``); the epoch-boundary rule in
+  chunks unpacked batch by batch, and ``skip`` (``arrowstream._loader.skip``); the epoch-boundary rule in
   ``_get_iterator``: a loaded state whose epoch is over starts the later epoch whole;
 * the state envelope of ``state_dict`` (kind, version, topology, ``batches_per_transfer``, torchdata's
-  dict, the skips); the one ``load_state_dict`` dispatch is ``_stream_state.LoadsState``'s: an empty
+  dict, the skips); the one ``load_state_dict`` dispatch is ``arrowstream._loader.load_state.LoadsState``'s: an empty
   state, a merged checkpoint of every rank, this rank's own state, one rank's state that is all of it,
   another topology;
 * ``metrics`` and ``len``.

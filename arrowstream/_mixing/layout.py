@@ -52,7 +52,7 @@ class MixEpochs:
         self._sources = list(sources)
         self._shuffle, self._seed = shuffle, seed
         self._batch_size, self._interleave, self._buffer_rows = batch_size, interleave, buffer_rows
-        self.pass_layout = pass_layout   # of normal epochs (see _mix_plan.PASS_LAYOUTS)
+        self.pass_layout = pass_layout   # of normal epochs (see _mixing.quotas.PASS_LAYOUTS)
         self.elastic: tuple[MixElastic, int, int] | None = None   # re-planned for (world_size, num_workers)
         self._replanned: dict[tuple[Any, ...], list[dict[str, Parts]]] = {}
 

@@ -53,7 +53,7 @@ class SourceRows:
                  read_ahead: ReadAhead | None = None, held: HeldSource | None = None) -> None:
         self.name = name
         self._readers = readers
-        self._held = held   # a small source held in memory: parts that allow it are read whole (_mix_bulk)
+        self._held = held   # a small source held in memory: parts that allow it are read whole (_mixing.bulk)
         self._bulk: tuple[int, npt.NDArray[np.int64], BulkCursors] | None = None   # (part, its order, cursors)
         self._spans = spans_readable(parts, held, buffer_rows)   # every part read many at once (span_take)
         self._parts = parts

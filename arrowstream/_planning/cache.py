@@ -10,7 +10,7 @@ and modification time is a stale listing) inside. A start with the same listing 
 entry and runs only the cheap rest of planning (column and schema checks, splits).
 
 The footers come back as planning kept them, handles included: a Parquet ``FileMetaData`` that the
-cold plan kept (within the handle budget of its storage, ``_footers.handle_budget``, which is part
+cold plan kept (within the handle budget of its storage, ``arrowstream._formats.footers.handle_budget``, which is part
 of the key) is kept as its Thrift bytes and read back, so that workers read no footer and remote
 splits get their read-ahead (byte ranges of column chunks) after a warm restart too. They are as
 safe as the rest of the entry: remote reads are pinned to the listed version, local files are
@@ -30,8 +30,8 @@ version, of another listing) is logged and rebuilt, never trusted; a folder that
 is logged once and planning goes on without the cache. The folder is bounded in bytes: an entry
 read is touched, the oldest are removed after a write.
 
-The entry's bytes (header, columns, checksum) and its checks are ``_cache_entry``'s. An Iceberg
-snapshot's entry (``_iceberg_cache``) is a ``PlanCache`` too: keyed by the snapshot, checked against
+The entry's bytes (header, columns, checksum) and its checks are ``arrowstream._planning.cache_entry``'s. An Iceberg
+snapshot's entry (``arrowstream._sources.iceberg_cache``) is a ``PlanCache`` too: keyed by the snapshot, checked against
 the scan tasks' paths and sizes (a snapshot's files are never rewritten in place: no tags needed).
 
 The trust boundary: the SHA-256 catches damage, not intent. An entry that verifies and whose key and
@@ -183,7 +183,7 @@ class PlanCache:
     """One dataset's entry in a cache folder; see the module docstring."""
 
     # files may be rewritten in place: a listing is checked only where every file has a modification tag or a
-    # version (an Iceberg snapshot's files never are: see ``_iceberg_cache``)
+    # version (an Iceberg snapshot's files never are: see ``arrowstream._sources.iceberg_cache``)
     needs_tags = True
 
     def __init__(self, folder: str, material: dict[str, Any], file_format: FileFormat) -> None:

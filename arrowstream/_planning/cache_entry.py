@@ -90,7 +90,7 @@ def encode(material: dict[str, Any], footers: FooterTable, more: dict[str, pa.Ar
     Column by column from the table (no ``FileFooter`` per file), the inode numbers and change times of the
     listing ``entries`` the footers were read after (zeros without), and the columns ``more`` (one row per
     file); the header keeps the table's known data fingerprints (identity JSON -> digest, see
-    ``_footers.files_fingerprint``)."""
+    ``arrowstream._formats.footers.files_fingerprint``)."""
     serialized = [s.serialize().to_pybytes() for s in footers.schemas]
     schemas: dict[bytes, int] = {}
     renumbered = np.array([schemas.setdefault(s, len(schemas)) for s in serialized], dtype=np.int32)

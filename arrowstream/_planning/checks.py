@@ -60,7 +60,7 @@ def _check_schemas(footers: FooterTable, protocol: str, required: list[str], all
     """Refuse files whose columns differ from the reference (the first file with rows) in more than their
     nullability: each distinct schema is checked once, at its first file, which is the first file the error
     can name. Return the reference's schema with each column of ``required`` nullable where any file's is,
-    at any depth (a struct's field, a list's item): the schema of every batch (see ``_nullability``)."""
+    at any depth (a struct's field, a list's item): the schema of every batch (see ``_core.nullability``)."""
     with_rows = np.flatnonzero(footers.file_rows() > 0)
     if not len(with_rows):
         with_rows = np.arange(len(footers))

@@ -77,7 +77,7 @@ def _as_strings(path: Any) -> list[str]:
 
 def _list_local(fs: fsspec.AbstractFileSystem, url: str, path: str) -> LocalFiles:
     """``_list_remote`` on the local filesystem, symbolic links followed as pyarrow follows them (see
-    ``_walk``). Its filters have nothing to take out here: the walk lists files only and skips hidden
+    ``_planning.walk``). Its filters have nothing to take out here: the walk lists files only and skips hidden
     names below ``path`` at every level, where ``_is_hidden`` looks. The collector is paused: a
     tuple per file, in a process that imported torch, cost ~0.1 s of a 50,000-file listing."""
     if any(c in path for c in _GLOB_CHARS):
@@ -160,7 +160,7 @@ def discover_files(path: Any, storage_options: dict[str, Any] | None,
     retry = retry or RetryPolicy()
     for url in urls:
         scheme = url.split("://", 1)[0] if "://" in url else "file"
-        try:   # a filesystem of its own, its backend's retries turned down (_backends.py)
+        try:   # a filesystem of its own, its backend's retries turned down (_storage/backends.py)
             fs, fs_path = url_to_fs(url, skip_instance_cache=True, **backend_options(scheme, options, retry.timeout))
         except (ImportError, ValueError):
             open_filesystem(scheme, options)  # raises the clear error
@@ -178,7 +178,7 @@ def discover_files(path: Any, storage_options: dict[str, Any] | None,
             raise InvalidArgumentError(
                 f"path: all paths must be on one filesystem, got {storage.protocol}:// and {protocol}:// "
                 f"({url!r}); build one dataset per filesystem")
-        if isinstance(fs, LocalFileSystem):   # symbolic links followed, as pyarrow does (see _walk)
+        if isinstance(fs, LocalFileSystem):   # symbolic links followed, as pyarrow does (see _planning.walk)
             statuses.update(_listed(storage, url, fs_path, _list_local))
         else:
             infos.update(_listed(storage, url, fs_path, _list_remote))

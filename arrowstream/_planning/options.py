@@ -55,10 +55,10 @@ class Options:
     split_bytes: int | None
     fill_nulls: Any
     parse_options: TextSettings | None = None
-    planning: int = PLANNING_VERSION  # how splits are cut for slots: a loaded checkpoint's version (_resume)
+    planning: int = PLANNING_VERSION  # how splits are cut for slots: a loaded checkpoint's version (_state.resume)
     # add _file and _row to every batch (arrowstream._core.row_ids); not in the state: it changes no row's place
     with_row_ids: bool = False
-    auto_buffer: bool = False  # shuffle_buffer_size left out: sized from the plan, or a checkpoint's (_auto_buffer)
+    auto_buffer: bool = False  # shuffle_buffer_size left out: sized by the plan, or a checkpoint's (auto_buffer)
 
     @property
     def drops_rows(self) -> bool:

@@ -142,7 +142,7 @@ def read_footers(storage: Storage, entries: Sequence[FileEntry], file_format: Fi
     if filter is not None:  # now that the filter is known to fit, prune the first file too
         first = read_footer(storage, file_format, entries[lead], filter, filter_columns)
     _check_columns(columns, first.schema, first_url)
-    # handles (Parquet FileMetaData) are kept by the rule in _footers, which the lead file decides
+    # handles (Parquet FileMetaData) are kept by the rule in _formats.footers, which the lead file decides
     keep_handles = first.handle_bytes * len(entries) <= handle_budget(storage.is_local)
     if not keep_handles:
         first = first.without_handle()

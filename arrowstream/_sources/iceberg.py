@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 class IcebergOrigin(Origin):
     """One snapshot of a table: ``snapshot`` (table, snapshot, schema, filter and projection) and whether
     the user pinned it (then a checkpoint of another snapshot is refused, not followed); ``plan_cache``
-    where the snapshot's planning is kept (``_iceberg_cache``; not in ``arguments()``: where the footers
+    where the snapshot's planning is kept (``_sources.iceberg_cache``; not in ``arguments()``: where the footers
     are kept decides nothing about the data or the batches)."""
 
     snapshot: IcebergSource

@@ -10,7 +10,7 @@ table's uuid, the snapshot, the schema, the row filter and the selected fields, 
 scan tasks' paths and sizes alone: a start whose tasks differ rebuilds it. A warm start still reads
 the manifests (pyiceberg plans the tasks), and no data file footer and no delete file.
 
-The entry is written, read, verified, bounded and rebuilt by ``_plan_cache.PlanCache``; it holds neither
+The entry is written, read, verified, bounded and rebuilt by ``arrowstream._planning.cache.PlanCache``; it holds neither
 the catalog's configuration nor the FileIO's properties (credentials stay out).
 """
 

@@ -7,7 +7,7 @@ keeps after the deletes. Workers read units of a data file with the ``iceberg`` 
 the inner format reads the file's physical columns, the deletes are taken out by position, and
 pyiceberg's own projection (by field id: renamed, added, dropped and promoted columns, partition
 values) turns the batch into the snapshot's schema. The rest of arrowstream sees plain splits.
-The catalog, the table and the pinned snapshot (schema, filter, projection) are ``_iceberg_table``'s.
+The catalog, the table and the pinned snapshot (schema, filter, projection) are ``_sources.iceberg_table``'s.
 
 pyiceberg's projection helpers are private (``pyiceberg.io.pyarrow``); they are used here and
 nowhere else, and the supported pyiceberg versions are pinned in ``pyproject.toml``.
@@ -182,7 +182,7 @@ def plan_iceberg(source: IcebergSource, split_bytes: int | None, retry: RetryPol
                  plan_cache: PlanCacheSetting = False) -> tuple[IcebergStorage, Plan, CacheOutcome]:
     """The plan of the pinned snapshot: one file per scan task, its row groups or stripes as units; what
     was read of the data and delete files comes from the snapshot's plan cache entry where it has one
-    (``_iceberg_cache``), and the cache's outcome."""
+    (``arrowstream._sources.iceberg_cache``), and the cache's outcome."""
     table = source.table
     metadata = table.metadata
     tasks = _scan_tasks(source)
@@ -251,7 +251,7 @@ def _data_format(task: Any) -> str:
 def _read_files(source: IcebergSource, storage: IcebergStorage, tasks: list[Any], entries: list[FileEntry],
                 formats: list[str]) -> tuple[list[FileFooter], list[Deleted]]:
     """What planning reads from storage: every data file's footer (kept as a handle within the remote handle
-    budget, the rule of ``_planning.read_footers``: workers then read no footer) and every positional delete file."""
+    budget, the rule of ``_planning.plan.read_footers``: workers read no footer) and every positional delete file."""
     from pyiceberg.io.pyarrow import _read_all_delete_files
 
     try:

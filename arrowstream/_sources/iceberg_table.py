@@ -4,7 +4,7 @@
 without importing pyiceberg first), :func:`load_table` asks it for the table; :func:`open_source` pins the snapshot and
 the schema the rows are read in (as pyiceberg does: the current snapshot in the table's current
 schema, an explicit one in its own, a checkpoint's schema over both), binds the row filter and the
-selected fields. The :class:`IcebergSource` it returns is what ``_iceberg.plan_iceberg`` plans.
+selected fields. The :class:`IcebergSource` it returns is what ``_sources.iceberg_files.plan_iceberg`` plans.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ class Planned:
     storage: Storage
     plan: Plan
     data: dict[str, Any]
-    data_identity: str = "strict"   # what a loaded checkpoint must match of this source's data (_identity)
+    data_identity: str = "strict"   # what a loaded checkpoint must match of this source's data (_state.identity)
 
 
 def check_weights(names: list[str], weights: Any) -> dict[str, float] | None:

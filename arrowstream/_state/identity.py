@@ -11,7 +11,7 @@ Names are relative to the files' common folder (Iceberg: to the table's location
 under another root, bucket or scheme has the same layout. ``"strict"`` (the default) refuses a copy,
 whose tags differ, and names the option that accepts it; ``"layout"`` accepts a copy, and would accept a
 rewrite in place that keeps every size and row count too, which is why it is not the default. Whatever the
-mode, reads are pinned to the tags of the files listed now (``_pinned``): a file that changes during an
+mode, reads are pinned to the tags of the files listed now (``_storage.pinned``): a file that changes during an
 epoch after a resume still raises ``FileChangedError``.
 """
 

@@ -87,7 +87,7 @@ class MixWorkerState:
     rows_dropped: int
     epoch_complete: bool
     options: dict[str, Any]
-    history: list[tuple[int, dict[str, int]]]  # the quotas in effect from each epoch on (see _mix_plan.positions)
+    history: list[tuple[int, dict[str, int]]]  # the quotas in effect from each epoch on (see _mixing.quotas.positions)
     epochs: dict[str, SourceEpoch]      # every source's start and quota in this epoch
     cursors: dict[str, SourceCursor]    # this slot's place in each source's rows
     data: dict[str, dict[str, Any]]     # each source's data identity
@@ -131,7 +131,7 @@ class MixWorkerState:
         if options.get("batch_order") not in BATCH_ORDERS:
             raise StateError(f"the {where}'s options.batch_order is {shorten(options.get('batch_order'))}, expected "
                              f"one of {list(BATCH_ORDERS)}; {REMEDY}")
-        if version < 4:   # its passes were laid out in per-slot tracks (see _mix_plan.PASS_LAYOUTS)
+        if version < 4:   # its passes were laid out in per-slot tracks (see _mixing.quotas.PASS_LAYOUTS)
             options.setdefault("pass_layout", TRACKS)
         if options.get("pass_layout") not in PASS_LAYOUTS:
             raise StateError(f"the {where}'s options.pass_layout is {shorten(options.get('pass_layout'))}, expected "

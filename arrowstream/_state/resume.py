@@ -83,7 +83,7 @@ def use_planning(dataset: Replans, planning: int) -> None:
 def follow_planning(dataset: Replans, state_dict: Any, where: str) -> None:
     """Make ``dataset`` cut splits as the worker state ``state_dict`` was planned (its ``options.planning``):
     a job that resumes from a checkpoint keeps the checkpoint's planning version, in every later epoch too;
-    and its shuffle buffer, when the dataset's size was left to the default (``_auto_buffer``).
+    and its shuffle buffer, when the dataset's size was left to the default (``arrowstream._planning.auto_buffer``).
     The other states of the checkpoint must agree (their options are compared with the dataset's)."""
     if state_dict is not None:
         options = Fields(upgrade(state_dict, WORKER_KIND), where).mapping("options")

@@ -327,7 +327,7 @@ def check_same_table(saved: DataIdentity, current: DataIdentity, name: str = "th
 
 def check_compatible(saved: WorkerState, data: DataIdentity, options: dict[str, Any],
                      data_identity: str = STRICT) -> None:
-    """Refuse a state taken on other data (compared as ``data_identity`` says: see ``_identity``) or with
+    """Refuse a state taken on other data (compared as ``data_identity`` says: see ``_state.identity``) or with
     other stream options (saved vs current)."""
     if (saved.data.snapshot_id is None) != (data.snapshot_id is None):
         kinds = ("files", "an Iceberg table")

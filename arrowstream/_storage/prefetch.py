@@ -4,7 +4,7 @@ Planning knows, from metadata, which byte ranges each split needs (Parquet: the 
 the selected columns in its row groups; ORC: its stripes; IPC: its record batches). A worker
 hands the ranges of the splits after the current one to a :class:`Prefetcher`, which fetches
 them in the background, coalesced (neighbours closer than ``MAX_GAP`` merge into one request)
-and concurrently. Every read is pinned to the planned version of the file (see ``_pinned``).
+and concurrently. Every read is pinned to the planned version of the file (see ``arrowstream._storage.pinned``).
 Files of remote storage are opened as :class:`PartsFile`,
 which serves a read from fetched bytes when they cover it, waits for a fetch in flight that will,
 and otherwise asks the store for exactly the bytes read (one ranged request, no read-ahead

@@ -2,7 +2,7 @@
 
 Each source's rows, its quota per epoch and where its passes stand when the epoch starts, and each slot's
 rows of each source; the slots, the ranks and the rows left out are the dataset report's
-(``_inspect.slot_line``, ``_inspect.slots_summary``). The numbers are those the loader uses.
+(``arrowstream._tools.inspect.slot_line``, ``slots_summary``). The numbers are those the loader uses.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ The first ``num_slots`` bytes are flags: 1 while a slot holds a chunk in transit
 trainer has copied it out. Only the worker's own thread claims slots (``Chunk.pack``) and only
 the trainer frees them. When no slot is free or a chunk does not fit, the chunk goes by value:
 the worker never waits on the trainer. When the ring cannot be made (``/dev/shm`` full or
-missing), every chunk of that worker goes by value, with one warning (see ``_shm``).
+missing), every chunk of that worker goes by value, with one warning (see ``arrowstream._worker.shm``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 What the loader puts in shared memory: the dataset's epoch cell (one int64, so that
 ``set_epoch`` reaches persistent workers), the loader's metrics board (a row of counters per
-worker), each worker's ring of chunk slots (``_ring``), and, through multiprocessing, the
+worker), each worker's ring of chunk slots (``arrowstream._worker.ring``), and, through multiprocessing, the
 semaphores of the loader's queues. torch makes a tensor's segment with ``posix_fallocate``, so a
 full ``/dev/shm`` is an error when the segment is made (a RuntimeError naming ENOSPC), never a
 SIGBUS when it is written later: a ring that was made can always be written. The ring falls back

@@ -2,7 +2,7 @@
 
 Under ``assignment="dynamic"`` a lease ends where its last item ends, not on a batch, so each worker
 ends its epoch with fewer than a batch of rows. The workers cut them into pieces that make whole
-batches when laid end to end in worker order (see ``_dynamic.last_pieces``) and send each piece as
+batches when laid end to end in worker order (see ``arrowstream._layout.leases.last_pieces``) and send each piece as
 Arrow. The trainer's :class:`Stitcher` holds the pieces until a batch's pieces are all there, then
 converts the batch whole (the output format, ``transform``, ``collate_fn``, pinning: what a worker
 would have done) and hands the batches out in order.
