@@ -111,8 +111,8 @@ def _left_by(parts: Parts, cursor: SourceCursor, *, batch_size: int, interleave:
     segment = cursor.segment
     if segment < len(parts) and cursor.cursor is not None:
         part = parts[segment]
-        items += items_left(part.splits, cursor.cursor, part.seeds, block_size=block_size_for(batch_size, interleave),
-                           lanes=interleave, buffer_rows=buffer_rows)
+        items += items_left(part.splits, cursor.cursor, part.seeds,
+                            block_size=block_size_for(batch_size, interleave), lanes=interleave, buffer_rows=buffer_rows)
         segment += 1
     if whole_parts:
         lo = parts.rows_before(min(segment, len(parts)))
@@ -144,49 +144,35 @@ def replanned_parts(old_parts: Sequence[Parts], elastic: MixElastic, name: str, 
             raise StateError(f"old worker {old}'s state of source {name!r} took {cursor.taken} of its {quota} row(s) "
                              f"but its cursor leaves {rows}: not a position its epoch reaches; {REMEDY}")
         items += left
-    out: list[Parts] = []
-    for slot, mine in zip(new_slots, cut_items(items, len(new_slots), _item_rows, _item_part), strict=True):
-        new = _NewParts(source_seeds(seed, name, slot))
-        for item in mine:
-            new.place(item)
-        out.append(new.parts())
-    return out
+    cut = cut_items(items, len(new_slots), _item_rows, _item_part)
+    return [_new_parts(mine, source_seeds(seed, name, slot)) for slot, mine in zip(new_slots, cut, strict=True)]
 
 
-class _NewParts:
-    """A new slot's parts of a source as they are given out: lists of parts and old slots' whole parts."""
-
-    def __init__(self, seeds: Callable[[int, int], int]) -> None:
-        self._seeds = seeds
-        self._pieces: list[list[Part] | SliceParts] = []
-
-    def place(self, item: _Item) -> None:
-        """``item`` after the parts so far."""
-        given = sum(len(piece) for piece in self._pieces)   # a new part's index among the new slot's parts
+def _new_parts(items: Sequence[_Item], seeds: Callable[[int, int], int]) -> Parts:
+    """A new slot's parts of a source, its items in order: a replay as a part read the way its old slot read
+    it, ranges after ranges as one part (one stream), an old slot's whole parts as a :class:`SliceParts` of them;
+    ``seeds``: the new slot's (by part, window), for every part but a replay."""
+    pieces: list[list[Part] | SliceParts] = []
+    given = 0   # a new part's index among the new slot's parts
+    for item in items:
         if isinstance(item, _Tail):
-            self._pieces.append(SliceParts(item.parts, item.lo, item.hi, self._seeds, given))
-            return
-        last = self._pieces[-1] if self._pieces else None
-        if not isinstance(last, list):
-            last = []
-            self._pieces.append(last)
-        _place(last, item, functools.partial(self._seeds, given))
-
-    def parts(self) -> Parts:
-        pieces = [ListParts(piece) if isinstance(piece, list) else piece for piece in self._pieces]
-        if len(pieces) == 1 and isinstance(pieces[0], ListParts):
-            return pieces[0]
-        return ComposedParts(pieces)
-
-
-def _place(parts: list[Part], item: _Replay | Split, seeds: Callable[[int], int]) -> None:
-    """``item`` at the end of a new slot's parts: a replay as a part read the way its old slot read it, a range
-    joined to the ranges before it; ``seeds``: a new part's (the new slot's, by part)."""
-    if isinstance(item, Replay):
-        parts.append(Part(item.splits, item.rows, item.slot, item.start))
-        return
-    if parts and parts[-1].start is None:   # ranges after ranges: one part, one stream
-        last = parts[-1]
-        parts[-1] = Part((*last.splits, item), last.rows + item.num_rows, last.seeds)
-        return
-    parts.append(Part((item,), item.num_rows, seeds))
+            pieces.append(SliceParts(item.parts, item.lo, item.hi, seeds, given))
+            given += len(pieces[-1])
+            continue
+        parts = pieces[-1] if pieces else None
+        if not isinstance(parts, list):
+            parts = []
+            pieces.append(parts)
+        if isinstance(item, Replay):
+            parts.append(Part(item.splits, item.rows, item.slot, item.start))
+        elif parts and parts[-1].start is None:   # ranges after ranges: one part, one stream
+            last = parts[-1]
+            parts[-1] = Part((*last.splits, item), last.rows + item.num_rows, last.seeds)
+            continue
+        else:
+            parts.append(Part((item,), item.num_rows, functools.partial(seeds, given)))
+        given += 1
+    out = [ListParts(piece) if isinstance(piece, list) else piece for piece in pieces]
+    if len(out) == 1 and isinstance(out[0], ListParts):
+        return out[0]
+    return ComposedParts(out)
