@@ -27,7 +27,8 @@ from arrowstream._core.piece import Piece
 from arrowstream._core.plan_types import PLANNING_VERSION, FileEntry, Split
 from arrowstream._core.stream import EpochStream, open_runs
 from arrowstream._formats import FileFooter
-from arrowstream._layout.elastic import assign_shares, cut_shares, item_rows, remaining_items, share_runs
+from arrowstream._layout.elastic import assign_shares, cut_shares, remaining_items, share_runs
+from arrowstream._layout.replan import item_rows
 from arrowstream._planning.plan import Plan, build_plan
 from arrowstream._state.identity import DataIdentity
 from arrowstream._state.worker import EVEN, LPT, Leftovers, WorkerState

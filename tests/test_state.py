@@ -316,7 +316,7 @@ def test_cursor_at_is_where_the_rotation_stands(split_rows, interleave, block_si
     """The arithmetic the plan check uses is the rotation ``interleave_runs`` makes, after any row."""
     from arrowstream._core.interleave import interleave_runs
     from arrowstream._core.plan_types import Split
-    from arrowstream._layout.elastic import _CountReader
+    from arrowstream._layout.replan import _CountReader
     from arrowstream._state.position import cursor_at
 
     splits = [Split(0, 0, 1, 0, rows, 0) for rows in split_rows]

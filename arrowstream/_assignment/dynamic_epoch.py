@@ -21,7 +21,6 @@ from .._core.fields import REMEDY, Fields, check_int, shorten
 from .._core.order import Slot, SlotGrid
 from .._core.plan_types import Split, split_rows
 from .._core.stream import EpochStream
-from .._layout.elastic import Replay
 from .._layout.leases import (
     TAIL_LEASES_PER_WORKER,
     LeasedShare,
@@ -39,6 +38,7 @@ from .._layout.leases import (
     tail_pieces,
     work_of,
 )
+from .._layout.replan import Replay
 from .._planning.auto_buffer import adopt_buffer
 from .._state.identity import DataIdentity
 from .._state.ledger_rows import EpochRows, Rank, check_yielded, rows_left, yielded_to_dict

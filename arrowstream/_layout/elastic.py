@@ -1,20 +1,19 @@
-"""Elastic resume: the rest of an epoch, re-planned over another (world_size, num_workers).
+"""Elastic resume of a dataset: the rest of an epoch, re-planned over another (world_size, num_workers).
 
-From the cursors of every old worker (an :class:`~arrowstream._state.worker.Leftovers`), the rows
-not yet handed out are cut into *items*:
+From the cursors of every old worker (an :class:`~arrowstream._state.worker.Leftovers`), the rows not yet
+handed out are cut into items by :func:`~arrowstream._layout.replan.items_left`, as for each source of a
+mixture (:mod:`arrowstream._layout.replan` says how): for each old worker, the rest of the shuffle window
+it stood in (a :class:`~arrowstream._layout.replan.Replay` seeded by its slot), then a range for each
+open split after that and every split it had not opened. What is the dataset's own: an old worker's
+splits are the plan's splits for the old topology (``PlanView.splits_for``) that its slot was given
+(:func:`~arrowstream._core.order.slot_split_ids`), and a new slot's :class:`Share` is its replays, then
+its ranges.
 
-* a **replay** for each old worker that was inside a shuffle window: the rest of that window,
-  read again the way the old worker read it (its splits, its window seed) and handed out in its
-  shuffled order from where it stood; its size and where the window ends follow from row counts;
-* a **range** for each open split after that (the rows past its cursor) and every split the old
-  worker had not opened: a :class:`~arrowstream._planning.plan.Split` like any other.
-
-The items, old worker after old worker, are one sequence of rows, cut into as many contiguous
-stretches as there are new (rank, worker) slots, of equal rows within one (:func:`cut_shares`): so
-``even_batches`` trims at most one batch per new slot, however the rows left were spread. A stretch
-may hold part of a replay (the old window is read whole, the part handed out) or of a range. A new
-worker reads its replays first, then its ranges through the usual pipeline (interleave, shuffle
-windows of its own). Every row left is read by exactly one new worker, and the plan is a pure
+The items, old worker after old worker, are cut into as many contiguous stretches as there are new
+(rank, worker) slots, of equal rows within one (:func:`cut_shares`): so ``even_batches`` trims at most
+one batch per new slot, however the rows left were spread. A new worker reads its replays first (the
+old window read whole, its part handed out), then its ranges through the usual pipeline (interleave,
+shuffle windows of its own). Every row left is read by exactly one new worker, and the plan is a pure
 function of the source, so a checkpoint taken in the re-planned epoch resumes exactly with the new
 topology.
 
@@ -31,91 +30,28 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
-
 from .._core.cursor import Cursor, Run
-from .._core.interleave import PieceReader, block_size_for, interleave_runs
-from .._core.order import Slot, SlotGrid, assign_lpt, cut_evenly, slot_split_ids, window_seed
-from .._core.piece import Piece
+from .._core.interleave import PieceReader, block_size_for
+from .._core.order import Slot, SlotGrid, assign_lpt, slot_split_ids, window_seed
 from .._core.plan_types import Split, split_rows
 from .._core.stream import open_runs
 from .._state.worker import Leftovers
+from .replan import Replay, cut_items, item_part, item_rows, items_left, split_rest
 
 if TYPE_CHECKING:
     from .._core.plan_types import PlanView
 
 
 @dataclass(frozen=True)
-class Replay:
-    """The rest of an old worker's shuffle window: ``rows`` rows from ``start`` in its stream."""
-
-    slot: Slot
-    splits: tuple[Split, ...]
-    start: Cursor
-    rows: int
-
-
-@dataclass(frozen=True)
 class Share:
     """What one new slot reads in the re-planned epoch."""
 
-    replays: tuple[Replay, ...]
+    replays: tuple[Replay[Slot], ...]
     splits: Sequence[Split]   # a tuple, or a SplitTable: a slot's share of a plan's table, in reading order
 
     @property
     def num_rows(self) -> int:
         return sum(r.rows for r in self.replays) + int(split_rows(self.splits).sum())
-
-
-class _CountReader:
-    """Reads row counts, not rows: one column-less piece per split, for planning."""
-
-    def read(self, split: Split, position: int, offset: int) -> Iterator[Piece]:
-        if offset < split.num_rows:
-            batch = pa.RecordBatch.from_arrays([pa.nulls(split.num_rows - offset)], names=["n"])
-            yield Piece(batch, position, offset, split.num_rows, None)
-
-    def close(self) -> None:
-        pass
-
-
-def window_end(splits: Sequence[Split], start: Cursor, block_size: int | None, lanes: int,
-                buffer_rows: int) -> tuple[int, Cursor]:
-    """The rows of the window that starts at ``start`` and the stream cursor past it."""
-    begin = dataclasses.replace(start, window_index=0, window_offset=0)
-    size = 0
-    for run in interleave_runs([_CountReader() for _ in range(lanes)], splits, block_size, begin):
-        if size + run.num_rows >= buffer_rows:
-            return buffer_rows, run.after(buffer_rows - size)
-        size += run.num_rows
-    return size, Cursor.end(len(splits))
-
-
-def split_rest(split: Split, offset: int) -> Split:
-    """The rows of ``split`` from source offset ``offset`` on."""
-    rows = split.num_rows - offset
-    return dataclasses.replace(split, row_start=split.row_start + offset, num_rows=rows,
-                               num_bytes=split.num_bytes * rows // max(split.num_rows, 1))
-
-
-def split_part(split: Split, a: int, b: int) -> Split:
-    """Rows ``[a, b)`` of ``split``."""
-    rest = split_rest(split, a) if a else split
-    rows = b - a
-    if rows == rest.num_rows:
-        return rest
-    return dataclasses.replace(rest, num_rows=rows, num_bytes=rest.num_bytes * rows // max(rest.num_rows, 1))
-
-
-def replay_part(replay: Replay, a: int, b: int) -> Replay:
-    """Rows ``[a, b)`` of what ``replay`` hands out, as a replay of its own."""
-    start = dataclasses.replace(replay.start, window_offset=replay.start.window_offset + a)
-    return Replay(replay.slot, replay.splits, start, b - a)
-
-
-def item_rows(item: Replay | Split) -> int:
-    """Rows of an item of a re-planned epoch."""
-    return item.rows if isinstance(item, Replay) else item.num_rows
 
 
 def _halve(split: Split) -> tuple[Split, Split]:
@@ -125,9 +61,9 @@ def _halve(split: Split) -> tuple[Split, Split]:
 
 
 def remaining_items(plan: PlanView, leftovers: Leftovers, *, shuffle: bool, seed: int, batch_size: int,
-                    interleave: int, buffer_rows: int, planning: int) -> list[Replay | Split]:
+                    interleave: int, buffer_rows: int, planning: int) -> list[Replay[Slot] | Split]:
     """Every row of ``leftovers.epoch`` the old workers had not handed out, old worker after old worker:
-    the rest of the window it stood in (a replay), then its ranges.
+    what it left of its splits from its cursor (:func:`~arrowstream._layout.replan.items_left`).
 
     A shuffle window's extent follows from row counts, which a filter makes unknown before
     reading: the loader refuses a leftovers with a worker inside a window and a filter.
@@ -136,40 +72,28 @@ def remaining_items(plan: PlanView, leftovers: Leftovers, *, shuffle: bool, seed
     splits = plan.splits_for(grid.num_slots, planning)  # as the old topology read them
     rows = split_rows(splits)
     block_size = block_size_for(batch_size, interleave)
-    items: list[Replay | Split] = []
+    items: list[Replay[Slot] | Split] = []
     for index, cursor in enumerate(leftovers.cursors):
         if cursor is None:
             continue
         slot = grid.slot_at(index)
         mine = [splits[i] for i in slot_split_ids(rows, slot, shuffle=shuffle, seed=seed, epoch=leftovers.epoch)]
-        end = cursor
-        if buffer_rows and cursor.window_offset:
-            size, end = window_end(mine, cursor, block_size, interleave, buffer_rows)
-            if size > cursor.window_offset:
-                items.append(Replay(slot, tuple(mine), cursor, size - cursor.window_offset))
-        for position, offset in end.lanes:
-            if position < len(mine) and offset < mine[position].num_rows:
-                items.append(split_rest(mine[position], offset))
-        items.extend(s for s in mine[end.next_split_index:] if s.num_rows)
+        items += items_left(mine, cursor, slot, block_size=block_size, lanes=interleave, buffer_rows=buffer_rows)
     return items
 
 
-def cut_shares(items: Sequence[Replay | Split], num_slots: int) -> list[Share]:
+def cut_shares(items: Sequence[Replay[Slot] | Split], num_slots: int) -> list[Share]:
     """The items as one sequence of rows, cut into ``num_slots`` contiguous stretches of equal rows
-    (within one, :func:`~arrowstream._core.order.cut_evenly`): each new slot's share. A replay or range across a
-    cut is handed out in parts (:func:`replay_part`, :func:`split_part`)."""
-    replays: list[list[Replay]] = [[] for _ in range(num_slots)]
-    ranges: list[list[Split]] = [[] for _ in range(num_slots)]
-    for index, slot, lo, hi in cut_evenly([item_rows(item) for item in items], num_slots):
-        item = items[index]
-        if isinstance(item, Replay):
-            replays[slot].append(replay_part(item, lo, hi))
-        else:
-            ranges[slot].append(split_part(item, lo, hi))
-    return [Share(tuple(r), tuple(s)) for r, s in zip(replays, ranges, strict=True)]
+    (within one, :func:`~arrowstream._layout.replan.cut_items`): each new slot's share, its replays then its
+    ranges. A replay or range across a cut is handed out in parts."""
+    shares = []
+    for mine in cut_items(items, num_slots, item_rows, item_part):
+        shares.append(Share(tuple(item for item in mine if isinstance(item, Replay)),
+                            tuple(item for item in mine if not isinstance(item, Replay))))
+    return shares
 
 
-def assign_shares(items: Sequence[Replay | Split], num_slots: int,
+def assign_shares(items: Sequence[Replay[Slot] | Split], num_slots: int,
                   assign: Callable[[Sequence[int], int], list[list[int]]] = assign_lpt) -> list[Share]:
     """The items over ``num_slots`` new slots by ``assign`` on rows, whole (LPT by default: deterministic,
     order kept per slot; ranges halved while there are fewer items than slots): the :data:`LPT` cut of
@@ -221,7 +145,7 @@ def share_runs(readers: Sequence[PieceReader], share: Share, *, seed: int, epoch
                           interleave=interleave, buffer_rows=buffer_rows, start=start)
 
 
-def replay_runs(readers: Sequence[PieceReader], replay: Replay, index: int, skip: int, after_replays: Cursor, *,
+def replay_runs(readers: Sequence[PieceReader], replay: Replay[Slot], index: int, skip: int, after_replays: Cursor, *,
                 seed: int, epoch: int, batch_size: int, interleave: int, buffer_rows: int) -> Iterator[Run]:
     """The rows of ``replay`` (a worker's replay ``index``) from its row ``skip`` on, read again the way
     its old worker read them; the cursors are ``after_replays`` with the replay fields set."""

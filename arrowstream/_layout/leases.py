@@ -44,8 +44,9 @@ from .._core.interleave import PieceReader, block_size_for
 from .._core.order import Slot, SlotGrid, cut_evenly, even_batch_limits, natural_batches, rows_yielded, window_seed
 from .._core.plan_types import Split, split_rows
 from .._core.stream import open_runs
-from .elastic import Replay, replay_part, replay_runs, split_part, split_rest, window_end, with_replay_index
+from .elastic import replay_runs, with_replay_index
 from .layout import lay_out_epoch
+from .replan import Replay, replay_part, split_part, split_rest, window_end
 
 if TYPE_CHECKING:
     from .._core.plan_types import OrderOptions, PlanView
@@ -75,7 +76,7 @@ class Work:
     ``fresh[fresh_from_row:]`` (the rank's fresh splits from that row; ``fresh`` is recomputed from the
     plan, never saved)."""
 
-    replays: tuple[Replay, ...]
+    replays: tuple[Replay[Slot], ...]
     splits: tuple[Split, ...]
     fresh: Sequence[Split] = ()
     fresh_from_row: int = 0
@@ -227,7 +228,7 @@ def last_pieces(lease_rows: npt.NDArray[np.int64], owners: npt.NDArray[np.int64]
 class LeasedItems:
     """What one lease holds: parts of replays (each a :class:`Replay` of its own) and splits."""
 
-    replays: tuple[Replay, ...]
+    replays: tuple[Replay[Slot], ...]
     splits: tuple[Split, ...]
 
 
@@ -244,7 +245,7 @@ class Leases:
     def __len__(self) -> int:
         return len(self.bounds) - 1
 
-    def _item(self, index: int) -> Replay | Split:
+    def _item(self, index: int) -> Replay[Slot] | Split:
         work = self.work
         if index < len(work.replays):
             return work.replays[index]
@@ -262,7 +263,7 @@ class Leases:
         """The replays and splits of lease ``lease``, in order (a replay part is a replay of its own)."""
         lo, hi = int(self.bounds[lease]), int(self.bounds[lease + 1])
         first = int(np.searchsorted(self._starts, lo, side="right")) - 1
-        replays: list[Replay] = []
+        replays: list[Replay[Slot]] = []
         splits: list[Split] = []
         index = first
         while index < len(self._rows) and self._starts[index] < hi:
@@ -330,7 +331,7 @@ class LeasedShare:
         self._leases = leases
         self._take = take
         self.taken: list[int] = []
-        self.replays: list[Replay] = []
+        self.replays: list[Replay[Slot]] = []
         self.splits: list[Split] = []
         self._dry = False
 
@@ -347,7 +348,7 @@ class LeasedShare:
         self.splits.extend(items.splits)
         return True
 
-    def replay(self, index: int) -> Replay | None:
+    def replay(self, index: int) -> Replay[Slot] | None:
         """This worker's replay ``index``, leasing until it has it; None once its leases hold splits."""
         while len(self.replays) <= index and not self.splits:
             if not self._lease():
@@ -392,10 +393,10 @@ def _rebased(cursor: Cursor, first: int) -> Cursor:
 
 
 def worker_rest(slot: Slot, share: LeasedItems, cursor: Cursor, *, batch_size: int, interleave: int,
-                buffer_rows: int) -> tuple[list[Replay], list[Split]]:
+                buffer_rows: int) -> tuple[list[Replay[Slot]], list[Split]]:
     """The rows of a worker's leased ``share`` (its replays and splits, in order) not handed out at
     ``cursor`` (its position after the last batch the trainer received)."""
-    replays: list[Replay] = []
+    replays: list[Replay[Slot]] = []
     splits = list(share.splits)
     if cursor.replay_index < len(share.replays):   # still replaying: the rest of that replay, the others, every split
         current = share.replays[cursor.replay_index]
@@ -425,7 +426,7 @@ def remaining_work(leases: Leases, owners: npt.NDArray[np.int64], cursors: Seque
     worker's cursor reads over its leases' splits in the order it took them).
     """
     work = leases.work
-    replays: list[Replay] = []
+    replays: list[Replay[Slot]] = []
     splits: list[Split] = []
     taken = np.flatnonzero(owners >= 0)
     for worker, cursor in enumerate(cursors):
@@ -535,9 +536,9 @@ class Replanned:
     value: dict[str, Any] = dataclasses.field(compare=False, hash=False)
 
 
-def rest_items(work: Work) -> list[Replay | Split]:
+def rest_items(work: Work) -> list[Replay[Slot] | Split]:
     """The items of ``work`` in lease order: its replays, its splits, then its fresh splits from ``fresh_from_row``."""
-    items: list[Replay | Split] = [*work.replays, *(s for s in work.splits if s.num_rows)]
+    items: list[Replay[Slot] | Split] = [*work.replays, *(s for s in work.splits if s.num_rows)]
     before = 0
     for split in work.fresh:
         end = before + split.num_rows
@@ -559,7 +560,7 @@ def replanned_work(rests: Sequence[Work], world_size: int, rank: int, batch_size
     :class:`Work` (``fresh_from_row`` counts in them). ``even_batches`` then trims at most one batch per rank."""
     items = [item for rest in rests for item in rest_items(rest)]
     sizes = [item.rows if isinstance(item, Replay) else item.num_rows for item in items]
-    replays: list[Replay] = []
+    replays: list[Replay[Slot]] = []
     splits: list[Split] = []
     stretch_rows = [0] * world_size
     for index, slot, lo, hi in cut_evenly(sizes, world_size):
@@ -577,7 +578,7 @@ def replanned_work(rests: Sequence[Work], world_size: int, rank: int, batch_size
     kept = rows_yielded(rows, limits[rank], batch_size, drop_last)
     head = sum(r.rows for r in replays)
     if kept < head:   # (a stretch of replays longer than what the rank yields: the last ones cut)
-        cut: list[Replay] = []
+        cut: list[Replay[Slot]] = []
         for replay in replays:
             take = min(replay.rows, kept - sum(r.rows for r in cut))
             if take > 0:

@@ -1,12 +1,16 @@
 """A mixture epoch re-planned for another topology from a mid-epoch checkpoint (elastic resume).
 
-For every source, what each old (rank, worker) slot had not handed out is cut into *items*, as for a
-dataset (:mod:`arrowstream._layout.elastic`): the rest of a shuffle window it stood in (read again the way the
-old worker read it, its seeds, and handed out from where it stood), then the rest of the splits it had
-open and the splits of its parts it had not opened. The items of a source, old slot after old slot, are
-then cut into as many contiguous stretches as there are new slots, of equal rows within one: each new
+For every source, what each old (rank, worker) slot had not handed out is cut into items as for a dataset
+(:mod:`arrowstream._layout.replan`, one for both): what it left of the part it stood in from its cursor
+(the rest of a shuffle window it stood in, read again with the part's seeds; the rests of its open lanes;
+the splits it had not opened), then the parts it had not opened. The items of a source, old slot after old
+slot, are cut into as many contiguous stretches as there are new slots, of equal rows within one: each new
 slot's quota of the source for the rest of the epoch. A new slot reads its stretches as parts
 (:class:`~arrowstream._mixing.stream.Part`) and cuts batches in proportion to its quotas, as in any epoch.
+
+What is the mixture's own: an old slot's rows of a source are :class:`~arrowstream._mixing.parts.Parts`, and
+in spans the parts it had not opened go on whole (a :class:`_Tail`, handed to a new slot as
+:class:`~arrowstream._mixing.parts.SliceParts`: nothing walks them).
 
 Pure: a function of the plans' splits, the old cursors and the options, so a checkpoint taken inside the
 re-planned epoch resumes exactly with the new topology (its states keep the old cursors, ``elastic``).
@@ -14,18 +18,15 @@ re-planned epoch resumes exactly with the new topology (its states keep the old 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._core.cursor import Cursor
 from .._core.fields import REMEDY, Fields, shorten
 from .._core.interleave import block_size_for
-from .._core.order import cut_evenly
 from .._core.plan_types import Split
-from .._layout.elastic import split_part, split_rest, window_end
+from .._layout.replan import Replay, cut_items, item_part, item_rows, items_left
 from .._state.mixture import SourceCursor
 from ..errors import StateError
 from .parts import ComposedParts, ListParts, Part, Parts, SliceParts
@@ -73,16 +74,6 @@ class MixElastic:
 
 
 @dataclass(frozen=True)
-class _Item:
-    """Rows left by an old slot: a replay (``start`` set: the rest of its window, its old seeds) or ranges."""
-
-    splits: tuple[Split, ...]
-    rows: int
-    start: Cursor | None = None
-    seeds: Callable[[int], int] | None = None
-
-
-@dataclass(frozen=True)
 class _Tail:
     """An old slot's parts after the one it stood in, whole (spans): its rows ``[lo, hi)`` of them."""
 
@@ -95,23 +86,33 @@ class _Tail:
         return self.hi - self.lo
 
 
+_Replay = Replay[Callable[[int], int]]
+"""The rest of a window an old slot stood in, seeded as it was: by its part's seeds (window -> seed)."""
+
+_Item = _Replay | Split | _Tail
+"""Rows an old slot left of a source: the rest of a window it stood in, a range, or the parts it had not
+opened, whole."""
+
+
+def _item_rows(item: _Item) -> int:
+    return item.rows if isinstance(item, _Tail) else item_rows(item)
+
+
+def _item_part(item: _Item, a: int, b: int) -> _Item:
+    return _Tail(item.parts, item.lo + a, item.lo + b) if isinstance(item, _Tail) else item_part(item, a, b)
+
+
 def _left_by(parts: Parts, cursor: SourceCursor, *, batch_size: int, interleave: int, buffer_rows: int,
-             whole_parts: bool) -> list[_Item | _Tail]:
-    """What an old slot had not handed out of its parts of a source, from its cursor: the rest of the part it
-    stood in as items, then the parts after it (``whole_parts``: as one :class:`_Tail`, else as items)."""
-    items: list[_Item | _Tail] = []
+             whole_parts: bool) -> list[_Item]:
+    """What an old slot had not handed out of its parts of a source, from its cursor: what it left of the part
+    it stood in (:func:`~arrowstream._layout.replan.items_left`), then the parts after it (``whole_parts``: as one
+    :class:`_Tail`, else as ranges)."""
+    items: list[_Item] = []
     segment = cursor.segment
     if segment < len(parts) and cursor.cursor is not None:
-        part, start = parts[segment], cursor.cursor
-        end = start
-        if buffer_rows and start.window_offset:
-            size, end = window_end(part.splits, start, block_size_for(batch_size, interleave), interleave, buffer_rows)
-            if size > start.window_offset:
-                items.append(_Item(tuple(part.splits), size - start.window_offset, start, part.seeds))
-        ranges = [split_rest(part.splits[position], offset) for position, offset in end.lanes
-                  if position < len(part.splits) and offset < part.splits[position].num_rows]
-        ranges += [s for s in part.splits[end.next_split_index:] if s.num_rows]
-        items += [_Item((split,), split.num_rows) for split in ranges]
+        part = parts[segment]
+        items += items_left(part.splits, cursor.cursor, part.seeds,
+                            block_size=block_size_for(batch_size, interleave), lanes=interleave, buffer_rows=buffer_rows)
         segment += 1
     if whole_parts:
         lo = parts.rows_before(min(segment, len(parts)))
@@ -119,7 +120,7 @@ def _left_by(parts: Parts, cursor: SourceCursor, *, batch_size: int, interleave:
             items.append(_Tail(parts, lo, parts.rows))
         return items
     for part in parts[segment:]:
-        items += [_Item((split,), split.num_rows) for split in part.splits if split.num_rows]
+        items += [split for split in part.splits if split.num_rows]
     return items
 
 
@@ -130,7 +131,7 @@ def replanned_parts(old_parts: Sequence[Parts], elastic: MixElastic, name: str, 
     (:class:`~arrowstream._mixing.parts.SliceParts`: nothing walks them); in tracks (states of mixture state
     version 3 and older), as ranges of splits, as those versions did."""
     whole_parts = elastic.pass_layout == SPANS
-    items: list[_Item | _Tail] = []
+    items: list[_Item] = []
     for old, (parts, cursors) in enumerate(zip(old_parts, elastic.cursors, strict=True)):
         if cursors is None:
             continue
@@ -138,54 +139,40 @@ def replanned_parts(old_parts: Sequence[Parts], elastic: MixElastic, name: str, 
         quota = parts.rows
         left = _left_by(parts, cursor, batch_size=batch_size, interleave=interleave, buffer_rows=buffer_rows,
                         whole_parts=whole_parts)
-        if sum(item.rows for item in left) != quota - cursor.taken:
+        rows = sum(map(_item_rows, left))
+        if rows != quota - cursor.taken:
             raise StateError(f"old worker {old}'s state of source {name!r} took {cursor.taken} of its {quota} row(s) "
-                             f"but its cursor leaves {sum(item.rows for item in left)}: not a position its epoch "
-                             f"reaches; {REMEDY}")
+                             f"but its cursor leaves {rows}: not a position its epoch reaches; {REMEDY}")
         items += left
-    out: list[_NewParts] = [_NewParts(source_seeds(seed, name, slot)) for slot in new_slots]
-    for index, slot, lo, hi in cut_evenly([item.rows for item in items], len(new_slots)):
-        out[slot].place(items[index], lo, hi)
-    return [new.parts() for new in out]
+    cut = cut_items(items, len(new_slots), _item_rows, _item_part)
+    return [_new_parts(mine, source_seeds(seed, name, slot)) for slot, mine in zip(new_slots, cut, strict=True)]
 
 
-class _NewParts:
-    """A new slot's parts of a source as they are given out: lists of parts and old slots' whole parts."""
-
-    def __init__(self, seeds: Callable[[int, int], int]) -> None:
-        self._seeds = seeds
-        self._pieces: list[list[Part] | SliceParts] = []
-
-    def place(self, item: _Item | _Tail, lo: int, hi: int) -> None:
-        """Rows ``[lo, hi)`` of ``item`` after the parts so far."""
-        given = sum(len(piece) for piece in self._pieces)   # a new part's index among the new slot's parts
+def _new_parts(items: Sequence[_Item], seeds: Callable[[int, int], int]) -> Parts:
+    """A new slot's parts of a source, its items in order: a replay as a part read the way its old slot read
+    it, ranges after ranges as one part (one stream), an old slot's whole parts as a :class:`SliceParts` of them;
+    ``seeds``: the new slot's (by part, window), for every part but a replay."""
+    pieces: list[list[Part] | SliceParts] = []
+    given = 0   # a new part's index among the new slot's parts
+    for item in items:
         if isinstance(item, _Tail):
-            self._pieces.append(SliceParts(item.parts, item.lo + lo, item.lo + hi, self._seeds, given))
-            return
-        last = self._pieces[-1] if self._pieces else None
-        if not isinstance(last, list):
-            last = []
-            self._pieces.append(last)
-        _place(last, item, lo, hi, functools.partial(self._seeds, given))
-
-    def parts(self) -> Parts:
-        pieces = [ListParts(piece) if isinstance(piece, list) else piece for piece in self._pieces]
-        if len(pieces) == 1 and isinstance(pieces[0], ListParts):
-            return pieces[0]
-        return ComposedParts(pieces)
-
-
-def _place(parts: list[Part], item: _Item, lo: int, hi: int, seeds: Callable[[int], int]) -> None:
-    """Rows ``[lo, hi)`` of ``item`` at the end of a new slot's parts (ranges join the ranges before them);
-    ``seeds``: a new part's (the new slot's, by part)."""
-    if item.start is not None:
-        assert item.seeds is not None
-        start = dataclasses.replace(item.start, window_offset=item.start.window_offset + lo)
-        parts.append(Part(item.splits, hi - lo, item.seeds, start))
-        return
-    piece = split_part(item.splits[0], lo, hi)
-    if parts and parts[-1].start is None:   # ranges after ranges: one part, one stream
-        last = parts[-1]
-        parts[-1] = Part((*last.splits, piece), last.rows + piece.num_rows, last.seeds)
-        return
-    parts.append(Part((piece,), piece.num_rows, seeds))
+            pieces.append(SliceParts(item.parts, item.lo, item.hi, seeds, given))
+            given += len(pieces[-1])
+            continue
+        parts = pieces[-1] if pieces else None
+        if not isinstance(parts, list):
+            parts = []
+            pieces.append(parts)
+        if isinstance(item, Replay):
+            parts.append(Part(item.splits, item.rows, item.slot, item.start))
+        elif parts and parts[-1].start is None:   # ranges after ranges: one part, one stream
+            last = parts[-1]
+            parts[-1] = Part((*last.splits, item), last.rows + item.num_rows, last.seeds)
+            continue
+        else:
+            parts.append(Part((item,), item.num_rows, functools.partial(seeds, given)))
+        given += 1
+    out = [ListParts(piece) if isinstance(piece, list) else piece for piece in pieces]
+    if len(out) == 1 and isinstance(out[0], ListParts):
+        return out[0]
+    return ComposedParts(out)

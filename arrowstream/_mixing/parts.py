@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from .._core.cursor import Cursor
 from .._core.plan_types import Split, SplitTable
-from .._layout.elastic import split_part
+from .._layout.replan import split_part
 from .quotas import (
     Segment,
     pass_order,

@@ -35,10 +35,10 @@ from .._core.cursor import Cursor
 from .._core.fields import REMEDY, Fields, shorten
 from .._core.hashing import permutation_part
 from .._core.interleave import block_size_for, interleave_runs
-from .._core.order import window_seed
+from .._core.order import Slot, window_seed
 from .._core.piece import Piece
 from .._core.plan_types import Split, SplitTable, split_rows
-from .._layout.elastic import Replay
+from .._layout.replan import Replay
 from ..errors import StateError
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ class EpochRows:
     """A rank's rows of one dynamic epoch (its fresh splits, cut), placed: where each of a ledger's splits
     lies among them."""
 
-    def __init__(self, plan: PlanView, fresh: Sequence[Split], head: Sequence[Replay] = ()) -> None:
+    def __init__(self, plan: PlanView, fresh: Sequence[Split], head: Sequence[Replay[Slot]] = ()) -> None:
         self._plan = plan
         # an epoch re-planned for another world size: the stretch's replays (parts of old windows) come first,
         # positions 0 to head_rows - 1, replay after replay; its fresh splits follow
@@ -156,7 +156,8 @@ class _PositionReader:
         pass
 
 
-def window_positions(replay: Replay, firsts: npt.NDArray[np.int64], *, options: OrderOptions) -> npt.NDArray[np.int64]:
+def window_positions(replay: Replay[Slot], firsts: npt.NDArray[np.int64], *,
+                     options: OrderOptions) -> npt.NDArray[np.int64]:
     """The positions of the rows of the shuffle window ``replay`` stands in, in the order they are read (before
     the window's permutation; ``firsts``: the position of the first row of each of the replay's splits)."""
     lengths = split_rows(replay.splits)
@@ -202,7 +203,8 @@ def _serial_positions(start: Cursor, firsts: npt.NDArray[np.int64], lengths: npt
     return np.repeat(begins - before, counts) + np.arange(total, dtype=np.int64)
 
 
-def replay_positions(replay: Replay, window: npt.NDArray[np.int64], *, seed: int, epoch: int) -> npt.NDArray[np.int64]:
+def replay_positions(replay: Replay[Slot], window: npt.NDArray[np.int64], *, seed: int,
+                     epoch: int) -> npt.NDArray[np.int64]:
     """The positions of the rows ``replay`` hands out, in no order: rows ``window_offset`` to ``window_offset +
     rows - 1`` of its ``window`` (:func:`window_positions`) in the order
     :func:`~arrowstream._core.window.shuffle_windows` permutes it, seeded by the epoch, the slot and the window."""
@@ -256,7 +258,7 @@ def rows_left(plan: PlanView, work: Work, epoch: int, rank: Rank, where: str) ->
     return left
 
 
-def _head_part(replay: Replay, head: Sequence[Replay]) -> int | None:
+def _head_part(replay: Replay[Slot], head: Sequence[Replay[Slot]]) -> int | None:
     """The position of the first row ``replay`` hands out where it is a part of one of ``head``'s replays (the
     same old window, from a later row on, within it): None where it is none."""
     at = 0
@@ -285,7 +287,7 @@ def _leased(rows: EpochRows, splits: Sequence[Split], leased: int, name: str,
     return firsts, lengths
 
 
-def _replay_window(replay: Replay, rows: EpochRows, leased: int, rank: Rank, name: str,
+def _replay_window(replay: Replay[Slot], rows: EpochRows, leased: int, rank: Rank, name: str,
                    windows: dict[tuple[Any, ...], npt.NDArray[np.int64]]) -> npt.NDArray[np.int64]:
     """The positions of the window ``replay`` stands in, as read (see :func:`window_positions`), checked: a
     window of an old worker of this rank over leased rows. ``windows`` keeps those already read (the parts of
