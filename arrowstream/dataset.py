@@ -40,9 +40,8 @@ from ._storage.credentials import as_provider
 from ._storage.filesystem import Storage
 from ._storage.retry import RetryPolicy, check_retry
 from ._worker.convert import check_output_columns, resolve_fill_nulls
+from ._worker.iterator import Opened, SlotIterator
 from ._worker.runtime import (
-    EpochIterator,
-    OpenEpoch,
     WorkerRuntime,
     WorkerSide,
     open_stream,
@@ -53,6 +52,7 @@ from ._worker.shm import guard_feeder, share
 from .errors import InvalidArgumentError
 
 if TYPE_CHECKING:
+    from ._core.cursor import Position
     from ._loader.dataset import ArrowStreamDataLoader
 
 
@@ -212,7 +212,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         self._loader_watch = LoaderWatch("StructuredDataset")   # a loader that batches again, or cannot resume
         self._pending: WorkerState | None = None
         self._trim_watch = TrimWatch()   # warns when even_batches trims more than a batch of a worker
-        self._active: EpochIterator | None = None
+        self._active: SlotIterator[Position, WorkerState] | None = None
         self._side = WorkerSide()  # the loader's transport settings; this process's runtime and meter
         # what decides the plan and the batches, compared between ranks (transform by its qualified name)
         arguments = plan_arguments(self._origin.arguments(), self._options, self._even_batches,
@@ -449,7 +449,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
             return self._grid(0).slot(self._rank, 0)
         return self._grid(info.num_workers).slot(self._rank, info.id)
 
-    def __iter__(self) -> EpochIterator:
+    def __iter__(self) -> SlotIterator[Position, WorkerState]:
         # a DataLoader of the user's with a batch_size of its own is refused, torch's plain one warned (_loader.plain)
         self._loader_watch.check(self, sys._getframe(1))
         info = get_worker_info()
@@ -466,13 +466,16 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         """This process's readers and converters, built once (for arrowstream's assignment policies)."""
         return self._side.runtime(self._plan, self._storage, self._options, self._fill_nulls)
 
-    def open_epoch(self, slot: Slot, pending: WorkerState | None) -> OpenEpoch:
+    def open_epoch(self, slot: Slot, pending: WorkerState | None) -> Opened[Position, WorkerState]:
         """The stream of ``slot`` over the splits the epoch layout gives it, from ``pending`` (a loaded worker
         state) or the start of the dataset's epoch: how ``assignment="static"`` opens a worker's epoch."""
         epoch = self.epoch
         pending = pending_for_epoch(pending, slot, epoch, functools.partial(self._nothing_left, slot=slot))
-        return OpenEpoch(self._stream(slot, epoch, pending), self.worker_runtime(),
-                         functools.partial(self._epochs.files_between, slot, epoch))
+        stream, runtime = self._stream(slot, epoch, pending), self.worker_runtime()
+        files_between = self._epochs.files_between
+        return Opened(stream, runtime.converters, runtime.meter, runtime.transport,
+                      files_between=lambda start, end: files_between(slot, epoch, start.cursor, end.cursor),
+                      by_record=True)
 
     def batches_left(self, state: WorkerState, slot: Slot) -> int | None:
         """Batches a worker state of ``slot`` has still to hand out in its epoch, from the plan;

@@ -33,18 +33,19 @@ from ._planning.collective import collective_world_size
 from ._planning.options import Options, check_bool, check_even_batches, check_int, validate_options
 from ._planning.topology import resolve_topology
 from ._sources.mixture import IcebergSource, Planned, Source, check_weights, followed_source, plan_source
-from ._state.mixture import EVEN, MixWorkerState, SourceCursor, SourceEpoch
+from ._state.mixture import EVEN, MixPosition, MixWorkerState, SourceCursor, SourceEpoch
 from ._storage.retry import RetryPolicy, check_retry
 from ._worker.convert import check_output_columns, resolve_fill_nulls
+from ._worker.iterator import Opened, SlotIterator
+from ._worker.metrics import Meter
 from ._worker.mixture import (
     COMPACT,
-    MixIterator,
-    MixOpened,
     MixOutput,
     MixReading,
     MixSide,
     finished_stream,
     open_stream,
+    opened,
     start_in_epoch,
 )
 from ._worker.shm import guard_feeder, share
@@ -179,7 +180,7 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
         self._finished_epoch = -1   # epochs up to it were finished by a checkpoint loaded with another topology
         self._pending: MixWorkerState | None = None
         self._trim_watch = TrimWatch("mixture epoch")   # warns when even_batches trims more than a batch of a worker
-        self._active: MixIterator | None = None
+        self._active: SlotIterator[MixPosition, MixWorkerState] | None = None
         self._side = MixSide()   # the loader's transport and metrics; this process's meter
 
     def _plan_source(self, name: str, spec: Source | IcebergSource, shared: dict[str, Any], plan_cache: Any,
@@ -599,7 +600,7 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
         """
         return self._side
 
-    def __iter__(self) -> MixIterator:
+    def __iter__(self) -> SlotIterator[MixPosition, MixWorkerState]:
         # a DataLoader of the user's with a batch_size of its own is refused, torch's plain one warned (_loader.plain)
         self._loader_watch.check(self, sys._getframe(1))
         info = get_worker_info()
@@ -608,18 +609,19 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
         pending, self._pending = self._pending, None
         if info is None:   # the trainer's process (a loader with workers warns in its own __iter__)
             self.warn_trims(0)
-        self._active = MixIterator(self._side, functools.partial(self._open, pending),
-                                   before=lambda: pending or self.start_state(self._slot()), epoch=lambda: self.epoch)
+        self._active = SlotIterator(functools.partial(self._open, pending),
+                                    before=lambda: pending or self.start_state(self._slot()), epoch=lambda: self.epoch)
         return self._active
 
-    def _open(self, pending: MixWorkerState | None) -> MixOpened:
+    def _open(self, pending: MixWorkerState | None) -> Opened[MixPosition, MixWorkerState]:
         """This process's slot's epoch, opened (from ``pending``, a loaded state, if any)."""
         slot = self._slot()
         start = start_in_epoch(pending, slot) or self.start_state(slot)
         options = self._options
         output = MixOutput(options.output_format, self._schema, self._fill_nulls, self._transform)
         if slot.epoch <= self._finished_epoch or start.epoch_complete:   # nothing left in this epoch
-            return MixOpened(finished_stream(slot, start, options.batch_size), output)
+            # a meter of its own: nothing is read, so the process's meter is not started (no line in the metrics)
+            return opened(self._side, finished_stream(slot, start, options.batch_size), output, Meter())
         meter = self._side.meter()
         schemas = self._source_schemas()
         reading = MixReading(
@@ -628,7 +630,7 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
             fill_nulls=self._fill_nulls,
             limit=self.batch_limits(slot.num_workers, slot.epoch)[slot.index] if self._even_batches else None,
             batch_order=self._batch_order if options.shuffle_buffer_size > 0 else None)
-        return MixOpened(open_stream(reading, slot, start, meter), output)
+        return opened(self._side, open_stream(reading, slot, start, meter), output, meter)
 
     # -- state --------------------------------------------------------------------------------
 

@@ -31,11 +31,12 @@ from .views import PolicyDataset, PolicyLoader
 __all__ = ["ASSIGNMENTS", "Assignment", "PolicyDataset", "PolicyLoader", "check_assignment", "loader_in_order"]
 
 if TYPE_CHECKING:
+    from .._core.cursor import Position
     from .._core.order import Slot
     from .._layout.trims import Trim
     from .._planning.options import Options
     from .._state.worker import WorkerState
-    from .._worker.runtime import EpochIterator
+    from .._worker.iterator import SlotIterator
 
 
 class Assignment(Protocol):
@@ -82,7 +83,8 @@ class Assignment(Protocol):
 
     # -- iteration -------------------------------------------------------------------------------
 
-    def iterate(self, dataset: PolicyDataset, slot: Slot, pending: WorkerState | None) -> EpochIterator:
+    def iterate(self, dataset: PolicyDataset, slot: Slot,
+                pending: WorkerState | None) -> SlotIterator[Position, WorkerState]:
         """A worker's (or the trainer's) iterator over its rows of the dataset's epoch; ``pending``: a loaded
         worker state it resumes from."""
 

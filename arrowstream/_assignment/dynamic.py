@@ -18,8 +18,8 @@ from .._layout.layout import check_known
 from .._layout.leases import MAX_TAIL_LEASES_PER_WORKER, TAIL_LEASES_PER_WORKER, LocalPool, PoolLeases, fixed_leases
 from .._layout.trims import rank_trim
 from .._storage.filesystem import logger
+from .._worker.iterator import Opened, SlotIterator
 from .._worker.lease_pool import PoolSlots, SharedPool
-from .._worker.runtime import EpochIterator, OpenEpoch
 from ..errors import InvalidArgumentError, StateError
 from .dynamic_epoch import (
     DynamicEpochs,
@@ -31,6 +31,7 @@ from .dynamic_epoch import (
 )
 
 if TYPE_CHECKING:
+    from .._core.cursor import Position
     from .._core.order import Slot
     from .._layout.trims import Trim
     from .._planning.options import Options
@@ -56,7 +57,7 @@ class DynamicAssignment:
         self._epochs: DynamicEpochs | None = None   # made by use_plan, then re-planned in place
         self._shared: Any = None   # what the workers read: inherited from the loader, or the trainer's own
         self._pool: SharedPool | None = None   # the leases of the loader's running iteration
-        self._active: EpochIterator | None = None   # the trainer's process's iteration (num_workers=0)
+        self._active: SlotIterator[Position, WorkerState] | None = None   # the trainer's process's iteration (num_workers=0)
 
     @property
     def epochs(self) -> DynamicEpochs:
@@ -127,7 +128,8 @@ class DynamicAssignment:
 
     # -- iteration -------------------------------------------------------------------------------
 
-    def iterate(self, dataset: PolicyDataset, slot: Slot, pending: WorkerState | None) -> EpochIterator:
+    def iterate(self, dataset: PolicyDataset, slot: Slot,
+                pending: WorkerState | None) -> SlotIterator[Position, WorkerState]:
         epoch, epochs = dataset.epoch, self.epochs
         refusal = None
         if get_worker_info() is None:   # the trainer's process reads alone: its own pool, each iteration
@@ -144,7 +146,7 @@ class DynamicAssignment:
         options, data, state_options = dataset.options, dataset.identity, dataset.state_options
         before = start_state(data, state_options, epoch, slot, options.interleave)
 
-        def open_epoch() -> OpenEpoch:
+        def open_epoch() -> Opened[Position, WorkerState]:
             if refusal is not None:
                 raise refusal
             runtime = dataset.worker_runtime()
@@ -156,9 +158,11 @@ class DynamicAssignment:
             owners = pool.owners if self.stitches_last_rows(dataset, slot.num_workers) else None
             stream = dynamic_stream(runtime, leases, lease_taker(pool, leases, runtime, slot.worker_id), slot,
                                     epoch, options, data, state_options, before, owners)
-            return OpenEpoch(stream, runtime, lambda start, end: [f"the files leased by worker {slot.worker_id}"])
+            return Opened(stream, runtime.converters, runtime.meter, runtime.transport,
+                          files_between=lambda start, end: [f"the files leased by worker {slot.worker_id}"],
+                          by_record=True)
 
-        self._active = EpochIterator(slot, open_epoch, before=lambda: before)
+        self._active = SlotIterator(open_epoch, before=lambda: before, epoch=lambda: epoch)
         return self._active
 
     def start_workers(self, loader: PolicyLoader) -> None:

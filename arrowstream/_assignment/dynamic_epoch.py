@@ -220,7 +220,7 @@ def dynamic_stream(runtime: WorkerRuntime, leases: PoolLeases, take: Callable[[]
                                options.batch_size)
 
     return EpochStream(runs=runs, end=END, batch_size=options.batch_size, drop_last=False,
-                       max_batches=None, convert=runtime.convert, data=data, options=state_options, epoch=epoch,
+                       max_batches=None, convert=runtime.converters.convert, data=data, options=state_options, epoch=epoch,
                        slot=slot, start=start, last_pieces=last)
 
 

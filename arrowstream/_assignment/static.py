@@ -13,11 +13,12 @@ from .._layout.trims import slot_trim
 from ..errors import StateMismatchError
 
 if TYPE_CHECKING:
+    from .._core.cursor import Position
     from .._core.order import Slot
     from .._layout.trims import Trim
     from .._planning.options import Options
     from .._state.worker import WorkerState
-    from .._worker.runtime import EpochIterator
+    from .._worker.iterator import SlotIterator
     from .views import PolicyDataset, PolicyLoader
 
 
@@ -58,11 +59,13 @@ class StaticAssignment:
     def stitches_last_rows(self, dataset: PolicyDataset, num_workers: int) -> bool:
         return False
 
-    def iterate(self, dataset: PolicyDataset, slot: Slot, pending: WorkerState | None) -> EpochIterator:
-        from .._worker.runtime import EpochIterator
+    def iterate(self, dataset: PolicyDataset, slot: Slot,
+                pending: WorkerState | None) -> SlotIterator[Position, WorkerState]:
+        from .._worker.iterator import SlotIterator
 
-        return EpochIterator(slot, functools.partial(dataset.open_epoch, slot, pending),
-                             before=lambda: pending or dataset.epochs.start(slot, dataset.epoch))
+        return SlotIterator(functools.partial(dataset.open_epoch, slot, pending),
+                            before=lambda: pending or dataset.epochs.start(slot, dataset.epoch),
+                            epoch=lambda: dataset.epoch)
 
     def start_workers(self, loader: PolicyLoader) -> None:
         return None

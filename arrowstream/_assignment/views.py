@@ -12,13 +12,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from .._core.cursor import Position
     from .._core.order import Slot
     from .._layout.layout import Epochs
     from .._planning.options import Options
     from .._planning.plan import Plan
     from .._state.identity import DataIdentity
     from .._state.worker import WorkerState
-    from .._worker.runtime import OpenEpoch, WorkerRuntime
+    from .._worker.iterator import Opened
+    from .._worker.runtime import WorkerRuntime
 
 
 class PolicyDataset(Protocol):
@@ -57,7 +59,7 @@ class PolicyDataset(Protocol):
 
     def worker_runtime(self) -> WorkerRuntime: ...
 
-    def open_epoch(self, slot: Slot, pending: WorkerState | None) -> OpenEpoch: ...
+    def open_epoch(self, slot: Slot, pending: WorkerState | None) -> Opened[Position, WorkerState]: ...
 
     def adopt_buffer(self, saved_options: Any) -> None: ...
 

@@ -217,10 +217,11 @@ class EpochStream:
     def __next__(self) -> Any:
         return self._convert(self.next_record())
 
-    def next_span(self, max_batches: int) -> tuple[pa.RecordBatch, list[int], list[Position]]:
+    def next_span(self, max_batches: int) -> tuple[pa.RecordBatch, list[int], list[Position], None]:
         """Up to ``max_batches`` next batches as one Arrow record batch, unconverted, with the
-        row count of each batch and the position after it. The batches are exactly those
-        ``next()`` would give; taking them together lets the caller convert each column once."""
+        row count of each batch and the position after it (and None: one source, as a mixture's
+        stream answers with its sources' rows). The batches are exactly those ``next()`` would
+        give; taking them together lets the caller convert each column once."""
         if self._complete:
             raise StopIteration
         if self._max_batches is not None:  # never read rows that even_batches trims
@@ -237,7 +238,7 @@ class EpochStream:
         if not parts:
             raise StopIteration
         span = parts[0] if len(parts) == 1 else pa.concat_batches(parts)
-        return span, [p.num_rows for p in parts], positions
+        return span, [p.num_rows for p in parts], positions, None
 
     def holds(self, rows: int) -> bool:
         """Whether at least ``rows`` rows are left in the epoch (reads ahead as far as needed)."""
@@ -250,12 +251,26 @@ class EpochStream:
     def batches(self) -> int:
         return self._batches
 
+    @property
+    def batch_size(self) -> int:
+        return self._batch_size
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
     def position(self) -> Position:
         return Position(self._queue.cursor, self._rows, self._batches, self._rows_dropped)
 
-    def state(self) -> WorkerState:
+    def state(self, position: Position | None = None) -> WorkerState:
+        """The worker's state where the stream stands now, or at ``position`` (one of :meth:`position`'s,
+        taken before the stream went on: its epoch is not complete there)."""
+        if position is None:
+            cursor, rows, batches, rows_dropped = self._queue.cursor, self._rows, self._batches, self._rows_dropped
+            complete = self._complete
+        else:
+            cursor, rows, batches, rows_dropped = position.cursor, position.rows, position.batches, position.rows_dropped
+            complete = False
         return WorkerState(
-            data=self._data, options=self._options, epoch=self._epoch, slot=self._slot,
-            cursor=self._queue.cursor, rows=self._rows,
-            batches=self._batches, rows_dropped=self._rows_dropped, epoch_complete=self._complete,
-            elastic=self._elastic)
+            data=self._data, options=self._options, epoch=self._epoch, slot=self._slot, cursor=cursor, rows=rows,
+            batches=batches, rows_dropped=rows_dropped, epoch_complete=complete, elastic=self._elastic)

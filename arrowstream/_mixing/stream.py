@@ -311,7 +311,14 @@ class MixStream:
         return orders
 
     def __next__(self) -> pa.RecordBatch:
+        return self.next_record()
+
+    def next_record(self) -> pa.RecordBatch:
+        """The next batch, as Arrow."""
         return self.next_span(1)[0]
+
+    def next_piece(self) -> None:
+        """None: a mixture's slot hands out its last rows itself (only a dynamic dataset's are stitched)."""
 
     def next_span(self, max_batches: int) -> tuple[pa.RecordBatch, list[int], list[MixPosition], list[int]]:
         """Up to ``max_batches`` next batches as one record batch (one concatenation), with each batch's

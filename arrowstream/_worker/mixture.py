@@ -1,23 +1,21 @@
-"""A mixture's side in the process that reads it: the slot's stream, the iterator, chunks for the loader.
+"""A mixture's side in the process that reads it: the slot's stream, opened for the worker iterator.
 
 :class:`MixSide` holds what the loader hands over before its workers start (the :class:`Transport`:
 batches per message, chunks, the metrics board; and the board of rows per source) and this process's
 meter. :func:`open_stream` opens a slot's :class:`~arrowstream._mixing.stream.MixStream` of the mixture's
-epoch from the values the mixture hands it (a :class:`MixReading`). :class:`MixIterator` is what
-``iter(mixture)`` returns: in a loader worker it sends
-``batches_per_transfer`` batches per message as one :class:`~arrowstream._worker.transport.Chunk` (the shared
-memory ring, numeric columns as ndarrays that the trainer makes tensors of), each with the worker's state
-after it, so that the loader can stand between two batches of a chunk.
+epoch from the values the mixture hands it (a :class:`MixReading`); :func:`opened` hands it to the one
+worker iterator (:class:`~arrowstream._worker.iterator.SlotIterator`, what ``iter(mixture)`` returns), with
+the converters to the output format and the row of rows per source: in a loader worker it sends
+``batches_per_transfer`` batches per message as one :class:`~arrowstream._worker.transport.Chunk`, each with the
+worker's position after it, so that the loader can stand between two batches of a chunk; in the trainer's
+process it hands a span's batches out one by one.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from time import perf_counter
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from torch.utils.data import get_worker_info
@@ -26,12 +24,13 @@ from .._core.interleave import PieceReader
 from .._mixing.stream import MixSlot, MixStream, SourceRows
 from .._state.mixture import MixPosition, MixWorkerState
 from ..errors import StateMismatchError
-from .convert import make_converter, make_value_check
+from .convert import make_value_check
+from .converters import make_converters
 from .held import HeldReader, HeldSource, holds
+from .iterator import Opened
 from .metrics import Meter
 from .reader import ReadAhead, SplitReader, row_ids_for
 from .runtime import READ_BATCH_ROWS, Transport, settle_worker
-from .transport import Chunk, default_batches_per_transfer
 
 if TYPE_CHECKING:
     import torch
@@ -98,7 +97,7 @@ class MixReading:
 
 @dataclass(frozen=True)
 class MixOutput:
-    """How a mixture's rows become its batches: what :class:`MixIterator` converts a span with."""
+    """How a mixture's rows become its batches (see :func:`opened`)."""
 
     output_format: str
     schema: pa.Schema
@@ -106,11 +105,14 @@ class MixOutput:
     transform: Callable[[Any], Any] | None
 
 
-class MixOpened(NamedTuple):
-    """A slot's epoch of a mixture, opened: its stream and how its batches are made."""
-
-    stream: MixStream
-    output: MixOutput
+def opened(side: MixSide, stream: MixStream, output: MixOutput, meter: Meter) -> Opened[MixPosition, MixWorkerState]:
+    """A slot's epoch of a mixture, opened for the worker iterator: its converters, built now for this process and
+    the loader's transport, ``meter`` and the worker's row of rows per source on the loader's board."""
+    transport = side.transport
+    converters = make_converters(output.output_format, output.schema, output.fill_nulls, output.transform,
+                                 batches_per_transfer=transport.batches_per_transfer,
+                                 in_worker=get_worker_info() is not None)
+    return Opened(stream, converters, meter, transport, source_row=side.source_row())
 
 
 def start_in_epoch(pending: MixWorkerState | None, slot: MixSlot) -> MixWorkerState | None:
@@ -173,119 +175,3 @@ def open_stream(reading: MixReading, slot: MixSlot, start: MixWorkerState, meter
                      cast=lambda name, batch: casts[name](batch), batch_size=options.batch_size,
                      drop_last=options.drop_last, max_batches=reading.limit, batch_order=reading.batch_order,
                      seed=options.seed, slot=slot, start=start)
-
-
-class MixIterator:
-    """What ``iter(mixture)`` returns: binds the epoch on the first batch and counts what it hands out.
-
-    Batches are taken ``batches_per_transfer`` at a time as one span: without a ``transform`` it is converted
-    once per column and cut into batches (views); with one, each batch is converted and transformed on its
-    own. In a loader worker the span travels as one :class:`~arrowstream._worker.transport.Chunk`; in the
-    trainer's process (``num_workers=0``) its batches are handed out one by one. Each batch carries the position after it, so a state taken between two batches
-    of a span is exact.
-
-    Args:
-        side: The mixture's side in this process (the loader's transport and boards, the meter).
-        open_epoch: Opens the slot's stream of the mixture's epoch (from a loaded state, if any); see
-            :class:`MixOpened`.
-        before: The state before the first batch (the loaded one, or the epoch's start).
-        epoch: The mixture's epoch now (before the stream is opened).
-    """
-
-    def __init__(self, side: MixSide, open_epoch: Callable[[], MixOpened], before: Callable[[], MixWorkerState],
-                 epoch: Callable[[], int]) -> None:
-        self._side = side
-        self._open_epoch = open_epoch
-        self._before = before
-        self._epoch = epoch
-        self._stream: MixStream | None = None
-        self._convert: Callable[[pa.RecordBatch], Any] = lambda batch: batch
-        self._span_convert: Callable[[pa.RecordBatch], Any] | None = None
-        self._objects: str | None = None
-        self._sources: Any = None   # this worker's rows per source on the loader's board
-        self._as_torch = False      # a chunk's numeric columns travel as ndarrays, made tensors by the trainer
-        self._ready: deque[tuple[Any, MixPosition]] = deque()   # num_workers=0: a span's batches not handed yet
-        self._chunk: Chunk | None = None
-        self._position: MixPosition | None = None   # after the last batch handed out of a span
-        self._left_at = 0.0
-
-    def __iter__(self) -> MixIterator:
-        return self
-
-    def _open(self) -> MixStream:
-        self._stream, output = self._open_epoch()
-        info = get_worker_info()
-        in_worker = info is not None
-        transport = self._side.transport
-        output_format, transform = output.output_format, output.transform
-        self._as_torch = in_worker and transport.batches_per_transfer > 1 and transform is None and \
-            output_format == "torch"
-        made = "numpy" if self._as_torch else output_format
-        if transform is None:   # a span's columns converted at once; Python objects made batch by batch
-            self._span_convert = make_converter(made, output.schema, output.fill_nulls, in_worker=in_worker,
-                                                objects_later=True, torch_values=self._as_torch)
-            self._objects = output_format if output_format in ("torch", "numpy", "dict") else None
-        else:
-            convert = make_converter(made, output.schema, output.fill_nulls, in_worker=in_worker)
-            self._convert = lambda batch: transform(convert(batch))
-        self._sources = self._side.source_row()
-        return self._stream
-
-    def __next__(self) -> Any:
-        entered = perf_counter()
-        if self._ready:
-            batch, self._position = self._ready.popleft()
-            assert self._chunk is not None
-            return self._chunk.finish(batch)
-        stream = self._stream or self._open()
-        info = get_worker_info()
-        transport = self._side.transport
-        chunks = info is not None and transport.send_chunks
-        per_span = transport.batches_per_transfer if chunks else default_batches_per_transfer(stream.batch_size)
-        # up to a multiple of per_span batches: chunk ends do not move across a resume
-        span, sizes, positions, counts = stream.next_span(per_span - stream.batches % per_span)
-        if self._sources is not None:
-            self._sources += counts
-        read = perf_counter()
-        worker_id = info.id if info is not None else 0
-        if self._span_convert is not None:
-            chunk = Chunk(worker_id, [self._span_convert(span)], positions, numpy_as_torch=self._as_torch, sizes=sizes,
-                          objects=self._objects)
-        else:   # a transform takes one batch at a time
-            starts = itertools.accumulate(sizes, initial=0)
-            chunk = Chunk(worker_id, [self._convert(span.slice(start, size)) for start, size in zip(starts, sizes)],
-                          positions, numpy_as_torch=self._as_torch)
-        self._metered(span.num_rows, len(sizes), entered, read)
-        if chunks:
-            chunk.on_packed = self._packed
-            return chunk
-        self._chunk, self._ready = chunk, deque(zip(chunk.batches(), positions, strict=True))
-        batch, self._position = self._ready.popleft()
-        return chunk.finish(batch)
-
-    def _metered(self, rows: int, batches: int, entered: float, read: float) -> None:
-        done = perf_counter()
-        self._side.meter().batch(rows, batches, read - entered, done - read,
-                                          entered - self._left_at if self._left_at else 0.0, done)
-        self._left_at = done
-
-    def _packed(self, started: float, done: float) -> None:
-        """A chunk this iterator made was collated and packed in the worker: converting, not waiting."""
-        self._side.meter().packed(done - started, done)
-        self._left_at = done
-
-    def position(self) -> tuple[int, MixPosition | None]:
-        """The epoch and where this iterator stands (None: at the state it started from)."""
-        if self._stream is None:
-            return self._epoch(), None
-        if self._ready:
-            return self._stream.epoch, self._position
-        return self._stream.epoch, self._stream.position()
-
-    def state(self) -> MixWorkerState:
-        if self._stream is None:
-            return self._before()
-        if self._ready:   # batches of a span are still to be handed out: the state after the last one handed
-            assert self._position is not None
-            return self._stream.state(self._position)
-        return self._stream.state()

@@ -1,4 +1,4 @@
-"""The worker runtime: what one process needs to read its slot, built once, and the epoch iterator.
+"""The worker runtime: what one process needs to read its slot, built once, and how it opens a slot's stream.
 
 The loader hands its transport settings to the dataset in one call (:class:`Transport`); each
 process that reads (a worker, or the trainer with ``num_workers=0``) builds one
@@ -6,8 +6,8 @@ process that reads (a worker, or the trainer with ``num_workers=0``) builds one
 remote splits, the converters to the output format and its meter. :class:`WorkerSide` is the
 dataset's handle on it: the transport settings, the runtime once built, the meter, and where the
 dataset was pickled (a worker started by spawn watches the process that pickled it).
-:class:`EpochIterator` is what ``iter(dataset)`` returns: it is handed the runtime and how to open
-the slot's epoch, and reads nothing else of the dataset.
+:func:`open_stream` opens a slot's epoch stream with it, which the worker iterator
+(:mod:`arrowstream._worker.iterator`) reads.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from time import perf_counter
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import get_worker_info
 
@@ -29,10 +28,9 @@ from .._core.row_ids import with_row_id_fields
 from .._core.stream import EpochStream
 from .._layout.elastic import share_runs
 from .convert import make_converter, make_value_check
+from .converters import Converters, make_converters, with_transform
 from .metrics import Board, Meter
 from .reader import ReadAhead, SplitReader, row_ids_for
-from .stitch import StitchPiece
-from .transport import Chunk
 from .watchdog import watch_trainer
 
 if TYPE_CHECKING:
@@ -90,17 +88,8 @@ class WorkerRuntime:
     readers: list[SplitReader]
     read_ahead: ReadAhead | None
     meter: Meter
-    convert: Callable[[Any], Any]  # a record batch to a batch of the output format, ``transform`` applied
-    span_convert: Callable[[Any], Any] | None  # a chunk's batches as one span (no ``transform``: else None)
-    objects: str | None  # the output format a span's object columns are unpacked to by the trainer
-    numpy_as_torch: bool  # numpy arrays that the trainer makes tensors of (see _transport)
+    converters: Converters  # to the output format, ``transform`` applied
     transport: Transport
-
-
-def numpy_as_torch(options: Options, transport: Transport, in_worker: bool) -> bool:
-    """Whether a worker sends numpy arrays that the trainer makes tensors of (see ``_transport``)."""
-    return (in_worker and transport.batches_per_transfer > 1 and options.transform is None
-            and options.output_format == "torch")
 
 
 def build_runtime(plan: Plan, storage: Storage, options: Options, fill_nulls: Any, transport: Transport,
@@ -124,19 +113,9 @@ def build_runtime(plan: Plan, storage: Storage, options: Options, fill_nulls: An
     schema = read_schema(plan, options)
     readers = [SplitReader(plan, storage, read_rows, use_threads=not in_worker, read_ahead=read_ahead, meter=meter,
                            check=check, row_ids=row_ids) for _ in range(options.interleave)]
-    as_torch = numpy_as_torch(options, transport, in_worker)
-    if as_torch:  # the trainer side makes the tensors (see _transport)
-        output_format = "numpy"
-    convert = _with_transform(make_converter(output_format, schema, fill_nulls, in_worker=in_worker,
-                                             torch_values=as_torch), options.transform)
-    span_convert = None if options.transform is not None else make_converter(
-        output_format, schema, fill_nulls, in_worker=in_worker, objects_later=True, torch_values=as_torch)
-    objects = options.output_format if options.output_format in ("torch", "numpy", "dict") else None
-    return WorkerRuntime(readers, read_ahead, meter, convert, span_convert, objects, as_torch, transport)
-
-
-def _with_transform(converter: Callable[[Any], Any], transform: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
-    return converter if transform is None else (lambda batch: transform(converter(batch)))
+    converters = make_converters(output_format, schema, fill_nulls, options.transform,
+                                 batches_per_transfer=transport.batches_per_transfer, in_worker=in_worker)
+    return WorkerRuntime(readers, read_ahead, meter, converters, transport)
 
 
 def read_schema(plan: Plan, options: Options) -> pa.Schema:
@@ -147,7 +126,7 @@ def read_schema(plan: Plan, options: Options) -> pa.Schema:
 def trainer_convert(plan: Plan, options: Options, fill_nulls: Any) -> Callable[[Any], Any]:
     """A record batch to a batch of the output format, ``transform`` applied, in the trainer's process
     (the batches stitched from the workers' last rows, see ``_stitch``)."""
-    return _with_transform(make_converter(options.output_format, read_schema(plan, options), fill_nulls,
+    return with_transform(make_converter(options.output_format, read_schema(plan, options), fill_nulls,
                                           in_worker=False), options.transform)
 
 
@@ -194,15 +173,6 @@ class WorkerSide:
         self._unpickled_in = os.getpid()
 
 
-class OpenEpoch(NamedTuple):
-    """A slot's epoch, opened: its stream, the runtime it reads with, and the files read between two
-    of its cursors (asked only for error messages)."""
-
-    stream: EpochStream
-    runtime: WorkerRuntime
-    files_between: Callable[[Cursor, Cursor], list[str]]
-
-
 def open_stream(runtime: WorkerRuntime, layout: EpochLayout, slot: Slot, start: WorkerState, options: Options,
                 data: DataIdentity, state_options: dict[str, Any]) -> EpochStream:
     """The stream of ``slot`` in the epoch of ``layout``, from worker state ``start``, read by ``runtime``."""
@@ -214,118 +184,5 @@ def open_stream(runtime: WorkerRuntime, layout: EpochLayout, slot: Slot, start: 
                       buffer_rows=options.shuffle_buffer_size, start=start.cursor)
     end = Cursor((), len(share.splits), replay_index=len(share.replays))
     return EpochStream(runs=runs, end=end, batch_size=options.batch_size, drop_last=options.drop_last,
-                       max_batches=layout.limit(slot), convert=runtime.convert, data=data,
+                       max_batches=layout.limit(slot), convert=runtime.converters.convert, data=data,
                        options=state_options, epoch=layout.epoch, slot=slot, start=start)
-
-
-class EpochIterator:
-    """What ``iter(dataset)`` returns: binds the epoch on the first batch, so a ``set_epoch``
-    between ``iter()`` and the first ``next()`` (persistent workers, early ``state_dict``) counts.
-
-    Args:
-        slot: The (rank, worker) it reads for.
-        open_epoch: Opens the slot's stream of the dataset's epoch (from a loaded state, if any); see
-            :class:`OpenEpoch`.
-        before: The state before the first batch (the loaded one, or the epoch's start).
-    """
-
-    def __init__(self, slot: Slot, open_epoch: Callable[[], OpenEpoch], before: Callable[[], WorkerState]) -> None:
-        self._slot = slot
-        self._open_epoch = open_epoch
-        self._before = before
-        self._stream: EpochStream | None = None
-        self._runtime: WorkerRuntime | None = None
-        self._files_between: Callable[[Cursor, Cursor], list[str]] | None = None
-        self._left_at = 0.0  # when the last batch was handed over (0: none yet)
-
-    def __iter__(self) -> EpochIterator:
-        return self
-
-    def __next__(self) -> Any:
-        """The next batch (or chunk of batches), timed for the metrics: reading, converting, and
-        the time since the last one was handed over, which the worker spent waiting for the trainer."""
-        entered = perf_counter()
-        if self._stream is None:
-            self._stream, self._runtime, self._files_between = self._open_epoch()
-        stream, runtime = self._stream, self._runtime
-        assert runtime is not None
-        per_transfer = runtime.transport.batches_per_transfer
-        start = stream.position().cursor
-        try:
-            if per_transfer == 1 or self._slot.num_workers == 0:
-                record = stream.next_record()
-                read = perf_counter()
-                out, rows, batches = runtime.convert(record), record.num_rows, 1
-                if runtime.transport.send_chunks and self._slot.num_workers > 0:  # packed in this thread, see _transport
-                    out = Chunk(self._slot.worker_id, [out], [stream.position()], files=self._files_from(start))
-            else:
-                out, rows, batches, read = self._next_chunk(stream, runtime, per_transfer)
-                out.files = self._files_from(start)
-        except StopIteration:
-            piece = stream.next_piece()
-            if piece is None:
-                raise
-            # a piece of this worker's last rows, stitched with other workers' by the trainer (as Arrow:
-            # converted there, whole); the batch is counted once, by the worker whose piece starts it
-            tag, record = piece
-            read = perf_counter()
-            out = Chunk(self._slot.worker_id, [StitchPiece(tag, record)], [stream.position()],
-                        files=self._files_from(start))
-            rows, batches = record.num_rows, int(tag.first)
-        done = perf_counter()
-        runtime.meter.batch(rows, batches, read - entered, done - read,
-                            entered - self._left_at if self._left_at else 0.0, done)
-        self._left_at = done
-        if isinstance(out, Chunk):
-            out.on_packed = self._packed
-        return out
-
-    def _packed(self, started: float, done: float) -> None:
-        """A chunk this iterator made was collated and packed (see :class:`~arrowstream._loader.batches.PerBatchCollate`):
-        converting, not waiting for the trainer."""
-        assert self._runtime is not None
-        self._runtime.meter.packed(done - started, done)
-        self._left_at = done
-
-    def _next_chunk(self, stream: EpochStream, runtime: WorkerRuntime,
-                    per_transfer: int) -> tuple[Chunk, int, int, float]:
-        """Up to ``per_transfer`` batches, ending where the worker's batch count is a multiple of it,
-        so chunk boundaries do not move when a checkpoint falls inside a chunk; with their rows,
-        their number, and when reading ended (converting starts).
-
-        Without a transform the batches travel as one converted span that the trainer slices:
-        each column is converted and packed once per chunk instead of once per batch.
-        """
-        if runtime.span_convert is not None:
-            span, sizes, positions = stream.next_span(per_transfer - stream.batches % per_transfer)
-            read = perf_counter()
-            chunk = Chunk(self._slot.worker_id, [runtime.span_convert(span)], positions,
-                          numpy_as_torch=runtime.numpy_as_torch, sizes=sizes, objects=runtime.objects)
-            return chunk, span.num_rows, len(sizes), read
-        records, positions = [], []
-        while True:
-            try:
-                records.append(stream.next_record())
-            except StopIteration:
-                break
-            positions.append(stream.position())
-            if stream.batches % per_transfer == 0:
-                break
-        if not records:
-            raise StopIteration
-        read = perf_counter()
-        batches = [runtime.convert(record) for record in records]
-        return (Chunk(self._slot.worker_id, batches, positions, numpy_as_torch=runtime.numpy_as_torch),
-                sum(r.num_rows for r in records), len(records), read)
-
-    def _files_from(self, start: Cursor) -> Callable[[], list[str]]:
-        """The files read since cursor ``start``, asked only when a chunk cannot be sent."""
-        stream, files_between = self._stream, self._files_between
-        assert stream is not None and files_between is not None
-        end = stream.position().cursor
-        return lambda: files_between(start, end)
-
-    def state(self) -> WorkerState:
-        if self._stream is not None:
-            return self._stream.state()
-        return self._before()
