@@ -457,10 +457,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
 
     def warn_trims(self, num_workers: int) -> None:
         """Warn (once per epoch) when ``even_batches`` trims more than one batch of a worker this epoch."""
-        elastic = self._epochs.elastic
-        replanned = None if elastic is None or elastic.epoch != self.epoch else (elastic.world_size,
-                                                                                 elastic.num_workers)
-        self._trim_watch.starting(self.epoch, self._rank, self._trim(num_workers), replanned)
+        self._trim_watch.starting(self.epoch, self._rank, self._trim(num_workers), self._policy.replanned_from(self))
 
     def num_batches(self, num_workers: int = 0) -> int:
         """Exact batches per epoch on this rank; ``TypeError`` when a filter makes it unknowable.

@@ -80,6 +80,11 @@ class Assignment(Protocol):
     def stitches_last_rows(self, dataset: PolicyDataset, num_workers: int) -> bool:
         """Whether the workers' last rows are made into whole batches in the trainer (``_stitch``)."""
 
+    def replanned_from(self, dataset: PolicyDataset) -> tuple[int, int | None] | None:
+        """The topology of the checkpoint the dataset's epoch was re-planned from, (world size, workers per rank;
+        None where the rest was re-planned over ranks whatever their workers), or None when it was not (a
+        ``TrimWarning`` names the cause)."""
+
     # -- iteration -------------------------------------------------------------------------------
 
     def iterate(self, dataset: PolicyDataset, slot: Slot, pending: WorkerState | None) -> EpochIterator:
