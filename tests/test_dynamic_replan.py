@@ -152,7 +152,7 @@ def test_a_trim_warning_in_a_replanned_epoch_blames_the_replan(ten):
     from arrowstream._layout.trims import Trim, TrimWatch
 
     _, _, merged = _read(_loaders(ten, 2, 0), steps=5)
-    (loader, dataset), = _loaders(ten, 3, 0, merged)[:1]
+    _, dataset = _loaders(ten, 3, 0, merged)[0]
     assert dataset.policy.replanned_from(dataset) == (2, None)
     too_much = Trim(rows=5 * BATCH, rank_rows=2000, batches=5, worker=None, allowed=1)
     with pytest.warns(TrimWarning) as caught:
@@ -166,7 +166,7 @@ def test_a_trim_warning_in_a_replanned_epoch_blames_the_replan(ten):
 
 def test_a_static_replan_names_the_old_workers_too(ten):
     _, _, merged = _read(_loaders(ten, 2, 2, assignment="static"), steps=5)
-    (loader, dataset), = _loaders(ten, 3, 1, merged, assignment="static")[:1]
+    _, dataset = _loaders(ten, 3, 1, merged, assignment="static")[0]
     assert dataset.policy.replanned_from(dataset) == (2, 2)
     dataset.set_epoch(1)
     assert dataset.policy.replanned_from(dataset) is None
