@@ -14,8 +14,10 @@ Each dataset makes its own policy, which owns what only it uses (the dynamic pol
 and is handed the rest: the dataset and the loader it is given answer :class:`~arrowstream._assignment.views.PolicyDataset`
 and :class:`~arrowstream._assignment.views.PolicyLoader` with public values; no policy reads their fields.
 
-A new policy is one module with a class that answers :class:`Assignment`, and one line in :data:`ASSIGNMENTS`
-(the way mosaicml/streaming names its partition algorithms in one dict).
+A new policy is one module with a class that answers :class:`Assignment`, one line in :data:`ASSIGNMENTS`
+(the way mosaicml/streaming names its partition algorithms in one dict), and its name in
+:data:`~arrowstream._core.assignment_names.ASSIGNMENT_NAMES`, which the command line offers without importing torch
+(checked here at import).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from .._core.assignment_names import ASSIGNMENT_NAMES
 from ..errors import ArgumentTypeError, InvalidArgumentError
 from .dynamic import DynamicAssignment
 from .static import StaticAssignment
@@ -120,6 +123,7 @@ ASSIGNMENTS: dict[str, Assignment] = {
     StaticAssignment.name: StaticAssignment(),
     DynamicAssignment.name: DynamicAssignment(),
 }
+assert tuple(ASSIGNMENTS) == ASSIGNMENT_NAMES, "name each policy in _core.assignment_names (the command line offers those)"
 
 
 def check_assignment(assignment: Any, options: Options, group_size: int = 1) -> Assignment:
