@@ -17,6 +17,7 @@ import argparse
 import os
 import sys
 
+from ._core.assignment_names import ASSIGNMENT_NAMES
 from ._tools.cli_args import (
     HelpFormatter,
     add_mixture_arguments,
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--shuffle", action="store_true",
                        help="shuffle=True: splits in a seeded order, rows through the default record buffer (--seed)")
     bench.add_argument("--seed", type=int, default=0, help="the shuffle's seed")
-    bench.add_argument("--assignment", choices=["static", "dynamic"], default="static",
+    bench.add_argument("--assignment", choices=ASSIGNMENT_NAMES, default=ASSIGNMENT_NAMES[0],
                        help="how workers get their rows: the plan's splits (static, default) or leases taken as "
                             "they finish (dynamic, batches as they are ready); see docs/stragglers.md")
     bench.add_argument("--sample-every", type=float, default=None, metavar="SECONDS",

@@ -20,7 +20,7 @@ from ._core.stream import EpochStream
 from ._layout.layout import Epochs, batch_limits, check_known, slot_rows, slot_yields
 from ._layout.trims import Trim, TrimWatch
 from ._loader.plain import LoaderWatch, Streamed
-from ._planning.auto_buffer import adopted, resolve_buffer, with_buffer
+from ._planning.auto_buffer import adopted, resolve_buffer
 from ._planning.collective import collective_world_size, plan_arguments, plan_together
 from ._planning.options import (
     Options,
@@ -54,6 +54,16 @@ from .errors import InvalidArgumentError
 if TYPE_CHECKING:
     from ._core.cursor import Position
     from ._loader.dataset import ArrowStreamDataLoader
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Reading:
+    """What a dataset reads that loading a checkpoint may change (see :meth:`StructuredDataset.reading`)."""
+
+    origin: Origin
+    storage: Storage
+    plan: Plan
+    options: Options
 
 
 class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
@@ -257,9 +267,30 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         default: in the checkpoint's epoch and the later ones (``_planning.auto_buffer``). For arrowstream's loader."""
         self._use_options(adopted(self._options, saved_options))
 
-    def use_buffer(self, rows: int) -> None:
-        """Put the shuffle buffer back to ``rows`` (a refused checkpoint leaves it as it was)."""
-        self._use_options(with_buffer(self._options, rows))
+    def reading(self) -> Reading:
+        """What loading a checkpoint may change of what this dataset reads: the data it follows (an Iceberg
+        table's snapshot), its plan, the planning version and buffer; :meth:`read_as` puts it back when the
+        checkpoint is refused. For arrowstream's loader.
+
+        Example:
+            >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq, arrowstream
+            >>> folder = tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"x": list(range(10))}), f"{folder}/part.parquet")
+            >>> dataset = arrowstream.StructuredDataset(folder)
+            >>> before = dataset.reading()
+            >>> dataset.use_planning(1)
+            >>> dataset.read_as(before)
+            >>> dataset.options.planning
+            2
+        """
+        return Reading(self._origin, self._storage, self._plan, self._options)
+
+    def read_as(self, reading: Reading) -> None:
+        """Read as :meth:`reading` said, from now on (a refused checkpoint leaves the dataset as it was); the
+        epoch re-planned for a loaded checkpoint of another topology, if any, stays."""
+        if reading.origin is not self._origin or reading.plan is not self._plan or reading.options is not self._options:
+            self._origin, self._options = reading.origin, reading.options
+            self._use_plan(reading.storage, reading.plan, replanned=self._epochs.elastic)
 
     def _against(self) -> Against:
         """What a loaded worker state is checked against, as the plan stands now."""
@@ -426,10 +457,7 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
 
     def warn_trims(self, num_workers: int) -> None:
         """Warn (once per epoch) when ``even_batches`` trims more than one batch of a worker this epoch."""
-        elastic = self._epochs.elastic
-        replanned = None if elastic is None or elastic.epoch != self.epoch else (elastic.world_size,
-                                                                                 elastic.num_workers)
-        self._trim_watch.starting(self.epoch, self._rank, self._trim(num_workers), replanned)
+        self._trim_watch.starting(self.epoch, self._rank, self._trim(num_workers), self._policy.replanned_from(self))
 
     def num_batches(self, num_workers: int = 0) -> int:
         """Exact batches per epoch on this rank; ``TypeError`` when a filter makes it unknowable.
@@ -648,10 +676,15 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         (``ArrowStreamDataLoader.load_state_dict`` has checked it already, in the main process).
         """
         saved = WorkerState.from_dict(state_dict)
-        self.use_planning(saved.options["planning"])
-        self.adopt_buffer(saved.options)   # shuffle_buffer_size left out: the checkpoint's
-        self.follow_origin(saved)
-        self._pending = loaded_state(self._against(), saved, self._slot())
+        before = self.reading()
+        try:
+            self.use_planning(saved.options["planning"])
+            self.adopt_buffer(saved.options)   # shuffle_buffer_size left out: the checkpoint's
+            self.follow_origin(saved)
+            self._pending = loaded_state(self._against(), saved, self._slot())
+        except BaseException:   # a refused state leaves the dataset reading what it read
+            self.read_as(before)
+            raise
         self._active = None
 
     def check_state(self, state_dict: dict[str, Any], elastic: bool = False, *, slot: Slot | None = None,

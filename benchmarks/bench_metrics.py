@@ -19,7 +19,7 @@ The issue asks for a metrics overhead within 2% of throughput. Two measurements 
    alternating order (AB, BA, AB, ...); medians per variant. The overhead is ``1 - with / without`` on rows/s;
    the spread is ``(max - min) / median`` of a variant's rows/s.
 2. **The instrumentation alone**, which noise cannot blur: in this process, the lines that
-   ``_EpochIterator.__next__`` adds per batch (three ``perf_counter()`` calls, ``record.num_rows`` and one
+   ``SlotIterator.__next__`` adds per batch (three ``perf_counter()`` calls, ``record.num_rows`` and one
    ``Meter.batch(...)``, with and without a shared board row) against the same method without them, over
    ``--iterations`` calls; and ``Meter.split_done`` (once per split, in ``_reader.py``). Divided by the time per
    batch of the ``num_workers=0`` epoch without metrics, this is the overhead's upper bound in percent (for
@@ -230,7 +230,7 @@ def measure(roots: dict[str, Path], cases: list[Case], specs: dict[str, DataSpec
 
 
 class Probe:
-    """The lines ``_EpochIterator.__next__`` adds per batch, on stand-ins for its attributes.
+    """The lines ``SlotIterator.__next__`` adds per batch, on stand-ins for its attributes.
 
     ``instrumented`` is ``bare`` plus exactly those lines (``dataset.py``: ``entered``/``read``/``done`` from
     ``perf_counter``, ``record.num_rows``, the ``assert``, ``Meter.batch`` and ``_left_at``); both are method

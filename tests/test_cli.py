@@ -310,6 +310,18 @@ def test_help_imports_neither_torch_nor_pyarrow():
     assert result.stdout.splitlines()[-1] == "loaded: []"
 
 
+def test_bench_offers_the_registered_assignments(capsys):
+    """`bench --assignment` offers the names the registry holds (one tuple, which `_assignment` checks at import
+    against its registry), without importing torch to know them (see the test above)."""
+    from arrowstream._assignment import ASSIGNMENTS
+    from arrowstream._core.assignment_names import ASSIGNMENT_NAMES
+
+    assert ASSIGNMENT_NAMES == tuple(ASSIGNMENTS)
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--help"])
+    assert f"--assignment {{{','.join(ASSIGNMENTS)}}}" in capsys.readouterr().out
+
+
 def test_the_package_imports_its_public_names_on_first_use():
     assert set(arrowstream.__all__) <= set(dir(arrowstream))
     for name in arrowstream.__all__:

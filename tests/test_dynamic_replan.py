@@ -142,3 +142,31 @@ def test_a_tampered_rest_of_a_replanned_epoch_is_refused(ten):
     del inside["ranks"][0]["dynamic"]["replanned"]["rests"][1]["yielded"]
     with pytest.raises(StateError, match=r"rests\[1\] has no 'yielded'"):
         loader.load_state_dict(inside)
+
+
+def test_a_trim_warning_in_a_replanned_epoch_blames_the_replan(ten):
+    """The TrimWarning of an epoch re-planned from a checkpoint of another world size names that re-plan as its
+    cause (as a static re-plan's does), not unequal rows of the plan; the next epoch, planned, names the plan.
+    A dynamic re-plan cuts the rest into stretches of equal rows within one, so evening trims at most one batch
+    per rank and the warning does not fire on its own: the trim it would see is made larger here."""
+    from arrowstream._layout.trims import Trim, TrimWatch
+
+    _, _, merged = _read(_loaders(ten, 2, 0), steps=5)
+    _, dataset = _loaders(ten, 3, 0, merged)[0]
+    assert dataset.policy.replanned_from(dataset) == (2, None)
+    too_much = Trim(rows=5 * BATCH, rank_rows=2000, batches=5, worker=None, allowed=1)
+    with pytest.warns(TrimWarning) as caught:
+        TrimWatch().starting(dataset.epoch, dataset.rank, too_much, dataset.policy.replanned_from(dataset))
+    message = str(caught[0].message)
+    assert "the epoch was re-planned from a checkpoint of world_size=2, and the rows it had left" in message
+    assert "unequal rows" not in message
+    dataset.set_epoch(1)
+    assert dataset.policy.replanned_from(dataset) is None   # a planned epoch: the plan is the cause
+
+
+def test_a_static_replan_names_the_old_workers_too(ten):
+    _, _, merged = _read(_loaders(ten, 2, 2, assignment="static"), steps=5)
+    _, dataset = _loaders(ten, 3, 1, merged, assignment="static")[0]
+    assert dataset.policy.replanned_from(dataset) == (2, 2)
+    dataset.set_epoch(1)
+    assert dataset.policy.replanned_from(dataset) is None

@@ -322,6 +322,41 @@ def test_a_dynamic_checkpoint_resumes_on_its_pinned_snapshot_after_an_append(cat
     assert len(epoch1) == len(set(epoch1)) and max(epoch1) < 2000 and len(epoch1) == 2000 - trimmed
 
 
+@pytest.mark.parametrize("assignment", ["static", "dynamic"])
+def test_a_refused_checkpoint_leaves_the_dataset_on_its_own_snapshot(catalog, assignment):
+    """Loading a checkpoint follows its pinned snapshot before the checks that may refuse it; a refusal puts the
+    dataset back on the snapshot it had: the rows appended since the checkpoint are read, each once."""
+    table = events(catalog)
+    options = {"batch_size": 50, "shuffle": True, "seed": 9, "assignment": assignment, "plan_cache": False}
+    loader, dataset = IcebergDataset.create_dataloader(table="db.events", catalog_config=catalog[1], **options)
+    pinned = dataset.snapshot_id
+    dataset.set_epoch(0)
+    for step, _ in enumerate(loader):
+        if step == 6:
+            break
+    state = json.loads(json.dumps(loader.state_dict()))
+    saved = [state["dynamic"]] if assignment == "dynamic" else worker_states(state["dataloader"])
+    assert {s["data"]["snapshot_id"] for s in saved} == {pinned}
+    for s in saved:
+        s["options"]["seed"] = 10   # tampered: refused after the snapshot is followed
+
+    table.append(rows(2000, 500))          # the table moves on
+    fresh_loader, fresh_dataset = IcebergDataset.create_dataloader(table="db.events", catalog_config=catalog[1],
+                                                                   **options)
+    current = fresh_dataset.snapshot_id
+    assert current != pinned and fresh_dataset.num_rows == 2500
+    with pytest.raises(errors.StateMismatchError, match="seed: saved 10 vs current 9"):
+        fresh_loader.load_state_dict(state)
+    assert fresh_dataset.snapshot_id == current and fresh_dataset.num_rows == 2500
+    if assignment == "static":   # a worker state loaded into the dataset (a plain StatefulDataLoader's worker)
+        with pytest.raises(errors.StateMismatchError, match="seed: saved 10 vs current 9"):
+            fresh_dataset.load_state_dict(saved[0])
+        assert fresh_dataset.snapshot_id == current and fresh_dataset.num_rows == 2500
+    fresh_dataset.set_epoch(0)
+    ids = [i for batch in fresh_loader for i in ids_of(batch)]
+    assert sorted(ids) == list(range(2500))
+
+
 def test_resume_refuses_an_expired_snapshot(catalog):
     table = events(catalog)
     loader, dataset = IcebergDataset.create_dataloader(table="db.events", catalog_config=catalog[1], batch_size=100)

@@ -122,3 +122,75 @@ def test_an_elastic_resume_of_a_v5_checkpoint_replans_from_the_old_ranges(tmp_pa
     assert_replanned_continuation(golden, [resumed, _epoch(loader, dataset, 1)])   # re-planned with the even cut
     ids = [i for batch in resumed for i in batch]
     assert len(ids) == len(set(ids)) > 0
+
+
+# -- assignment="dynamic": the ledger's planning version, followed as a static state's is -------------------
+
+DYNAMIC = {"batch_size": 128, "shuffle": True, "seed": 3, "assignment": "dynamic", "even_batches": False,
+           "plan_locally": True}
+
+
+@pytest.fixture(scope="module")
+def two_groups(tmp_path_factory):
+    """4,000 rows in two row groups: over 3 ranks, version 1 gives 2,000/1,000/1,000 rows, version 2 1,333 or 1,334."""
+    return write_dataset(tmp_path_factory.mktemp("two_groups") / "d", [(4000, 2000)])
+
+
+def _dynamic_v1_checkpoint(folder, world_size=3, steps=2):
+    """Every rank's ledger after ``steps`` batches of epoch 0, taken on planning version 1 (as a job that
+    resumed from a version-5 state plans); the ids read before it."""
+    from arrowstream import merge_state_dicts
+    from arrowstream._state.resume import use_planning
+
+    before, states = [], []
+    for rank in range(world_size):
+        loader, dataset = make_loader(folder, 0, rank=rank, world_size=world_size, **DYNAMIC)
+        use_planning(dataset, 1)
+        dataset.set_epoch(0)
+        for step, batch in enumerate(loader):
+            before += ids_of(batch)
+            if step + 1 == steps:
+                break
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    assert {state["dynamic"]["options"]["planning"] for state in states} == {1}
+    return before, merge_state_dicts(states)
+
+
+@pytest.mark.parametrize("new_world_size", [3, 2])   # the same world size, and the rest re-planned for another
+def test_a_dynamic_checkpoint_of_another_planning_version_resumes_on_its_cuts(two_groups, new_world_size):
+    """A ledger names splits cut by its planning version: the dataset cuts as the checkpoint did (as a static
+    state makes it), and the rest of the epoch is read once, on any world size."""
+    before, merged = _dynamic_v1_checkpoint(two_groups)
+    after = []
+    for rank in range(new_world_size):
+        loader, dataset = make_loader(two_groups, 0, rank=rank, world_size=new_world_size, **DYNAMIC)
+        assert dataset.options.planning == PLANNING_VERSION
+        loader.load_state_dict(copy.deepcopy(merged))
+        assert dataset.options.planning == 1
+        after += [i for batch in loader for i in ids_of(batch)]
+        assert loader.state_dict()["dynamic"]["options"]["planning"] == 1   # the resumed job's checkpoints too
+    assert sorted(before + after) == list(range(4000))
+
+
+def test_a_dynamic_checkpoint_of_an_unknown_planning_version_is_refused_and_nothing_changes(two_groups):
+    _, merged = _dynamic_v1_checkpoint(two_groups)
+    for outer in merged["ranks"]:
+        outer["dynamic"]["options"]["planning"] = 3
+    loader, dataset = make_loader(two_groups, 0, rank=0, world_size=3, **DYNAMIC)
+    before = dataset.slot_rows()
+    with pytest.raises(StateVersionError, match=r"dynamic\.options\.planning is 3"):
+        loader.load_state_dict(merged)
+    assert dataset.options.planning == PLANNING_VERSION and dataset.slot_rows() == before
+
+
+def test_dynamic_ranks_of_other_planning_versions_are_refused_naming_both(two_groups):
+    """Rank 0's ledger says version 1, rank 1's version 2: not one job's checkpoint. The dataset follows rank 0
+    and refuses rank 1 (saved vs current), and is left as it was."""
+    _, merged = _dynamic_v1_checkpoint(two_groups)
+    merged["ranks"][1]["dynamic"]["options"]["planning"] = 2
+    loader, dataset = make_loader(two_groups, 0, rank=0, world_size=2, **DYNAMIC)   # re-planned: every rank checked
+    with pytest.raises(StateMismatchError, match="planning version 2, this dataset cuts them by version 1"):
+        loader.load_state_dict(merged)
+    assert dataset.options.planning == PLANNING_VERSION
+    dataset.set_epoch(0)
+    assert len([i for batch in loader for i in ids_of(batch)]) == 2000   # its own fresh epoch, whole

@@ -14,8 +14,10 @@ Each dataset makes its own policy, which owns what only it uses (the dynamic pol
 and is handed the rest: the dataset and the loader it is given answer :class:`~arrowstream._assignment.views.PolicyDataset`
 and :class:`~arrowstream._assignment.views.PolicyLoader` with public values; no policy reads their fields.
 
-A new policy is one module with a class that answers :class:`Assignment`, and one line in :data:`ASSIGNMENTS`
-(the way mosaicml/streaming names its partition algorithms in one dict).
+A new policy is one module with a class that answers :class:`Assignment`, one line in :data:`ASSIGNMENTS`
+(the way mosaicml/streaming names its partition algorithms in one dict), and its name in
+:data:`~arrowstream._core.assignment_names.ASSIGNMENT_NAMES`, which the command line offers without importing torch
+(checked here at import).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from .._core.assignment_names import ASSIGNMENT_NAMES
 from ..errors import ArgumentTypeError, InvalidArgumentError
 from .dynamic import DynamicAssignment
 from .static import StaticAssignment
@@ -81,6 +84,11 @@ class Assignment(Protocol):
     def stitches_last_rows(self, dataset: PolicyDataset, num_workers: int) -> bool:
         """Whether the workers' last rows are made into whole batches in the trainer (``_worker.stitch``)."""
 
+    def replanned_from(self, dataset: PolicyDataset) -> tuple[int, int | None] | None:
+        """The topology of the checkpoint the dataset's epoch was re-planned from, (world size, workers per rank;
+        None where the rest was re-planned over ranks whatever their workers), or None when it was not (a
+        ``TrimWarning`` names the cause)."""
+
     # -- iteration -------------------------------------------------------------------------------
 
     def iterate(self, dataset: PolicyDataset, slot: Slot,
@@ -117,6 +125,7 @@ ASSIGNMENTS: dict[str, Assignment] = {
     StaticAssignment.name: StaticAssignment(),
     DynamicAssignment.name: DynamicAssignment(),
 }
+assert tuple(ASSIGNMENTS) == ASSIGNMENT_NAMES, "name each policy in _core.assignment_names (the command line offers those)"
 
 
 def check_assignment(assignment: Any, options: Options, group_size: int = 1) -> Assignment:

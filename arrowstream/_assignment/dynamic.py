@@ -126,6 +126,12 @@ class DynamicAssignment:
         worker's last batch short, as it leaves len() unknown): see :func:`~arrowstream._layout.leases.last_pieces`."""
         return num_workers > 1 and not dataset.options.drops_rows
 
+    def replanned_from(self, dataset: PolicyDataset) -> tuple[int, int | None] | None:
+        """The world size of the merged checkpoint whose ranks' rests the dataset's epoch was re-planned from (its
+        workers do not matter: each new rank's workers lease its stretch)."""
+        replanned = self.epochs.replanned
+        return None if replanned is None or replanned.epoch != dataset.epoch else (replanned.world_size, None)
+
     # -- iteration -------------------------------------------------------------------------------
 
     def iterate(self, dataset: PolicyDataset, slot: Slot,

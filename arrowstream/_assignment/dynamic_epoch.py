@@ -42,7 +42,7 @@ from .._layout.replan import Replay
 from .._planning.auto_buffer import adopt_buffer
 from .._state.identity import DataIdentity
 from .._state.ledger_rows import EpochRows, Rank, check_yielded, rows_left, yielded_to_dict
-from .._state.worker import WorkerState, check_compatible
+from .._state.worker import WorkerState, check_compatible, check_planning
 from .._worker.metrics import worker_values
 from ..errors import StateError, StateMismatchError
 
@@ -361,12 +361,17 @@ def dynamic_ledger(dataset: PolicyDataset, epochs: DynamicEpochs, pool: Any, cur
 def load_dynamic_ledger(dataset: PolicyDataset, epochs: DynamicEpochs, outers: Sequence[dict[str, Any]]) -> int:
     """Check the ledgers of loader states (one, or every rank's of a merged checkpoint) against ``dataset`` and
     make the rest of the saved epoch the work of its ``epochs`` (re-planned in place when the dataset follows the
-    checkpoint's buffer or source); the saved epoch."""
+    checkpoint's planning version, buffer or source); the saved epoch."""
     missing = [index for index, outer in enumerate(outers) if "dynamic" not in outer]
     if missing:
         raise StateMismatchError(f"checkpoint rank {missing[0]} was taken with assignment='static' and others with "
                                  f"'dynamic'; {REMEDY}")
-    adopt_buffer(dataset, Fields(outers[0]["dynamic"], "dynamic").mapping("options").value)   # when left out
+    # cut splits as the checkpoint did (its planning version), with its buffer when the dataset's was left out: as a
+    # static state's first worker state makes the dataset do (``_state.resume.follow_planning``); the ledgers'
+    # options are then compared with the dataset's (a rank of another version is refused, saved vs current)
+    saved_options = Fields(outers[0]["dynamic"], "dynamic").mapping("options")
+    dataset.use_planning(check_planning(saved_options))
+    adopt_buffer(dataset, saved_options.value)
     # an Iceberg table that moved on since the checkpoint: its pinned snapshot, planned before a ledger is checked
     dataset.follow_origin(_ledger_state(outers[0]))
     world_size = outers[0]["world_size"]

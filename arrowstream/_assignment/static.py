@@ -59,6 +59,10 @@ class StaticAssignment:
     def stitches_last_rows(self, dataset: PolicyDataset, num_workers: int) -> bool:
         return False
 
+    def replanned_from(self, dataset: PolicyDataset) -> tuple[int, int | None] | None:
+        elastic = dataset.epochs.elastic
+        return None if elastic is None or elastic.epoch != dataset.epoch else (elastic.world_size, elastic.num_workers)
+
     def iterate(self, dataset: PolicyDataset, slot: Slot,
                 pending: WorkerState | None) -> SlotIterator[Position, WorkerState]:
         from .._worker.iterator import SlotIterator

@@ -52,10 +52,12 @@ class TrimWatch:
         self._what = what
         self._warned: set[tuple[int, Trim]] = set()
 
-    def starting(self, epoch: int, rank: int, trim: Trim | None, replanned_from: tuple[int, int] | None) -> None:
+    def starting(self, epoch: int, rank: int, trim: Trim | None,
+                 replanned_from: tuple[int, int | None] | None) -> None:
         """An iteration of ``epoch`` starts on ``rank``, whose epoch ``even_batches`` trims by ``trim`` (None:
         nothing, or unknown before reading); ``replanned_from``: the (world_size, num_workers) of the
-        checkpoint the epoch was re-planned from, if it was."""
+        checkpoint the epoch was re-planned from, if it was (num_workers None: the ranks' rows were re-planned,
+        whatever their workers, as under dynamic assignment)."""
         if trim is None or trim.batches <= trim.allowed or (epoch, trim) in self._warned:
             return
         self._warned.add((epoch, trim))
@@ -64,8 +66,9 @@ class TrimWatch:
             cause = ("the plan gives the ranks unequal rows (fewer or larger splits than ranks x workers can share "
                      "evenly)")
         else:
-            cause = (f"the {self._what} was re-planned from a checkpoint of world_size={replanned_from[0]}, "
-                     f"num_workers={replanned_from[1]}, and the rows it had left were spread unevenly over the ranks")
+            old_workers = "" if replanned_from[1] is None else f", num_workers={replanned_from[1]}"
+            cause = (f"the {self._what} was re-planned from a checkpoint of world_size={replanned_from[0]}"
+                     f"{old_workers}, and the rows it had left were spread unevenly over the ranks")
         share = trim.rows / trim.rank_rows if trim.rank_rows else 1.0
         warnings.warn(TrimWarning(
             f"even_batches trims {trim.rows:,} row(s) of {self._what} {epoch} on rank {rank} ({share:.1%} of the "

@@ -33,10 +33,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from .._assignment import loader_in_order
 from .._core.order import SlotGrid
 from .._layout.boundary import check_replanned_epoch_over, later_epoch_starts_whole
-from .._planning.auto_buffer import use_buffer
 from .._planning.options import check_int
 from .._state.loader import read_checkpoint, read_loader_state
-from .._state.resume import use_planning
 from .._state.worker import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, WorkerState
 from .._storage.credentials import as_provider
 from .._storage.filesystem import logger
@@ -143,12 +141,10 @@ class ArrowStreamDataLoader(StreamLoader):
         return ledger
 
     def _settings(self) -> Any:
-        return self.dataset.options.planning, self.dataset.options.shuffle_buffer_size
+        return self.dataset.reading()   # the snapshot it follows, its plan, planning version and buffer
 
     def _restore_settings(self, settings: Any) -> None:
-        planning, buffer_rows = settings
-        use_planning(self.dataset, planning)
-        use_buffer(self.dataset, buffer_rows)
+        self.dataset.read_as(settings)
 
     def _read_loader_state(self, state: Any) -> dict[str, Any]:
         return read_loader_state(state)

@@ -100,14 +100,3 @@ def adopted(options: Options, saved_options: Any) -> Options | None:
 def adopt_buffer(dataset: Any, saved_options: Any) -> None:
     """``dataset.adopt_buffer(saved_options)``, for the callers that import it from here."""
     dataset.adopt_buffer(saved_options)
-
-
-def use_buffer(dataset: Any, rows: int) -> None:
-    """``dataset.use_buffer(rows)``, for the callers that import it from here."""
-    dataset.use_buffer(rows)
-
-
-def with_buffer(options: Options, rows: int) -> Options | None:
-    """The options with a buffer of ``rows``, None when that is already their size (a refused checkpoint's
-    dataset goes back to its own size)."""
-    return None if options.shuffle_buffer_size == rows else dataclasses.replace(options, shuffle_buffer_size=rows)
