@@ -688,18 +688,20 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         self._active = None
 
     def check_state(self, state_dict: dict[str, Any], elastic: bool = False, *, slot: Slot | None = None,
-                    where: str = "worker state", done: str | None = None) -> WorkerState:
+                    where: str = "worker state", done: str | None = None, followed: bool = False) -> WorkerState:
         """Parse and check a worker state against this dataset without loading it; ``elastic``:
         for another topology, where ``even_batches`` may differ (it is on with several ranks only).
 
         With ``slot`` (the (rank, worker) the state must come from), its cursor and counters are also
         checked against the plan: a position the worker's stream reaches (see ``arrowstream._state.position``).
         ``where`` names the state in errors; ``done`` says why the checkpoint counts the worker as done
-        with its epoch, which it then must be.
+        with its epoch, which it then must be. ``followed``: the dataset plans as the checkpoint the state is part
+        of did (arrowstream's loader has made it), so a state of another planning version is refused as one
+        that disagrees with the checkpoint's others.
         """
         saved = WorkerState.from_dict(state_dict, where)
         self.follow_origin(saved)
-        return checked_state(self._against(), saved, elastic, slot, where, done)
+        return checked_state(self._against(), saved, elastic, slot, where, done, followed)
 
     def begin_elastic_epoch(self, epoch: int, world_size: int, num_workers: int,
                             saved: list[tuple[WorkerState, bool]]) -> None:

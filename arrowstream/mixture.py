@@ -58,6 +58,23 @@ if TYPE_CHECKING:
 _SHARES_FIXED = "each batch's share of every source is fixed per worker slot"
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class MixtureReading:
+    """What a mixture reads that loading a checkpoint may change (see :meth:`Mixture.reading`)."""
+
+    sources: tuple[Planned, ...]   # each source's data (an Iceberg table's snapshot), plan and storage
+    schema: pa.Schema
+    quotas: dict[str, int]
+    history: tuple[tuple[int, dict[str, int]], ...]
+    epoch: int
+    finished_epoch: int
+    options: Options
+    epochs: MixEpochs
+    elastic: tuple[MixElastic, int, int] | None   # (set on ``epochs`` in place: kept beside it)
+    batch_order: str
+    pass_layout: str
+
+
 def _check_assignment(assignment: Any, options: Options, group_size: int) -> None:
     """A mixture's ``assignment=``: a policy whose slots read what the layout gives them (``"static"``) is taken;
     another policy a dataset takes is refused with the reason; anything else gets the dataset's error."""
@@ -436,27 +453,37 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
         """Lay this epoch's and later epochs' passes out as ``pass_layout`` says (see _mixing.quotas.PASS_LAYOUTS)."""
         self._pass_layout = self._epochs.pass_layout = pass_layout
 
-    def shuffling(self) -> tuple[Options, MixEpochs, str, str, Any]:
-        """What loading a checkpoint may change of how this mixture shuffles and lays out its epochs (its buffer,
-        its order inside batches, its pass layout, a re-planned epoch), to put back with :meth:`shuffle_as` when
-        the checkpoint is refused. For arrowstream's loader.
+    def reading(self) -> MixtureReading:
+        """What loading a checkpoint may change of what this mixture reads: its sources' data (an Iceberg table's
+        snapshot) with their plans, quotas and schema, its epoch and history of quotas, how it shuffles and lays its
+        epochs out (its buffer, its order inside batches, its pass layout, a re-planned epoch); :meth:`read_as` puts
+        it back when the checkpoint is refused. For arrowstream's loader, as ``StructuredDataset.reading``.
 
         Example:
             >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
             >>> a = tempfile.mkdtemp()
             >>> pq.write_table(pa.table({"x": list(range(10))}), os.path.join(a, "a.parquet"))
             >>> mixture = arrowstream.Mixture({"a": arrowstream.Source(a)}, batch_size=4)
-            >>> before = mixture.shuffling()
-            >>> mixture.shuffle_as(before)
-            >>> mixture.shuffling() == before
-            True
+            >>> before = mixture.reading()
+            >>> mixture.use_pass_layout("tracks")
+            >>> mixture.set_epoch(3)
+            >>> mixture.read_as(before)
+            >>> mixture.pass_layout, mixture.epoch
+            ('spans', 0)
         """
-        return self._options, self._epochs, self._batch_order, self._pass_layout, self._epochs.elastic
+        return MixtureReading(tuple(self._sources), self._schema, dict(self._quotas), tuple(self._history), self.epoch,
+                              self._finished_epoch, self._options, self._epochs, self._epochs.elastic,
+                              self._batch_order, self._pass_layout)
 
-    def shuffle_as(self, shuffling: tuple[Options, MixEpochs, str, str, Any]) -> None:
-        """Shuffle and lay epochs out as :meth:`shuffling` said (a refused checkpoint leaves the mixture as it was)."""
-        self._options, self._epochs, self._batch_order, pass_layout, self._epochs.elastic = shuffling
-        self.use_pass_layout(pass_layout)
+    def read_as(self, reading: MixtureReading) -> None:
+        """Read as :meth:`reading` said, from now on (a refused checkpoint leaves the mixture as it was)."""
+        self._sources, self._schema, self._quotas = list(reading.sources), reading.schema, dict(reading.quotas)
+        self._history = list(reading.history)
+        self._epoch_cell[0] = reading.epoch
+        self._finished_epoch = reading.finished_epoch
+        self._options, self._epochs, self._batch_order = reading.options, reading.epochs, reading.batch_order
+        self._epochs.elastic = reading.elastic
+        self.use_pass_layout(reading.pass_layout)
 
     def adopt_checkpoint(self, state: MixWorkerState) -> None:
         """Read as the checkpoint of worker state ``state`` was taken: its shuffle buffer (when this mixture's was
@@ -654,14 +681,14 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
 
         state = MixWorkerState.from_dict(state_dict)
         slot = dataclasses.replace(self._slot(), epoch=state.epoch)   # checked in its own epoch
-        shuffling = self.shuffling()
-        self._adopt_saved(state.options)
+        before = self.reading()
         try:
+            self._adopt_saved(state.options)
             self.adopt_replanned([state])
             self._pending = check_worker_state(self, state, slot)
             check_with_mixture(self, state)
-        except BaseException:   # a refused state leaves the mixture shuffling as it did
-            self.shuffle_as(shuffling)
+        except BaseException:   # a refused state leaves the mixture reading what it read
+            self.read_as(before)
             raise
         self._active = None
 

@@ -117,11 +117,15 @@ def _tracks_state(sources, topology, epochs, **kwargs):
 def test_a_checkpoint_of_tracks_moves_to_another_topology_only_where_its_passes_end(two):
     # after one epoch both sources stand inside their passes: what tracks left depends on the topology
     _, inside = _tracks_state(two, (1, 2), 1)
-    loader, _ = _loader(two, (1, 3))
+    loader, refused = _loader(two, (1, 3))
+    refused.set_epoch(4)
+    before = (refused.epoch, refused.history, refused.pass_layout)
     with pytest.raises(errors.StateMismatchError, match=r"per-worker tracks.*source\(s\) \['a', 'b'\] stand inside a "
                                                         r"pass after epoch 0 \(at row a: 50, b: 20\)\. Resume with "
                                                         r"world_size=1, num_workers=2"):
         loader.load_state_dict(inside)
+    # refused after the mixture followed the checkpoint's epoch and history: both put back, as its layout
+    assert (refused.epoch, refused.history, refused.pass_layout) == before == (4, [(0, {"a": 50, "b": 20})], "spans")
     same, mixture = _loader(two, (1, 2))
     same.load_state_dict(inside)   # on its own topology it goes on in tracks
     mixture.set_epoch(1)

@@ -87,10 +87,32 @@ def test_workers_of_one_checkpoint_on_other_planning_versions_are_refused_and_no
     first["options"]["planning"] = 1   # worker 0 says version 1, the others 2: not one job's checkpoint
     loader, dataset = make_loader(cut, 3, batch_size=16, shuffle=True, seed=3)
     before = dataset.slot_rows(3)
-    with pytest.raises(StateMismatchError, match="planning version 2, this dataset cuts them by version 1"):
+    with pytest.raises(StateMismatchError, match="planning version 2, this dataset cuts them by version 1") as refused:
         loader.load_state_dict(state)
+    # the user loaded the whole checkpoint already: the message says its states disagree, not to load it whole
+    assert FOLLOWED in str(refused.value) and "load the whole checkpoint" not in str(refused.value)
     assert dataset._options.planning == PLANNING_VERSION and dataset.slot_rows(3) == before
     assert sorted(i for batch in _epoch(loader, dataset, 0) for i in batch) == list(range(400))
+
+
+FOLLOWED = ("as the checkpoint's first state says (loading a checkpoint makes the dataset plan as it did): its states "
+            "disagree, so they are not one run's checkpoint; pass the dict returned by loader.state_dict() (or "
+            "gather_state_dict, merge_state_dicts) unchanged")
+
+
+def test_a_worker_state_checked_alone_against_another_planning_version_says_to_load_the_whole_checkpoint(cut):
+    """``dataset.check_state`` checks a state without loading it, so the dataset plans by its own version: the way
+    out is to load the checkpoint, which follows its version."""
+    worker = worker_state(_v6_state(cut)["dataloader"], 1)
+    worker["options"]["planning"] = 1
+    _, dataset = make_loader(cut, 3, batch_size=16, shuffle=True, seed=3)
+    with pytest.raises(StateMismatchError) as refused:
+        dataset.check_state(worker)
+    assert str(refused.value) == (
+        "checkpoint's splits were cut by planning version 1, this dataset cuts them by version 2; load the whole "
+        "checkpoint with loader.load_state_dict() (or dataset.load_state_dict()), which makes the dataset plan as "
+        "the checkpoint did, and keep its workers' states together")
+    assert dataset.options.planning == PLANNING_VERSION
 
 
 def _golden(name):
@@ -189,8 +211,9 @@ def test_dynamic_ranks_of_other_planning_versions_are_refused_naming_both(two_gr
     _, merged = _dynamic_v1_checkpoint(two_groups)
     merged["ranks"][1]["dynamic"]["options"]["planning"] = 2
     loader, dataset = make_loader(two_groups, 0, rank=0, world_size=2, **DYNAMIC)   # re-planned: every rank checked
-    with pytest.raises(StateMismatchError, match="planning version 2, this dataset cuts them by version 1"):
+    with pytest.raises(StateMismatchError, match="planning version 2, this dataset cuts them by version 1") as refused:
         loader.load_state_dict(merged)
+    assert FOLLOWED in str(refused.value) and "load the whole checkpoint" not in str(refused.value)
     assert dataset.options.planning == PLANNING_VERSION
     dataset.set_epoch(0)
     assert len([i for batch in loader for i in ids_of(batch)]) == 2000   # its own fresh epoch, whole

@@ -389,7 +389,7 @@ def load_dynamic_ledger(dataset: PolicyDataset, epochs: DynamicEpochs, outers: S
     checked = _ledger_epochs(outer["dynamic"], epochs.checking(dataset.world_size, dataset.rank, epochs.even_batches),
                              "dynamic")
     epoch, work = work_from_dict(outer["dynamic"], epochs.plan, checked, epochs.options)
-    check_compatible(saved, current.data, current.state_options, current.identity)
+    check_compatible(saved, current.data, current.state_options, current.identity, followed=True)
     epochs.use_replanned(checked.replanned)
     epochs.load(epoch, work)
     return epoch
@@ -457,7 +457,8 @@ def _replanned(epochs: DynamicEpochs, current: _Current, outers: Sequence[dict[s
         where = f"checkpoint.ranks[{rank}].dynamic"
         saved = _ledger_state(outer)
         even_batches = saved.options.get("even_batches")   # the old world size's (off on one rank)
-        check_compatible(saved, current.data, {**current.state_options, "even_batches": even_batches}, current.identity)
+        check_compatible(saved, current.data, {**current.state_options, "even_batches": even_batches}, current.identity,
+                         followed=True)
         old = _ledger_epochs(outer["dynamic"], epochs.checking(world_size, rank, bool(even_batches)), where)
         epoch, work = work_from_dict(outer["dynamic"], epochs.plan, old, epochs.options, where)
         placed = old.rank(epoch)

@@ -140,12 +140,6 @@ class ArrowStreamDataLoader(StreamLoader):
         ledger: dict[str, Any] = self.dataset.policy.state_fields(self, inner)   # a dynamic ledger (_assignment)
         return ledger
 
-    def _settings(self) -> Any:
-        return self.dataset.reading()   # the snapshot it follows, its plan, planning version and buffer
-
-    def _restore_settings(self, settings: Any) -> None:
-        self.dataset.read_as(settings)
-
     def _read_loader_state(self, state: Any) -> dict[str, Any]:
         return read_loader_state(state)
 

@@ -45,18 +45,19 @@ class LoadsState:
 
         Every field is checked before anything is loaded (types, ranges, and each worker's cursor
         and counters against the plan): a state that would not yield every row once raises a
-        ``StateError`` (see docs/state-format.md, Validation), and leaves the loader as it was. A dataset
+        ``StateError`` (see docs/state-format.md, Validation), and leaves the loader as it was, and what its
+        dataset or mixture reads (``reading()``/``read_as()``: an Iceberg table's snapshot, the plans). A dataset
         then cuts splits by the checkpoint's planning version, in this epoch and the later ones
         (docs/state-format.md); a mixture may have changed at an epoch boundary (weights, ``epoch_rows``,
         sources; docs/mixing.md). With ``shuffle_buffer_size`` left to its default, both take the
         checkpoint's buffer (docs/shuffle.md).
         """
-        settings = self._settings()
+        before = self.dataset.reading()   # what loading may change of what the dataset (or mixture) reads
         skips = self._saved_skips(state_dict)
         try:
             self._load_state_dict(state_dict)
-        except BaseException:  # a refused checkpoint leaves the dataset planning and shuffling as it did
-            self._restore_settings(settings)
+        except BaseException:  # a refused checkpoint leaves the dataset (or mixture) reading what it read
+            self.dataset.read_as(before)
             raise
         self._skipper.load(*skips)
 
@@ -141,13 +142,6 @@ class LoadsState:
             self._set_batches_per_transfer(per_transfer)
 
     # -- hooks: a dataset's loader and a mixture's ---------------------------------------------------
-
-    def _settings(self) -> Any:
-        """What loading a state changes of the dataset, restored where the state is refused."""
-        return None
-
-    def _restore_settings(self, settings: Any) -> None:
-        """Restore :meth:`_settings` after a refused state."""
 
     def _read_loader_state(self, state: Any) -> dict[str, Any]:
         """A rank's state, its own fields checked (``rank``, ``world_size``, ``num_workers``,

@@ -211,12 +211,6 @@ class MixtureDataLoader(StreamLoader):
             set_worker_state(inner, worker_id, mixture.start_state(slot).at(position, mixture.names).to_dict())
         return inner
 
-    def _settings(self) -> Any:
-        return self.dataset.shuffling()
-
-    def _restore_settings(self, settings: Any) -> None:
-        self.dataset.shuffle_as(settings)
-
     def _read_loader_state(self, state: Any) -> dict[str, Any]:
         return read_mixture_state(state, "mixture loader state")
 
@@ -246,10 +240,10 @@ class MixtureDataLoader(StreamLoader):
             check_worker_state(mixture, state, slot)
             if done and not state.epoch_complete:   # torchdata's fetcher ended: the loader yields no more of it
                 _check_nothing_left(mixture, state, slot)
+        mixture.follow(states)   # (may refuse it: before the loader changes)
+        mixture.finish_through(-1)
         self._follow_per_transfer(outer["batches_per_transfer"])
         self._batch_iterator = None
-        mixture.follow(states)
-        mixture.finish_through(-1)
         self._load_torchdata(inner)
 
     def _load_other_topology(self, outers: list[dict[str, Any]]) -> None:

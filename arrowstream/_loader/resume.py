@@ -34,7 +34,7 @@ class ChecksStates(Replans, Protocol):
     state has left of its epoch."""
 
     def check_state(self, state_dict: dict[str, Any], elastic: bool = False, *, slot: Slot | None = None,
-                    where: str = "worker state", done: str | None = None) -> WorkerState: ...
+                    where: str = "worker state", done: str | None = None, followed: bool = False) -> WorkerState: ...
 
     def batches_left(self, state: WorkerState, slot: Slot) -> int | None: ...
 
@@ -64,7 +64,7 @@ def check_workers(dataset: ChecksStates, parsed: InnerState, rank: int, world_si
             raise StateError(f"load_state_dict: the checkpoint holds no state for {where.removesuffix(' state')}; "
                              "pass the dict returned by loader.state_dict() (or gather_state_dict) unchanged")
         slot = SlotGrid(world_size, parsed.num_workers).slot(rank, index)
-        return dataset.check_state(state, elastic, slot=slot, where=where, done=done)
+        return dataset.check_state(state, elastic, slot=slot, where=where, done=done, followed=True)
 
     saved = [check(index, "the checkpoint says its loop ended" if done else None)
              for index, done in enumerate(parsed.done)]

@@ -51,8 +51,8 @@ from .torchdata_state import (
 
 class FrontDoor(Protocol):
     """What the loader shell reads of what it loads (a ``StructuredDataset``, a ``Mixture``), beside its own
-    loader's hooks: the epoch, the rank among the ranks, the batch size, the batches per epoch, and the trims
-    warning."""
+    loader's hooks: the epoch, the rank among the ranks, the batch size, the batches per epoch, the trims
+    warning, and what it reads (put back when a checkpoint is refused)."""
 
     @property
     def epoch(self) -> int: ...
@@ -69,6 +69,10 @@ class FrontDoor(Protocol):
     def num_batches(self, num_workers: int = 0) -> int: ...
 
     def warn_trims(self, num_workers: int) -> None: ...
+
+    def reading(self) -> Any: ...   # what loading a checkpoint may change of what it reads
+
+    def read_as(self, reading: Any) -> None: ...   # put back after a refused checkpoint
 
 
 class StreamLoader(LoadsState, StatefulDataLoader):  # type: ignore[misc]

@@ -57,12 +57,12 @@ class Against:
 
 
 def checked_state(against: Against, saved: WorkerState, elastic: bool, slot: Slot | None,
-                  where: str, done: str | None) -> WorkerState:
+                  where: str, done: str | None, followed: bool = False) -> WorkerState:
     """``saved`` checked against a dataset (see ``StructuredDataset.check_state``)."""
     options = against.state_options
     if elastic:
         options = {**options, "even_batches": saved.options.get("even_batches")}
-    check_compatible(saved, against.data, options, against.data_identity)
+    check_compatible(saved, against.data, options, against.data_identity, followed=followed)
     if slot is not None:
         if saved.slot != slot:
             raise StateMismatchError(
@@ -94,7 +94,7 @@ def follow_planning(dataset: Replans, state_dict: Any, where: str) -> None:
 def loaded_state(against: Against, saved: WorkerState, slot: Slot) -> WorkerState:
     """A worker state to resume from in ``slot`` (this process's), checked against the plan (the dataset
     has followed its planning version, buffer and data)."""
-    check_compatible(saved, against.data, against.state_options, against.data_identity)
+    check_compatible(saved, against.data, against.state_options, against.data_identity, followed=True)
     if saved.slot == slot:  # another slot's state is refused when the epoch opens (check_slot)
         check_in_plan(against.epochs, against.options, against.checked, saved, "worker state")
     return saved

@@ -326,9 +326,11 @@ def check_same_table(saved: DataIdentity, current: DataIdentity, name: str = "th
 
 
 def check_compatible(saved: WorkerState, data: DataIdentity, options: dict[str, Any],
-                     data_identity: str = STRICT) -> None:
+                     data_identity: str = STRICT, *, followed: bool = False) -> None:
     """Refuse a state taken on other data (compared as ``data_identity`` says: see ``_state.identity``) or with
-    other stream options (saved vs current)."""
+    other stream options (saved vs current). ``followed``: the dataset plans as the checkpoint ``saved`` is part of
+    said (its first state's planning version: a loader, or ``load_state_dict``, made it), so another version is a
+    checkpoint whose states disagree, not one to load whole."""
     if (saved.data.snapshot_id is None) != (data.snapshot_id is None):
         kinds = ("files", "an Iceberg table")
         raise StateMismatchError(
@@ -343,11 +345,16 @@ def check_compatible(saved: WorkerState, data: DataIdentity, options: dict[str, 
             "or start without loading the checkpoint")
     check_same_data(saved.data, data, data_identity)
     if saved.options.get("planning") != options.get("planning"):
+        versions = (f"checkpoint's splits were cut by planning version {shorten(saved.options.get('planning'))}, "
+                    f"this dataset cuts them by version {shorten(options.get('planning'))}")
+        if followed:   # the loader made the dataset plan as the checkpoint's first state did: its states disagree
+            raise StateMismatchError(
+                f"{versions}, as the checkpoint's first state says (loading a checkpoint makes the dataset plan as it "
+                "did): its states disagree, so they are not one run's checkpoint; pass the dict returned by "
+                "loader.state_dict() (or gather_state_dict, merge_state_dicts) unchanged, every state from one step")
         raise StateMismatchError(
-            f"checkpoint's splits were cut by planning version {shorten(saved.options.get('planning'))}, this "
-            f"dataset cuts them by version {shorten(options.get('planning'))}; load the whole checkpoint with "
-            "loader.load_state_dict() (or dataset.load_state_dict()), which makes the dataset plan as the "
-            "checkpoint did, and keep its workers' states together")
+            f"{versions}; load the whole checkpoint with loader.load_state_dict() (or dataset.load_state_dict()), "
+            "which makes the dataset plan as the checkpoint did, and keep its workers' states together")
     differing = sorted(str(k) for k in set(saved.options) | set(options)  # True is not 1, 1.0 is not 1
                        if saved.options.get(k) != options.get(k) or type(saved.options.get(k)) is not type(options.get(k)))
     if differing:
