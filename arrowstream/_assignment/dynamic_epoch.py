@@ -1,5 +1,6 @@
 """A dataset's epochs under ``assignment="dynamic"``: the work of each epoch, a worker's stream over the
-leases it takes, and the ledger a checkpoint saves (see :mod:`arrowstream._layout.leases` for the model).
+leases it takes, and the ledger a checkpoint saves (see :mod:`arrowstream._layout.leases` for the model,
+:mod:`arrowstream._layout.ledger` for a worker's side).
 
 The ledger is the rest of the epoch as a :class:`~arrowstream._layout.leases.Work`, in splits of the plan:
 replays (each an old worker's slot, the splits its window read, where it stood, the rows left), explicit
@@ -21,21 +22,15 @@ from .._core.fields import REMEDY, Fields, check_int, shorten
 from .._core.order import Slot, SlotGrid
 from .._core.plan_types import Split, split_rows
 from .._core.stream import EpochStream
-from .._layout.leases import (
-    TAIL_LEASES_PER_WORKER,
+from .._layout.leases import TAIL_LEASES_PER_WORKER, Leases, PoolLeases, StitchTag, Work, last_pieces, tail_pieces
+from .._layout.ledger import (
     LeasedShare,
-    Leases,
-    PoolLeases,
     Replanned,
-    StitchTag,
-    Work,
-    last_pieces,
     leased_runs,
     rank_share,
     remaining_work,
     replanned_work,
     start_cursor,
-    tail_pieces,
     work_of,
 )
 from .._layout.replan import Replay
@@ -442,7 +437,7 @@ class _Current:
 def _replanned(epochs: DynamicEpochs, current: _Current, outers: Sequence[dict[str, Any]],
                new_world_size: int) -> Replanned:
     """The rest of the epoch of a merged checkpoint of another world size: every old rank's ledger, checked, to be
-    re-planned over ``new_world_size`` ranks (see :func:`~arrowstream._layout.leases.replanned_work`)."""
+    re-planned over ``new_world_size`` ranks (see :func:`~arrowstream._layout.ledger.replanned_work`)."""
     world_size = outers[0]["world_size"]
     ranks = [outer["rank"] for outer in outers]
     if ranks != list(range(world_size)):
