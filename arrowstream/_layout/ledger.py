@@ -190,7 +190,7 @@ def worker_rest(slot: Slot, share: LeasedItems, cursor: Cursor, *, batch_size: i
 
 def remaining_work(leases: Leases, owners: npt.NDArray[np.int64], cursors: Sequence[Cursor | None],
                    slots: Sequence[Slot], *, batch_size: int, interleave: int, buffer_rows: int) -> Work:
-    """The rows of ``leases.work`` not handed out, as a new :class:`Work`.
+    """The rows of ``leases.work`` not handed out, as a new :class:`~arrowstream._layout.leases.Work`.
 
     ``owners[i]`` is the worker that took lease ``i`` (-1: none; leases are taken in order); ``cursors[w]`` is worker ``w``'s cursor
     after the last batch of it the trainer received (None: it handed out everything it leased; a
@@ -272,7 +272,7 @@ def rank_share(plan: PlanView, world_size: int, rank: int, epoch: int, options: 
 
 
 def work_of(share: Sequence[Split], kept: int) -> Work:
-    """The fresh :class:`Work` of a rank's ``share`` cut to its first ``kept`` rows."""
+    """The fresh :class:`~arrowstream._layout.leases.Work` of a rank's ``share`` cut to its first ``kept`` rows."""
     return Work((), (), share if kept == int(split_rows(share).sum()) else truncated(share, kept), 0)
 
 
@@ -284,7 +284,7 @@ def fresh_work(plan: PlanView, world_size: int, rank: int, epoch: int, options: 
 @dataclass(frozen=True)
 class Replanned:
     """A dynamic epoch re-planned for another world size: every old rank's rest of ``epoch`` (``rests``, in old rank
-    order, each a :class:`Work` of that rank, checked), taken on ``world_size`` ranks; ``value``: as the ledger
+    order, each a :class:`~arrowstream._layout.leases.Work` of that rank, checked), taken on ``world_size`` ranks; ``value``: as the ledger
     saves it (the old rests and what they were re-planned from in turn, if they were)."""
 
     epoch: int
