@@ -20,17 +20,14 @@ from arrowstream._core.stream import RunQueue
 from arrowstream._layout.leases import (
     MAX_TAIL_LEASES_PER_WORKER,
     TAIL_LEASES_PER_WORKER,
-    LeasedShare,
     Leases,
     LocalPool,
     fixed_leases,
-    fresh_work,
     last_pieces,
     lease_bounds,
-    leased_runs,
-    remaining_work,
     tail_pieces,
 )
+from arrowstream._layout.ledger import LeasedShare, fresh_work, leased_runs, remaining_work
 from arrowstream._worker.reader import SplitReader
 
 
@@ -58,7 +55,7 @@ class Worker:
         runs = leased_runs(readers, self.share, seed=options.seed, epoch=epoch, slot=self.slot,
                            batch_size=batch_size, interleave=options.interleave,
                            buffer_rows=options.shuffle_buffer_size)
-        from arrowstream._layout.leases import start_cursor
+        from arrowstream._layout.ledger import start_cursor
         self.queue = RunQueue(runs, start_cursor(options.interleave))
         self.batch_size = batch_size
         self.done = False

@@ -170,3 +170,71 @@ def test_a_static_replan_names_the_old_workers_too(ten):
     assert dataset.policy.replanned_from(dataset) == (2, 2)
     dataset.set_epoch(1)
     assert dataset.policy.replanned_from(dataset) is None
+
+
+def test_ranks_whose_even_batches_disagree_are_refused(ten):
+    """Each old rank's rest follows from its own even_batches; ranks of one run have the same, so a merged
+    checkpoint whose ranks disagree is refused (saved values named), not re-planned on the last rank's."""
+    _, _, merged = _read(_loaders(ten, 2, 0), 5)
+    merged["ranks"][1]["dynamic"]["options"]["even_batches"] = False
+    loader, _ = make_loader(ten, 0, rank=0, world_size=3, **OPTIONS)
+    with pytest.raises(StateMismatchError, match=r"rank 0 was taken with even_batches=True and its rank 1 with "
+                                                 r"even_batches=False.*same even_batches"):
+        loader.load_state_dict(merged)
+
+
+def _nested(replanned, levels):
+    """``replanned`` under ``levels`` more re-plans (each of 2 old ranks, their rests left empty)."""
+    for _ in range(levels):
+        replanned = {"world_size": 2, "even_batches": True, "rests": [{}, {}], "replanned": replanned}
+    return replanned
+
+
+def test_a_replan_nested_deeper_than_any_run_makes_is_a_state_error(ten):
+    """A re-plan of a re-plan is legal (one per change of world size inside an epoch), up to 64 deep; deeper, or
+    deeper than Python can copy, is a StateError naming the field, never a RecursionError."""
+    _, _, state = _read(_loaders(ten, 2, 0), 5)
+    _, _, inside = _read(_loaders(ten, 3, 0, state=state), 2)   # each ledger: replanned, 1 deep
+    loader, _ = make_loader(ten, 0, rank=0, world_size=3, **OPTIONS)
+    # 64 deep: every level parsed (the real one at the bottom too), the deepest empty rests refused
+    for levels, match in [(63, r"dynamic(\.replanned){63}\.rests\[0\] has no 'yielded'"),
+                          (64, r"dynamic\.replanned holds re-plans of re-plans more than 64 deep"),
+                          (2000, r"nested deeper than Python can copy")]:
+        tampered = {**inside, "ranks": [{**outer, "dynamic": {**outer["dynamic"],
+                                                              "replanned": _nested(outer["dynamic"]["replanned"], levels)}}
+                                        for outer in inside["ranks"]]}
+        with pytest.raises(StateError, match=match):
+            loader.load_state_dict(tampered)
+
+
+def _chain(ten):
+    """A checkpoint on 2 ranks of an epoch re-planned from 3 ranks, itself re-planned from 2: replanned 2 deep."""
+    _, _, state = _read(_loaders(ten, 2, 0), 5)
+    _, _, inside = _read(_loaders(ten, 3, 0, state=state), 2)
+    _, _, again = _read(_loaders(ten, 2, 0, state=inside), 2)
+    assert again["ranks"][0]["dynamic"]["replanned"]["replanned"]["world_size"] == 2
+    return inside, again
+
+
+def test_a_tampered_nested_replan_is_named_by_its_path(ten):
+    _, again = _chain(ten)
+    again["ranks"][0]["dynamic"]["replanned"]["replanned"]["rests"][1]["fresh_from_row"] += 40
+    loader, _ = make_loader(ten, 0, rank=0, world_size=2, **OPTIONS)
+    with pytest.raises(StateError, match=r"dynamic\.replanned\.replanned\.rests\[1\]"):
+        loader.load_state_dict(again)
+
+
+def test_the_replan_bound_refuses_a_checkpoint_deeper_and_a_replan_that_would_make_one(ten, monkeypatch):
+    """With the bound at 1 (64 in a release): a checkpoint re-planned 2 deep is refused, and a checkpoint 1 deep
+    is not re-planned for another world size (its checkpoints would be refused), yet resumes on its own."""
+    from arrowstream._assignment import dynamic_epoch
+
+    inside, again = _chain(ten)
+    monkeypatch.setattr(dynamic_epoch, "MAX_REPLANS", 1)
+    loader, _ = make_loader(ten, 0, rank=0, world_size=2, **OPTIONS)
+    with pytest.raises(StateError, match=r"dynamic\.replanned holds re-plans of re-plans more than 1 deep"):
+        loader.load_state_dict(again)
+    with pytest.raises(StateMismatchError, match=r"re-planned 1 times already.*Resume with world_size=3"):
+        loader.load_state_dict(inside)
+    loader, _ = make_loader(ten, 0, rank=0, world_size=3, **OPTIONS)
+    loader.load_state_dict(inside)

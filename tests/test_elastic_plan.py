@@ -13,7 +13,8 @@ from __future__ import annotations
 import functools
 import json
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,12 +23,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arrowstream._core.cursor import Cursor, Run
-from arrowstream._core.order import Slot, slot_split_ids, window_seed
+from arrowstream._core.order import Slot, SlotGrid, assign_lpt, slot_split_ids, window_seed
 from arrowstream._core.piece import Piece
 from arrowstream._core.plan_types import PLANNING_VERSION, FileEntry, Split
 from arrowstream._core.stream import EpochStream, open_runs
 from arrowstream._formats import FileFooter
 from arrowstream._layout.elastic import assign_shares, cut_shares, remaining_items, share_runs
+from arrowstream._layout.layout import Layouts
 from arrowstream._layout.replan import item_rows
 from arrowstream._planning.plan import Plan, build_plan
 from arrowstream._state.identity import DataIdentity
@@ -99,6 +101,11 @@ def normal_stream(plan: Plan, layout: dict[str, Any], slot: Slot, epoch: int) ->
     splits = plan.splits_for(slot.num_slots)
     mine = [splits[i] for i in slot_split_ids([s.num_rows for s in splits], slot, shuffle=layout["shuffle"],
                                               seed=layout["seed"], epoch=epoch)]
+    return splits_stream(plan, layout, slot, epoch, mine)
+
+
+def splits_stream(plan: Plan, layout: dict[str, Any], slot: Slot, epoch: int, mine: Sequence[Split]) -> EpochStream:
+    """A slot's epoch over the splits ``mine``, in their order."""
     start = Cursor.start(len(mine), layout["interleave"])
     readers = [IdReader(plan, layout["piece_rows"]) for _ in range(layout["interleave"])]
     runs = open_runs(readers, mine, batch_size=layout["batch_size"], interleave=layout["interleave"],
@@ -158,7 +165,7 @@ def test_the_replanned_epoch_hands_out_every_row_left_exactly_once(layout):
         state = through_json(stream.state())
         cursors.append(None if finished or state.epoch_complete else state.cursor)
     source = Leftovers(epoch, *layout["old"], tuple(cursors), layout["cut"])
-    items = remaining_items(plan, source, shuffle=layout["shuffle"], seed=layout["seed"],
+    items = remaining_items(plan, source, shuffle=layout["shuffle"], seed=layout["seed"], assign=assign_lpt,
                             batch_size=layout["batch_size"], interleave=layout["interleave"],
                             buffer_rows=layout["buffer_rows"], planning=PLANNING_VERSION)
     new_slots = slots(*layout["new"])
@@ -189,6 +196,51 @@ def test_the_replanned_epoch_hands_out_every_row_left_exactly_once(layout):
     for later in (epoch + 1, epoch + 2):   # whole again, each a fresh epoch of the new topology
         ids = [i for slot in new_slots for i in take(normal_stream(plan, layout, slot, later))[0]]
         assert sorted(ids) == all_ids(layout["files"])
+
+
+def round_robin(weights, num_slots):
+    """An assignment policy other than LPT: item i to slot i mod num_slots."""
+    return [list(range(slot, len(weights), num_slots)) for slot in range(num_slots)]
+
+
+@dataclass(frozen=True)
+class Order:
+    """What the layout reads of a dataset's options (``OrderOptions``)."""
+
+    batch_size: int
+    interleave: int
+    seed: int
+    shuffle: bool
+    shuffle_buffer_size: int
+    drop_last: bool = False
+    drops_rows: bool = False
+    planning: int = PLANNING_VERSION
+
+
+@settings(max_examples=150, deadline=None)
+@given(layouts)
+def test_a_replan_finds_the_old_workers_splits_by_the_layouts_own_policy(layout):
+    """The layout's ``assign`` (here round robin) gives the old workers their splits; the re-plan must find
+    them by it too, or it re-plans other rows than those the old workers had left (lost and repeated)."""
+    plan = make_plan(layout["files"], layout["split_bytes"])
+    epoch = layout["epoch"]
+    options = Order(layout["batch_size"], layout["interleave"], layout["seed"], layout["shuffle"], layout["buffer_rows"])
+    layouts = Layouts(plan, options, even_batches=False, assign=round_robin)
+    old = layouts.layout(epoch, SlotGrid(*layout["old"]))
+    left: Counter[int] = Counter()   # what the old workers would have handed out after the checkpoint
+    cursors: list[Cursor | None] = []
+    for slot, cut in zip(slots(*layout["old"]), layout["old_cuts"], strict=False):
+        stream = splits_stream(plan, layout, slot, epoch, old.share(slot).splits)
+        _, finished = take(stream, cut)
+        state = through_json(stream.state())
+        left += Counter(take(stream)[0])
+        cursors.append(None if finished or state.epoch_complete else state.cursor)
+    leftovers = Leftovers(epoch, *layout["old"], tuple(cursors), layout["cut"])
+    replanned = layouts.layout(epoch, SlotGrid(*layout["new"]), leftovers)
+    read: Counter[int] = Counter()
+    for slot in slots(*layout["new"]):
+        read += Counter(take(share_stream(plan, layout, leftovers, list(replanned.shares), slot))[0])
+    assert read == left, "the re-plan read other rows than the old workers had left"
 
 
 @settings(max_examples=100, deadline=None)

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from test_elastic_plan import IdReader, make_plan, normal_stream, share_stream, slots, take, through_json
 
 from arrowstream._core.cursor import Cursor
-from arrowstream._core.order import Slot, slot_split_ids, window_seed
+from arrowstream._core.order import Slot, assign_lpt, slot_split_ids, window_seed
 from arrowstream._core.plan_types import PLANNING_VERSION
 from arrowstream._layout.elastic import cut_shares, remaining_items
 from arrowstream._layout.replan import item_rows
@@ -48,7 +48,7 @@ def old_parts(plan: Plan, layout: dict[str, Any], slot: Slot) -> Parts:
 def dataset_rows(plan: Plan, layout: dict[str, Any], cursors: list[Cursor | None]) -> list[Counter[int]]:
     """Each new slot's rows of the dataset's re-plan."""
     leftovers = Leftovers(layout["epoch"], *layout["old"], tuple(cursors), EVEN)
-    items = remaining_items(plan, leftovers, shuffle=layout["shuffle"], seed=layout["seed"],
+    items = remaining_items(plan, leftovers, shuffle=layout["shuffle"], seed=layout["seed"], assign=assign_lpt,
                             batch_size=layout["batch_size"], interleave=layout["interleave"],
                             buffer_rows=layout["buffer_rows"], planning=PLANNING_VERSION)
     new_slots = slots(*layout["new"])

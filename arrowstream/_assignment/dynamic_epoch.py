@@ -1,5 +1,6 @@
 """A dataset's epochs under ``assignment="dynamic"``: the work of each epoch, a worker's stream over the
-leases it takes, and the ledger a checkpoint saves (see :mod:`arrowstream._layout.leases` for the model).
+leases it takes, and the ledger a checkpoint saves (see :mod:`arrowstream._layout.leases` for the model,
+:mod:`arrowstream._layout.ledger` for a worker's side).
 
 The ledger is the rest of the epoch as a :class:`~arrowstream._layout.leases.Work`, in splits of the plan:
 replays (each an old worker's slot, the splits its window read, where it stood, the rows left), explicit
@@ -21,21 +22,15 @@ from .._core.fields import REMEDY, Fields, check_int, shorten
 from .._core.order import Slot, SlotGrid
 from .._core.plan_types import Split, split_rows
 from .._core.stream import EpochStream
-from .._layout.leases import (
-    TAIL_LEASES_PER_WORKER,
+from .._layout.leases import TAIL_LEASES_PER_WORKER, Leases, PoolLeases, StitchTag, Work, last_pieces, tail_pieces
+from .._layout.ledger import (
     LeasedShare,
-    Leases,
-    PoolLeases,
     Replanned,
-    StitchTag,
-    Work,
-    last_pieces,
     leased_runs,
     rank_share,
     remaining_work,
     replanned_work,
     start_cursor,
-    tail_pieces,
     work_of,
 )
 from .._layout.replan import Replay
@@ -403,9 +398,19 @@ def _ledger_epochs(ledger: Any, epochs: DynamicEpochs, where: str) -> DynamicEpo
     return epochs
 
 
-def replanned_from_dict(value: Any, epochs: DynamicEpochs, where: str) -> Replanned:
+MAX_REPLANS = 64
+"""Re-plans of re-plans a ledger may hold: one per change of world size inside one epoch, far more than a run makes."""
+
+
+def replanned_from_dict(value: Any, epochs: DynamicEpochs, where: str, depth: int = 1) -> Replanned:
     """The ``replanned`` field of a ledger: every old rank's rest of the epoch (each checked against the plan as
-    its rank had laid the epoch out, re-planned in turn where it was) and the world size they were taken on."""
+    its rank had laid the epoch out, re-planned in turn where it was) and the world size they were taken on.
+    ``depth``: how many re-plans deep ``value`` is (at most :data:`MAX_REPLANS`)."""
+    if depth > MAX_REPLANS:
+        root = where[:where.index(".replanned")]
+        raise StateError(f"the state's {root}.replanned holds re-plans of re-plans more than {MAX_REPLANS} deep: one "
+                         f"is made per change of world size inside one epoch, and a checkpoint of a re-plan {MAX_REPLANS} "
+                         f"deep is not re-planned again; {REMEDY}")
     fields = Fields(value, where)
     world_size = fields.integer("world_size", 1)
     even_batches = fields.boolean("even_batches")
@@ -414,7 +419,7 @@ def replanned_from_dict(value: Any, epochs: DynamicEpochs, where: str) -> Replan
         raise StateError(f"the state's {where}.rests holds {len(rests)} ledger(s), expected one per old rank: "
                          f"{world_size} for world_size={world_size}; {REMEDY}")
     inner = fields.get("replanned")
-    source = None if inner is None else replanned_from_dict(inner, epochs, f"{where}.replanned")
+    source = None if inner is None else replanned_from_dict(inner, epochs, f"{where}.replanned", depth + 1)
     works, found = [], set()
     for rank, rest in enumerate(rests):
         name = f"{where}.rests[{rank}]"
@@ -430,6 +435,14 @@ def replanned_from_dict(value: Any, epochs: DynamicEpochs, where: str) -> Replan
                                                              "rests": list(rests), "replanned": inner})
 
 
+def _replans(value: Any) -> int:
+    """How many re-plans deep a ledger's checked ``replanned`` field is (0: None)."""
+    depth = 0
+    while isinstance(value, dict):
+        depth, value = depth + 1, value.get("replanned")
+    return depth
+
+
 @dataclass(frozen=True)
 class _Current:
     """What a ledger's data and options are checked against: the dataset's."""
@@ -442,7 +455,7 @@ class _Current:
 def _replanned(epochs: DynamicEpochs, current: _Current, outers: Sequence[dict[str, Any]],
                new_world_size: int) -> Replanned:
     """The rest of the epoch of a merged checkpoint of another world size: every old rank's ledger, checked, to be
-    re-planned over ``new_world_size`` ranks (see :func:`~arrowstream._layout.leases.replanned_work`)."""
+    re-planned over ``new_world_size`` ranks (see :func:`~arrowstream._layout.ledger.replanned_work`)."""
     world_size = outers[0]["world_size"]
     ranks = [outer["rank"] for outer in outers]
     if ranks != list(range(world_size)):
@@ -453,10 +466,18 @@ def _replanned(epochs: DynamicEpochs, current: _Current, outers: Sequence[dict[s
             f"{shorten(ranks)} only. Load the merged checkpoint of every rank (arrowstream.gather_state_dict or "
             "merge_state_dicts)")
     rests, sources, found = [], [], []
+    evens = [_ledger_state(outer).options.get("even_batches") for outer in outers]
+    if any(even != evens[0] for even in evens):
+        other = next(rank for rank, even in enumerate(evens) if even != evens[0])
+        raise StateMismatchError(
+            f"the checkpoint's rank 0 was taken with even_batches={evens[0]} and its rank {other} with "
+            f"even_batches={evens[other]}: the ranks of one run yield alike, and the rows each old rank left follow "
+            f"from its own, so these ledgers are not of one run. Load a checkpoint merged from the states of one run's "
+            "ranks (arrowstream.gather_state_dict or merge_state_dicts), all built with the same even_batches")
     for rank, outer in enumerate(outers):
         where = f"checkpoint.ranks[{rank}].dynamic"
         saved = _ledger_state(outer)
-        even_batches = saved.options.get("even_batches")   # the old world size's (off on one rank)
+        even_batches = evens[rank]   # the old world size's (off on one rank), the same on every rank
         check_compatible(saved, current.data, {**current.state_options, "even_batches": even_batches}, current.identity,
                          followed=True)
         old = _ledger_epochs(outer["dynamic"], epochs.checking(world_size, rank, bool(even_batches)), where)
@@ -475,6 +496,12 @@ def _replanned(epochs: DynamicEpochs, current: _Current, outers: Sequence[dict[s
     if any(source != sources[0] for source in sources):
         raise StateError(f"the checkpoint's ranks' ledgers say their epoch was re-planned from different checkpoints; "
                          f"{REMEDY}")
+    if _replans(sources[0]) >= MAX_REPLANS:   # one more would make a checkpoint that no loader takes
+        raise StateMismatchError(
+            f"checkpoint was taken with world_size={world_size} in epoch {found[0]}, which was re-planned "
+            f"{MAX_REPLANS} times already for another world size; re-planning it once more for "
+            f"world_size={new_world_size} would save checkpoints nested deeper than a loader takes. Resume with "
+            f"world_size={world_size} until the epoch ends, then change")
     return Replanned(found[0], world_size, tuple(work for work, _ in rests),
                      {"world_size": world_size, "even_batches": bool(even_batches),
                       "rests": [value for _, value in rests], "replanned": sources[0]})

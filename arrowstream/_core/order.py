@@ -7,7 +7,7 @@ Every split of an epoch goes to exactly one slot.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -134,13 +134,23 @@ def assign_lpt(weights: Sequence[int] | npt.NDArray[np.int64], num_slots: int) -
     return owned
 
 
-def slot_split_ids(split_rows: Sequence[int] | npt.NDArray[np.int64], slot: Slot, *,
-                   shuffle: bool, seed: int, epoch: int) -> list[int]:
-    """The split ids (indices into the plan) that ``slot`` reads in ``epoch``, in reading order."""
+def assigned_split_ids(split_rows: Sequence[int] | npt.NDArray[np.int64], num_slots: int, *, shuffle: bool,
+                       seed: int, epoch: int,
+                       assign: Callable[[Sequence[int], int], list[list[int]]] = assign_lpt) -> list[npt.NDArray[np.int64]]:
+    """The split ids (indices into the plan) each of ``num_slots`` slots reads in ``epoch``, in reading order:
+    the epoch's order given out by the policy ``assign`` (items' weights, in order -> each slot's item
+    indices, in order). What an epoch's layout gives each slot, and what a re-plan finds an old slot read."""
     rows = np.asarray(split_rows, dtype=np.int64)
     order = epoch_order(len(rows), shuffle=shuffle, seed=seed, epoch=epoch)
-    owned = assign_lpt(rows[order], slot.num_slots)[slot.index]
-    return [int(i) for i in order[owned]]
+    return [order[np.asarray(owned, dtype=np.int64)] for owned in assign(rows[order].tolist(), num_slots)]
+
+
+def slot_split_ids(split_rows: Sequence[int] | npt.NDArray[np.int64], slot: Slot, *,
+                   shuffle: bool, seed: int, epoch: int) -> list[int]:
+    """The split ids (indices into the plan) that ``slot`` reads in ``epoch`` by longest processing time, in
+    reading order (see :func:`assigned_split_ids`)."""
+    ids = assigned_split_ids(split_rows, slot.num_slots, shuffle=shuffle, seed=seed, epoch=epoch)
+    return [int(i) for i in ids[slot.index]]
 
 
 def slot_row_counts(split_rows: Sequence[int] | npt.NDArray[np.int64], num_slots: int) -> list[int]:

@@ -6,7 +6,8 @@ mixture (:mod:`arrowstream._layout.replan` says how): for each old worker, the r
 it stood in (a :class:`~arrowstream._layout.replan.Replay` seeded by its slot), then a range for each
 open split after that and every split it had not opened. What is the dataset's own: an old worker's
 splits are the plan's splits for the old topology (``PlanView.splits_for``) that its slot was given
-(:func:`~arrowstream._core.order.slot_split_ids`), and a new slot's :class:`Share` is its replays, then
+by the layout's assignment policy
+(:func:`~arrowstream._core.order.assigned_split_ids`), and a new slot's :class:`Share` is its replays, then
 its ranges.
 
 The items, old worker after old worker, are cut into as many contiguous stretches as there are new
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from .._core.cursor import Cursor, Run
 from .._core.interleave import PieceReader, block_size_for
-from .._core.order import Slot, SlotGrid, assign_lpt, slot_split_ids, window_seed
+from .._core.order import Slot, SlotGrid, assign_lpt, assigned_split_ids, window_seed
 from .._core.plan_types import Split, split_rows
 from .._core.stream import open_runs
 from .._state.worker import Leftovers
@@ -61,23 +62,28 @@ def _halve(split: Split) -> tuple[Split, Split]:
 
 
 def remaining_items(plan: PlanView, leftovers: Leftovers, *, shuffle: bool, seed: int, batch_size: int,
-                    interleave: int, buffer_rows: int, planning: int) -> list[Replay[Slot] | Split]:
+                    interleave: int, buffer_rows: int, planning: int,
+                    assign: Callable[[Sequence[int], int], list[list[int]]]) -> list[Replay[Slot] | Split]:
     """Every row of ``leftovers.epoch`` the old workers had not handed out, old worker after old worker:
-    what it left of its splits from its cursor (:func:`~arrowstream._layout.replan.items_left`).
+    what it left of its splits from its cursor (:func:`~arrowstream._layout.replan.items_left`). An old
+    worker's splits are those its epoch's layout gave it: the epoch's order given out by ``assign``, the
+    layout's own policy (:func:`~arrowstream._core.order.assigned_split_ids`), so the rows re-planned are
+    the rows it had left.
 
     A shuffle window's extent follows from row counts, which a filter makes unknown before
     reading: the loader refuses a leftovers with a worker inside a window and a filter.
     """
     grid = SlotGrid(leftovers.world_size, leftovers.num_workers)
     splits = plan.splits_for(grid.num_slots, planning)  # as the old topology read them
-    rows = split_rows(splits)
+    ids = assigned_split_ids(split_rows(splits), grid.num_slots, shuffle=shuffle, seed=seed, epoch=leftovers.epoch,
+                             assign=assign)
     block_size = block_size_for(batch_size, interleave)
     items: list[Replay[Slot] | Split] = []
     for index, cursor in enumerate(leftovers.cursors):
         if cursor is None:
             continue
         slot = grid.slot_at(index)
-        mine = [splits[i] for i in slot_split_ids(rows, slot, shuffle=shuffle, seed=seed, epoch=leftovers.epoch)]
+        mine = [splits[int(i)] for i in ids[slot.index]]
         items += items_left(mine, cursor, slot, block_size=block_size, lanes=interleave, buffer_rows=buffer_rows)
     return items
 

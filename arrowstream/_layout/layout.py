@@ -20,14 +20,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from .._core.cursor import Cursor
 from .._core.order import (
     Slot,
     SlotGrid,
     assign_lpt,
-    epoch_order,
+    assigned_split_ids,
     even_batch_limits,
     natural_batches,
     rows_yielded,
@@ -94,14 +92,14 @@ def lay_out_epoch(plan: PlanView, grid: SlotGrid, epoch: int, options: OrderOpti
     ``assign``, or, with ``leftovers``, the rest of that epoch of another topology, re-planned."""
     if leftovers is None:
         splits = plan.splits_for(grid.num_slots, options.planning)
-        order = epoch_order(len(splits), shuffle=options.shuffle, seed=options.seed, epoch=epoch)
-        rows = splits.num_rows[order]
-        shares = tuple(Share((), splits.take(order[np.asarray(owned, dtype=np.int64)]))   # columns, no Split objects
-                       for owned in assign(rows.tolist(), grid.num_slots))
-    else:
+        shares = tuple(Share((), splits.take(owned))   # columns, no Split objects
+                       for owned in assigned_split_ids(splits.num_rows, grid.num_slots, shuffle=options.shuffle,
+                                                       seed=options.seed, epoch=epoch, assign=assign))
+    else:   # the old slots' splits found by the same policy: the rows they had left
         items = remaining_items(
             plan, leftovers, shuffle=options.shuffle, seed=options.seed, batch_size=options.batch_size,
-            interleave=options.interleave, buffer_rows=options.shuffle_buffer_size, planning=options.planning)
+            interleave=options.interleave, buffer_rows=options.shuffle_buffer_size, planning=options.planning,
+            assign=assign)
         shares = tuple(cut_shares(items, grid.num_slots) if leftovers.cut == EVEN
                        else assign_shares(items, grid.num_slots, assign))
     limits = None

@@ -1,55 +1,40 @@
 """Dynamic assignment (``assignment="dynamic"``): a rank's epoch as one stream of work that its workers
-lease, in order, as they finish what they hold.
+lease, in order, as they finish what they hold. What a worker does with its leases (reads them, leaves a
+rest of them at a checkpoint) is :mod:`arrowstream._layout.ledger`.
 
 **Work.** A rank's rows of an epoch are fixed by the static assignment across ranks (longest processing
 time over ranks, in the epoch's order), cut to what it yields (``even_batches``, ``drop_last``). They
 are laid end to end as one *virtual stream*: first replays (the rest of old workers' shuffle windows,
 after a resume), then explicit splits, then the rank's fresh splits from a row on. :class:`Work` is
-that stream; a fresh epoch is only the fresh splits.
+that stream; a fresh epoch is only the fresh splits
+(:func:`~arrowstream._layout.ledger.fresh_work`).
 
 **Leases.** The virtual stream is cut into leases at item ends, and the last rows also inside long
 items, into smaller leases, so that workers finish together (:func:`lease_bounds`). Workers take leases
-in order from a shared counter; a worker's stream is its leases' replays (handed out as they are), then
-its leases' splits through the usual pipeline (interleave, shuffle windows of its own), so its cursor
-reads as a static worker's does, and it yields full batches across its leases. What it has left at the
-end, fewer than a batch, is its *last rows*: once the pool is dry every worker knows every worker's
-total, and cuts its last rows into pieces that make whole batches laid end to end in worker order
-(:func:`last_pieces`); the trainer stitches them (``arrowstream._worker.stitch``). The rank yields
-``ceil(rows / batch_size)`` batches whatever the timing, all full but one, and ``len(loader)`` stays exact.
-
-**The ledger.** Which worker took which lease (the pool's table) and each worker's cursor after the
-last batch the trainer received (a piece counts when its stitched batch is handed out) say exactly
-which rows were handed out: :func:`remaining_work` is the
-rest, as a new :class:`Work` (replays of windows a worker stood in, the rest of the splits it had
-open, every lease not handed out, and the fresh splits from the first lease nobody took). It is
-expressed in splits of the plan, never in leases, so a resume lays out leases anew for any number
-of workers, and a checkpoint of a resumed epoch is again a :class:`Work` (no chain of checkpoints).
+in order from a shared counter (:class:`LocalPool` in one process); a worker's stream is its leases'
+replays (handed out as they are), then its leases' splits through the usual pipeline (interleave, shuffle
+windows of its own), so its cursor reads as a static worker's does, and it yields full batches across its
+leases. What it has left at the end, fewer than a batch, is its *last rows*: once the pool is dry every
+worker knows every worker's total, and cuts its last rows into pieces that make whole batches laid end to
+end in worker order (:func:`last_pieces`); the trainer stitches them (``arrowstream._worker.stitch``). The
+rank yields ``ceil(rows / batch_size)`` batches whatever the timing, all full but one, and ``len(loader)``
+stays exact.
 
 Pure: no I/O, no torch (``tests/test_layers.py``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
-from .._core.cursor import Cursor, Run
-from .._core.interleave import PieceReader, block_size_for
-from .._core.order import Slot, SlotGrid, cut_evenly, even_batch_limits, natural_batches, rows_yielded, window_seed
+from .._core.order import Slot
 from .._core.plan_types import Split, split_rows
-from .._core.stream import open_runs
-from .elastic import replay_runs, with_replay_index
-from .layout import lay_out_epoch
-from .replan import Replay, replay_part, split_part, split_rest, window_end
-
-if TYPE_CHECKING:
-    from .._core.plan_types import OrderOptions, PlanView
+from .replan import Replay, replay_part, split_part, split_rest
 
 TAIL_FRACTION = 8        # the last 1/8 of a rank's rows (at least) is leased in small pieces
 TAIL_LEASES_PER_WORKER = 8    # a tail lease is about rows / (workers x this): fewer cuts inside row groups
@@ -100,18 +85,7 @@ class Work:
         return int(self.items[0].sum())
 
 
-def truncated(splits: Sequence[Split], rows: int) -> tuple[Split, ...]:
-    """The first ``rows`` rows of ``splits`` (the last one cut)."""
-    out: list[Split] = []
-    left = rows
-    for split in splits:
-        if left <= 0:
-            break
-        if split.num_rows > left:
-            split = dataclasses.replace(split, num_rows=left, num_bytes=split.num_bytes * left // max(split.num_rows, 1))
-        out.append(split)
-        left -= split.num_rows
-    return tuple(out)
+# -- leases ---------------------------------------------------------------------------------------
 
 
 def _cut(starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64], from_row: int, piece: int) -> list[npt.NDArray[np.int64]]:
@@ -317,274 +291,6 @@ class PoolLeases:
 
     def items(self, lease: int) -> LeasedItems:
         return self.current.items(lease)
-
-
-class LeasedShare:
-    """One worker's side of the leases: what it took, in order, expanded into its replays and splits.
-
-    ``take`` asks the pool for the next lease (``None`` when none is left). Replays come before splits in
-    the virtual stream, so a worker's replays all come before its splits; :meth:`replay` and
-    :meth:`split` lease as far as needed to answer.
-    """
-
-    def __init__(self, leases: Leases | PoolLeases, take: Callable[[], int | None]) -> None:
-        self._leases = leases
-        self._take = take
-        self.taken: list[int] = []
-        self.replays: list[Replay[Slot]] = []
-        self.splits: list[Split] = []
-        self._dry = False
-
-    def _lease(self) -> bool:
-        if self._dry:
-            return False
-        lease = self._take()
-        if lease is None:
-            self._dry = True
-            return False
-        self.taken.append(lease)
-        items = self._leases.items(lease)
-        self.replays.extend(items.replays)
-        self.splits.extend(items.splits)
-        return True
-
-    def replay(self, index: int) -> Replay[Slot] | None:
-        """This worker's replay ``index``, leasing until it has it; None once its leases hold splits."""
-        while len(self.replays) <= index and not self.splits:
-            if not self._lease():
-                break
-        return self.replays[index] if index < len(self.replays) else None
-
-    def has_split(self, index: int) -> bool:
-        """Whether this worker has a split ``index`` (in its reading order), leasing until it has."""
-        while len(self.splits) <= index:
-            if not self._lease():
-                return False
-        return True
-
-
-class LeasedSplits(Sequence[Split]):
-    """A worker's splits as :func:`~arrowstream._core.interleave.interleave_runs` reads them: the ones leased
-    so far; ``lease_through(i)`` leases until split ``i`` exists (False once the pool is dry)."""
-
-    def __init__(self, share: LeasedShare) -> None:
-        self._share = share
-
-    def __len__(self) -> int:
-        return len(self._share.splits)
-
-    def __getitem__(self, index):  # type: ignore[no-untyped-def]
-        return self._share.splits[index]
-
-    def lease_through(self, index: int) -> bool:
-        return self._share.has_split(index)
-
-    def __iter__(self) -> Iterator[Split]:
-        return iter(self._share.splits)
-
-
-# -- the ledger: what is left ----------------------------------------------------------------------
-
-
-def _rebased(cursor: Cursor, first: int) -> Cursor:
-    """``cursor`` over a worker's splits from split ``first`` on."""
-    return dataclasses.replace(cursor, lanes=tuple((index - first, offset) for index, offset in cursor.lanes),
-                               next_split_index=cursor.next_split_index - first)
-
-
-def worker_rest(slot: Slot, share: LeasedItems, cursor: Cursor, *, batch_size: int, interleave: int,
-                buffer_rows: int) -> tuple[list[Replay[Slot]], list[Split]]:
-    """The rows of a worker's leased ``share`` (its replays and splits, in order) not handed out at
-    ``cursor`` (its position after the last batch the trainer received)."""
-    replays: list[Replay[Slot]] = []
-    splits = list(share.splits)
-    if cursor.replay_index < len(share.replays):   # still replaying: the rest of that replay, the others, every split
-        current = share.replays[cursor.replay_index]
-        replays.append(replay_part(current, cursor.replay_offset, current.rows))
-        replays.extend(share.replays[cursor.replay_index + 1:])
-        return replays, splits
-    end = cursor
-    if buffer_rows and cursor.window_offset:
-        first = min([index for index, _ in cursor.lanes] + [cursor.next_split_index])
-        size, end = window_end(splits, cursor, block_size_for(batch_size, interleave), interleave, buffer_rows)
-        if size > cursor.window_offset:
-            last = min(end.next_split_index, len(splits))
-            replays.append(Replay(slot, tuple(splits[first:last]), _rebased(cursor, first),
-                                  size - cursor.window_offset))
-    rest = [split_rest(splits[index], offset) for index, offset in end.lanes
-            if index < len(splits) and offset < splits[index].num_rows]
-    rest += [s for s in splits[end.next_split_index:] if s.num_rows]
-    return replays, rest
-
-
-def remaining_work(leases: Leases, owners: npt.NDArray[np.int64], cursors: Sequence[Cursor | None],
-                   slots: Sequence[Slot], *, batch_size: int, interleave: int, buffer_rows: int) -> Work:
-    """The rows of ``leases.work`` not handed out, as a new :class:`Work`.
-
-    ``owners[i]`` is the worker that took lease ``i`` (-1: none; leases are taken in order); ``cursors[w]`` is worker ``w``'s cursor
-    after the last batch of it the trainer received (None: it handed out everything it leased; a
-    worker's cursor reads over its leases' splits in the order it took them).
-    """
-    work = leases.work
-    replays: list[Replay[Slot]] = []
-    splits: list[Split] = []
-    taken = np.flatnonzero(owners >= 0)
-    for worker, cursor in enumerate(cursors):
-        mine = np.flatnonzero(owners == worker)
-        if cursor is None or not len(mine):
-            continue
-        # the worker's leases from the one holding the first split its cursor still reads: a checkpoint
-        # expands a few leases per worker, not every lease it took this epoch
-        split_counts, replay_counts = leases.counts(mine)
-        before = np.concatenate([[0], np.cumsum(split_counts)])
-        first_split = min([index for index, _ in cursor.lanes] + [cursor.next_split_index])
-        reading_splits = cursor.replay_index >= int(replay_counts.sum())
-        skip = max(int(np.searchsorted(before, first_split, side="right")) - 1, 0) if reading_splits else 0
-        share = [leases.items(int(lease)) for lease in mine[skip:]]
-        leased = LeasedItems(tuple(r for s in share for r in s.replays), tuple(p for s in share for p in s.splits))
-        rebased = _rebased(cursor, int(before[skip])) if skip else cursor
-        rest_replays, rest_splits = worker_rest(slots[worker], leased, rebased, batch_size=batch_size,
-                                                interleave=interleave, buffer_rows=buffer_rows)
-        replays += rest_replays
-        splits += rest_splits
-    # the pool hands leases out in order: those before `high` were all taken, the rest by nobody
-    high = int(taken.max()) + 1 if len(taken) else 0
-    # from lease `high` on: the rest of the virtual stream, explicit where it is not fresh
-    start = int(leases.bounds[high]) if high < len(leases) else int(leases.bounds[-1])
-    head_rows = sum(r.rows for r in work.replays) + sum(s.num_rows for s in work.splits)
-    if start < head_rows:
-        offset = start
-        for replay in work.replays:
-            if offset < replay.rows:
-                replays.append(replay_part(replay, offset, replay.rows))
-            offset = max(offset - replay.rows, 0)
-        for split in work.splits:
-            if offset < split.num_rows:
-                splits.append(split_part(split, offset, split.num_rows))
-            offset = max(offset - split.num_rows, 0)
-        fresh_from = work.fresh_from_row
-    else:
-        fresh_from = work.fresh_from_row + start - head_rows
-    return Work(tuple(replays), tuple(splits), work.fresh, fresh_from)
-
-
-# -- a worker's rows -----------------------------------------------------------------------------
-
-
-def start_cursor(interleave: int) -> Cursor:
-    """Where a dynamic worker starts: its first replay, or its first ``interleave`` splits once it has some."""
-    return Cursor.start(interleave, interleave)
-
-
-def leased_runs(readers: Sequence[PieceReader], share: LeasedShare, *, seed: int, epoch: int, slot: Slot,
-                batch_size: int, interleave: int, buffer_rows: int,
-                reading_order: Callable[[Sequence[Split]], None] | None = None) -> Iterator[Run]:
-    """A dynamic worker's rows: the replays it leases (handed out in their own order), then the splits
-    it leases, through the usual pipeline (interleave, shuffle windows seeded by its slot).
-    ``reading_order`` is told the order of the splits read (for read-ahead): none while replaying."""
-    if reading_order is not None:
-        reading_order(())
-    index = 0
-    while (replay := share.replay(index)) is not None:
-        yield from replay_runs(readers, replay, index, 0, Cursor((), 0), seed=seed, epoch=epoch,
-                               batch_size=batch_size, interleave=interleave, buffer_rows=buffer_rows)
-        index += 1
-    base = dataclasses.replace(start_cursor(interleave), replay_index=index)
-    seeds: Callable[[int], int] = functools.partial(window_seed, seed, epoch, slot)
-    splits = LeasedSplits(share)
-    if reading_order is not None:
-        reading_order(splits)
-    for run in open_runs(readers, splits, batch_size=batch_size, interleave=interleave,
-                         buffer_rows=buffer_rows, window_seed=seeds, start=base):
-        yield with_replay_index(run, index)
-
-
-def rank_share(plan: PlanView, world_size: int, rank: int, epoch: int, options: OrderOptions,
-               even_batches: bool) -> tuple[Sequence[Split], int]:
-    """A rank's splits of ``epoch`` under dynamic assignment (its share of the static assignment across
-    ranks, each rank one slot, in the epoch's order) and the rows of them it yields (``even_batches``,
-    ``drop_last``)."""
-    layout = lay_out_epoch(plan, SlotGrid(world_size, 0), epoch, options, even_batches=even_batches)
-    slot = SlotGrid(world_size, 0).slot(rank, 0)
-    splits = layout.share(slot).splits
-    rows = int(split_rows(splits).sum())
-    limit = layout.limit(slot)
-    if limit is None:
-        limit = natural_batches(rows, options.batch_size, options.drop_last)
-    return splits, rows_yielded(rows, limit, options.batch_size, options.drop_last)
-
-
-def work_of(share: Sequence[Split], kept: int) -> Work:
-    """The fresh :class:`Work` of a rank's ``share`` cut to its first ``kept`` rows."""
-    return Work((), (), share if kept == int(split_rows(share).sum()) else truncated(share, kept), 0)
-
-
-def fresh_work(plan: PlanView, world_size: int, rank: int, epoch: int, options: OrderOptions, even_batches: bool) -> Work:
-    """A rank's rows of ``epoch`` under dynamic assignment, cut to the rows it yields (see :func:`rank_share`)."""
-    return work_of(*rank_share(plan, world_size, rank, epoch, options, even_batches))
-
-
-@dataclass(frozen=True)
-class Replanned:
-    """A dynamic epoch re-planned for another world size: every old rank's rest of ``epoch`` (``rests``, in old rank
-    order, each a :class:`Work` of that rank, checked), taken on ``world_size`` ranks; ``value``: as the ledger
-    saves it (the old rests and what they were re-planned from in turn, if they were)."""
-
-    epoch: int
-    world_size: int
-    rests: tuple[Work, ...]
-    value: dict[str, Any] = dataclasses.field(compare=False, hash=False)
-
-
-def rest_items(work: Work) -> list[Replay[Slot] | Split]:
-    """The items of ``work`` in lease order: its replays, its splits, then its fresh splits from ``fresh_from_row``."""
-    items: list[Replay[Slot] | Split] = [*work.replays, *(s for s in work.splits if s.num_rows)]
-    before = 0
-    for split in work.fresh:
-        end = before + split.num_rows
-        if end > work.fresh_from_row:
-            items.append(split_rest(split, max(work.fresh_from_row - before, 0)))
-        before = end
-    return items
-
-
-def replanned_work(rests: Sequence[Work], world_size: int, rank: int, batch_size: int, drop_last: bool,
-                   even_batches: bool) -> tuple[Work, int]:
-    """A rank's rows of a dynamic epoch re-planned for ``world_size`` ranks from every old rank's rest (``rests``,
-    in old rank order), and its rows before ``even_batches`` and ``drop_last`` cut them.
-
-    The rests' items, old rank after old rank, are one sequence of rows cut into ``world_size`` stretches of
-    equal rows within one (:func:`~arrowstream._core.order.cut_evenly`), as a static re-plan cuts its items
-    (:func:`~arrowstream._layout.elastic.cut_shares`): rank ``rank`` leases its stretch, its replays first (the
-    rest of old windows, read again the way the old workers read them), then its splits, as fresh splits of a
-    :class:`Work` (``fresh_from_row`` counts in them). ``even_batches`` then trims at most one batch per rank."""
-    items = [item for rest in rests for item in rest_items(rest)]
-    sizes = [item.rows if isinstance(item, Replay) else item.num_rows for item in items]
-    replays: list[Replay[Slot]] = []
-    splits: list[Split] = []
-    stretch_rows = [0] * world_size
-    for index, slot, lo, hi in cut_evenly(sizes, world_size):
-        stretch_rows[slot] += hi - lo
-        if slot != rank:
-            continue
-        item = items[index]
-        if isinstance(item, Replay):
-            replays.append(replay_part(item, lo, hi))
-        else:
-            splits.append(split_part(item, lo, hi))
-    rows = stretch_rows[rank]
-    limits = (even_batch_limits(stretch_rows, world_size, batch_size, drop_last) if even_batches
-              else [natural_batches(r, batch_size, drop_last) for r in stretch_rows])
-    kept = rows_yielded(rows, limits[rank], batch_size, drop_last)
-    head = sum(r.rows for r in replays)
-    if kept < head:   # (a stretch of replays longer than what the rank yields: the last ones cut)
-        cut: list[Replay[Slot]] = []
-        for replay in replays:
-            take = min(replay.rows, kept - sum(r.rows for r in cut))
-            if take > 0:
-                cut.append(replay_part(replay, 0, take))
-        replays, splits = cut, []
-    return Work(tuple(replays), (), truncated(splits, kept - head), 0), rows
 
 
 class LocalPool:

@@ -110,25 +110,40 @@ def item_part(item: Replay[K] | Split, a: int, b: int) -> Replay[K] | Split:
     return replay_part(item, a, b) if isinstance(item, Replay) else split_part(item, a, b)
 
 
+def window_left(splits: Sequence[Split], cursor: Cursor, slot: K, *, block_size: int | None, lanes: int,
+                buffer_rows: int) -> tuple[Replay[K] | None, Cursor]:
+    """The rest of the shuffle window an old slot stood in at ``cursor`` in ``splits`` (read as one stream,
+    ``lanes`` interleaved), as a replay seeded by ``slot`` (None: it stood in none, or at its end), and the
+    stream cursor past that window (``cursor`` itself without one): the first step of :func:`items_left`."""
+    if not (buffer_rows and cursor.window_offset):
+        return None, cursor
+    size, end = window_end(splits, cursor, block_size, lanes, buffer_rows)
+    if size <= cursor.window_offset:
+        return None, end
+    return Replay(slot, tuple(splits), cursor, size - cursor.window_offset), end
+
+
+def ranges_left(splits: Sequence[Split], end: Cursor) -> list[Split]:
+    """The rows of ``splits`` past the stream cursor ``end`` (where no window is open): the rest of each open
+    lane, then every split not opened; the second step of :func:`items_left`."""
+    rest = [split_rest(splits[position], offset) for position, offset in end.lanes
+            if position < len(splits) and offset < splits[position].num_rows]
+    rest += [s for s in splits[end.next_split_index:] if s.num_rows]
+    return rest
+
+
 def items_left(splits: Sequence[Split], cursor: Cursor, slot: K, *, block_size: int | None, lanes: int,
               buffer_rows: int) -> list[Replay[K] | Split]:
     """What an old slot left of ``splits`` (read as one stream, ``lanes`` interleaved) from ``cursor``: the
-    rest of the shuffle window it stood in (a replay seeded by ``slot``), the rests of its open lanes, the
-    splits it had not opened.
+    rest of the shuffle window it stood in (a replay seeded by ``slot``, :func:`window_left`), the rests of its
+    open lanes, the splits it had not opened (:func:`ranges_left`).
 
     A shuffle window's extent follows from the splits' row counts, so they must be the rows the old slot
     read (a dataset refuses a slot inside a window when a filter may drop rows).
     """
-    items: list[Replay[K] | Split] = []
-    end = cursor
-    if buffer_rows and cursor.window_offset:
-        size, end = window_end(splits, cursor, block_size, lanes, buffer_rows)
-        if size > cursor.window_offset:
-            items.append(Replay(slot, tuple(splits), cursor, size - cursor.window_offset))
-    for position, offset in end.lanes:
-        if position < len(splits) and offset < splits[position].num_rows:
-            items.append(split_rest(splits[position], offset))
-    items.extend(s for s in splits[end.next_split_index:] if s.num_rows)
+    replay, end = window_left(splits, cursor, slot, block_size=block_size, lanes=lanes, buffer_rows=buffer_rows)
+    items: list[Replay[K] | Split] = [] if replay is None else [replay]
+    items.extend(ranges_left(splits, end))
     return items
 
 

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from .._core.fields import shorten
+from .._core.fields import REMEDY, shorten
 from .._state.skips import Skip, pending_of, read_skips
 from .._storage.filesystem import logger
 from ..errors import StateError, StateMismatchError
@@ -87,7 +87,7 @@ class LoadsState:
             return
         kind = state_dict.get("kind") if isinstance(state_dict, dict) else None
         if kind == self.CHECKPOINT_KIND:
-            world_size, num_workers, outers = self._read_checkpoint(copy.deepcopy(state_dict))
+            world_size, num_workers, outers = self._read_checkpoint(_copied(state_dict))
             if self._load_ledger(outers):
                 return
             if (world_size, num_workers) != (self.dataset.world_size, self.num_workers):
@@ -95,9 +95,9 @@ class LoadsState:
                 return
             outer = outers[self.dataset.rank]
         elif kind == self.LOADER_KIND:
-            outer = self._read_loader_state(copy.deepcopy(state_dict))
+            outer = self._read_loader_state(_copied(state_dict))
         elif self.TAKES_PLAIN_STATE and isinstance(state_dict, dict) and is_inner_state(state_dict):
-            self._load_own({"dataloader": copy.deepcopy(state_dict), "batches_per_transfer": 1})
+            self._load_own({"dataloader": _copied(state_dict), "batches_per_transfer": 1})
             return
         else:
             keys = shorten(sorted(map(str, state_dict))[:5]) if isinstance(state_dict, dict) else "-"
@@ -166,3 +166,14 @@ class LoadsState:
     def _load_other_topology(self, outers: list[dict[str, Any]]) -> None:
         """Load every old rank's states (in rank order) with this loader's topology."""
         raise NotImplementedError
+
+
+def _copied(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a state to check and load (its parsers migrate in place); a state nested too deep to copy is no
+    state a loader wrote: a ``StateError``, never a ``RecursionError``."""
+    try:
+        return copy.deepcopy(state_dict)
+    except RecursionError:
+        raise StateError("load_state_dict: the state is nested deeper than Python can copy, where a loader's state "
+                         "nests a few levels (a dynamic ledger's replanned one per re-plan, 64 at most); it is not "
+                         f"a state a loader wrote: {REMEDY}") from None

@@ -9,7 +9,7 @@ from typing import Any
 
 from .._core.fields import REMEDY, Fields, check_int, shorten
 from .._core.order import SlotGrid
-from .._layout.leases import start_cursor
+from .._layout.ledger import start_cursor
 from .._loader.torchdata_state import InnerState
 from .._state.identity import DataIdentity
 from .._state.loader import read_checkpoint, read_loader_state
