@@ -1,72 +1,36 @@
-"""``StructuredDataset``: a planned, resumable stream of Arrow batches for ``StatefulDataLoader``."""
+"""``StructuredDataset``: a planned, resumable stream of Arrow batches for ``StatefulDataLoader``.
+
+The front door: its arguments (checked into one value by ``arrowstream._planning.arguments``) and its public API.
+What follows from them (the plan, the epochs, how a loaded checkpoint changes them, the hooks of arrowstream's
+loader, assignment policies and tools) is ``arrowstream._loader.dataset_hooks.DatasetHooks``, its base.
+"""
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import torch
-from torch.utils.data import IterableDataset, get_worker_info
 
-from ._assignment import Assignment, check_assignment
-from ._core.order import Slot, SlotGrid
-from ._core.row_ids import check_row_id_names
-from ._core.stream import EpochStream
-from ._layout.layout import Epochs, batch_limits, check_known, slot_rows, slot_yields
-from ._layout.trims import Trim, TrimWatch
-from ._loader.plain import LoaderWatch, Streamed
-from ._planning.auto_buffer import adopted, resolve_buffer
-from ._planning.collective import collective_world_size, plan_arguments, plan_together
-from ._planning.options import (
-    Options,
-    check_bool,
-    check_even_batches,
-    check_int,
-    check_storage_arguments,
-    validate_options,
-)
-from ._planning.plan import Plan
-from ._planning.topology import resolve_topology
-from ._sources.files import FileOrigin, Origin, check_file_format
-from ._state.identity import DataIdentity, check_data_identity
-from ._state.resume import Against, checked_state, loaded_state, nothing_left, pending_for_epoch, replanned_epoch
-from ._state.worker import Leftovers, WorkerState
-from ._storage.credentials import as_provider
-from ._storage.filesystem import Storage
-from ._storage.retry import RetryPolicy, check_retry
-from ._worker.convert import check_output_columns, resolve_fill_nulls
-from ._worker.iterator import Opened, SlotIterator
-from ._worker.runtime import (
-    WorkerRuntime,
-    WorkerSide,
-    open_stream,
-    read_schema,
-    trainer_convert,
-)
-from ._worker.shm import guard_feeder, share
+from ._assignment import check_assignment
+from ._layout.layout import batch_limits, check_known, slot_rows, slot_yields
+from ._loader.dataset_hooks import DatasetHooks
+from ._planning.arguments import check_dataset_arguments
+from ._state.identity import check_data_identity
+from ._state.worker import WorkerState
+from ._storage.retry import RetryPolicy
+from ._worker.runtime import read_schema
 from .errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from ._core.cursor import Position
     from ._loader.dataset import ArrowStreamDataLoader
+    from ._worker.iterator import SlotIterator
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class Reading:
-    """What a dataset reads that loading a checkpoint may change (see :meth:`StructuredDataset.reading`)."""
-
-    origin: Origin
-    storage: Storage
-    plan: Plan
-    options: Options
-
-
-class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
+class StructuredDataset(DatasetHooks):
     """Batches of a tabular dataset, read once per epoch, resumable mid-epoch.
 
     Files are listed and their footers read once, here in the constructor; the rows are cut
@@ -191,120 +155,17 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
                  credential_provider: Callable[[], dict[str, Any]] | None = None, plan_locally: bool = False,
                  retry: RetryPolicy | None = None, plan_cache: Any = None, assignment: str = "static",
                  with_row_ids: bool = False, data_identity: str = "strict") -> None:
-        super().__init__()
-        # a Origin (arrowstream._sources.files) comes from a front door such as IcebergDataset; else files of a format
-        source: Origin | None = path if isinstance(path, Origin) else None
-        if source is None:
-            format = check_file_format(format)
-        self._options: Options = validate_options(
-            format=format if source is None else source.format, batch_size=batch_size, shuffle=shuffle, seed=seed,
-            shuffle_buffer_size=shuffle_buffer_size, interleave=interleave, columns=columns, filter=filter,
-            output_format=output_format, transform=transform, drop_last=drop_last, split_bytes=split_bytes,
-            fill_nulls=fill_nulls, parse_options=parse_options, with_row_ids=with_row_ids)
-        check_storage_arguments(storage_options, credential_provider)
-        # wrapped once: its picklability is checked here, for loaders that start workers by spawn or forkserver
-        self._credential_provider = as_provider(credential_provider)
-        self._origin: Origin = source or FileOrigin(path, format, storage_options, self._credential_provider,
-                                                    plan_cache)
-        self._retry = check_retry(retry)
-        plan_locally = check_bool("plan_locally", plan_locally)
-        self._topology = resolve_topology(rank, world_size, accelerator, group_size, plan_locally=plan_locally)
-        self._rank, self._world_size = self._topology.data_rank, self._topology.data_world_size
-        # with one reader of distinct data there is nothing to even out
-        self._even_batches = check_even_batches(even_batches, self._world_size, self._options)
-        self._read_ahead_depth = check_int("read_ahead", read_ahead, 0)
+        arguments = check_dataset_arguments(
+            path, format, storage_options=storage_options, credential_provider=credential_provider,
+            plan_cache=plan_cache, retry=retry, plan_locally=plan_locally, rank=rank, world_size=world_size,
+            accelerator=accelerator, group_size=group_size, even_batches=even_batches, read_ahead=read_ahead,
+            batch_size=batch_size, shuffle=shuffle, seed=seed, shuffle_buffer_size=shuffle_buffer_size,
+            interleave=interleave, columns=columns, filter=filter, output_format=output_format, transform=transform,
+            drop_last=drop_last, split_bytes=split_bytes, fill_nulls=fill_nulls, parse_options=parse_options,
+            with_row_ids=with_row_ids)
         # how the rank's rows reach its workers (_assignment): asked, never tested by name
-        self._policy: Assignment = check_assignment(assignment, self._options, self._topology.group_size)
-        self._assignment = self._policy.name
-        self._data_identity = check_data_identity(data_identity)   # what a checkpoint must match (_state.identity)
-        # shared, so that set_epoch reaches persistent workers
-        self._epoch_cell = share(torch.zeros(1, dtype=torch.int64), "StructuredDataset: the epoch cell")
-        self._loader_watch = LoaderWatch("StructuredDataset")   # a loader that batches again, or cannot resume
-        self._pending: WorkerState | None = None
-        self._trim_watch = TrimWatch()   # warns when even_batches trims more than a batch of a worker
-        self._active: SlotIterator[Position, WorkerState] | None = None
-        self._side = WorkerSide()  # the loader's transport settings; this process's runtime and meter
-        # what decides the plan and the batches, compared between ranks (transform by its qualified name)
-        arguments = plan_arguments(self._origin.arguments(), self._options, self._even_batches,
-                                   self._topology.world_size, self._topology.group_size)
-        storage, plan = plan_together(self._origin, self._options, self._retry, arguments,
-                                      collective=not plan_locally and collective_world_size() > 1)
-        self._options = resolve_buffer(self._options, [plan])   # shuffle_buffer_size left out: sized by the plan
-        self._use_plan(storage, plan, replanned=None)
-
-    def _use_plan(self, storage: Storage, plan: Plan, *, replanned: Leftovers | None) -> None:
-        """Read ``plan`` from now on; ``replanned``: the epoch re-planned for a loaded checkpoint of another
-        topology, which stays (``None``: none)."""
-        self._storage, self._plan = storage.reading(self._read_ahead_depth, self._options.interleave), plan
-        check_output_columns(self._options.output_format, plan.schema)
-        if self._options.with_row_ids:
-            check_row_id_names(plan.schema)
-        self._file_names: tuple[str, ...] | None = None   # dataset.files, made when first asked
-        self._fill_nulls = resolve_fill_nulls(self._options.fill_nulls, plan.schema)
-        self._data = self._origin.identity(plan)
-        self._state_options = {**self._options.state_options(), "even_batches": self._even_batches}
-        self._state_options.update(self._policy.state_options())
-        self._policy.use_plan(self)   # what the policy lays out of the plan (dynamic: its epochs), laid out again
-        self._epochs = Epochs(plan, self._options, self._even_batches, self._data, self._state_options, replanned,
-                              assign=self._policy.assign)
-        self._checked_sources: set[Leftovers] = set()  # leftovers found valid for this plan
-        self._side.forget()
-
-    def _use_options(self, options: Options | None) -> None:
-        """Read with ``options`` from now on (None: as before): the plan's epochs are laid out again."""
-        if options is not None:
-            self._options = options
-            self._use_plan(self._storage, self._plan, replanned=self._epochs.elastic)
-
-    def use_planning(self, planning: int) -> None:
-        """Cut splits for slots as planning version ``planning`` does (a loaded checkpoint's), in this epoch
-        and the later ones (see docs/state-format.md, Planning version). For arrowstream's loader."""
-        if planning != self._options.planning:
-            self._use_options(dataclasses.replace(self._options, planning=planning))
-
-    def adopt_buffer(self, saved_options: Any) -> None:
-        """Shuffle rows with the buffer of a checkpoint's options, when this dataset's size was left to the
-        default: in the checkpoint's epoch and the later ones (``_planning.auto_buffer``). For arrowstream's loader."""
-        self._use_options(adopted(self._options, saved_options))
-
-    def reading(self) -> Reading:
-        """What loading a checkpoint may change of what this dataset reads: the data it follows (an Iceberg
-        table's snapshot), its plan, the planning version and buffer; :meth:`read_as` puts it back when the
-        checkpoint is refused. For arrowstream's loader.
-
-        Example:
-            >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq, arrowstream
-            >>> folder = tempfile.mkdtemp()
-            >>> pq.write_table(pa.table({"x": list(range(10))}), f"{folder}/part.parquet")
-            >>> dataset = arrowstream.StructuredDataset(folder)
-            >>> before = dataset.reading()
-            >>> dataset.use_planning(1)
-            >>> dataset.read_as(before)
-            >>> dataset.options.planning
-            2
-        """
-        return Reading(self._origin, self._storage, self._plan, self._options)
-
-    def read_as(self, reading: Reading) -> None:
-        """Read as :meth:`reading` said, from now on (a refused checkpoint leaves the dataset as it was); the
-        epoch re-planned for a loaded checkpoint of another topology, if any, stays."""
-        if reading.origin is not self._origin or reading.plan is not self._plan or reading.options is not self._options:
-            self._origin, self._options = reading.origin, reading.options
-            self._use_plan(reading.storage, reading.plan, replanned=self._epochs.elastic)
-
-    def _against(self) -> Against:
-        """What a loaded worker state is checked against, as the plan stands now."""
-        return Against(self._epochs, self._options, self._data, self._state_options, self._data_identity,
-                       self._checked_sources)
-
-    def follow_origin(self, saved: WorkerState) -> None:
-        """Make the dataset read what a loaded state was taken on, when the source has moved on since
-        (an Iceberg table: the checkpoint's pinned snapshot); planned here, as a worker would not. For
-        arrowstream's loader and assignment policies."""
-        followed = self._origin.follow(saved.data, self._data)
-        if followed is not None:
-            self._origin = followed
-            self._use_plan(*followed.plan(self._options, self._retry), replanned=self._epochs.elastic)
+        policy = check_assignment(assignment, arguments.options, arguments.topology.group_size)
+        super().__init__(arguments, policy, check_data_identity(data_identity))   # planned there
 
     # -- the loader ---------------------------------------------------------------------------
 
@@ -339,10 +200,6 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
 
     # -- epochs -------------------------------------------------------------------------------
 
-    @property
-    def epoch(self) -> int:
-        return int(self._epoch_cell[0])
-
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch to read next; with ``shuffle=True`` each epoch has its own order.
 
@@ -353,16 +210,6 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         self._epoch_cell[0] = epoch
 
     # -- facts from the plan ------------------------------------------------------------------
-
-    @property
-    def rank(self) -> int:
-        """This rank's place among the ranks that read distinct data (its group's, with ``group_size``)."""
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        """How many ranks read distinct data (groups, with ``group_size``)."""
-        return self._world_size
 
     @property
     def num_rows(self) -> int:
@@ -449,16 +296,6 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         ``assignment="dynamic"``, the last rows of the rank's share)."""
         return self._policy.rows_trimmed(self, num_workers)
 
-    def _trim(self, num_workers: int) -> Trim | None:
-        """What ``even_batches`` trims of this rank's epoch (None: nothing is evened, or a filter decides)."""
-        if not self._even_batches or self._options.drops_rows:
-            return None
-        return self._policy.trim(self, num_workers)
-
-    def warn_trims(self, num_workers: int) -> None:
-        """Warn (once per epoch) when ``even_batches`` trims more than one batch of a worker this epoch."""
-        self._trim_watch.starting(self.epoch, self._rank, self._trim(num_workers), self._policy.replanned_from(self))
-
     def num_batches(self, num_workers: int = 0) -> int:
         """Exact batches per epoch on this rank; ``TypeError`` when a filter makes it unknowable.
         With ``even_batches`` (the default on more than one rank) every rank has the same number."""
@@ -467,53 +304,10 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
 
     # -- iteration ----------------------------------------------------------------------------
 
-    def _grid(self, num_workers: int) -> SlotGrid:
-        """This dataset's ranks with ``num_workers`` workers each."""
-        return SlotGrid(self._world_size, num_workers)
-
-    def _slot(self) -> Slot:
-        info = get_worker_info()
-        if info is None:
-            return self._grid(0).slot(self._rank, 0)
-        return self._grid(info.num_workers).slot(self._rank, info.id)
-
     def __iter__(self) -> SlotIterator[Position, WorkerState]:
-        # a DataLoader of the user's with a batch_size of its own is refused, torch's plain one warned (_loader.plain)
-        self._loader_watch.check(self, sys._getframe(1))
-        info = get_worker_info()
-        if info is not None:  # before the worker's first message: see _shm
-            guard_feeder(info.id)
-        pending, self._pending = self._pending, None
-        slot = self._slot()
-        if info is None:   # the trainer's process (a loader with workers warns in its own __iter__)
-            self.warn_trims(0)
-        self._active = self._policy.iterate(self, slot, pending)
-        return self._active
-
-    def worker_runtime(self) -> WorkerRuntime:
-        """This process's readers and converters, built once (for arrowstream's assignment policies)."""
-        return self._side.runtime(self._plan, self._storage, self._options, self._fill_nulls)
-
-    def open_epoch(self, slot: Slot, pending: WorkerState | None) -> Opened[Position, WorkerState]:
-        """The stream of ``slot`` over the splits the epoch layout gives it, from ``pending`` (a loaded worker
-        state) or the start of the dataset's epoch: how ``assignment="static"`` opens a worker's epoch."""
-        epoch = self.epoch
-        pending = pending_for_epoch(pending, slot, epoch, functools.partial(self._nothing_left, slot=slot))
-        stream, runtime = self._stream(slot, epoch, pending), self.worker_runtime()
-        files_between = self._epochs.files_between
-        return Opened(stream, runtime.converters, runtime.meter, runtime.transport,
-                      files_between=lambda start, end: files_between(slot, epoch, start.cursor, end.cursor),
-                      by_record=True)
-
-    def batches_left(self, state: WorkerState, slot: Slot) -> int | None:
-        """Batches a worker state of ``slot`` has still to hand out in its epoch, from the plan;
-        ``None`` when a filter (or ``bad_rows='skip'``) decides, which only reading tells."""
-        return self._epochs.batches_left(state, slot)
-
-    def _nothing_left(self, state: WorkerState, slot: Slot) -> bool:
-        """True when a worker state of ``slot`` has handed out every row of its epoch it ever will."""
-        return nothing_left(self.batches_left(state, slot), self._options,
-                            lambda wanted: self._stream(slot, state.epoch, state).holds(wanted))
+        # a worker's share of its rank's rows (all of them with no workers), from a loaded state when there is one;
+        # the caller's frame tells a loader that batches again (_loader.plain)
+        return self._iterate(sys._getframe(1))
 
     @property
     def assignment(self) -> str:
@@ -528,137 +322,6 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
         """
         return self._assignment
 
-    @property
-    def policy(self) -> Assignment:
-        """The assignment policy that :attr:`assignment` names (``arrowstream._assignment``): what the loader,
-        ``len`` and the state ask of how rows go to workers."""
-        return self._policy
-
-    @property
-    def options(self) -> Options:
-        """The options this dataset reads with, as resolved (a frozen value; for arrowstream's own modules)."""
-        return self._options
-
-    @property
-    def even_batches(self) -> bool:
-        """Whether every rank yields the same number of batches each epoch (``even_batches`` as resolved: off with
-        one rank).
-
-        Example:
-            >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq, arrowstream
-            >>> folder = tempfile.mkdtemp()
-            >>> pq.write_table(pa.table({"x": list(range(10))}), f"{folder}/part.parquet")
-            >>> arrowstream.StructuredDataset(folder, rank=0, world_size=1, plan_locally=True).even_batches
-            False
-        """
-        return self._even_batches
-
-    @property
-    def identity(self) -> DataIdentity:
-        """What the data is (names, sizes, modification tags, unit rows, schema), as states record it."""
-        return self._data
-
-    @property
-    def data_identity(self) -> str:
-        """What a loaded checkpoint must match of the data: ``"strict"`` or ``"layout"`` (see ``data_identity``)."""
-        return self._data_identity
-
-    @property
-    def state_options(self) -> dict[str, Any]:
-        """The options a worker state carries and a loaded one is compared on (for arrowstream's own modules;
-        not to be changed)."""
-        return self._state_options
-
-    @property
-    def origin(self) -> Origin:
-        """What rows exist: the files or the table this dataset reads (for arrowstream's own modules)."""
-        return self._origin
-
-    def baseline_batches(self, batch_size: int) -> Iterator[pa.RecordBatch]:
-        """The rows through the source's own readers (pyarrow's, pyiceberg's), for ``arrowstream bench``."""
-        return self._origin.baseline_batches(self._plan, self._storage, batch_size)
-
-    @property
-    def epochs(self) -> Epochs:
-        """The plan's epochs (layouts, an epoch re-planned from a loaded checkpoint): for arrowstream's loader."""
-        return self._epochs
-
-    def use_replanned(self, source: Leftovers | None) -> None:
-        """Count this epoch as the one a loaded checkpoint was re-planned into for this topology (``len``, trimmed
-        rows); ``None``: as planned. For arrowstream's loader, which has checked ``source`` against the plan.
-
-        Example:
-            >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq, arrowstream
-            >>> folder = tempfile.mkdtemp()
-            >>> pq.write_table(pa.table({"x": list(range(10))}), f"{folder}/part.parquet")
-            >>> dataset = arrowstream.StructuredDataset(folder, batch_size=4)
-            >>> dataset.use_replanned(None)
-            >>> dataset.epochs.elastic is None
-            True
-        """
-        self._epochs.elastic = source
-
-    @property
-    def plan(self) -> Plan:
-        """The plan: the files' footers and the splits cut from them (a value; for arrowstream's tools).
-
-        Example:
-            >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq, arrowstream
-            >>> folder = tempfile.mkdtemp()
-            >>> pq.write_table(pa.table({"x": list(range(10))}), f"{folder}/part.parquet")
-            >>> arrowstream.StructuredDataset(folder, batch_size=4).plan.num_rows
-            10
-        """
-        return self._plan
-
-    @property
-    def credential_provider(self) -> Callable[[], dict[str, Any]] | None:
-        """The ``credential_provider`` this dataset was built with, wrapped once (its picklability checked), or
-        ``None``: the loader checks it against its ``multiprocessing_context``.
-
-        Example:
-            >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq, arrowstream
-            >>> folder = tempfile.mkdtemp()
-            >>> pq.write_table(pa.table({"x": list(range(10))}), f"{folder}/part.parquet")
-            >>> arrowstream.StructuredDataset(folder).credential_provider is None
-            True
-        """
-        return self._credential_provider
-
-    @property
-    def worker_side(self) -> WorkerSide:
-        """The dataset's handle on the processes that read it: the loader hands it its transport before any worker
-        starts, and reads the trainer's meter from it (for arrowstream's loader).
-
-        Example:
-            >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq, arrowstream
-            >>> folder = tempfile.mkdtemp()
-            >>> pq.write_table(pa.table({"x": list(range(10))}), f"{folder}/part.parquet")
-            >>> arrowstream.StructuredDataset(folder).worker_side.transport.batches_per_transfer
-            1
-        """
-        return self._side
-
-    def trainer_converter(self) -> Callable[[pa.RecordBatch], Any]:
-        """How a record batch of this dataset becomes an output batch in the trainer's process (where
-        ``assignment="dynamic"`` stitches the workers' last rows into whole batches), for arrowstream's loader.
-
-        Example:
-            >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq, arrowstream
-            >>> folder = tempfile.mkdtemp()
-            >>> pq.write_table(pa.table({"x": list(range(10))}), f"{folder}/part.parquet")
-            >>> convert = arrowstream.StructuredDataset(folder, output_format="dict").trainer_converter()
-            >>> convert(pa.record_batch({"x": [1, 2]}))
-            {'x': [1, 2]}
-        """
-        return trainer_convert(self._plan, self._options, self._fill_nulls)
-
-    def _stream(self, slot: Slot, epoch: int, start: WorkerState | None) -> EpochStream:
-        runtime = self.worker_runtime()
-        start = start or self._epochs.start(slot, epoch)
-        return open_stream(runtime, self._epochs.layouts.layout(epoch, slot.grid, start.elastic), slot, start,
-                           self._options, self._data, self._state_options)
-
     # -- state --------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
@@ -667,61 +330,19 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
             return self._active.state().to_dict()
         if self._pending is not None:
             return self._pending.to_dict()
-        return self._epochs.start(self._slot(), self.epoch).to_dict()
+        return self.epochs.start(self._slot(), self.epoch).to_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from a worker state: the next iteration continues right after it.
 
         The state is checked against the plan here too, for a plain ``StatefulDataLoader``
-        (``ArrowStreamDataLoader.load_state_dict`` has checked it already, in the main process).
+        (``ArrowStreamDataLoader.load_state_dict`` has checked it already, in the main process); a refused
+        state leaves the dataset reading what it read.
         """
-        saved = WorkerState.from_dict(state_dict)
-        before = self.reading()
-        try:
-            self.use_planning(saved.options["planning"])
-            self.adopt_buffer(saved.options)   # shuffle_buffer_size left out: the checkpoint's
-            self.follow_origin(saved)
-            self._pending = loaded_state(self._against(), saved, self._slot())
-        except BaseException:   # a refused state leaves the dataset reading what it read
-            self.read_as(before)
-            raise
-        self._active = None
-
-    def check_state(self, state_dict: dict[str, Any], elastic: bool = False, *, slot: Slot | None = None,
-                    where: str = "worker state", done: str | None = None, followed: bool = False) -> WorkerState:
-        """Parse and check a worker state against this dataset without loading it; ``elastic``:
-        for another topology, where ``even_batches`` may differ (it is on with several ranks only).
-
-        With ``slot`` (the (rank, worker) the state must come from), its cursor and counters are also
-        checked against the plan: a position the worker's stream reaches (see ``arrowstream._state.position``).
-        ``where`` names the state in errors; ``done`` says why the checkpoint counts the worker as done
-        with its epoch, which it then must be. ``followed``: the dataset plans as the checkpoint the state is part
-        of did (arrowstream's loader has made it), so a state of another planning version is refused as one
-        that disagrees with the checkpoint's others.
-        """
-        saved = WorkerState.from_dict(state_dict, where)
-        self.follow_origin(saved)
-        return checked_state(self._against(), saved, elastic, slot, where, done, followed)
-
-    def begin_elastic_epoch(self, epoch: int, world_size: int, num_workers: int,
-                            saved: list[tuple[WorkerState, bool]]) -> None:
-        """Re-plan the rest of ``epoch`` from the states of every old (rank, worker) slot, in slot
-        order (each with whether its loader had finished the epoch), for this topology."""
-        self._epochs.elastic = replanned_epoch(self._epochs, self._options, epoch, world_size, num_workers, saved)
-        self._pending, self._active = None, None
-
-    def load_ledger(self, outers: list[dict[str, Any]]) -> int:
-        """Resume from the ledgers of loader states (one rank's, or every rank's of a merged checkpoint), as the
-        assignment policy keeps them (``assignment="dynamic"``); the saved epoch. For arrowstream's loader."""
-        epoch = self._policy.load_ledger(self, outers)
-        self._active = None
-        return epoch
+        self._load_worker_state(WorkerState.from_dict(state_dict))
 
     def _sizes(self) -> str:
         return f"dataset.num_batches(num_workers); rows: dataset.num_rows ({self._plan.num_rows:,}, before any filter)"
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_pending": None, "_active": None, "_origin": self._origin.for_workers()}
 
     def __repr__(self) -> str:
         return (f"StructuredDataset(format={self._options.format!r}, files={len(self._plan.files)}, "
