@@ -494,7 +494,7 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
         """Read as the checkpoint of worker state ``state`` was taken: its shuffle buffer (when this mixture's was
         left to the default), its order inside batches and its pass layout, in its epoch and later ones; and the
         data it was taken on where a source has moved on since (an Iceberg table: the checkpoint's snapshot). For
-        arrowstream's loader, before it checks the checkpoint's states.
+        arrowstream's loader and :meth:`load_state_dict`, before they check the checkpoint's states.
 
         Example:
             >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
