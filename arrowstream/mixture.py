@@ -244,14 +244,19 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
 
     def _follow_sources(self, saved: Mapping[str, Any]) -> None:
         """Read what a checkpoint was taken on where a source has moved on since (an Iceberg table not pinned
-        here: the checkpoint's snapshot), planned again here; a source that cannot follow stays, and the
-        checkpoint's data check refuses it."""
+        here: the checkpoint's snapshot), planned again here, as a mixture built on that data would: its quotas
+        (those in effect from the last change of the mixture on, in the history too) counted on its rows. A source
+        that cannot follow stays, and the checkpoint's data check refuses it. (:meth:`follow` then takes the
+        checkpoint's history; a plain ``StatefulDataLoader``'s :meth:`load_state_dict` checks the state against
+        this one.)"""
         followed = [followed_source(planned, saved.get(planned.name), self._retry, self._read_ahead_depth)
                     for planned in self._sources]
         if any(f is not None for f in followed):
             self._sources = [f or planned for f, planned in zip(followed, self._sources, strict=True)]
             self._schema = unify(self._source_schemas(), self._source_column)
             self._quotas = quotas({s.name: s.plan.num_rows for s in self._sources}, self._weights, self._epoch_rows)
+            *earlier, (since, _) = self._history
+            self._history = [*earlier, (since, dict(self._quotas))]
             self._epochs = self._layout()
 
     @classmethod
@@ -489,7 +494,7 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
         """Read as the checkpoint of worker state ``state`` was taken: its shuffle buffer (when this mixture's was
         left to the default), its order inside batches and its pass layout, in its epoch and later ones; and the
         data it was taken on where a source has moved on since (an Iceberg table: the checkpoint's snapshot). For
-        arrowstream's loader, before it checks the checkpoint's states.
+        arrowstream's loader and :meth:`load_state_dict`, before they check the checkpoint's states.
 
         Example:
             >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
@@ -676,14 +681,19 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
         return self.start_state(self._slot()).to_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Resume from a worker state (checked here too, for a plain ``StatefulDataLoader``)."""
+        """Resume from a worker state (checked here too, for a plain ``StatefulDataLoader``).
+
+        As arrowstream's loader does, the mixture first reads as the checkpoint was taken (:meth:`adopt_checkpoint`:
+        an Iceberg source whose table moved on since goes back to the checkpoint's snapshot), then checks the state;
+        a refused state leaves the mixture as it was (:meth:`reading`, :meth:`read_as`).
+        """
         from ._state.mixture_resume import check_with_mixture, check_worker_state
 
         state = MixWorkerState.from_dict(state_dict)
         slot = dataclasses.replace(self._slot(), epoch=state.epoch)   # checked in its own epoch
         before = self.reading()
         try:
-            self._adopt_saved(state.options)
+            self.adopt_checkpoint(state)   # its buffer, batch order, pass layout and data (an Iceberg snapshot)
             self.adopt_replanned([state])
             self._pending = check_worker_state(self, state, slot)
             check_with_mixture(self, state)
