@@ -49,7 +49,6 @@ from ._worker.runtime import (
     trainer_convert,
 )
 from ._worker.shm import guard_feeder, share
-from ._worker.watchdog import end_with_loader
 from .errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -480,10 +479,8 @@ class StructuredDataset(Streamed, IterableDataset):  # type: ignore[type-arg]
 
     def __iter__(self) -> SlotIterator[Position, WorkerState]:
         # a DataLoader of the user's with a batch_size of its own is refused, torch's plain one warned (_loader.plain)
-        info = get_worker_info()
-        if info is not None:   # a worker ends with its loader, a refused one too (_worker.watchdog)
-            end_with_loader()
         self._loader_watch.check(self, sys._getframe(1))
+        info = get_worker_info()
         if info is not None:  # before the worker's first message: see _shm
             guard_feeder(info.id)
         pending, self._pending = self._pending, None

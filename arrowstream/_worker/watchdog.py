@@ -14,14 +14,6 @@ dataset for the worker (through a pidfd on Linux, which a recycled pid cannot fo
 workers are gone, the fork server and the resource tracker see their pipes close and exit,
 unlinking the trainer's semaphores from ``/dev/shm``.
 
-A worker also ends with its loader iterator. torch's iterator ends its workers by setting their done event
-and putting a final ``None`` in each one's index queue, then waits up to 5 seconds for each. When the
-iterator is collected as cyclic garbage (a raised error's traceback holds it, or a loader in a reference
-cycle is dropped), the queues' own finalizers close their feeder threads first, the ``None`` never leaves
-the trainer, and each worker sits out its 5 seconds in its queue wait before torch kills it: 10 s for two
-workers, in the trainer's ``__del__``. :func:`end_with_loader` has each worker watch the done event itself
-and hand itself torch's final signal, so it takes torch's own way out at once.
-
 The other way round, a worker that dies (SIGKILL, the out-of-memory killer) surfaces in the
 trainer as whatever broke first: torch's RuntimeError naming a pid, a reset connection, a
 truncated message, or torch's SIGCHLD handler raising its RuntimeError wherever the trainer's
@@ -41,7 +33,6 @@ import pickle
 import select
 import signal
 import struct
-import sys
 import threading
 import time
 import weakref
@@ -87,49 +78,6 @@ def watch_trainer(trainer_pid: int | None = None, interval: float = 0.5) -> None
                 os._exit(1)
 
     threading.Thread(target=watch, name="arrowstream-trainer-watchdog", daemon=True).start()
-
-
-_ends_with_loader_in: int | None = None
-
-
-def end_with_loader() -> None:
-    """In a DataLoader worker (torch's or torchdata's loop): start (once per process) a daemon thread that, once
-    the trainer sets the workers' done event, puts torch's final signal (``None``) into this worker's own index
-    queue, so its loop ends within moments even when the trainer's never arrives (see the module docstring).
-    Does nothing where no such loop is found up the stack (another loader, another torch)."""
-    global _ends_with_loader_in
-    if _ends_with_loader_in == os.getpid():
-        return
-    _ends_with_loader_in = os.getpid()
-    loop = _worker_loop_locals()
-    if loop is None:
-        return
-    done_event, index_queue = loop
-
-    def watch() -> None:
-        done_event.wait()
-        index_queue.cancel_join_thread()   # the worker's exit does not wait for this put
-        index_queue.put(None)
-
-    threading.Thread(target=watch, name="arrowstream-loader-end-watch", daemon=True).start()
-
-
-def _worker_loop_locals() -> tuple[Any, Any] | None:
-    """The done event and index queue of the DataLoader worker loop this thread runs in, if any: found by the
-    loop's code object (torch's and torchdata's), never by name."""
-    from torch.utils.data._utils import worker as torch_worker
-    from torchdata.stateful_dataloader import worker as torchdata_worker
-
-    loops = {torch_worker._worker_loop.__code__, torchdata_worker._worker_loop.__code__}
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_code not in loops:
-        frame = frame.f_back
-    if frame is None:
-        return None
-    done_event, index_queue = frame.f_locals.get("done_event"), frame.f_locals.get("index_queue")
-    if not (hasattr(done_event, "wait") and hasattr(index_queue, "put") and hasattr(index_queue, "cancel_join_thread")):
-        return None
-    return done_event, index_queue
 
 
 def _open_pidfd(pid: int | None) -> int | None:
