@@ -9,7 +9,8 @@ Files of remote storage are opened as :class:`PartsFile`,
 which serves a read from fetched bytes when they cover it, waits for a fetch in flight that will,
 and otherwise asks the store for exactly the bytes read (one ranged request, no read-ahead
 block). Memory is bounded: at most ``depth`` splits are fetched ahead, and a split's bytes are
-dropped once the split has been read.
+dropped once the split has been read. Threads too: the fetching threads end when no split is held
+(a slot's reading of the epoch is over, or was dropped), and start again with the next fetch.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import io
 import logging
 import threading
 from collections.abc import Sequence
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -64,8 +66,10 @@ class Prefetcher:
     def __init__(self, fs: Any, depth: int) -> None:
         self._fs = fs
         self.depth = depth
-        # one thread per split that may be in flight: the splits ahead are fetched at the same time
-        self._pool = ThreadPoolExecutor(max_workers=max(depth, 1), thread_name_prefix="arrowstream-read-ahead")
+        # one thread per split that may be in flight: the splits ahead are fetched at the same time; made with
+        # the first fetch, ended once no split is held (see _idle)
+        self._pool: ThreadPoolExecutor | None = None
+        self._running: set[Future[list[bytes]]] = set()   # fetches not done, of this pool or an ended one
         self._fetches: dict[Any, _Fetch] = {}
         self._lock = threading.Lock()
         self.requests = 0          # ranged requests made by fetches (for tests and metrics)
@@ -76,8 +80,10 @@ class Prefetcher:
         with self._lock:
             fetches, self._fetches = list(self._fetches.values()), {}
             self._fs = fs
+            pool = self._idle()
         for fetch in fetches:
             fetch.future.cancel()
+        _end(pool)
 
     def schedule(self, key: Any, pin: Pin, ranges: Sequence[tuple[int, int]]) -> None:
         """Fetch ``ranges`` of the file in the background, unless ``key`` is fetched or the depth is full."""
@@ -86,7 +92,12 @@ class Prefetcher:
                 return
             merged = coalesce(ranges)
             self.requests += len(merged)
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=max(self.depth, 1),
+                                                thread_name_prefix="arrowstream-read-ahead")
             future = self._pool.submit(read_ranges, self._fs, pin, merged)
+            self._running.add(future)
+            future.add_done_callback(self._running.discard)
             self._fetches[key] = _Fetch(pin, merged, future)
 
     def read(self, path: str, start: int, end: int) -> bytes | None:
@@ -110,19 +121,40 @@ class Prefetcher:
         """Drop the bytes of a split that has been read (or will not be)."""
         with self._lock:
             fetch = self._fetches.pop(key, None)
+            pool = self._idle()
         if fetch is not None:
             fetch.future.cancel()
+        _end(pool)
 
     def scheduled(self, key: Any) -> bool:
         with self._lock:
             return key in self._fetches
 
-    def close(self) -> None:
+    def close(self, wait: bool = False) -> None:
+        """Drop every fetch and end the threads; ``wait``: until the fetches already under way are over too.
+        A later fetch starts new threads."""
         with self._lock:
             fetches, self._fetches = list(self._fetches.values()), {}
+            pool = self._idle()
         for fetch in fetches:
             fetch.future.cancel()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        _end(pool)
+        if wait:
+            futures.wait(list(self._running))
+
+    def _idle(self) -> ThreadPoolExecutor | None:
+        """With the lock held: the pool to end when no split is held any more (taken from this prefetcher)."""
+        if self._fetches or self._pool is None:
+            return None
+        pool, self._pool = self._pool, None
+        return pool
+
+
+def _end(pool: ThreadPoolExecutor | None) -> None:
+    """End an idle pool's threads: at once when idle, after the fetch they are in otherwise (cancelled:
+    its bytes are dropped)."""
+    if pool is not None:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 class PartsFile(io.RawIOBase):
