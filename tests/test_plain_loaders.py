@@ -56,11 +56,18 @@ def front_door(request, tmp_path):
 
 
 def _first_batch(loader):
-    iterator = iter(loader)
     try:
+        iterator = iter(loader)
         return next(iterator)
+    except Exception as error:
+        # the traceback's frames hold torch's iterator (also one that raised while it started its workers):
+        # freed later by the cyclic collector, its queues' feeder threads close before its __del__ asks the
+        # workers to end, and torch then waits 5 s for each (torch's own shutdown, reproduced without
+        # arrowstream). Dropped here, the iterator is freed at once, while its queues are open: milliseconds.
+        error.__traceback__ = None
+        raise error from None
     finally:
-        del iterator
+        iterator = None
         gc.collect()   # a loader's workers end now, not when the test's frames go
 
 
