@@ -180,6 +180,8 @@ def test_weights_change_at_an_epoch_boundary_and_every_source_keeps_its_place(th
     changed.load_state_dict(state)
     assert remixed.quotas() == {"big": 40, "small": 80, "mid": 80}
     then = _positions(changed, remixed, [1, 2])
+    # two epochs of the new quotas were read (an empty epoch after the load would pass the checks below)
+    assert {name: len(then.get(name, [])) for name in ("big", "small", "mid")} == {"big": 80, "small": 160, "mid": 160}
     for name, rows in {"big": 1000, "small": 10, "mid": 300}.items():
         sequence = first[name] + then[name]
         passes, extra = divmod(len(sequence), rows)   # no row skipped, none twice before all once
