@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from ._assignment import check_assignment
-from ._layout.layout import batch_limits, check_known, slot_rows, slot_yields
+from ._layout.layout import batch_limits, check_known, slot_yields
 from ._loader.dataset_hooks import DatasetHooks
 from ._planning.arguments import check_dataset_arguments
 from ._state.identity import check_data_identity
@@ -271,8 +271,9 @@ class StructuredDataset(DatasetHooks):
         return len(self._plan.splits_for(self._grid(num_workers).num_slots, self._options.planning))
 
     def slot_rows(self, num_workers: int = 0) -> list[int]:
-        """Rows (before the filter) each slot reads per epoch, for every (rank, worker) slot."""
-        return slot_rows(self._plan, self._grid(num_workers), self._options.planning)
+        """Rows (before the filter) each slot reads in this epoch as planned for its topology, for every (rank,
+        worker) slot: the epoch layout's own shares, given out by the assignment policy's ``assign``."""
+        return [share.num_rows for share in self.epochs.layouts.layout(self.epoch, self._grid(num_workers)).shares]
 
     def batch_limits(self, num_workers: int = 0) -> list[int] | None:
         """Batches each slot may yield per epoch under ``even_batches`` (every slot of every rank);

@@ -36,6 +36,7 @@ from ._sources.mixture import IcebergSource, Planned, Source, check_weights, fol
 from ._state.mixture import EVEN, MixPosition, MixWorkerState, SourceCursor, SourceEpoch
 from ._storage.retry import RetryPolicy, check_retry
 from ._worker.convert import check_output_columns, resolve_fill_nulls
+from ._worker.followed import FollowedCell
 from ._worker.iterator import Opened, SlotIterator
 from ._worker.metrics import Meter
 from ._worker.mixture import (
@@ -185,6 +186,9 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
                                         f"{self._quotas[s.name]} per epoch; leave it out until it has rows")
         # the quotas in effect from each epoch on: a checkpoint loaded at an epoch boundary may change them
         self._history: list[tuple[int, dict[str, int]]] = [(0, dict(self._quotas))]
+        # the history a checkpoint loaded in any process of this mixture made it follow: for the workers a plain
+        # StatefulDataLoader starts afresh, copies of this mixture that torchdata never hands the state
+        self._followed = FollowedCell("Mixture")
         # how passes are laid out over the slots (_mixing.quotas.PASS_LAYOUTS): a run resumed from a state of version 3
         # or older keeps that state's tracks on its topology (adopt_checkpoint)
         self._pass_layout = SPANS
@@ -241,6 +245,19 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
         return MixEpochs([SourcePlan(s.name, s.plan.splits, s.plan.num_rows) for s in self._sources], shuffle=o.shuffle,
                          seed=o.seed, batch_size=o.batch_size, interleave=o.interleave, buffer_rows=o.shuffle_buffer_size,
                          pass_layout=self._pass_layout)
+
+    def _stood(self) -> list[tuple[int, dict[str, int]]]:
+        """The history of quotas this mixture stands on: its own, or the one another process of it followed since
+        (a checkpoint loaded in a worker of a plain ``StatefulDataLoader``: arrowstream._worker.followed)."""
+        news = self._followed.news({s.name: s.data for s in self._sources})
+        if news is not None:
+            self._history = news
+        return self._history
+
+    def _use_history(self, history: list[tuple[int, dict[str, int]]]) -> None:
+        """Stand on ``history`` from now on, in this process and every copy of this mixture that looks later."""
+        self._history = history
+        self._followed.publish(history, {s.name: s.data for s in self._sources})
 
     def _follow_sources(self, saved: Mapping[str, Any]) -> None:
         """Read what a checkpoint was taken on where a source has moved on since (an Iceberg table not pinned
@@ -331,12 +348,12 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
         """Rows each source gives in ``epoch`` (``None``: the epochs from the last change of the mixture on)."""
         if epoch is None:
             return dict(self._quotas)
-        return dict(quotas_at(self._history, epoch))
+        return dict(quotas_at(self._stood(), epoch))
 
     @property
     def history(self) -> list[tuple[int, dict[str, int]]]:
         """The quotas in effect from each epoch on, as checkpoints loaded at epoch boundaries changed them."""
-        return [(epoch, dict(q)) for epoch, q in self._history]
+        return [(epoch, dict(q)) for epoch, q in self._stood()]
 
     def source_rows(self) -> dict[str, int]:
         """Rows of one pass of each source."""
@@ -344,7 +361,7 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
 
     def epoch_starts(self, epoch: int) -> dict[str, int]:
         """Each source's position (rows of its passes taken before) when ``epoch`` starts."""
-        taken = positions(self._history, epoch)
+        taken = positions(self._stood(), epoch)
         return {name: taken.get(name, 0) for name in self._quotas}
 
     def passes(self, epoch: int) -> dict[str, tuple[int, int]]:
@@ -354,12 +371,12 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
 
     def slot_quotas(self, num_workers: int = 0, epoch: int | None = None) -> list[dict[str, int]]:
         """Per (rank, worker) slot of every rank: rows of each source it takes in ``epoch`` (this one)."""
-        return self._epochs.slot_rows(self._history, self.epoch if epoch is None else epoch, self._world_size,
+        return self._epochs.slot_rows(self._stood(), self.epoch if epoch is None else epoch, self._world_size,
                                       num_workers)
 
     def batch_limits(self, num_workers: int = 0, epoch: int | None = None) -> list[int]:
         """Batches each slot yields in ``epoch`` (``even_batches`` and ``drop_last`` applied)."""
-        return self.limits_of(self._history, self.epoch if epoch is None else epoch, self._world_size, num_workers,
+        return self.limits_of(self._stood(), self.epoch if epoch is None else epoch, self._world_size, num_workers,
                               self._even_batches)
 
     def limits_of(self, history: list[tuple[int, dict[str, int]]], epoch: int, world_size: int, num_workers: int,
@@ -403,7 +420,7 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
         per_rank = max(num_workers, 1)
         mine = slice(self._rank * per_rank, (self._rank + 1) * per_rank)
         o = self._options
-        rows = self.slot_totals(self._history, self.epoch, self._world_size, num_workers)
+        rows = self.slot_totals(self._stood(), self.epoch, self._world_size, num_workers)
         limits = even_batch_limits(rows, self._world_size, o.batch_size, o.drop_last)
         yields = slot_yields(rows[mine], limits[mine], o.batch_size, o.drop_last)
         elastic = self._epochs.replanned(MixSlot(self.epoch, self._rank, self._world_size, 0, num_workers))
@@ -422,7 +439,7 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
     def start_state(self, slot: MixSlot) -> MixWorkerState:
         """The state of ``slot`` before the first batch of its epoch (done with it, its counters at its end, in
         an epoch a checkpoint loaded with another topology finished)."""
-        starts, quotas = self.epoch_starts(slot.epoch), quotas_at(self._history, slot.epoch)
+        starts, quotas = self.epoch_starts(slot.epoch), quotas_at(self._stood(), slot.epoch)
         elastic = self._epochs.replanned(slot)
         state = MixWorkerState(slot.epoch, slot.rank, slot.world_size, slot.worker_id, slot.num_workers, 0, 0, 0,
                                False, self.state_options(), self.history,
@@ -476,14 +493,14 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
             >>> mixture.pass_layout, mixture.epoch
             ('spans', 0)
         """
-        return MixtureReading(tuple(self._sources), self._schema, dict(self._quotas), tuple(self._history), self.epoch,
+        return MixtureReading(tuple(self._sources), self._schema, dict(self._quotas), tuple(self._stood()), self.epoch,
                               self._finished_epoch, self._options, self._epochs, self._epochs.elastic,
                               self._batch_order, self._pass_layout)
 
     def read_as(self, reading: MixtureReading) -> None:
         """Read as :meth:`reading` said, from now on (a refused checkpoint leaves the mixture as it was)."""
         self._sources, self._schema, self._quotas = list(reading.sources), reading.schema, dict(reading.quotas)
-        self._history = list(reading.history)
+        self._use_history(list(reading.history))
         self._epoch_cell[0] = reading.epoch
         self._finished_epoch = reading.finished_epoch
         self._options, self._epochs, self._batch_order = reading.options, reading.epochs, reading.batch_order
@@ -526,7 +543,7 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
 
         first = saved_epoch(saved)
         self._follow_sources(first.data)   # an Iceberg table moved on since: its checkpoint's snapshot
-        self._history = followed_history(self, saved, first)
+        self._use_history(followed_history(self, saved, first))
         self._epoch_cell[0] = first.epoch
         return first.epoch
 
@@ -657,7 +674,7 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
         meter = self._side.meter()
         schemas = self._source_schemas()
         reading = MixReading(
-            options, tuple(self._sources), self.file_bases(), self._epochs.parts(self._history, slot),
+            options, tuple(self._sources), self.file_bases(), self._epochs.parts(self._stood(), slot),
             casts={s.name: caster(schemas[s.name], self._schema, s.name, self._source_column) for s in self._sources},
             fill_nulls=self._fill_nulls,
             limit=self.batch_limits(slot.num_workers, slot.epoch)[slot.index] if self._even_batches else None,
@@ -687,7 +704,7 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
         an Iceberg source whose table moved on since goes back to the checkpoint's snapshot), then checks the state;
         a refused state leaves the mixture as it was (:meth:`reading`, :meth:`read_as`).
         """
-        from ._state.mixture_resume import check_with_mixture, check_worker_state
+        from ._state.mixture_resume import check_worker_state, followed_history, saved_epoch
 
         state = MixWorkerState.from_dict(state_dict)
         slot = dataclasses.replace(self._slot(), epoch=state.epoch)   # checked in its own epoch
@@ -696,7 +713,10 @@ class Mixture(Streamed, IterableDataset):  # type: ignore[type-arg]
             self.adopt_checkpoint(state)   # its buffer, batch order, pass layout and data (an Iceberg snapshot)
             self.adopt_replanned([state])
             self._pending = check_worker_state(self, state, slot)
-            check_with_mixture(self, state)
+            # its history, as arrowstream's loader follows it (not its epoch: torchdata loads the state when the
+            # loader's iterator is made, after set_epoch): at an epoch boundary a changed mixture goes on from every
+            # kept source's position; inside an epoch only the same mixture is taken
+            self._use_history(followed_history(self, [state], saved_epoch([state])))
         except BaseException:   # a refused state leaves the mixture reading what it read
             self.read_as(before)
             raise

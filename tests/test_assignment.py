@@ -167,3 +167,50 @@ def test_the_layouts_and_inspect_ask_the_policy_which_slot_reads_what(tmp_path, 
     assert asked and set(asked) == {2} and len(rows) == dataset.slot_rows(0)[0]
     report = describe(dataset, 2)
     assert asked[-1] == 4 and sum(slot["splits"] for slot in report["slots"]) == dataset.num_splits(2)
+
+
+@pytest.mark.filterwarnings("ignore::arrowstream.TrimWarning")   # unequal splits: even_batches trims a lot
+def test_slot_rows_and_batch_limits_are_the_rows_each_slot_reads_under_the_policys_assign(tmp_path, monkeypatch):
+    """``dataset.slot_rows``, ``batch_limits`` and ``slot_yields`` come from the epoch layout, given out by the
+    policy's ``assign`` (one source of truth): under round robin, whose slots' rows change with the epoch's order,
+    they are the rows and batches each (rank) slot reads and yields, epoch by epoch."""
+
+    class RoundRobin(StaticAssignment):
+        name = "round_robin"
+
+        def assign(self, weights: Any, num_slots: int) -> list[list[int]]:
+            return [list(range(slot, len(weights), num_slots)) for slot in range(num_slots)]
+
+    monkeypatch.setitem(ASSIGNMENTS, "round_robin", RoundRobin())
+    sizes, start = [5, 40, 7, 33, 12, 25, 9], 0
+    for index, size in enumerate(sizes):   # one row group each: seven splits of unequal rows
+        pq.write_table(pa.table({"id": list(range(start, start + size))}), tmp_path / f"part-{index}.parquet")
+        start += size
+    world_size, batch_size = 3, 4
+
+    def dataset_of(rank: int) -> StructuredDataset:
+        return StructuredDataset(str(tmp_path), batch_size=batch_size, assignment="round_robin", shuffle=True, seed=1,
+                                 rank=rank, world_size=world_size, plan_locally=True, plan_cache=False)
+
+    seen_orders = set()
+    for epoch in range(3):
+        read, yielded = [], []
+        for rank in range(world_size):
+            dataset = dataset_of(rank)
+            dataset.set_epoch(epoch)
+            batches = [len(batch["id"]) for batch in dataset]
+            whole = StructuredDataset(   # even_batches off: every row of the slot
+                                      str(tmp_path), batch_size=batch_size, assignment="round_robin", shuffle=True,
+                                      seed=1, rank=rank, world_size=world_size, plan_locally=True, plan_cache=False,
+                                      even_batches=False)
+            whole.set_epoch(epoch)
+            read.append(sum(len(batch["id"]) for batch in whole))
+            yielded.append((len(batches), sum(batches)))
+        assert dataset.slot_rows(0) == read, f"epoch {epoch}"
+        limits = dataset.batch_limits(0)
+        assert limits is not None and [count for count, _ in yielded] == limits
+        assert [(rows, count, kept) for rows, count, kept in dataset.slot_yields(0)] == \
+               [(rows, count, kept) for rows, (count, kept) in zip(read, yielded, strict=True)]
+        seen_orders.add(tuple(read))
+    assert sum(read) == sum(sizes)
+    assert len(seen_orders) > 1   # round robin's rows per slot follow the epoch's order (LPT's never do)

@@ -155,3 +155,36 @@ def test_a_refused_plain_load_leaves_the_mixture_on_its_own_snapshot(table_and_f
             mixture.epochs, mixture.schema) == before
     mixture.set_epoch(0)
     assert sorted(i for ids in _ids(loader) for i in ids) == [*FILES, *TABLE, *APPENDED]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("front", ["IcebergDataset", "Mixture"])
+def test_a_spawned_worker_that_cannot_follow_the_snapshot_says_so_and_what_to_do(table_and_files, front):  # noqa: F811
+    """A plain StatefulDataLoader with spawned workers hands the state to copies that hold no catalog connection:
+    they cannot go back to the checkpoint's snapshot, and the error names the class the user built, the snapshots
+    and the ways out (arrowstream's loader, fork, a pinned snapshot_id)."""
+    table, sources = table_and_files
+
+    def plain():
+        if front == "Mixture":
+            dataset = Mixture(sources=sources, **OPTIONS)
+        else:
+            dataset = IcebergDataset(table=sources["table"].table, catalog_config=sources["table"].catalog_config,
+                                     **OPTIONS)
+        return StatefulDataLoader(dataset, batch_size=None, num_workers=1, multiprocessing_context="spawn")
+
+    loader = plain()
+    it = iter(loader)
+    for _ in range(2):
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    pinned = worker_states(state)[0]
+    pinned = (pinned["sources"]["table"]["data"] if front == "Mixture" else pinned["data"])["snapshot_id"]
+    table.append(_rows(APPENDED))
+    loader = plain()
+    loader.load_state_dict(state)
+    with pytest.raises(errors.StateMismatchError,
+                       match=rf"snapshot {pinned} .*this {front} is a copy in a worker process started by spawn.*"
+                             rf"{front}\.create_dataloader.*multiprocessing_context='fork'.*snapshot_id={pinned}"):
+        next(iter(loader))

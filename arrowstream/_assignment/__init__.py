@@ -64,8 +64,8 @@ class Assignment(Protocol):
     def assign(self, weights: Sequence[int], num_slots: int) -> list[list[int]]:
         """Which items (splits, or a re-planned epoch's rest) each (rank, worker) slot reads, by their ``weights``
         (rows), in their given order: how the dataset lays out an epoch, re-plans one for another topology, and
-        how ``arrowstream inspect`` reports it. Each slot's rows must not depend on the items' order (as longest
-        processing time's do not): ``dataset.slot_rows`` and the batch limits count them once for every epoch."""
+        how ``arrowstream inspect`` reports it. ``dataset.slot_rows`` and the batch limits are the epoch layout's
+        own shares, so a slot's rows may depend on the items' order (the epoch's), as round robin's do."""
 
     # -- facts of an epoch -----------------------------------------------------------------------
 

@@ -29,7 +29,6 @@ from .._core.order import (
     even_batch_limits,
     natural_batches,
     rows_yielded,
-    slot_row_counts,
 )
 from .._core.plan_types import split_rows
 from .._state.worker import EVEN, Leftovers, WorkerState
@@ -215,13 +214,6 @@ class Epochs:
 
 
 # -- facts from the plan: what StructuredDataset.num_batches, slot_yields ... answer -----------------
-
-
-def slot_rows(plan: PlanView, grid: SlotGrid, planning: int) -> list[int]:
-    """Rows (before the filter) each slot of ``grid`` reads per epoch planned for its topology (with
-    planning version ``planning``)."""
-    num_slots = grid.num_slots
-    return slot_row_counts(plan.splits_for(num_slots, planning).num_rows, num_slots)
 
 
 def batch_limits(rows: Sequence[int], world_size: int, options: OrderOptions, even_batches: bool) -> list[int] | None:

@@ -186,7 +186,7 @@ class DatasetHooks(Streamed, IterableDataset):  # type: ignore[type-arg]
         """Make the dataset read what a loaded state was taken on, when the source has moved on since
         (an Iceberg table: the checkpoint's pinned snapshot); planned here, as a worker would not. For
         arrowstream's loader and assignment policies."""
-        followed = self._origin.follow(saved.data, self._data)
+        followed = self._origin.follow(saved.data, self._data, front=type(self).__name__)
         if followed is not None:
             self._origin = followed
             self._use_plan(*followed.plan(self._options, self._retry), replanned=self._epochs.elastic)

@@ -72,9 +72,10 @@ class Origin:
         """What a state remembers of the data of ``plan``."""
         raise NotImplementedError
 
-    def follow(self, saved: DataIdentity, current: DataIdentity) -> Origin | None:
+    def follow(self, saved: DataIdentity, current: DataIdentity, front: str = "IcebergDataset") -> Origin | None:
         """The source of the data a loaded state was taken on, when it is other data of this source
-        (the dataset plans it instead); None to keep this one. Raises when that data cannot be read."""
+        (the dataset plans it instead); None to keep this one. Raises when that data cannot be read, naming
+        ``front``, the class the user built."""
         return None
 
     def for_workers(self) -> Origin:

@@ -84,8 +84,9 @@ class IcebergOrigin(Origin):
         return DataIdentity(plan.data_fingerprint, len(plan.files), plan.num_rows, self.snapshot.snapshot_id,
                             self.snapshot.schema_id, str(table.metadata.table_uuid), shape_of(plan))
 
-    def follow(self, saved: DataIdentity, current: DataIdentity) -> IcebergOrigin | None:
-        """The checkpoint's snapshot when the table moved on since (unless pinned here)."""
+    def follow(self, saved: DataIdentity, current: DataIdentity, front: str = "IcebergDataset") -> IcebergOrigin | None:
+        """The checkpoint's snapshot when the table moved on since (unless pinned here); ``front``: the class the
+        user built (``IcebergDataset``, or ``Mixture`` of an ``IcebergSource``), named in the errors."""
         snapshot, table = self.snapshot, self.snapshot.table
         check_same_table(saved, current, repr(snapshot.table_name))
         wanted = saved.snapshot_id
@@ -93,7 +94,14 @@ class IcebergOrigin(Origin):
                                                                                 snapshot.schema_id):
             return None
         if table is None:
-            raise StateMismatchError("this IcebergDataset was copied into a worker; load the state in the main process")
+            raise StateMismatchError(
+                f"the checkpoint was taken on snapshot {wanted} of Iceberg table {snapshot.table_name!r}, which has "
+                f"moved on since (snapshot {snapshot.snapshot_id} now), and this {front} is a copy in a worker process "
+                "started by spawn or forkserver, where no catalog connection travels (a plain StatefulDataLoader hands "
+                "the state to its workers only), so it cannot go back to that snapshot. Resume with "
+                f"{front}.create_dataloader(...), whose loader follows the snapshot in the trainer's process; or build "
+                "your StatefulDataLoader with multiprocessing_context='fork' (or num_workers=0); or pin "
+                f"snapshot_id={wanted} where you name the table")
         if table.snapshot_by_id(wanted) is None:
             # a checkpoint that names the table's uuid was checked above; an older one may be from a recreated table
             recreated = "" if saved.table_uuid is not None else (

@@ -169,7 +169,7 @@ def followed_source(planned: Planned, saved: Any, retry: RetryPolicy, read_ahead
         return None
     where = f"the checkpoint's data of source {planned.name!r}"
     followed = planned.origin.follow(DataIdentity.from_dict(Fields(saved, where)),
-                                     DataIdentity.from_dict(Fields(planned.data, where)))
+                                     DataIdentity.from_dict(Fields(planned.data, where)), front="Mixture")
     if followed is None:
         return None
     storage, plan = followed.plan(planned.options, retry)
