@@ -8,10 +8,13 @@ from collections import Counter
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arrowstream._core.plan_types import SplitTable
+from arrowstream._core.take import take
+from arrowstream._mixing import span as span_module
 from arrowstream._mixing.quotas import (
     consumed,
     epoch_segments,
@@ -20,6 +23,7 @@ from arrowstream._mixing.quotas import (
     quotas_at,
     segment_splits,
     shares_after,
+    shares_along,
     span_before,
     span_first,
     span_piece,
@@ -28,7 +32,15 @@ from arrowstream._mixing.quotas import (
     span_taken,
     tracks,
 )
-from arrowstream._mixing.span import batch_order, even_order, even_orders, even_span_order, in_batch_order, mixed
+from arrowstream._mixing.span import (
+    SMALL_TAKE,
+    batch_order,
+    even_order,
+    even_orders,
+    even_span_order,
+    in_batch_order,
+    mixed,
+)
 
 
 @given(st.dictionaries(st.text(min_size=1, max_size=3), st.integers(0, 10_000), min_size=1, max_size=5),
@@ -125,6 +137,40 @@ def test_batch_shares_stay_within_one_row_and_end_at_the_quotas(slot_quotas, bat
     assert taken == slot_quotas
 
 
+@settings(max_examples=300)
+@given(st.lists(st.integers(0, 2000), min_size=1, max_size=6), st.integers(1, 300), st.data())
+def test_a_spans_shares_are_shares_after_batch_by_batch(slot_quotas, batch_size, data):
+    """``shares_along`` (a span's batches planned together: one source takes every row, the rows missing after
+    rounding down placed in one sort) gives exactly ``shares_after``'s numbers, batch after batch, from any
+    place a run may stand (also after batches of another size, as after a resume with other options)."""
+    total = sum(slot_quotas)
+    taken, rows = [0] * len(slot_quotas), 0
+    for step in data.draw(st.lists(st.integers(1, 300), max_size=4)):   # where the span starts
+        rows = min(total, rows + step)
+        taken = shares_after(taken, slot_quotas, rows)
+    span = []
+    for _ in range(data.draw(st.integers(1, 20))):
+        if rows == total:
+            break
+        rows = min(total, rows + batch_size)
+        span.append(rows)
+    expected, now = [], taken
+    for row in span:
+        now = shares_after(now, slot_quotas, row)
+        expected.append(now)
+    assert shares_along(taken, slot_quotas, span) == [list(column) for column in zip(*expected)] \
+        if span else [[] for _ in slot_quotas]
+
+
+def test_shares_along_gives_back_rows_taken_above_the_ideal_as_shares_after_does():
+    """A source ahead of its ideal (taken before with other quotas): the numbers of shares_after's second loop."""
+    taken, quotas_now = [5, 0, 0], [10, 10, 10]
+    expected = shares_after(taken, quotas_now, 6)
+    assert sum(expected) == 6 and expected[0] == 5
+    assert shares_along(taken, quotas_now, [6, 9]) == [list(c) for c in zip(expected,
+                                                                              shares_after(expected, quotas_now, 9))]
+
+
 def test_a_segment_is_cut_from_the_splits_in_pass_order():
     table = SplitTable([0, 1, 2], [0, 0, 0], [1, 1, 1], [0, 0, 0], [10, 5, 20], [100, 50, 200])
     order = __import__("numpy").array([2, 0, 1])
@@ -195,9 +241,12 @@ def test_a_spans_even_orders_are_each_batchs_shares_even_order(steps):
         assert even_span_order([list(m) for m in marks]) is span and not span.flags.writeable
 
 
-def test_a_mixed_span_of_every_kind_of_column_is_the_one_the_concatenated_rows_give():
-    """One take from the sources' pieces as they are (a chunked table): the same rows and types as
-    concatenating them first, for strings, lists, structs, dictionaries and nulls."""
+@pytest.mark.parametrize("small_take", [0, SMALL_TAKE], ids=["from the pieces", "joined first"])
+def test_a_mixed_span_of_every_kind_of_column_is_the_one_the_concatenated_rows_give(monkeypatch, small_take):
+    """One take from the sources' pieces as they are (a chunked table), or, for a small span, from them joined:
+    the same rows and types as concatenating them first, for strings, views, lists, structs, dictionaries and
+    nulls."""
+    monkeypatch.setattr(span_module, "SMALL_TAKE", small_take)
     def rows(start: int, count: int) -> pa.RecordBatch:
         ids = range(start, start + count)
         return pa.record_batch({
@@ -205,12 +254,14 @@ def test_a_mixed_span_of_every_kind_of_column_is_the_one_the_concatenated_rows_g
             "l": pa.array([[i] * (i % 3) for i in ids], pa.list_(pa.int32())),
             "st": pa.array([{"a": i, "b": None if i % 2 else str(i)} for i in ids]),
             "d": pa.array(["x" if i % 2 else "y" for i in ids]).dictionary_encode(),
-            "n": pa.array([None if i % 4 == 0 else i for i in ids], pa.float64())})
+            "n": pa.array([None if i % 4 == 0 else i for i in ids], pa.float64()),
+            "v": pa.array([f"view {i}" for i in ids], pa.string_view())})
     pieces = [[rows(0, 7), rows(7, 5)], [rows(100, 6)], [rows(200, 2), rows(202, 4)]]
     marks = [[4, 8, 12], [2, 4, 6], [2, 4, 6]]
     orders = even_orders(marks)
     got = mixed(pieces, even_span_order(marks))
     plain = in_batch_order(pieces, marks)
-    expected = plain.take(np.concatenate([order + 8 * batch for batch, order in enumerate(orders)]))
+    expected = take(pa.Table.from_batches([plain]), np.concatenate([order + 8 * batch for batch, order
+                                                                    in enumerate(orders)])).to_batches()[0]
     assert got.equals(expected)
     assert got.schema == plain.schema

@@ -305,3 +305,45 @@ def shares_after(taken: Sequence[int], quotas: Sequence[int], rows: int) -> list
         new[k] -= 1
         given -= 1
     return new
+
+
+def shares_along(taken: Sequence[int], quotas: Sequence[int], rows: Sequence[int]) -> list[list[int]]:
+    """:func:`shares_after` for each of ``rows`` (rising), each from the one before (``taken`` before the
+    first): each source's rows handed out after each, source by source (``out[k][j]``: source ``k`` after
+    ``rows[j]``). The same numbers, for less Python work per batch: one source takes every row, and where
+    rows are missing after the rounding down they go to the sources furthest below their ideal in one sort
+    (each such source takes one: every one of them is less than one row below its ideal and their gaps add
+    up to the rows missing, so more of them are below it than rows are missing), instead of one search per row.
+    """
+    total = sum(quotas)
+    count = len(quotas)
+    if not rows:
+        return [[] for _ in quotas]
+    if count == 1 and taken[0] <= rows[0] and rows[-1] <= total:
+        return [list(rows)]   # (rising rows: each is at least the one before and at most the quota)
+    if total == 0 or rows[-1] > total:   # (not in an epoch: its rows are its quotas' sum)
+        return [list(column) for column in zip(*_shares_each(taken, quotas, rows), strict=True)]
+    out: list[list[int]] = []
+    now = list(taken)
+    pairs = list(zip(range(count), quotas, strict=True))
+    for row in rows:
+        new = [min(quota, max(before, row * quota // total)) for before, quota in zip(now, quotas, strict=True)]
+        missing = row - sum(new)
+        if missing > 0:
+            below = sorted((new[k] * total - row * quota, k) for k, quota in pairs if new[k] < quota)
+            for _, k in below[:missing]:
+                new[k] += 1
+        elif missing < 0:   # rows taken above the ideal before: shares_after gives them back
+            new = shares_after(now, quotas, row)
+        out.append(new)
+        now = new
+    return [list(column) for column in zip(*out, strict=True)]
+
+
+def _shares_each(taken: Sequence[int], quotas: Sequence[int], rows: Sequence[int]) -> list[list[int]]:
+    """:func:`shares_after` for each of ``rows``, one after another (batch by batch)."""
+    out: list[list[int]] = []
+    for row in rows:
+        taken = shares_after(taken, quotas, row)
+        out.append(taken)
+    return out

@@ -27,7 +27,7 @@ from .._core.take import take
 from .._state.mixture import EVEN, PERMUTED, CompactCursor, MixPosition, MixWorkerState, SourceCursor
 from ..errors import FileChangedError
 from .bulk import BulkCursors, bulk_order, bulk_readable, span_take, spans_readable
-from .quotas import batch_permutations, shares_after, window_seed
+from .quotas import batch_permutations, shares_along, window_seed
 from .span import batch_order, even_span_order, in_batch_order, mixed
 
 if TYPE_CHECKING:
@@ -86,6 +86,13 @@ class SourceRows:
         stands once the first ``marks[i]`` of them are handed out, for each mark (rising from 0), in
         :meth:`compact_cursor`'s form; ``FileChangedError`` if the source has fewer rows."""
         wanted = marks[-1] if marks else 0
+        queue = self._queue
+        if queue is not None and marks[0] and wanted <= queue.buffered and wanted <= self._part_end - self.taken:
+            # the common case, the loop below in short: the rows are held, in the part being read
+            held, after = queue.take_marked(wanted, marks)
+            part, before = self._part, self.taken
+            self.taken = before + wanted
+            return held, [(part, _fields(cursor), before + mark) for mark, cursor in zip(marks, after, strict=True)]
         pieces: list[pa.RecordBatch] = []
         bulk: list[npt.NDArray[np.int64]] = []   # rows of the held table read whole, not yet taken
         cursors: list[CompactCursor] = []
@@ -278,25 +285,18 @@ class MixStream:
     def epoch(self) -> int:
         return self._slot.epoch
 
-    def _plan(self, max_batches: int) -> tuple[list[tuple[int, list[int]]], bool]:
-        """Up to ``max_batches`` next batches, planned without reading: the slot's rows after each and each
-        source's (:func:`~arrowstream._mixing.quotas.shares_after`), and whether the epoch ends with them (no batch
-        after the last: so the state after the epoch's last batch says the epoch is complete, as the state
-        taken after the loop must, whichever batch a span or a transfer ends with)."""
-        taken = [source.taken for source in self._sources]
-        rows, batches = self.rows, self.batches
-        plan: list[tuple[int, list[int]]] = []
-        while True:
-            left = self._total - rows
-            if (self._max_batches is not None and batches >= self._max_batches) or left == 0 \
-                    or (self._drop_last and left < self._batch_size):
-                return plan, True
-            if len(plan) == max_batches:
-                return plan, False
-            rows += min(self._batch_size, left)
-            batches += 1
-            taken = shares_after(taken, self._quotas, rows)
-            plan.append((rows, taken))
+    def _plan(self, max_batches: int) -> tuple[list[int], bool]:
+        """Up to ``max_batches`` next batches, planned without reading: the slot's rows after each, and whether
+        the epoch ends with them (no batch after the last: so the state after the epoch's last batch says the
+        epoch is complete, as the state taken after the loop must, whichever batch a span or a transfer ends
+        with). Each source's rows after each: :func:`~arrowstream._mixing.quotas.shares_along`."""
+        rows, size, left = self.rows, self._batch_size, self._total - self.rows
+        # the batches left: full ones, then the rest of the quotas (none with drop_last), up to even_batches' limit
+        possible = left // size + (1 if left % size and not self._drop_last else 0)
+        if self._max_batches is not None:
+            possible = max(0, min(possible, self._max_batches - self.batches))
+        count = min(possible, max_batches)
+        return [min(rows + size * j, self._total) for j in range(1, count + 1)], count == possible
 
     def _permutations(self, sizes: list[int], first: int) -> list[npt.NDArray[np.int64]]:
         """The order of each batch's rows (batch ``first`` on, of ``sizes`` rows), those of the same size
@@ -333,27 +333,32 @@ class MixStream:
         if not plan:
             self._finish()
             raise StopIteration
-        before = [source.taken for source in self._sources]
-        marks = [[after[k] - before[k] for _, after in plan] for k in range(len(self._sources))]
+        sources = self._sources
+        before = [source.taken for source in sources]
+        marks = [[after - start for after in source_after]
+                 for source_after, start in zip(shares_along(before, self._quotas, plan), before, strict=True)]
         pieces, cursors = [], []
-        for source, source_marks in zip(self._sources, marks, strict=True):
+        cast = self._cast
+        for source, source_marks in zip(sources, marks, strict=True):
             taken, after = source.take_marked(source_marks)
-            pieces.append([self._cast(source.name, piece) for piece in taken])
+            pieces.append([cast(source.name, piece) for piece in taken])
             cursors.append(after)
-        first = self.batches
-        given = [sum(before)] + [sum(after) for _, after in plan]
-        sizes = [now - then for then, now in itertools.pairwise(given)]
-        positions = [MixPosition(rows, first + j + 1, self.rows_dropped, False,
-                                 tuple(source_cursors[j] for source_cursors in cursors))
-                     for j, (rows, _) in enumerate(plan)]
-        if self._batch_order == EVEN and sum(1 for source_marks in marks if source_marks[-1]) > 1:
+        first, dropped = self.batches, self.rows_dropped
+        sizes = [plan[0] - sum(before), *(now - then for then, now in itertools.pairwise(plan))]
+        positions = [MixPosition(rows, batch, dropped, False, place)
+                     for batch, rows, place in zip(range(first + 1, first + 1 + len(plan)), plan, zip(*cursors, strict=True), strict=True)]
+        counts = [source_marks[-1] for source_marks in marks]
+        giving = sum(1 for count in counts if count)   # sources that give rows to the span
+        if self._batch_order == EVEN and giving > 1:
             span = mixed(pieces, even_span_order(marks))   # (one source alone: its even order is its own)
         elif self._batch_order == PERMUTED:   # each batch's rows by its own permutation (as if taken alone)
             span = mixed(pieces, batch_order(marks, self._permutations(sizes, first)))
+        elif giving == 1 or len(plan) == 1:   # batch order is the order the rows were taken in
+            flat = [piece for source_pieces in pieces for piece in source_pieces]
+            span = flat[0] if len(flat) == 1 else pa.concat_batches(flat)
         else:
             span = in_batch_order(pieces, marks)
-        counts = [source_marks[-1] for source_marks in marks]
-        self.rows = plan[-1][0]
+        self.rows = plan[-1]
         self.batches += len(plan)
         if ends:
             self._finish()
