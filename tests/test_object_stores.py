@@ -416,6 +416,9 @@ class RemoteContract(ProcessesContract):
         dataset.set_epoch(0)
         next(iter(loader))
         texts.append(json.dumps(loader.state_dict()))
+        # its workers end now: kept to the end, the loader is freed with the frame that the errors' tracebacks
+        # below hold, by the cyclic collector, and torch then waits 5 s for each worker (its own shutdown)
+        del loader, dataset
         with pytest.raises(errors.ArrowStreamError) as missing:
             StructuredDataset(f"{where.url}/nothing-here/", storage_options=options)
         via, proxy = proxied
