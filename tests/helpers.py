@@ -206,3 +206,25 @@ def assert_replanned_continuation(golden: dict[str, Any], per_epoch: list[list[l
     head, tail = recorded[:len(recorded) - later], recorded[len(recorded) - later:]
     assert sorted(i for b in per_epoch[0] for i in b) == sorted(i for b in head for i in b)
     assert [b for batches in per_epoch[1:] for b in batches] == tail
+
+
+def replan_layouts() -> dict[str, Any]:
+    """Strategies for the fields of a re-plan case that tests/test_elastic_plan.py and tests/test_replan.py share:
+    files of row groups, split size, the old and new (world_size, num_workers), the order and the pipeline."""
+    from hypothesis import strategies as st
+
+    topologies = st.tuples(st.integers(1, 3), st.integers(0, 3))
+    return {
+        "files": st.lists(st.lists(st.integers(0, 60), min_size=1, max_size=4), min_size=1, max_size=4).filter(
+            lambda files: any(map(sum, files))),
+        "split_bytes": st.sampled_from([None, 1, 300, 2000]),
+        "old": topologies,
+        "new": topologies,
+        "shuffle": st.booleans(),
+        "seed": st.integers(0, 2**32),
+        "epoch": st.integers(0, 3),
+        "batch_size": st.integers(1, 40),
+        "interleave": st.integers(1, 3),
+        "buffer_rows": st.sampled_from([0, 1, 7, 50, 200]),
+        "piece_rows": st.integers(1, 50),
+    }

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from helpers import replan_layouts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -129,20 +130,8 @@ def share_stream(plan: Plan, layout: dict[str, Any], source: Leftovers, shares: 
     return stream_of(runs, Cursor((), len(share.splits), replay_index=len(share.replays)), layout, slot, state)
 
 
-topologies = st.tuples(st.integers(1, 3), st.integers(0, 3))
 layouts = st.fixed_dictionaries({
-    "files": st.lists(st.lists(st.integers(0, 60), min_size=1, max_size=4), min_size=1, max_size=4).filter(
-        lambda files: any(map(sum, files))),
-    "split_bytes": st.sampled_from([None, 1, 300, 2000]),
-    "old": topologies,
-    "new": topologies,
-    "shuffle": st.booleans(),
-    "seed": st.integers(0, 2**32),
-    "epoch": st.integers(0, 3),
-    "batch_size": st.integers(1, 40),
-    "interleave": st.integers(1, 3),
-    "buffer_rows": st.sampled_from([0, 1, 7, 50, 200]),
-    "piece_rows": st.integers(1, 50),
+    **replan_layouts(),
     "cut": st.sampled_from([EVEN, LPT]),   # LPT: how states before version 9 re-planned, still resumed
     # batches each old worker handed out before the checkpoint (all of them: it finished), and where each
     # new worker's checkpoint inside the re-planned epoch is taken

@@ -16,6 +16,7 @@ from collections import Counter
 from typing import Any
 
 import pyarrow as pa
+from helpers import replan_layouts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_elastic_plan import IdReader, make_plan, normal_stream, share_stream, slots, take, through_json
@@ -74,20 +75,8 @@ def mixture_rows(plan: Plan, layout: dict[str, Any], cursors: list[dict[str, Sou
     return out
 
 
-topologies = st.tuples(st.integers(1, 3), st.integers(0, 3))
 layouts = st.fixed_dictionaries({
-    "files": st.lists(st.lists(st.integers(0, 60), min_size=1, max_size=4), min_size=1, max_size=4).filter(
-        lambda files: any(map(sum, files))),
-    "split_bytes": st.sampled_from([None, 1, 300, 2000]),
-    "old": topologies,
-    "new": topologies,
-    "shuffle": st.booleans(),
-    "seed": st.integers(0, 2**32),
-    "epoch": st.integers(0, 3),
-    "batch_size": st.integers(1, 40),
-    "interleave": st.integers(1, 3),
-    "buffer_rows": st.sampled_from([0, 1, 7, 50, 200]),
-    "piece_rows": st.integers(1, 50),
+    **replan_layouts(),
     "pass_layout": st.sampled_from([SPANS, TRACKS]),   # spans: a part not opened goes on whole
     "old_cuts": st.lists(st.integers(0, 12), min_size=9, max_size=9),   # batches each old slot handed out
     "unopened": st.booleans(),   # an old slot that handed out nothing: its part not opened (else its first row)
