@@ -36,7 +36,11 @@ def _ids(batches):
 
 def _uninterrupted(sources, num_workers, persistent):
     """Epochs 0 and 1 of the mixture as it stands, and the checkpoint taken ``CHECKPOINT_AT`` batches into epoch 0."""
-    loader, mixture = _plain(sources, num_workers, persistent)
+    return _two_epochs(*_plain(sources, num_workers, persistent))
+
+
+def _two_epochs(loader, mixture):
+    """Epochs 0 and 1 of ``loader``'s mixture, and its checkpoint taken ``CHECKPOINT_AT`` batches into epoch 0."""
     epochs, state = [], None
     for epoch in (0, 1):
         mixture.set_epoch(epoch)
@@ -113,16 +117,7 @@ def test_the_next_epoch_is_the_datasets_own(tmp_path, num_workers, persistent):
 def test_the_mixture_loader_resumes_on_its_checkpoint_snapshot(table_and_files, num_workers):  # noqa: F811
     """The control: ``Mixture.create_dataloader``'s loader follows the snapshot in this epoch and the next."""
     table, sources = table_and_files
-    loader, mixture = Mixture.create_dataloader(sources=sources, num_workers=num_workers, **OPTIONS)
-    epochs, state = [], None
-    for epoch in (0, 1):
-        mixture.set_epoch(epoch)
-        batches = []
-        for batch in loader:
-            batches.append(batch["id"].tolist())
-            if epoch == 0 and len(batches) == CHECKPOINT_AT:
-                state = json.loads(json.dumps(loader.state_dict()))
-        epochs.append(batches)
+    epochs, state = _two_epochs(*Mixture.create_dataloader(sources=sources, num_workers=num_workers, **OPTIONS))
     table.append(_rows(APPENDED))
     loader, mixture = Mixture.create_dataloader(sources=sources, num_workers=num_workers, **OPTIONS)
     loader.load_state_dict(state)
