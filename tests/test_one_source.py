@@ -81,6 +81,18 @@ def one_source_stream(dataset, slot: Slot, batch_size: int, buffer: int, interle
                      max_batches=None, batch_order=None, seed=SEED, slot=mix_slot, start=start)
 
 
+def read_both_ways(dataset, grid: SlotGrid, batch_size: int, buffer: int, interleave: int) -> list[int]:
+    """Every slot of ``grid`` read as the dataset's stream and as a mixture of one source: the same batches (asserted);
+    the ids read, slot after slot."""
+    ids = []
+    for index in range(grid.num_slots):
+        slot = grid.slot_at(index)
+        expected = ids_of(dataset.open_epoch(slot, None).stream)
+        assert ids_of(one_source_stream(dataset, slot, batch_size, buffer, interleave)) == expected
+        ids += [i for batch in expected for i in batch]
+    return ids
+
+
 settings_ = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 configs = st.tuples(st.sampled_from([7, 64, 256]), st.sampled_from([0, 300, 1000]), st.sampled_from([1, 2, 3]))
 
@@ -91,12 +103,7 @@ def test_a_planned_epoch_is_the_same_read_as_one_source(folder, config, num_work
     batch_size, buffer, interleave = config
     dataset = dataset_of(folder, batch_size, buffer, interleave)
     grid = SlotGrid(1, num_workers)
-    every = []
-    for index in range(grid.num_slots):
-        slot = grid.slot_at(index)
-        expected = ids_of(dataset.open_epoch(slot, None).stream)
-        assert ids_of(one_source_stream(dataset, slot, batch_size, buffer, interleave)) == expected
-        every += [i for batch in expected for i in batch]
+    every = read_both_ways(dataset, grid, batch_size, buffer, interleave)
     assert sorted(every) == list(range(3130))
 
 
@@ -121,12 +128,7 @@ def test_a_replanned_epoch_is_the_same_read_as_one_source(folder, config, old_wo
         saved.append((stream.state(), False))
     dataset.epochs.elastic = replanned_leftovers(old, saved, interleave, drops_rows=False)
     new_grid = SlotGrid(1, new_workers)
-    rest = []
-    for index in range(new_grid.num_slots):
-        slot = new_grid.slot_at(index)
-        expected = ids_of(dataset.open_epoch(slot, None).stream)
-        assert ids_of(one_source_stream(dataset, slot, batch_size, buffer, interleave)) == expected
-        rest += [i for batch in expected for i in batch]
+    rest = read_both_ways(dataset, new_grid, batch_size, buffer, interleave)
     assert sorted(seen + rest) == list(range(3130)), "the re-planned epoch reads every row left once"
     assert np.intersect1d(seen, rest).size == 0
     assert pa.array(rest).null_count == 0
