@@ -443,3 +443,19 @@ def test_every_type_through_the_shuffle_buffer_with_row_ids(files, fmt, workers)
     ordered = take(got, pc.sort_indices(got, [("_row", "ascending")]))   # pyarrow's take: no view types
     assert got.column("_row").to_pylist() != list(range(ROWS))   # shuffled
     assert ordered.drop_columns(["_file", "_row"]).equals(table)
+
+
+def test_take_remembers_schemas_by_equality_not_by_object():
+    """``take`` looks up a schema's view-free twin among the last few it saw, by ``equals``: a table whose schema is
+    another object with the same fields gets the same answer; more schemas than it keeps, metadata that differs,
+    and tables with and without views in turn each get their own, never another's."""
+    views = pa.table({"s": pa.array(["a", "bb", "ccc"], pa.string_view()), "x": [1, 2, 3]})
+    plain = pa.table({"s": ["a", "bb", "ccc"], "x": [1, 2, 3]})
+    tagged = views.replace_schema_metadata({"k": "v"})
+    others = [pa.table({f"c{i}": [1, 2, 3]}) for i in range(12)]   # more than it keeps
+    for _ in range(3):
+        for table in [views, plain, tagged, *others,
+                      pa.table({"s": pa.array(["a", "bb", "ccc"], pa.string_view()), "x": [1, 2, 3]})]:
+            taken = take(table, [2, 0])
+            assert taken.schema.equals(table.schema, check_metadata=True)
+            assert taken.to_pylist() == [table.slice(2, 1).to_pylist()[0], table.slice(0, 1).to_pylist()[0]]
