@@ -52,6 +52,7 @@ class Origin:
     ``plans_on_rank0`` and implement the methods."""
 
     format: str  # the name the state records ("parquet", ..., "iceberg")
+    cache_outcome: CacheOutcome | None = None   # what its last planning did with the plan cache (reports)
     # under torch.distributed, whether rank 0 plans and hands the plan to the other ranks (else each plans)
     plans_on_rank0: bool
 

@@ -7,8 +7,8 @@ the user pinned one, by a source of that snapshot, which the dataset plans inste
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from .._planning.cache import CacheOutcome, PlanCacheSetting
 from .._state.identity import DataIdentity, shape_of
@@ -39,7 +39,8 @@ class IcebergOrigin(Origin):
     snapshot: IcebergSource
     pinned_by_user: bool
     plan_cache: PlanCacheSetting = None
-    cache_outcome: ClassVar[CacheOutcome | None] = None   # what the last plan did with the cache (set by plan)
+    # what the last plan did with the cache (set by plan; a record of the planning, not part of the origin's value)
+    cache_outcome: CacheOutcome | None = field(default=None, compare=False, repr=False)
 
     format = "iceberg"
     plans_on_rank0 = False  # each rank reads the table's manifests through its own catalog connection

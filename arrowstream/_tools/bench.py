@@ -20,7 +20,7 @@ import json
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +28,10 @@ import torch
 
 from .cli_args import check_plot
 from .inspect import open_dataset
+
+if TYPE_CHECKING:
+    from .._loader.dataset import ArrowStreamDataLoader
+    from ..dataset import StructuredDataset
 
 
 def _numeric(type_: pa.DataType) -> bool:
@@ -48,7 +52,7 @@ def raw_convert(batch: pa.RecordBatch) -> dict[str, Any]:
     return out
 
 
-def raw_batches(dataset: Any, batch_size: int) -> Iterator[pa.RecordBatch]:
+def raw_batches(dataset: StructuredDataset, batch_size: int) -> Iterator[pa.RecordBatch]:
     """The rows of ``dataset`` through its source's own readers: files one after the other through each
     format's ``baseline_batches``, an Iceberg table through pyiceberg's scan of the pinned snapshot."""
     yield from dataset.baseline_batches(batch_size)
@@ -115,7 +119,7 @@ def _rows_of(batch: Any) -> int:
     return len(first)
 
 
-def time_raw(dataset: Any, batch_size: int, quiet: bool) -> dict[str, Any]:
+def time_raw(dataset: StructuredDataset, batch_size: int, quiet: bool) -> dict[str, Any]:
     bar = progress_bar(None, "pyarrow", quiet)
     rows, batches, began = 0, 0, time.perf_counter()
     for record in raw_batches(dataset, batch_size):
@@ -142,7 +146,7 @@ def sample_step(total: int | None, num_workers: int) -> int:
     return turn * max(total // (SAMPLES_PER_EPOCH * turn), 1)
 
 
-def time_loader(loader: Any, dataset: Any, sample_every: float | None, quiet: bool) -> dict[str, Any]:
+def time_loader(loader: ArrowStreamDataLoader, dataset: StructuredDataset, sample_every: float | None, quiet: bool) -> dict[str, Any]:
     """One epoch of ``loader``, its metrics sampled every ``sample_every`` seconds or, when None, every
     :func:`sample_step` batches (every :data:`DEFAULT_SAMPLE_S` seconds when the length is unknown)."""
     dataset.set_epoch(0)

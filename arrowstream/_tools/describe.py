@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._core.fields import shorten
 from .._state.skips import read_skips
@@ -25,6 +25,9 @@ from .describe_dataset import DATASET
 from .describe_kind import ONE_RANK_OF_SEVERAL, StateKind
 from .describe_mixture import MIXTURE
 from .describe_text import HASHED, format_state
+
+if TYPE_CHECKING:
+    from ..dataset import StructuredDataset
 
 __all__ = ["HASHED", "KINDS", "describe_state", "find_states", "format_state"]
 
@@ -49,7 +52,7 @@ def find_states(value: Any, path: str = "", depth: int = 0) -> Iterator[tuple[st
             yield from find_states(item, f"{path}[{index}]", depth + 1)
 
 
-def describe_state(state: Any, dataset: Any = None, at: str | None = None) -> dict[str, Any]:
+def describe_state(state: Any, dataset: StructuredDataset | None = None, at: str | None = None) -> dict[str, Any]:
     """What a checkpoint says: format, epoch, rows and batches consumed per rank and worker, share of the
     epoch, options, topology, elastic, dynamic and mixture details, and the data's identity (no paths, no
     credentials: the state holds none).
@@ -101,7 +104,7 @@ def describe_state(state: Any, dataset: Any = None, at: str | None = None) -> di
     return {"path": path, "other_paths": [p for p in paths if p != path], **description}
 
 
-def _describe(part: StateKind, state: dict[str, Any], dataset: Any) -> dict[str, Any]:
+def _describe(part: StateKind, state: dict[str, Any], dataset: StructuredDataset | None) -> dict[str, Any]:
     """The one walk: the envelope, every rank and its workers, then the epoch's rows and the share."""
     envelope = part.read(state)
     ranks, every_worker = [], []
@@ -155,7 +158,7 @@ def _describe_rank(part: StateKind, outer: dict[str, Any], where: str) -> tuple[
     return rank, present
 
 
-def _shares(part: StateKind, description: dict[str, Any], dataset: Any) -> None:
+def _shares(part: StateKind, description: dict[str, Any], dataset: StructuredDataset | None) -> None:
     """Each rank's (and the state's) share of the epoch consumed: its rows / its rows of the epoch."""
     rows = part.epoch_rows(description, dataset)
     ranks = description["ranks"]

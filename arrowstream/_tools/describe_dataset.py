@@ -5,7 +5,7 @@ state's counts or from the dataset's plan."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._core.fields import REMEDY, Fields, check_int, shorten
 from .._core.order import SlotGrid
@@ -23,6 +23,9 @@ from .._state.worker import (
 )
 from ..errors import StateError, StateMismatchError
 from .describe_kind import GIVE_THE_DATA, REPLANNED, UNKNOWN, Envelope, EpochRows, elastic_summary, read_workers
+
+if TYPE_CHECKING:
+    from ..dataset import StructuredDataset
 
 
 class DatasetKind:
@@ -70,7 +73,7 @@ class DatasetKind:
         return {"epoch": ledger["epoch"], "dynamic": {k: v for k, v in ledger.items() if k not in ("data", "options")}}
 
     def body(self, envelope: Envelope, ranks: list[dict[str, Any]], states: list[WorkerState],
-             dataset: Any) -> dict[str, Any]:
+             dataset: StructuredDataset | None) -> dict[str, Any]:
         ledgers = [_ledger(outer["dynamic"], "dynamic") for outer in envelope.outers if "dynamic" in outer]
         first = states[0] if states else None
         options = dict(first.options) if first is not None else dict(ledgers[0]["options"]) if ledgers else {}
@@ -88,7 +91,7 @@ class DatasetKind:
             "column_names": None if columns is None or options.get("columns") is None else list(columns),
         }
 
-    def epoch_rows(self, description: dict[str, Any], dataset: Any) -> EpochRows:
+    def epoch_rows(self, description: dict[str, Any], dataset: StructuredDataset | None) -> EpochRows:
         """The rows each rank yields in the state's epoch, or None each and why not."""
         topology, options, ranks = description["topology"], description["options"], description["ranks"]
         if description["elastic"] is not None:
@@ -151,7 +154,7 @@ def _splits_rows(splits: list[Any], where: str) -> int:
     return rows
 
 
-def _check_dataset(dataset: Any, states: list[WorkerState], ledgers: list[dict[str, Any]]) -> None:
+def _check_dataset(dataset: StructuredDataset, states: list[WorkerState], ledgers: list[dict[str, Any]]) -> None:
     """Refuse a dataset other than the checkpoint's (data or options): its plan would say other counts."""
     saved = states[0] if states else None
     if saved is None and ledgers:  # a dynamic state's ledger names the data and options

@@ -9,11 +9,14 @@ rank's lines add (a mixture's rows per source, a dynamic ledger) and how many ro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._core.fields import MAX_INT, REMEDY
 from .._loader.torchdata_state import InnerState, read_inner
 from ..errors import StateError
+
+if TYPE_CHECKING:
+    from ..dataset import StructuredDataset
 
 UNKNOWN = "unknown without the data"
 # how to give the data, for the Python API and for the command line (both print the same notes)
@@ -70,11 +73,11 @@ class StateKind(Protocol):
         ...
 
     def body(self, envelope: Envelope, ranks: list[dict[str, Any]], states: list[Any],
-             dataset: Any) -> dict[str, Any]:
+             dataset: StructuredDataset | None) -> dict[str, Any]:
         """``source``, ``assignment``, ``options``, ``data``, ``elastic``, ``column_names`` (and ``mixture``)."""
         ...
 
-    def epoch_rows(self, description: dict[str, Any], dataset: Any) -> EpochRows:
+    def epoch_rows(self, description: dict[str, Any], dataset: StructuredDataset | None) -> EpochRows:
         """The rows of the described epoch, per rank and in all."""
         ...
 

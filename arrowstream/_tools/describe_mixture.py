@@ -4,7 +4,7 @@ holds the sum of its quotas."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._core.fields import Fields
 from .._loader.mixture import MIX_CHECKPOINT_KIND, MIX_LOADER_KIND, MIX_LOADER_VERSION, _read_checkpoint
@@ -13,6 +13,9 @@ from .._mixing.elastic import MixElastic
 from .._state.mixture import MIX_STATE_VERSION, MixWorkerState
 from ..errors import StateError
 from .describe_kind import ONE_RANK_OF_SEVERAL, REPLANNED, Envelope, EpochRows, elastic_summary, read_workers
+
+if TYPE_CHECKING:
+    from ..dataset import StructuredDataset
 
 
 class MixtureKind:
@@ -58,7 +61,7 @@ class MixtureKind:
         return {"sources": {name: sum(line["sources"].get(name, 0) for line in lines) for name in names}}
 
     def body(self, envelope: Envelope, ranks: list[dict[str, Any]], states: list[MixWorkerState],
-             dataset: Any) -> dict[str, Any]:
+             dataset: StructuredDataset | None) -> dict[str, Any]:
         first = states[0] if states else None
         sources = {} if first is None else {
             name: {"quota": e.quota, "start": e.start, "rows": sum(r["sources"].get(name, 0) for r in ranks),
@@ -80,7 +83,7 @@ class MixtureKind:
                         "state_version": MIX_STATE_VERSION, "saved_state_version": min(saved, default=None)},
         }
 
-    def epoch_rows(self, description: dict[str, Any], dataset: Any) -> EpochRows:
+    def epoch_rows(self, description: dict[str, Any], dataset: StructuredDataset | None) -> EpochRows:
         """A mixture's epoch is the sum of its quotas; a rank's part of it, that of its slots (one rank: all)."""
         ranks, total = description["ranks"], description["mixture"]["epoch_rows"]
         if description["elastic"] is not None:

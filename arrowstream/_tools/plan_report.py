@@ -9,10 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._planning.cache import cache_folder, max_bytes
 from .._planning.cache_entry import read_header
+
+if TYPE_CHECKING:
+    from ..dataset import StructuredDataset
 
 
 def _folder_usage(folder: str) -> dict[str, int]:
@@ -21,9 +24,10 @@ def _folder_usage(folder: str) -> dict[str, int]:
     return {"entries": len(sizes), "bytes": sum(sizes), "max_bytes": max_bytes()}
 
 
-def report(dataset: Any) -> dict[str, Any]:
+def report(dataset: StructuredDataset) -> dict[str, Any]:
     """What the plan cache did for ``dataset`` and what its entry holds, as plain data."""
     outcome = dataset.origin.cache_outcome
+    assert outcome is not None, "a dataset is planned when it is built"
     out: dict[str, Any] = {"action": outcome.action, "reason": outcome.reason, "entry": outcome.path}
     if outcome.path is None:
         return out
