@@ -21,7 +21,7 @@ from arrowstream._core.hashing import fingerprint
 from arrowstream._core.plan_types import FileEntry, Split, SplitTable
 from arrowstream._formats import FileFooter, get_format
 from arrowstream._formats.footers import FooterTable, files_fingerprint
-from arrowstream._planning.cutting import _base_splits
+from arrowstream._planning.cutting import base_splits
 from arrowstream._planning.discovery import discover_files
 from arrowstream._planning.plan import build_plan, read_footer
 from arrowstream.errors import SchemaMismatchError
@@ -52,7 +52,7 @@ def test_split_table_reads_as_the_list_it_replaces(splits, data):
 
 
 def _old_base_splits(footers, split_bytes):
-    """The per-object planning of earlier releases (``_runs`` and ``_base_splits``), the reference."""
+    """The per-object planning of earlier releases (``_runs`` and ``base_splits``), the reference."""
     splits = []
     for file_index, footer in enumerate(footers):
         runs, run_bytes = [], 0
@@ -90,7 +90,7 @@ def footers_of(draw):
 @settings(max_examples=150)
 @given(footers_of(), st.none() | st.integers(0, 1000))
 def test_base_splits_are_those_of_the_per_object_planning(footers, split_bytes):
-    assert list(_base_splits(footers, split_bytes)) == _old_base_splits(footers, split_bytes)
+    assert list(base_splits(footers, split_bytes)) == _old_base_splits(footers, split_bytes)
 
 
 IDENTITIES = [{}, {"schema": [["id", "int64"], ["name", "string"]]},
@@ -101,13 +101,13 @@ IDENTITIES = [{}, {"schema": [["id", "int64"], ["name", "string"]]},
 @settings(max_examples=60)
 @given(footers_of(), st.sampled_from(IDENTITIES), st.sampled_from([1, 2, 4096]))
 def test_files_fingerprint_is_the_digest_of_the_whole_json(footers, identity, chunk):
-    from arrowstream._formats import footers as _footers
+    from arrowstream._formats import footers as footers_module
 
-    _footers._FINGERPRINT_CHUNK, default = chunk, _footers._FINGERPRINT_CHUNK   # chunk borders inside the files
+    footers_module._FINGERPRINT_CHUNK, default = chunk, footers_module._FINGERPRINT_CHUNK   # chunk borders inside the files
     try:
         new = files_fingerprint(FooterTable.build(footers), identity)
     finally:
-        _footers._FINGERPRINT_CHUNK = default
+        footers_module._FINGERPRINT_CHUNK = default
     old = fingerprint({"files": [[f.entry.name, f.entry.size, f.entry.tag, list(f.unit_rows)] for f in footers],
                        **identity})
     assert new == old
@@ -230,7 +230,7 @@ def test_a_million_units_plan_is_columns_that_pickle_as_buffers():
 def test_handles_are_kept_within_the_budget(tmp_path, monkeypatch):
     """Parquet FileMetaData handles stay with a small dataset, are dropped past the budget; either way the
     rows read are the same."""
-    from arrowstream._formats import footers as _footers
+    from arrowstream._formats import footers as footers_module
 
     folder = tmp_path / "d"
     folder.mkdir()
@@ -238,7 +238,7 @@ def test_handles_are_kept_within_the_budget(tmp_path, monkeypatch):
         pq.write_table(make_table(index * 10, 10), folder / f"part-{index}.parquet", row_group_size=5)
     kept = StructuredDataset(str(folder), batch_size=7, output_format="arrow")
     assert len(kept._plan.files.handles) == 4 and kept._plan.files[2].handle is not None
-    monkeypatch.setattr(_footers, "LOCAL_HANDLE_BUDGET", 100)
+    monkeypatch.setattr(footers_module, "LOCAL_HANDLE_BUDGET", 100)
     dropped = StructuredDataset(str(folder), batch_size=7, output_format="arrow")
     assert not dropped._plan.files.handles and dropped._plan.files[2].handle is None
     rows = [pa.Table.from_batches(list(d)).column("id").to_pylist() for d in (kept, dropped)]

@@ -24,9 +24,9 @@ from test_iceberg import ROW_GROUP_LIMIT, assert_same_rows, files_by_rows, read_
 from test_plan_cache import _entry_of, _entry_parts
 
 import arrowstream._formats.footers as footers_module
-import arrowstream._planning.cache as plan_cache
 import arrowstream._sources.iceberg_files as iceberg_module
 from arrowstream import IcebergDataset, errors
+from arrowstream._planning import cache_entry
 
 TABLE = "db.events"
 
@@ -175,7 +175,7 @@ def _tampered(entry: Path, column: str, change: Any) -> None:
     """Rewrite the entry with ``change`` applied to one listing column of its first file, its checksum valid
     (as if the entry were of other scan tasks)."""
     header, payload = _entry_parts(entry.read_bytes())
-    table = plan_cache._read_table(payload)
+    table = cache_entry.read_entry_table(payload)
     values = table.column(column).to_pylist()
     values[0] = change(values[0])
     table = table.set_column(table.schema.get_field_index(column), column, pa.array(values, table.schema.field(column).type))
@@ -210,7 +210,7 @@ def test_an_entry_holds_no_credentials_or_catalog_settings(table_with_deletes):
     assert dataset._storage._io_properties["s3.secret-access-key"] == secret   # it did reach the FileIO
     data = the_entry().read_bytes()
     header, payload = _entry_parts(data)
-    decoded = json.dumps(plan_cache._read_table(payload).to_pylist(), default=repr)
+    decoded = json.dumps(cache_entry.read_entry_table(payload).to_pylist(), default=repr)
     for text in (secret, config["uri"], "catalog.db"):
         assert text.encode() not in data and text not in header.decode() and text not in decoded
     assert set(json.loads(header)["key"]) == {"cache_version", "pyarrow", "protocol", "table_uuid", "snapshot_id",
@@ -260,7 +260,7 @@ def test_deleted_positions_are_one_list_column(table_with_deletes):
     _, config = table_with_deletes
     IcebergDataset(TABLE, catalog_config=config)
     header, payload = _entry_parts(the_entry().read_bytes())
-    table = plan_cache._read_table(payload)
+    table = cache_entry.read_entry_table(payload)
     column = table.column("deleted")
     assert pa.types.is_int64(column.type.value_type)
     assert Counter(len(v) if v is not None else None for v in column.to_pylist()) == Counter({7: 1, 161: 1, None: 1})

@@ -30,7 +30,7 @@ import arrowstream._planning.cache as plan_cache
 from arrowstream import StructuredDataset, errors
 from arrowstream._formats import FILE_FORMATS
 from arrowstream._formats import rowscan as _rowscan
-from arrowstream._planning import discovery
+from arrowstream._planning import cache_entry, discovery
 
 LAYOUT = [(300, 100), (250, 100), (120, 60)]
 ROWS = sum(rows for rows, _ in LAYOUT)
@@ -217,15 +217,15 @@ def _flip(data: bytes) -> bytes:
 
 def _entry_parts(data: bytes) -> tuple[bytes, bytes]:
     """The JSON header and the payload of an entry, as bytes."""
-    (length,) = plan_cache._LENGTH.unpack_from(data, len(plan_cache._MAGIC))
-    start = len(plan_cache._MAGIC) + plan_cache._LENGTH.size
+    (length,) = cache_entry.LENGTH.unpack_from(data, len(cache_entry.MAGIC))
+    start = len(cache_entry.MAGIC) + cache_entry.LENGTH.size
     return data[start:start + length], data[start + length:-32]
 
 
 def _entry_of(header: bytes, payload: bytes, digest: bytes | None = None) -> bytes:
     """An entry of these parts, with their SHA-256 (or ``digest``, that of other bytes)."""
-    body = plan_cache._LENGTH.pack(len(header)) + header + payload
-    return plan_cache._MAGIC + body + (digest if digest is not None else hashlib.sha256(body).digest())
+    body = cache_entry.LENGTH.pack(len(header)) + header + payload
+    return cache_entry.MAGIC + body + (digest if digest is not None else hashlib.sha256(body).digest())
 
 
 def _other_version(data: bytes) -> bytes:
@@ -244,7 +244,7 @@ def _flip_payload_keeping_checksum_valid(data: bytes) -> bytes:
     for position in range(len(payload) - 1, 0, -1):
         flipped = payload[:position] + bytes([payload[position] ^ 0x10]) + payload[position + 1:]
         try:
-            plan_cache._read_table(flipped)
+            cache_entry.read_entry_table(flipped)
         except OSError as exc:
             if not isinstance(exc, pa.ArrowException):
                 return _entry_of(header, flipped)
@@ -306,8 +306,8 @@ def test_warm_plan_keeps_the_cold_plans_parquet_footers(tmp_path, inspections, m
 
 
 def _cached_parquet_footers(entry: Path) -> list[bytes | None]:
-    _, payload = plan_cache._verified(entry.read_bytes())
-    return plan_cache._read_table(payload).column("parquet_footer").to_pylist()
+    _, payload = cache_entry.verified_entry(entry.read_bytes())
+    return cache_entry.read_entry_table(payload).column("parquet_footer").to_pylist()
 
 
 def test_warm_plan_follows_the_handle_budget(tmp_path, inspections, monkeypatch):
@@ -343,7 +343,7 @@ def _as_version(data: bytes, version: int) -> tuple[bytes, dict]:
     if version == 1:
         del fields["key"]["handle_budget"]
         dropped.append("parquet_footer")
-    table = plan_cache._read_table(payload).drop_columns(dropped)
+    table = cache_entry.read_entry_table(payload).drop_columns(dropped)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
@@ -383,7 +383,7 @@ def _with_parquet_footer(data: bytes, change, keep_digest: bool = False) -> byte
     """The entry with the first file's Parquet footer changed by ``change(footers)``; its checksum recomputed,
     unless ``keep_digest`` (then it is the original bytes')."""
     header, payload = _entry_parts(data)
-    table = plan_cache._read_table(payload)
+    table = cache_entry.read_entry_table(payload)
     footers = table.column("parquet_footer").to_pylist()
     footers[0] = change(footers)
     table = table.set_column(table.schema.get_field_index("parquet_footer"), "parquet_footer",
@@ -559,7 +559,7 @@ def _restamped(entry: Path, folder: Path) -> None:
     from arrowstream._planning.cache_entry import _stamps
 
     header, payload = _entry_parts(entry.read_bytes())
-    table = plan_cache._read_table(payload)
+    table = cache_entry.read_entry_table(payload)
     _, entries = discovery.discover_files(str(folder), None)
     for name, column in _stamps(entries).items():
         table = table.set_column(table.schema.get_field_index(name), name, column)
@@ -843,7 +843,7 @@ def test_a_write_cut_short_leaves_the_previous_entry_whole(tmp_path, monkeypatch
 
     monkeypatch.setattr(plan_cache.os, "fdopen", half_then_fail)
     assert all_ids(path) == list(range(ROWS + 10))
-    assert entry.read_bytes() == before and plan_cache.read_header(str(entry))["num_files"] == len(LAYOUT)
+    assert entry.read_bytes() == before and cache_entry.read_header(str(entry))["num_files"] == len(LAYOUT)
     assert [p.name for p in Path(entry.parent).iterdir()] == [entry.name]   # no temporary file left
 
 
@@ -1086,7 +1086,7 @@ def test_impossible_counts_in_an_entry_are_caught_on_the_columnar_path(tmp_path,
     StructuredDataset(path, batch_size=64)
     entry = the_entry()
     header, payload = _entry_parts(entry.read_bytes())
-    table = plan_cache._read_table(payload)
+    table = cache_entry.read_entry_table(payload)
     lists = {name: table.column(name).to_pylist() for name in ("unit_rows", "unit_bytes", "kept_units")}
     if change == "negative rows":
         lists["unit_rows"][1][0] = -lists["unit_rows"][1][0]

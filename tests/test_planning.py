@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from arrowstream import StructuredDataset
 from arrowstream._core.order import assign_lpt, epoch_order, even_batch_limits, rows_yielded, slot_row_counts
 from arrowstream._core.plan_types import FileEntry, Split
-from arrowstream._planning.cutting import _base_splits, _single_units, refine_splits, refine_splits_v1
+from arrowstream._planning.cutting import _single_units, base_splits, refine_splits, refine_splits_v1
 from arrowstream._planning.discovery import discover_files
 
 
@@ -98,7 +98,7 @@ def test_refine_covers_every_row_once_and_feeds_every_slot(group_rows, num_slots
 
     footer = FileFooter(FileEntry("p", "p", 1, ""), "parquet", pa.schema([]), tuple(group_rows),
                         tuple(10 * r for r in group_rows), tuple(range(len(group_rows))))
-    splits = _base_splits([footer], split_bytes=10**9)
+    splits = base_splits([footer], split_bytes=10**9)
     refined = refine_splits(splits, num_slots, [footer])
     covered = []
     for s in refined:
@@ -108,7 +108,7 @@ def test_refine_covers_every_row_once_and_feeds_every_slot(group_rows, num_slots
     assert len(refined) >= min(num_slots, sum(group_rows))
 
 
-def _footers(files: list[list[int]]):
+def entry_footers(files: list[list[int]]):
     from arrowstream._formats import FileFooter
 
     return [FileFooter(FileEntry(f"f{i}", f"f{i}", 1, ""), "parquet", pa.schema([]), tuple(units),
@@ -139,8 +139,8 @@ def test_cut_units_give_every_slot_its_share_within_one_batch(files, world_size,
     ``rows // slots`` rows or one more under LPT, in any epoch order, so ``even_batches`` trims at
     most one batch per slot."""
     num_slots = world_size * max(num_workers, 1)
-    footers = _footers(files)
-    splits = _base_splits(footers, split_bytes=None)
+    footers = entry_footers(files)
+    splits = base_splits(footers, split_bytes=None)
     refined = refine_splits(splits, num_slots, footers)
     assert sorted(_covered(refined, files)) == [(f, r) for f, units in enumerate(files) for r in range(sum(units))]
     singles = [u for s in splits for u in _single_units(s, footers[s.file_index])]

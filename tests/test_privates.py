@@ -283,3 +283,36 @@ def test_the_tools_folder_may_name_the_front_doors_and_nothing_below_it_may() ->
     assert not any(may_name_front_doors(f"arrowstream.{room}.a_new_module")
                    for room in ("_core", "_state", "_layout", "_mixing", "_storage", "_formats", "_planning",
                                 "_sources", "_worker", "_loader", "_assignment"))
+
+
+def private_imports(module: str, tree: ast.AST) -> list[str]:
+    """``from <an arrowstream module> import _name`` in ``module`` (a private name of another module), as
+    ``module:line: imported._name``; ``import x as _x`` (a private alias of a public module) is fine."""
+    package = module if module == "arrowstream" else module.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if source.split(".")[0] != "arrowstream":
+                continue   # another library's private names: THIRD_PARTY's rule, not this one
+            found += [f"{module}:{node.lineno}: {source}.{alias.name}" for alias in node.names if is_private(alias.name)]
+    return found
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """A private function or constant is its module's own: what another module needs is public (or moves)."""
+    found = [line for module, text in package_sources().items() for line in private_imports(module, ast.parse(text))]
+    assert not found, "\n".join(found)
+
+
+def test_the_private_import_check_catches_relative_and_absolute_imports() -> None:
+    source = ("from .cutting import _base_splits, REFINERS\nfrom ..x.y import _z as public_z\n"
+              "from arrowstream._core import take as _take\nfrom pyarrow import _compute\n")
+    assert private_imports("arrowstream._planning.plan", ast.parse(source)) == [
+        "arrowstream._planning.plan:1: arrowstream._planning.cutting._base_splits",
+        "arrowstream._planning.plan:2: arrowstream.x.y._z"]

@@ -105,7 +105,7 @@ class FooterTable(Sequence[FileFooter]):
             if footer.format not in formats:
                 formats.append(footer.format)
             format_index.append(formats.index(footer.format))
-            schema_index.append(_shared_schema(schemas, footer.schema))
+            schema_index.append(shared_schema(schemas, footer.schema))
             rows.extend(footer.unit_rows)
             unit_bytes.extend(footer.unit_bytes)
             kept.extend(footer.kept_units)
@@ -184,7 +184,7 @@ class FooterTable(Sequence[FileFooter]):
         return state
 
 
-def _shared_schema(schemas: list[pa.Schema], schema: pa.Schema) -> int:
+def shared_schema(schemas: list[pa.Schema], schema: pa.Schema) -> int:
     """The index of ``schema`` in ``schemas``, appended when no equal one (metadata included) is there.
     The last one is tried first: files of one dataset mostly share one schema."""
     for index in range(len(schemas) - 1, -1, -1):

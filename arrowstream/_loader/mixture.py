@@ -58,7 +58,7 @@ MIX_CHECKPOINT_KIND = "arrowstream.mixture_checkpoint"
 MIX_LOADER_VERSION = 1
 
 
-def _read_checkpoint(fields: Fields) -> list[dict[str, Any]]:
+def read_mixture_checkpoint(fields: Fields) -> list[dict[str, Any]]:
     """The ranks' states of a merged mixture checkpoint, each checked to be its rank's."""
     version = fields.integer("version")
     if version != MIX_LOADER_VERSION:
@@ -215,7 +215,7 @@ class MixtureDataLoader(StreamLoader):
         return read_mixture_state(state, "mixture loader state")
 
     def _read_checkpoint(self, state: Any) -> tuple[int, int, list[dict[str, Any]]]:
-        outers = _read_checkpoint(Fields(state, "mixture checkpoint"))
+        outers = read_mixture_checkpoint(Fields(state, "mixture checkpoint"))
         outers = [read_mixture_state(outer, f"the mixture checkpoint's ranks[{rank}]") for rank, outer in enumerate(outers)]
         return len(outers), outers[0]["num_workers"], outers
 

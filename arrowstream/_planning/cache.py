@@ -64,22 +64,18 @@ from .._formats.footer_table import shaping_options, tabled
 from .._formats.footers import FooterTable, handle_budget
 from .._storage.filesystem import is_local_protocol
 from ..errors import ArgumentTypeError, InvalidArgumentError
-from .cache_entry import (  # noqa: F401 (_MAGIC, _LENGTH, _read_table, _verified: the tests take an entry apart)
-    _LENGTH,
-    _MAGIC,
+from .cache_entry import (
     CACHE_VERSION,
-    DamagedEntryError,
     OtherVersionError,
-    _footers,
-    _listing,
-    _read_table,
-    _stale_key,
-    _stale_listing,
-    _tagged,
-    _untagged,
-    _verified,
     encode,
-    read_header,
+    entry_footers,
+    is_tagged,
+    is_untagged,
+    listing_of,
+    read_entry_table,
+    stale_key,
+    stale_listing,
+    verified_entry,
 )
 
 logger = logging.getLogger("arrowstream")
@@ -195,7 +191,7 @@ class PlanCache:
     # -- reading ---------------------------------------------------------------------------------
     def load(self, entries: Sequence[FileEntry]) -> FooterTable | None:
         """The cached footers of ``entries``; None (logged, to be rebuilt) when there are none to trust."""
-        return self._load(entries, lambda header, table, listing: _footers(header, table, listing, entries,
+        return self._load(entries, lambda header, table, listing: entry_footers(header, table, listing, entries,
                                                                           self.file_format))
 
     def _load(self, entries: Sequence[FileEntry], decode: Callable[[dict[str, Any], pa.Table, dict[str, pa.Array]], T],
@@ -208,22 +204,22 @@ class PlanCache:
             with open(self.path, "rb") as f:
                 data = f.read()
         except OSError as exc:
-            if self.needs_tags and not all(map(_tagged, entries)):
+            if self.needs_tags and not all(map(is_tagged, entries)):
                 self.outcome = untagged
             elif isinstance(exc, FileNotFoundError):
                 self.outcome = CacheOutcome(self.path, "built", "no entry yet")
             else:
                 self._miss(f"it cannot be read ({exc})")
             return None
-        listing = _listing(entries)
-        if self.needs_tags and _untagged(listing["tag"], listing["version"]):   # as columns: built to be checked
+        listing = listing_of(entries)
+        if self.needs_tags and is_untagged(listing["tag"], listing["version"]):   # as columns: built to be checked
             self.outcome = untagged
             return None
         try:
-            header, payload = _verified(data)
-            stale = _stale_key(header, self.material)
-            table = _read_table(payload) if not stale else None
-            stale = stale or _stale_listing(table, listing, entries)
+            header, payload = verified_entry(data)
+            stale = stale_key(header, self.material)
+            table = read_entry_table(payload) if not stale else None
+            stale = stale or stale_listing(table, listing, entries)
             if stale:
                 self._miss(stale)
                 return None
@@ -250,7 +246,7 @@ class PlanCache:
     def store(self, entries: Sequence[FileEntry], footers: FooterTable) -> None:
         """Write the entry of ``footers``, the footers of ``entries``, with the data fingerprints planning
         computed of them (``footers.known_fingerprints``), atomically; a folder that cannot take it is logged once."""
-        if not tabled(footers) or (self.needs_tags and _untagged(footers.tags, footers.versions)):
+        if not tabled(footers) or (self.needs_tags and is_untagged(footers.tags, footers.versions)):
             return   # footers the cache cannot write (none of the file formats'), or files it could not tell apart
         self._write(lambda: encode(self.material, footers, entries=entries))
 

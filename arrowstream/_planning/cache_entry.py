@@ -31,8 +31,8 @@ from .._storage.filesystem import display_url
 #    that restores size and modification time is a stale listing. Entries of another version are named by
 #    another key (so not read), and refused by version if one is found in place: rebuilt, never trusted.
 CACHE_VERSION = 3
-_MAGIC = b"ARROWSTREAM PLAN CACHE\n"
-_LENGTH = struct.Struct("<Q")
+MAGIC = b"ARROWSTREAM PLAN CACHE\n"
+LENGTH = struct.Struct("<Q")
 _DIGEST_BYTES = 32
 
 
@@ -44,7 +44,7 @@ class OtherVersionError(DamagedEntryError):
     """A whole cache entry of another format version (stale, not damaged: rebuilt)."""
 
 
-def _listing(entries: Sequence[FileEntry]) -> dict[str, pa.Array]:
+def listing_of(entries: Sequence[FileEntry]) -> dict[str, pa.Array]:
     """The current listing as the entry's listing columns, and the files' names (not in the entry)."""
     return {"path": pa.array(list(map(attrgetter("path"), entries)), pa.string()),
             "size": pa.array(list(map(attrgetter("size"), entries)), pa.int64()),
@@ -65,14 +65,14 @@ def _stamps(entries: Sequence[FileEntry] | None, num_files: int = 0) -> dict[str
             "changed": pa.array(np.fromiter(map(attrgetter("changed_ns"), entries), np.int64, len(entries)))}
 
 
-def _tagged(entry: FileEntry) -> bool:
+def is_tagged(entry: FileEntry) -> bool:
     """Whether the listing tells a rewrite of the file from the file it was (a modification tag or a
     version): a listing where some file has neither could only be checked by names and sizes, and is not kept."""
     return bool(entry.tag or entry.version)
 
 
-def _untagged(tags: pa.Array, versions: pa.Array) -> bool:
-    """Whether some file has neither a modification tag nor a version (see :func:`_tagged`), as columns."""
+def is_untagged(tags: pa.Array, versions: pa.Array) -> bool:
+    """Whether some file has neither a modification tag nor a version (see :func:`is_tagged`), as columns."""
     return bool(pc.any(pc.and_(pc.equal(pc.binary_length(tags), 0), pc.equal(pc.binary_length(versions), 0))).as_py())
 
 
@@ -110,33 +110,33 @@ def encode(material: dict[str, Any], footers: FooterTable, more: dict[str, pa.Ar
         "schemas": [base64.b64encode(s).decode() for s in schemas],
         "fingerprints": dict(footers.known_fingerprints),
     }, sort_keys=True).encode()
-    body = _LENGTH.pack(len(header)) + header + payload
-    return _MAGIC + body + hashlib.sha256(body).digest()
+    body = LENGTH.pack(len(header)) + header + payload
+    return MAGIC + body + hashlib.sha256(body).digest()
 
 
-def _verified(data: bytes) -> tuple[dict[str, Any], bytes]:
+def verified_entry(data: bytes) -> tuple[dict[str, Any], bytes]:
     """The header and payload of an entry whose magic, digest and version check."""
-    if not data.startswith(_MAGIC) or len(data) < len(_MAGIC) + _LENGTH.size + _DIGEST_BYTES:
+    if not data.startswith(MAGIC) or len(data) < len(MAGIC) + LENGTH.size + _DIGEST_BYTES:
         raise DamagedEntryError("not a plan cache entry, or cut short")
-    body, digest = data[len(_MAGIC):-_DIGEST_BYTES], data[-_DIGEST_BYTES:]
+    body, digest = data[len(MAGIC):-_DIGEST_BYTES], data[-_DIGEST_BYTES:]
     if hashlib.sha256(body).digest() != digest:
         raise DamagedEntryError("its checksum does not match its bytes")
-    (length,) = _LENGTH.unpack_from(body)
-    header = json.loads(body[_LENGTH.size:_LENGTH.size + length])
+    (length,) = LENGTH.unpack_from(body)
+    header = json.loads(body[LENGTH.size:LENGTH.size + length])
     if header.get("cache_version") != CACHE_VERSION:
         raise OtherVersionError(f"it is of cache format version {header.get('cache_version')!r}, this release "
                                 f"reads {CACHE_VERSION}")
-    return header, body[_LENGTH.size + length:]
+    return header, body[LENGTH.size + length:]
 
 
 def read_header(path: str) -> dict[str, Any]:
     """The header of the entry at ``path`` (what ``arrowstream plan`` prints); DamagedEntryError unless it verifies."""
     with open(path, "rb") as f:
-        header, _ = _verified(f.read())
+        header, _ = verified_entry(f.read())
     return header
 
 
-def _stale_key(header: dict[str, Any], material: dict[str, Any]) -> str:
+def stale_key(header: dict[str, Any], material: dict[str, Any]) -> str:
     """Why the entry is not that of this dataset's options ("" when it is)."""
     if header.get("key") != material:
         differing = sorted(k for k in set(material) | set(header.get("key", {}))
@@ -145,7 +145,7 @@ def _stale_key(header: dict[str, Any], material: dict[str, Any]) -> str:
     return ""
 
 
-def _stale_listing(cached: pa.Table | None, current: dict[str, pa.Array], entries: Sequence[FileEntry]) -> str:
+def stale_listing(cached: pa.Table | None, current: dict[str, pa.Array], entries: Sequence[FileEntry]) -> str:
     """Why the entry's listing is not the current one ("" when it is): column against column, Python
     objects only to name the first file that differs."""
     if cached is None:
@@ -161,13 +161,13 @@ def _stale_listing(cached: pa.Table | None, current: dict[str, pa.Array], entrie
     return ""
 
 
-def _read_table(payload: bytes) -> pa.Table:
+def read_entry_table(payload: bytes) -> pa.Table:
     table = pa.ipc.open_stream(pa.py_buffer(payload)).read_all()
     table.validate(full=True)
     return table
 
 
-def _footers(header: dict[str, Any], table: pa.Table, listing: dict[str, pa.Array], entries: Sequence[FileEntry],
+def entry_footers(header: dict[str, Any], table: pa.Table, listing: dict[str, pa.Array], entries: Sequence[FileEntry],
              file_format: FileFormat) -> FooterTable:
     """The footers an entry holds, on the current listing, their counts checked, with the data fingerprints
     it keeps: as columns, else (a count fails a check) file by file, which names the file."""

@@ -16,7 +16,7 @@ from .._storage.filesystem import display_url
 from ..errors import CorruptFileError, InvalidArgumentError, SchemaMismatchError
 
 
-def _check_names(schema: pa.Schema, url: str, label: str) -> None:
+def check_names(schema: pa.Schema, url: str, label: str) -> None:
     """Refuse a schema whose field names (nested ones too) are not valid UTF-8."""
     try:
         schema.to_string(show_field_metadata=False, show_schema_metadata=False)
@@ -56,7 +56,7 @@ def _type_of(schema: pa.Schema, name: str) -> str:
     return ", ".join(str(f.type) for f in schema if f.name == name)
 
 
-def _check_schemas(footers: FooterTable, protocol: str, required: list[str], all_columns: bool) -> pa.Schema:
+def check_schemas(footers: FooterTable, protocol: str, required: list[str], all_columns: bool) -> pa.Schema:
     """Refuse files whose columns differ from the reference (the first file with rows) in more than their
     nullability: each distinct schema is checked once, at its first file, which is the first file the error
     can name. Return the reference's schema with each column of ``required`` nullable where any file's is,
@@ -114,7 +114,7 @@ def _check_schema(schema: pa.Schema, url: str, ref_schema: pa.Schema, ref_url: s
                 f"{ref_url}; rewrite the files with one type, or leave the column out of `columns`")
 
 
-def _check_columns(columns: list[str] | None, schema: pa.Schema, url: str) -> None:
+def check_columns(columns: list[str] | None, schema: pa.Schema, url: str) -> None:
     if columns is None:
         return
     unknown = [c for c in columns if c not in schema.names]

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .._formats import FileFooter
 
 
-def _base_splits(footers: Sequence[FileFooter] | FooterTable, split_bytes: int | None) -> SplitTable:
+def base_splits(footers: Sequence[FileFooter] | FooterTable, split_bytes: int | None) -> SplitTable:
     """The plan's splits: each kept unit with rows, or with ``split_bytes`` runs of neighbouring kept units
     whose bytes fit it, file by file. From the footers' columns: no object per unit."""
     table = as_table(footers)

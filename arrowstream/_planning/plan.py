@@ -21,14 +21,14 @@ import pyarrow.compute as pc
 from .._core.plan_types import PLANNING_VERSION, FileEntry, SplitTable
 from .._formats import FileFooter, FileFormat, check_counts
 from .._formats.base import MetadataFormat
-from .._formats.footers import FooterTable, _shared_schema, as_table, files_fingerprint, handle_budget
+from .._formats.footers import FooterTable, as_table, files_fingerprint, handle_budget, shared_schema
 from .._formats.sniff import sniff
 from .._storage.failures import wrap_read_error
 from .._storage.filesystem import Storage, display_url
 from .._storage.pinned import local_version
 from ..errors import ArrowStreamError, CorruptFileError, EmptyDatasetError
-from .checks import _check_columns, _check_names, _check_schemas, check_filter
-from .cutting import REFINERS, _base_splits
+from .checks import check_columns, check_filter, check_names, check_schemas
+from .cutting import REFINERS, base_splits
 
 if TYPE_CHECKING:
     from .cache import PlanCache
@@ -99,7 +99,7 @@ def read_footer(storage: Storage, file_format: FileFormat, entry: FileEntry, fil
                 error = CorruptFileError(f"{url}: {hint}")
         raise error from exc
     check_counts(footer, url, file_format.label, file_format.unit)
-    _check_names(footer.schema, url, file_format.label)
+    check_names(footer.schema, url, file_format.label)
     return footer
 
 
@@ -141,7 +141,7 @@ def read_footers(storage: Storage, entries: Sequence[FileEntry], file_format: Fi
     filter_columns = check_filter(filter, first.schema, first_url) if filter is not None else []
     if filter is not None:  # now that the filter is known to fit, prune the first file too
         first = read_footer(storage, file_format, entries[lead], filter, filter_columns)
-    _check_columns(columns, first.schema, first_url)
+    check_columns(columns, first.schema, first_url)
     # handles (Parquet FileMetaData) are kept by the rule in _formats.footers, which the lead file decides
     keep_handles = first.handle_bytes * len(entries) <= handle_budget(storage.is_local)
     if not keep_handles:
@@ -173,7 +173,7 @@ def plan_footers(protocol: str, footers: Sequence[FileFooter] | FooterTable, *, 
     lead = int(not_empty[0]) if len(not_empty) else 0   # as read_footers chose it
     first_url = display_url(protocol, footers.path(lead))
     filter_columns = check_filter(filter, footers.schema_of(lead), first_url) if filter is not None else []
-    _check_columns(columns, footers.schema_of(lead), first_url)
+    check_columns(columns, footers.schema_of(lead), first_url)
     # a text file of no rows has names but no types: the schema is that of the first file with rows
     with_rows = np.flatnonzero(footers.file_rows() > 0)
     reference = footers.schema_of(int(with_rows[0]) if len(with_rows) else 0)
@@ -181,7 +181,7 @@ def plan_footers(protocol: str, footers: Sequence[FileFooter] | FooterTable, *, 
     output_columns = list(columns) if columns is not None else list(reference.names)
     read_columns = output_columns + [c for c in filter_columns if c not in output_columns]
     # each column nullable where any file's is (at any depth); the data identity keeps the reference's schema
-    joined = _check_schemas(footers, protocol, read_columns, all_columns=columns is None)
+    joined = check_schemas(footers, protocol, read_columns, all_columns=columns is None)
     if columns is None:  # every column, in file order: duplicate names are legal in Arrow IPC and Parquet
         schema = pa.schema(list(joined))
     else:
@@ -207,7 +207,7 @@ def _read_local(file_format: FileFormat, entries: Sequence[FileEntry], keep_hand
     """The footers of local files without a filter, read the short way into the plan's columns (no
     ``FileFooter`` per file): one open, fstat and footer read per file, the UTF-8 check of names once per
     distinct schema. The checks are those of :func:`read_footer` (the size and version ``open_input``
-    checks, ``check_counts``, ``_check_names``, the rows the footer announces), made on the columns; None
+    checks, ``check_counts``, ``check_names``, the rows the footer announces), made on the columns; None
     when a file fails one or cannot be read: the caller reads the files one by one, which retries what is
     transient and raises the error that names the file."""
     if not isinstance(file_format, MetadataFormat) or not entries:
@@ -225,7 +225,7 @@ def _read_local(file_format: FileFormat, entries: Sequence[FileEntry], keep_hand
                 or not np.array_equal(sums[offsets[1:]] - sums[offsets[:-1]], read.num_rows)):
             return None
         for schema in read.schemas:
-            _check_names(schema, entries[0].path, file_format.label)   # raises: read carefully
+            check_names(schema, entries[0].path, file_format.label)   # raises: read carefully
     except Exception:  # noqa: BLE001 (the careful read raises it again, classified and naming the file)
         return None
     per_file = np.diff(offsets)
@@ -263,7 +263,7 @@ def _joined(parts: Iterable[FooterTable]) -> FooterTable:
             if name not in formats:
                 formats.append(name)
         format_index.append(np.array([formats.index(n) for n in table.formats], np.int8)[table.format_index])
-        schema_index.append(np.array([_shared_schema(schemas, s) for s in table.schemas], np.int32)[table.schema_index])
+        schema_index.append(np.array([shared_schema(schemas, s) for s in table.schemas], np.int32)[table.schema_index])
         unit_offsets.append(table.unit_offsets[1:] + units)
         kept_offsets.append(table.kept_offsets[1:] + kept)
         handles.update({files + i: handle for i, handle in table.handles.items()})
@@ -334,7 +334,7 @@ def build_plan(protocol: str, footers: Sequence[FileFooter] | FooterTable, schem
         raise EmptyDatasetError(
             f"path: the {len(table)} file(s) starting with {first_url} hold no rows; "
             "point `path` at data that has rows")
-    splits = _base_splits(table, split_bytes)
+    splits = base_splits(table, split_bytes)
     if not splits:
         raise EmptyDatasetError(
             f"filter: {filter} excludes every row group of the {len(table)} file(s) by their "

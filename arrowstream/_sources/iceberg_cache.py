@@ -28,7 +28,7 @@ from .._formats import FileFormat
 from .._formats.footer_table import tabled
 from .._formats.footers import FooterTable, handle_budget
 from .._planning.cache import PlanCache, PlanCacheSetting, cache_folder
-from .._planning.cache_entry import CACHE_VERSION, _footers, encode
+from .._planning.cache_entry import CACHE_VERSION, encode, entry_footers
 from .iceberg_table import IcebergSource
 
 Deleted = npt.NDArray[np.int64] | None   # a data file's deleted positions, sorted; None: no deletes
@@ -60,7 +60,7 @@ class IcebergPlanCache(PlanCache):
         positions; None (logged, to be rebuilt) when the entry is missing, stale or damaged."""
         def decode(header: dict[str, Any], table: pa.Table, listing: dict[str, pa.Array]) -> tuple[
                 FooterTable, list[Deleted]]:
-            return (_footers(header, table, listing, entries, self.file_format),
+            return (entry_footers(header, table, listing, entries, self.file_format),
                     deleted_of(table.column("deleted"), len(entries)))
 
         return self._load(entries, decode)

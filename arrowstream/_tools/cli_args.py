@@ -8,8 +8,10 @@ checks that neither is imported). Help texts are plain text: they are printed as
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Callable
+from typing import Any
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -131,3 +133,19 @@ def check_plot(path: str) -> None:
         from ..errors import InvalidArgumentError
         raise InvalidArgumentError(f"--plot: the folder {folder!r} of {path!r} does not exist; create it "
                                    "or name a file in an existing folder")
+
+
+def key_values(pairs: list[str], flag: str = "--storage-option") -> dict[str, Any] | None:
+    """``KEY=VALUE`` options given with ``flag`` as a dict, each value parsed as JSON when it parses (None: none
+    given); ``InvalidArgumentError`` naming the flag for a pair without ``=``."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            from ..errors import InvalidArgumentError
+            raise InvalidArgumentError(f"{flag}: expected KEY=VALUE, got {pair!r}")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return options or None

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._core.fields import Fields
-from .._loader.mixture import MIX_CHECKPOINT_KIND, MIX_LOADER_KIND, MIX_LOADER_VERSION, _read_checkpoint
+from .._loader.mixture import MIX_CHECKPOINT_KIND, MIX_LOADER_KIND, MIX_LOADER_VERSION, read_mixture_checkpoint
 from .._loader.torchdata_state import InnerState
 from .._mixing.elastic import MixElastic
 from .._state.mixture import MIX_STATE_VERSION, MixWorkerState
@@ -30,7 +30,7 @@ class MixtureKind:
             raise StateError(f"the mixture state has version {version}; this arrowstream reads version "
                              f"{MIX_LOADER_VERSION}: upgrade arrowstream to read it")
         merged = state["kind"] == MIX_CHECKPOINT_KIND
-        outers = _read_checkpoint(fields) if merged else [state]
+        outers = read_mixture_checkpoint(fields) if merged else [state]
         wheres = [f"ranks[{index}]" for index in range(len(outers))] if merged else ["mixture loader state"]
         for outer, where in zip(outers, wheres, strict=True):
             part = Fields(outer, where)

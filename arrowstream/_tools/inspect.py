@@ -17,20 +17,7 @@ from typing import Any
 
 from .._core.order import SlotGrid, natural_batches
 from .._formats import unit_format
-
-
-def _storage_options(pairs: list[str], flag: str = "--storage-option") -> dict[str, Any] | None:
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            from ..errors import InvalidArgumentError
-            raise InvalidArgumentError(f"{flag}: expected KEY=VALUE, got {pair!r}")
-        try:
-            options[key] = json.loads(value)
-        except ValueError:
-            options[key] = value
-    return options or None
+from .cli_args import key_values
 
 
 def open_dataset(args: argparse.Namespace, **kwargs: Any) -> Any:
@@ -60,11 +47,11 @@ def open_dataset(args: argparse.Namespace, **kwargs: Any) -> Any:
         raise InvalidArgumentError("path: name the data (a file, directory, glob or URL) or pass --iceberg-table")
     from .. import StructuredDataset
 
-    parse_options = _storage_options(args.parse_option, "--parse-option")
+    parse_options = key_values(args.parse_option, "--parse-option")
     if parse_options is not None:
         common["parse_options"] = parse_options
     return StructuredDataset(args.path, format=args.format, columns=columns,
-                             storage_options=_storage_options(args.storage_option), **common)
+                             storage_options=key_values(args.storage_option), **common)
 
 
 def describe(dataset: Any, num_workers: int) -> dict[str, Any]:

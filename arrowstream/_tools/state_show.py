@@ -78,7 +78,7 @@ def dataset_for(description: dict[str, Any], args: Any) -> Any:
     size and planning version), for the counts that need the plan."""
     from .._state.resume import use_planning
     from ..dataset import StructuredDataset
-    from .inspect import _storage_options
+    from .cli_args import key_values
 
     options = description["options"]
     if description["source"] == "mixture":
@@ -106,8 +106,8 @@ def dataset_for(description: dict[str, Any], args: Any) -> Any:
         "interleave": options["interleave"], "drop_last": options["drop_last"], "split_bytes": options["split_bytes"],
         "even_batches": options.get("even_batches", True), "rank": 0,
         "world_size": description["topology"]["world_size"],
-        "storage_options": _storage_options(args.storage_option),
-        "parse_options": _storage_options(args.parse_option, "--parse-option"),
+        "storage_options": key_values(args.storage_option),
+        "parse_options": key_values(args.parse_option, "--parse-option"),
     }
     if "assignment" in options:
         kwargs["assignment"] = options["assignment"]
