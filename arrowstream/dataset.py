@@ -22,7 +22,6 @@ from ._state.identity import check_data_identity
 from ._state.worker import WorkerState
 from ._storage.retry import RetryPolicy
 from ._worker.runtime import read_schema
-from .errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from ._core.cursor import Position
@@ -198,17 +197,6 @@ class StructuredDataset(DatasetHooks):
         return build_dataloader(cls, dataset_args={"path": path, "format": format, "batch_size": batch_size},
                                 num_workers=num_workers, **kwargs)
 
-    # -- epochs -------------------------------------------------------------------------------
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch to read next; with ``shuffle=True`` each epoch has its own order.
-
-        Call it before iterating the loader each epoch. It reaches persistent workers too.
-        """
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise InvalidArgumentError(f"set_epoch: epoch must be an int >= 0, got {epoch!r}")
-        self._epoch_cell[0] = epoch
-
     # -- facts from the plan ------------------------------------------------------------------
 
     @property
@@ -257,10 +245,6 @@ class StructuredDataset(DatasetHooks):
         if self._file_names is None:
             self._file_names = tuple(self._plan.url(i) for i in range(len(self._plan.files)))
         return self._file_names
-
-    @property
-    def batch_size(self) -> int:
-        return self._options.batch_size
 
     @property
     def output_format(self) -> str:

@@ -164,8 +164,6 @@ def test_cut_units_give_every_slot_its_share_within_one_batch(files, world_size,
 def test_one_file_of_two_row_groups_over_3_ranks_of_2_workers_trims_at_most_a_batch_per_slot(tmp_path):
     """Issue #19: 4,000 rows in 2 row groups over 3 ranks x 2 workers, batch_size=128. Version 1 cut
     8 ranges of 500 rows, two slots got 1,000 and even_batches trimmed 976 rows every epoch."""
-    from arrowstream._state.resume import use_planning
-
     folder = write_dataset(tmp_path / "d", [(4000, 2000)])
     datasets = [StructuredDataset(folder, batch_size=128, rank=rank, world_size=3, plan_locally=True)
                 for rank in range(3)]
@@ -175,7 +173,7 @@ def test_one_file_of_two_row_groups_over_3_ranks_of_2_workers_trims_at_most_a_ba
     assert trimmed == [0, 0, 0]
     assert len({d.num_batches(2) for d in datasets}) == 1
     for dataset in datasets:   # the layout older checkpoints were taken in, which they keep
-        use_planning(dataset, 1)
+        dataset.use_planning(1)
     assert sorted(datasets[0].slot_rows(2)) == [500, 500, 500, 500, 1000, 1000]
     assert sum(d.rows_trimmed_per_epoch(2) for d in datasets) == 976
 

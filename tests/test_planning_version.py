@@ -162,12 +162,11 @@ def _dynamic_v1_checkpoint(folder, world_size=3, steps=2):
     """Every rank's ledger after ``steps`` batches of epoch 0, taken on planning version 1 (as a job that
     resumed from a version-5 state plans); the ids read before it."""
     from arrowstream import merge_state_dicts
-    from arrowstream._state.resume import use_planning
 
     before, states = [], []
     for rank in range(world_size):
         loader, dataset = make_loader(folder, 0, rank=rank, world_size=world_size, **DYNAMIC)
-        use_planning(dataset, 1)
+        dataset.use_planning(1)
         dataset.set_epoch(0)
         for step, batch in enumerate(loader):
             before += ids_of(batch)

@@ -88,3 +88,18 @@ def test_the_front_doors_override_no_planning_hook():
     hooks = {"_make_plan", "_arguments", "_use_plan", "follow_origin", "_follow_snapshot", "__getstate__",
              "_plan_here"}
     assert hooks & set(vars(IcebergDataset)) == set()
+
+
+def test_what_both_front_doors_answer_alike_is_defined_once():
+    """StructuredDataset and Mixture answer epoch, set_epoch, rank, world_size, batch_size and options from one
+    base (arrowstream._loader.front.FrontDoor); neither front door nor its hooks defines them again."""
+    from arrowstream import Mixture
+    from arrowstream._loader.dataset_hooks import DatasetHooks
+    from arrowstream._loader.front import FrontDoor
+    from arrowstream._loader.mixture_hooks import MixtureHooks
+    from arrowstream._loader.mixture_sources import PlannedMixture
+
+    common = {"epoch", "set_epoch", "rank", "world_size", "batch_size", "options"}
+    assert common <= set(vars(FrontDoor))
+    for door in (StructuredDataset, DatasetHooks, IcebergDataset, Mixture, MixtureHooks, PlannedMixture):
+        assert issubclass(door, FrontDoor) and common & set(vars(door)) == set(), door.__name__

@@ -34,7 +34,6 @@ from .._layout.ledger import (
     work_of,
 )
 from .._layout.replan import Replay
-from .._planning.auto_buffer import adopt_buffer
 from .._state.identity import DataIdentity
 from .._state.ledger_rows import EpochRows, Rank, check_yielded, rows_left, yielded_to_dict
 from .._state.worker import WorkerState, check_compatible, check_planning
@@ -366,7 +365,7 @@ def load_dynamic_ledger(dataset: PolicyDataset, epochs: DynamicEpochs, outers: S
     # options are then compared with the dataset's (a rank of another version is refused, saved vs current)
     saved_options = Fields(outers[0]["dynamic"], "dynamic").mapping("options")
     dataset.use_planning(check_planning(saved_options))
-    adopt_buffer(dataset, saved_options.value)
+    dataset.adopt_buffer(saved_options.value)
     # an Iceberg table that moved on since the checkpoint: its pinned snapshot, planned before a ledger is checked
     dataset.follow_origin(_ledger_state(outers[0]))
     world_size = outers[0]["world_size"]

@@ -15,8 +15,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import get_worker_info
 
 from .._core.order import Slot, SlotGrid
 from .._core.row_ids import check_row_id_names
@@ -28,9 +27,9 @@ from .._state.resume import Against, checked_state, loaded_state, replanned_epoc
 from .._state.worker import Leftovers, WorkerState
 from .._worker.convert import check_output_columns, resolve_fill_nulls
 from .._worker.runtime import WorkerRuntime, WorkerSide, trainer_convert
-from .._worker.shm import guard_feeder, share
+from .._worker.shm import guard_feeder
 from .._worker.slot_epoch import open_slot_epoch
-from .plain import LoaderWatch, Streamed
+from .front import FrontDoor
 
 if TYPE_CHECKING:
     from .._assignment import Assignment
@@ -54,7 +53,7 @@ class Reading:
     options: Options
 
 
-class DatasetHooks(Streamed, IterableDataset):  # type: ignore[type-arg]
+class DatasetHooks(FrontDoor):
     """A dataset's plan and what follows from it, for the front door ``StructuredDataset`` to stand on.
 
     Built from the checked arguments (``arrowstream._planning.arguments``), the assignment policy and
@@ -63,7 +62,7 @@ class DatasetHooks(Streamed, IterableDataset):  # type: ignore[type-arg]
     """
 
     def __init__(self, arguments: DatasetArguments, policy: Assignment, data_identity: str) -> None:
-        super().__init__()
+        super().__init__("StructuredDataset")   # the epoch cell, the loader watch (_loader.front)
         self._origin, self._options = arguments.origin, arguments.options
         self._credential_provider, self._retry = arguments.credential_provider, arguments.retry
         self._topology = topology = arguments.topology
@@ -71,9 +70,6 @@ class DatasetHooks(Streamed, IterableDataset):  # type: ignore[type-arg]
         self._even_batches, self._read_ahead_depth = arguments.even_batches, arguments.read_ahead
         self._policy, self._assignment = policy, policy.name   # how the rank's rows reach its workers (_assignment)
         self._data_identity = data_identity   # what a checkpoint must match (_state.identity)
-        # shared, so that set_epoch reaches persistent workers
-        self._epoch_cell = share(torch.zeros(1, dtype=torch.int64), "StructuredDataset: the epoch cell")
-        self._loader_watch = LoaderWatch("StructuredDataset")   # a loader that batches again, or cannot resume
         self._pending: WorkerState | None = None
         self._trim_watch = TrimWatch()   # warns when even_batches trims more than a batch of a worker
         self._active: SlotIterator[Position, WorkerState] | None = None
@@ -85,21 +81,6 @@ class DatasetHooks(Streamed, IterableDataset):  # type: ignore[type-arg]
                                       collective=not arguments.plan_locally and collective_world_size() > 1)
         self._options = resolve_buffer(self._options, [plan])   # shuffle_buffer_size left out: sized by the plan
         self._use_plan(storage, plan, replanned=None)
-
-    @property
-    def epoch(self) -> int:
-        """The epoch read next (``set_epoch``)."""
-        return int(self._epoch_cell[0])
-
-    @property
-    def rank(self) -> int:
-        """This rank's place among the ranks that read distinct data (its group's, with ``group_size``)."""
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        """How many ranks read distinct data (groups, with ``group_size``)."""
-        return self._world_size
 
     @property
     def even_batches(self) -> bool:
@@ -198,11 +179,6 @@ class DatasetHooks(Streamed, IterableDataset):  # type: ignore[type-arg]
         """The assignment policy that :attr:`assignment` names (``arrowstream._assignment``): what the loader,
         ``len`` and the state ask of how rows go to workers."""
         return self._policy
-
-    @property
-    def options(self) -> Options:
-        """The options this dataset reads with, as resolved (a frozen value; for arrowstream's own modules)."""
-        return self._options
 
     @property
     def identity(self) -> DataIdentity:

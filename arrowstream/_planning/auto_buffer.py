@@ -95,8 +95,3 @@ def adopted(options: Options, saved_options: Any) -> Options | None:
     if not options.auto_buffer or saved is None or saved == options.shuffle_buffer_size:
         return None
     return dataclasses.replace(options, shuffle_buffer_size=saved)
-
-
-def adopt_buffer(dataset: Any, saved_options: Any) -> None:
-    """``dataset.adopt_buffer(saved_options)``, for the callers that import it from here."""
-    dataset.adopt_buffer(saved_options)

@@ -24,7 +24,7 @@ from ..errors import (
     EmptyDatasetError,
     InvalidArgumentError,
 )
-from . import files as _source
+from .files import FileOrigin, Origin, check_file_format
 from .iceberg import IcebergOrigin
 from .iceberg_table import load_table, open_source
 
@@ -75,7 +75,7 @@ class Planned:
     """A source of the mixture, planned."""
 
     name: str
-    origin: _source.Origin
+    origin: Origin
     options: Options
     storage: Storage
     plan: Plan
@@ -137,10 +137,10 @@ def _plan_source(where: str, name: str, spec: Source | IcebergSource, shared: di
                  collective: bool) -> Planned:
     data_identity = check_data_identity(spec.data_identity, f"{where}.data_identity")
     if isinstance(spec, Source):
-        fmt = _source.check_file_format(spec.format)
+        fmt = check_file_format(spec.format)
         check_storage_arguments(spec.storage_options, spec.credential_provider)
-        source: _source.Origin = _source.FileOrigin(spec.path, fmt, spec.storage_options,
-                                                    as_provider(spec.credential_provider), plan_cache)
+        source: Origin = FileOrigin(spec.path, fmt, spec.storage_options, as_provider(spec.credential_provider),
+                                    plan_cache)
         options = validate_options(format=fmt, columns=spec.columns, filter=spec.filter,
                                    split_bytes=spec.split_bytes, parse_options=spec.parse_options, **shared)
     else:

@@ -75,11 +75,6 @@ def checked_state(against: Against, saved: WorkerState, elastic: bool, slot: Slo
     return saved
 
 
-def use_planning(dataset: Replans, planning: int) -> None:
-    """``dataset.use_planning(planning)``, for the callers that import it from here."""
-    dataset.use_planning(planning)
-
-
 def follow_planning(dataset: Replans, state_dict: Any, where: str) -> None:
     """Make ``dataset`` cut splits as the worker state ``state_dict`` was planned (its ``options.planning``):
     a job that resumes from a checkpoint keeps the checkpoint's planning version, in every later epoch too;

@@ -76,7 +76,6 @@ def run_show(args: Any) -> int:
 def dataset_for(description: dict[str, Any], args: Any) -> Any:
     """The dataset of ``--path`` built as the described checkpoint's run built it (its options, its world
     size and planning version), for the counts that need the plan."""
-    from .._state.resume import use_planning
     from ..dataset import StructuredDataset
     from .cli_args import key_values
 
@@ -127,7 +126,7 @@ def dataset_for(description: dict[str, Any], args: Any) -> Any:
                 f"data's columns in their schema order has it; pass --columns as the run's columns= named them, "
                 "in that order")
     dataset = StructuredDataset(args.path, columns=columns, **kwargs)
-    use_planning(dataset, options["planning"])
+    dataset.use_planning(options["planning"])
     return dataset
 
 
