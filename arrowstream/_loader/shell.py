@@ -49,7 +49,7 @@ from .torchdata_state import (
 )
 
 
-class FrontDoor(Protocol):
+class Loadable(Protocol):
     """What the loader shell reads of what it loads (a ``StructuredDataset``, a ``Mixture``), beside its own
     loader's hooks: the epoch, the rank among the ranks, the batch size, the batches per epoch, the trims
     warning, and what it reads (put back when a checkpoint is refused)."""
@@ -82,7 +82,7 @@ class StreamLoader(LoadsState, StatefulDataLoader):  # type: ignore[misc]
     WATCH: ClassVar[str]             # what ``set_epoch`` is called on: "dataset", "mixture"
     MIXTURE: ClassVar[bool] = False  # the options of a mixture's loader (see check_loader_options)
 
-    def _start(self, dataset: FrontDoor, kwargs: dict[str, Any], batches_per_transfer: int | None,
+    def _start(self, dataset: Loadable, kwargs: dict[str, Any], batches_per_transfer: int | None,
                credential_provider: Any = None) -> None:
         """Build torchdata's loader over ``dataset`` (``kwargs``: its keywords, by name) and the transport."""
         self._epoch_watch = EpochWatch(self.WATCH)   # warns when a finished epoch starts again (no set_epoch)
