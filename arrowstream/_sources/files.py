@@ -23,7 +23,7 @@ from .._planning.cache import CacheOutcome, PlanCacheSetting, check_plan_cache, 
 from .._planning.discovery import discover_files
 from .._planning.plan import plan_files
 from .._state.identity import DataIdentity, shape_of
-from ..errors import InvalidArgumentError, NotSupportedYetError
+from ..errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from .._planning.options import Options
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from .._storage.filesystem import Storage
     from .._storage.retry import RetryPolicy
 
-PLANNED_FORMATS = ("parquet", "orc", "arrow", "csv", "jsonl", "json")  # file formats known by name, read or planned
 
 
 def path_names(path: Any) -> Any:
@@ -96,12 +95,9 @@ def check_file_format(format: Any) -> str:
     if format == "iceberg":
         raise InvalidArgumentError("format: Iceberg tables are read by arrowstream.IcebergDataset(table=..., "
                                    "catalog_config=...), not from a path")
-    if format not in PLANNED_FORMATS:
-        raise InvalidArgumentError(f"format: unknown format {format!r}; use one of {list(PLANNED_FORMATS)}")
     if format not in FILE_FORMATS:
-        raise NotSupportedYetError(
-            f"format: {format!r} is planned but not in this release; it reads "
-            f"{[f for f in PLANNED_FORMATS if f in FILE_FORMATS]} (and Iceberg tables through IcebergDataset)")
+        raise InvalidArgumentError(f"format: unknown format {format!r}; use one of {[*FILE_FORMATS, 'json']} "
+                                   "('json' is JSON Lines)")
     return str(format)
 
 

@@ -231,9 +231,10 @@ def _scan_tasks(source: IcebergSource) -> list[Any]:
     except ValueError as exc:
         if "equality deletes" in str(exc):
             raise NotSupportedYetError(
-                f"table: {source.table_name!r} snapshot {source.snapshot_id} has equality delete files, which "
-                "arrowstream (like pyiceberg) cannot apply yet; rewrite the table's data files (compaction) "
-                "or read a snapshot from before the deletes") from None
+                f"table: {source.table_name!r} snapshot {source.snapshot_id} has equality delete files: pyiceberg, "
+                "which plans the scan, refuses them (it applies positional deletes only), so which rows are deleted "
+                "is unknown; rewrite the table's data files (compaction) or read a snapshot from before the "
+                "deletes") from None
         raise
 
 
@@ -243,8 +244,9 @@ def _data_format(task: Any) -> str:
     data_file = task.file
     formats = {FileFormat.PARQUET: "parquet", FileFormat.ORC: "orc"}
     if data_file.file_format not in formats:
-        raise NotSupportedYetError(f"{data_file.file_path}: Iceberg data files in {data_file.file_format} are not "
-                                   "read yet (Parquet and ORC are)")
+        raise NotSupportedYetError(f"{data_file.file_path}: an Iceberg data file in {data_file.file_format}; arrowstream "
+                                   "reads Parquet and ORC data files (pyarrow, which decodes them, has no Avro "
+                                   "reader): rewrite the table's data files as Parquet")
     return formats[data_file.file_format]
 
 
