@@ -109,3 +109,29 @@ def test_a_replanned_epochs_figures_are_what_its_workers_yield(uneven, old_world
             assert limits == [batches for _, batches, _ in yields], where
         left_out = dataset.rows_trimmed_per_epoch(num_workers) + dataset.rows_dropped_per_epoch(num_workers)
         assert left_out == sum(rows - kept for rows, _, kept in mine), where
+
+
+@pytest.mark.parametrize("new_world_size, num_workers", [(1, 3), (1, 1), (2, 3)])
+def test_describe_state_counts_a_replanned_epochs_rows_with_the_dataset(uneven, new_world_size, num_workers):
+    """A checkpoint inside a re-planned epoch: with the dataset, each rank's rows of the epoch are those of its
+    re-planned shares (its workers' counters start at the re-plan), so consumed + what follows = the epoch's rows."""
+    state = _checkpoint(uneven, 2, {})
+    for rank in range(new_world_size):
+        loader, dataset = _loader(uneven, num_workers, rank, new_world_size, {})
+        loader.load_state_dict(state)
+        dataset.set_epoch(0)
+        batches = iter(loader)
+        for _ in range(5):
+            next(batches)
+        inside = json.loads(json.dumps(loader.state_dict()))
+        rest = sum(len(batch["id"]) for batch in batches)
+        _, fresh = _loader(uneven, num_workers, rank, new_world_size, {})   # as the run was built, nothing loaded
+        about = arrowstream.describe_state(inside, dataset=fresh)
+        assert about["elastic"]["old_num_workers"] == 2 and about["elastic"]["old_world_size"] == 2
+        [mine] = about["ranks"]
+        assert mine["epoch_rows"] == mine["rows"] + rest, f"rank {rank}"
+        assert mine["share"] == pytest.approx(mine["rows"] / mine["epoch_rows"])
+        per_rank = max(num_workers, 1)
+        assert mine["epoch_rows"] == sum(kept for _, _, kept in
+                                         dataset.slot_yields(num_workers)[rank * per_rank:(rank + 1) * per_rank])
+        assert arrowstream.describe_state(inside)["share"] is None   # without the data: unknown, and said so
