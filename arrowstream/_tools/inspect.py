@@ -5,7 +5,9 @@ the schema, the splits, and how they are assigned for a given ``--world-size`` a
 mixture (``--source NAME=PATH ...``, :mod:`arrowstream._tools.mixture_inspect`): each source's rows, quota and passes
 at ``--epoch``, and each slot's rows of each source. Both share one walk over the (rank, worker) slots:
 rows, exact batches, what ``even_batches`` trims and ``drop_last`` drops, then per rank ``len(loader)``.
-Nothing is read but footers; the numbers are those the loader uses (same plan, same assignment).
+Nothing is read but footers; the numbers are those the loader uses (same plan, same assignment). With
+``--assignment dynamic`` a rank's workers lease its splits at run time: the report then has a line per rank (its
+work) and none per worker.
 """
 
 from __future__ import annotations
