@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     inspect.add_argument("--num-workers", type=int, default=0, help="loader workers per rank (default 0)")
     inspect.add_argument("--drop-last", action="store_true", help="drop each worker's short last batch")
     inspect.add_argument("--no-even-batches", action="store_true", help="let ranks yield different batch counts")
+    inspect.add_argument("--assignment", choices=ASSIGNMENT_NAMES, default=ASSIGNMENT_NAMES[0],
+                         help="how workers get their rows: the plan's splits per worker (static, default) or "
+                              "leases of the rank's splits taken at run time (dynamic: per-rank figures only)")
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
     add_mixture_arguments(inspect)
     bench = commands.add_parser("bench", formatter_class=HelpFormatter, help="throughput on this data against the raw pyarrow loop, per-worker "

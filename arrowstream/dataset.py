@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from ._assignment import check_assignment
-from ._layout.layout import batch_limits, check_known, slot_yields
+from ._layout.layout import check_known, slot_yields
 from ._loader.dataset_hooks import DatasetHooks
 from ._planning.arguments import check_dataset_arguments
 from ._state.identity import check_data_identity
@@ -25,6 +25,7 @@ from ._worker.runtime import read_schema
 
 if TYPE_CHECKING:
     from ._core.cursor import Position
+    from ._layout.layout import EpochLayout
     from ._loader.dataset import ArrowStreamDataLoader
     from ._worker.iterator import SlotIterator
 
@@ -255,20 +256,31 @@ class StructuredDataset(DatasetHooks):
         return len(self._plan.splits_for(self._grid(num_workers).num_slots, self._options.planning))
 
     def slot_rows(self, num_workers: int = 0) -> list[int]:
-        """Rows (before the filter) each slot reads in this epoch as planned for its topology, for every (rank,
-        worker) slot: the epoch layout's own shares, given out by the assignment policy's ``assign``."""
-        return [share.num_rows for share in self.epochs.layouts.layout(self.epoch, self._grid(num_workers)).shares]
+        """Rows (before the filter) each (rank, worker) slot reads in this epoch, for every slot, as the epoch is laid
+        out for ``num_workers`` workers per rank: the plan's shares (given out by the assignment policy's
+        ``assign``), or, in an epoch re-planned from a loaded checkpoint of another topology, the shares of the rows
+        it had left (those each new slot reads from the re-planned start), as ``len(loader)`` counts them."""
+        return [share.num_rows for share in self._layout(num_workers).shares]
 
     def batch_limits(self, num_workers: int = 0) -> list[int] | None:
-        """Batches each slot may yield per epoch under ``even_batches`` (every slot of every rank);
-        ``None`` when the batches are not evened out (one rank, or ``even_batches=False``)."""
-        return batch_limits(self.slot_rows(num_workers), self._world_size, self._options, self._even_batches)
+        """Batches each slot may yield in this epoch under ``even_batches`` (every slot of every rank; a re-planned
+        epoch's, as :meth:`slot_rows`); ``None`` when the batches are not evened out (one rank, or
+        ``even_batches=False``)."""
+        limits = self._layout(num_workers).limits
+        return None if limits is None else list(limits)
 
     def slot_yields(self, num_workers: int = 0) -> list[tuple[int, int, int]]:
-        """Per (rank, worker) slot of every rank, in an epoch planned for this topology: its rows, the
-        batches it yields and the rows it yields (``even_batches`` and ``drop_last`` applied)."""
-        return slot_yields(self.slot_rows(num_workers), self.batch_limits(num_workers), self._options.batch_size,
+        """Per (rank, worker) slot of every rank, in this epoch as laid out (a re-planned epoch's, as
+        :meth:`slot_rows`): its rows, the batches it yields and the rows it yields (``even_batches`` and
+        ``drop_last`` applied)."""
+        layout = self._layout(num_workers)
+        return slot_yields([share.num_rows for share in layout.shares], layout.limits, self._options.batch_size,
                            self._options.drop_last)
+
+    def _layout(self, num_workers: int) -> EpochLayout:
+        """This epoch's layout for ``num_workers`` workers per rank: re-planned when a loaded checkpoint of another
+        topology re-planned it (the dataset's ``epochs.elastic``), else the plan's."""
+        return self.epochs.layout(self.epoch, self._grid(num_workers))
 
     def rows_dropped_per_epoch(self, num_workers: int = 0) -> int:
         """Rows ``drop_last`` drops each epoch on this rank (each worker's short last batch; with

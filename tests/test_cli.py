@@ -136,6 +136,32 @@ def test_inspect_prints_the_same_report_as_text(skewed):
         (s["rank"], s["worker"], s["batches"]) for s in report["slots"]]
 
 
+@pytest.mark.parametrize("world_size, num_workers", [(2, 3), (3, 2), (1, 2)])
+def test_inspect_shows_what_dynamic_assignment_fixes_per_rank_and_leaves_to_leases(tmp_path, world_size, num_workers):
+    """Under assignment='dynamic' a rank's workers lease its splits at run time: the report has no per-worker lines
+    (it says why) and each rank's splits, rows and batches are its work's, as its loader yields them (the static
+    per-slot figures said 30 batches a rank here, where the loader yields 34)."""
+    folder = write_dataset(tmp_path / "d", [(3000, 1000), (2000, 1000), (700, 350), (1300, 1300)])
+    argv = ["inspect", folder, "--world-size", str(world_size), "--num-workers", str(num_workers), "--batch-size", "100",
+            "--assignment", "dynamic"]
+    report = json.loads(arrowstream_cli(*argv, "--json"))
+    assert report["topology"]["assignment"] == "dynamic" and report["slots"] == []
+    assert "lease" in report["workers"] and "run time" in report["workers"]
+    assert sum(r["splits"] for r in report["ranks"]) == report["splits"]["count"]
+    assert sum(r["rows"] for r in report["ranks"]) == 7000
+    for rank in range(world_size):
+        loader, dataset = StructuredDataset.create_dataloader(folder, batch_size=100, num_workers=num_workers, rank=rank,
+                                                              world_size=world_size, assignment="dynamic",
+                                                              plan_locally=True)
+        mine = report["ranks"][rank]
+        rows = [len(batch["id"]) for batch in loader]
+        assert (mine["batches"], mine["rows_yielded"]) == (len(loader), sum(rows)) == (len(rows), sum(rows))
+        assert mine["rows_trimmed"] == dataset.rows_trimmed_per_epoch(num_workers)
+    text = arrowstream_cli(*argv)
+    assert "assignment=dynamic" in text and "decided at run time" in text
+    assert not re.search(r"^rank  worker", text, re.MULTILINE)   # no per-worker table
+
+
 def test_inspect_reads_an_iceberg_table(tmp_path):
     from arrowstream._tools import demo as _demo
 

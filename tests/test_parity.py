@@ -327,13 +327,13 @@ def inspect(data: dict[str, str], door: str, assignment: str, tmp_path: Path) ->
     source = {"dataset": [data["dataset"]],
               "iceberg": ["--iceberg-table", "db.events", "--catalog-root", data["catalog"]],
               "mixture": ["--source", f"a={data['a']}", "--source", f"b={data['b']}"]}[door]
+    loaders = [build(data, door, assignment, rank=rank, world_size=2, plan_locally=True)[0] for rank in range(2)]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         cli.main(["inspect", *source, "--world-size", "2", "--num-workers", str(WORKERS), "--batch-size", str(BATCH),
-                  "--json"])
+                  "--assignment", assignment, "--json"])
     report = json.loads(out.getvalue())
-    for rank in range(2):
-        loader, _ = build(data, door, assignment, rank=rank, world_size=2, plan_locally=True)
+    for rank, loader in enumerate(loaders):
         batches = take(loader)
         if door == "mixture":
             slots = [s for s in report["slots"] if s["rank"] == rank]

@@ -213,14 +213,7 @@ class Epochs:
         return [self.plan.url(index) for index in sorted({splits[i].file_index for i in range(first, last)})]
 
 
-# -- facts from the plan: what StructuredDataset.num_batches, slot_yields ... answer -----------------
-
-
-def batch_limits(rows: Sequence[int], world_size: int, options: OrderOptions, even_batches: bool) -> list[int] | None:
-    """Batches each slot of ``rows`` rows may yield under ``even_batches``; ``None`` when they are not evened."""
-    if not even_batches:
-        return None
-    return even_batch_limits(rows, world_size, options.batch_size, options.drop_last)
+# -- facts from the plan: what StructuredDataset.num_batches, rows_trimmed_per_epoch ... answer -----------------
 
 
 def check_known(options: OrderOptions, what: str) -> None:

@@ -123,7 +123,7 @@ def _describe(part: StateKind, state: dict[str, Any], dataset: StructuredDataset
     }
     body = part.body(envelope, ranks, every_worker, dataset)
     description = {**description, **body, "ranks": ranks}
-    _shares(part, description, dataset)
+    _shares(part, description, dataset, every_worker)
     return description
 
 
@@ -158,9 +158,9 @@ def _describe_rank(part: StateKind, outer: dict[str, Any], where: str) -> tuple[
     return rank, present
 
 
-def _shares(part: StateKind, description: dict[str, Any], dataset: StructuredDataset | None) -> None:
+def _shares(part: StateKind, description: dict[str, Any], dataset: StructuredDataset | None, states: list[Any]) -> None:
     """Each rank's (and the state's) share of the epoch consumed: its rows / its rows of the epoch."""
-    rows = part.epoch_rows(description, dataset)
+    rows = part.epoch_rows(description, dataset, states)
     ranks = description["ranks"]
     for rank, epoch_rows in zip(ranks, rows.per_rank, strict=True):
         rank["epoch_rows"] = epoch_rows

@@ -91,10 +91,12 @@ class DatasetKind:
             "column_names": None if columns is None or options.get("columns") is None else list(columns),
         }
 
-    def epoch_rows(self, description: dict[str, Any], dataset: StructuredDataset | None) -> EpochRows:
-        """The rows each rank yields in the state's epoch, or None each and why not."""
+    def epoch_rows(self, description: dict[str, Any], dataset: StructuredDataset | None, states: list[WorkerState]) -> EpochRows:
+        """The rows each rank yields in the state's epoch, or None each and why not. With the dataset, an epoch
+        re-planned from another topology counts the rows of its re-planned shares (from the re-plan, as the
+        workers' counters do)."""
         topology, options, ranks = description["topology"], description["options"], description["ranks"]
-        if description["elastic"] is not None:
+        if description["elastic"] is not None and dataset is None:
             return EpochRows([None] * len(ranks), note=REPLANNED)
         if description["assignment"] == "dynamic":
             return _dynamic_rows(description)
@@ -104,16 +106,28 @@ class DatasetKind:
                     f"describe_state: the dataset runs world_size={dataset.world_size} with planning version "
                     f"{dataset.options.planning}, the checkpoint world_size={topology['world_size']} with planning "
                     f"version {shorten(options.get('planning'))}; pass a dataset built as the checkpoint's run was")
-            per_rank = max(topology["num_workers"], 1)
-            yields = dataset.slot_yields(topology["num_workers"])
-            return EpochRows([sum(y[2] for y in yields[r["rank"] * per_rank:(r["rank"] + 1) * per_rank])
-                              for r in ranks])
+            return EpochRows([_rank_epoch_rows(dataset, topology["num_workers"], rank, states) for rank in ranks])
         if options.get("filter") is not None:
             return EpochRows([None] * len(ranks), note="a filter drops rows that are known only by reading them")
         if topology["world_size"] == 1 and description["data"] is not None and not options.get("drop_last"):
             return EpochRows([description["data"]["num_rows"]])
         return EpochRows([None] * len(ranks), note=("each rank's rows of the epoch follow from the plan, "
                                                     f"{UNKNOWN}: give it with {GIVE_THE_DATA}"))
+
+
+def _rank_epoch_rows(dataset: StructuredDataset, num_workers: int, rank: dict[str, Any], states: list[WorkerState]) -> int:
+    """The rows a rank yields in its epoch as the dataset's plan lays it out for the checkpoint's topology: the
+    planned epoch, or the one its workers' states say was re-planned from another topology (the old workers'
+    cursors, checked against the plan first, as loading the state would check them)."""
+    epoch, options = rank["epoch"], dataset.options
+    mine = [s for s in states if s.slot.rank == rank["rank"] and s.epoch == epoch]
+    replanned = next((s for s in mine if s.elastic is not None), None)
+    if replanned is not None:
+        dataset.check_state(replanned.to_dict(), slot=replanned.slot,
+                            where=f"rank {rank['rank']} worker {replanned.slot.worker_id} state")
+    layout = dataset.epochs.layouts.layout(epoch, SlotGrid(dataset.world_size, num_workers),
+                                           None if replanned is None else replanned.elastic)
+    return sum(kept for _, _, kept in layout.yields(rank["rank"], options.batch_size, options.drop_last))
 
 
 def _ledger(value: Any, where: str) -> dict[str, Any]:

@@ -77,8 +77,8 @@ class StateKind(Protocol):
         """``source``, ``assignment``, ``options``, ``data``, ``elastic``, ``column_names`` (and ``mixture``)."""
         ...
 
-    def epoch_rows(self, description: dict[str, Any], dataset: StructuredDataset | None) -> EpochRows:
-        """The rows of the described epoch, per rank and in all."""
+    def epoch_rows(self, description: dict[str, Any], dataset: StructuredDataset | None, states: list[Any]) -> EpochRows:
+        """The rows of the described epoch, per rank and in all (``states``: every worker state, parsed)."""
         ...
 
 

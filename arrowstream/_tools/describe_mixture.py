@@ -83,7 +83,7 @@ class MixtureKind:
                         "state_version": MIX_STATE_VERSION, "saved_state_version": min(saved, default=None)},
         }
 
-    def epoch_rows(self, description: dict[str, Any], dataset: StructuredDataset | None) -> EpochRows:
+    def epoch_rows(self, description: dict[str, Any], dataset: StructuredDataset | None, states: list[Any]) -> EpochRows:
         """A mixture's epoch is the sum of its quotas; a rank's part of it, that of its slots (one rank: all)."""
         ranks, total = description["ranks"], description["mixture"]["epoch_rows"]
         if description["elastic"] is not None:

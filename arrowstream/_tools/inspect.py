@@ -5,7 +5,9 @@ the schema, the splits, and how they are assigned for a given ``--world-size`` a
 mixture (``--source NAME=PATH ...``, :mod:`arrowstream._tools.mixture_inspect`): each source's rows, quota and passes
 at ``--epoch``, and each slot's rows of each source. Both share one walk over the (rank, worker) slots:
 rows, exact batches, what ``even_batches`` trims and ``drop_last`` drops, then per rank ``len(loader)``.
-Nothing is read but footers; the numbers are those the loader uses (same plan, same assignment).
+Nothing is read but footers; the numbers are those the loader uses (same plan, same assignment). With
+``--assignment dynamic`` a rank's workers lease its splits at run time: the report then has a line per rank (its
+work) and none per worker.
 """
 
 from __future__ import annotations
@@ -55,21 +57,31 @@ def open_dataset(args: argparse.Namespace, **kwargs: Any) -> Any:
 
 
 def describe(dataset: Any, num_workers: int) -> dict[str, Any]:
-    """The whole report as plain data (what ``--json`` prints)."""
+    """The whole report as plain data (what ``--json`` prints): the dataset's epoch as laid out (re-planned, when a
+    loaded checkpoint of another topology re-planned it). With an assignment whose workers do not read fixed shares
+    (``"dynamic"``: they lease the rank's splits at run time) there are no per-worker lines: ``slots`` is empty,
+    ``workers`` says why, and each rank's line holds its work's splits, rows and batches."""
     plan, options = dataset.plan, dataset.options
     grid = SlotGrid(dataset.world_size, num_workers)
-    world_size, per_rank, num_slots = grid.world_size, grid.workers_per_rank, grid.num_slots
+    world_size, num_slots = grid.world_size, grid.num_slots
     footers = plan.files
     files = [{"name": f.entry.name, "rows": sum(f.unit_rows), "units": len(f.unit_rows), "bytes": f.entry.size}
              for f in footers]
-    splits = plan.splits_for(num_slots, options.planning)
+    fixed = dataset.policy.fixed_slots
+    splits = plan.splits_for(num_slots if fixed else world_size, options.planning)   # leases: cut for the ranks
     split_rows = [s.num_rows for s in splits]
-    owned = dataset.policy.assign(split_rows, num_slots)  # the loader's assignment (its policy's): splits per slot
-    slots = [{**slot_line(index, per_rank, rows, batches, kept, options.batch_size, options.drop_last),
-              "splits": len(owned[index])}
-             for index, (rows, batches, kept) in enumerate(dataset.slot_yields(num_workers))]
-    slot_rows = [s["rows"] for s in slots]
-    mean = sum(slot_rows) / num_slots
+    # what each (rank, worker) slot reads (static); with leases, what each rank's workers share (a slot per rank)
+    lines = _slot_lines(dataset, num_workers if fixed else 0)
+    if fixed:
+        slots, workers = lines, None
+    else:
+        slots, workers = [], (f"assignment={dataset.assignment!r}: each rank's {max(num_workers, 1)} worker(s) lease "
+                              "its splits in the epoch's order as they finish the ones they hold (the last cut into "
+                              "row ranges), so which worker reads which splits, and the batches each yields, are "
+                              "decided at run time; the rank's rows and batches are fixed")
+    loads = [s["rows"] for s in lines]
+    mean = sum(loads) / len(loads) if loads else 0
+    summary = slots_summary(lines, world_size, ("splits",))
     return {
         "source": {"format": options.format, "table": dataset.origin.table_name,
                    "snapshot_id": getattr(dataset, "snapshot_id", None)},
@@ -79,14 +91,31 @@ def describe(dataset: Any, num_workers: int) -> dict[str, Any]:
         "file_list": files,
         "topology": {"world_size": world_size, "num_workers": num_workers, "slots": num_slots,
                      "batch_size": options.batch_size, "drop_last": options.drop_last,
-                     "even_batches": dataset.batch_limits(num_workers) is not None,
-                     "planning": options.planning},
+                     "even_batches": dataset.even_batches, "planning": options.planning,
+                     "assignment": dataset.assignment},
         "splits": {"count": len(splits), "rows_min": min(split_rows, default=0),
                    "rows_median": statistics.median(split_rows) if split_rows else 0,
                    "rows_max": max(split_rows, default=0)},
-        "imbalance": (max(slot_rows) / mean - 1) if mean else 0.0,
-        **slots_summary(slots, world_size),
+        "imbalance": (max(loads) / mean - 1) if mean else 0.0,
+        **summary, "slots": slots, "workers": workers,
     }
+
+
+def _slot_lines(dataset: Any, num_workers: int) -> list[dict[str, Any]]:
+    """A line per (rank, worker) slot of the dataset's epoch laid out for ``num_workers`` workers per rank (0: one
+    slot per rank), with its splits (and replayed windows, in a re-planned epoch) and its yields."""
+    options = dataset.options
+    layout = dataset.epochs.layout(dataset.epoch, SlotGrid(dataset.world_size, num_workers))
+    per_rank = max(num_workers, 1)
+    yields = dataset.slot_yields(num_workers)
+    stitched = not dataset.policy.fixed_slots   # a rank's leased rows: every batch whole but its last
+    lines = []
+    for index, (share, (rows, batches, kept)) in enumerate(zip(layout.shares, yields, strict=True)):
+        if stitched:
+            batches = -(-kept // options.batch_size)
+        lines.append({**slot_line(index, per_rank, rows, batches, kept, options.batch_size, options.drop_last),
+                      "splits": len(share.splits) + len(share.replays)})
+    return lines
 
 
 def slot_line(index: int, per_rank: int, rows: int, batches: int, kept: int, batch_size: int,
@@ -98,10 +127,11 @@ def slot_line(index: int, per_rank: int, rows: int, batches: int, kept: int, bat
             "rows_yielded": kept, "rows_trimmed": trimmed, "rows_dropped": rows - kept - trimmed}
 
 
-def slots_summary(slots: list[dict[str, Any]], world_size: int) -> dict[str, Any]:
-    """The slots, each rank's sums (its ``batches``: ``len(loader)`` on it) and the epoch's rows left out."""
-    ranks = [{"rank": rank, **{key: sum(s[key] for s in slots if s["rank"] == rank) for key in
-                               ("rows", "batches", "rows_yielded", "rows_trimmed", "rows_dropped")}}
+def slots_summary(slots: list[dict[str, Any]], world_size: int, more: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The slots, each rank's sums (its ``batches``: ``len(loader)`` on it; and those of ``more``) and the epoch's rows
+    left out."""
+    keys = ("rows", "batches", "rows_yielded", "rows_trimmed", "rows_dropped", *more)
+    ranks = [{"rank": rank, **{key: sum(s[key] for s in slots if s["rank"] == rank) for key in keys}}
              for rank in range(world_size)]
     return {"slots": slots, "ranks": ranks, "batches_per_rank": [r["batches"] for r in ranks],
             "rows_trimmed": sum(s["rows_trimmed"] for s in slots), "rows_dropped": sum(s["rows_dropped"] for s in slots)}
@@ -121,18 +151,26 @@ def render(report: dict[str, Any], max_files: int = 20) -> str:
               for f in report["file_list"][:max_files]]
     lines += ["", (f"world_size={topology['world_size']} num_workers={topology['num_workers']} "
                    f"batch_size={topology['batch_size']} drop_last={topology['drop_last']} "
-                   f"even_batches={topology['even_batches']}: {topology['slots']} slots"),
+                   f"even_batches={topology['even_batches']} assignment={topology['assignment']}: "
+                   f"{topology['slots']} slots"),
               (f"splits: {splits['count']:,} (planning version {topology['planning']}; rows per split: min {splits['rows_min']:,}, median "
                f"{splits['rows_median']:,.0f}, max {splits['rows_max']:,})"), "",
-              "rank  worker  splits        rows   batches  rows trimmed  rows dropped"]
-    for s in report["slots"]:
-        lines.append(f"{s['rank']:>4}  {s['worker']:>6}  {s['splits']:>6}  {s['rows']:>10,}  {s['batches']:>8,}  "
-                     f"{s['rows_trimmed']:>12,}  {s['rows_dropped']:>12,}")
-    lines += ["", "rank        rows   batches  rows yielded  rows trimmed"]
+              ]
+    if report["workers"] is None:
+        lines.append("rank  worker  splits        rows   batches  rows trimmed  rows dropped")
+        for s in report["slots"]:
+            lines.append(f"{s['rank']:>4}  {s['worker']:>6}  {s['splits']:>6}  {s['rows']:>10,}  {s['batches']:>8,}  "
+                         f"{s['rows_trimmed']:>12,}  {s['rows_dropped']:>12,}")
+        lines.append("")
+        fullest = "slot"
+    else:
+        lines += [f"per worker: {report['workers']}", ""]
+        fullest = "rank"
+    lines.append("rank  splits        rows   batches  rows yielded  rows trimmed")
     for r in report["ranks"]:
-        lines.append(f"{r['rank']:>4}  {r['rows']:>10,}  {r['batches']:>8,}  {r['rows_yielded']:>12,}  "
+        lines.append(f"{r['rank']:>4}  {r['splits']:>6}  {r['rows']:>10,}  {r['batches']:>8,}  {r['rows_yielded']:>12,}  "
                      f"{r['rows_trimmed']:>12,}")
-    lines += ["", f"imbalance: the fullest slot holds {report['imbalance']:.1%} more rows than the mean",
+    lines += ["", f"imbalance: the fullest {fullest} holds {report['imbalance']:.1%} more rows than the mean",
               (f"even_batches trims {report['rows_trimmed']:,} rows per epoch; drop_last drops "
                f"{report['rows_dropped']:,}")]
     return "\n".join(lines)
@@ -145,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
 
         return _mix_inspect.run(args)
     dataset = open_dataset(args, rank=0, world_size=args.world_size, even_batches=not args.no_even_batches,
-                           drop_last=args.drop_last)
+                           drop_last=args.drop_last, assignment=args.assignment)
     report = describe(dataset, args.num_workers)
     print(json.dumps(report, indent=2) if args.json else render(report))
     return 0

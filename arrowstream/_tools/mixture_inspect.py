@@ -39,6 +39,7 @@ def open_mixture(args: argparse.Namespace) -> Any:
     sources = {name: Source(path, format=formats.get(name, "parquet"), columns=columns, split_bytes=args.split_bytes)
                for name, path in paths.items()}
     return Mixture(sources, weights=weights, epoch_rows=args.epoch_rows, batch_size=args.batch_size, rank=0,
+                   assignment=getattr(args, "assignment", "static"),
                    world_size=args.world_size, plan_locally=True, drop_last=args.drop_last,
                    even_batches=not args.no_even_batches)
 
