@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from ._assignment import check_assignment
-from ._layout.layout import check_known, slot_yields
+from ._layout.layout import check_known
 from ._loader.dataset_hooks import DatasetHooks
 from ._planning.arguments import check_dataset_arguments
 from ._state.identity import check_data_identity
@@ -25,7 +25,6 @@ from ._worker.runtime import read_schema
 
 if TYPE_CHECKING:
     from ._core.cursor import Position
-    from ._layout.layout import EpochLayout
     from ._loader.dataset import ArrowStreamDataLoader
     from ._worker.iterator import SlotIterator
 
@@ -256,31 +255,50 @@ class StructuredDataset(DatasetHooks):
         return len(self._plan.splits_for(self._grid(num_workers).num_slots, self._options.planning))
 
     def slot_rows(self, num_workers: int = 0) -> list[int]:
-        """Rows (before the filter) each (rank, worker) slot reads in this epoch, for every slot, as the epoch is laid
-        out for ``num_workers`` workers per rank: the plan's shares (given out by the assignment policy's
-        ``assign``), or, in an epoch re-planned from a loaded checkpoint of another topology, the shares of the rows
-        it had left (those each new slot reads from the re-planned start), as ``len(loader)`` counts them."""
-        return [share.num_rows for share in self._layout(num_workers).shares]
+        """Rows (before the filter) each (rank, worker) slot reads in this epoch, for every slot, with ``num_workers``
+        workers per rank, as the assignment policy reads the epoch: under ``"static"`` the epoch layout's shares (or,
+        in an epoch re-planned from a loaded checkpoint of another topology, the shares of the rows it had left,
+        those each new slot reads from the re-planned start), as ``len(loader)`` counts them.
+
+        Under ``"dynamic"`` a slot with ``num_workers`` of 0 or 1 is its rank (its work, re-planned after a resume on
+        another world size); with more workers, which rows each worker reads is decided by the leases it takes at
+        run time, so an ``InvalidArgumentError`` says so: :meth:`rank_yields` gives each rank's (fixed) figures.
+
+        Example:
+            >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq, arrowstream
+            >>> folder = tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"x": list(range(10))}), f"{folder}/part.parquet", row_group_size=5)
+            >>> arrowstream.StructuredDataset(folder, batch_size=4).slot_rows(2)
+            [5, 5]
+        """
+        return [rows for rows, _, _ in self.slot_yields(num_workers)]
 
     def batch_limits(self, num_workers: int = 0) -> list[int] | None:
-        """Batches each slot may yield in this epoch under ``even_batches`` (every slot of every rank; a re-planned
-        epoch's, as :meth:`slot_rows`); ``None`` when the batches are not evened out (one rank, or
-        ``even_batches=False``)."""
-        limits = self._layout(num_workers).limits
-        return None if limits is None else list(limits)
+        """Batches each slot may yield in this epoch under ``even_batches`` (every slot of every rank, as
+        :meth:`slot_rows`, which says when a slot has no figures of its own); ``None`` when the batches are not
+        evened out (one rank, or ``even_batches=False``)."""
+        yields = self.slot_yields(num_workers)
+        return [batches for _, batches, _ in yields] if self._even_batches else None
 
     def slot_yields(self, num_workers: int = 0) -> list[tuple[int, int, int]]:
-        """Per (rank, worker) slot of every rank, in this epoch as laid out (a re-planned epoch's, as
+        """Per (rank, worker) slot of every rank, in this epoch as the assignment policy reads it (see
         :meth:`slot_rows`): its rows, the batches it yields and the rows it yields (``even_batches`` and
         ``drop_last`` applied)."""
-        layout = self._layout(num_workers)
-        return slot_yields([share.num_rows for share in layout.shares], layout.limits, self._options.batch_size,
-                           self._options.drop_last)
+        return [figure.yields for figure in self._policy.slot_figures(self, num_workers)]
 
-    def _layout(self, num_workers: int) -> EpochLayout:
-        """This epoch's layout for ``num_workers`` workers per rank: re-planned when a loaded checkpoint of another
-        topology re-planned it (the dataset's ``epochs.elastic``), else the plan's."""
-        return self.epochs.layout(self.epoch, self._grid(num_workers))
+    def rank_yields(self, num_workers: int = 0) -> list[tuple[int, int, int]]:
+        """Per rank, in this epoch as the assignment policy reads it with ``num_workers`` workers per rank (re-planned
+        after a resume on another topology): its rows, the batches it yields (``len(loader)`` on that rank) and the
+        rows they hold. Under ``"dynamic"`` these are fixed though each worker's are not.
+
+        Example:
+            >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq, arrowstream
+            >>> folder = tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"x": list(range(10))}), f"{folder}/part.parquet", row_group_size=5)
+            >>> arrowstream.StructuredDataset(folder, batch_size=4, assignment="dynamic").rank_yields(2)
+            [(10, 3, 10)]
+        """
+        return [figure.yields for figure in self._policy.rank_figures(self, num_workers)]
 
     def rows_dropped_per_epoch(self, num_workers: int = 0) -> int:
         """Rows ``drop_last`` drops each epoch on this rank (each worker's short last batch; with

@@ -19,8 +19,7 @@ from arrowstream._assignment.static import StaticAssignment
 
 PACKAGE_DIR = os.path.join(os.path.dirname(__file__), "..", "arrowstream")
 POLICY_FOLDER = "_assignment/"   # the policies and their registry: every module there may name them
-# comparisons that stay for now, each with its owner: a description's field, not a dataset's policy
-KNOWN = {("_tools/describe_dataset.py", "compares assignment with 'dynamic'")}   # a saved state read as JSON: its ledger, not a policy
+KNOWN: set[tuple[str, str]] = set()   # comparisons that stay, each with its owner: none left
 
 
 def protocol_members() -> set[str]:

@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from .._core.assignment_names import ASSIGNMENT_NAMES
 from ..errors import ArgumentTypeError, InvalidArgumentError
 from .dynamic import DynamicAssignment
+from .figures import Figure
 from .static import StaticAssignment
 from .views import PolicyDataset, PolicyLoader
 
-__all__ = ["ASSIGNMENTS", "Assignment", "PolicyDataset", "PolicyLoader", "check_assignment", "loader_in_order"]
+__all__ = ["ASSIGNMENTS", "Assignment", "Figure", "PolicyDataset", "PolicyLoader", "check_assignment", "loader_in_order"]
 
 if TYPE_CHECKING:
     from .._core.cursor import Position
@@ -64,10 +65,20 @@ class Assignment(Protocol):
     def assign(self, weights: Sequence[int], num_slots: int) -> list[list[int]]:
         """Which items (splits, or a re-planned epoch's rest) each (rank, worker) slot reads, by their ``weights``
         (rows), in their given order: how the dataset lays out an epoch, re-plans one for another topology, and
-        how ``arrowstream inspect`` reports it. ``dataset.slot_rows`` and the batch limits are the epoch layout's
-        own shares, so a slot's rows may depend on the items' order (the epoch's), as round robin's do."""
+        how ``arrowstream inspect`` reports it. A static slot's figures (:meth:`slot_figures`) are the epoch
+        layout's own shares, so a slot's rows may depend on the items' order (the epoch's), as round robin's do."""
 
     # -- facts of an epoch -----------------------------------------------------------------------
+
+    def slot_figures(self, dataset: PolicyDataset, num_workers: int) -> list[Figure]:
+        """Per (rank, worker) slot of every rank, rank by rank, in the dataset's epoch as this policy reads it
+        (re-planned, when a loaded checkpoint of another topology re-planned it): its rows, batches, rows yielded
+        and splits (``dataset.slot_rows``, ``batch_limits``, ``slot_yields``, ``arrowstream inspect``). An
+        ``InvalidArgumentError`` that says why where the policy's workers read no fixed share of their own."""
+
+    def rank_figures(self, dataset: PolicyDataset, num_workers: int) -> list[Figure]:
+        """Per rank, the same figures of its whole epoch (``dataset.rank_yields``, ``arrowstream inspect``): its
+        batches are ``len(loader)`` on that rank."""
 
     def num_batches(self, dataset: PolicyDataset, num_workers: int) -> int:
         """Batches this rank yields in the dataset's epoch."""

@@ -29,6 +29,7 @@ from .dynamic_epoch import (
     load_dynamic_ledger,
     start_state,
 )
+from .figures import Figure
 
 if TYPE_CHECKING:
     from .._core.cursor import Position
@@ -104,6 +105,29 @@ class DynamicAssignment:
         """Across ranks as static (longest processing time on rows): each rank's rows stay fixed, its workers lease
         them (the dataset's layouts, used for the rank's share and by ``arrowstream inspect``)."""
         return assign_lpt(weights, num_slots)
+
+    def slot_figures(self, dataset: PolicyDataset, num_workers: int) -> list[Figure]:
+        """With one worker per rank (or none), a slot is its rank: the rank's figures. With more, refused: which
+        rows each worker reads, and so its batches, are decided by the leases it takes at run time; a figure per
+        worker would be a guess (a static share no dynamic worker reads), and a list per rank in its place would
+        be indexed as slots by the caller without a word. The rank's figures are fixed: ``rank_figures``."""
+        if num_workers > 1:
+            raise InvalidArgumentError(
+                f"num_workers={num_workers}: with assignment='dynamic' each rank's {num_workers} workers lease its "
+                "splits in the epoch's order as they finish the ones they hold (the last cut into row ranges), so which "
+                "worker reads which rows, and the batches each yields, are decided at run time; the rank's rows and "
+                f"batches are fixed: ask dataset.rank_yields({num_workers}) (or len(loader) on the rank), or build the "
+                "dataset with assignment='static' for a fixed share per worker")
+        return self.rank_figures(dataset, num_workers)
+
+    def rank_figures(self, dataset: PolicyDataset, num_workers: int) -> list[Figure]:
+        """Each rank's work of the dataset's epoch (re-planned for this world size after a resume from another), as
+        its workers lease it: its batches are ``len(loader)`` on it (the workers' last rows stitched into whole
+        batches), whatever ``num_workers``."""
+        epochs, epoch = self.epochs, dataset.epoch
+        return [(epochs if rank == dataset.rank
+                 else epochs.checking(dataset.world_size, rank, epochs.even_batches, epochs.replanned)).figure(epoch)
+                for rank in range(dataset.world_size)]
 
     def num_batches(self, dataset: PolicyDataset, num_workers: int) -> int:
         return int(self.epochs.batches(dataset.epoch))

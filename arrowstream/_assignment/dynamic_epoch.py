@@ -29,6 +29,7 @@ from .._layout.ledger import (
     leased_runs,
     rank_share,
     remaining_work,
+    replanned_stretches,
     replanned_work,
     start_cursor,
     work_of,
@@ -39,6 +40,7 @@ from .._state.ledger_rows import EpochRows, Rank, check_yielded, rows_left, yiel
 from .._state.worker import WorkerState, check_compatible, check_planning
 from .._worker.metrics import worker_values
 from ..errors import StateError, StateMismatchError
+from .figures import Figure
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -66,7 +68,8 @@ class DynamicEpochs:
         self._world_size, self._rank, self._even_batches = world_size, rank, even_batches
         self.loaded: tuple[int, Work] | None = None   # a checkpoint's rest of its epoch (kept for the workers)
         self.pending = False   # the loaded rest is not read yet: the next iteration of its epoch reads it
-        self._fresh: dict[int, tuple[Work, int]] = {}   # epoch -> its fresh work, and the rank's rows before cuts
+        # epoch -> its fresh work, the rank's rows before cuts, and the splits (and replays) they are in
+        self._fresh: dict[int, tuple[Work, int, int]] = {}
         self._placed: dict[int, EpochRows] = {}   # epoch -> its fresh rows, placed (to check a ledger's rows)
         self.replanned: Replanned | None = None   # an epoch re-planned from a checkpoint of another world size
 
@@ -100,19 +103,21 @@ class DynamicEpochs:
         self._plan, self._options = plan, options
         self._fresh, self._placed = {}, {}
 
-    def _laid_out(self, epoch: int) -> tuple[Work, int]:
+    def _laid_out(self, epoch: int) -> tuple[Work, int, int]:
         laid_out = self._fresh.get(epoch)
         if laid_out is None:
             if len(self._fresh) >= 4:
                 del self._fresh[next(iter(self._fresh))]
             replanned = self.replanned
             if replanned is not None and replanned.epoch == epoch:
-                laid_out = replanned_work(replanned.rests, self._world_size, self._rank, self._options.batch_size,
-                                          self._options.drop_last, self._even_batches)
+                work, rows = replanned_work(replanned.rests, self._world_size, self._rank, self._options.batch_size,
+                                            self._options.drop_last, self._even_batches)
+                items = len(replanned_stretches(replanned.rests, self._world_size)[self._rank])
+                laid_out = (work, rows, items)
             else:
                 share, kept = rank_share(self._plan, self._world_size, self._rank, epoch, self._options,
                                          self._even_batches)
-                laid_out = (work_of(share, kept), int(split_rows(share).sum()))
+                laid_out = (work_of(share, kept), int(split_rows(share).sum()), len(share))
             self._fresh[epoch] = laid_out
         return laid_out
 
@@ -181,9 +186,15 @@ class DynamicEpochs:
         rows = self.fresh(epoch).num_rows
         return -(-rows // self._options.batch_size)
 
+    def figure(self, epoch: int) -> Figure:
+        """The rank's whole ``epoch`` (re-planned, when it was): its rows, the batches it yields (:meth:`batches`),
+        the rows they hold and the splits (and replays) its workers lease."""
+        work, rows, items = self._laid_out(epoch)
+        return Figure(rows, self.batches(epoch), work.num_rows, items)
+
     def rows_left_out(self, epoch: int) -> tuple[int, int]:
         """Rows of the rank's share of ``epoch`` that ``even_batches`` trims and that ``drop_last`` drops."""
-        work, rank_rows = self._laid_out(epoch)
+        work, rank_rows, _ = self._laid_out(epoch)
         kept = work.num_rows
         whole = rank_rows - rank_rows % self._options.batch_size if self._options.drop_last else rank_rows
         if kept < whole:   # evened out: what is left out is trimmed (as a static slot's would be)

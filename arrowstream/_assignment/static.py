@@ -8,9 +8,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._core.order import SlotGrid, assign_lpt
-from .._layout.layout import rows_dropped, rows_trimmed
+from .._layout.layout import rows_dropped, rows_trimmed, slot_yields
 from .._layout.trims import slot_trim
 from ..errors import StateMismatchError
+from .figures import Figure, rank_sums
 
 if TYPE_CHECKING:
     from .._core.cursor import Position
@@ -42,6 +43,19 @@ class StaticAssignment:
     def assign(self, weights: Sequence[int], num_slots: int) -> list[list[int]]:
         """Longest processing time on rows: deterministic, each slot's items in their given order."""
         return assign_lpt(weights, num_slots)
+
+    def slot_figures(self, dataset: PolicyDataset, num_workers: int) -> list[Figure]:
+        """Each slot's share of the epoch layout (the plan's, or the re-planned rest after an elastic resume)."""
+        options = dataset.options
+        layout = dataset.epochs.layout(dataset.epoch, SlotGrid(dataset.world_size, num_workers))
+        yields = slot_yields([share.num_rows for share in layout.shares], layout.limits, options.batch_size,
+                             options.drop_last)
+        return [Figure(rows, batches, kept, len(share.splits) + len(share.replays))
+                for share, (rows, batches, kept) in zip(layout.shares, yields, strict=True)]
+
+    def rank_figures(self, dataset: PolicyDataset, num_workers: int) -> list[Figure]:
+        """The sums of each rank's slots."""
+        return rank_sums(self.slot_figures(dataset, num_workers), dataset.world_size)
 
     def num_batches(self, dataset: PolicyDataset, num_workers: int) -> int:
         return sum(limit for _, limit, _ in rank_yields(dataset, num_workers))

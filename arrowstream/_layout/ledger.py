@@ -305,6 +305,13 @@ def rest_items(work: Work) -> list[Replay[Slot] | Split]:
     return items
 
 
+def replanned_stretches(rests: Sequence[Work], world_size: int) -> list[list[Replay[Slot] | Split]]:
+    """The items of every old rank's rest (``rests``, in old rank order) cut into ``world_size`` stretches of equal
+    rows within one, one per new rank (see :func:`replanned_work`)."""
+    items = [item for rest in rests for item in rest_items(rest)]
+    return cut_items(items, world_size, item_rows, item_part)
+
+
 def replanned_work(rests: Sequence[Work], world_size: int, rank: int, batch_size: int, drop_last: bool,
                    even_batches: bool) -> tuple[Work, int]:
     """A rank's rows of a dynamic epoch re-planned for ``world_size`` ranks from every old rank's rest (``rests``,
@@ -316,8 +323,7 @@ def replanned_work(rests: Sequence[Work], world_size: int, rank: int, batch_size
     rest of old windows, read again the way the old workers read them), then its splits, as fresh splits of a
     :class:`~arrowstream._layout.leases.Work` (``fresh_from_row`` counts in them). ``even_batches`` then trims
     at most one batch per rank."""
-    items = [item for rest in rests for item in rest_items(rest)]
-    stretches = cut_items(items, world_size, item_rows, item_part)
+    stretches = replanned_stretches(rests, world_size)
     stretch_rows = [sum(map(item_rows, stretch)) for stretch in stretches]
     replays = [item for item in stretches[rank] if isinstance(item, Replay)]
     splits = [item for item in stretches[rank] if not isinstance(item, Replay)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from .._core.assignment_names import ASSIGNMENT_NAMES
 from .._core.fields import REMEDY, Fields, check_int, shorten
 from .._core.order import SlotGrid
 from .._layout.ledger import start_cursor
@@ -84,7 +85,8 @@ class DatasetKind:
         columns = None if dataset is None else dataset.options.columns
         return {
             "source": "iceberg" if data is not None and data.snapshot_id is not None else "files",
-            "assignment": "dynamic" if ledgers else "static",
+            # as the state names it: a static state's options do not (they are as before there was a choice)
+            "assignment": options.get("assignment", ASSIGNMENT_NAMES[0]),
             "options": options,
             "data": None if data is None else data.to_dict(),
             "elastic": elastic_summary(next((s.elastic for s in states if s.elastic is not None), None)),
@@ -98,7 +100,7 @@ class DatasetKind:
         topology, options, ranks = description["topology"], description["options"], description["ranks"]
         if description["elastic"] is not None and dataset is None:
             return EpochRows([None] * len(ranks), note=REPLANNED)
-        if description["assignment"] == "dynamic":
+        if any("dynamic" in rank for rank in ranks):   # a rank's ledger: its workers leased its rows
             return _dynamic_rows(description)
         if dataset is not None:
             if (dataset.world_size, dataset.options.planning) != (topology["world_size"], options.get("planning")):

@@ -5,9 +5,9 @@ the schema, the splits, and how they are assigned for a given ``--world-size`` a
 mixture (``--source NAME=PATH ...``, :mod:`arrowstream._tools.mixture_inspect`): each source's rows, quota and passes
 at ``--epoch``, and each slot's rows of each source. Both share one walk over the (rank, worker) slots:
 rows, exact batches, what ``even_batches`` trims and ``drop_last`` drops, then per rank ``len(loader)``.
-Nothing is read but footers; the numbers are those the loader uses (same plan, same assignment). With
-``--assignment dynamic`` a rank's workers lease its splits at run time: the report then has a line per rank (its
-work) and none per worker.
+Nothing is read but footers; the numbers are those the loader uses (same plan, same assignment policy, asked for
+them). With ``--assignment dynamic`` and workers, a rank's workers lease its splits at run time: the report then has a
+line per rank (its work) and none per worker.
 """
 
 from __future__ import annotations
@@ -15,17 +15,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._core.order import SlotGrid, natural_batches
 from .._formats import unit_format
+from ..errors import InvalidArgumentError
 from .cli_args import key_values
+
+if TYPE_CHECKING:
+    from .._assignment.figures import Figure
 
 
 def open_dataset(args: argparse.Namespace, **kwargs: Any) -> Any:
     """The dataset the source options name, with ``kwargs`` (rank, world_size, shuffle, ...)."""
-    from ..errors import InvalidArgumentError
-
     columns = args.columns.split(",") if args.columns else None
     common: dict[str, Any] = {"batch_size": args.batch_size, **kwargs}
     if args.split_bytes is not None:
@@ -57,28 +59,26 @@ def open_dataset(args: argparse.Namespace, **kwargs: Any) -> Any:
 
 
 def describe(dataset: Any, num_workers: int) -> dict[str, Any]:
-    """The whole report as plain data (what ``--json`` prints): the dataset's epoch as laid out (re-planned, when a
-    loaded checkpoint of another topology re-planned it). With an assignment whose workers do not read fixed shares
-    (``"dynamic"``: they lease the rank's splits at run time) there are no per-worker lines: ``slots`` is empty,
-    ``workers`` says why, and each rank's line holds its work's splits, rows and batches."""
+    """The whole report as plain data (what ``--json`` prints): the dataset's epoch as its assignment policy reads it
+    (re-planned, when a loaded checkpoint of another topology re-planned it), its slots' and ranks' figures asked of
+    the policy. Where the policy has no figures per worker (``"dynamic"`` with workers: they lease the rank's splits at
+    run time) ``slots`` is empty, ``workers`` says why, and each rank's line holds its work's splits, rows and
+    batches."""
     plan, options = dataset.plan, dataset.options
     grid = SlotGrid(dataset.world_size, num_workers)
     world_size, num_slots = grid.world_size, grid.num_slots
     footers = plan.files
     files = [{"name": f.entry.name, "rows": sum(f.unit_rows), "units": len(f.unit_rows), "bytes": f.entry.size}
              for f in footers]
-    fixed = dataset.policy.fixed_slots
-    splits = plan.splits_for(num_slots if fixed else world_size, options.planning)   # leases: cut for the ranks
+    policy = dataset.policy
+    # splits cut for the slots that read them: each (rank, worker) slot, or each rank whose workers lease
+    splits = plan.splits_for(num_slots if policy.fixed_slots else world_size, options.planning)
     split_rows = [s.num_rows for s in splits]
-    # what each (rank, worker) slot reads (static); with leases, what each rank's workers share (a slot per rank)
-    lines = _slot_lines(dataset, num_workers if fixed else 0)
-    if fixed:
-        slots, workers = lines, None
-    else:
-        slots, workers = [], (f"assignment={dataset.assignment!r}: each rank's {max(num_workers, 1)} worker(s) lease "
-                              "its splits in the epoch's order as they finish the ones they hold (the last cut into "
-                              "row ranges), so which worker reads which splits, and the batches each yields, are "
-                              "decided at run time; the rank's rows and batches are fixed")
+    try:
+        slots, workers = _lines(policy.slot_figures(dataset, num_workers), max(num_workers, 1), options), None
+    except InvalidArgumentError as refusal:   # no figures per worker: the policy says why
+        slots, workers = [], str(refusal)
+    lines = slots or _lines(policy.rank_figures(dataset, num_workers), 1, options)   # a line per rank
     loads = [s["rows"] for s in lines]
     mean = sum(loads) / len(loads) if loads else 0
     summary = slots_summary(lines, world_size, ("splits",))
@@ -101,21 +101,11 @@ def describe(dataset: Any, num_workers: int) -> dict[str, Any]:
     }
 
 
-def _slot_lines(dataset: Any, num_workers: int) -> list[dict[str, Any]]:
-    """A line per (rank, worker) slot of the dataset's epoch laid out for ``num_workers`` workers per rank (0: one
-    slot per rank), with its splits (and replayed windows, in a re-planned epoch) and its yields."""
-    options = dataset.options
-    layout = dataset.epochs.layout(dataset.epoch, SlotGrid(dataset.world_size, num_workers))
-    per_rank = max(num_workers, 1)
-    yields = dataset.slot_yields(num_workers)
-    stitched = not dataset.policy.fixed_slots   # a rank's leased rows: every batch whole but its last
-    lines = []
-    for index, (share, (rows, batches, kept)) in enumerate(zip(layout.shares, yields, strict=True)):
-        if stitched:
-            batches = -(-kept // options.batch_size)
-        lines.append({**slot_line(index, per_rank, rows, batches, kept, options.batch_size, options.drop_last),
-                      "splits": len(share.splits) + len(share.replays)})
-    return lines
+def _lines(figures: list[Figure], per_rank: int, options: Any) -> list[dict[str, Any]]:
+    """A line per slot of ``figures`` (``per_rank`` slots a rank; 1: a line per rank), with its splits (and
+    replayed windows, in a re-planned epoch)."""
+    return [{**slot_line(index, per_rank, f.rows, f.batches, f.rows_yielded, options.batch_size, options.drop_last),
+             "splits": f.splits} for index, f in enumerate(figures)]
 
 
 def slot_line(index: int, per_rank: int, rows: int, batches: int, kept: int, batch_size: int,
