@@ -153,3 +153,44 @@ def test_a_replanned_epochs_figures_are_the_replanned_works(uneven, num_workers,
         with warnings.catch_warnings():
             warnings.simplefilter("error", TrimWarning)
             _check_rank(loader, dataset, rank, num_workers, figures, f"rank {rank} of 3, {num_workers} workers, {kind}")
+
+
+@pytest.mark.parametrize("kind", ["even", "drop_last"])
+def test_describe_state_counts_each_ranks_work_with_the_dataset(uneven, kind):
+    """A merged dynamic checkpoint of 2 ranks x 2 workers, described with the dataset: each rank's rows of the epoch
+    are its work's (``rank_yields``), and what it consumed plus what its resumed loader yields is all of them
+    (without the data, several ranks' rows are unknown)."""
+    options = OPTIONS[kind]
+    state = _checkpoint(uneven, 2, 2, options)
+    _, fresh = _loader(uneven, 2, 0, 2, options)   # as the run was built, nothing loaded
+    about = arrowstream.describe_state(state, dataset=fresh)
+    assert arrowstream.describe_state(state)["epoch_rows"] is None
+    figures = fresh.rank_yields(2)
+    assert about["epoch_rows"] == sum(kept for _, _, kept in figures)
+    for rank in range(2):
+        mine = about["ranks"][rank]
+        loader, _ = _loader(uneven, 2, rank, 2, options)
+        loader.load_state_dict(state)
+        _, _, rest = _yielded(loader)
+        assert mine["epoch_rows"] == figures[rank][2] == mine["rows"] + rest, f"rank {rank}"
+        assert mine["dynamic"]["rows_left"] == rest and not mine["dynamic"]["replanned"]
+    assert about["share"] == pytest.approx(about["rows"] / about["epoch_rows"])
+    replanned = json.loads(json.dumps(_replanned_checkpoint(uneven, options)))
+    _, three = _loader(uneven, 2, 0, 3, options)
+    about = arrowstream.describe_state(replanned, dataset=three)
+    assert about["epoch_rows"] is None and "re-planned" in about["share_note"]
+
+
+def _replanned_checkpoint(path, options):
+    """A checkpoint of 3 ranks taken inside the epoch re-planned from 2 ranks' (each rank after 2 batches)."""
+    state = _checkpoint(path, 2, 2, options)
+    states = []
+    for rank in range(3):
+        loader, dataset = _loader(path, 2, rank, 3, options)
+        loader.load_state_dict(state)
+        dataset.set_epoch(0)
+        for step, _ in enumerate(loader):
+            if step + 1 == 2:
+                break
+        states.append(loader.state_dict())
+    return arrowstream.merge_state_dicts(states)

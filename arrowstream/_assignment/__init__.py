@@ -76,9 +76,10 @@ class Assignment(Protocol):
         and splits (``dataset.slot_rows``, ``batch_limits``, ``slot_yields``, ``arrowstream inspect``). An
         ``InvalidArgumentError`` that says why where the policy's workers read no fixed share of their own."""
 
-    def rank_figures(self, dataset: PolicyDataset, num_workers: int) -> list[Figure]:
-        """Per rank, the same figures of its whole epoch (``dataset.rank_yields``, ``arrowstream inspect``): its
-        batches are ``len(loader)`` on that rank."""
+    def rank_figures(self, dataset: PolicyDataset, num_workers: int, epoch: int | None = None) -> list[Figure]:
+        """Per rank, the same figures of its whole epoch (``dataset.rank_yields``, ``arrowstream inspect``,
+        ``describe_state`` of a dynamic ledger): its batches are ``len(loader)`` on that rank. ``epoch``: another
+        epoch than the dataset's (a checkpoint's)."""
 
     def num_batches(self, dataset: PolicyDataset, num_workers: int) -> int:
         """Batches this rank yields in the dataset's epoch."""

@@ -120,11 +120,12 @@ class DynamicAssignment:
                 "dataset with assignment='static' for a fixed share per worker")
         return self.rank_figures(dataset, num_workers)
 
-    def rank_figures(self, dataset: PolicyDataset, num_workers: int) -> list[Figure]:
+    def rank_figures(self, dataset: PolicyDataset, num_workers: int, epoch: int | None = None) -> list[Figure]:
         """Each rank's work of the dataset's epoch (re-planned for this world size after a resume from another), as
         its workers lease it: its batches are ``len(loader)`` on it (the workers' last rows stitched into whole
         batches), whatever ``num_workers``."""
-        epochs, epoch = self.epochs, dataset.epoch
+        epochs = self.epochs
+        epoch = dataset.epoch if epoch is None else epoch
         return [(epochs if rank == dataset.rank
                  else epochs.checking(dataset.world_size, rank, epochs.even_batches, epochs.replanned)).figure(epoch)
                 for rank in range(dataset.world_size)]

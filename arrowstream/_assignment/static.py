@@ -46,16 +46,12 @@ class StaticAssignment:
 
     def slot_figures(self, dataset: PolicyDataset, num_workers: int) -> list[Figure]:
         """Each slot's share of the epoch layout (the plan's, or the re-planned rest after an elastic resume)."""
-        options = dataset.options
-        layout = dataset.epochs.layout(dataset.epoch, SlotGrid(dataset.world_size, num_workers))
-        yields = slot_yields([share.num_rows for share in layout.shares], layout.limits, options.batch_size,
-                             options.drop_last)
-        return [Figure(rows, batches, kept, len(share.splits) + len(share.replays))
-                for share, (rows, batches, kept) in zip(layout.shares, yields, strict=True)]
+        return layout_figures(dataset, num_workers, dataset.epoch)
 
-    def rank_figures(self, dataset: PolicyDataset, num_workers: int) -> list[Figure]:
+    def rank_figures(self, dataset: PolicyDataset, num_workers: int, epoch: int | None = None) -> list[Figure]:
         """The sums of each rank's slots."""
-        return rank_sums(self.slot_figures(dataset, num_workers), dataset.world_size)
+        return rank_sums(layout_figures(dataset, num_workers, dataset.epoch if epoch is None else epoch),
+                         dataset.world_size)
 
     def num_batches(self, dataset: PolicyDataset, num_workers: int) -> int:
         return sum(limit for _, limit, _ in rank_yields(dataset, num_workers))
@@ -115,3 +111,14 @@ def rank_yields(dataset: PolicyDataset, num_workers: int) -> list[tuple[int, int
     options = dataset.options
     layout = dataset.epochs.layout(dataset.epoch, SlotGrid(dataset.world_size, num_workers))
     return layout.yields(dataset.rank, options.batch_size, options.drop_last)
+
+
+def layout_figures(dataset: PolicyDataset, num_workers: int, epoch: int) -> list[Figure]:
+    """Each slot's share of the layout of ``epoch`` for ``num_workers`` workers per rank (re-planned, when a loaded
+    checkpoint of another topology re-planned that epoch)."""
+    options = dataset.options
+    layout = dataset.epochs.layout(epoch, SlotGrid(dataset.world_size, num_workers))
+    yields = slot_yields([share.num_rows for share in layout.shares], layout.limits, options.batch_size,
+                         options.drop_last)
+    return [Figure(rows, batches, kept, len(share.splits) + len(share.replays))
+            for share, (rows, batches, kept) in zip(layout.shares, yields, strict=True)]

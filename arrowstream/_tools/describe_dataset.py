@@ -100,14 +100,15 @@ class DatasetKind:
         topology, options, ranks = description["topology"], description["options"], description["ranks"]
         if description["elastic"] is not None and dataset is None:
             return EpochRows([None] * len(ranks), note=REPLANNED)
+        if dataset is not None \
+                and (dataset.world_size, dataset.options.planning) != (topology["world_size"], options.get("planning")):
+            raise StateMismatchError(
+                f"describe_state: the dataset runs world_size={dataset.world_size} with planning version "
+                f"{dataset.options.planning}, the checkpoint world_size={topology['world_size']} with planning "
+                f"version {shorten(options.get('planning'))}; pass a dataset built as the checkpoint's run was")
         if any("dynamic" in rank for rank in ranks):   # a rank's ledger: its workers leased its rows
-            return _dynamic_rows(description)
+            return _dynamic_rows(description) if dataset is None else _ledger_rows(description, dataset)
         if dataset is not None:
-            if (dataset.world_size, dataset.options.planning) != (topology["world_size"], options.get("planning")):
-                raise StateMismatchError(
-                    f"describe_state: the dataset runs world_size={dataset.world_size} with planning version "
-                    f"{dataset.options.planning}, the checkpoint world_size={topology['world_size']} with planning "
-                    f"version {shorten(options.get('planning'))}; pass a dataset built as the checkpoint's run was")
             return EpochRows([_rank_epoch_rows(dataset, topology["num_workers"], rank, states) for rank in ranks])
         if options.get("filter") is not None:
             return EpochRows([None] * len(ranks), note="a filter drops rows that are known only by reading them")
@@ -154,6 +155,7 @@ def _ledger(value: Any, where: str) -> dict[str, Any]:
     return {"epoch": epoch, "replays": len(replays), "replay_rows": replay_rows, "splits": len(split_list),
             "split_rows": _splits_rows(split_list, f"{where}.splits"),
             "fresh_from_row": fields.integer("fresh_from_row"),
+            "replanned": fields.get("replanned") is not None,   # from a checkpoint of another world size
             "data": DataIdentity.from_dict(fields.mapping("data")), "options": dict(options.value),
             "ledger_bytes": len(json.dumps(value))}
 
@@ -179,6 +181,34 @@ def _check_dataset(dataset: StructuredDataset, states: list[WorkerState], ledger
                             start_cursor(1), 0, 0, 0, False)
     if saved is not None:
         check_compatible(saved, dataset.epochs.data, dataset.epochs.state_options)
+
+
+def _ledger_rows(description: dict[str, Any], dataset: StructuredDataset) -> EpochRows:
+    """With the dataset, each rank's rows of its ledger's epoch are its work's, as the dataset's assignment policy
+    lays it out (``rank_figures``), and the rows it consumed are the rest of what its ledger leaves (its workers'
+    counters start again at a resume; the ledger does not)."""
+    ranks, options = description["ranks"], description["options"]
+    if options.get("filter") is not None:
+        return EpochRows([None] * len(ranks), note="a filter drops rows that are known only by reading them")
+    if any(rank["dynamic"]["replanned"] for rank in ranks):
+        return EpochRows([None] * len(ranks), note=(
+            "the epoch was re-planned from a checkpoint of another world size: each rank's rows are its stretch of "
+            "what every old rank had left, which only loading the checkpoint re-plans (len(loader) and "
+            "dataset.rank_yields count them on the loaded dataset)"))
+    figures: dict[int, list[Any]] = {}
+    per_rank = []
+    for rank in ranks:
+        ledger = rank["dynamic"]
+        epoch = ledger["epoch"]
+        if epoch not in figures:
+            figures[epoch] = dataset.policy.rank_figures(dataset, description["topology"]["num_workers"], epoch)
+        epoch_rows = figures[epoch][rank["rank"]].rows_yielded
+        # a fresh epoch's work: its fresh rows (cut to those it yields) from fresh_from_row, and the leases in flight
+        left = ledger["replay_rows"] + ledger["split_rows"] + max(epoch_rows - ledger["fresh_from_row"], 0)
+        ledger["rows_left"] = left
+        rank["rows"] = epoch_rows - left
+        per_rank.append(epoch_rows)
+    return EpochRows(per_rank)
 
 
 def _dynamic_rows(description: dict[str, Any]) -> EpochRows:
