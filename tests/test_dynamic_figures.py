@@ -194,3 +194,19 @@ def _replanned_checkpoint(path, options):
                 break
         states.append(loader.state_dict())
     return arrowstream.merge_state_dicts(states)
+
+
+def test_state_show_with_the_data_counts_each_ranks_work(uneven, tmp_path, capfd):
+    """``arrowstream state show CKPT --path DATA`` builds the dataset with the checkpoint's options (its assignment
+    among them) and counts a dynamic checkpoint's epoch rows as describe_state does with the dataset."""
+    from arrowstream import cli
+
+    state = _checkpoint(uneven, 2, 2, {})
+    path = tmp_path / "ckpt.json"
+    path.write_text(json.dumps(state))
+    _, fresh = _loader(uneven, 2, 0, 2, {})
+    known = arrowstream.describe_state(state, dataset=fresh)
+    assert known["epoch_rows"] == sum(kept for _, _, kept in fresh.rank_yields(2))
+    assert cli.main(["state", "show", str(path), "--path", uneven, "--json"]) == 0
+    shown = json.loads(capfd.readouterr().out)
+    assert (shown["epoch_rows"], shown["rows"], shown["share"]) == (known["epoch_rows"], known["rows"], known["share"])
