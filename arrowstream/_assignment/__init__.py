@@ -1,7 +1,8 @@
 """How a rank's rows reach its workers: the ``assignment=`` policy, asked instead of testing its name.
 
 A policy answers what the dataset and its loader ask of the epoch: the batches of an epoch (``len(loader)``),
-the rows ``even_batches`` trims and ``drop_last`` drops, how an iteration opens a worker's stream, what the
+the rows ``even_batches`` trims and ``drop_last`` drops, each slot's and rank's figures (``dataset.slot_rows``,
+``batch_limits``, ``slot_yields``, ``rank_yields``, ``arrowstream inspect``: :mod:`~arrowstream._assignment.figures`), how an iteration opens a worker's stream, what the
 loader does around an iteration (lease pools), what its state carries (a ledger) and how a checkpoint of it
 loads. Two policies today, each in its own module:
 

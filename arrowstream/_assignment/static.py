@@ -54,17 +54,17 @@ class StaticAssignment:
                          dataset.world_size)
 
     def num_batches(self, dataset: PolicyDataset, num_workers: int) -> int:
-        return sum(limit for _, limit, _ in rank_yields(dataset, num_workers))
+        return sum(limit for _, limit, _ in workers_yields(dataset, num_workers))
 
     def rows_dropped(self, dataset: PolicyDataset, num_workers: int) -> int:
-        return rows_dropped(rank_yields(dataset, num_workers), dataset.options)
+        return rows_dropped(workers_yields(dataset, num_workers), dataset.options)
 
     def rows_trimmed(self, dataset: PolicyDataset, num_workers: int) -> int:
-        return rows_trimmed(rank_yields(dataset, num_workers), dataset.options, dataset.even_batches)
+        return rows_trimmed(workers_yields(dataset, num_workers), dataset.options, dataset.even_batches)
 
     def trim(self, dataset: PolicyDataset, num_workers: int) -> Trim | None:
         options = dataset.options
-        return slot_trim(rank_yields(dataset, num_workers), options.batch_size, options.drop_last)
+        return slot_trim(workers_yields(dataset, num_workers), options.batch_size, options.drop_last)
 
     def stitches_last_rows(self, dataset: PolicyDataset, num_workers: int) -> bool:
         return False
@@ -105,7 +105,7 @@ class StaticAssignment:
         return None
 
 
-def rank_yields(dataset: PolicyDataset, num_workers: int) -> list[tuple[int, int, int]]:
+def workers_yields(dataset: PolicyDataset, num_workers: int) -> list[tuple[int, int, int]]:
     """Per worker of the dataset's rank: (rows, batches it yields, rows it yields), in the dataset's epoch
     (re-planned for this topology, when a checkpoint of another was loaded)."""
     options = dataset.options
