@@ -142,3 +142,13 @@ def test_workers_read_without_transparent_huge_pages_and_the_trainer_keeps_them(
     flags = {int(flag) for batch in loader for flag in batch["thp_off"].tolist()}
     assert flags == {1}
     assert _huge_pages_off() == before   # the trainer's process as it was (on: 0, unless a test before turned it off)
+
+
+def test_workers_start_where_stderr_has_no_file_descriptor(uneven_dataset, capsys):
+    """Under pytest's ``capsys`` (as in a notebook), ``sys.stderr`` has no file descriptor; a worker that registers
+    its stack dump (the suite's ``ARROWSTREAM_STACKS_ON_SIGUSR1``) writes it to the process's own stderr and reads
+    every row (it crashed at start when it asked ``sys.stderr`` for one)."""
+    assert os.environ.get("ARROWSTREAM_STACKS_ON_SIGUSR1") == "1"
+    loader, dataset = make_loader(uneven_dataset, 2, batch_size=64, multiprocessing_context="fork")
+    dataset.set_epoch(0)
+    assert sorted(i for batch in loader for i in batch["id"].tolist()) == list(range(dataset.num_rows))

@@ -33,6 +33,7 @@ import pickle
 import select
 import signal
 import struct
+import sys
 import threading
 import time
 import weakref
@@ -58,7 +59,8 @@ def watch_trainer(trainer_pid: int | None = None, interval: float = 0.5) -> None
     _started_in = os.getpid()
     if os.environ.get("ARROWSTREAM_STACKS_ON_SIGUSR1") == "1":
         # for hunting hangs (the test suite sets it): ``kill -USR1 <worker>`` prints every thread's stack
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        # to the process's own stderr: sys.stderr may be an object without a file descriptor (pytest's capsys)
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__ or 2, all_threads=True)
     parent = os.getppid()
     trainer_fd = _open_pidfd(trainer_pid) if trainer_pid not in (None, parent) else None
     if trainer_pid not in (None, parent) and trainer_fd is None and not process_alive(trainer_pid):
