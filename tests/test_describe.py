@@ -394,6 +394,7 @@ def test_golden_mixture_states_show_their_epoch_sources_and_workers(path):
     assert (about["saved_kind"], about["saved_version"]) == (
         ("arrowstream.mixture_loader", 1) if retired else (case["state"]["kind"], about["version"]))
     assert about["topology"]["num_workers"] == case["num_workers"]
+    assert (", saved as arrowstream.mixture_loader version 1 " in format_state(about)) == retired
     ranks = about["ranks"]
     assert len(ranks) == case["options"].get("world_size", 1)
     for rank in ranks:

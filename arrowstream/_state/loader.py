@@ -59,7 +59,7 @@ def read_loader_state(state: Any, where: str = "loader state") -> dict[str, Any]
     """A loader state (``loader.state_dict()``, a dataset's or a mixture's), migrated and with its own fields
     checked."""
     outer = Fields(upgraded(state, LOADER_KIND), where)
-    reads = outer.value.get("reads")
+    reads = outer.get("reads")
     if reads not in READS:
         raise StateError(f"the state's {outer.name('reads')} is {shorten(reads)}, expected what the loader that "
                          f"wrote it reads: {' or '.join(map(repr, READS))}; {REMEDY}")
