@@ -91,7 +91,7 @@ def describe_state(state: Any, dataset: StructuredDataset | None = None, at: str
     found = list(find_states(state))
     if not found:
         raise StateError(f"no arrowstream loader state inside the {type(state).__name__} given: expected a dict of "
-                         f"kind {' or '.join(map(repr, KINDS))}, or a checkpoint dict that holds one; save "
+                         f"kind {LOADER_KIND!r} or {CHECKPOINT_KIND!r}, or a checkpoint dict that holds one; save "
                          "loader.state_dict() (or merge_state_dicts) in the checkpoint")
     paths = [path for path, _ in found]
     if at is not None:
