@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -185,6 +186,14 @@ def slow_collate(batch: Any) -> Any:
     """A ``collate_fn`` that takes 10 ms per batch (module level: workers may pickle it)."""
     time.sleep(0.01)
     return batch
+
+
+def golden_worker_version(golden_file: str) -> int:
+    """The version of a golden mixture file's worker states, which its folder names: ``mixture-v4`` (in a loader
+    state of the retired mixture kinds) or ``mixture-v4-state-v11`` (in a loader state of version 11)."""
+    match = re.fullmatch(r"mixture-v(\d+)(-state-v\d+)?", os.path.basename(os.path.dirname(golden_file)))
+    assert match is not None, golden_file
+    return int(match.group(1))
 
 
 def replanned_by_an_older_cut(golden: dict[str, Any]) -> bool:

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from helpers import json_roundtrip, write_ids
+from helpers import golden_worker_version, json_roundtrip, write_ids
 
 import arrowstream
 from arrowstream import Mixture, Source, StateError, StructuredDataset, cli, describe_state, format_state
@@ -145,7 +145,8 @@ def test_a_mixture_state_and_checkpoint(tmp_path):
                 taken[name] += 1
         states.append(loader.state_dict())
     about = describe_state({"loader": arrowstream.merge_state_dicts(states)})
-    assert about["kind"] == "arrowstream.mixture_checkpoint" and about["source"] == "mixture"
+    assert (about["kind"], about["saved_kind"], about["reads"], about["source"]) == (
+        "arrowstream.checkpoint", "arrowstream.checkpoint", "mixture", "mixture")
     mix = about["mixture"]
     assert mix["epoch_rows"] == 100 and {n: s["quota"] for n, s in mix["sources"].items()} == {"a": 75, "b": 25}
     assert {n: s["rows"] for n, s in mix["sources"].items()} == taken
@@ -385,23 +386,36 @@ def test_golden_mixture_states_show_their_epoch_sources_and_workers(path):
     case = json.loads(path.read_text())
     about = describe_state(case["state"])
     mix = about["mixture"]
-    version = int(path.parent.name.removeprefix("mixture-v"))
+    version, retired = golden_worker_version(str(path)), "-state-v" not in path.parent.name
     assert (about["epoch"], about["source"], mix["saved_state_version"]) == (case["epoch"], "mixture", version)
-    assert about["topology"]["num_workers"] == case["num_workers"] and about["saved_version"] == 1
-    [rank] = about["ranks"]
-    assert len(rank["workers"]) == max(case["num_workers"], 1)
-    for worker in rank["workers"]:
-        assert sum(worker["sources"].values()) == worker["rows"]
-    assert about["rows"] == rank["rows"] == sum(source["rows"] for source in mix["sources"].values())
-    for worker in rank["workers"]:   # batch_size 8: whole batches, but for a worker's last of the epoch
-        full = 8 * worker["batches"]
-        assert worker["rows"] == full if not worker["epoch_complete"] else full - 8 < worker["rows"] <= full
+    assert (about["kind"], about["reads"], about["version"]) == (
+        "arrowstream.checkpoint" if "ranks" in case["state"] else "arrowstream.loader", "mixture",
+        arrowstream._state.worker.STATE_VERSION)
+    assert (about["saved_kind"], about["saved_version"]) == (
+        ("arrowstream.mixture_loader", 1) if retired else (case["state"]["kind"], about["version"]))
+    assert about["topology"]["num_workers"] == case["num_workers"]
+    assert (", saved as arrowstream.mixture_loader version 1 " in format_state(about)) == retired
+    ranks = about["ranks"]
+    assert len(ranks) == case["options"].get("world_size", 1)
+    for rank in ranks:
+        assert len(rank["workers"]) == max(case["num_workers"], 1)
+        for worker in rank["workers"]:
+            assert sum(worker["sources"].values()) == worker["rows"]
+        for worker in rank["workers"]:   # batch_size 8: whole batches, but for a worker's last of the epoch
+            full = 8 * worker["batches"]
+            assert worker["rows"] == full if not worker["epoch_complete"] else full - 8 < worker["rows"] <= full
+    assert about["rows"] == sum(r["rows"] for r in ranks) == sum(source["rows"] for source in mix["sources"].values())
     assert mix["epoch_rows"] == case["options"].get("epoch_rows", 90)
     if mix["replanned"]:   # rows count from the re-plan (from 2 workers to 3): no share of the epoch
         assert about["elastic"] == {"epoch": 0, "old_world_size": 1, "old_num_workers": 2, "old_workers": 2,
                                     "old_workers_done": 0}
         assert about["share"] is None and "re-planned" in about["share_note"]
         return
+    if len(ranks) > 1:   # every rank in the state: the whole epoch's share (the continuation is one rank's)
+        assert about["share"] == pytest.approx(about["rows"] / mix["epoch_rows"])
+        assert "of a mixture, format version" in format_state(about)
+        return
+    [rank] = ranks
     epochs_left = case["epochs"][-1] + 1 - case["epoch"]
     for name, source in mix["sources"].items():
         later = sum(batch[0].count(name) for batch in case["continuation"])

@@ -8,7 +8,13 @@ import os
 import sys
 
 import pytest
-from helpers import assert_replanned_continuation, ids_of, make_loader, replanned_by_an_older_cut
+from helpers import (
+    assert_replanned_continuation,
+    golden_worker_version,
+    ids_of,
+    make_loader,
+    replanned_by_an_older_cut,
+)
 
 from arrowstream._loader.torchdata_state import worker_state, worker_states
 
@@ -24,6 +30,22 @@ def test_there_is_a_golden_file_for_the_current_version():
     from arrowstream._state.worker import STATE_VERSION
 
     assert any(f"{os.sep}v{STATE_VERSION}{os.sep}" in f for f in FILES)
+
+
+def test_there_are_golden_files_of_the_current_version_for_both_fronts():
+    """From v11 a dataset's loader and a mixture's write one loader state kind and one merged checkpoint kind: the
+    golden files of this version hold both fronts' states of both levels, mid-epoch and with workers."""
+    from arrowstream._state.worker import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION
+
+    found = set()
+    for path in FILES + MIXTURE_FILES:
+        with open(path) as f:
+            golden = json.load(f)
+        state = golden["state"]
+        if state["version"] == STATE_VERSION and golden.get("num_workers") and "mid" in os.path.basename(path):
+            ranks = state["ranks"] if state["kind"] == CHECKPOINT_KIND else [state]
+            found |= {(state["kind"], rank["reads"]) for rank in ranks}
+    assert found == {(kind, reads) for kind in (LOADER_KIND, CHECKPOINT_KIND) for reads in ("dataset", "mixture")}
 
 
 @pytest.mark.parametrize("golden_file", FILES, ids=[os.path.relpath(f, GOLDEN) for f in FILES])
@@ -77,6 +99,41 @@ def test_v1_states_migrate_step_by_step():
                             "window_index": 0, "window_offset": 0}
 
 
+def test_a_v1_mixture_state_migrates_to_the_one_loader_kind():
+    """A mixture's loader state of the retired kind (version 1, the first of which lack batches_per_transfer) is
+    read as version 11 has it: the dataset's kind, ``reads`` added, its other fields unchanged."""
+    from arrowstream._state.loader import read_loader_state
+    from arrowstream._state.worker import LOADER_KIND, STATE_VERSION
+
+    with open(os.path.join(GOLDEN, "mixture-v1", "workers2-shuffle-interleave-mid.json")) as f:
+        saved = json.load(f)["state"]
+    assert saved["kind"] == "arrowstream.mixture_loader" and "batches_per_transfer" not in saved
+    read = read_loader_state(json.loads(json.dumps(saved)))
+    assert {k: read[k] for k in ("kind", "version", "reads", "batches_per_transfer")} == {
+        "kind": LOADER_KIND, "version": STATE_VERSION, "reads": "mixture", "batches_per_transfer": 1}
+    assert {k: v for k, v in read.items() if k not in ("kind", "version", "reads", "batches_per_transfer")} == \
+        {k: v for k, v in saved.items() if k not in ("kind", "version")}
+
+
+@pytest.mark.parametrize("golden_file", [f for f in sorted(glob.glob(os.path.join(GOLDEN, "mixture-v*", "*.json")))
+                                         if "-state-v" not in f and "elastic" not in f],
+                         ids=lambda f: os.path.relpath(f, GOLDEN))
+def test_a_v1_merged_mixture_checkpoint_resumes_to_the_recorded_batches(tmp_path, golden_file):
+    """The retired merged mixture checkpoint (version 1) of a golden rank's state migrates to the one checkpoint
+    kind and resumes as the state does."""
+    from make_golden_mixture import batch_record, make
+
+    golden, (loader, mixture) = _golden_mixture(tmp_path, golden_file, make)
+    state = golden["state"]
+    loader.load_state_dict({"kind": "arrowstream.mixture_checkpoint", "version": 1, "world_size": 1,
+                            "num_workers": state["num_workers"], "ranks": [state]})
+    resumed = []
+    for epoch in range(golden["epoch"], golden["epochs"][-1] + 1):
+        mixture.set_epoch(epoch)
+        resumed += [batch_record(batch) for batch in loader]
+    assert resumed == golden["continuation"]
+
+
 MIXTURE_FILES = sorted(glob.glob(os.path.join(GOLDEN, "mixture-v*", "*.json")))
 
 
@@ -119,7 +176,7 @@ def test_a_run_resumed_from_a_golden_mixture_state_checkpoints_in_its_order(tmp_
     first = [batch_record(next(it)) for _ in range(2)]
     state = json.loads(json.dumps(loader.state_dict()))
     assert first == golden["continuation"][:2]
-    version = int(os.path.basename(os.path.dirname(golden_file)).removeprefix("mixture-v"))
+    version = golden_worker_version(golden_file)
     saved_order = "even" if version >= 3 else "permuted"   # versions 1 and 2 permuted each batch
     saved_layout = "spans" if version >= 4 else "tracks"   # versions 1 to 3 read passes in per-slot tracks
     saved = [s for s in worker_states(state["dataloader"]) if s is not None]

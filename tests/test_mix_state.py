@@ -195,3 +195,24 @@ def test_a_rank_inside_an_earlier_epoch_than_another_is_refused(three):  # noqa:
     loader, _ = loader_of(three, **OPTIONS)
     with pytest.raises(errors.StateError, match=r"rank 1 worker 0 is inside mixture epoch 0, another worker in epoch 1"):
         loader.load_state_dict(merged)
+
+
+@pytest.mark.parametrize("edit,error,match", [
+    (lambda s: s.update(reads="Mixture"), errors.StateError,
+     r"loader state\.reads is 'Mixture', expected what the loader that wrote it reads: 'dataset' or 'mixture'"),
+    (lambda s: s.pop("reads"), errors.StateError, r"loader state has no 'reads' field"),
+    (lambda s: s.update(reads=None), errors.StateError, r"loader state\.reads is None"),
+    (lambda s: s.update(dynamic={"epoch": 0}), errors.StateError, r"reads a mixture and holds a dynamic ledger"),
+    (lambda s: s.update(kind="arrowstream.mixture_loader"), errors.StateVersionError,
+     r"'arrowstream.mixture_loader' has version 11, but a mixture's loader wrote that kind as version 1 only"),
+], ids=["reads-other", "reads-missing", "reads-null", "dynamic", "retired-kind"])
+def test_a_tampered_envelope_is_refused_naming_the_field(three, mid, edit, error, match):  # noqa: F811
+    """The envelope of a mixture's state is the dataset's (v11): what it reads is checked, and a dynamic ledger
+    (which only a dataset's loader writes) or the retired kind at this version is refused."""
+    state = copy.deepcopy(mid)
+    assert (state["kind"], state["reads"]) == ("arrowstream.loader", "mixture")
+    edit(state)
+    loader, _ = loader_of(three, **OPTIONS)
+    with pytest.raises(error, match=match):
+        loader.load_state_dict(state)
+    loader.load_state_dict(copy.deepcopy(mid))   # refused, it was left as it was

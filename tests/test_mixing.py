@@ -651,7 +651,9 @@ def test_ranks_change_at_an_epoch_boundary_through_a_merged_checkpoint(three):
         epoch_batches(loader, mixture, 0)
         states.append(loader.state_dict())
     merged = json.loads(json.dumps(arrowstream.merge_state_dicts(states)))
-    assert merged["kind"] == "arrowstream.mixture_checkpoint" and len(merged["ranks"]) == 3
+    assert (merged["kind"], merged["version"], len(merged["ranks"])) == ("arrowstream.checkpoint", 11, 3)
+    assert {state["kind"] for state in merged["ranks"]} == {"arrowstream.loader"}
+    assert {state["reads"] for state in merged["ranks"]} == {"mixture"}
     for rank in range(2):
         loader, mixture = loader_of(three, 2, rank=rank, world_size=2, plan_locally=True, shuffle=True)
         loader.load_state_dict(merged)

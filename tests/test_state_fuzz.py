@@ -28,8 +28,10 @@ cursors of a re-planned epoch swapped or set to null.
 from __future__ import annotations
 
 import copy
+import json
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -373,3 +375,119 @@ def test_a_mutated_mixture_state_with_workers_is_refused_or_resumes_exactly(mix_
         _mix_refused_or_exact(mix_cases["paths"], case, *change)
 
     check()
+
+
+# -- what a state reads (v11): one loader state kind and one merged checkpoint kind for both fronts ---------------
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def _golden_state(name: str) -> dict[str, Any]:
+    return json.loads((GOLDEN / name).read_text())["state"]
+
+
+def _retired_mixture_checkpoint(state: dict[str, Any]) -> dict[str, Any]:
+    """A merged mixture checkpoint as versions before 11 wrote it (of one rank's state of the retired kind)."""
+    return {"kind": "arrowstream.mixture_checkpoint", "version": 1, "world_size": 1,
+            "num_workers": state["num_workers"], "ranks": [state]}
+
+
+@pytest.mark.parametrize("name,wanted", [
+    ("mid", "mixture"), ("merged", "mixture"), ("workers2", "mixture"),
+    ("mix-mid", "dataset"), ("mix-merged", "dataset"), ("mix-workers2", "dataset"),
+    ("golden:v10/workers2-shuffle-mid.json", "mixture"), ("golden:v1/workers2-shuffle-mid.json", "mixture"),
+    ("golden:v10/merged-rank1of2-workers1-mid.json", "mixture"),
+    ("golden:mixture-v1/workers2-shuffle-interleave-mid.json", "dataset"),
+    ("golden-merged:mixture-v4/workers2-passes-mid.json", "dataset"),
+])
+@pytest.mark.timeout(120)
+def test_a_state_of_the_other_front_is_refused_naming_what_each_reads(cases, mix_cases, name, wanted):
+    """A dataset's state (of this version or an older one, a loader state or a merged checkpoint) loaded into a
+    mixture's loader, or the reverse: a StateMismatchError that says what the state and the loader read, and where
+    the state loads; the loader is left as it was (it still resumes its own state)."""
+    if name.startswith("golden"):
+        state = _golden_state(name.partition(":")[2])
+        state = _retired_mixture_checkpoint(state) if name.startswith("golden-merged") else state
+    else:
+        state = (mix_cases if name.startswith("mix-") else cases)[name].state
+    saved = "dataset" if wanted == "mixture" else "mixture"
+    if wanted == "mixture":
+        loader, _ = _mix_loader(mix_cases["paths"], 0)
+        own, where = mix_cases["mix-mid"], "StructuredDataset.create_dataloader"   # where the state loads
+    else:
+        loader, _ = make_loader(cases["path"], 0, **OPTIONS)
+        own, where = cases["mid"], "Mixture.create_dataloader"
+    with pytest.raises(errors.StateMismatchError,
+                       match=rf"taken by the loader of a {saved} \(its reads is '{saved}'\), this loader reads a "
+                             rf"{wanted}; .*{where}"):
+        loader.load_state_dict(copy.deepcopy(state))
+    loader.load_state_dict(copy.deepcopy(own.state))   # refused, it was left as it was
+
+
+@pytest.mark.parametrize("value", ["Dataset", "", "mixtures", None, 1, True, ["dataset"], {}, "missing"])
+def test_a_tampered_reads_is_refused_naming_the_field(cases, value):
+    """``reads`` says which loader wrote the state: anything but "dataset" or "mixture" (or no ``reads``) is a
+    StateError naming the field, in a loader state, in each rank of a merged checkpoint, and in merge_state_dicts."""
+    loader, _ = make_loader(cases["path"], 0, **OPTIONS)
+    state = copy.deepcopy(cases["mid"].state)
+    merged = copy.deepcopy(cases["merged"].state)
+    for outer in (state, merged["ranks"][1]):
+        if value == "missing":
+            del outer["reads"]
+        else:
+            outer["reads"] = value
+    field = r"has no 'reads' field" if value == "missing" else r"reads is .*, expected what the loader that wrote it"
+    with pytest.raises(errors.StateError, match=rf"the state's loader state.{field}"):
+        loader.load_state_dict(state)
+    merged_loader, _ = make_loader(cases["path"], 0, **OPTIONS, rank=0, world_size=2)
+    with pytest.raises(errors.StateError, match=rf"the state's checkpoint\.ranks\[1\].{field}"):
+        merged_loader.load_state_dict(merged)
+    with pytest.raises(errors.StateError, match=rf"the state's state 1.{field}"):
+        merge_state_dicts([cases["merged"].state["ranks"][0], merged["ranks"][1]])
+
+
+def test_reads_flipped_to_the_loaders_front_is_refused_by_the_worker_states(cases, mix_cases):
+    """A dataset's state edited to say it reads a mixture (or the reverse) passes the front check, and its worker
+    states, of the other kind, are refused."""
+    dataset_state = copy.deepcopy(cases["mid"].state)
+    dataset_state["reads"] = "mixture"
+    loader, _ = _mix_loader(mix_cases["paths"], 0)
+    with pytest.raises(errors.StateError, match="arrowstream.worker"):
+        loader.load_state_dict(dataset_state)
+    mixture_state = copy.deepcopy(mix_cases["mix-mid"].state)
+    mixture_state["reads"] = "dataset"
+    loader, _ = make_loader(cases["path"], 0, **OPTIONS)
+    with pytest.raises(errors.StateError, match="expected a state of kind 'arrowstream.worker', got kind "
+                                                "'arrowstream.mixture_worker'"):
+        loader.load_state_dict(mixture_state)
+
+
+def test_a_merged_checkpoint_of_both_fronts_is_refused(cases, mix_cases):
+    """Its ranks must read what the first does (and, in a checkpoint of before v11, what its kind said); two loader
+    states of different fronts do not merge."""
+    merged = copy.deepcopy(cases["merged"].state)
+    merged["ranks"][1] = copy.deepcopy(mix_cases["mix-merged"].state["ranks"][1])
+    loader, _ = make_loader(cases["path"], 0, **OPTIONS, rank=0, world_size=2)
+    with pytest.raises(errors.StateError, match=r"checkpoint\.ranks\[1\] has rank, world_size, num_workers, "
+                                                r"batches_per_transfer, reads = \(1, 2, 0, 1, 'mixture'\), expected "
+                                                r"\(1, 2, 0, 1, 'dataset'\)"):
+        loader.load_state_dict(merged)
+    retired = _retired_mixture_checkpoint(copy.deepcopy(cases["mid"].state))   # the retired kind holds a dataset's
+    with pytest.raises(errors.StateError, match=r"reads = \(0, 1, 0, 1, 'dataset'\), expected \(0, 1, 0, 1, 'mixture'\)"):
+        make_loader(cases["path"], 0, **OPTIONS)[0].load_state_dict(retired)
+    with pytest.raises(errors.StateMismatchError, match="state 1 was taken by the loader of a mixture, state 0 by "
+                                                        "the loader of a dataset"):
+        merge_state_dicts([cases["merged"].state["ranks"][0], mix_cases["mix-merged"].state["ranks"][1]])
+
+
+@pytest.mark.parametrize("version", [0, 2, 11, "1", True, None])
+def test_a_retired_mixture_kind_of_another_version_is_refused(cases, version):
+    """A mixture's loader wrote "arrowstream.mixture_loader" and "arrowstream.mixture_checkpoint" as version 1
+    only: any other version was not written by arrowstream."""
+    state = {**_golden_state("mixture-v1/workers0-buffer-mid.json"), "version": version}
+    loader, _ = make_loader(cases["path"], 0, **OPTIONS)
+    with pytest.raises(errors.StateVersionError, match="'arrowstream.mixture_loader' has version .*, but a mixture's "
+                                                       "loader wrote that kind as version 1 only"):
+        loader.load_state_dict(state)
+    with pytest.raises(errors.StateVersionError, match="'arrowstream.mixture_checkpoint' has version"):
+        loader.load_state_dict({**_retired_mixture_checkpoint(state), "version": version})

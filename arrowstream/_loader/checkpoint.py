@@ -1,25 +1,23 @@
 """One checkpoint for every rank: merge the loader states of all ranks, hand each rank its part.
 
-The loader states of a dataset and those of a mixture merge alike (one function for both); a mixture's
-checkpoint has kind ``"arrowstream.mixture_checkpoint"`` and its loader states' version.
-A merged checkpoint is a dict of JSON types: ``{"kind": "arrowstream.checkpoint", "version": 10,
-"world_size": N, "num_workers": W, "ranks": [state of rank 0, ..., state of rank N-1]}``, its
-version ``STATE_VERSION`` like the loader states it holds (merged checkpoints exist from version
-4 on); each entry is the state ``loader.state_dict()`` returned on that rank. Ranks of one
+The loader states of a dataset and those of a mixture merge alike (one function, one kind for both; each
+state's ``reads`` says which it read, and all must read the same). A merged checkpoint is a dict of JSON types:
+``{"kind": "arrowstream.checkpoint", "version": 11, "world_size": N, "num_workers": W, "ranks": [state of rank 0,
+..., state of rank N-1]}``, its version ``STATE_VERSION`` like the loader states it holds (merged checkpoints
+exist from version 4 on; a mixture's were of kind ``"arrowstream.mixture_checkpoint"`` before version 11); each
+entry is the state ``loader.state_dict()`` returned on that rank, migrated to the current version. Ranks of one
 ``group_size`` group read the same data, so their states agree and one of them is kept.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 from .._core.fields import MAX_INT, shorten
-from .._state.loader import read_loader_state
-from .._state.worker import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION
+from .._state.loader import LOADER_KINDS, read_loader_state
+from .._state.worker import CHECKPOINT_KIND, STATE_VERSION
 from ..errors import StateError, StateMismatchError, TopologyError
-from .mixture import MIX_CHECKPOINT_KIND, MIX_LOADER_KIND, MIX_LOADER_VERSION, read_mixture_state
 from .torchdata_state import read_inner
 
 
@@ -51,15 +49,21 @@ def merge_state_dicts(states: list[dict[str, Any]]) -> dict[str, Any]:
     """
     if not isinstance(states, (list, tuple)) or not states:
         raise StateError(f"merge_state_dicts: expected a non-empty list of loader.state_dict() results, got {shorten(states)}")
-    kind, checkpoint_kind, version, read = _kind_of(states[0])
     by_rank: dict[int, dict[str, Any]] = {}
-    first = read(states[0], "state 0")
+    first: dict[str, Any] = {}
     for index, state in enumerate(states):
-        if not isinstance(state, dict) or state.get("kind") != kind:
-            found = shorten(state.get("kind")) if isinstance(state, dict) else type(state).__name__
-            raise StateError(f"merge_state_dicts: state {index} has kind {found}, state 0 has kind {kind!r}; merge the "
-                             "states of one training run (a dataset's loaders or a mixture's, not both)")
-        state = read(state, f"state {index}")
+        if not isinstance(state, dict) or state.get("kind") not in LOADER_KINDS:
+            found = f"kind {shorten(state.get('kind'))}" if isinstance(state, dict) else f"a {type(state).__name__}"
+            raise StateError(f"merge_state_dicts: state {index} is {found}, not a loader state (kind "
+                             f"{LOADER_KINDS[0]!r}); pass the dicts loader.state_dict() returned on every rank, "
+                             "unchanged")
+        state = read_loader_state(state, f"state {index}")
+        first = first or state
+        if state["reads"] != first["reads"]:
+            raise StateMismatchError(
+                f"merge_state_dicts: state {index} was taken by the loader of a {state['reads']}, state 0 by the loader "
+                f"of a {first['reads']}; merge the states of one training run (a dataset's loaders or a mixture's, not "
+                "both)")
         rank, world_size = state["rank"], state["world_size"]
         for key in ("world_size", "num_workers", "batches_per_transfer"):
             if state[key] != first[key]:
@@ -79,20 +83,12 @@ def merge_state_dicts(states: list[dict[str, Any]]) -> dict[str, Any]:
         raise StateMismatchError(f"merge_state_dicts: no state for rank(s) {missing} of world_size={world_size}; "
                                  "pass the state of every rank")
     return {
-        "kind": checkpoint_kind,
-        "version": version,
+        "kind": CHECKPOINT_KIND,
+        "version": STATE_VERSION,
         "world_size": world_size,
         "num_workers": int(first["num_workers"]),
         "ranks": [by_rank[rank] for rank in range(world_size)],
     }
-
-
-def _kind_of(state: Any) -> tuple[str, str, int, Callable[[Any, str], dict[str, Any]]]:
-    """What the first state to merge is (a dataset's loader state or a mixture's): its kind, the kind and
-    version of their merged checkpoint, and how one of them is read."""
-    if isinstance(state, dict) and state.get("kind") == MIX_LOADER_KIND:
-        return MIX_LOADER_KIND, MIX_CHECKPOINT_KIND, MIX_LOADER_VERSION, read_mixture_state
-    return LOADER_KIND, CHECKPOINT_KIND, STATE_VERSION, read_loader_state
 
 
 def gather_state_dict(loader: Any) -> dict[str, Any]:

@@ -34,8 +34,7 @@ from .._assignment import loader_in_order
 from .._core.order import SlotGrid
 from .._layout.boundary import check_replanned_epoch_over, later_epoch_starts_whole
 from .._planning.options import check_int
-from .._state.loader import read_checkpoint, read_loader_state
-from .._state.worker import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION, WorkerState
+from .._state.worker import DATASET, WorkerState
 from .._storage.credentials import as_provider
 from .._storage.filesystem import logger
 from .._worker.convert import passthrough_collate
@@ -74,8 +73,7 @@ class ArrowStreamDataLoader(StreamLoader):
             processes only; 1 with ``num_workers=0`` or ``snapshot_every_n_steps != 1``.
     """
 
-    LOADER_KIND = LOADER_KIND
-    CHECKPOINT_KIND = CHECKPOINT_KIND
+    READS = DATASET
     WATCH = "dataset"
     TAKES_PLAIN_STATE = True
 
@@ -89,9 +87,6 @@ class ArrowStreamDataLoader(StreamLoader):
         self._start(dataset, kwargs, batches_per_transfer, dataset.credential_provider)
 
     # -- the hooks of StreamLoader ----------------------------------------------------------------------
-
-    def _state_version(self) -> int:
-        return STATE_VERSION
 
     def _use_transport(self) -> None:
         self.dataset.worker_side.use_transport(self._transport)
@@ -139,12 +134,6 @@ class ArrowStreamDataLoader(StreamLoader):
     def _state_extras(self, inner: dict[str, Any]) -> dict[str, Any]:
         ledger: dict[str, Any] = self.dataset.policy.state_fields(self, inner)   # a dynamic ledger (_assignment)
         return ledger
-
-    def _read_loader_state(self, state: Any) -> dict[str, Any]:
-        return read_loader_state(state)
-
-    def _read_checkpoint(self, state: Any) -> tuple[int, int, list[dict[str, Any]]]:
-        return read_checkpoint(state)
 
     def _load_ledger(self, outers: list[dict[str, Any]]) -> bool:
         if not any("dynamic" in outer for outer in outers):

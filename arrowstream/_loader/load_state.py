@@ -3,9 +3,10 @@
 :class:`LoadsState` is the part of the loader shell that takes a state in: an empty state, a merged checkpoint
 of every rank (this topology's: this rank's part), this rank's own state, one rank's state that is all of it
 (any topology), or another topology's; the skips the state records; and the checkpoint's
-``batches_per_transfer``. What differs between a dataset's loader and a mixture's is the hooks at the end
-(``_read_loader_state``, ``_load_own``, ``_load_other_topology``, ...), which ``ArrowStreamDataLoader`` and
-``MixtureDataLoader`` fill.
+``batches_per_transfer``. A state is read once for both loaders (``arrowstream._state.loader``: one loader state
+kind and one merged checkpoint kind, older ones migrated), and one of a loader that read the other kind of data
+(its ``reads``) is refused. What differs between a dataset's loader and a mixture's is the hooks at the end
+(``_load_own``, ``_load_other_topology``, ...), which ``ArrowStreamDataLoader`` and ``MixtureDataLoader`` fill.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import Any, ClassVar
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from .._core.fields import REMEDY, shorten
+from .._state.loader import CHECKPOINT_KINDS, LOADER_KINDS, read_checkpoint, read_loader_state
 from .._state.skips import Skip, pending_of, read_skips
+from .._state.worker import CHECKPOINT_KIND, DATASET, LOADER_KIND
 from .._storage.filesystem import logger
 from ..errors import StateError, StateMismatchError
 from .skip import Skipper
@@ -27,8 +30,7 @@ class LoadsState:
     """``load_state_dict`` and its hooks, for :class:`~arrowstream._loader.shell.StreamLoader` (a
     ``StatefulDataLoader``, whose attributes are named below)."""
 
-    LOADER_KIND: ClassVar[str]       # a rank's state
-    CHECKPOINT_KIND: ClassVar[str]   # every rank's states, merged
+    READS: ClassVar[str]   # what the loader reads, as its states' ``reads`` says: "dataset", "mixture"
     TAKES_PLAIN_STATE: ClassVar[bool] = False   # loads a plain StatefulDataLoader's state
     dataset: Any
     num_workers: int
@@ -67,10 +69,10 @@ class LoadsState:
         on. The rest of the state is checked by ``_load_state_dict``."""
         if not isinstance(state_dict, dict):
             return [], 0
-        if state_dict.get("kind") == self.LOADER_KIND:
+        if state_dict.get("kind") in LOADER_KINDS:
             return read_skips(state_dict)
         ranks = state_dict.get("ranks")
-        if state_dict.get("kind") != self.CHECKPOINT_KIND or not isinstance(ranks, list) or not ranks:
+        if state_dict.get("kind") not in CHECKPOINT_KINDS or not isinstance(ranks, list) or not ranks:
             return [], 0
         outers = [outer if isinstance(outer, dict) else {} for outer in ranks]
         if state_dict.get("world_size") == self.dataset.world_size and len(outers) > self.dataset.rank:
@@ -86,23 +88,25 @@ class LoadsState:
             self._load_torchdata({})
             return
         kind = state_dict.get("kind") if isinstance(state_dict, dict) else None
-        if kind == self.CHECKPOINT_KIND:
-            world_size, num_workers, outers = self._read_checkpoint(_copied(state_dict))
+        if kind in CHECKPOINT_KINDS:
+            world_size, num_workers, outers = read_checkpoint(_copied(state_dict))
+            self._check_reads(outers[0]["reads"], "merged checkpoint")
             if self._load_ledger(outers):
                 return
             if (world_size, num_workers) != (self.dataset.world_size, self.num_workers):
                 self._load_other_topology(outers)
                 return
             outer = outers[self.dataset.rank]
-        elif kind == self.LOADER_KIND:
-            outer = self._read_loader_state(_copied(state_dict))
+        elif kind in LOADER_KINDS:
+            outer = read_loader_state(_copied(state_dict))
+            self._check_reads(outer["reads"], "loader state")
         elif self.TAKES_PLAIN_STATE and isinstance(state_dict, dict) and is_inner_state(state_dict):
             self._load_own({"dataloader": _copied(state_dict), "batches_per_transfer": 1})
             return
         else:
             keys = shorten(sorted(map(str, state_dict))[:5]) if isinstance(state_dict, dict) else "-"
             raise StateError(f"load_state_dict: expected the dict returned by this loader's state_dict() (kind "
-                             f"{self.LOADER_KIND!r}) or a merged checkpoint of it (kind {self.CHECKPOINT_KIND!r}), "
+                             f"{LOADER_KIND!r}) or a merged checkpoint of it (kind {CHECKPOINT_KIND!r}), "
                              f"got {type(state_dict).__name__} of kind {shorten(kind)} with keys {keys}; pass the "
                              "state unchanged, to a loader of the same kind of data (a dataset or a mixture)")
         if self._load_ledger([outer]):
@@ -125,6 +129,19 @@ class LoadsState:
                 f"with num_workers={saved[2]}")
         self._load_own(outer)
 
+    def _check_reads(self, reads: str, what: str) -> None:
+        """Refuse a state of a loader that read the other kind of data (a mixture's in a dataset's loader, or the
+        reverse): its worker states are the other kind's."""
+        if reads == self.READS:
+            return
+        build = ("Mixture.create_dataloader (or MixtureDataLoader) with the sources and options of the run that "
+                 "took it") if reads != DATASET else ("StructuredDataset.create_dataloader (IcebergDataset for a "
+                                                     "table, or ArrowStreamDataLoader) on the data and options of "
+                                                     "the run that took it")
+        raise StateMismatchError(
+            f"load_state_dict: the {what} was taken by the loader of a {reads} (its reads is {reads!r}), this loader "
+            f"reads a {self.READS}; a {reads}'s checkpoint resumes only a {reads}: load it into the loader of {build}")
+
     def _load_torchdata(self, inner: dict[str, Any]) -> None:
         """Hand torchdata its own state (checked), for the next iteration."""
         StatefulDataLoader.load_state_dict(self, inner)
@@ -143,15 +160,6 @@ class LoadsState:
 
     # -- hooks: a dataset's loader and a mixture's ---------------------------------------------------
 
-    def _read_loader_state(self, state: Any) -> dict[str, Any]:
-        """A rank's state, its own fields checked (``rank``, ``world_size``, ``num_workers``,
-        ``batches_per_transfer``, ``dataloader`` a dict), migrated to the current version."""
-        raise NotImplementedError
-
-    def _read_checkpoint(self, state: Any) -> tuple[int, int, list[dict[str, Any]]]:
-        """A merged checkpoint: its world size, num_workers and every rank's state (read as above)."""
-        raise NotImplementedError
-
     def _load_ledger(self, outers: list[dict[str, Any]]) -> bool:
         """Load states that are no workers' cursors (a dynamic ledger); False: none is."""
         return False
@@ -160,7 +168,8 @@ class LoadsState:
         """An empty state is loaded: forget what a loaded checkpoint left."""
 
     def _load_own(self, outer: dict[str, Any]) -> None:
-        """Load this rank's state, of this topology (``outer``: read by :meth:`_read_loader_state`)."""
+        """Load this rank's state, of this topology (``outer``: read by ``arrowstream._state.loader.read_loader_state``,
+        reading what this loader reads)."""
         raise NotImplementedError
 
     def _load_other_topology(self, outers: list[dict[str, Any]]) -> None:

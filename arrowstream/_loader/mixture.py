@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from .._core.fields import MAX_INT, REMEDY, Fields, shorten
+from .._core.fields import MAX_INT, REMEDY, Fields
 from .._mixing.elastic import MixElastic
 from .._mixing.stream import MixSlot
 from .._planning.options import check_int
@@ -28,7 +28,7 @@ from .._state.mixture_resume import (
     leave_tracks,
     slot_counts,
 )
-from .._state.skips import read_skips
+from .._state.worker import MIXTURE as READS_MIXTURE
 from .._worker.convert import passthrough_collate
 from .._worker.mixture import COMPACT
 from .._worker.shm import share
@@ -52,53 +52,6 @@ from .torchdata_state import (
 )
 
 logger = logging.getLogger("arrowstream")
-
-MIX_LOADER_KIND = "arrowstream.mixture_loader"
-MIX_CHECKPOINT_KIND = "arrowstream.mixture_checkpoint"
-MIX_LOADER_VERSION = 1
-
-
-def read_mixture_checkpoint(fields: Fields) -> list[dict[str, Any]]:
-    """The ranks' states of a merged mixture checkpoint, each checked to be its rank's."""
-    version = fields.integer("version")
-    if version != MIX_LOADER_VERSION:
-        raise StateError(f"the mixture checkpoint has version {version}; this arrowstream reads version "
-                         f"{MIX_LOADER_VERSION}: upgrade arrowstream to load it")
-    ranks = fields.sequence("ranks")
-    world_size = fields.integer("world_size", 1)
-    if len(ranks) != world_size:
-        raise StateError(f"the mixture checkpoint has {len(ranks)} rank state(s) for world_size={world_size}; {REMEDY}")
-    num_workers = fields.integer("num_workers")
-    for rank, outer in enumerate(ranks):
-        part = Fields(outer, f"the mixture checkpoint's ranks[{rank}]")
-        if (part.integer("rank"), part.integer("world_size"), part.integer("num_workers")) != \
-                (rank, world_size, num_workers) or part.value.get("kind") != MIX_LOADER_KIND:
-            raise StateError(f"the mixture checkpoint's ranks[{rank}] is not rank {rank} of {world_size}'s mixture "
-                             f"loader state with num_workers={num_workers}; {REMEDY}")
-    return [dict(outer) for outer in ranks]
-
-
-def read_mixture_state(state: Any, where: str) -> dict[str, Any]:
-    """A rank's mixture loader state (``loader.state_dict()``), its own fields checked; ``batches_per_transfer``
-    filled in where the first mixture states, whose workers sent one batch per message, lack it."""
-    fields = Fields(state, where)
-    if fields.value.get("kind") != MIX_LOADER_KIND:
-        raise StateError(f"the {where} has kind {shorten(fields.value.get('kind'))}, expected {MIX_LOADER_KIND!r}; "
-                         f"{REMEDY}")
-    version = fields.integer("version")
-    if version != MIX_LOADER_VERSION:
-        raise StateError(f"the {where} has version {version}; this arrowstream reads version {MIX_LOADER_VERSION}: "
-                         "upgrade arrowstream to load it")
-    world_size = fields.integer("world_size", 1)
-    fields.integer("rank", 0, world_size - 1)
-    num_workers = fields.integer("num_workers")
-    per_transfer = fields.integer("batches_per_transfer", 1) if "batches_per_transfer" in fields.value else 1
-    if num_workers == 0 and per_transfer != 1:
-        raise StateError(f"the {where}'s batches_per_transfer is {per_transfer} with num_workers=0, where it is "
-                         f"always 1; {REMEDY}")
-    read_skips(fields.value, where)   # optional: the skips of loader.skip(), absent when none
-    return {**fields.value, "batches_per_transfer": per_transfer}
-
 
 class MixtureDataLoader(StreamLoader):
     """The ``StatefulDataLoader`` of a :class:`~arrowstream.Mixture` (see ``Mixture.create_dataloader``):
@@ -125,8 +78,7 @@ class MixtureDataLoader(StreamLoader):
         ([4, 2], 4)
     """
 
-    LOADER_KIND = MIX_LOADER_KIND
-    CHECKPOINT_KIND = MIX_CHECKPOINT_KIND
+    READS = READS_MIXTURE
     WATCH = "mixture"
     MIXTURE = True
 
@@ -140,9 +92,6 @@ class MixtureDataLoader(StreamLoader):
         self._start(mixture, kwargs, batches_per_transfer)
 
     # -- the hooks of StreamLoader ----------------------------------------------------------------------
-
-    def _state_version(self) -> int:
-        return MIX_LOADER_VERSION
 
     def _use_transport(self) -> None:
         if self._sources_board is None:
@@ -210,14 +159,6 @@ class MixtureDataLoader(StreamLoader):
             slot = MixSlot(epoch, mixture.rank, mixture.world_size, worker_id, self.num_workers)
             set_worker_state(inner, worker_id, mixture.start_state(slot).at(position, mixture.names).to_dict())
         return inner
-
-    def _read_loader_state(self, state: Any) -> dict[str, Any]:
-        return read_mixture_state(state, "mixture loader state")
-
-    def _read_checkpoint(self, state: Any) -> tuple[int, int, list[dict[str, Any]]]:
-        outers = read_mixture_checkpoint(Fields(state, "mixture checkpoint"))
-        outers = [read_mixture_state(outer, f"the mixture checkpoint's ranks[{rank}]") for rank, outer in enumerate(outers)]
-        return len(outers), outers[0]["num_workers"], outers
 
     def _load_own(self, outer: dict[str, Any]) -> None:
         mixture = self.dataset

@@ -8,7 +8,7 @@ It holds, once for both:
 * ``__iter__``: the options checked again, the epoch watch, the trims warning, the watchdog, the
   chunks unpacked batch by batch, and ``skip`` (``arrowstream._loader.skip``); the epoch-boundary rule in
   ``_get_iterator``: a loaded state whose epoch is over starts the later epoch whole;
-* the state envelope of ``state_dict`` (kind, version, topology, ``batches_per_transfer``, torchdata's
+* the state envelope of ``state_dict`` (kind, version, what it reads, topology, ``batches_per_transfer``, torchdata's
   dict, the skips); the one ``load_state_dict`` dispatch is ``arrowstream._loader.load_state.LoadsState``'s: an empty
   state, a merged checkpoint of every rank, this rank's own state, one rank's state that is all of it,
   another topology;
@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Protocol
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from .._state.worker import LOADER_KIND, STATE_VERSION
 from .._worker.convert import passthrough_collate
 from .._worker.metrics import Board, flatten, summarize, worker_values
 from .._worker.runtime import Transport
@@ -295,8 +296,9 @@ class StreamLoader(LoadsState, StatefulDataLoader):  # type: ignore[misc]
         if self._batch_iterator is not None:
             inner = self._handed_out(inner, self._batch_iterator)
         return {
-            "kind": self.LOADER_KIND,
-            "version": self._state_version(),
+            "kind": LOADER_KIND,
+            "version": STATE_VERSION,
+            "reads": self.READS,
             "arrowstream_version": __version__,
             "rank": self.dataset.rank,
             "world_size": self.dataset.world_size,
@@ -308,9 +310,6 @@ class StreamLoader(LoadsState, StatefulDataLoader):  # type: ignore[misc]
         }
 
     # -- hooks: a dataset's loader and a mixture's ---------------------------------------------------
-
-    def _state_version(self) -> int:
-        raise NotImplementedError
 
     def _use_transport(self) -> None:
         """Hand ``self._transport`` to the dataset, before any worker starts."""

@@ -20,10 +20,14 @@ from .._core.plan_types import PLANNING_VERSION, PLANNING_VERSIONS
 from ..errors import StateError, StateMismatchError, StateVersionError
 from .identity import STRICT, DataIdentity, check_same_data
 
-STATE_VERSION = 10
+STATE_VERSION = 11
 WORKER_KIND = "arrowstream.worker"
-LOADER_KIND = "arrowstream.loader"
+LOADER_KIND = "arrowstream.loader"   # a dataset's loader state and a mixture's (from v11): ``reads`` says which
 CHECKPOINT_KIND = "arrowstream.checkpoint"  # every rank's loader state, merged
+DATASET, MIXTURE = "dataset", "mixture"
+READS = (DATASET, MIXTURE)
+"""What a loader state's ``reads`` may say: the loader that wrote it read a ``StructuredDataset`` (or an
+``IcebergDataset``) or a ``Mixture`` (from v11; a dataset's older states read a dataset)."""
 
 EVEN, LPT = "even", "lpt"
 ELASTIC_CUTS = (EVEN, LPT)
@@ -145,6 +149,17 @@ def _unchanged_in_v10(state: dict[str, Any]) -> dict[str, Any]:
     return dict(state)
 
 
+def _loader_v10_to_v11(state: dict[str, Any]) -> dict[str, Any]:
+    """v11 writes a dataset's loader state and a mixture's as one kind, whose ``reads`` says which it read;
+    every earlier state of this kind is a dataset's."""
+    return {**state, "reads": DATASET}
+
+
+def _unchanged_in_v11(state: dict[str, Any]) -> dict[str, Any]:
+    """Worker states and the merged checkpoint did not change in v11 (its loader states migrate on their own)."""
+    return dict(state)
+
+
 # (kind, n) -> the step from version n to n + 1 of that kind; each takes and returns a plain dict
 MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
     (LOADER_KIND, 1): _loader_v1_to_v2,
@@ -171,6 +186,9 @@ MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = 
     (WORKER_KIND, 9): _unchanged_in_v10,
     (LOADER_KIND, 9): _loader_v9_to_v10,
     (CHECKPOINT_KIND, 9): _unchanged_in_v10,
+    (WORKER_KIND, 10): _unchanged_in_v11,
+    (LOADER_KIND, 10): _loader_v10_to_v11,
+    (CHECKPOINT_KIND, 10): _unchanged_in_v11,
 }
 
 

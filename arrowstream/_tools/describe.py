@@ -1,15 +1,16 @@
 """``arrowstream.describe_state``: what a checkpoint says, as a plain dict (and as text: ``format_state``).
 
-It reads a loader state, a merged checkpoint, a mixture loader state or a merged mixture checkpoint,
-or a larger dict that holds one (a training checkpoint ``{"model": ..., "loader": ...}``), with the
+It reads a loader state or a merged checkpoint, of a dataset or a mixture (and of every older version and kind,
+migrated as on load), or a larger dict that holds one (a training checkpoint ``{"model": ..., "loader": ...}``), with the
 parsers ``load_state_dict`` uses, so a tampered state is refused here as it would be on load (the checks
 against the plan need the data: pass ``dataset=`` for the counts that need it). The CLI's
 ``arrowstream state show`` prints it (docs/state-format.md, "Looking inside a checkpoint").
 
-Every kind goes through one walk: the envelope (its ranks), each rank's workers, the epoch and the
-counters, and the share of the epoch. What differs by kind (how a worker state is parsed, a mixture's
-sources, a dynamic ledger, the rows of the epoch) is a small :class:`~arrowstream._tools.describe_kind.StateKind`:
-``_describe_dataset.DATASET`` and ``_describe_mixture.MIXTURE``.
+Every state goes through one walk: the envelope (its ranks, read by ``arrowstream._state.loader``, one kind per
+level for both), each rank's workers, the epoch and the counters, and the share of the epoch. What differs by
+what the state's loader read (its ``reads``: how a worker state is parsed, a mixture's sources, a dynamic ledger,
+the rows of the epoch) is a small :class:`~arrowstream._tools.describe_kind.StateKind`:
+``describe_dataset.DATASET`` and ``describe_mixture.MIXTURE``.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .._core.fields import shorten
+from .._state.loader import CHECKPOINT_KINDS, LOADER_KINDS, read_checkpoint, read_loader_state
 from .._state.skips import read_skips
+from .._state.worker import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION
 from ..errors import InvalidArgumentError, StateError
 from .describe_dataset import DATASET
-from .describe_kind import ONE_RANK_OF_SEVERAL, StateKind
+from .describe_kind import ONE_RANK_OF_SEVERAL, Envelope, StateKind
 from .describe_mixture import MIXTURE
 from .describe_text import HASHED, format_state
 
@@ -31,8 +34,8 @@ if TYPE_CHECKING:
 
 __all__ = ["HASHED", "KINDS", "describe_state", "find_states", "format_state"]
 
-_BY_KIND: dict[str, StateKind] = {kind: part for part in (DATASET, MIXTURE) for kind in part.kinds}
-KINDS = tuple(_BY_KIND)
+_BY_READS: dict[str, StateKind] = {part.reads: part for part in (DATASET, MIXTURE)}
+KINDS = LOADER_KINDS + CHECKPOINT_KINDS   # what a state found is (the retired mixture kinds migrate on reading)
 _MAX_DEPTH = 64
 
 
@@ -58,8 +61,8 @@ def describe_state(state: Any, dataset: StructuredDataset | None = None, at: str
     credentials: the state holds none).
 
     Args:
-        state: ``loader.state_dict()``, a merged checkpoint (``merge_state_dicts``), a mixture loader's
-            state or merged checkpoint, or any dict or list that holds one (searched depth first; the
+        state: ``loader.state_dict()`` or a merged checkpoint (``merge_state_dicts``), of a dataset's loader or
+            a mixture's, or any dict or list that holds one (searched depth first; the
             first found is described, ``other_paths`` lists the rest).
         dataset: Optional, the ``StructuredDataset`` the state was taken on: the rows of each worker's
             epoch then come from its plan (without it, a count that needs the plan is ``None`` and
@@ -88,7 +91,7 @@ def describe_state(state: Any, dataset: StructuredDataset | None = None, at: str
     found = list(find_states(state))
     if not found:
         raise StateError(f"no arrowstream loader state inside the {type(state).__name__} given: expected a dict of "
-                         f"kind {' or '.join(map(repr, KINDS))}, or a checkpoint dict that holds one; save "
+                         f"kind {LOADER_KIND!r} or {CHECKPOINT_KIND!r}, or a checkpoint dict that holds one; save "
                          "loader.state_dict() (or merge_state_dicts) in the checkpoint")
     paths = [path for path, _ in found]
     if at is not None:
@@ -96,24 +99,40 @@ def describe_state(state: Any, dataset: StructuredDataset | None = None, at: str
             raise StateError(f"no arrowstream state at {shorten(at)}; the states inside are at {shorten(paths)}")
         found = [item for item in found if item[0] == at]
     path, chosen = found[0]
-    part = _BY_KIND[chosen["kind"]]
-    if chosen["kind"] in MIXTURE.kinds and dataset is not None:
+    envelope = _envelope(copy.deepcopy(chosen))   # the parsers migrate in place
+    if envelope.reads == MIXTURE.reads and dataset is not None:
         raise InvalidArgumentError("dataset: describe_state takes the dataset of a StructuredDataset's state; a "
                                    "mixture's state holds its epoch's rows (its quotas): leave dataset out")
-    description = _describe(part, copy.deepcopy(chosen), dataset)   # the parsers migrate in place
+    description = _describe(_BY_READS[envelope.reads], envelope, dataset)
     return {"path": path, "other_paths": [p for p in paths if p != path], **description}
 
 
-def _describe(part: StateKind, state: dict[str, Any], dataset: StructuredDataset | None) -> dict[str, Any]:
+def _envelope(state: dict[str, Any]) -> Envelope:
+    """A state's envelope, migrated and checked as ``load_state_dict`` reads it: a merged checkpoint's ranks, or
+    the one loader state."""
+    saved_kind, saved_version = state["kind"], state.get("version")
+    if saved_kind in CHECKPOINT_KINDS:
+        world_size, num_workers, outers = read_checkpoint(state)
+        kind, wheres = CHECKPOINT_KIND, [f"checkpoint.ranks[{index}]" for index in range(len(outers))]
+    else:
+        outer = read_loader_state(state)
+        world_size, num_workers, outers = outer["world_size"], outer["num_workers"], [outer]
+        kind, wheres = LOADER_KIND, ["loader state"]
+    first = outers[0]
+    return Envelope(kind, STATE_VERSION, saved_kind, saved_version, first["reads"], first.get("arrowstream_version"),
+                    world_size, num_workers, first["batches_per_transfer"], outers, wheres)
+
+
+def _describe(part: StateKind, envelope: Envelope, dataset: StructuredDataset | None) -> dict[str, Any]:
     """The one walk: the envelope, every rank and its workers, then the epoch's rows and the share."""
-    envelope = part.read(state)
     ranks, every_worker = [], []
     for outer, where in zip(envelope.outers, envelope.wheres, strict=True):
         rank, present = _describe_rank(part, outer, where)
         ranks.append(rank)
         every_worker += present
     description: dict[str, Any] = {
-        "kind": envelope.kind, "version": envelope.version, "saved_version": envelope.saved_version,
+        "kind": envelope.kind, "version": envelope.version, "saved_kind": envelope.saved_kind,
+        "saved_version": envelope.saved_version, "reads": envelope.reads,
         "arrowstream_version": envelope.arrowstream_version,
         "epoch": max((r["epoch"] for r in ranks), default=0),
         "topology": {"world_size": envelope.world_size, "num_workers": envelope.num_workers,

@@ -13,15 +13,8 @@ from .._core.order import SlotGrid
 from .._layout.ledger import start_cursor
 from .._loader.torchdata_state import InnerState
 from .._state.identity import DataIdentity
-from .._state.loader import read_checkpoint, read_loader_state
-from .._state.worker import (
-    CHECKPOINT_KIND,
-    LOADER_KIND,
-    STATE_VERSION,
-    WorkerState,
-    check_compatible,
-    check_planning,
-)
+from .._state.worker import DATASET as READS_DATASET
+from .._state.worker import WorkerState, check_compatible, check_planning
 from ..errors import StateError, StateMismatchError
 from .describe_kind import GIVE_THE_DATA, REPLANNED, UNKNOWN, Envelope, EpochRows, elastic_summary, read_workers
 
@@ -32,21 +25,7 @@ if TYPE_CHECKING:
 class DatasetKind:
     """A ``StructuredDataset``'s (or ``IcebergDataset``'s) loader state or merged checkpoint."""
 
-    kinds: tuple[str, ...] = (LOADER_KIND, CHECKPOINT_KIND)
-
-    def read(self, state: dict[str, Any]) -> Envelope:
-        saved_version = state.get("version")
-        if state["kind"] == CHECKPOINT_KIND:
-            world_size, num_workers, outers = read_checkpoint(state)
-            wheres = [f"checkpoint.ranks[{index}]" for index in range(len(outers))]
-        else:
-            outer = read_loader_state(state)
-            world_size, num_workers, outers, wheres = outer["world_size"], outer["num_workers"], [outer], \
-                ["loader state"]
-        first = outers[0]
-        return Envelope(state["kind"], STATE_VERSION, first.get("saved_version", saved_version),
-                        first.get("arrowstream_version"), world_size, num_workers, first["batches_per_transfer"],
-                        outers, wheres)
+    reads: str = READS_DATASET
 
     def worker_states(self, outer: dict[str, Any], where: str) -> tuple[InnerState, list[WorkerState | None]]:
         inner = read_workers(outer["dataloader"], outer["num_workers"],

@@ -1,8 +1,9 @@
 """What ``describe_state`` asks of a kind of state (a dataset's or a mixture's): the small parts that differ.
 
 The walk (:mod:`arrowstream._tools.describe`) reads the envelope of every state the same way: its ranks, each
-rank's torchdata dict and worker states, the epoch, the counters and the share of the epoch. A
-:class:`StateKind` says how its envelope is parsed, how its worker states are parsed, what a worker's and a
+rank's torchdata dict and worker states, the epoch, the counters and the share of the epoch: the envelope is
+one kind for both, its ``reads`` says which :class:`StateKind` describes the rest. A
+:class:`StateKind` says how its worker states are parsed, what a worker's and a
 rank's lines add (a mixture's rows per source, a dynamic ledger) and how many rows its epoch holds.
 """
 
@@ -27,12 +28,15 @@ REPLANNED = "the epoch was re-planned from another topology: its rows are what t
 
 @dataclass(frozen=True)
 class Envelope:
-    """A state's outer dicts, read: one per rank it holds, each with ``rank``, ``world_size``, ``num_workers``
-    and ``batches_per_transfer`` checked, and where each is named in errors."""
+    """A state's outer dicts, read: one per rank it holds, each with ``rank``, ``world_size``, ``num_workers``,
+    ``batches_per_transfer`` and ``reads`` checked, and where each is named in errors; the kind and version it
+    is read in, those it was saved in, and what its loader read."""
 
     kind: str
     version: int
+    saved_kind: str
     saved_version: int | None
+    reads: str
     arrowstream_version: str | None
     world_size: int
     num_workers: int
@@ -54,11 +58,7 @@ class EpochRows:
 class StateKind(Protocol):
     """The parts of a kind of state that differ (see the module's docstring)."""
 
-    kinds: tuple[str, ...]
-
-    def read(self, state: dict[str, Any]) -> Envelope:
-        """The envelope, migrated and checked as ``load_state_dict`` reads it."""
-        ...
+    reads: str   # the states it describes: those whose loader read this ("dataset", "mixture")
 
     def worker_states(self, outer: dict[str, Any], where: str) -> tuple[InnerState, list[Any]]:
         """A rank's torchdata dict and its worker states (``None``: no state yet), each parsed and checked."""

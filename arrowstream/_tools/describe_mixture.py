@@ -1,5 +1,5 @@
-"""``describe_state``'s parts for a ``Mixture``'s states (a mixture loader state, a merged mixture
-checkpoint): worker states, the rows taken of each source, the quotas and their history; a mixture's epoch
+"""``describe_state``'s parts for a ``Mixture``'s states (a loader state or a merged checkpoint whose ``reads`` is
+``"mixture"``): worker states, the rows taken of each source, the quotas and their history; a mixture's epoch
 holds the sum of its quotas."""
 
 from __future__ import annotations
@@ -7,11 +7,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._core.fields import Fields
-from .._loader.mixture import MIX_CHECKPOINT_KIND, MIX_LOADER_KIND, MIX_LOADER_VERSION, read_mixture_checkpoint
 from .._loader.torchdata_state import InnerState
 from .._mixing.elastic import MixElastic
 from .._state.mixture import MIX_STATE_VERSION, MixWorkerState
-from ..errors import StateError
+from .._state.worker import MIXTURE as READS_MIXTURE
 from .describe_kind import ONE_RANK_OF_SEVERAL, REPLANNED, Envelope, EpochRows, elastic_summary, read_workers
 
 if TYPE_CHECKING:
@@ -19,29 +18,9 @@ if TYPE_CHECKING:
 
 
 class MixtureKind:
-    """A ``Mixture``'s loader state or merged checkpoint."""
+    """A ``Mixture``'s loader state or merged checkpoint (``reads``: ``"mixture"``)."""
 
-    kinds: tuple[str, ...] = (MIX_LOADER_KIND, MIX_CHECKPOINT_KIND)
-
-    def read(self, state: dict[str, Any]) -> Envelope:
-        fields = Fields(state, "mixture state")
-        version = fields.integer("version")
-        if version != MIX_LOADER_VERSION:
-            raise StateError(f"the mixture state has version {version}; this arrowstream reads version "
-                             f"{MIX_LOADER_VERSION}: upgrade arrowstream to read it")
-        merged = state["kind"] == MIX_CHECKPOINT_KIND
-        outers = read_mixture_checkpoint(fields) if merged else [state]
-        wheres = [f"ranks[{index}]" for index in range(len(outers))] if merged else ["mixture loader state"]
-        for outer, where in zip(outers, wheres, strict=True):
-            part = Fields(outer, where)
-            world_size = part.integer("world_size", 1)
-            outer["rank"], outer["num_workers"] = part.integer("rank", 0, world_size - 1), part.integer("num_workers")
-            outer["world_size"] = world_size
-            outer["batches_per_transfer"] = part.integer("batches_per_transfer", 1) \
-                if "batches_per_transfer" in outer else 1
-        first = outers[0]
-        return Envelope(state["kind"], version, version, first.get("arrowstream_version"), first["world_size"],
-                        first["num_workers"], first["batches_per_transfer"], outers, wheres)
+    reads: str = READS_MIXTURE
 
     def worker_states(self, outer: dict[str, Any], where: str) -> tuple[InnerState, list[MixWorkerState | None]]:
         inner = read_workers(Fields(outer, where).mapping("dataloader").value, outer["num_workers"],

@@ -28,12 +28,14 @@ def format_state(description: dict[str, Any]) -> str:
         >>> pq.write_table(pa.table({"x": list(range(10))}), os.path.join(folder, "part.parquet"))
         >>> loader, dataset = arrowstream.StructuredDataset.create_dataloader(path=folder, batch_size=4)
         >>> print(arrowstream.format_state(arrowstream.describe_state(loader.state_dict())).splitlines()[0])
-        arrowstream.loader, format version 10 (written by arrowstream 0.2.0)
+        arrowstream.loader of a dataset, format version 11 (written by arrowstream 0.2.0)
     """
     d, topology = description, description["topology"]
     written = f" (written by arrowstream {d['arrowstream_version']})" if d.get("arrowstream_version") else ""
-    migrated = f", saved as version {d['saved_version']}" if d.get("saved_version") not in (None, d["version"]) else ""
-    lines = [f"{d['kind']}, format version {d['version']}{migrated}{written}"]
+    saved_kind = f"{d['saved_kind']} " if d.get("saved_kind") not in (None, d["kind"]) else ""
+    migrated = f", saved as {saved_kind}version {d['saved_version']}" \
+        if saved_kind or d.get("saved_version") not in (None, d["version"]) else ""
+    lines = [f"{d['kind']} of a {d['reads']}, format version {d['version']}{migrated}{written}"]
     if d.get("path"):
         lines.append(f"found at: {d['path']}")
     if d.get("other_paths"):

@@ -80,7 +80,7 @@ def dataset_for(description: dict[str, Any], args: Any) -> Any:
     from .cli_args import key_values
 
     options = description["options"]
-    if description["source"] == "mixture":
+    if description["reads"] == "mixture":
         raise InvalidArgumentError("--path: a mixture's checkpoint holds its epoch's rows (its quotas) and its sources' "
                                    "data; leave --path out")
     if description["source"] == "iceberg":

@@ -1,4 +1,10 @@
-"""Write the golden states of a mixture (tests/golden/mixture-v1/): run once per state version, never rewritten.
+"""Write the golden states of a mixture: run once per state version, never rewritten.
+
+The folder is named by the versions of the states inside: ``mixture-v<N>`` (1 to 4), mixture worker states of
+version N in a mixture loader state of the retired kind ``"arrowstream.mixture_loader"`` version 1; from state
+format version 11 on (one loader state kind and one merged checkpoint kind for a dataset and a mixture),
+``mixture-v<N>-state-v<M>``, worker states of version N in an ``"arrowstream.loader"`` (or
+``"arrowstream.checkpoint"``) of version M.
 
 The two sources are the fixture folders ``data`` and ``data-cut`` (their recorded modification times make
 the data fingerprint the same on every machine)."""
@@ -37,6 +43,11 @@ CASES = [
     {"name": "elastic-workers3-from-workers2-mid", "num_workers": 3, "elastic_from": (2, 3),
      "options": {"shuffle": True, "shuffle_buffer_size": 16, "epoch_rows": 600, "weights": {"a": 1, "b": 2}},
      "point": ("mid", 0, 2), "epochs": [0, 1]},
+    # from state version 11 on (a mixture's loader state and merged checkpoint are the dataset's kinds): a merged
+    # checkpoint of 2 ranks with workers, at the same step; the recorded continuation is rank 1's
+    {"name": "merged-rank1of2-workers2-mid", "num_workers": 2, "merge_ranks": 2,
+     "options": {"shuffle": True, "shuffle_buffer_size": 16, "rank": 1, "world_size": 2},
+     "point": ("mid", 0, 2), "epochs": [0, 1]},
 ]
 
 
@@ -63,6 +74,14 @@ def batch_record(batch) -> list:
 
 
 def capture(root: str, case: dict) -> dict:
+    if case.get("merge_ranks"):   # every rank's state at the same step, merged; the continuation is the case's rank's
+        from arrowstream import merge_state_dicts
+
+        record = capture(root, {**case, "merge_ranks": 0})
+        states = [capture(root, {**case, "options": {**case["options"], "rank": rank}, "merge_ranks": 0})["state"]
+                  for rank in range(case["merge_ranks"])]
+        record["state"] = json.loads(json.dumps(merge_state_dicts(states)))
+        return record
     loader, mixture = make(root, case)
     if case.get("elastic_from"):   # start from a state of another number of workers, after some batches
         old_workers, steps = case["elastic_from"]
@@ -89,8 +108,9 @@ def capture(root: str, case: dict) -> dict:
 
 def main() -> None:
     from arrowstream._state.mixture import MIX_STATE_VERSION
+    from arrowstream._state.worker import STATE_VERSION
 
-    out_dir = os.path.join(HERE, f"mixture-v{MIX_STATE_VERSION}")
+    out_dir = os.path.join(HERE, f"mixture-v{MIX_STATE_VERSION}-state-v{STATE_VERSION}")
     if os.path.isdir(out_dir) and "--force" not in sys.argv:
         sys.exit(f"{out_dir} exists; golden files are never rewritten")
     os.makedirs(out_dir, exist_ok=True)
