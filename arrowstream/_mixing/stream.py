@@ -46,16 +46,26 @@ class ReadAhead(Protocol):
 
 class SourceRows:
     """One source's rows of a slot's epoch (its parts, in order), from a :class:`SourceCursor` on, handed
-    out as asked."""
+    out as asked.
+
+    ``rows_known=False``: the rows of a part are known only by reading (a dataset's ``filter=`` or
+    ``bad_rows="skip"``): a part's ``rows`` is an upper bound, a part ends when its runs end, and the part
+    being read is tracked rather than found from the rows taken. The stream then reads ahead (:meth:`fill`)
+    to plan its batches, and a part's queue is opened once the one before it has ended (the readers are
+    free again), so a batch may hold the last rows of one part and the first of the next."""
 
     def __init__(self, name: str, readers: Sequence[PieceReader], parts: Parts, *, batch_size: int,
                  interleave: int, buffer_rows: int, start: SourceCursor, url: str,
-                 read_ahead: ReadAhead | None = None, held: HeldSource | None = None) -> None:
+                 read_ahead: ReadAhead | None = None, held: HeldSource | None = None,
+                 rows_known: bool = True) -> None:
         self.name = name
+        self.rows_known = rows_known
+        self._ahead: list[RunQueue] = []   # rows unknown: the next parts' queues, opened by reading ahead
         self._readers = readers
         self._held = held   # a small source held in memory: parts that allow it are read whole (_mixing.bulk)
         self._bulk: tuple[int, npt.NDArray[np.int64], BulkCursors] | None = None   # (part, its order, cursors)
-        self._spans = spans_readable(parts, held, buffer_rows)   # every part read many at once (span_take)
+        # every part read many at once (span_take)
+        self._spans = spans_readable(parts, held, buffer_rows) if rows_known else None
         self._parts = parts
         self._num_parts = len(parts)
         self._part_end = parts.rows_before(start.segment + 1) if start.segment < self._num_parts else 0
@@ -67,9 +77,11 @@ class SourceRows:
         self._url = url
         self._read_ahead = read_ahead
 
-    def _open(self) -> RunQueue:
-        part = self._parts[self._part]
-        start = self._start or part.start or Cursor.start(len(part.splits), self._interleave)
+    def _open(self, index: int | None = None) -> RunQueue:
+        """A queue of the runs of part ``index`` (by default the current one, from where the source stands)."""
+        part = self._parts[self._part if index is None else index]
+        start = (self._start if index is None else None) or part.start or Cursor.start(len(part.splits),
+                                                                                        self._interleave)
         if self._read_ahead is not None:
             self._read_ahead.begin(part.splits)
         runs = open_runs(self._readers, part.splits, batch_size=self._batch_size, interleave=self._interleave,
@@ -85,6 +97,8 @@ class SourceRows:
         """The next ``marks[-1]`` rows as the pieces they were read in (no copy), and where the source
         stands once the first ``marks[i]`` of them are handed out, for each mark (rising from 0), in
         :meth:`compact_cursor`'s form; ``FileChangedError`` if the source has fewer rows."""
+        if not self.rows_known:
+            return self._take_read(marks)
         wanted = marks[-1] if marks else 0
         queue = self._queue
         if queue is not None and marks[0] and wanted <= queue.buffered and wanted <= self._part_end - self.taken:
@@ -142,6 +156,64 @@ class SourceRows:
             done += rows
             self.taken += rows
         self._flush(bulk, pieces)
+        return pieces, cursors
+
+    def fill(self, rows: int) -> int:
+        """Rows unknown: read ahead until ``rows`` rows are held from where the source stands (across the ends of
+        parts) or its parts end; the rows held (fewer than ``rows``: every row left)."""
+        self._move_on()
+        if self._queue is None:
+            if self._part >= self._num_parts:
+                return 0
+            self._queue = self._open()
+        held = self._queue.buffered + sum(queue.buffered for queue in self._ahead)
+        while held < rows:
+            last = self._ahead[-1] if self._ahead else self._queue
+            before = last.buffered
+            last.fill(before + rows - held)
+            held += last.buffered - before
+            following = self._part + len(self._ahead) + 1
+            if held >= rows or following >= self._num_parts:
+                break
+            # the last queue's runs ended: the next part is read by the readers they freed
+            for reader in self._readers:
+                reader.close()
+            self._ahead.append(self._open(following))
+            self._move_on()
+        return held
+
+    def _move_on(self) -> None:
+        """Rows unknown: stand in the next part opened once the current one has ended and none of its rows are held
+        (rows its filter dropped at the start of the next part then move the cursor, as in one stream)."""
+        while self._ahead and self._queue is not None and self._queue.buffered == 0:
+            self._queue = self._ahead.pop(0)
+            self._part += 1
+            self._start = None
+
+    def _take_read(self, marks: Sequence[int]) -> tuple[list[pa.RecordBatch], list[CompactCursor]]:
+        """:meth:`take_marked` of rows known only by reading: the rows held (:meth:`fill` first), part after part."""
+        wanted = marks[-1] if marks else 0
+        pieces: list[pa.RecordBatch] = []
+        cursors: list[CompactCursor] = []
+        done, mark_index = 0, 0
+        while mark_index < len(marks) and marks[mark_index] == 0:
+            cursors.append(self.compact_cursor())
+            mark_index += 1
+        while done < wanted:
+            self._move_on()
+            queue = self._queue
+            rows = 0 if queue is None else min(wanted - done, queue.buffered)
+            if queue is None or rows == 0:
+                raise self._short(wanted, done)
+            first = mark_index
+            while mark_index < len(marks) and marks[mark_index] <= done + rows:
+                mark_index += 1
+            taken, after = queue.take_marked(rows, [mark - done for mark in marks[first:mark_index]])
+            pieces += taken
+            cursors += [(self._part, _fields(cursor), self.taken + mark - done)
+                        for mark, cursor in zip(marks[first:mark_index], after, strict=True)]
+            done += rows
+            self.taken += rows
         return pieces, cursors
 
     def _take_spans(self, wanted: int, marks: Sequence[int],
@@ -249,10 +321,18 @@ class MixStream:
 
     def __init__(self, sources: Sequence[SourceRows], quotas: Sequence[int], *, cast: Callable[[str, pa.RecordBatch], pa.RecordBatch],
                  batch_size: int, drop_last: bool, max_batches: int | None, batch_order: str | None, seed: int,
-                 slot: MixSlot, start: MixWorkerState) -> None:
+                 slot: MixSlot, start: MixWorkerState, ends_when_asked: bool = False) -> None:
         """``batch_order``: one of :data:`~arrowstream._state.mixture.BATCH_ORDERS`, or None: the sources one after
-        another."""
+        another. ``ends_when_asked``: the epoch is complete once a batch past its last one is asked for (a
+        dataset's stream, whose state after its last batch has always said so only then), not with its last
+        batch. A single source whose rows are known only by reading (``SourceRows.rows_known``) is planned by
+        reading ahead; a mixture of several never is (mixtures refuse filters: quotas count metadata rows)."""
+        if any(not source.rows_known for source in sources) and len(sources) != 1:
+            raise AssertionError("only a stream of one source may have rows known only by reading")
         self._sources = list(sources)
+        self._reading = not sources[0].rows_known if sources else False
+        self._ends_when_asked = ends_when_asked
+        self._left: int | None = None   # rows known only by reading: the rows left when the epoch ends
         self._quotas = list(quotas)
         self._total = sum(quotas)
         self._cast = cast
@@ -263,8 +343,12 @@ class MixStream:
         self.complete = start.epoch_complete
 
     def _finish(self) -> None:
-        left = self._total - self.rows
-        if self._max_batches is not None and self.batches >= self._max_batches and left:
+        left = self._total - self.rows if self._left is None else self._left
+        if self._reading and self._max_batches is not None and self.batches >= self._max_batches:
+            logger.info("even_batches: rank %d worker %d stops after %d batch(es) of epoch %d; the rest of its "
+                        "rows are trimmed this epoch", self._slot.rank, self._slot.worker_id, self.batches,
+                        self._slot.epoch)
+        elif self._max_batches is not None and self.batches >= self._max_batches and left:
             logger.info("even_batches: rank %d worker %d stops after %d batch(es) of mixture epoch %d; %d row(s) of "
                         "its quotas are trimmed", self._slot.rank, self._slot.worker_id, self.batches,
                         self._slot.epoch, left)
@@ -290,13 +374,40 @@ class MixStream:
         the epoch ends with them (no batch after the last: so the state after the epoch's last batch says the
         epoch is complete, as the state taken after the loop must, whichever batch a span or a transfer ends
         with). Each source's rows after each: :func:`~arrowstream._mixing.quotas.shares_along`."""
-        rows, size, left = self.rows, self._batch_size, self._total - self.rows
+        rows, size = self.rows, self._batch_size
+        if self._reading:
+            return self._plan_read(max_batches)
+        left = self._total - rows
         # the batches left: full ones, then the rest of the quotas (none with drop_last), up to even_batches' limit
         possible = left // size + (1 if left % size and not self._drop_last else 0)
         if self._max_batches is not None:
             possible = max(0, min(possible, self._max_batches - self.batches))
         count = min(possible, max_batches)
-        return [min(rows + size * j, self._total) for j in range(1, count + 1)], count == possible
+        plan = [min(rows + size * j, self._total) for j in range(1, count + 1)]
+        if self._ends_when_asked:
+            return plan, count < self._asked(max_batches)
+        return plan, count == possible
+
+    def _asked(self, max_batches: int) -> int:
+        """Batches asked for, up to even_batches' limit (one at least, so that the limit ends the epoch)."""
+        if self._max_batches is None:
+            return max(max_batches, 1)
+        return min(max(max_batches, 1), max(self._max_batches - self.batches, 0))
+
+    def _plan_read(self, max_batches: int) -> tuple[list[int], bool]:
+        """:meth:`_plan` of one source whose rows are known only by reading: the rows held after reading ahead
+        ``max_batches`` batches (never rows even_batches trims) decide; the epoch ends when fewer are left."""
+        rows, size = self.rows, self._batch_size
+        asked = self._asked(max_batches)
+        held = self._sources[0].fill(size * asked) if asked else 0
+        full = min(held // size, asked)
+        plan = [rows + size * j for j in range(1, full + 1)]
+        if full < asked and held > full * size and not self._drop_last:   # the runs ended: a short last batch
+            plan.append(rows + held)
+        ends = len(plan) < asked if self._ends_when_asked else held <= size * len(plan) and held < size * asked
+        if ends:
+            self._left = held - (plan[-1] - rows if plan else 0)
+        return plan, ends
 
     def _permutations(self, sizes: list[int], first: int) -> list[npt.NDArray[np.int64]]:
         """The order of each batch's rows (batch ``first`` on, of ``sizes`` rows), those of the same size
@@ -335,8 +446,11 @@ class MixStream:
             raise StopIteration
         sources = self._sources
         before = [source.taken for source in sources]
-        marks = [[after - start for after in source_after]
-                 for source_after, start in zip(shares_along(before, self._quotas, plan), before, strict=True)]
+        if self._reading:   # one source: every row of the batches is its
+            marks = [[after - self.rows for after in plan]]
+        else:
+            marks = [[after - start for after in source_after]
+                     for source_after, start in zip(shares_along(before, self._quotas, plan), before, strict=True)]
         pieces, cursors = [], []
         cast = self._cast
         for source, source_marks in zip(sources, marks, strict=True):
