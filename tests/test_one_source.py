@@ -10,8 +10,6 @@ equivalence that lets the two streams become one without changing a dataset's or
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from arrowstream import StructuredDataset
-from arrowstream._core.order import Slot, SlotGrid, window_seed
+from arrowstream._core.order import Slot, SlotGrid
 from arrowstream._layout.layout import replanned_leftovers
-from arrowstream._mixing.parts import ListParts, Part
+from arrowstream._layout.share_parts import share_parts
 from arrowstream._mixing.stream import MixSlot, MixStream, SourceRows
 from arrowstream._state.mixture import MixWorkerState, SourceCursor, SourceEpoch
 from arrowstream._worker.reader import SplitReader
@@ -64,18 +62,13 @@ def one_source_stream(dataset, slot: Slot, batch_size: int, buffer: int, interle
     reading with a filter or bad rows skipped; the epoch complete when a batch past its last is asked for, as a
     dataset's stream says)."""
     layout = dataset.epochs.layout(dataset.epoch, slot.grid)
-    share = layout.share(slot)
-    parts = [Part(replay.splits, replay.rows, functools.partial(window_seed, SEED, dataset.epoch, replay.slot),
-                  replay.start) for replay in share.replays]
-    split_rows = int(sum(split.num_rows for split in share.splits))
-    if split_rows:
-        parts.append(Part(tuple(share.splits), split_rows, functools.partial(window_seed, SEED, dataset.epoch, slot)))
-    rows = sum(part.rows for part in parts)
+    parts = share_parts(layout.share(slot), seed=SEED, epoch=dataset.epoch, slot=slot)
+    rows = parts.rows
     reading = dataset.reading()
     readers = [SplitReader(reading.plan, reading.storage, max(batch_size, 65536), use_threads=False)
                for _ in range(interleave)]
     options = dataset.options
-    source = SourceRows("", readers, ListParts(parts), batch_size=batch_size, interleave=interleave,
+    source = SourceRows("", readers, parts, batch_size=batch_size, interleave=interleave,
                         buffer_rows=buffer, start=SourceCursor(0, None, 0), url="dataset",
                         rows_known=not options.drops_rows)
     start = MixWorkerState(epoch=dataset.epoch, rank=slot.rank, world_size=slot.world_size, worker_id=slot.worker_id,
