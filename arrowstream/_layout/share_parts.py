@@ -12,11 +12,22 @@ exactly the batches the slot's share gives (``tests/test_one_source.py``). Part 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .._core.order import Slot, window_seed
 from .._core.plan_types import split_rows
 from .._mixing.parts import ListParts, Part
+from .._mixing.stream import MixSlot, MixStream, ReadAhead, SourceRows
+from .._state.one_source import DatasetStart
 from .elastic import Share
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from .._core.cursor import Position
+    from .._core.interleave import PieceReader
+    from .._state.worker import WorkerState
 
 
 def share_parts(share: Share, *, seed: int, epoch: int, slot: Slot) -> ListParts:
@@ -28,3 +39,26 @@ def share_parts(share: Share, *, seed: int, epoch: int, slot: Slot) -> ListParts
     if rows:
         parts.append(Part(tuple(share.splits), rows, functools.partial(window_seed, seed, epoch, slot)))
     return ListParts(parts)
+
+
+def _as_is(name: str, batch: pa.RecordBatch) -> pa.RecordBatch:
+    return batch
+
+
+def share_stream(readers: Sequence[PieceReader], share: Share, start: WorkerState, *, seed: int, batch_size: int,
+                 interleave: int, buffer_rows: int, drop_last: bool, max_batches: int | None, rows_known: bool,
+                 read_ahead: ReadAhead | None = None) -> MixStream[Position, WorkerState]:
+    """The stream of a dataset slot's ``share`` (of the slot and epoch of worker state ``start``, from where it
+    stands), read as a mixture of one source over :func:`share_parts`; its positions and states are a dataset's.
+    ``rows_known``: False when a filter (or ``bad_rows="skip"``) leaves rows out while reading; ``max_batches``:
+    the slot's ``even_batches`` limit."""
+    slot = start.slot
+    parts = share_parts(share, seed=seed, epoch=start.epoch, slot=slot)
+    begin = DatasetStart(start, [replay.start for replay in share.replays], [replay.rows for replay in share.replays],
+                         len(share.splits), interleave)
+    source = SourceRows("", readers, parts, batch_size=batch_size, interleave=interleave, buffer_rows=buffer_rows,
+                        start=begin.source, url="dataset", read_ahead=read_ahead, rows_known=rows_known)
+    return MixStream([source], [parts.rows], cast=_as_is, batch_size=batch_size, drop_last=drop_last,
+                     max_batches=max_batches, batch_order=None, seed=seed,
+                     slot=MixSlot(start.epoch, slot.rank, slot.world_size, slot.worker_id, slot.num_workers),
+                     start=begin, ends_when_asked=True)

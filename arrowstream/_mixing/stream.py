@@ -4,7 +4,8 @@ A :class:`SourceRows` reads one source's segments of the slot's epoch (see :mod:
 through the usual pipeline (interleaved splits, shuffle windows), segment after segment, and hands out
 exactly the rows asked for. A :class:`MixStream` cuts batches: each takes from every source its share
 (:func:`~arrowstream._mixing.quotas.shares_after`), casts them to the mixture's schema, and mixes them when
-the shuffle buffer is on (:data:`~arrowstream._state.mixture.BATCH_ORDERS`). Where it stands is a :class:`~arrowstream._state.mixture.MixWorkerState`.
+the shuffle buffer is on (:data:`~arrowstream._state.mixture.BATCH_ORDERS`). Where it stands is a :class:`~arrowstream._state.mixture.MixWorkerState` (or, for a dataset's slot read as one
+source, its ``WorkerState``: see :mod:`arrowstream._state.one_source`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import itertools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -24,7 +25,7 @@ from .._core.cursor import Cursor
 from .._core.interleave import PieceReader, block_size_for
 from .._core.stream import RunQueue, open_runs
 from .._core.take import take
-from .._state.mixture import EVEN, PERMUTED, CompactCursor, MixPosition, MixWorkerState, SourceCursor
+from .._state.mixture import EVEN, PERMUTED, CompactCursor, SourceCursor
 from ..errors import FileChangedError
 from .bulk import BulkCursors, bulk_order, bulk_readable, span_take, spans_readable
 from .quotas import batch_permutations, shares_along, window_seed
@@ -316,12 +317,41 @@ def _seed_of(seed: int, name: str, epoch: int, slot_index: int, num_slots: int, 
     return window_seed(seed, name, epoch, slot_index, num_slots, segment, window)
 
 
-class MixStream:
+P = TypeVar("P")   # where the stream stands after a batch: a mixture's MixPosition, a dataset's Position
+S = TypeVar("S")   # a worker's state: MixWorkerState, a dataset's WorkerState
+S_co = TypeVar("S_co", covariant=True)
+
+
+class StreamStart(Protocol[P, S_co]):
+    """What a slot's stream starts from and reports in: a mixture's ``MixWorkerState``, or a dataset's worker state
+    read as one source (``arrowstream._state.one_source.DatasetStart``)."""
+
+    @property
+    def rows(self) -> int: ...
+
+    @property
+    def batches(self) -> int: ...
+
+    @property
+    def rows_dropped(self) -> int: ...
+
+    @property
+    def epoch_complete(self) -> bool: ...
+
+    def place(self, rows: int, batches: int, rows_dropped: int, complete: bool,
+              cursors: tuple[CompactCursor, ...]) -> P:
+        """Where the stream stands after a batch: its counters, whether its epoch is complete, each source's place."""
+
+    def state_at(self, position: P, names: Sequence[str], complete: bool) -> S_co:
+        """The worker's state at ``position`` (the sources' places of sources ``names``, in order)."""
+
+
+class MixStream(Generic[P, S]):
     """A slot's batches of a mixture epoch: each takes every source's share, cast to one schema."""
 
     def __init__(self, sources: Sequence[SourceRows], quotas: Sequence[int], *, cast: Callable[[str, pa.RecordBatch], pa.RecordBatch],
                  batch_size: int, drop_last: bool, max_batches: int | None, batch_order: str | None, seed: int,
-                 slot: MixSlot, start: MixWorkerState, ends_when_asked: bool = False) -> None:
+                 slot: MixSlot, start: StreamStart[P, S], ends_when_asked: bool = False) -> None:
         """``batch_order``: one of :data:`~arrowstream._state.mixture.BATCH_ORDERS`, or None: the sources one after
         another. ``ends_when_asked``: the epoch is complete once a batch past its last one is asked for (a
         dataset's stream, whose state after its last batch has always said so only then), not with its last
@@ -358,7 +388,7 @@ class MixStream:
                         self._slot.rank, self._slot.worker_id, left, self._slot.epoch)
         self.complete = True
 
-    def __iter__(self) -> MixStream:
+    def __iter__(self) -> MixStream[P, S]:
         return self
 
     @property
@@ -431,7 +461,7 @@ class MixStream:
     def next_piece(self) -> None:
         """None: a mixture's slot hands out its last rows itself (only a dynamic dataset's are stitched)."""
 
-    def next_span(self, max_batches: int) -> tuple[pa.RecordBatch, list[int], list[MixPosition], list[int]]:
+    def next_span(self, max_batches: int) -> tuple[pa.RecordBatch, list[int], list[P], list[int]]:
         """Up to ``max_batches`` next batches as one record batch (one concatenation), with each batch's
         rows, the position after each, and the rows of each source among them; the batches are those
         ``next()`` would give, one after another.
@@ -459,7 +489,8 @@ class MixStream:
             cursors.append(after)
         first, dropped = self.batches, self.rows_dropped
         sizes = [plan[0] - sum(before), *(now - then for then, now in itertools.pairwise(plan))]
-        positions = [MixPosition(rows, batch, dropped, False, place)
+        place_of = self._start.place
+        positions = [place_of(rows, batch, dropped, False, place)
                      for batch, rows, place in zip(range(first + 1, first + 1 + len(plan)), plan, zip(*cursors, strict=True), strict=True)]
         counts = [source_marks[-1] for source_marks in marks]
         giving = sum(1 for count in counts if count)   # sources that give rows to the span
@@ -478,11 +509,24 @@ class MixStream:
             self._finish()
         return span, sizes, positions, counts
 
-    def position(self) -> MixPosition:
+    def position(self) -> P:
         """Where the stream stands: after the last batch it gave."""
-        return MixPosition(self.rows, self.batches, self.rows_dropped, self.complete,
-                           tuple(source.compact_cursor() for source in self._sources))
+        return self._start.place(self.rows, self.batches, self.rows_dropped, self.complete,
+                                 tuple(source.compact_cursor() for source in self._sources))
 
-    def state(self, position: MixPosition | None = None) -> MixWorkerState:
-        """The worker's state where it stands now, or at ``position`` (one of :meth:`position`'s)."""
-        return self._start.at(position or self.position(), [source.name for source in self._sources])
+    def state(self, position: P | None = None) -> S:
+        """The worker's state where it stands now, or at ``position`` (one of :meth:`position`'s, taken before the
+        stream went on)."""
+        names = [source.name for source in self._sources]
+        if position is None:
+            return self._start.state_at(self.position(), names, self.complete)
+        return self._start.state_at(position, names, False)
+
+    def holds(self, rows: int) -> bool:
+        """Whether at least ``rows`` rows are left in the epoch (reads ahead as far as needed when the rows are known
+        only by reading)."""
+        if self.complete:
+            return False
+        if self._reading:
+            return self._sources[0].fill(rows) >= rows
+        return self._total - self.rows >= rows
