@@ -4,8 +4,10 @@ source").
 A dataset slot's share of an epoch (its splits, and in an epoch re-planned for another topology the rests of old
 workers' shuffle windows first) is a mixture source's parts: a replay is a part that starts at the old worker's
 cursor with the old worker's window seeds, the splits are one part with the slot's seeds. These tests read both
-ways, the dataset's ``EpochStream`` and a ``MixStream`` of one ``SourceRows``, and compare every batch: the
-equivalence that lets the two streams become one without changing a dataset's order (or its checkpoints).
+ways, ``EpochStream`` over the share's runs (how a static dataset read before, kept here as the reference) and a
+``MixStream`` of one ``SourceRows`` (``share_stream``, how it reads now), and compare every batch and the worker
+state after each: the equivalence that made the two streams one without changing a dataset's order (or its
+checkpoints).
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from arrowstream import StructuredDataset
+from arrowstream._core.cursor import Cursor
 from arrowstream._core.order import Slot, SlotGrid
+from arrowstream._core.stream import EpochStream
+from arrowstream._layout.elastic import share_runs
 from arrowstream._layout.layout import replanned_leftovers
 from arrowstream._layout.share_parts import share_stream
 from arrowstream._state.worker import WorkerState
@@ -57,6 +62,23 @@ def ids_of(stream, per_span=3):
         for size in sizes:
             out.append(ids[:size])
             ids = ids[size:]
+
+
+def epoch_stream(dataset, slot: Slot, start=None):
+    """The slot's epoch read by ``EpochStream`` over the share's runs, as the dataset read it before its static path
+    became the one source's (the reference), from worker state ``start`` (None: the epoch's start)."""
+    start = start or dataset.epochs.start(slot, dataset.epoch)
+    layout = dataset.epochs.layouts.layout(start.epoch, slot.grid, start.elastic)
+    share, options = layout.share(slot), dataset.options
+    reading = dataset.reading()
+    readers = [SplitReader(reading.plan, reading.storage, max(options.batch_size, 65536), use_threads=False)
+               for _ in range(options.interleave)]
+    runs = share_runs(readers, share, seed=SEED, epoch=start.epoch, slot=slot, batch_size=options.batch_size,
+                      interleave=options.interleave, buffer_rows=options.shuffle_buffer_size, start=start.cursor)
+    return EpochStream(runs=runs, end=Cursor((), len(share.splits), replay_index=len(share.replays)),
+                       batch_size=options.batch_size, drop_last=options.drop_last, max_batches=layout.limit(slot),
+                       convert=lambda batch: batch, data=dataset.epochs.data, options=dataset.epochs.state_options,
+                       epoch=start.epoch, slot=slot, start=start)
 
 
 def one_source_stream(dataset, slot: Slot, batch_size: int, buffer: int, interleave: int, start=None):
@@ -110,11 +132,11 @@ def read_both_ways(dataset, grid: SlotGrid, batch_size: int, buffer: int, interl
     ids = []
     for index in range(grid.num_slots):
         slot = grid.slot_at(index)
-        expected = ids_of(dataset.open_epoch(slot, None).stream)
+        expected = ids_of(epoch_stream(dataset, slot))
         assert ids_of(one_source_stream(dataset, slot, batch_size, buffer, interleave)) == expected
         ids += [i for batch in expected for i in batch]
         for per_span in (0, 2):
-            assert read_in_step(dataset.open_epoch(slot, None).stream,
+            assert read_in_step(epoch_stream(dataset, slot),
                                 one_source_stream(dataset, slot, batch_size, buffer, interleave), per_span) == \
                 [i for batch in expected for i in batch]
     return ids
@@ -146,7 +168,7 @@ def test_a_replanned_epoch_is_the_same_read_as_one_source(folder, config, old_wo
     old = dataset.epochs.layout(0, old_grid)
     saved, seen = [], []
     for index in range(old_grid.num_slots):
-        stream = dataset.open_epoch(old_grid.slot_at(index), None).stream
+        stream = epoch_stream(dataset, old_grid.slot_at(index))
         for _ in range(stops[index % len(stops)]):
             try:
                 seen += stream.next_record().column("id").to_pylist()
@@ -220,7 +242,7 @@ def resume_in_step(dataset, grid: SlotGrid, batch_size: int, buffer: int, interl
     from it both ways: the same batches and states as each other (asserted), and as the uninterrupted read."""
     for index in range(grid.num_slots):
         slot = grid.slot_at(index)
-        whole = ids_of(dataset.open_epoch(slot, None).stream, 1)
+        whole = ids_of(epoch_stream(dataset, slot), 1)
         stream = one_source_stream(dataset, slot, batch_size, buffer, interleave)
         for _ in range(stop):
             try:
@@ -229,7 +251,7 @@ def resume_in_step(dataset, grid: SlotGrid, batch_size: int, buffer: int, interl
                 break
         saved = WorkerState.from_dict(json.loads(json.dumps(stream.state().to_dict())))
         assert saved == stream.state()
-        rest = read_in_step(dataset.open_epoch(slot, saved).stream,
+        rest = read_in_step(epoch_stream(dataset, slot, saved),
                             one_source_stream(dataset, slot, batch_size, buffer, interleave, start=saved), per_span)
         assert rest == [i for batch in whole[min(stop, len(whole)):] for i in batch]
 
@@ -256,7 +278,7 @@ def test_a_state_of_one_source_is_the_datasets_and_resumes_the_same(folder, conf
         old = dataset.epochs.layout(0, old_grid)
         saved = []
         for index in range(old_grid.num_slots):
-            stream = dataset.open_epoch(old_grid.slot_at(index), None).stream
+            stream = epoch_stream(dataset, old_grid.slot_at(index))
             for _ in range(old_stop + 5 * index):
                 try:
                     stream.next_record()

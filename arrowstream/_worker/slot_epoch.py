@@ -18,8 +18,8 @@ from .runtime import WorkerRuntime, open_stream
 if TYPE_CHECKING:
     from .._core.cursor import Position
     from .._core.order import Slot
-    from .._core.stream import EpochStream
     from .._layout.layout import Epochs
+    from .._mixing.stream import MixStream
     from .._planning.options import Options
     from .._state.worker import WorkerState
 
@@ -38,11 +38,10 @@ def open_slot_epoch(runtime: Callable[[], WorkerRuntime], epochs: Epochs, option
 
 
 def slot_stream(runtime: WorkerRuntime, epochs: Epochs, options: Options, slot: Slot, epoch: int,
-                start: WorkerState | None) -> EpochStream:
+                start: WorkerState | None) -> MixStream[Position, WorkerState]:
     """The stream of ``slot`` in ``epoch``, from worker state ``start`` (``None``: the epoch's start)."""
     start = start or epochs.start(slot, epoch)
-    return open_stream(runtime, epochs.layouts.layout(epoch, slot.grid, start.elastic), slot, start, options,
-                       epochs.data, epochs.state_options)
+    return open_stream(runtime, epochs.layouts.layout(epoch, slot.grid, start.elastic), slot, start, options)
 
 
 def slot_done(runtime: Callable[[], WorkerRuntime], epochs: Epochs, options: Options, state: WorkerState,
