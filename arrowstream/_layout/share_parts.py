@@ -23,8 +23,6 @@ from .._state.one_source import DatasetStart
 from .elastic import Share
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
     from .._core.cursor import Position
     from .._core.interleave import PieceReader
     from .._state.worker import WorkerState
@@ -41,10 +39,6 @@ def share_parts(share: Share, *, seed: int, epoch: int, slot: Slot) -> ListParts
     return ListParts(parts)
 
 
-def _as_is(name: str, batch: pa.RecordBatch) -> pa.RecordBatch:
-    return batch
-
-
 def share_stream(readers: Sequence[PieceReader], share: Share, start: WorkerState, *, seed: int, batch_size: int,
                  interleave: int, buffer_rows: int, drop_last: bool, max_batches: int | None, rows_known: bool,
                  read_ahead: ReadAhead | None = None) -> MixStream[Position, WorkerState]:
@@ -58,7 +52,7 @@ def share_stream(readers: Sequence[PieceReader], share: Share, start: WorkerStat
                          len(share.splits), interleave)
     source = SourceRows("", readers, parts, batch_size=batch_size, interleave=interleave, buffer_rows=buffer_rows,
                         start=begin.source, url="dataset", read_ahead=read_ahead, rows_known=rows_known)
-    return MixStream([source], [parts.rows], cast=_as_is, batch_size=batch_size, drop_last=drop_last,
+    return MixStream([source], [parts.rows], cast=None, batch_size=batch_size, drop_last=drop_last,
                      max_batches=max_batches, batch_order=None, seed=seed,
                      slot=MixSlot(start.epoch, slot.rank, slot.world_size, slot.worker_id, slot.num_workers),
                      start=begin, ends_when_asked=True)

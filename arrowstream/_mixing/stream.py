@@ -159,6 +159,18 @@ class SourceRows:
         self._flush(bulk, pieces)
         return pieces, cursors
 
+    def take(self, rows: int) -> pa.RecordBatch:
+        """The next ``rows`` rows (at least one) as one record batch, without a cursor after them (:meth:`compact_cursor`
+        finds it when asked); ``FileChangedError`` if the source has fewer rows."""
+        if not self.rows_known:
+            self._move_on()
+        queue = self._queue
+        if queue is not None and rows <= queue.buffered and (not self.rows_known or rows <= self._part_end - self.taken):
+            self.taken += rows
+            return queue.take(rows)
+        pieces, _ = self.take_marked([rows])
+        return pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces)
+
     def fill(self, rows: int) -> int:
         """Rows unknown: read ahead until ``rows`` rows are held from where the source stands (across the ends of
         parts) or its parts end; the rows held (fewer than ``rows``: every row left)."""
@@ -349,11 +361,12 @@ class StreamStart(Protocol[P, S_co]):
 class MixStream(Generic[P, S]):
     """A slot's batches of a mixture epoch: each takes every source's share, cast to one schema."""
 
-    def __init__(self, sources: Sequence[SourceRows], quotas: Sequence[int], *, cast: Callable[[str, pa.RecordBatch], pa.RecordBatch],
+    def __init__(self, sources: Sequence[SourceRows], quotas: Sequence[int], *,
+                 cast: Callable[[str, pa.RecordBatch], pa.RecordBatch] | None,
                  batch_size: int, drop_last: bool, max_batches: int | None, batch_order: str | None, seed: int,
                  slot: MixSlot, start: StreamStart[P, S], ends_when_asked: bool = False) -> None:
         """``batch_order``: one of :data:`~arrowstream._state.mixture.BATCH_ORDERS`, or None: the sources one after
-        another. ``ends_when_asked``: the epoch is complete once a batch past its last one is asked for (a
+        another; ``cast``: of each source's rows to the mixture's schema (None: taken as they are). ``ends_when_asked``: the epoch is complete once a batch past its last one is asked for (a
         dataset's stream, whose state after its last batch has always said so only then), not with its last
         batch. A single source whose rows are known only by reading (``SourceRows.rows_known``) is planned by
         reading ahead; a mixture of several never is (mixtures refuse filters: quotas count metadata rows)."""
@@ -363,9 +376,12 @@ class MixStream(Generic[P, S]):
         self._reading = not sources[0].rows_known if sources else False
         self._ends_when_asked = ends_when_asked
         self._left: int | None = None   # rows known only by reading: the rows left when the epoch ends
+        self._position: P | None = None   # where it stands, once asked (until it moves)
         self._quotas = list(quotas)
         self._total = sum(quotas)
         self._cast = cast
+        # one source whose batches are its rows in the order taken (a dataset's slot): no shares to compute
+        self._one = self._sources[0] if len(self._sources) == 1 and batch_order != PERMUTED else None
         self._batch_size, self._drop_last, self._max_batches = batch_size, drop_last, max_batches
         self._batch_order, self._seed, self._slot = batch_order, seed, slot
         self._start = start
@@ -456,7 +472,34 @@ class MixStream(Generic[P, S]):
 
     def next_record(self) -> pa.RecordBatch:
         """The next batch, as Arrow."""
-        return self.next_span(1)[0]
+        source = self._one
+        if source is None:
+            return self.next_span(1)[0]
+        # one source: the batch is its next rows, and the position after it is found only when asked
+        self._position = None
+        if self.complete:
+            raise StopIteration
+        if self._ends_when_asked and not self._reading:   # (a dataset's: _plan(1) in short)
+            size, left = self._batch_size, self._total - self.rows
+            if left <= 0 or (left < size and self._drop_last) or (self._max_batches is not None
+                                                                 and self.batches >= self._max_batches):
+                self._finish()
+                raise StopIteration
+            rows, ends = min(size, left), False
+        else:
+            plan, ends = self._plan(1)
+            if not plan:
+                self._finish()
+                raise StopIteration
+            rows = plan[0] - self.rows
+        batch = source.take(rows)
+        if self._cast is not None:
+            batch = self._cast(source.name, batch)
+        self.rows += rows
+        self.batches += 1
+        if ends:
+            self._finish()
+        return batch
 
     def next_piece(self) -> None:
         """None: a mixture's slot hands out its last rows itself (only a dynamic dataset's are stitched)."""
@@ -468,12 +511,15 @@ class MixStream(Generic[P, S]):
 
         The batches are planned first (each source's share of each), then each source's rows of the whole
         span are taken in one pass, with its cursor after each batch's share."""
+        self._position = None
         if self.complete:
             raise StopIteration
         plan, ends = self._plan(max_batches)
         if not plan:
             self._finish()
             raise StopIteration
+        if self._one is not None:
+            return self._one_span(self._one, plan, ends)
         sources = self._sources
         before = [source.taken for source in sources]
         if self._reading:   # one source: every row of the batches is its
@@ -485,7 +531,7 @@ class MixStream(Generic[P, S]):
         cast = self._cast
         for source, source_marks in zip(sources, marks, strict=True):
             taken, after = source.take_marked(source_marks)
-            pieces.append([cast(source.name, piece) for piece in taken])
+            pieces.append(taken if cast is None else [cast(source.name, piece) for piece in taken])
             cursors.append(after)
         first, dropped = self.batches, self.rows_dropped
         sizes = [plan[0] - sum(before), *(now - then for then, now in itertools.pairwise(plan))]
@@ -509,10 +555,34 @@ class MixStream(Generic[P, S]):
             self._finish()
         return span, sizes, positions, counts
 
+    def _one_span(self, source: SourceRows, plan: list[int], ends: bool) -> tuple[pa.RecordBatch, list[int], list[P],
+                                                                                   list[int]]:
+        """:meth:`next_span`'s batches of one source taken in order: the marks are the plan's, the span its pieces."""
+        before = source.taken
+        marks = [row - before for row in plan]
+        taken, places = source.take_marked(marks)
+        if self._cast is not None:
+            taken = [self._cast(source.name, piece) for piece in taken]
+        span = taken[0] if len(taken) == 1 else pa.concat_batches(taken)
+        first, dropped, place = self.batches, self.rows_dropped, self._start.place
+        if len(plan) == 1:
+            sizes, positions = [marks[0]], [place(plan[0], first + 1, dropped, False, (places[0],))]
+        else:
+            sizes = [marks[0], *(now - then for then, now in itertools.pairwise(plan))]
+            positions = [place(rows, batch, dropped, False, (where,))
+                         for batch, rows, where in zip(range(first + 1, first + 1 + len(plan)), plan, places, strict=True)]
+        self.rows = plan[-1]
+        self.batches += len(plan)
+        if ends:
+            self._finish()
+        return span, sizes, positions, [marks[-1]]
+
     def position(self) -> P:
         """Where the stream stands: after the last batch it gave."""
-        return self._start.place(self.rows, self.batches, self.rows_dropped, self.complete,
-                                 tuple(source.compact_cursor() for source in self._sources))
+        if self._position is None:   # (asked once or twice a batch, e.g. before and after a chunk in a worker)
+            self._position = self._start.place(self.rows, self.batches, self.rows_dropped, self.complete,
+                                               tuple(source.compact_cursor() for source in self._sources))
+        return self._position
 
     def state(self, position: P | None = None) -> S:
         """The worker's state where it stands now, or at ``position`` (one of :meth:`position`'s, taken before the
@@ -528,5 +598,6 @@ class MixStream(Generic[P, S]):
         if self.complete:
             return False
         if self._reading:
+            self._position = None   # reading ahead may move past rows a filter dropped
             return self._sources[0].fill(rows) >= rows
         return self._total - self.rows >= rows

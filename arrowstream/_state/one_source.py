@@ -83,6 +83,7 @@ class DatasetStart:
         self._state = state
         self._mapping = _Mapping(tuple(replay_rows), num_splits, interleave)
         self._end = self._mapping.end()
+        self._replays = len(replay_rows)
         self.rows, self.batches, self.rows_dropped = state.rows, state.batches, state.rows_dropped
         self.epoch_complete = state.epoch_complete
         self.source = source_cursor(state.cursor, state.rows, replay_starts)
@@ -91,8 +92,13 @@ class DatasetStart:
               cursors: tuple[CompactCursor, ...]) -> Position:
         """The position after a batch: the counters, and the dataset cursor of where the one source stands (the
         end of the epoch once it is complete)."""
-        cursor = self._end if complete else self._mapping.cursor(cursors[0])
-        return Position(cursor, rows, batches, rows_dropped)
+        if complete:
+            return Position(self._end, rows, batches, rows_dropped)
+        part, fields, _ = place = cursors[0]
+        if part == self._replays and fields is not None:   # in the splits (every batch of an epoch not re-planned)
+            return Position(Cursor(fields[0], fields[1], fields[2], fields[3], fields[4], fields[5], part, 0), rows,
+                            batches, rows_dropped)
+        return Position(self._mapping.cursor(place), rows, batches, rows_dropped)
 
     def state_at(self, position: Position, names: Sequence[str], complete: bool) -> WorkerState:
         """The worker state at ``position`` (``complete``: whether the epoch is complete there)."""
