@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from helpers import write_dataset
+from helpers import share_runs, write_dataset
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
@@ -26,7 +26,6 @@ from arrowstream import StructuredDataset
 from arrowstream._core.cursor import Cursor
 from arrowstream._core.order import Slot, SlotGrid
 from arrowstream._core.stream import EpochStream
-from arrowstream._layout.elastic import share_runs
 from arrowstream._layout.layout import replanned_leftovers
 from arrowstream._layout.share_parts import share_stream
 from arrowstream._state.worker import WorkerState

@@ -51,7 +51,8 @@ def share_stream(readers: Sequence[PieceReader], share: Share, start: WorkerStat
     begin = DatasetStart(start, [replay.start for replay in share.replays], [replay.rows for replay in share.replays],
                          len(share.splits), interleave)
     source = SourceRows("", readers, parts, batch_size=batch_size, interleave=interleave, buffer_rows=buffer_rows,
-                        start=begin.source, url="dataset", read_ahead=read_ahead, rows_known=rows_known)
+                        start=begin.source, url="dataset", read_ahead=read_ahead, rows_known=rows_known,
+                        whole_cursors=True)
     return MixStream([source], [parts.rows], cast=None, batch_size=batch_size, drop_last=drop_last,
                      max_batches=max_batches, batch_order=None, seed=seed,
                      slot=MixSlot(start.epoch, slot.rank, slot.world_size, slot.worker_id, slot.num_workers),

@@ -49,6 +49,7 @@ class SourceRows:
     """One source's rows of a slot's epoch (its parts, in order), from a :class:`SourceCursor` on, handed
     out as asked.
 
+    ``whole_cursors``: places carry the :class:`Cursor` itself instead of its fields (a dataset's stream).
     ``rows_known=False``: the rows of a part are known only by reading (a dataset's ``filter=`` or
     ``bad_rows="skip"``): a part's ``rows`` is an upper bound, a part ends when its runs end, and the part
     being read is tracked rather than found from the rows taken. The stream then reads ahead (:meth:`fill`)
@@ -58,8 +59,11 @@ class SourceRows:
     def __init__(self, name: str, readers: Sequence[PieceReader], parts: Parts, *, batch_size: int,
                  interleave: int, buffer_rows: int, start: SourceCursor, url: str,
                  read_ahead: ReadAhead | None = None, held: HeldSource | None = None,
-                 rows_known: bool = True) -> None:
+                 rows_known: bool = True, whole_cursors: bool = False) -> None:
         self.name = name
+        # how a place carries a cursor: its fields (a mixture's positions travel as plain tuples), or the cursor
+        # itself (a dataset's, whose positions hold one: no copy per batch)
+        self._fields: Callable[[Cursor], Any] = _same if whole_cursors else _fields
         self.rows_known = rows_known
         self._ahead: list[RunQueue] = []   # rows unknown: the next parts' queues, opened by reading ahead
         self._readers = readers
@@ -107,7 +111,7 @@ class SourceRows:
             held, after = queue.take_marked(wanted, marks)
             part, before = self._part, self.taken
             self.taken = before + wanted
-            return held, [(part, _fields(cursor), before + mark) for mark, cursor in zip(marks, after, strict=True)]
+            return held, [(part, self._fields(cursor), before + mark) for mark, cursor in zip(marks, after, strict=True)]
         pieces: list[pa.RecordBatch] = []
         bulk: list[npt.NDArray[np.int64]] = []   # rows of the held table read whole, not yet taken
         cursors: list[CompactCursor] = []
@@ -152,7 +156,7 @@ class SourceRows:
                 mark_index += 1
             taken, after = queue.take_marked(rows, [mark - done for mark in marks[first:mark_index]])
             pieces += taken
-            cursors += [(self._part, _fields(cursor), self.taken + mark - done)
+            cursors += [(self._part, self._fields(cursor), self.taken + mark - done)
                         for mark, cursor in zip(marks[first:mark_index], after, strict=True)]
             done += rows
             self.taken += rows
@@ -223,7 +227,7 @@ class SourceRows:
                 mark_index += 1
             taken, after = queue.take_marked(rows, [mark - done for mark in marks[first:mark_index]])
             pieces += taken
-            cursors += [(self._part, _fields(cursor), self.taken + mark - done)
+            cursors += [(self._part, self._fields(cursor), self.taken + mark - done)
                         for mark, cursor in zip(marks[first:mark_index], after, strict=True)]
             done += rows
             self.taken += rows
@@ -293,7 +297,11 @@ class SourceRows:
     def compact_cursor(self) -> CompactCursor:
         """Where it stands, as plain tuples (see :class:`MixPosition`)."""
         cursor = self._start if self._queue is None else self._queue.cursor
-        return self._part, None if cursor is None else _fields(cursor), self.taken
+        return self._part, None if cursor is None else self._fields(cursor), self.taken
+
+
+def _same(cursor: Cursor) -> Cursor:
+    return cursor
 
 
 def _fields(cursor: Cursor) -> tuple[Any, ...]:
@@ -511,6 +519,9 @@ class MixStream(Generic[P, S]):
 
         The batches are planned first (each source's share of each), then each source's rows of the whole
         span are taken in one pass, with its cursor after each batch's share."""
+        if max_batches <= 1 and self._ends_when_asked and self._one is not None:   # a dataset's one batch
+            batch = self.next_record()
+            return batch, [batch.num_rows], [self.position()], [batch.num_rows]
         self._position = None
         if self.complete:
             raise StopIteration

@@ -58,8 +58,9 @@ class SourceEpoch:
     quota: int
 
 
-CompactCursor = tuple[int, tuple[Any, ...] | None, int]
-"""A source's place as a :class:`MixPosition` carries it: ``(part, cursor fields or None, taken)``."""
+CompactCursor = tuple[int, Any, int]
+"""A source's place as a :class:`MixPosition` carries it: ``(part, cursor fields or None, taken)`` (a dataset's one
+source, ``arrowstream._state.one_source``: the cursor itself instead of its fields)."""
 
 
 class MixPosition(NamedTuple):

@@ -33,7 +33,7 @@ def source_cursor(cursor: Cursor, rows: int, replay_starts: Sequence[Cursor]) ->
 
 
 def dataset_cursor(place: CompactCursor, replay_rows: Sequence[int], num_splits: int, interleave: int) -> Cursor:
-    """The dataset cursor of a source standing at ``place`` (``(part, cursor fields or None, taken)``) in a share
+    """The dataset cursor of a source standing at ``place`` (``(part, cursor or its fields or None, taken)``) in a share
     of replays of ``replay_rows`` rows and ``num_splits`` splits read ``interleave`` at a time."""
     return _Mapping(tuple(replay_rows), num_splits, interleave).cursor(place)
 
@@ -54,6 +54,9 @@ class _Mapping:
 
     def cursor(self, place: CompactCursor) -> Cursor:
         part, fields, taken = place
+        if isinstance(fields, Cursor):
+            fields = (fields.lanes, fields.next_split_index, fields.turn_index, fields.block_offset,
+                      fields.window_index, fields.window_offset)
         replays = len(self.replay_rows)
         first = self.first_split
         if part < replays:
@@ -94,10 +97,10 @@ class DatasetStart:
         end of the epoch once it is complete)."""
         if complete:
             return Position(self._end, rows, batches, rows_dropped)
-        part, fields, _ = place = cursors[0]
-        if part == self._replays and fields is not None:   # in the splits (every batch of an epoch not re-planned)
-            return Position(Cursor(fields[0], fields[1], fields[2], fields[3], fields[4], fields[5], part, 0), rows,
-                            batches, rows_dropped)
+        part, cursor, _ = place = cursors[0]
+        if (part == self._replays and isinstance(cursor, Cursor) and cursor.replay_index == part
+                and not cursor.replay_offset):   # in the splits, the source's cursor as it is (an epoch not re-planned)
+            return Position(cursor, rows, batches, rows_dropped)
         return Position(self._mapping.cursor(place), rows, batches, rows_dropped)
 
     def state_at(self, position: Position, names: Sequence[str], complete: bool) -> WorkerState:

@@ -2,7 +2,8 @@
 worker state or the epoch's start, with the runtime that reads it (how ``assignment="static"`` opens a
 worker's epoch; ``StructuredDataset.open_epoch`` hands its values here).
 
-Opening is once per epoch and worker; the per-batch path is the stream's (``arrowstream._core.stream``) and the
+Opening is once per epoch and worker; the per-batch path is the stream's (the share read as one source,
+``arrowstream._layout.share_parts``) and the
 iterator's (``arrowstream._worker.iterator``).
 """
 
