@@ -50,8 +50,10 @@ def share_stream(readers: Sequence[PieceReader], share: Share, start: WorkerStat
     parts = share_parts(share, seed=seed, epoch=start.epoch, slot=slot)
     begin = DatasetStart(start, [replay.start for replay in share.replays], [replay.rows for replay in share.replays],
                          len(share.splits), interleave)
-    source = SourceRows("", readers, parts, batch_size=batch_size, interleave=interleave, buffer_rows=buffer_rows,
-                        start=begin.source, url="dataset", read_ahead=read_ahead, rows_known=rows_known,
+    # named in the error of a part that gave fewer rows than its plan promised (the readers name the file first)
+    where = f"the splits of rank {slot.rank} worker {slot.worker_id} in epoch {start.epoch}"
+    source = SourceRows("dataset", readers, parts, batch_size=batch_size, interleave=interleave, buffer_rows=buffer_rows,
+                        start=begin.source, url=where, read_ahead=read_ahead, rows_known=rows_known,
                         whole_cursors=True)
     return MixStream([source], [parts.rows], cast=None, batch_size=batch_size, drop_last=drop_last,
                      max_batches=max_batches, batch_order=None, seed=seed,
