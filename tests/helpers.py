@@ -237,3 +237,37 @@ def replan_layouts() -> dict[str, Any]:
         "buffer_rows": st.sampled_from([0, 1, 7, 50, 200]),
         "piece_rows": st.integers(1, 50),
     }
+
+
+def share_runs(readers, share, *, seed: int, epoch: int, slot, batch_size: int, interleave: int, buffer_rows: int,
+               start):
+    """A worker's rows of its share of an epoch from ``start``, as a static dataset slot read them before its share
+    became one source's parts (``arrowstream._layout.share_parts``): the replays (of an epoch re-planned for this
+    topology), then its splits, as one stream of runs whose cursors count the replays. The reference the tests
+    read ``EpochStream`` over, against the one stream."""
+    import dataclasses
+    import functools
+
+    from arrowstream._core.cursor import Cursor
+    from arrowstream._core.order import window_seed
+    from arrowstream._core.stream import open_runs
+    from arrowstream._layout.elastic import replay_runs, with_replay_index
+
+    seeds = functools.partial(window_seed, seed, epoch, slot)
+    if not share.replays:
+        return open_runs(readers, share.splits, batch_size=batch_size, interleave=interleave, buffer_rows=buffer_rows,
+                         window_seed=seeds, start=start)
+
+    def replayed():
+        first_split = Cursor.start(len(share.splits), interleave)
+        for index in range(start.replay_index, len(share.replays)):
+            skip = start.replay_offset if index == start.replay_index else 0
+            yield from replay_runs(readers, share.replays[index], index, skip, first_split, seed=seed, epoch=epoch,
+                                   batch_size=batch_size, interleave=interleave, buffer_rows=buffer_rows)
+        replays = len(share.replays)
+        base = start if start.replay_index >= replays else dataclasses.replace(first_split, replay_index=replays)
+        for run in open_runs(readers, share.splits, batch_size=batch_size, interleave=interleave,
+                             buffer_rows=buffer_rows, window_seed=seeds, start=base):
+            yield with_replay_index(run, replays)
+
+    return replayed()

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from helpers import replan_layouts
+from helpers import replan_layouts, share_runs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,7 +29,7 @@ from arrowstream._core.piece import Piece
 from arrowstream._core.plan_types import PLANNING_VERSION, FileEntry, Split
 from arrowstream._core.stream import EpochStream, open_runs
 from arrowstream._formats import FileFooter
-from arrowstream._layout.elastic import assign_shares, cut_shares, remaining_items, share_runs
+from arrowstream._layout.elastic import assign_shares, cut_shares, remaining_items
 from arrowstream._layout.layout import Layouts
 from arrowstream._layout.replan import item_rows
 from arrowstream._planning.plan import Plan, build_plan

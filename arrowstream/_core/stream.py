@@ -1,4 +1,9 @@
-"""One worker's epoch: its rows (interleaved, shuffled) assembled into full batches, a cursor kept.
+"""The runs a slot's stream reads (:func:`open_runs`, :class:`RunQueue`), and a dynamic worker's epoch
+(:class:`EpochStream`): its rows (interleaved, shuffled) assembled into full batches, a cursor kept.
+
+A static dataset slot and a mixture's slot are read by ``arrowstream._mixing.stream.MixStream`` over the same
+runs; ``EpochStream`` stays the stream of ``assignment="dynamic"`` (leases taken as the worker goes, the last rows
+stitched with other workers').
 
 Batches hold exactly ``batch_size`` rows across split and file boundaries; only the last one of
 an epoch may be short, and ``drop_last`` drops it (and counts what it dropped). The cursor is

@@ -139,18 +139,6 @@ def with_replay_index(run: Run, index: int) -> Run:
     return Run(run.batch, after)
 
 
-def share_runs(readers: Sequence[PieceReader], share: Share, *, seed: int, epoch: int, slot: Slot,
-               batch_size: int, interleave: int, buffer_rows: int, start: Cursor) -> Iterator[Run]:
-    """A worker's rows of its share of an epoch, from ``start``: replays (of an epoch re-planned for
-    this topology), then its splits. With nothing replayed, the splits' runs as they come."""
-    if not share.replays:
-        return open_runs(readers, share.splits, batch_size=batch_size, interleave=interleave,
-                         buffer_rows=buffer_rows, window_seed=functools.partial(window_seed, seed, epoch, slot),
-                         start=start)
-    return _replayed_runs(readers, share, seed=seed, epoch=epoch, slot=slot, batch_size=batch_size,
-                          interleave=interleave, buffer_rows=buffer_rows, start=start)
-
-
 def replay_runs(readers: Sequence[PieceReader], replay: Replay[Slot], index: int, skip: int, after_replays: Cursor, *,
                 seed: int, epoch: int, batch_size: int, interleave: int, buffer_rows: int) -> Iterator[Run]:
     """The rows of ``replay`` (a worker's replay ``index``) from its row ``skip`` on, read again the way
@@ -168,18 +156,3 @@ def replay_runs(readers: Sequence[PieceReader], replay: Replay[Slot], index: int
         taken += run.num_rows
     for reader in readers:
         reader.close()
-
-
-def _replayed_runs(readers: Sequence[PieceReader], share: Share, *, seed: int, epoch: int, slot: Slot,
-                   batch_size: int, interleave: int, buffer_rows: int, start: Cursor) -> Iterator[Run]:
-    first_split = Cursor.start(len(share.splits), interleave)
-    for index in range(start.replay_index, len(share.replays)):
-        skip = start.replay_offset if index == start.replay_index else 0
-        yield from replay_runs(readers, share.replays[index], index, skip, first_split, seed=seed, epoch=epoch,
-                               batch_size=batch_size, interleave=interleave, buffer_rows=buffer_rows)
-    replays = len(share.replays)
-    base = start if start.replay_index >= replays else dataclasses.replace(first_split, replay_index=replays)
-    seeds: Callable[[int], int] = functools.partial(window_seed, seed, epoch, slot)
-    for run in open_runs(readers, share.splits, batch_size=batch_size, interleave=interleave,
-                         buffer_rows=buffer_rows, window_seed=seeds, start=base):
-        yield with_replay_index(run, replays)

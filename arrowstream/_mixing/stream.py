@@ -4,7 +4,8 @@ A :class:`SourceRows` reads one source's segments of the slot's epoch (see :mod:
 through the usual pipeline (interleaved splits, shuffle windows), segment after segment, and hands out
 exactly the rows asked for. A :class:`MixStream` cuts batches: each takes from every source its share
 (:func:`~arrowstream._mixing.quotas.shares_after`), casts them to the mixture's schema, and mixes them when
-the shuffle buffer is on (:data:`~arrowstream._state.mixture.BATCH_ORDERS`). Where it stands is a :class:`~arrowstream._state.mixture.MixWorkerState`.
+the shuffle buffer is on (:data:`~arrowstream._state.mixture.BATCH_ORDERS`). Where it stands is a :class:`~arrowstream._state.mixture.MixWorkerState` (or, for a dataset's slot read as one
+source, its ``WorkerState``: see :mod:`arrowstream._state.one_source`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import itertools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -24,7 +25,7 @@ from .._core.cursor import Cursor
 from .._core.interleave import PieceReader, block_size_for
 from .._core.stream import RunQueue, open_runs
 from .._core.take import take
-from .._state.mixture import EVEN, PERMUTED, CompactCursor, MixPosition, MixWorkerState, SourceCursor
+from .._state.mixture import EVEN, PERMUTED, CompactCursor, SourceCursor
 from ..errors import FileChangedError
 from .bulk import BulkCursors, bulk_order, bulk_readable, span_take, spans_readable
 from .quotas import batch_permutations, shares_along, window_seed
@@ -46,16 +47,30 @@ class ReadAhead(Protocol):
 
 class SourceRows:
     """One source's rows of a slot's epoch (its parts, in order), from a :class:`SourceCursor` on, handed
-    out as asked."""
+    out as asked.
+
+    ``whole_cursors``: places carry the :class:`Cursor` itself instead of its fields (a dataset's stream).
+    ``rows_known=False``: the rows of a part are known only by reading (a dataset's ``filter=`` or
+    ``bad_rows="skip"``): a part's ``rows`` is an upper bound, a part ends when its runs end, and the part
+    being read is tracked rather than found from the rows taken. The stream then reads ahead (:meth:`fill`)
+    to plan its batches, and a part's queue is opened once the one before it has ended (the readers are
+    free again), so a batch may hold the last rows of one part and the first of the next."""
 
     def __init__(self, name: str, readers: Sequence[PieceReader], parts: Parts, *, batch_size: int,
                  interleave: int, buffer_rows: int, start: SourceCursor, url: str,
-                 read_ahead: ReadAhead | None = None, held: HeldSource | None = None) -> None:
+                 read_ahead: ReadAhead | None = None, held: HeldSource | None = None,
+                 rows_known: bool = True, whole_cursors: bool = False) -> None:
         self.name = name
+        # how a place carries a cursor: its fields (a mixture's positions travel as plain tuples), or the cursor
+        # itself (a dataset's, whose positions hold one: no copy per batch)
+        self._fields: Callable[[Cursor], Any] = _same if whole_cursors else _fields
+        self.rows_known = rows_known
+        self._ahead: list[RunQueue] = []   # rows unknown: the next parts' queues, opened by reading ahead
         self._readers = readers
         self._held = held   # a small source held in memory: parts that allow it are read whole (_mixing.bulk)
         self._bulk: tuple[int, npt.NDArray[np.int64], BulkCursors] | None = None   # (part, its order, cursors)
-        self._spans = spans_readable(parts, held, buffer_rows)   # every part read many at once (span_take)
+        # every part read many at once (span_take)
+        self._spans = spans_readable(parts, held, buffer_rows) if rows_known else None
         self._parts = parts
         self._num_parts = len(parts)
         self._part_end = parts.rows_before(start.segment + 1) if start.segment < self._num_parts else 0
@@ -67,9 +82,11 @@ class SourceRows:
         self._url = url
         self._read_ahead = read_ahead
 
-    def _open(self) -> RunQueue:
-        part = self._parts[self._part]
-        start = self._start or part.start or Cursor.start(len(part.splits), self._interleave)
+    def _open(self, index: int | None = None) -> RunQueue:
+        """A queue of the runs of part ``index`` (by default the current one, from where the source stands)."""
+        part = self._parts[self._part if index is None else index]
+        start = (self._start if index is None else None) or part.start or Cursor.start(len(part.splits),
+                                                                                        self._interleave)
         if self._read_ahead is not None:
             self._read_ahead.begin(part.splits)
         runs = open_runs(self._readers, part.splits, batch_size=self._batch_size, interleave=self._interleave,
@@ -85,6 +102,8 @@ class SourceRows:
         """The next ``marks[-1]`` rows as the pieces they were read in (no copy), and where the source
         stands once the first ``marks[i]`` of them are handed out, for each mark (rising from 0), in
         :meth:`compact_cursor`'s form; ``FileChangedError`` if the source has fewer rows."""
+        if not self.rows_known:
+            return self._take_read(marks)
         wanted = marks[-1] if marks else 0
         queue = self._queue
         if queue is not None and marks[0] and wanted <= queue.buffered and wanted <= self._part_end - self.taken:
@@ -92,7 +111,7 @@ class SourceRows:
             held, after = queue.take_marked(wanted, marks)
             part, before = self._part, self.taken
             self.taken = before + wanted
-            return held, [(part, _fields(cursor), before + mark) for mark, cursor in zip(marks, after, strict=True)]
+            return held, [(part, self._fields(cursor), before + mark) for mark, cursor in zip(marks, after, strict=True)]
         pieces: list[pa.RecordBatch] = []
         bulk: list[npt.NDArray[np.int64]] = []   # rows of the held table read whole, not yet taken
         cursors: list[CompactCursor] = []
@@ -137,11 +156,81 @@ class SourceRows:
                 mark_index += 1
             taken, after = queue.take_marked(rows, [mark - done for mark in marks[first:mark_index]])
             pieces += taken
-            cursors += [(self._part, _fields(cursor), self.taken + mark - done)
+            cursors += [(self._part, self._fields(cursor), self.taken + mark - done)
                         for mark, cursor in zip(marks[first:mark_index], after, strict=True)]
             done += rows
             self.taken += rows
         self._flush(bulk, pieces)
+        return pieces, cursors
+
+    def take(self, rows: int) -> pa.RecordBatch:
+        """The next ``rows`` rows (at least one) as one record batch, without a cursor after them (:meth:`compact_cursor`
+        finds it when asked); ``FileChangedError`` if the source has fewer rows."""
+        if not self.rows_known:
+            self._move_on()
+        queue = self._queue
+        if queue is not None and rows <= queue.buffered and (not self.rows_known or rows <= self._part_end - self.taken):
+            self.taken += rows
+            return queue.take(rows)
+        pieces, _ = self.take_marked([rows])
+        return pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces)
+
+    def fill(self, rows: int) -> int:
+        """Rows unknown: read ahead until ``rows`` rows are held from where the source stands (across the ends of
+        parts) or its parts end; the rows held (fewer than ``rows``: every row left)."""
+        self._move_on()
+        if self._queue is None:
+            if self._part >= self._num_parts:
+                return 0
+            self._queue = self._open()
+        held = self._queue.buffered + sum(queue.buffered for queue in self._ahead)
+        while held < rows:
+            last = self._ahead[-1] if self._ahead else self._queue
+            before = last.buffered
+            last.fill(before + rows - held)
+            held += last.buffered - before
+            following = self._part + len(self._ahead) + 1
+            if held >= rows or following >= self._num_parts:
+                break
+            # the last queue's runs ended: the next part is read by the readers they freed
+            for reader in self._readers:
+                reader.close()
+            self._ahead.append(self._open(following))
+            self._move_on()
+        return held
+
+    def _move_on(self) -> None:
+        """Rows unknown: stand in the next part opened once the current one has ended and none of its rows are held
+        (rows its filter dropped at the start of the next part then move the cursor, as in one stream)."""
+        while self._ahead and self._queue is not None and self._queue.buffered == 0:
+            self._queue = self._ahead.pop(0)
+            self._part += 1
+            self._start = None
+
+    def _take_read(self, marks: Sequence[int]) -> tuple[list[pa.RecordBatch], list[CompactCursor]]:
+        """:meth:`take_marked` of rows known only by reading: the rows held (:meth:`fill` first), part after part."""
+        wanted = marks[-1] if marks else 0
+        pieces: list[pa.RecordBatch] = []
+        cursors: list[CompactCursor] = []
+        done, mark_index = 0, 0
+        while mark_index < len(marks) and marks[mark_index] == 0:
+            cursors.append(self.compact_cursor())
+            mark_index += 1
+        while done < wanted:
+            self._move_on()
+            queue = self._queue
+            rows = 0 if queue is None else min(wanted - done, queue.buffered)
+            if queue is None or rows == 0:
+                raise self._short(wanted, done)
+            first = mark_index
+            while mark_index < len(marks) and marks[mark_index] <= done + rows:
+                mark_index += 1
+            taken, after = queue.take_marked(rows, [mark - done for mark in marks[first:mark_index]])
+            pieces += taken
+            cursors += [(self._part, self._fields(cursor), self.taken + mark - done)
+                        for mark, cursor in zip(marks[first:mark_index], after, strict=True)]
+            done += rows
+            self.taken += rows
         return pieces, cursors
 
     def _take_spans(self, wanted: int, marks: Sequence[int],
@@ -208,7 +297,11 @@ class SourceRows:
     def compact_cursor(self) -> CompactCursor:
         """Where it stands, as plain tuples (see :class:`MixPosition`)."""
         cursor = self._start if self._queue is None else self._queue.cursor
-        return self._part, None if cursor is None else _fields(cursor), self.taken
+        return self._part, None if cursor is None else self._fields(cursor), self.taken
+
+
+def _same(cursor: Cursor) -> Cursor:
+    return cursor
 
 
 def _fields(cursor: Cursor) -> tuple[Any, ...]:
@@ -244,18 +337,59 @@ def _seed_of(seed: int, name: str, epoch: int, slot_index: int, num_slots: int, 
     return window_seed(seed, name, epoch, slot_index, num_slots, segment, window)
 
 
-class MixStream:
+P = TypeVar("P")   # where the stream stands after a batch: a mixture's MixPosition, a dataset's Position
+S = TypeVar("S")   # a worker's state: MixWorkerState, a dataset's WorkerState
+S_co = TypeVar("S_co", covariant=True)
+
+
+class StreamStart(Protocol[P, S_co]):
+    """What a slot's stream starts from and reports in: a mixture's ``MixWorkerState``, or a dataset's worker state
+    read as one source (``arrowstream._state.one_source.DatasetStart``)."""
+
+    @property
+    def rows(self) -> int: ...
+
+    @property
+    def batches(self) -> int: ...
+
+    @property
+    def rows_dropped(self) -> int: ...
+
+    @property
+    def epoch_complete(self) -> bool: ...
+
+    def place(self, rows: int, batches: int, rows_dropped: int, complete: bool,
+              cursors: tuple[CompactCursor, ...]) -> P:
+        """Where the stream stands after a batch: its counters, whether its epoch is complete, each source's place."""
+
+    def state_at(self, position: P, names: Sequence[str], complete: bool) -> S_co:
+        """The worker's state at ``position`` (the sources' places of sources ``names``, in order)."""
+
+
+class MixStream(Generic[P, S]):
     """A slot's batches of a mixture epoch: each takes every source's share, cast to one schema."""
 
-    def __init__(self, sources: Sequence[SourceRows], quotas: Sequence[int], *, cast: Callable[[str, pa.RecordBatch], pa.RecordBatch],
+    def __init__(self, sources: Sequence[SourceRows], quotas: Sequence[int], *,
+                 cast: Callable[[str, pa.RecordBatch], pa.RecordBatch] | None,
                  batch_size: int, drop_last: bool, max_batches: int | None, batch_order: str | None, seed: int,
-                 slot: MixSlot, start: MixWorkerState) -> None:
+                 slot: MixSlot, start: StreamStart[P, S], ends_when_asked: bool = False) -> None:
         """``batch_order``: one of :data:`~arrowstream._state.mixture.BATCH_ORDERS`, or None: the sources one after
-        another."""
+        another; ``cast``: of each source's rows to the mixture's schema (None: taken as they are). ``ends_when_asked``: the epoch is complete once a batch past its last one is asked for (a
+        dataset's stream, whose state after its last batch has always said so only then), not with its last
+        batch. A single source whose rows are known only by reading (``SourceRows.rows_known``) is planned by
+        reading ahead; a mixture of several never is (mixtures refuse filters: quotas count metadata rows)."""
+        if any(not source.rows_known for source in sources) and len(sources) != 1:
+            raise AssertionError("only a stream of one source may have rows known only by reading")
         self._sources = list(sources)
+        self._reading = not sources[0].rows_known if sources else False
+        self._ends_when_asked = ends_when_asked
+        self._left: int | None = None   # rows known only by reading: the rows left when the epoch ends
+        self._position: P | None = None   # where it stands, once asked (until it moves)
         self._quotas = list(quotas)
         self._total = sum(quotas)
         self._cast = cast
+        # one source whose batches are its rows in the order taken (a dataset's slot): no shares to compute
+        self._one = self._sources[0] if len(self._sources) == 1 and batch_order != PERMUTED else None
         self._batch_size, self._drop_last, self._max_batches = batch_size, drop_last, max_batches
         self._batch_order, self._seed, self._slot = batch_order, seed, slot
         self._start = start
@@ -263,8 +397,12 @@ class MixStream:
         self.complete = start.epoch_complete
 
     def _finish(self) -> None:
-        left = self._total - self.rows
-        if self._max_batches is not None and self.batches >= self._max_batches and left:
+        left = self._total - self.rows if self._left is None else self._left
+        if self._reading and self._max_batches is not None and self.batches >= self._max_batches:
+            logger.info("even_batches: rank %d worker %d stops after %d batch(es) of epoch %d; the rest of its "
+                        "rows are trimmed this epoch", self._slot.rank, self._slot.worker_id, self.batches,
+                        self._slot.epoch)
+        elif self._max_batches is not None and self.batches >= self._max_batches and left:
             logger.info("even_batches: rank %d worker %d stops after %d batch(es) of mixture epoch %d; %d row(s) of "
                         "its quotas are trimmed", self._slot.rank, self._slot.worker_id, self.batches,
                         self._slot.epoch, left)
@@ -274,7 +412,7 @@ class MixStream:
                         self._slot.rank, self._slot.worker_id, left, self._slot.epoch)
         self.complete = True
 
-    def __iter__(self) -> MixStream:
+    def __iter__(self) -> MixStream[P, S]:
         return self
 
     @property
@@ -290,13 +428,40 @@ class MixStream:
         the epoch ends with them (no batch after the last: so the state after the epoch's last batch says the
         epoch is complete, as the state taken after the loop must, whichever batch a span or a transfer ends
         with). Each source's rows after each: :func:`~arrowstream._mixing.quotas.shares_along`."""
-        rows, size, left = self.rows, self._batch_size, self._total - self.rows
+        rows, size = self.rows, self._batch_size
+        if self._reading:
+            return self._plan_read(max_batches)
+        left = self._total - rows
         # the batches left: full ones, then the rest of the quotas (none with drop_last), up to even_batches' limit
         possible = left // size + (1 if left % size and not self._drop_last else 0)
         if self._max_batches is not None:
             possible = max(0, min(possible, self._max_batches - self.batches))
         count = min(possible, max_batches)
-        return [min(rows + size * j, self._total) for j in range(1, count + 1)], count == possible
+        plan = [min(rows + size * j, self._total) for j in range(1, count + 1)]
+        if self._ends_when_asked:
+            return plan, count < self._asked(max_batches)
+        return plan, count == possible
+
+    def _asked(self, max_batches: int) -> int:
+        """Batches asked for, up to even_batches' limit (one at least, so that the limit ends the epoch)."""
+        if self._max_batches is None:
+            return max(max_batches, 1)
+        return min(max(max_batches, 1), max(self._max_batches - self.batches, 0))
+
+    def _plan_read(self, max_batches: int) -> tuple[list[int], bool]:
+        """:meth:`_plan` of one source whose rows are known only by reading: the rows held after reading ahead
+        ``max_batches`` batches (never rows even_batches trims) decide; the epoch ends when fewer are left."""
+        rows, size = self.rows, self._batch_size
+        asked = self._asked(max_batches)
+        held = self._sources[0].fill(size * asked) if asked else 0
+        full = min(held // size, asked)
+        plan = [rows + size * j for j in range(1, full + 1)]
+        if full < asked and held > full * size and not self._drop_last:   # the runs ended: a short last batch
+            plan.append(rows + held)
+        ends = len(plan) < asked if self._ends_when_asked else held <= size * len(plan) and held < size * asked
+        if ends:
+            self._left = held - (plan[-1] - rows if plan else 0)
+        return plan, ends
 
     def _permutations(self, sizes: list[int], first: int) -> list[npt.NDArray[np.int64]]:
         """The order of each batch's rows (batch ``first`` on, of ``sizes`` rows), those of the same size
@@ -315,37 +480,74 @@ class MixStream:
 
     def next_record(self) -> pa.RecordBatch:
         """The next batch, as Arrow."""
-        return self.next_span(1)[0]
+        source = self._one
+        if source is None:
+            return self.next_span(1)[0]
+        # one source: the batch is its next rows, and the position after it is found only when asked
+        self._position = None
+        if self.complete:
+            raise StopIteration
+        if self._ends_when_asked and not self._reading:   # (a dataset's: _plan(1) in short)
+            size, left = self._batch_size, self._total - self.rows
+            if left <= 0 or (left < size and self._drop_last) or (self._max_batches is not None
+                                                                 and self.batches >= self._max_batches):
+                self._finish()
+                raise StopIteration
+            rows, ends = min(size, left), False
+        else:
+            plan, ends = self._plan(1)
+            if not plan:
+                self._finish()
+                raise StopIteration
+            rows = plan[0] - self.rows
+        batch = source.take(rows)
+        if self._cast is not None:
+            batch = self._cast(source.name, batch)
+        self.rows += rows
+        self.batches += 1
+        if ends:
+            self._finish()
+        return batch
 
     def next_piece(self) -> None:
         """None: a mixture's slot hands out its last rows itself (only a dynamic dataset's are stitched)."""
 
-    def next_span(self, max_batches: int) -> tuple[pa.RecordBatch, list[int], list[MixPosition], list[int]]:
+    def next_span(self, max_batches: int) -> tuple[pa.RecordBatch, list[int], list[P], list[int]]:
         """Up to ``max_batches`` next batches as one record batch (one concatenation), with each batch's
         rows, the position after each, and the rows of each source among them; the batches are those
         ``next()`` would give, one after another.
 
         The batches are planned first (each source's share of each), then each source's rows of the whole
         span are taken in one pass, with its cursor after each batch's share."""
+        if max_batches <= 1 and self._ends_when_asked and self._one is not None:   # a dataset's one batch
+            batch = self.next_record()
+            return batch, [batch.num_rows], [self.position()], [batch.num_rows]
+        self._position = None
         if self.complete:
             raise StopIteration
         plan, ends = self._plan(max_batches)
         if not plan:
             self._finish()
             raise StopIteration
+        if self._one is not None:
+            return self._one_span(self._one, plan, ends)
         sources = self._sources
         before = [source.taken for source in sources]
-        marks = [[after - start for after in source_after]
-                 for source_after, start in zip(shares_along(before, self._quotas, plan), before, strict=True)]
+        if self._reading:   # one source: every row of the batches is its
+            marks = [[after - self.rows for after in plan]]
+        else:
+            marks = [[after - start for after in source_after]
+                     for source_after, start in zip(shares_along(before, self._quotas, plan), before, strict=True)]
         pieces, cursors = [], []
         cast = self._cast
         for source, source_marks in zip(sources, marks, strict=True):
             taken, after = source.take_marked(source_marks)
-            pieces.append([cast(source.name, piece) for piece in taken])
+            pieces.append(taken if cast is None else [cast(source.name, piece) for piece in taken])
             cursors.append(after)
         first, dropped = self.batches, self.rows_dropped
         sizes = [plan[0] - sum(before), *(now - then for then, now in itertools.pairwise(plan))]
-        positions = [MixPosition(rows, batch, dropped, False, place)
+        place_of = self._start.place
+        positions = [place_of(rows, batch, dropped, False, place)
                      for batch, rows, place in zip(range(first + 1, first + 1 + len(plan)), plan, zip(*cursors, strict=True), strict=True)]
         counts = [source_marks[-1] for source_marks in marks]
         giving = sum(1 for count in counts if count)   # sources that give rows to the span
@@ -364,11 +566,49 @@ class MixStream:
             self._finish()
         return span, sizes, positions, counts
 
-    def position(self) -> MixPosition:
-        """Where the stream stands: after the last batch it gave."""
-        return MixPosition(self.rows, self.batches, self.rows_dropped, self.complete,
-                           tuple(source.compact_cursor() for source in self._sources))
+    def _one_span(self, source: SourceRows, plan: list[int], ends: bool) -> tuple[pa.RecordBatch, list[int], list[P],
+                                                                                   list[int]]:
+        """:meth:`next_span`'s batches of one source taken in order: the marks are the plan's, the span its pieces."""
+        before = source.taken
+        marks = [row - before for row in plan]
+        taken, places = source.take_marked(marks)
+        if self._cast is not None:
+            taken = [self._cast(source.name, piece) for piece in taken]
+        span = taken[0] if len(taken) == 1 else pa.concat_batches(taken)
+        first, dropped, place = self.batches, self.rows_dropped, self._start.place
+        if len(plan) == 1:
+            sizes, positions = [marks[0]], [place(plan[0], first + 1, dropped, False, (places[0],))]
+        else:
+            sizes = [marks[0], *(now - then for then, now in itertools.pairwise(plan))]
+            positions = [place(rows, batch, dropped, False, (where,))
+                         for batch, rows, where in zip(range(first + 1, first + 1 + len(plan)), plan, places, strict=True)]
+        self.rows = plan[-1]
+        self.batches += len(plan)
+        if ends:
+            self._finish()
+        return span, sizes, positions, [marks[-1]]
 
-    def state(self, position: MixPosition | None = None) -> MixWorkerState:
-        """The worker's state where it stands now, or at ``position`` (one of :meth:`position`'s)."""
-        return self._start.at(position or self.position(), [source.name for source in self._sources])
+    def position(self) -> P:
+        """Where the stream stands: after the last batch it gave."""
+        if self._position is None:   # (asked once or twice a batch, e.g. before and after a chunk in a worker)
+            self._position = self._start.place(self.rows, self.batches, self.rows_dropped, self.complete,
+                                               tuple(source.compact_cursor() for source in self._sources))
+        return self._position
+
+    def state(self, position: P | None = None) -> S:
+        """The worker's state where it stands now, or at ``position`` (one of :meth:`position`'s, taken before the
+        stream went on)."""
+        names = [source.name for source in self._sources]
+        if position is None:
+            return self._start.state_at(self.position(), names, self.complete)
+        return self._start.state_at(position, names, False)
+
+    def holds(self, rows: int) -> bool:
+        """Whether at least ``rows`` rows are left in the epoch (reads ahead as far as needed when the rows are known
+        only by reading)."""
+        if self.complete:
+            return False
+        if self._reading:
+            self._position = None   # reading ahead may move past rows a filter dropped
+            return self._sources[0].fill(rows) >= rows
+        return self._total - self.rows >= rows

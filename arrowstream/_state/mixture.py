@@ -58,8 +58,9 @@ class SourceEpoch:
     quota: int
 
 
-CompactCursor = tuple[int, tuple[Any, ...] | None, int]
-"""A source's place as a :class:`MixPosition` carries it: ``(part, cursor fields or None, taken)``."""
+CompactCursor = tuple[int, Any, int]
+"""A source's place as a :class:`MixPosition` carries it: ``(part, cursor fields or None, taken)`` (a dataset's one
+source, ``arrowstream._state.one_source``: the cursor itself instead of its fields)."""
 
 
 class MixPosition(NamedTuple):
@@ -101,6 +102,16 @@ class MixWorkerState:
         return dataclasses.replace(self, rows=position.rows, batches=position.batches,
                                    rows_dropped=position.rows_dropped, epoch_complete=position.complete,
                                    cursors=cursors)
+
+    def place(self, rows: int, batches: int, rows_dropped: int, complete: bool,
+              cursors: tuple[CompactCursor, ...]) -> MixPosition:
+        """Where a stream from this state stands after a batch (``_mixing.stream.StreamStart``)."""
+        return MixPosition(rows, batches, rows_dropped, complete, cursors)
+
+    def state_at(self, position: MixPosition, names: Sequence[str], complete: bool) -> MixWorkerState:
+        """:meth:`at` (``_mixing.stream.StreamStart``); ``position`` says whether the epoch is complete there."""
+        del complete
+        return self.at(position, names)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": MIX_WORKER_KIND, "version": MIX_STATE_VERSION, "epoch": self.epoch,

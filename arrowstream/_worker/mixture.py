@@ -105,7 +105,7 @@ class MixOutput:
     transform: Callable[[Any], Any] | None
 
 
-def opened(side: MixSide, stream: MixStream, output: MixOutput, meter: Meter) -> Opened[MixPosition, MixWorkerState]:
+def opened(side: MixSide, stream: MixStream[MixPosition, MixWorkerState], output: MixOutput, meter: Meter) -> Opened[MixPosition, MixWorkerState]:
     """A slot's epoch of a mixture, opened for the worker iterator: its converters, built now for this process and
     the loader's transport, ``meter`` and the worker's row of rows per source on the loader's board."""
     transport = side.transport
@@ -128,14 +128,14 @@ def start_in_epoch(pending: MixWorkerState | None, slot: MixSlot) -> MixWorkerSt
     return pending
 
 
-def finished_stream(slot: MixSlot, start: MixWorkerState, batch_size: int) -> MixStream:
+def finished_stream(slot: MixSlot, start: MixWorkerState, batch_size: int) -> MixStream[MixPosition, MixWorkerState]:
     """The stream of a slot with nothing left in its epoch (``start``, marked done with it)."""
     start = MixWorkerState(**{**start.__dict__, "epoch_complete": True})
     return MixStream([], [], cast=lambda name, batch: batch, batch_size=batch_size, drop_last=False,
                      max_batches=None, batch_order=None, seed=0, slot=slot, start=start)
 
 
-def open_stream(reading: MixReading, slot: MixSlot, start: MixWorkerState, meter: Meter) -> MixStream:
+def open_stream(reading: MixReading, slot: MixSlot, start: MixWorkerState, meter: Meter) -> MixStream[MixPosition, MixWorkerState]:
     """The stream of ``slot`` in the mixture's epoch that ``reading`` lays out, from ``start``."""
     options, parts = reading.options, reading.parts
     in_worker = get_worker_info() is not None

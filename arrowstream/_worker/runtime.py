@@ -23,10 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import get_worker_info
 
-from .._core.cursor import Cursor
 from .._core.row_ids import with_row_id_fields
-from .._core.stream import EpochStream
-from .._layout.elastic import share_runs
+from .._layout.share_parts import share_stream
 from .convert import make_converter, make_value_check
 from .converters import Converters, make_converters, with_transform
 from .metrics import Board, Meter
@@ -36,11 +34,12 @@ from .watchdog import watch_trainer
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from .._core.cursor import Position
     from .._core.order import Slot
     from .._layout.layout import EpochLayout
+    from .._mixing.stream import MixStream
     from .._planning.options import Options
     from .._planning.plan import Plan
-    from .._state.identity import DataIdentity
     from .._state.worker import WorkerState
     from .._storage.filesystem import Storage
 
@@ -173,16 +172,15 @@ class WorkerSide:
         self._unpickled_in = os.getpid()
 
 
-def open_stream(runtime: WorkerRuntime, layout: EpochLayout, slot: Slot, start: WorkerState, options: Options,
-                data: DataIdentity, state_options: dict[str, Any]) -> EpochStream:
-    """The stream of ``slot`` in the epoch of ``layout``, from worker state ``start``, read by ``runtime``."""
-    share = layout.share(slot)
-    if runtime.read_ahead is not None:  # replays and ranges of another topology: no read-ahead
-        runtime.read_ahead.begin(() if layout.replanned else share.splits)
-    runs = share_runs(runtime.readers, share, seed=options.seed, epoch=layout.epoch, slot=slot,
-                      batch_size=options.batch_size, interleave=options.interleave,
-                      buffer_rows=options.shuffle_buffer_size, start=start.cursor)
-    end = Cursor((), len(share.splits), replay_index=len(share.replays))
-    return EpochStream(runs=runs, end=end, batch_size=options.batch_size, drop_last=options.drop_last,
-                       max_batches=layout.limit(slot), convert=runtime.converters.convert, data=data,
-                       options=state_options, epoch=layout.epoch, slot=slot, start=start)
+def open_stream(runtime: WorkerRuntime, layout: EpochLayout, slot: Slot, start: WorkerState,
+                options: Options) -> MixStream[Position, WorkerState]:
+    """The stream of ``slot`` in the epoch of ``layout``, from worker state ``start``, read by ``runtime``: the
+    slot's share read as a mixture of one source (``arrowstream._layout.share_parts``), its states a dataset's."""
+    read_ahead = runtime.read_ahead   # told the splits of each part the stream opens
+    if read_ahead is not None and layout.replanned:   # replays and ranges of another topology: no read-ahead
+        read_ahead.begin(())
+        read_ahead = None
+    return share_stream(runtime.readers, layout.share(slot), start, seed=options.seed, batch_size=options.batch_size,
+                        interleave=options.interleave, buffer_rows=options.shuffle_buffer_size,
+                        drop_last=options.drop_last, max_batches=layout.limit(slot), rows_known=not options.drops_rows,
+                        read_ahead=read_ahead)

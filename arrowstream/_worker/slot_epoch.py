@@ -2,7 +2,8 @@
 worker state or the epoch's start, with the runtime that reads it (how ``assignment="static"`` opens a
 worker's epoch; ``StructuredDataset.open_epoch`` hands its values here).
 
-Opening is once per epoch and worker; the per-batch path is the stream's (``arrowstream._core.stream``) and the
+Opening is once per epoch and worker; the per-batch path is the stream's (the share read as one source,
+``arrowstream._layout.share_parts``) and the
 iterator's (``arrowstream._worker.iterator``).
 """
 
@@ -18,8 +19,8 @@ from .runtime import WorkerRuntime, open_stream
 if TYPE_CHECKING:
     from .._core.cursor import Position
     from .._core.order import Slot
-    from .._core.stream import EpochStream
     from .._layout.layout import Epochs
+    from .._mixing.stream import MixStream
     from .._planning.options import Options
     from .._state.worker import WorkerState
 
@@ -38,11 +39,10 @@ def open_slot_epoch(runtime: Callable[[], WorkerRuntime], epochs: Epochs, option
 
 
 def slot_stream(runtime: WorkerRuntime, epochs: Epochs, options: Options, slot: Slot, epoch: int,
-                start: WorkerState | None) -> EpochStream:
+                start: WorkerState | None) -> MixStream[Position, WorkerState]:
     """The stream of ``slot`` in ``epoch``, from worker state ``start`` (``None``: the epoch's start)."""
     start = start or epochs.start(slot, epoch)
-    return open_stream(runtime, epochs.layouts.layout(epoch, slot.grid, start.elastic), slot, start, options,
-                       epochs.data, epochs.state_options)
+    return open_stream(runtime, epochs.layouts.layout(epoch, slot.grid, start.elastic), slot, start, options)
 
 
 def slot_done(runtime: Callable[[], WorkerRuntime], epochs: Epochs, options: Options, state: WorkerState,
