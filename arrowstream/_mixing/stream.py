@@ -175,6 +175,24 @@ class SourceRows:
         pieces, _ = self.take_marked([rows])
         return pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces)
 
+    def drain(self) -> None:
+        """At a dataset epoch's end (its rows handed out, or dropped by ``drop_last``): read the last part to the end of
+        its runs, so that every unit is read to its end and checked against the rows its file announced (a unit that
+        holds more rows than announced is named, not cut short: the reader raises ``CorruptFileError``), its splits
+        count as done and its read-ahead ends. Only a part that reads its splits whole (no ``start``: not a replay,
+        which is the rest of an old worker's window) is drained; a part with rows left beyond those planned is a
+        ``FileChangedError``. Rows unknown: reading ahead read to the end already."""
+        if not self.rows_known or self._queue is None or self._part != self._num_parts - 1:
+            return
+        if self._parts[self._part].start is not None:
+            return
+        left = self._part_end - self.taken
+        self._queue.fill(left + 1)
+        if self._queue.buffered > left:
+            raise FileChangedError(f"source {self.name!r} ({self._url}) holds more rows than its plan promised "
+                                   f"(at least {self._queue.buffered - left} more in its last part): a file changed "
+                                   "since planning; re-plan (restart) to read the data as it is now")
+
     def fill(self, rows: int) -> int:
         """Rows unknown: read ahead until ``rows`` rows are held from where the source stands (across the ends of
         parts) or its parts end; the rows held (fewer than ``rows``: every row left)."""
@@ -398,6 +416,9 @@ class MixStream(Generic[P, S]):
 
     def _finish(self) -> None:
         left = self._total - self.rows if self._left is None else self._left
+        trimmed = self._max_batches is not None and self.batches >= self._max_batches
+        if self._ends_when_asked and not trimmed and self._sources:   # a dataset's: never read rows even_batches trims
+            self._sources[0].drain()
         if self._reading and self._max_batches is not None and self.batches >= self._max_batches:
             logger.info("even_batches: rank %d worker %d stops after %d batch(es) of epoch %d; the rest of its "
                         "rows are trimmed this epoch", self._slot.rank, self._slot.worker_id, self.batches,
