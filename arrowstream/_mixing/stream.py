@@ -127,6 +127,7 @@ class SourceRows:
             in_part = self._part_end - self.taken
             if in_part <= 0:   # this part is done: the next one with rows, from its first row
                 if self._queue is not None:
+                    self._drain_part(0)
                     for reader in self._readers:
                         reader.close()
                 # the next part with rows (spans have parts of none: a piece another slot takes whole)
@@ -176,22 +177,27 @@ class SourceRows:
         return pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces)
 
     def drain(self) -> None:
-        """At a dataset epoch's end (its rows handed out, or dropped by ``drop_last``): read the last part to the end of
-        its runs, so that every unit is read to its end and checked against the rows its file announced (a unit that
-        holds more rows than announced is named, not cut short: the reader raises ``CorruptFileError``), its splits
-        count as done and its read-ahead ends. Only a part that reads its splits whole (no ``start``: not a replay,
-        which is the rest of an old worker's window) is drained; a part with rows left beyond those planned is a
-        ``FileChangedError``. Rows unknown: reading ahead read to the end already."""
-        if not self.rows_known or self._queue is None or self._part != self._num_parts - 1:
-            return
+        """At the epoch's end (every planned row handed out, or dropped by ``drop_last``): read the part the source
+        stands in to the end of its runs, as :meth:`_drain_part` does at every part's end. Rows unknown: reading ahead
+        read to the end already."""
+        if self.rows_known and self._queue is not None and self._part < self._num_parts:
+            self._drain_part(self._part_end - self.taken)
+
+    def _drain_part(self, left: int) -> None:
+        """Read the current part's runs to their end, ``left`` of its planned rows not taken: every unit it reads
+        to its end is then checked against the rows its file announced (a unit holding more rows than announced is
+        named, ``CorruptFileError``, not cut short), its splits count as done and its read-ahead ends. A replay (a
+        part with a ``start``: the rest of an old worker's window, whose runs go on into that worker's next windows)
+        is not; more rows than planned left in a part is a ``FileChangedError``."""
+        assert self._queue is not None
         if self._parts[self._part].start is not None:
             return
-        left = self._part_end - self.taken
         self._queue.fill(left + 1)
         if self._queue.buffered > left:
             raise FileChangedError(f"source {self.name!r} ({self._url}) holds more rows than its plan promised "
-                                   f"(at least {self._queue.buffered - left} more in its last part): a file changed "
-                                   "since planning; re-plan (restart) to read the data as it is now")
+                                   f"(at least {self._queue.buffered - left} more in part {self._part} of this slot's "
+                                   "epoch): a file changed since planning; re-plan (restart) to read the data as it "
+                                   "is now")
 
     def fill(self, rows: int) -> int:
         """Rows unknown: read ahead until ``rows`` rows are held from where the source stands (across the ends of
@@ -417,8 +423,9 @@ class MixStream(Generic[P, S]):
     def _finish(self) -> None:
         left = self._total - self.rows if self._left is None else self._left
         trimmed = self._max_batches is not None and self.batches >= self._max_batches
-        if self._ends_when_asked and not trimmed and self._sources:   # a dataset's: never read rows even_batches trims
-            self._sources[0].drain()
+        if not trimmed:   # never read rows even_batches trims
+            for source in self._sources:
+                source.drain()
         if self._reading and self._max_batches is not None and self.batches >= self._max_batches:
             logger.info("even_batches: rank %d worker %d stops after %d batch(es) of epoch %d; the rest of its "
                         "rows are trimmed this epoch", self._slot.rank, self._slot.worker_id, self.batches,
