@@ -11,7 +11,8 @@ An assignment policy is a function ``(weights, num_slots) -> items of each slot`
 deterministic and keeps each slot's items in their given order: :func:`~arrowstream._core.order.assign_lpt`
 (longest processing time on rows) today. A new policy is a new function handed to
 :class:`Layouts`, not a branch in the dataset. :class:`Epochs` is what a dataset asks of its
-plan's epochs: layouts, where a slot starts and ends, what it has left.
+plan's epochs: layouts, what a slot reads of an epoch (:meth:`Epochs.slot_epoch`, the question a mixture's
+epochs answer too: ``arrowstream._mixing.slot_epoch``), where a slot starts and ends, what it has left.
 """
 
 from __future__ import annotations
@@ -34,11 +35,14 @@ from .._core.plan_types import split_rows
 from .._state.worker import EVEN, Leftovers, WorkerState
 from ..errors import StateMismatchError
 from .elastic import Share, assign_shares, cut_shares, remaining_items
+from .share_parts import dataset_start, share_epoch
 from .trims import slot_trim
 
 if TYPE_CHECKING:
     from .._core.plan_types import OrderOptions, PlanView, Split
+    from .._mixing.slot_epoch import SlotEpoch
     from .._state.identity import DataIdentity
+    from .._state.one_source import DatasetStart
 
 Assignment = Callable[[Sequence[int], int], list[list[int]]]
 """A policy: items (their weights, in order) over ``num_slots`` slots, each slot's item indices in order."""
@@ -182,6 +186,24 @@ class Epochs:
         if leftovers is None and self.elastic is not None and self.elastic.epoch == epoch:
             leftovers = self.elastic
         return self.layouts.layout(epoch, grid, leftovers)
+
+    def slot_epoch(self, slot: Slot, epoch: int, *, state: WorkerState | None = None) -> SlotEpoch:
+        """What ``slot`` reads in ``epoch`` (the one epoch-layout question, ``arrowstream._mixing.slot_epoch``): its
+        share of the epoch's layout as one source (``arrowstream._layout.share_parts``), with its ``even_batches``
+        limit. The layout is :meth:`layout`'s, or with ``state`` (a worker state of the slot in that epoch) the one
+        the state was taken in: re-planned from its own leftovers, or planned."""
+        if state is None:
+            layout = self.layout(epoch, slot.grid)
+        else:
+            layout = self.layouts.layout(epoch, slot.grid, state.elastic)
+        return share_epoch(layout.share(slot), seed=self.options.seed, epoch=epoch, slot=slot,
+                           max_batches=layout.limit(slot), rows_known=not self.options.drops_rows,
+                           replanned=layout.replanned)
+
+    def stream_start(self, state: WorkerState) -> DatasetStart:
+        """Worker state ``state`` as the start of its slot's stream (:meth:`slot_epoch` answered with ``state``)."""
+        layout = self.layouts.layout(state.epoch, state.slot.grid, state.elastic)
+        return dataset_start(layout.share(state.slot), state, self.options.interleave)
 
     def start(self, slot: Slot, epoch: int) -> WorkerState:
         """The state of ``slot`` before the first batch of ``epoch``."""

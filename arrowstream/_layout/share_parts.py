@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING
 from .._core.order import Slot, window_seed
 from .._core.plan_types import split_rows
 from .._mixing.parts import ListParts, Part
-from .._mixing.stream import MixSlot, MixStream, ReadAhead, SourceRows
-from .._state.one_source import DatasetStart
+from .._mixing.slot_epoch import SlotEpoch, SourceParts, SourceReading, stream_of
+from .._mixing.stream import MixSlot, MixStream, ReadAhead
+from .._state.one_source import DATASET, DatasetStart
 from .elastic import Share
 
 if TYPE_CHECKING:
@@ -39,23 +40,39 @@ def share_parts(share: Share, *, seed: int, epoch: int, slot: Slot) -> ListParts
     return ListParts(parts)
 
 
+def share_epoch(share: Share, *, seed: int, epoch: int, slot: Slot, max_batches: int | None, rows_known: bool,
+                replanned: bool) -> SlotEpoch:
+    """``share`` (of ``slot`` in ``epoch``) as the answer to the one epoch-layout question: one source,
+    :data:`DATASET`, over :func:`share_parts`. ``max_batches``: the slot's ``even_batches`` limit; ``rows_known``:
+    False when a filter (or ``bad_rows="skip"``) leaves rows out while reading; ``replanned``: the share is the rest
+    of an epoch of another topology."""
+    parts = share_parts(share, seed=seed, epoch=epoch, slot=slot)
+    return SlotEpoch(MixSlot(epoch, slot.rank, slot.world_size, slot.worker_id, slot.num_workers),
+                     (SourceParts(DATASET, parts),), max_batches, rows_known=rows_known, replanned=replanned)
+
+
+def dataset_start(share: Share, state: WorkerState, interleave: int) -> DatasetStart:
+    """Worker state ``state`` (in the epoch of ``share``) as the start of the stream of its one source."""
+    return DatasetStart(state, [replay.start for replay in share.replays], [replay.rows for replay in share.replays],
+                        len(share.splits), interleave)
+
+
+def share_where(slot: Slot, epoch: int) -> str:
+    """What the error of a part that gave fewer rows than its plan promised names (the readers name the file first)."""
+    return f"the splits of rank {slot.rank} worker {slot.worker_id} in epoch {epoch}"
+
+
 def share_stream(readers: Sequence[PieceReader], share: Share, start: WorkerState, *, seed: int, batch_size: int,
                  interleave: int, buffer_rows: int, drop_last: bool, max_batches: int | None, rows_known: bool,
                  read_ahead: ReadAhead | None = None) -> MixStream[Position, WorkerState]:
     """The stream of a dataset slot's ``share`` (of the slot and epoch of worker state ``start``, from where it
     stands), read as a mixture of one source over :func:`share_parts`; its positions and states are a dataset's.
     ``rows_known``: False when a filter (or ``bad_rows="skip"``) leaves rows out while reading; ``max_batches``:
-    the slot's ``even_batches`` limit."""
+    the slot's ``even_batches`` limit. Built as every slot's stream is (``arrowstream._mixing.slot_epoch``)."""
     slot = start.slot
-    parts = share_parts(share, seed=seed, epoch=start.epoch, slot=slot)
-    begin = DatasetStart(start, [replay.start for replay in share.replays], [replay.rows for replay in share.replays],
-                         len(share.splits), interleave)
-    # named in the error of a part that gave fewer rows than its plan promised (the readers name the file first)
-    where = f"the splits of rank {slot.rank} worker {slot.worker_id} in epoch {start.epoch}"
-    source = SourceRows("dataset", readers, parts, batch_size=batch_size, interleave=interleave, buffer_rows=buffer_rows,
-                        start=begin.source, url=where, read_ahead=read_ahead, rows_known=rows_known,
-                        whole_cursors=True)
-    return MixStream([source], [parts.rows], cast=None, batch_size=batch_size, drop_last=drop_last,
-                     max_batches=max_batches, batch_order=None, seed=seed,
-                     slot=MixSlot(start.epoch, slot.rank, slot.world_size, slot.worker_id, slot.num_workers),
-                     start=begin, ends_when_asked=True)
+    epoch = share_epoch(share, seed=seed, epoch=start.epoch, slot=slot, max_batches=max_batches,
+                        rows_known=rows_known, replanned=False)
+    return stream_of(epoch, dataset_start(share, start, interleave),
+                     {DATASET: SourceReading(readers, share_where(slot, start.epoch), read_ahead)},
+                     seed=seed, batch_size=batch_size, interleave=interleave, buffer_rows=buffer_rows,
+                     drop_last=drop_last, whole_cursors=True, ends_when_asked=True)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from torch.utils.data import get_worker_info
 
+from .._core.order import Slot
 from .._mixing.elastic import MixElastic
 from .._mixing.layout import MixEpochs
 from .._mixing.quotas import quotas_at
@@ -113,14 +114,15 @@ class MixtureHooks(PlannedMixture):
             return opened(self._side, finished_stream(slot, start, options.batch_size), output, Meter())
         meter = self._side.meter()
         schemas = self._source_schemas()
+        layout = self._epochs.with_history(
+            self._stood(), even_batches=self._even_batches, drop_last=options.drop_last,
+            batch_order=self._batch_order if options.shuffle_buffer_size > 0 else None)
         reading = MixReading(
-            options, tuple(self._sources), self.file_bases(), self._epochs.parts(self._stood(), slot),
+            options, tuple(self._sources), self.file_bases(),
             casts={s.name: caster(schemas[s.name], self._schema, s.name, self._source_column) for s in self._sources},
             fill_nulls=self._fill_nulls,
-            limit=self.limits_of(self._stood(), slot.epoch, self._world_size, slot.num_workers,
-                                 self._even_batches)[slot.index] if self._even_batches else None,
-            batch_order=self._batch_order if options.shuffle_buffer_size > 0 else None)
-        return opened(self._side, open_stream(reading, slot, start, meter), output, meter)
+            epoch=layout.slot_epoch(Slot(slot.rank, slot.world_size, slot.worker_id, slot.num_workers), slot.epoch))
+        return opened(self._side, open_stream(reading, start, meter), output, meter)
 
     @property
     def worker_side(self) -> MixSide:

@@ -4,7 +4,9 @@ Pure. A normal epoch follows from the history of quotas (:mod:`arrowstream._mixi
 are its segments of the passes, laid out in spans (arithmetic: :class:`~arrowstream._mixing.parts.SpanParts`)
 or, for a run resumed from a state of mixture state version 3 or older, in tracks. The epoch a checkpoint
 of another topology was re-planned into follows from the old slots' cursors (:mod:`arrowstream._mixing.elastic`),
-for the topology it was re-planned for.
+for the topology it was re-planned for. With a run's history of quotas (:meth:`MixEpochs.with_history`, a
+:class:`MixLayout`), it answers what a slot reads of an epoch as a dataset's epochs do
+(:mod:`arrowstream._mixing.slot_epoch`).
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .._core.order import even_batch_limits
 from .._core.plan_types import SplitTable
 from .elastic import MixElastic, replanned_parts
 from .parts import ListParts, Part, Parts, SpanParts
@@ -30,7 +33,11 @@ from .quotas import (
     span_first,
     span_taken,
 )
+from .slot_epoch import SlotEpoch, SourceParts
 from .stream import MixSlot, source_seeds
+
+if TYPE_CHECKING:
+    from .._core.order import Slot
 
 History = Sequence[tuple[int, dict[str, int]]]
 
@@ -155,5 +162,47 @@ class MixEpochs:
         first = span_first(name, num_slots)
         return [span_taken(quota, num_slots, slot, first) for slot in range(num_slots)]
 
+    def with_history(self, history: History, *, even_batches: bool, drop_last: bool,
+                     batch_order: str | None) -> MixLayout:
+        """These epochs as a run with ``history`` reads them: what each slot reads of an epoch (the one
+        epoch-layout question, :class:`~arrowstream._mixing.slot_epoch.EpochLayouts`), each slot's batches capped
+        under ``even_batches`` (of batches that drop a short last one with ``drop_last``), its batches ordered as
+        ``batch_order`` says (None: one source after another)."""
+        return MixLayout(self, tuple(history), even_batches, drop_last, batch_order)
+
+    def slot_limits(self, history: History, epoch: int, world_size: int, num_workers: int, drop_last: bool) -> list[int]:
+        """Per slot of a topology: the batches it yields in ``epoch`` under ``even_batches``."""
+        rows = [sum(q.values()) for q in self.slot_rows(history, epoch, world_size, num_workers)]
+        return even_batch_limits(rows, world_size, self._batch_size, drop_last)
+
+    def source_names(self) -> list[str]:
+        """The sources' names, in the order a batch takes them."""
+        return [s.name for s in self._sources]
+
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_replanned": {}}
+
+
+@dataclass(frozen=True)
+class MixLayout:
+    """A mixture's epochs with one history of quotas (see :meth:`MixEpochs.with_history`): its answer to what a slot
+    reads of an epoch."""
+
+    epochs: MixEpochs
+    history: History
+    even_batches: bool
+    drop_last: bool
+    batch_order: str | None
+
+    def slot_epoch(self, slot: Slot, epoch: int) -> SlotEpoch:
+        """What ``slot`` reads in ``epoch``: its parts of every source (of the epoch re-planned for its topology,
+        when it is in one), its ``even_batches`` limit, the order inside its batches."""
+        mix_slot = MixSlot(epoch, slot.rank, slot.world_size, slot.worker_id, slot.num_workers)
+        parts = self.epochs.parts(self.history, mix_slot)
+        limit = None
+        if self.even_batches:
+            limit = self.epochs.slot_limits(self.history, epoch, slot.world_size, slot.num_workers,
+                                            self.drop_last)[slot.index]
+        return SlotEpoch(mix_slot, tuple(SourceParts(name, parts[name]) for name in self.epochs.source_names()),
+                         limit, batch_order=self.batch_order,
+                         replanned=self.epochs.replanned(mix_slot) is not None)

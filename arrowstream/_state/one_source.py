@@ -6,7 +6,7 @@ counts the replays instead (``replay_index`` / ``replay_offset`` inside the repl
 ``replay_index = len(replays)``), so a :class:`~arrowstream._state.worker.WorkerState` (version 10, unchanged) maps to
 where the source stands (:func:`source_cursor`) and back (:func:`dataset_cursor`). A replay resumed from an offset
 is read from the old worker's cursor moved that far into its window, as ``_layout.elastic.replay_runs`` reads it.
-:class:`DatasetStart` is what the stream asks of its start: the positions it travels with, and the state at one.
+:class:`DatasetStart` is what the stream asks of its start: where its source starts, the positions it travels with, and the state at one.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ from dataclasses import dataclass, field, replace
 from .._core.cursor import Cursor, Position
 from .mixture import CompactCursor, SourceCursor
 from .worker import WorkerState
+
+DATASET = "dataset"
+"""The name of a dataset slot's one source (in its stream, and the errors of a part that gave fewer rows)."""
 
 
 def source_cursor(cursor: Cursor, rows: int, replay_starts: Sequence[Cursor]) -> SourceCursor:
@@ -90,6 +93,11 @@ class DatasetStart:
         self.rows, self.batches, self.rows_dropped = state.rows, state.batches, state.rows_dropped
         self.epoch_complete = state.epoch_complete
         self.source = source_cursor(state.cursor, state.rows, replay_starts)
+
+    @property
+    def cursors(self) -> dict[str, SourceCursor]:
+        """Where the one source starts, by its name."""
+        return {DATASET: self.source}
 
     def place(self, rows: int, batches: int, rows_dropped: int, complete: bool,
               cursors: tuple[CompactCursor, ...]) -> Position:

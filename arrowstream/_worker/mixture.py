@@ -2,8 +2,9 @@
 
 :class:`MixSide` holds what the loader hands over before its workers start (the :class:`Transport`:
 batches per message, chunks, the metrics board; and the board of rows per source) and this process's
-meter. :func:`open_stream` opens a slot's :class:`~arrowstream._mixing.stream.MixStream` of the mixture's
-epoch from the values the mixture hands it (a :class:`MixReading`); :func:`opened` hands it to the one
+meter. :func:`open_stream` makes each source's readers for the slot's epoch and opens its
+:class:`~arrowstream._mixing.stream.MixStream` through the one opener (:mod:`arrowstream._worker.open_slot`) from the
+values the mixture hands it (a :class:`MixReading`, with its epochs' answer of what the slot reads); :func:`opened` hands it to the one
 worker iterator (:class:`~arrowstream._worker.iterator.SlotIterator`, what ``iter(mixture)`` returns), with
 the converters to the output format and the row of rows per source: in a loader worker it sends
 ``batches_per_transfer`` batches per message as one :class:`~arrowstream._worker.transport.Chunk`, each with the
@@ -20,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from torch.utils.data import get_worker_info
 
-from .._core.interleave import PieceReader
-from .._mixing.stream import MixSlot, MixStream, SourceRows
+from .._mixing.slot_epoch import SourceReading
+from .._mixing.stream import MixSlot, MixStream
 from .._state.mixture import MixPosition, MixWorkerState
 from ..errors import StateMismatchError
 from .convert import make_value_check
@@ -29,13 +30,14 @@ from .converters import make_converters
 from .held import HeldReader, HeldSource, holds
 from .iterator import Opened
 from .metrics import Meter
+from .open_slot import open_slot_stream
 from .reader import ReadAhead, SplitReader, row_ids_for
 from .runtime import READ_BATCH_ROWS, Transport, settle_worker
 
 if TYPE_CHECKING:
     import torch
 
-    from .._mixing.parts import Parts
+    from .._mixing.slot_epoch import SlotEpoch
     from .._planning.options import Options
     from .._sources.mixture import Planned
 
@@ -82,17 +84,16 @@ class MixSide:
 class MixReading:
     """What a slot reads of a mixture's epoch, as the mixture lays it out (its values, handed to
     :func:`open_stream`): the options, the sources as planned, where each source's files start in the
-    mixture's files, the slot's parts of each source, each source's cast to the mixture's schema, the
-    fill values, the slot's batches under ``even_batches`` (None: without) and the order inside a batch."""
+    mixture's files, each source's cast to the mixture's schema, the fill values, and the slot's epoch (its
+    parts of each source, its batches under ``even_batches``, the order inside a batch: the mixture's epochs'
+    answer, ``MixEpochs.with_history(...).slot_epoch``)."""
 
     options: Options
     sources: Sequence[Planned]
     bases: Sequence[int]
-    parts: Mapping[str, Parts]
     casts: Mapping[str, Callable[[pa.RecordBatch], pa.RecordBatch]]
     fill_nulls: Any
-    limit: int | None
-    batch_order: str | None
+    epoch: SlotEpoch
 
 
 @dataclass(frozen=True)
@@ -135,17 +136,20 @@ def finished_stream(slot: MixSlot, start: MixWorkerState, batch_size: int) -> Mi
                      max_batches=None, batch_order=None, seed=0, slot=slot, start=start)
 
 
-def open_stream(reading: MixReading, slot: MixSlot, start: MixWorkerState, meter: Meter) -> MixStream[MixPosition, MixWorkerState]:
-    """The stream of ``slot`` in the mixture's epoch that ``reading`` lays out, from ``start``."""
-    options, parts = reading.options, reading.parts
+def open_stream(reading: MixReading, start: MixWorkerState, meter: Meter) -> MixStream[MixPosition, MixWorkerState]:
+    """The stream of the slot's epoch that ``reading`` lays out, from ``start``: each source's readers made for this
+    epoch (a small source read in many passes held in memory), opened as every slot's stream is
+    (:func:`~arrowstream._worker.open_slot.open_slot_stream`)."""
+    options, epoch = reading.options, reading.epoch
     in_worker = get_worker_info() is not None
     if in_worker:
         settle_worker()   # as a dataset's workers do
-    quotas = {name: parts[name].rows for name in parts}
-    total = max(sum(quotas.values()), 1)
-    sources = []
+    assert epoch.names == [s.name for s in reading.sources], "the epoch's sources are the mixture's, in its order"
+    total = max(sum(source.rows for source in epoch.sources), 1)
+    by_name: dict[str, SourceReading] = {}
     # with row ids: a source's files are numbered after the sources' before it
     for s, base in zip(reading.sources, reading.bases, strict=True):
+        parts = epoch.parts(s.name)
         row_ids = row_ids_for(s.plan, base) if options.with_row_ids else None
         check = make_value_check(options.output_format, s.plan.schema, reading.fill_nulls)
         prefetcher = s.storage.prefetcher   # object stores: each segment's next splits fetched ahead
@@ -154,24 +158,17 @@ def open_stream(reading: MixReading, slot: MixSlot, start: MixWorkerState, meter
         # read, or with a shuffle buffer its first window, over its lanes (the first batch waits for the rows
         # of one dataset's read or window, not one per source); later reads are full (fewer, cheaper per row)
         read_rows = max(options.batch_size, READ_BATCH_ROWS)
-        first_needs = options.shuffle_buffer_size or -(-READ_BATCH_ROWS * quotas[s.name] // total)
+        first_needs = options.shuffle_buffer_size or -(-READ_BATCH_ROWS * parts.rows // total)
         first_rows = max(options.batch_size, -(-min(read_rows, first_needs) // options.interleave))
-        held = None
-        if holds(s.plan, len(parts[s.name])):   # a small source read in many passes: read once, held, for every lane
+        url = str(s.origin.arguments().get("path", s.name))
+        if holds(s.plan, len(parts)):   # a small source read in many passes: read once, held, for every lane
             held = HeldSource(SplitReader(s.plan, s.storage, read_rows, use_threads=not in_worker, meter=meter,
                                           check=check, row_ids=row_ids), s.plan)
-            readers: list[PieceReader] = [HeldReader(held)] * options.interleave
-            read_ahead = None
+            by_name[s.name] = SourceReading([HeldReader(held)] * options.interleave, url, held=held)
         else:
-            readers = [SplitReader(s.plan, s.storage, read_rows, use_threads=not in_worker, read_ahead=read_ahead,
-                                   meter=meter, check=check, first_read_rows=first_rows, row_ids=row_ids)
-                       for _ in range(options.interleave)]
-        sources.append(SourceRows(s.name, readers, parts[s.name], batch_size=options.batch_size,
-                                  interleave=options.interleave, buffer_rows=options.shuffle_buffer_size,
-                                  start=start.cursors[s.name], url=str(s.origin.arguments().get("path", s.name)),
-                                  read_ahead=read_ahead, held=held))
+            by_name[s.name] = SourceReading(
+                [SplitReader(s.plan, s.storage, read_rows, use_threads=not in_worker, read_ahead=read_ahead,
+                             meter=meter, check=check, first_read_rows=first_rows, row_ids=row_ids)
+                 for _ in range(options.interleave)], url, read_ahead)
     casts = reading.casts
-    return MixStream(sources, [parts[s.name].rows for s in reading.sources],
-                     cast=lambda name, batch: casts[name](batch), batch_size=options.batch_size,
-                     drop_last=options.drop_last, max_batches=reading.limit, batch_order=reading.batch_order,
-                     seed=options.seed, slot=slot, start=start)
+    return open_slot_stream(epoch, start, by_name, options, cast=lambda name, batch: casts[name](batch))

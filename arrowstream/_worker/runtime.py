@@ -6,8 +6,8 @@ process that reads (a worker, or the trainer with ``num_workers=0``) builds one
 remote splits, the converters to the output format and its meter. :class:`WorkerSide` is the
 dataset's handle on it: the transport settings, the runtime once built, the meter, and where the
 dataset was pickled (a worker started by spawn watches the process that pickled it).
-:func:`open_stream` opens a slot's epoch stream with it, which the worker iterator
-(:mod:`arrowstream._worker.iterator`) reads.
+:func:`open_stream` opens a slot's epoch stream with it (through the one opener,
+:mod:`arrowstream._worker.open_slot`), which the worker iterator (:mod:`arrowstream._worker.iterator`) reads.
 """
 
 from __future__ import annotations
@@ -24,10 +24,13 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import get_worker_info
 
 from .._core.row_ids import with_row_id_fields
-from .._layout.share_parts import share_stream
+from .._layout.share_parts import share_where
+from .._mixing.slot_epoch import SourceReading
+from .._state.one_source import DATASET
 from .convert import make_converter, make_value_check
 from .converters import Converters, make_converters, with_transform
 from .metrics import Board, Meter
+from .open_slot import open_slot_stream
 from .reader import ReadAhead, SplitReader, row_ids_for
 from .watchdog import watch_trainer
 
@@ -36,7 +39,7 @@ if TYPE_CHECKING:
 
     from .._core.cursor import Position
     from .._core.order import Slot
-    from .._layout.layout import EpochLayout
+    from .._layout.layout import Epochs
     from .._mixing.stream import MixStream
     from .._planning.options import Options
     from .._planning.plan import Plan
@@ -172,15 +175,11 @@ class WorkerSide:
         self._unpickled_in = os.getpid()
 
 
-def open_stream(runtime: WorkerRuntime, layout: EpochLayout, slot: Slot, start: WorkerState,
+def open_stream(runtime: WorkerRuntime, epochs: Epochs, slot: Slot, start: WorkerState,
                 options: Options) -> MixStream[Position, WorkerState]:
-    """The stream of ``slot`` in the epoch of ``layout``, from worker state ``start``, read by ``runtime``: the
-    slot's share read as a mixture of one source (``arrowstream._layout.share_parts``), its states a dataset's."""
-    read_ahead = runtime.read_ahead   # told the splits of each part the stream opens
-    if read_ahead is not None and layout.replanned:   # replays and ranges of another topology: no read-ahead
-        read_ahead.begin(())
-        read_ahead = None
-    return share_stream(runtime.readers, layout.share(slot), start, seed=options.seed, batch_size=options.batch_size,
-                        interleave=options.interleave, buffer_rows=options.shuffle_buffer_size,
-                        drop_last=options.drop_last, max_batches=layout.limit(slot), rows_known=not options.drops_rows,
-                        read_ahead=read_ahead)
+    """The stream of ``slot`` in the epoch of worker state ``start``, from it, read by ``runtime``: what the slot
+    reads (``epochs.slot_epoch``: its share as one source) opened as every slot's stream is
+    (:func:`~arrowstream._worker.open_slot.open_slot_stream`), its states a dataset's."""
+    epoch = epochs.slot_epoch(slot, start.epoch, state=start)
+    reading = SourceReading(runtime.readers, share_where(slot, start.epoch), runtime.read_ahead)
+    return open_slot_stream(epoch, epochs.stream_start(start), {DATASET: reading}, options, dataset=True)

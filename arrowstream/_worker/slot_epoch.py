@@ -42,7 +42,7 @@ def slot_stream(runtime: WorkerRuntime, epochs: Epochs, options: Options, slot: 
                 start: WorkerState | None) -> MixStream[Position, WorkerState]:
     """The stream of ``slot`` in ``epoch``, from worker state ``start`` (``None``: the epoch's start)."""
     start = start or epochs.start(slot, epoch)
-    return open_stream(runtime, epochs.layouts.layout(epoch, slot.grid, start.elastic), slot, start, options)
+    return open_stream(runtime, epochs, slot, start, options)
 
 
 def slot_done(runtime: Callable[[], WorkerRuntime], epochs: Epochs, options: Options, state: WorkerState,
