@@ -187,7 +187,9 @@ class SourceRows:
             if not self._parts.has_part(self._part):
                 return 0
             self._queue = self._open()
-        held = self._queue.buffered + sum(queue.buffered for queue in self._ahead)
+        held = self._queue.buffered
+        if self._ahead:
+            held += sum(queue.buffered for queue in self._ahead)
         while held < rows:
             last = self._ahead[-1] if self._ahead else self._queue
             before = last.buffered
@@ -403,8 +405,9 @@ class MixStream(Generic[P, S]):
         self._start = start
         self.rows, self.batches, self.rows_dropped = start.rows, start.batches, start.rows_dropped
         self.complete = start.epoch_complete
-        if last_pieces is not None and not self._reading:
-            raise AssertionError("only a stream of one source whose rows are known by reading stitches its last rows")
+        if last_pieces is not None and not (self._reading and ends_when_asked and max_batches is None):
+            raise AssertionError("only a stream of one source whose rows are known by reading, that ends when asked "
+                                 "and has no even_batches limit, stitches its last rows (a dynamic worker's)")
         self._last_pieces = last_pieces
         self._pieces: deque[tuple[int, Any]] | None = None
 
@@ -506,17 +509,29 @@ class MixStream(Generic[P, S]):
                 self._finish()
                 raise StopIteration
             rows, ends = min(size, left), False
+        elif self._ends_when_asked and self._max_batches is None:   # rows known by reading: _plan_read(1) in short
+            size = self._batch_size
+            held = source.fill(size)
+            if held >= size:
+                rows = size
+            elif held and not self._drop_last:
+                rows = held
+                if self._last_pieces is not None:   # the last rows: read to the end
+                    rows, tag = self._next_piece(held)
+                    if tag is not None:   # stitched with other workers' rows: next_piece() hands it out
+                        raise StopIteration
+                    self._pieces.popleft()   # type: ignore[union-attr]
+            else:
+                self._left = held
+                self._finish()
+                raise StopIteration
+            ends = False
         else:
             plan, ends = self._plan(1)
             if not plan:
                 self._finish()
                 raise StopIteration
             rows = plan[0] - self.rows
-            if rows < self._batch_size and self._last_pieces is not None:   # the last rows: read to the end
-                rows, tag = self._next_piece(rows)
-                if tag is not None:   # stitched with other workers' rows: next_piece() hands it out
-                    raise StopIteration
-                self._pieces.popleft()   # type: ignore[union-attr]
         batch = source.take(rows)
         if self._cast is not None:
             batch = self._cast(source.name, batch)
@@ -652,8 +667,10 @@ class MixStream(Generic[P, S]):
     def position(self) -> P:
         """Where the stream stands: after the last batch it gave."""
         if self._position is None:   # (asked once or twice a batch, e.g. before and after a chunk in a worker)
-            self._position = self._start.place(self.rows, self.batches, self.rows_dropped, self.complete,
-                                               tuple(source.compact_cursor() for source in self._sources))
+            one = self._one
+            places = (one.compact_cursor(),) if one is not None else tuple(source.compact_cursor()
+                                                                           for source in self._sources)
+            self._position = self._start.place(self.rows, self.batches, self.rows_dropped, self.complete, places)
         return self._position
 
     def state(self, position: P | None = None) -> S:
