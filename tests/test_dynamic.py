@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from reference_stream import leased_runs
 
 from arrowstream import StructuredDataset, errors
 from arrowstream._core.order import SlotGrid
@@ -27,7 +28,7 @@ from arrowstream._layout.leases import (
     lease_bounds,
     tail_pieces,
 )
-from arrowstream._layout.ledger import LeasedShare, fresh_work, leased_runs, remaining_work
+from arrowstream._layout.ledger import LeasedShare, fresh_work, remaining_work
 from arrowstream._worker.reader import SplitReader
 
 

@@ -22,12 +22,13 @@ import pyarrow as pa
 from helpers import replan_layouts, share_runs
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference_stream import EpochStream
 
 from arrowstream._core.cursor import Cursor, Run
 from arrowstream._core.order import Slot, SlotGrid, assign_lpt, slot_split_ids, window_seed
 from arrowstream._core.piece import Piece
 from arrowstream._core.plan_types import PLANNING_VERSION, FileEntry, Split
-from arrowstream._core.stream import EpochStream, open_runs
+from arrowstream._core.stream import open_runs
 from arrowstream._formats import FileFooter
 from arrowstream._layout.elastic import assign_shares, cut_shares, remaining_items
 from arrowstream._layout.layout import Layouts

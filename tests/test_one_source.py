@@ -21,11 +21,11 @@ import pytest
 from helpers import share_runs, write_dataset
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
+from reference_stream import EpochStream
 
 from arrowstream import StructuredDataset
 from arrowstream._core.cursor import Cursor
 from arrowstream._core.order import Slot, SlotGrid
-from arrowstream._core.stream import EpochStream
 from arrowstream._layout.layout import replanned_leftovers
 from arrowstream._layout.share_parts import share_stream
 from arrowstream._state.worker import WorkerState

@@ -16,13 +16,14 @@ import numpy as np
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference_stream import EpochStream
 
 from arrowstream._core.cursor import Cursor
 from arrowstream._core.interleave import block_size_for
 from arrowstream._core.order import Slot, window_seed
 from arrowstream._core.piece import Piece
 from arrowstream._core.plan_types import PLANNING_VERSION, Split
-from arrowstream._core.stream import EpochStream, RunQueue, open_runs
+from arrowstream._core.stream import RunQueue, open_runs
 from arrowstream._state.identity import DataIdentity
 from arrowstream._state.worker import WorkerState
 

@@ -188,7 +188,7 @@ class DynamicAssignment:
                 pool.check(epoch, fixed_leases(leases.of(TAIL_LEASES_PER_WORKER).bounds), slot.worker_id)
             owners = pool.owners if self.stitches_last_rows(dataset, slot.num_workers) else None
             stream = dynamic_stream(runtime, leases, lease_taker(pool, leases, runtime, slot.worker_id), slot,
-                                    epoch, options, data, state_options, before, owners)
+                                    epoch, options, before, owners)
             return Opened(stream, runtime.converters, runtime.meter, runtime.transport,
                           files_between=lambda start, end: [f"the files leased by worker {slot.worker_id}"],
                           by_record=True)

@@ -21,12 +21,11 @@ from .._core.cursor import Cursor
 from .._core.fields import REMEDY, Fields, check_int, shorten
 from .._core.order import Slot, SlotGrid
 from .._core.plan_types import Split, split_rows
-from .._core.stream import EpochStream
+from .._layout.leased_parts import leased_stream
 from .._layout.leases import TAIL_LEASES_PER_WORKER, Leases, PoolLeases, StitchTag, Work, last_pieces, tail_pieces
 from .._layout.ledger import (
     LeasedShare,
     Replanned,
-    leased_runs,
     rank_share,
     remaining_work,
     replanned_stretches,
@@ -45,13 +44,12 @@ from .figures import Figure
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from .._core.cursor import Position
+    from .._mixing.stream import MixStream
     from .._planning.options import Options
     from .._planning.plan import Plan
     from .._worker.runtime import WorkerRuntime
     from .views import PolicyDataset
-
-END = Cursor((), 1 << 62, replay_index=1 << 62)   # past every replay and split a worker could lease
-
 
 class DynamicEpochs:
     """What a dataset with dynamic assignment asks of its epochs: each epoch's :class:`Work` (a loaded
@@ -206,27 +204,22 @@ class DynamicEpochs:
 
 
 def dynamic_stream(runtime: WorkerRuntime, leases: PoolLeases, take: Callable[[], int | None], slot: Slot,
-                   epoch: int, options: Options, data: DataIdentity, state_options: dict[str, Any],
-                   start: WorkerState, owners: Callable[[], npt.NDArray[np.int64]] | None = None) -> EpochStream:
-    """A worker's batches of ``epoch``: the rows of the leases it takes with ``take``; ``owners`` (who
-    took each lease, read once the pool is dry): its last rows are cut into pieces stitched with the
-    other workers' (None: its last batch is short, if it must be)."""
-    share = LeasedShare(leases, take)
-    read_ahead = runtime.read_ahead   # object stores: the next leased splits fetched in the background
-    runs = leased_runs(runtime.readers, share, seed=options.seed, epoch=epoch, slot=slot,
-                       batch_size=options.batch_size, interleave=options.interleave,
-                       buffer_rows=options.shuffle_buffer_size,
-                       reading_order=None if read_ahead is None else read_ahead.begin)
-    # drop_last and even_batches are in the work already (cut to whole batches); the end is the pool's
+                   epoch: int, options: Options, start: WorkerState,
+                   owners: Callable[[], npt.NDArray[np.int64]] | None = None) -> MixStream[Position, WorkerState]:
+    """A worker's batches of ``epoch`` (from worker state ``start``, the epoch's first): the rows of the leases it
+    takes with ``take``, read by the one stream (:func:`~arrowstream._layout.leased_parts.leased_stream`); ``owners``
+    (who took each lease, read once the pool is dry): its last rows are cut into pieces stitched with the other
+    workers' (None: its last batch is short, if it must be)."""
     last = None
     if owners is not None:
         def last() -> list[tuple[int, StitchTag | None]]:   # the pool is dry: its last eighth laid out
             return last_pieces(np.diff(leases.current.bounds), owners(), slot.worker_id, slot.num_workers,
                                options.batch_size)
 
-    return EpochStream(runs=runs, end=END, batch_size=options.batch_size, drop_last=False,
-                       max_batches=None, convert=runtime.converters.convert, data=data, options=state_options, epoch=epoch,
-                       slot=slot, start=start, last_pieces=last)
+    # object stores: the next leased splits fetched in the background (runtime.read_ahead)
+    return leased_stream(runtime.readers, LeasedShare(leases, take), start, seed=options.seed,
+                         batch_size=options.batch_size, interleave=options.interleave,
+                         buffer_rows=options.shuffle_buffer_size, read_ahead=runtime.read_ahead, last_pieces=last)
 
 
 def lease_taker(pool: Any, leases: PoolLeases, runtime: WorkerRuntime, worker: int) -> Callable[[], int | None]:

@@ -2,8 +2,9 @@
 holds, how it reads it, and what it has left at a checkpoint, the *ledger*.
 
 **A worker's rows.** :class:`LeasedShare` is what a worker took, in order, expanded into its replays and
-splits; :func:`leased_runs` reads the replays as they are, then the splits through the usual pipeline
-(interleave, shuffle windows seeded by its slot), so its cursor reads as a static worker's does.
+splits; :mod:`arrowstream._layout.leased_parts` reads it with the one stream: the replays as they are, then the
+splits through the usual pipeline (interleave, shuffle windows seeded by its slot), so its cursor reads as a static
+worker's does.
 
 **The ledger.** Which worker took which lease (the pool's table) and each worker's cursor after the
 last batch the trainer received (a piece counts when its stitched batch is handed out) say exactly
@@ -27,7 +28,6 @@ Pure: no I/O, no torch (``tests/test_layers.py``).
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -35,12 +35,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from .._core.cursor import Cursor, Run
-from .._core.interleave import PieceReader, block_size_for
-from .._core.order import Slot, SlotGrid, even_batch_limits, natural_batches, rows_yielded, window_seed
+from .._core.cursor import Cursor
+from .._core.interleave import block_size_for
+from .._core.order import Slot, SlotGrid, even_batch_limits, natural_batches, rows_yielded
 from .._core.plan_types import Split, split_rows
-from .._core.stream import open_runs
-from .elastic import replay_runs, with_replay_index
 from .layout import lay_out_epoch
 from .leases import LeasedItems, Leases, PoolLeases, Work
 from .replan import (
@@ -129,29 +127,6 @@ class LeasedSplits(Sequence[Split]):
 def start_cursor(interleave: int) -> Cursor:
     """Where a dynamic worker starts: its first replay, or its first ``interleave`` splits once it has some."""
     return Cursor.start(interleave, interleave)
-
-
-def leased_runs(readers: Sequence[PieceReader], share: LeasedShare, *, seed: int, epoch: int, slot: Slot,
-                batch_size: int, interleave: int, buffer_rows: int,
-                reading_order: Callable[[Sequence[Split]], None] | None = None) -> Iterator[Run]:
-    """A dynamic worker's rows: the replays it leases (handed out in their own order), then the splits
-    it leases, through the usual pipeline (interleave, shuffle windows seeded by its slot).
-    ``reading_order`` is told the order of the splits read (for read-ahead): none while replaying."""
-    if reading_order is not None:
-        reading_order(())
-    index = 0
-    while (replay := share.replay(index)) is not None:
-        yield from replay_runs(readers, replay, index, 0, Cursor((), 0), seed=seed, epoch=epoch,
-                               batch_size=batch_size, interleave=interleave, buffer_rows=buffer_rows)
-        index += 1
-    base = dataclasses.replace(start_cursor(interleave), replay_index=index)
-    seeds: Callable[[int], int] = functools.partial(window_seed, seed, epoch, slot)
-    splits = LeasedSplits(share)
-    if reading_order is not None:
-        reading_order(splits)
-    for run in open_runs(readers, splits, batch_size=batch_size, interleave=interleave,
-                         buffer_rows=buffer_rows, window_seed=seeds, start=base):
-        yield with_replay_index(run, index)
 
 
 # -- the ledger: what is left ----------------------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import overload
 import numpy as np
 import numpy.typing as npt
 
-from .._core.cursor import Cursor
+from .._core.cursor import Cursor, Run
 from .._core.plan_types import Split, SplitTable
 from .._layout.replan import split_part
 from .quotas import (
@@ -44,12 +44,15 @@ class Part:
     """A stretch of a slot's rows of a source in an epoch, read as one stream: ``splits`` through the usual
     pipeline from ``start`` (None: their first row), shuffle windows seeded by ``seeds`` (window -> seed),
     ``rows`` rows of it. A segment of a pass is one; so is the rest of an old worker's shuffle window, or
-    ranges of splits, in an epoch re-planned for another topology (``arrowstream._mixing.elastic``)."""
+    ranges of splits, in an epoch re-planned for another topology (``arrowstream._mixing.elastic``).
+    ``runs``: a part that reads itself (a dynamic worker's leases, ``arrowstream._layout.leased_parts``): its runs,
+    and the cursor the stream stands at before its first row, instead of the pipeline over ``splits``."""
 
     splits: tuple[Split, ...]
     rows: int
     seeds: Callable[[int], int]
     start: Cursor | None = None
+    runs: Callable[[], tuple[Iterator[Run], Cursor]] | None = None
 
 
 class Parts(Sequence[Part]):
@@ -67,6 +70,11 @@ class Parts(Sequence[Part]):
     def index_of_row(self, row: int) -> int:
         """The part that holds the slot's row ``row`` of the source (``len(self)`` past the last)."""
         return self._search(row, 0, len(self))
+
+    def has_part(self, index: int) -> bool:
+        """Whether there is a part ``index`` (parts that grow while they are read find out here: a dynamic worker
+        leases until it knows)."""
+        return index < len(self)
 
     def _search(self, row: int, lo: int, hi: int) -> int:
         """:meth:`index_of_row` among parts ``[lo, hi)``."""

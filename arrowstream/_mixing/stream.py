@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -85,6 +86,9 @@ class SourceRows:
     def _open(self, index: int | None = None) -> RunQueue:
         """A queue of the runs of part ``index`` (by default the current one, from where the source stands)."""
         part = self._parts[self._part if index is None else index]
+        if part.runs is not None:   # a part that reads itself (and tells the read-ahead itself)
+            runs, standing = part.runs()
+            return RunQueue(runs, standing)
         start = (self._start if index is None else None) or part.start or Cursor.start(len(part.splits),
                                                                                         self._interleave)
         if self._read_ahead is not None:
@@ -204,17 +208,19 @@ class SourceRows:
         parts) or its parts end; the rows held (fewer than ``rows``: every row left)."""
         self._move_on()
         if self._queue is None:
-            if self._part >= self._num_parts:
+            if not self._parts.has_part(self._part):
                 return 0
             self._queue = self._open()
-        held = self._queue.buffered + sum(queue.buffered for queue in self._ahead)
+        held = self._queue.buffered
+        if self._ahead:
+            held += sum(queue.buffered for queue in self._ahead)
         while held < rows:
             last = self._ahead[-1] if self._ahead else self._queue
             before = last.buffered
             last.fill(before + rows - held)
             held += last.buffered - before
             following = self._part + len(self._ahead) + 1
-            if held >= rows or following >= self._num_parts:
+            if held >= rows or not self._parts.has_part(following):
                 break
             # the last queue's runs ended: the next part is read by the readers they freed
             for reader in self._readers:
@@ -396,12 +402,16 @@ class MixStream(Generic[P, S]):
     def __init__(self, sources: Sequence[SourceRows], quotas: Sequence[int], *,
                  cast: Callable[[str, pa.RecordBatch], pa.RecordBatch] | None,
                  batch_size: int, drop_last: bool, max_batches: int | None, batch_order: str | None, seed: int,
-                 slot: MixSlot, start: StreamStart[P, S], ends_when_asked: bool = False) -> None:
+                 slot: MixSlot, start: StreamStart[P, S], ends_when_asked: bool = False,
+                 last_pieces: Callable[[], list[tuple[int, Any]]] | None = None) -> None:
         """``batch_order``: one of :data:`~arrowstream._state.mixture.BATCH_ORDERS`, or None: the sources one after
         another; ``cast``: of each source's rows to the mixture's schema (None: taken as they are). ``ends_when_asked``: the epoch is complete once a batch past its last one is asked for (a
         dataset's stream, whose state after its last batch has always said so only then), not with its last
         batch. A single source whose rows are known only by reading (``SourceRows.rows_known``) is planned by
-        reading ahead; a mixture of several never is (mixtures refuse filters: quotas count metadata rows)."""
+        reading ahead; a mixture of several never is (mixtures refuse filters: quotas count metadata rows).
+        ``last_pieces`` (a dynamic worker's, of one source whose rows are known by reading): how its last rows, fewer
+        than a batch, are handed out, as pieces of (rows, tag) asked for once they are reached; a tagged piece is
+        stitched with other workers' (:meth:`next_piece`, see ``arrowstream._layout.leases.last_pieces``)."""
         if any(not source.rows_known for source in sources) and len(sources) != 1:
             raise AssertionError("only a stream of one source may have rows known only by reading")
         self._sources = list(sources)
@@ -419,6 +429,11 @@ class MixStream(Generic[P, S]):
         self._start = start
         self.rows, self.batches, self.rows_dropped = start.rows, start.batches, start.rows_dropped
         self.complete = start.epoch_complete
+        if last_pieces is not None and not (self._reading and ends_when_asked and max_batches is None):
+            raise AssertionError("only a stream of one source whose rows are known by reading, that ends when asked "
+                                 "and has no even_batches limit, stitches its last rows (a dynamic worker's)")
+        self._last_pieces = last_pieces
+        self._pieces: deque[tuple[int, Any]] | None = None
 
     def _finish(self) -> None:
         left = self._total - self.rows if self._left is None else self._left
@@ -522,6 +537,23 @@ class MixStream(Generic[P, S]):
                 self._finish()
                 raise StopIteration
             rows, ends = min(size, left), False
+        elif self._ends_when_asked and self._max_batches is None:   # rows known by reading: _plan_read(1) in short
+            size = self._batch_size
+            held = source.fill(size)
+            if held >= size:
+                rows = size
+            elif held and not self._drop_last:
+                rows = held
+                if self._last_pieces is not None:   # the last rows: read to the end
+                    rows, tag = self._next_piece(held)
+                    if tag is not None:   # stitched with other workers' rows: next_piece() hands it out
+                        raise StopIteration
+                    self._pieces.popleft()   # type: ignore[union-attr]
+            else:
+                self._left = held
+                self._finish()
+                raise StopIteration
+            ends = False
         else:
             plan, ends = self._plan(1)
             if not plan:
@@ -537,8 +569,35 @@ class MixStream(Generic[P, S]):
             self._finish()
         return batch
 
-    def next_piece(self) -> None:
-        """None: a mixture's slot hands out its last rows itself (only a dynamic dataset's are stitched)."""
+    def _next_piece(self, held: int) -> tuple[int, Any]:
+        """The next piece of the last rows (``held`` rows left), laid out when first asked."""
+        if self._pieces is None:
+            assert self._last_pieces is not None
+            self._pieces = deque(self._last_pieces())
+            if sum(rows for rows, _ in self._pieces) != held:
+                raise AssertionError(f"worker {self._slot.worker_id} holds {held} last row(s), its leases leave "
+                                     f"{sum(rows for rows, _ in self._pieces)}")
+        return self._pieces[0]
+
+    def next_piece(self) -> tuple[Any, pa.RecordBatch] | None:
+        """The next piece of this slot's last rows that other workers' rows make a batch with, and its tag; None
+        when the next rows (if any) are not such a piece, or the slot hands out its last rows itself (a mixture's,
+        a static dataset's: only a dynamic worker's are stitched)."""
+        if self.complete or self._last_pieces is None:
+            return None
+        source = self._sources[0]
+        held = source.fill(self._batch_size)
+        if not 0 < held < self._batch_size:
+            return None
+        rows, tag = self._next_piece(held)
+        if tag is None:
+            return None
+        self._pieces.popleft()   # type: ignore[union-attr]
+        self._position = None
+        batch = source.take(rows)
+        self.rows += rows
+        self.batches += 1
+        return tag, batch
 
     def next_span(self, max_batches: int) -> tuple[pa.RecordBatch, list[int], list[P], list[int]]:
         """Up to ``max_batches`` next batches as one record batch (one concatenation), with each batch's
@@ -547,6 +606,8 @@ class MixStream(Generic[P, S]):
 
         The batches are planned first (each source's share of each), then each source's rows of the whole
         span are taken in one pass, with its cursor after each batch's share."""
+        if self._last_pieces is not None:   # a dynamic worker's: batch by batch, its last rows as pieces
+            return self._record_span(max_batches)
         if max_batches <= 1 and self._ends_when_asked and self._one is not None:   # a dataset's one batch
             batch = self.next_record()
             return batch, [batch.num_rows], [self.position()], [batch.num_rows]
@@ -594,6 +655,21 @@ class MixStream(Generic[P, S]):
             self._finish()
         return span, sizes, positions, counts
 
+    def _record_span(self, max_batches: int) -> tuple[pa.RecordBatch, list[int], list[P], list[int]]:
+        """:meth:`next_span` as :meth:`next_record` one after another (up to a piece that is stitched)."""
+        records: list[pa.RecordBatch] = []
+        positions: list[P] = []
+        while len(records) < max(max_batches, 1):
+            try:
+                records.append(self.next_record())
+            except StopIteration:
+                break
+            positions.append(self.position())
+        if not records:
+            raise StopIteration
+        span = records[0] if len(records) == 1 else pa.concat_batches(records)
+        return span, [record.num_rows for record in records], positions, [span.num_rows]
+
     def _one_span(self, source: SourceRows, plan: list[int], ends: bool) -> tuple[pa.RecordBatch, list[int], list[P],
                                                                                    list[int]]:
         """:meth:`next_span`'s batches of one source taken in order: the marks are the plan's, the span its pieces."""
@@ -619,8 +695,10 @@ class MixStream(Generic[P, S]):
     def position(self) -> P:
         """Where the stream stands: after the last batch it gave."""
         if self._position is None:   # (asked once or twice a batch, e.g. before and after a chunk in a worker)
-            self._position = self._start.place(self.rows, self.batches, self.rows_dropped, self.complete,
-                                               tuple(source.compact_cursor() for source in self._sources))
+            one = self._one
+            places = (one.compact_cursor(),) if one is not None else tuple(source.compact_cursor()
+                                                                           for source in self._sources)
+            self._position = self._start.place(self.rows, self.batches, self.rows_dropped, self.complete, places)
         return self._position
 
     def state(self, position: P | None = None) -> S:

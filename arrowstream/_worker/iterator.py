@@ -1,7 +1,7 @@
 """One worker iterator: what ``iter(dataset)`` and ``iter(mixture)`` return, over a slot's stream.
 
-A slot's stream (a mixture's or a static dataset's :class:`~arrowstream._mixing.stream.MixStream`, a dynamic
-dataset worker's :class:`~arrowstream._core.stream.EpochStream`) is read by one :class:`SlotIterator`. It binds the epoch on the
+A slot's stream (the one stream, :class:`~arrowstream._mixing.stream.MixStream`: a mixture's slot, a static dataset
+slot, a dynamic dataset worker's leases) is read by one :class:`SlotIterator`. It binds the epoch on the
 first ``next()`` (so a ``set_epoch`` between ``iter()`` and it counts), times each batch for the metrics, and
 hands the batches over:
 
@@ -41,7 +41,7 @@ S_co = TypeVar("S_co", covariant=True)
 
 
 class SlotStream(Protocol[P, S_co]):
-    """What the iterator reads of a slot's stream (``MixStream`` and ``EpochStream`` both are one)."""
+    """What the iterator reads of a slot's stream (``MixStream`` is one)."""
 
     @property
     def batches(self) -> int: ...
