@@ -54,7 +54,8 @@ def measure(repeats: int, only: list[str] | None) -> dict[str, float]:
     from arrowstream import StructuredDataset
     from arrowstream._core.order import SlotGrid, window_seed
     from arrowstream._mixing.parts import ListParts, Part
-    from arrowstream._mixing.stream import MixSlot, MixStream, SourceRows
+    from arrowstream._mixing.source_rows import SourceRows
+    from arrowstream._mixing.stream import MixSlot, MixStream
     from arrowstream._state.mixture import EVEN, MixWorkerState, SourceCursor, SourceEpoch
     from arrowstream._worker.reader import SplitReader
 

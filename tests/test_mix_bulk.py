@@ -26,7 +26,7 @@ from arrowstream._core.stream import RunQueue, open_runs
 from arrowstream._mixing.bulk import BulkCursors, bulk_order, bulk_readable
 from arrowstream._mixing.parts import Part, SpanParts
 from arrowstream._mixing.quotas import span_first
-from arrowstream._mixing.stream import SourceRows
+from arrowstream._mixing.source_rows import SourceRows
 from arrowstream._state.mixture import SourceCursor
 from arrowstream._worker.held import HeldReader, HeldSource, holds
 from arrowstream._worker.reader import SplitReader

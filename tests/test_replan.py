@@ -29,7 +29,8 @@ from arrowstream._layout.replan import item_rows
 from arrowstream._mixing.elastic import MixElastic, replanned_parts
 from arrowstream._mixing.parts import ListParts, Part, Parts
 from arrowstream._mixing.quotas import SPANS, TRACKS
-from arrowstream._mixing.stream import MixSlot, SourceRows
+from arrowstream._mixing.source_rows import SourceRows
+from arrowstream._mixing.stream import MixSlot
 from arrowstream._planning.plan import Plan
 from arrowstream._state.mixture import SourceCursor
 from arrowstream._state.worker import EVEN, Leftovers

@@ -24,7 +24,8 @@ from .._core.order import Slot, window_seed
 from .._core.plan_types import split_rows
 from .._core.stream import open_runs
 from .._mixing.parts import Part, Parts
-from .._mixing.stream import MixSlot, MixStream, ReadAhead, SourceRows
+from .._mixing.source_rows import ReadAhead, SourceRows
+from .._mixing.stream import MixSlot, MixStream
 from .._state.mixture import CompactCursor, SourceCursor
 from .._state.worker import WorkerState
 from .elastic import replay_runs, with_replay_index

@@ -4,7 +4,7 @@ A slot's :class:`~arrowstream._layout.elastic.Share` is its replays (in an epoch
 the rests of old workers' shuffle windows) then its splits. As a source's parts
 (:class:`~arrowstream._mixing.parts.Part`), each replay is a part read from the old worker's cursor with the old
 worker's window seeds, and the splits are one part with the slot's own seeds: a
-:class:`~arrowstream._mixing.stream.MixStream` of one :class:`~arrowstream._mixing.stream.SourceRows` over them gives
+:class:`~arrowstream._mixing.stream.MixStream` of one :class:`~arrowstream._mixing.source_rows.SourceRows` over them gives
 exactly the batches the slot's share gives (``tests/test_one_source.py``). Part ``i < len(share.replays)`` is replay
 ``i``; the splits' part, when they hold rows, is the last one.
 """
@@ -19,7 +19,8 @@ from .._core.order import Slot, window_seed
 from .._core.plan_types import split_rows
 from .._mixing.parts import ListParts, Part
 from .._mixing.slot_epoch import SlotEpoch, SourceParts, SourceReading, stream_of
-from .._mixing.stream import MixSlot, MixStream, ReadAhead
+from .._mixing.source_rows import ReadAhead
+from .._mixing.stream import MixSlot, MixStream
 from .._state.one_source import DATASET, DatasetStart
 from .elastic import Share
 

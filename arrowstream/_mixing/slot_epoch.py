@@ -17,7 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
-from .stream import MixSlot, MixStream, SourceRows, StreamStart
+from .source_rows import SourceRows
+from .stream import MixSlot, MixStream, StreamStart
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from .._state.mixture import SourceCursor
     from .bulk import HeldSource
     from .parts import Parts
-    from .stream import ReadAhead
+    from .source_rows import ReadAhead
 
 P = TypeVar("P")
 S = TypeVar("S")
