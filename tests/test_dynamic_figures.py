@@ -13,10 +13,8 @@ from __future__ import annotations
 import json
 import warnings
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from helpers import write_dataset
 
 import arrowstream
 from arrowstream import StructuredDataset, TrimWarning
@@ -32,13 +30,7 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.filterwarnings("ignore:This 
 
 @pytest.fixture(scope="module")
 def uneven(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("dynamic-figures")
-    start = 0
-    for index, (rows, group) in enumerate(SIZES):
-        ids = np.arange(start, start + rows, dtype=np.int64)
-        pq.write_table(pa.table({"id": ids}), folder / f"part-{index}.parquet", row_group_size=group)
-        start += rows
-    return str(folder)
+    return write_dataset(tmp_path_factory.mktemp("dynamic-figures"), SIZES)
 
 
 def _loader(path, num_workers, rank, world_size, options):

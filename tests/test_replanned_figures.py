@@ -13,11 +13,9 @@ from __future__ import annotations
 import json
 import warnings
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
+from helpers import write_dataset
 from torch.utils.data import get_worker_info
 
 import arrowstream
@@ -36,13 +34,7 @@ def _tag_worker(batch):
 
 @pytest.fixture(scope="module")
 def uneven(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("replanned-figures")
-    start = 0
-    for index, (rows, group) in enumerate(SIZES):
-        ids = np.arange(start, start + rows, dtype=np.int64)
-        pq.write_table(pa.table({"id": ids}), folder / f"part-{index}.parquet", row_group_size=group)
-        start += rows
-    return str(folder)
+    return write_dataset(tmp_path_factory.mktemp("replanned-figures"), SIZES)
 
 
 def _loader(path, num_workers, rank, world_size, options):

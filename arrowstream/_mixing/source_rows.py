@@ -145,15 +145,8 @@ class SourceRows:
             if queue.buffered == 0:
                 raise self._short(wanted, done)
             rows = min(rows, queue.buffered)
-            first = mark_index
-            while mark_index < len(marks) and marks[mark_index] <= done + rows:
-                mark_index += 1
-            taken, after = queue.take_marked(rows, [mark - done for mark in marks[first:mark_index]])
-            pieces += taken
-            cursors += [(self._part, self._fields(cursor), self.taken + mark - done)
-                        for mark, cursor in zip(marks[first:mark_index], after, strict=True)]
+            mark_index = self._take_queued(queue, rows, marks, mark_index, done, pieces, cursors)
             done += rows
-            self.taken += rows
         self._flush(bulk, pieces)
         return pieces, cursors
 
@@ -241,16 +234,23 @@ class SourceRows:
             rows = 0 if queue is None else min(wanted - done, queue.buffered)
             if queue is None or rows == 0:
                 raise self._short(wanted, done)
-            first = mark_index
-            while mark_index < len(marks) and marks[mark_index] <= done + rows:
-                mark_index += 1
-            taken, after = queue.take_marked(rows, [mark - done for mark in marks[first:mark_index]])
-            pieces += taken
-            cursors += [(self._part, self._fields(cursor), self.taken + mark - done)
-                        for mark, cursor in zip(marks[first:mark_index], after, strict=True)]
+            mark_index = self._take_queued(queue, rows, marks, mark_index, done, pieces, cursors)
             done += rows
-            self.taken += rows
         return pieces, cursors
+
+    def _take_queued(self, queue: RunQueue, rows: int, marks: Sequence[int], mark_index: int, done: int,
+                     pieces: list[pa.RecordBatch], cursors: list[CompactCursor]) -> int:
+        """Take ``rows`` held rows of ``queue`` (``done`` of the call's rows taken before them) into ``pieces``, with
+        the cursor of each mark from ``mark_index`` on that they reach into ``cursors``; the next mark's index."""
+        first = mark_index
+        while mark_index < len(marks) and marks[mark_index] <= done + rows:
+            mark_index += 1
+        taken, after = queue.take_marked(rows, [mark - done for mark in marks[first:mark_index]])
+        pieces += taken
+        cursors += [(self._part, self._fields(cursor), self.taken + mark - done)
+                    for mark, cursor in zip(marks[first:mark_index], after, strict=True)]
+        self.taken += rows
+        return mark_index
 
     def _take_spans(self, wanted: int, marks: Sequence[int],
                     cursors: list[CompactCursor]) -> tuple[list[pa.RecordBatch], list[CompactCursor]]:
