@@ -799,6 +799,56 @@ def test_the_pool_lays_out_its_last_eighth_once_when_its_first_lease_is_taken():
         pool.check(0, 3, 1)
 
 
+def _take_a_lease_and_hang(pool, inside):
+    """A worker's step that never ends: it holds the pool's lock while it lays out the last eighth."""
+    import time
+
+    def decide():
+        inside.set()
+        time.sleep(120)
+        return 64, 8
+
+    pool.take(0, decide)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_worker_killed_while_it_takes_a_lease_does_not_keep_the_pool(method):
+    """SIGKILL a worker inside the pool's lock (laying out the last eighth): the trainer still reads the
+    pool for a checkpoint (a multiprocessing.Lock would be held by the dead worker forever: state_dict()
+    hung), it finds nothing half laid out, and the next worker takes the lease the dead one never got."""
+    import multiprocessing
+    import os
+    import signal
+    import threading
+
+    from arrowstream._worker.lease_pool import SharedPool
+
+    context = multiprocessing.get_context(method)
+    pool, inside = SharedPool(0, 5, capacity=9, fixed=0), context.Event()
+    worker = context.Process(target=_take_a_lease_and_hang, args=(pool, inside), daemon=True)
+    worker.start()
+    assert inside.wait(120), "the worker never took the lock"
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.join(30)
+    read = []
+    trainer = threading.Thread(target=lambda: read.append(pool.snapshot()), daemon=True)
+    trainer.start()
+    trainer.join(30)
+    assert read, "the trainer waits for a lock its dead holder keeps"
+    assert (read[0][0], read[0][1].tolist()) == (TAIL_LEASES_PER_WORKER, [-1] * 5)
+    assert pool.take(1, lambda: (32, 8)) == 0
+    assert pool.snapshot() == (32, pytest.approx([1] + [-1] * 7))
+
+
+def test_the_pool_and_its_lock_go_to_other_processes_only_when_they_start():
+    import pickle
+
+    from arrowstream._worker.lease_pool import SharedPool
+
+    with pytest.raises(RuntimeError, match="inheritance"):
+        pickle.dumps(SharedPool(0, 2))
+
+
 @pytest.mark.parametrize("persistent", [False, True])
 def test_finer_tail_leases_read_every_row_once_and_resume_once(folder, persistent, monkeypatch):
     """With the finest tail leases: the workers lay out the leases with the pool's count (a mismatch would
@@ -857,7 +907,7 @@ def test_workers_decode_with_threads_only_in_the_last_eighth(folder, persistent)
 
 
 def test_persistent_workers_started_by_spawn_share_the_pools(folder):
-    """Workers started by spawn get the pools by pickling (shared memory and the context's lock), not by
+    """Workers started by spawn get the pools by pickling (shared memory and a duplicate of the lock's file), not by
     inheritance: two epochs and a mid-epoch checkpoint, every row once."""
     path, total = folder
     loader, dataset = StructuredDataset.create_dataloader(path, num_workers=2, persistent_workers=True,

@@ -205,10 +205,10 @@ class DynamicAssignment:
         rest = self.epochs.reads_loaded(epoch)   # a loaded checkpoint's rest, or fresh rows
         leases, finest, fixed = lease_counts(self.epochs, loader.num_workers, epoch, rest)
         if loader.persistent_workers:
-            slots = PoolSlots(epoch, leases, loader.multiprocessing_context, finest, fixed, rest)
+            slots = PoolSlots(epoch, leases, finest, fixed, rest)
             self._shared, self._pool = slots, slots.current()
         else:
-            self._pool = self._shared = SharedPool(epoch, leases, loader.multiprocessing_context, finest, fixed, rest)
+            self._pool = self._shared = SharedPool(epoch, leases, finest, fixed, rest)
 
     def before_iteration(self, loader: PolicyLoader) -> None:
         """Refuse an epoch that a loaded checkpoint's rest cannot lead to (see ``DynamicEpochs.refusal``), and

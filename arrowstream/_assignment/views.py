@@ -81,9 +81,6 @@ class PolicyLoader(Protocol):
     @property
     def persistent_workers(self) -> bool: ...
 
-    @property
-    def multiprocessing_context(self) -> Any: ...
-
     def holds_iteration(self) -> bool:
         """Whether torchdata holds an iterator (with workers: their processes) for the next ``iter()``."""
 

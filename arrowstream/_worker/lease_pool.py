@@ -3,8 +3,13 @@
 One int64 tensor in shared memory: the iteration's epoch, the number of leases, the next lease to hand
 out, the tail leases per worker of the last eighth (0 until decided), how many leases come before the
 last eighth, whether the leases are of a loaded checkpoint's rest of the epoch (1) or of its fresh rows
-(0), then the worker that took each lease (-1 while nobody has). A lock makes taking a lease one
-step. The worker that takes the first lease of the last eighth decides how finely it is cut, by what the
+(0), the number of leases once the last eighth is laid out, then the worker that took each lease (-1
+while nobody has). A lock makes taking a lease one step: a :class:`ProcessLock`, which a worker killed
+while it holds it does not keep (the trainer would wait for it forever at its next checkpoint). Such a
+worker may die between two writes of its step, so each step writes the cell that makes it count last:
+the tail pieces after the count they go with (the count read is the decided one only once the pieces
+are), the next lease after its owner (a lease owned but not yet passed is taken again by the next
+worker; the dead one never read it). The worker that takes the first lease of the last eighth decides how finely it is cut, by what the
 workers measured so far (see :func:`arrowstream._layout.leases.lease_bounds`), in the same step: no lease of
 the last eighth is handed out before its layout is known.
 The loader makes a new pool for every ``iter()``, before its workers start, so the workers of an
@@ -15,9 +20,7 @@ turn. The trainer reads the owners when it writes a checkpoint (see :mod:`arrows
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -25,9 +28,10 @@ import torch
 
 from .._layout.leases import TAIL_LEASES_PER_WORKER
 from ..errors import StateMismatchError
+from .process_lock import ProcessLock
 from .shm import share
 
-_EPOCH, _COUNT, _NEXT, _PIECES, _FIXED, _LOADED, _OWNERS = 0, 1, 2, 3, 4, 5, 6
+_EPOCH, _COUNT, _NEXT, _PIECES, _FIXED, _LOADED, _DECIDED, _OWNERS = 0, 1, 2, 3, 4, 5, 6, 7
 
 Decide = Callable[[], tuple[int, int]]   # the tail pieces of the last eighth, and the leases with them
 
@@ -39,20 +43,18 @@ class SharedPool:
     any tail gives, and what a :meth:`reset` for later epochs may need. ``loaded``: the leases are of the
     loaded checkpoint's rest of ``epoch`` (see ``DynamicEpochs``), not of its fresh rows."""
 
-    def __init__(self, epoch: int, num_leases: int, context: Any = None, capacity: int = 0,
+    def __init__(self, epoch: int, num_leases: int, capacity: int = 0,
                  fixed: int | None = None, loaded: bool = False) -> None:
         cells = torch.full((_OWNERS + max(num_leases, capacity),), -1, dtype=torch.int64)
         self._cells = share(cells, "assignment='dynamic': the lease pool")
         self._lay_out(epoch, num_leases, num_leases if fixed is None else fixed, loaded)
-        if isinstance(context, str):
-            context = multiprocessing.get_context(context)
-        self._lock = (context or multiprocessing).Lock()
+        self._lock = ProcessLock()
 
     def _lay_out(self, epoch: int, num_leases: int, fixed: int, loaded: bool) -> None:
         cells = self._cells
         cells[_OWNERS:] = -1
         cells[_EPOCH], cells[_COUNT], cells[_NEXT], cells[_PIECES], cells[_FIXED] = epoch, num_leases, 0, 0, fixed
-        cells[_LOADED] = int(loaded)
+        cells[_LOADED], cells[_DECIDED] = int(loaded), num_leases
 
     @property
     def pieces(self) -> int:
@@ -85,7 +87,8 @@ class SharedPool:
         return bool(self._cells[_LOADED])
 
     def __len__(self) -> int:
-        return int(self._cells[_COUNT])
+        cells = self._cells
+        return int(cells[_DECIDED] if int(cells[_PIECES]) else cells[_COUNT])
 
     def take(self, worker: int, decide: Decide | None = None) -> int | None:
         """The next lease for ``worker``, or None when all are taken. The first lease of the last eighth
@@ -98,11 +101,12 @@ class SharedPool:
                 pieces, count = decide()
                 if count > self.capacity:
                     pieces, count = TAIL_LEASES_PER_WORKER, int(cells[_COUNT])
-                cells[_PIECES], cells[_COUNT] = pieces, count
-            if lease >= int(cells[_COUNT]):
+                cells[_DECIDED] = count
+                cells[_PIECES] = pieces   # last: the layout counts from here
+            if lease >= len(self):
                 return None
-            cells[_NEXT] = lease + 1
             cells[_OWNERS + lease] = worker
+            cells[_NEXT] = lease + 1   # last: the lease is taken from here
         return lease
 
     def owners(self) -> npt.NDArray[np.int64]:
@@ -138,10 +142,10 @@ class PoolSlots:
     background one, so nothing of an old iteration outlives its acknowledgement.
     """
 
-    def __init__(self, epoch: int, num_leases: int, context: Any = None, capacity: int = 0,
+    def __init__(self, epoch: int, num_leases: int, capacity: int = 0,
                  fixed: int | None = None, loaded: bool = False) -> None:
         room = pool_capacity(max(num_leases, capacity))
-        self._pools = (SharedPool(epoch, num_leases, context, room, fixed, loaded), SharedPool(-1, 0, context, room))
+        self._pools = (SharedPool(epoch, num_leases, room, fixed, loaded), SharedPool(-1, 0, room))
         self._current = share(torch.zeros(1, dtype=torch.int64), "assignment='dynamic': the current lease pool")
 
     def current(self) -> SharedPool:
