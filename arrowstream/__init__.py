@@ -37,6 +37,7 @@ from .errors import (
     StateVersionError,
     TopologyError,
     TrimWarning,
+    UnknownLengthError,
     WorkerError,
 )
 
@@ -140,6 +141,7 @@ __all__ = [
     "TopologyError",
     "TorchBatch",
     "TrimWarning",
+    "UnknownLengthError",
     "WorkerError",
     "__version__",
     "describe_state",

@@ -83,6 +83,12 @@ class WorkerError(ArrowStreamError, RuntimeError):
     """A loader worker could not hand its batches to the trainer: a batch it could not send, or it died."""
 
 
+class UnknownLengthError(ArrowStreamError, TypeError):
+    """A count asked before reading that only reading tells: ``len(loader)``, ``num_batches`` and the rows
+    ``drop_last`` drops, with a ``filter`` or ``bad_rows="skip"``. A ``TypeError``, as ``len()`` of an object
+    without a length, so ``list(loader)`` and torch's length hints go on without one."""
+
+
 class SharedMemoryError(ArrowStreamError, OSError):
     """Shared memory (``/dev/shm``) has no room for what the loader must put there."""
 
@@ -154,5 +160,6 @@ __all__ = [
     "StateVersionError",
     "TopologyError",
     "TrimWarning",
+    "UnknownLengthError",
     "WorkerError",
 ]

@@ -125,6 +125,19 @@ def test_filter_that_prunes_everything(small_dataset):
         StructuredDataset(small_dataset, filter=pc.field("id") > 10**9)
 
 
+def test_a_count_a_filter_decides_is_an_unknown_length_that_list_goes_past(small_dataset):
+    """len(loader), num_batches and the rows drop_last drops, with a filter: an arrowstream error that is a
+    TypeError (as len() of an object without a length), naming the filter and what to do; list() reads on."""
+    loader, dataset = StructuredDataset.create_dataloader(small_dataset, batch_size=7, drop_last=True,
+                                                          filter=pc.field("id") < 500)
+    for count in (lambda: len(loader), dataset.num_batches, dataset.rows_dropped_per_epoch):
+        with pytest.raises(errors.UnknownLengthError, match=r"unknown before reading: the filter.*Iterate without it"):
+            count()
+    assert issubclass(errors.UnknownLengthError, TypeError)
+    ids = [int(i) for batch in list(loader) for i in batch["id"]]
+    assert ids and all(i < 500 for i in ids) and len(ids) % 7 == 0
+
+
 def test_not_a_parquet_file(tmp_path):
     write_dataset(tmp_path, [(10, 10)])
     (tmp_path / "readme.txt").write_text("hello")

@@ -33,7 +33,7 @@ from .._core.order import (
 )
 from .._core.plan_types import split_rows
 from .._state.worker import EVEN, Leftovers, WorkerState
-from ..errors import StateMismatchError
+from ..errors import StateMismatchError, UnknownLengthError
 from .elastic import Share, assign_shares, cut_shares, remaining_items
 from .share_parts import dataset_start, share_epoch
 from .trims import slot_trim
@@ -239,10 +239,13 @@ class Epochs:
 
 
 def check_known(options: OrderOptions, what: str) -> None:
-    """Refuse (``TypeError``) a count that a filter (or ``bad_rows='skip'``) leaves unknown before reading."""
+    """Refuse (:class:`UnknownLengthError`, a ``TypeError``) a count that a filter (or ``bad_rows='skip'``) leaves
+    unknown before reading."""
     if options.drops_rows:
-        raise TypeError(f"the {what} unknown before reading: the filter (or bad_rows='skip') decides how many "
-                        "rows each worker yields")
+        raise UnknownLengthError(
+            f"the {what} unknown before reading: the filter (or bad_rows='skip') decides how many rows each worker "
+            "yields. Iterate without it (`for batch in loader`); where a schedule needs the count, take it from an "
+            "epoch read (its batches) and allow for the next one to differ by what the filter keeps")
 
 
 def rows_dropped(yields: Sequence[tuple[int, int, int]], options: OrderOptions) -> int:
