@@ -127,3 +127,18 @@ def test_describe_state_counts_a_replanned_epochs_rows_with_the_dataset(uneven, 
         assert mine["epoch_rows"] == sum(kept for _, _, kept in
                                          dataset.slot_yields(num_workers)[rank * per_rank:(rank + 1) * per_rank])
         assert arrowstream.describe_state(inside)["share"] is None   # without the data: unknown, and said so
+
+
+def test_len_counts_the_epoch_as_laid_out_whole_on_the_saved_topology_the_rest_on_another(uneven):
+    """docs/distributed.md: resumed on the topology it was taken with, ``len(loader)`` is the whole epoch's batches
+    and the loader yields the rest of them; on another topology it is the re-planned rest, all of which it yields."""
+    state = _checkpoint(uneven, 1, {})
+    whole, _ = _loader(uneven, 2, 0, 1, {})
+    same, _ = _loader(uneven, 2, 0, 1, {})
+    same.load_state_dict(state)
+    assert len(same) == len(whole)
+    assert sum(batches for batches, _ in _yielded(same)) == len(whole) - TAKEN
+    other, _ = _loader(uneven, 3, 0, 1, {})
+    other.load_state_dict(state)
+    length = len(other)
+    assert length < len(whole) and sum(batches for batches, _ in _yielded(other)) == length
