@@ -811,7 +811,7 @@ def _take_a_lease_and_hang(pool, inside):
     pool.take(0, decide)
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_a_worker_killed_while_it_takes_a_lease_does_not_keep_the_pool(method):
     """SIGKILL a worker inside the pool's lock (laying out the last eighth): the trainer still reads the
     pool for a checkpoint (a multiprocessing.Lock would be held by the dead worker forever: state_dict()
