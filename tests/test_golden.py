@@ -66,6 +66,9 @@ def test_the_worker_states_of_the_current_version_are_one_kind_for_both_fronts()
                     "arrowstream.worker", STATE_VERSION, outer["reads"]), path
                 assert {"epoch", "slot", "counters", "epoch_complete", "options", "elastic"} <= set(worker), path
                 assert ("sources" in worker) == (outer["reads"] == "mixture"), path
+                if worker["elastic"] is not None:   # one elastic head too; a mixture's own pass_layout beside it
+                    own = {"pass_layout"} if outer["reads"] == "mixture" else set()
+                    assert set(worker["elastic"]) == {"epoch", "world_size", "num_workers", "cursors", "cut"} | own
                 seen.add((outer["reads"], worker["elastic"] is not None, "dynamic" in outer))
     assert {("dataset", False, False), ("dataset", True, False), ("dataset", False, True), ("mixture", False, False),
             ("mixture", True, False)} <= seen

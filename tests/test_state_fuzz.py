@@ -647,3 +647,62 @@ def test_one_entry_point_reads_any_worker_state_by_what_it_reads(cases, mix_case
         read_worker_state(copy.deepcopy(old_mixture), reads="dataset")
     with pytest.raises(errors.StateMismatchError, match=r"its reads is 'dataset'\), this loader reads a mixture"):
         read_worker_state(copy.deepcopy(dataset), reads="mixture")
+
+
+# -- one elastic head: a dataset's Leftovers and a mixture's MixElastic, parsed, under the same names ---------------
+
+
+def test_both_fronts_parse_elastic_as_one_typed_head(cases, mix_cases):
+    """An epoch re-planned for another topology: a dataset's worker state and a mixture's both parse ``elastic`` into
+    an ``ElasticHead`` (epoch, old world size and num_workers, one cursor entry per old slot, cut), written under the
+    same names; a mixture's entries are its place in each source."""
+    from arrowstream._state.mixture import MixElastic, SourceCursor
+    from arrowstream._state.worker import ElasticHead, Leftovers
+    from arrowstream._state.worker_states import read_worker_state
+
+    dataset = read_worker_state(cases["elastic"].state["dataloader"]["dataset_state"])
+    mixture = read_worker_state(mix_cases["mix-elastic"].state["dataloader"]["dataset_state"])
+    assert isinstance(dataset.elastic, Leftovers) and isinstance(mixture.elastic, MixElastic)
+    for elastic in (dataset.elastic, mixture.elastic):
+        assert isinstance(elastic, ElasticHead) and (elastic.world_size, elastic.num_workers) == (2, 0)
+        assert len(elastic.cursors) == 2 and elastic.cut == "even"
+        assert set(elastic.to_dict()) >= {"epoch", "world_size", "num_workers", "cursors", "cut"}
+    assert all(isinstance(place, SourceCursor) for entry in mixture.elastic.cursors if entry for place in entry.values())
+    assert type(mixture.elastic).from_dict(mixture.elastic.to_dict(), "elastic") == mixture.elastic
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda e: e.update(cut="lpt"), r"elastic\.cut is 'lpt', expected one of \['even'\]"),
+    (lambda e: e.pop("cut"), r"elastic\.cut is None"),
+    (lambda e: e.pop("pass_layout"), r"elastic has no 'pass_layout' field"),
+    (lambda e: e.update(pass_layout="rows"), r"elastic\.pass_layout is 'rows'"),
+    (lambda e: e["cursors"].append(None), r"elastic\.cursors holds 3 entries, expected one per old worker: 2"),
+    (lambda e: e.update(cursors=[0, None]), r"elastic\.cursors\[0\] is 0, expected a dict"),
+], ids=["cut-lpt", "cut-missing", "pass-layout-missing", "pass-layout-other", "cursors-more", "cursor-int"])
+def test_a_tampered_mixture_elastic_is_refused_naming_the_field(mix_cases, edit, match):
+    """A mixture's re-plan cuts the rows left evenly, always: another cut (a dataset's older "lpt") is refused, as is
+    an ``elastic`` without the head's fields or its own ``pass_layout``."""
+    case = mix_cases["mix-elastic"]
+    state = _with_worker(case.state, lambda worker: edit(worker["elastic"]))
+    with pytest.raises(errors.StateError, match=match):
+        _mix_loaded(mix_cases["paths"], case, state)
+
+
+def test_a_retired_mixture_elastic_migrates_to_the_one_head():
+    """The golden mixture state of version 4 inside a re-planned epoch: its ``elastic`` gets the ``cut`` a dataset's
+    names (even: a mixture always cut so) and keeps its ``pass_layout``; one of version 3 or older, which had no
+    ``pass_layout``, reads as tracks."""
+    from arrowstream._loader.torchdata_state import worker_states
+    from arrowstream._state.mixture import MixWorkerState
+    from arrowstream._state.worker import upgraded_worker
+
+    state = _golden_state("mixture-v4/elastic-workers3-from-workers2-mid.json")
+    saved = [w for w in worker_states(state["dataloader"]) if w is not None and "elastic" in w]
+    assert saved and all("cut" not in w["elastic"] for w in saved)
+    for worker in saved:
+        upgraded = upgraded_worker(copy.deepcopy(worker))
+        assert upgraded["elastic"] == {**worker["elastic"], "cut": "even"}
+        assert MixWorkerState.from_dict(copy.deepcopy(worker)).elastic.cut == "even"
+        older = {**copy.deepcopy(worker), "version": 3}
+        del older["elastic"]["pass_layout"]
+        assert upgraded_worker(older)["elastic"]["pass_layout"] == "tracks"

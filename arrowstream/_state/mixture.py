@@ -16,9 +16,10 @@ from typing import Any, NamedTuple
 from .._core.cursor import Cursor
 from .._core.fields import REMEDY, Fields, shorten
 from .._core.order import Slot
-from .._mixing.quotas import PASS_LAYOUTS
+from .._mixing.quotas import PASS_LAYOUTS, SPANS
 from ..errors import StateError
-from .worker import MIXTURE, WorkerHead, read_head
+from .worker import EVEN as EVEN_CUT
+from .worker import MIXTURE, ElasticHead, WorkerHead, read_head
 
 # The retired kind "arrowstream.mixture_worker" (versions 1 to 4) migrates to the one worker kind of version 12
 # (``arrowstream._state.worker.upgraded_worker``): 4 added options.pass_layout (absent before: "tracks"), 3
@@ -61,6 +62,43 @@ class SourceEpoch:
     quota: int
 
 
+@dataclass(frozen=True)
+class MixElastic(ElasticHead):
+    """A mixture epoch re-planned from the states of another topology (its worker states' ``elastic``): the head
+    every ``elastic`` has (``arrowstream._state.worker.ElasticHead``) with each old slot's place in each source
+    (``None``: that worker was done with the epoch), the rows left cut evenly (``cut``: ``"even"``, the only cut a
+    mixture makes), and how the old slots' epoch laid its passes out (``pass_layout``, see
+    ``arrowstream._mixing.quotas.PASS_LAYOUTS``)."""
+
+    cursors: tuple[dict[str, SourceCursor] | None, ...]
+    pass_layout: str = SPANS
+    cut: str = EVEN_CUT
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.head_dict(self.cut), "pass_layout": self.pass_layout,
+                "cursors": [None if c is None else {n: v.to_dict() for n, v in c.items()} for c in self.cursors]}
+
+    @classmethod
+    def from_dict(cls, value: Any, where: str) -> MixElastic:
+        """Parse a mixture worker state's ``elastic`` (typed and bounded; ``StateError`` naming the field if not)."""
+        fields = Fields(value, where)
+        epoch, world_size, num_workers, entries, cut = cls.read(fields, (EVEN_CUT,))
+        cursors: list[dict[str, SourceCursor] | None] = []
+        for index, entry in enumerate(entries):
+            if entry is None:
+                cursors.append(None)
+                continue
+            if not isinstance(entry, dict):
+                raise StateError(f"the state's {where}.cursors[{index}] is {shorten(entry)}, expected a dict (each "
+                                 f"source's place) or null; {REMEDY}")
+            cursors.append({str(n): SourceCursor.from_dict(v, f"{where}.cursors[{index}].{n}") for n, v in entry.items()})
+        pass_layout = fields.get("pass_layout")
+        if pass_layout not in PASS_LAYOUTS:
+            raise StateError(f"the state's {where}.pass_layout is {shorten(pass_layout)}, expected one of "
+                             f"{list(PASS_LAYOUTS)}; {REMEDY}")
+        return cls(epoch, world_size, num_workers, tuple(cursors), pass_layout, cut)
+
+
 CompactCursor = tuple[int, Any, int]
 """A source's place as a :class:`MixPosition` carries it: ``(part, cursor fields or None, taken)`` (a dataset's one
 source, ``arrowstream._state.one_source``: the cursor itself instead of its fields)."""
@@ -95,7 +133,7 @@ class MixWorkerState:
     epochs: dict[str, SourceEpoch]      # every source's start and quota in this epoch
     cursors: dict[str, SourceCursor]    # this slot's place in each source's rows
     data: dict[str, dict[str, Any]]     # each source's data identity
-    elastic: dict[str, Any] | None = None   # an epoch re-planned from another topology: the old cursors
+    elastic: MixElastic | None = None   # an epoch re-planned from another topology: the old cursors
 
     def at(self, position: MixPosition, names: Sequence[str]) -> MixWorkerState:
         """This state, moved to ``position`` (the cursors of sources ``names``, in order)."""
@@ -132,7 +170,7 @@ class MixWorkerState:
                 "history": [[first, dict(quotas)] for first, quotas in self.history],
                 "sources": {name: {"start": e.start, "quota": e.quota, **self.cursors[name].to_dict(),
                                    "data": self.data[name]} for name, e in self.epochs.items()},
-                "elastic": self.elastic}
+                "elastic": None if self.elastic is None else self.elastic.to_dict()}
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "mixture worker state") -> MixWorkerState:
@@ -154,10 +192,10 @@ class MixWorkerState:
             epochs[name] = SourceEpoch(entry.integer("start"), entry.integer("quota"))
             cursors[name] = SourceCursor.from_dict(entry.value, f"{where}.sources.{name}")
             data[name] = entry.mapping("data").value
-        slot = head.slot
+        slot, elastic = head.slot, fields.get("elastic")
         return cls(head.epoch, slot.rank, slot.world_size, slot.worker_id, slot.num_workers, head.rows, head.batches,
                    head.rows_dropped, head.epoch_complete, options, history, epochs, cursors, data,
-                   fields.get("elastic"))
+                   None if elastic is None else MixElastic.from_dict(elastic, f"{where}.elastic"))
 
 
 def _history(entries: list[Any], where: str) -> list[tuple[int, dict[str, int]]]:

@@ -9,7 +9,7 @@ paths or credentials are stored. See ``docs/state-format.md``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,8 +175,9 @@ def _unchanged_in_v12(state: dict[str, Any]) -> dict[str, Any]:
 
 def _mixture_worker_to_v12(state: dict[str, Any]) -> dict[str, Any]:
     """A mixture's worker state of the retired kind (versions 1 to 4) as version 12 has it: the one worker kind with
-    ``reads: "mixture"``, its counters under ``counters``, ``elastic`` null where absent (an epoch not re-planned),
-    and the options it read with filled in where its version had no field for them: ``batch_order`` (before 3:
+    ``reads: "mixture"``, its counters under ``counters``, ``elastic`` null where absent (an epoch not re-planned)
+    and otherwise with the ``cut`` a dataset's names (``"even"``: a mixture always cut the rows left into equal
+    stretches) and, before 4, ``pass_layout`` ``"tracks"`` (the layout of its old slots' epoch), and the options it read with filled in where its version had no field for them: ``batch_order`` (before 3:
     every batch a seeded permutation of its rows, ``"permuted"``) and ``pass_layout`` (before 4: passes read in
     per-slot tracks, ``"tracks"``). Its sources (``history``, ``sources``) are unchanged."""
     version = state.get("version")
@@ -189,10 +190,14 @@ def _mixture_worker_to_v12(state: dict[str, Any]) -> dict[str, Any]:
     defaults = {"batch_order": "permuted"} if version < 3 else {}   # literal: what those versions did, frozen
     if version < 4:
         defaults["pass_layout"] = "tracks"
+    elastic = state.get("elastic")
+    if elastic is not None:   # cut evenly over the new slots, as a mixture always re-planned
+        elastic = {**({} if version >= 4 else {"pass_layout": "tracks"}), **Fields(elastic, "elastic").value,
+                   "cut": EVEN}
     moved = {key: value for key, value in state.items() if key not in ("rows", "batches", "rows_dropped")}
     return {**moved, "kind": WORKER_KIND, "version": STATE_VERSION, "reads": MIXTURE,
             "counters": {key: state[key] for key in ("rows", "batches", "rows_dropped") if key in state},
-            "options": {**defaults, **options}, "elastic": state.get("elastic")}
+            "options": {**defaults, **options}, "elastic": elastic}
 
 
 # (kind, n) -> the step from version n to n + 1 of that kind; each takes and returns a plain dict
@@ -246,28 +251,26 @@ def check_planning(options: Fields) -> int:
 
 
 @dataclass(frozen=True)
-class Leftovers:
-    """Where every worker of the old topology stood when an epoch was re-planned for a new one.
-
-    ``cursors`` has one entry per old (rank, worker) slot, in slot order: its cursor in
-    ``epoch``, or ``None`` when it had nothing left. The new workers' share of the rest of the
-    epoch is a pure function of this (see :mod:`arrowstream._layout.elastic`).
-    """
+class ElasticHead:
+    """What every epoch re-planned for another topology says in a worker state's ``elastic``, a dataset's and a
+    mixture's alike (from version 12, under the same names): the re-planned epoch and the old topology, and
+    (``cursors``, ``cut``: each subclass's fields) one entry per old (rank, worker) slot, in slot order, ``None``
+    for a slot that had nothing left, and how the rows left were cut over the new slots (:data:`ELASTIC_CUTS`).
+    What an old slot's entry is differs: a dataset's cursor (:class:`Leftovers`), a mixture's place in each source
+    (``arrowstream._state.mixture.MixElastic``)."""
 
     epoch: int
     world_size: int
     num_workers: int
-    cursors: tuple[Cursor | None, ...]
-    cut: str = EVEN   # how the rows left go to the new workers: see ELASTIC_CUTS
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "world_size": self.world_size, "num_workers": self.num_workers,
-                "cursors": [None if c is None else c.to_dict() for c in self.cursors], "cut": self.cut}
+    def head_dict(self, cut: str) -> dict[str, Any]:
+        return {"epoch": self.epoch, "world_size": self.world_size, "num_workers": self.num_workers, "cut": cut}
 
-    @classmethod
-    def from_dict(cls, source: Any, where: str = "elastic") -> Leftovers:
-        """Parse the ``elastic`` field of a worker state (typed and bounded; ``StateError`` if not)."""
-        fields = Fields(source, where)
+    @staticmethod
+    def read(fields: Fields, cuts: Sequence[str]) -> tuple[int, int, int, list[Any], str]:
+        """The head of an ``elastic`` (its epoch, old world size and num_workers, its old slots' raw entries, one
+        per old slot, and its cut, one of ``cuts``); ``StateError`` naming the field if not."""
+        where = fields.where
         world_size, num_workers = fields.integer("world_size", 1), fields.integer("num_workers")
         cursors = fields.sequence("cursors")
         grid = SlotGrid(world_size, num_workers)
@@ -276,10 +279,31 @@ class Leftovers:
                              f"{grid.num_slots} for world_size={world_size}, "
                              f"num_workers={num_workers}; {REMEDY}")
         cut = fields.value.get("cut")
-        if cut not in ELASTIC_CUTS:
-            raise StateError(f"the state's {where}.cut is {shorten(cut)}, expected one of {list(ELASTIC_CUTS)}; "
-                             f"{REMEDY}")
-        return cls(fields.integer("epoch"), world_size, num_workers,
+        if cut not in cuts:
+            raise StateError(f"the state's {where}.cut is {shorten(cut)}, expected one of {list(cuts)}; {REMEDY}")
+        return fields.integer("epoch"), world_size, num_workers, cursors, str(cut)
+
+
+@dataclass(frozen=True)
+class Leftovers(ElasticHead):
+    """Where every worker of the old topology stood when an epoch was re-planned for a new one.
+
+    ``cursors`` has one entry per old (rank, worker) slot, in slot order: its cursor in
+    ``epoch``, or ``None`` when it had nothing left. The new workers' share of the rest of the
+    epoch is a pure function of this (see :mod:`arrowstream._layout.elastic`).
+    """
+
+    cursors: tuple[Cursor | None, ...]
+    cut: str = EVEN   # how the rows left go to the new workers: see ELASTIC_CUTS
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.head_dict(self.cut), "cursors": [None if c is None else c.to_dict() for c in self.cursors]}
+
+    @classmethod
+    def from_dict(cls, source: Any, where: str = "elastic") -> Leftovers:
+        """Parse the ``elastic`` field of a worker state (typed and bounded; ``StateError`` if not)."""
+        epoch, world_size, num_workers, cursors, cut = cls.read(Fields(source, where), ELASTIC_CUTS)
+        return cls(epoch, world_size, num_workers,
                    tuple(None if c is None else Cursor.from_dict(c, f"{where}.cursors[{i}]")
                          for i, c in enumerate(cursors)), cut)
 

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 from .._core.fields import Fields
 from .._loader.torchdata_state import InnerState
-from .._mixing.elastic import MixElastic
 from .._state.mixture import MixWorkerState
 from .._state.worker import MIXTURE as READS_MIXTURE
 from .._state.worker import STATE_VERSION
@@ -55,7 +54,7 @@ class MixtureKind:
             "source": "mixture", "assignment": "static",
             "options": {} if first is None else dict(first.options),
             "data": None,
-            "elastic": None if elastic is None else elastic_summary(MixElastic.from_dict(elastic, "mixture worker state's elastic")),
+            "elastic": None if elastic is None else elastic_summary(elastic),
             "column_names": None,
             "mixture": {"weights": {n: s["quota"] / epoch_rows for n, s in sources.items()} if epoch_rows else {},
                         "epoch_rows": epoch_rows, "sources": sources,
