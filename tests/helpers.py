@@ -190,10 +190,26 @@ def slow_collate(batch: Any) -> Any:
 
 def golden_worker_version(golden_file: str) -> int:
     """The version of a golden mixture file's worker states, which its folder names: ``mixture-v4`` (in a loader
-    state of the retired mixture kinds) or ``mixture-v4-state-v11`` (in a loader state of version 11)."""
-    match = re.fullmatch(r"mixture-v(\d+)(-state-v\d+)?", os.path.basename(os.path.dirname(golden_file)))
+    state of the retired mixture kinds), ``mixture-v4-state-v11`` (in a loader state of version 11) or, from
+    version 12 on (one worker state kind), ``v12`` (``v12/mixture-<case>.json``: the state's own version)."""
+    folder = os.path.basename(os.path.dirname(golden_file))
+    match = re.fullmatch(r"mixture-v(\d+)(-state-v\d+)?|v(\d+)", folder)
     assert match is not None, golden_file
-    return int(match.group(1))
+    return int(match.group(1) or match.group(3))
+
+
+def as_retired_mixture_worker(state: dict[str, Any], version: int) -> dict[str, Any]:
+    """A mixture worker state of this version written as the retired kind ``"arrowstream.mixture_worker"`` of
+    ``version`` (1 to 4) wrote it: no ``reads``, the counters at the top, no ``elastic`` when null, and without the
+    options that version had no field for (``batch_order`` before 3, ``pass_layout`` before 4). Changed in place."""
+    assert state["kind"] == "arrowstream.worker" and state.pop("reads") == "mixture" and 1 <= version <= 4
+    state.update(kind="arrowstream.mixture_worker", version=version, **state.pop("counters"))
+    if state.get("elastic", 0) is None:
+        del state["elastic"]
+    for option, since in (("batch_order", 3), ("pass_layout", 4)):
+        if version < since:
+            state["options"].pop(option)
+    return state
 
 
 def replanned_by_an_older_cut(golden: dict[str, Any]) -> bool:

@@ -322,7 +322,7 @@ def test_state_show_user_errors_are_one_line(folder, tmp_path, capsys, case):
 
 def test_every_golden_state_of_every_version_is_described():
     """Old states are migrated as on load: the batches the golden run had consumed when it saved them."""
-    golden = sorted((Path(__file__).parent / "golden").glob("v*/*.json"))
+    golden = _dataset_golden()
     assert len(golden) > 50
     for path in golden:
         case = json.loads(path.read_text())
@@ -342,7 +342,12 @@ def test_every_golden_state_of_every_version_is_described():
 GOLDEN = Path(__file__).parent / "golden"
 
 
-@pytest.mark.parametrize("path", sorted(GOLDEN.glob("v*/*.json")), ids=lambda p: f"{p.parent.name}/{p.stem}")
+def _dataset_golden() -> list[Path]:
+    """The golden states of a dataset (``v<N>/<case>.json``; from v12 a mixture's are beside them, ``mixture-*``)."""
+    return sorted(p for p in GOLDEN.glob("v*/*.json") if not p.name.startswith("mixture-"))
+
+
+@pytest.mark.parametrize("path", _dataset_golden(), ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_golden_dataset_states_show_their_epoch_rows_and_workers(path):
     """Each golden state of every version: its epoch, its rows (checked against the rows the golden run yielded
     after it: together, every row of the epochs left once), and each worker's counters (rows in whole batches
@@ -378,7 +383,7 @@ def test_golden_dataset_states_show_their_epoch_rows_and_workers(path):
     assert f"epoch {about['epoch']}: {about['rows']:,} rows in {about['batches']:,} batches consumed" in text
 
 
-@pytest.mark.parametrize("path", sorted(GOLDEN.glob("mixture-v*/*.json")), ids=lambda p: f"{p.parent.name}/{p.stem}")
+@pytest.mark.parametrize("path", sorted([*GOLDEN.glob("mixture-v*/*.json"), *GOLDEN.glob("v*/mixture-*.json")]), ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_golden_mixture_states_show_their_epoch_sources_and_workers(path):
     """Each golden mixture state of every version: its epoch, its saved worker-state version, each source's
     rows taken (with the rows of that source the golden run yielded after it: its quota in every epoch left),
@@ -386,13 +391,14 @@ def test_golden_mixture_states_show_their_epoch_sources_and_workers(path):
     case = json.loads(path.read_text())
     about = describe_state(case["state"])
     mix = about["mixture"]
-    version, retired = golden_worker_version(str(path)), "-state-v" not in path.parent.name
+    # the retired loader kind holds those of mixture-v<N>/ (mixture-v<N>-state-v<M>/ and v<M>/: the one loader kind)
+    version, retired = golden_worker_version(str(path)), re.fullmatch(r"mixture-v\d+", path.parent.name) is not None
     assert (about["epoch"], about["source"], mix["saved_state_version"]) == (case["epoch"], "mixture", version)
     assert (about["kind"], about["reads"], about["version"]) == (
         "arrowstream.checkpoint" if "ranks" in case["state"] else "arrowstream.loader", "mixture",
         arrowstream._state.worker.STATE_VERSION)
     assert (about["saved_kind"], about["saved_version"]) == (
-        ("arrowstream.mixture_loader", 1) if retired else (case["state"]["kind"], about["version"]))
+        ("arrowstream.mixture_loader", 1) if retired else (case["state"]["kind"], case["state"]["version"]))
     assert about["topology"]["num_workers"] == case["num_workers"]
     assert (", saved as arrowstream.mixture_loader version 1 " in format_state(about)) == retired
     ranks = about["ranks"]

@@ -23,7 +23,7 @@ sys.path.insert(0, GOLDEN)
 
 from make_golden import prepare_copy
 
-FILES = sorted(glob.glob(os.path.join(GOLDEN, "v*", "*.json")))
+FILES = sorted(f for f in glob.glob(os.path.join(GOLDEN, "v*", "*.json")) if not os.path.basename(f).startswith("mixture-"))
 
 
 def test_there_is_a_golden_file_for_the_current_version():
@@ -46,6 +46,32 @@ def test_there_are_golden_files_of_the_current_version_for_both_fronts():
             ranks = state["ranks"] if state["kind"] == CHECKPOINT_KIND else [state]
             found |= {(state["kind"], rank["reads"]) for rank in ranks}
     assert found == {(kind, reads) for kind in (LOADER_KIND, CHECKPOINT_KIND) for reads in ("dataset", "mixture")}
+
+
+def test_the_worker_states_of_the_current_version_are_one_kind_for_both_fronts():
+    """From v12 a dataset's worker and a mixture's write one worker state kind: every worker state of this version's
+    golden files (static, re-planned, dynamic and mixture cases) is "arrowstream.worker" of this version, reading what
+    its loader state reads, with the one head; a mixture's keeps its sources beside it."""
+    from arrowstream._state.worker import CHECKPOINT_KIND, STATE_VERSION
+
+    seen = set()
+    for path in [f for f in FILES + MIXTURE_FILES if f"{os.sep}v{STATE_VERSION}{os.sep}" in f]:
+        with open(path) as f:
+            state = json.load(f)["state"]
+        for outer in state["ranks"] if state["kind"] == CHECKPOINT_KIND else [state]:
+            for worker in worker_states(outer["dataloader"]):
+                if worker is None:
+                    continue
+                assert (worker["kind"], worker["version"], worker["reads"]) == (
+                    "arrowstream.worker", STATE_VERSION, outer["reads"]), path
+                assert {"epoch", "slot", "counters", "epoch_complete", "options", "elastic"} <= set(worker), path
+                assert ("sources" in worker) == (outer["reads"] == "mixture"), path
+                if worker["elastic"] is not None:   # one elastic head too; a mixture's own pass_layout beside it
+                    own = {"pass_layout"} if outer["reads"] == "mixture" else set()
+                    assert set(worker["elastic"]) == {"epoch", "world_size", "num_workers", "cursors", "cut"} | own
+                seen.add((outer["reads"], worker["elastic"] is not None, "dynamic" in outer))
+    assert {("dataset", False, False), ("dataset", True, False), ("dataset", False, True), ("mixture", False, False),
+            ("mixture", True, False)} <= seen
 
 
 @pytest.mark.parametrize("golden_file", FILES, ids=[os.path.relpath(f, GOLDEN) for f in FILES])
@@ -134,7 +160,9 @@ def test_a_v1_merged_mixture_checkpoint_resumes_to_the_recorded_batches(tmp_path
     assert resumed == golden["continuation"]
 
 
-MIXTURE_FILES = sorted(glob.glob(os.path.join(GOLDEN, "mixture-v*", "*.json")))
+# a mixture's: mixture-v<N>[-state-v<M>]/<case>.json, and from v12 (one worker kind) v<M>/mixture-<case>.json
+MIXTURE_FILES = sorted(glob.glob(os.path.join(GOLDEN, "mixture-v*", "*.json"))
+                       + glob.glob(os.path.join(GOLDEN, "v*", "mixture-*.json")))
 
 
 def _golden_mixture(tmp_path, golden_file, make):

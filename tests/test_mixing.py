@@ -13,9 +13,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import slow_collate
+from helpers import as_retired_mixture_worker, slow_collate
 
 from arrowstream import Mixture, Source, errors
+from arrowstream._state.worker import STATE_VERSION
 
 WEIGHTS = {"big": 0.6, "small": 0.1, "mid": 0.3}
 BASES = {"big": 0, "small": 100_000, "mid": 200_000}
@@ -319,12 +320,12 @@ def _tampered(state, edit):
 
 
 @pytest.mark.parametrize("edit", [
-    lambda s: s.update(rows=s["rows"] + 1),
-    lambda s: s.update(batches=s["batches"] + 3),
+    lambda s: s["counters"].update(rows=s["counters"]["rows"] + 1),
+    lambda s: s["counters"].update(batches=s["counters"]["batches"] + 3),
     lambda s: s["sources"]["big"].update(taken=s["sources"]["big"]["taken"] + 5),
     lambda s: s["sources"]["small"].update(segment=40),
     lambda s: s["sources"]["big"].update(start=7),
-    lambda s: s.update(kind="arrowstream.worker"),
+    lambda s: s.update(kind="arrowstream.mixture_worker"),   # the retired kind's name on a state of this version
     lambda s: s.update(version=99),
     lambda s: s["slot"].update(worker_id=1),
     lambda s: s.pop("sources"),
@@ -370,7 +371,7 @@ def test_a_refused_checkpoint_leaves_the_order_inside_batches_as_it_was(three):
     mixture.set_epoch(0)
     it = iter(loader)
     next(it)
-    state = _tampered(loader.state_dict(), lambda s: (s.update(version=2), s["options"].pop("batch_order")))
+    state = _tampered(loader.state_dict(), lambda s: as_retired_mixture_worker(s, 2))
     other, other_mixture = loader_of(three, shuffle=True, shuffle_buffer_size=64, batch_size=16)
     expected = epoch_batches(*loader_of(three, shuffle=True, shuffle_buffer_size=64, batch_size=16), 0)
     with pytest.raises(errors.StateMismatchError, match="batch_size: saved 32, current 16"):
@@ -384,7 +385,7 @@ def test_a_worker_state_refused_by_the_mixture_itself_leaves_its_order_as_it_was
     mixture.set_epoch(0)
     it = iter(loader)
     next(it)
-    state = _tampered(loader.state_dict(), lambda s: (s.update(version=2), s["options"].pop("batch_order")))
+    state = _tampered(loader.state_dict(), lambda s: as_retired_mixture_worker(s, 2))
     _, other = loader_of(three, shuffle=True, shuffle_buffer_size=64, batch_size=16)
     with pytest.raises(errors.StateMismatchError, match="batch_size: saved 32, current 16"):
         other.load_state_dict(state["dataloader"]["dataset_state"])
@@ -651,7 +652,7 @@ def test_ranks_change_at_an_epoch_boundary_through_a_merged_checkpoint(three):
         epoch_batches(loader, mixture, 0)
         states.append(loader.state_dict())
     merged = json.loads(json.dumps(arrowstream.merge_state_dicts(states)))
-    assert (merged["kind"], merged["version"], len(merged["ranks"])) == ("arrowstream.checkpoint", 11, 3)
+    assert (merged["kind"], merged["version"], len(merged["ranks"])) == ("arrowstream.checkpoint", STATE_VERSION, 3)
     assert {state["kind"] for state in merged["ranks"]} == {"arrowstream.loader"}
     assert {state["reads"] for state in merged["ranks"]} == {"mixture"}
     for rank in range(2):

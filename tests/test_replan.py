@@ -26,13 +26,13 @@ from arrowstream._core.order import Slot, assign_lpt, slot_split_ids, window_see
 from arrowstream._core.plan_types import PLANNING_VERSION
 from arrowstream._layout.elastic import cut_shares, remaining_items
 from arrowstream._layout.replan import item_rows
-from arrowstream._mixing.elastic import MixElastic, replanned_parts
+from arrowstream._mixing.elastic import replanned_parts
 from arrowstream._mixing.parts import ListParts, Part, Parts
 from arrowstream._mixing.quotas import SPANS, TRACKS
 from arrowstream._mixing.source_rows import SourceRows
 from arrowstream._mixing.stream import MixSlot
 from arrowstream._planning.plan import Plan
-from arrowstream._state.mixture import SourceCursor
+from arrowstream._state.mixture import MixElastic, SourceCursor
 from arrowstream._state.worker import EVEN, Leftovers
 
 NAME = "only"   # the mixture's one source

@@ -42,8 +42,8 @@ def test_state_is_json_types_and_versioned(uneven_dataset):
     assert state["batches_per_transfer"] == 16  # 16384 rows // batch_size 8, capped at 16
     worker = worker_state(state["dataloader"], 0)
     assert worker["kind"] == "arrowstream.worker" and worker["version"] == STATE_VERSION
-    assert set(worker) == {"kind", "version", "data", "options", "epoch", "slot", "cursor", "counters",
-                           "epoch_complete", "elastic"}
+    assert set(worker) == {"kind", "version", "reads", "data", "options", "epoch", "slot", "cursor", "counters",
+                           "epoch_complete", "elastic"} and worker["reads"] == "dataset"
 
 
 def test_state_holds_no_paths_and_no_credentials(uneven_dataset):

@@ -448,17 +448,18 @@ def test_a_tampered_reads_is_refused_naming_the_field(cases, value):
 
 def test_reads_flipped_to_the_loaders_front_is_refused_by_the_worker_states(cases, mix_cases):
     """A dataset's state edited to say it reads a mixture (or the reverse) passes the front check, and its worker
-    states, of the other kind, are refused."""
+    states, which say they read the other (v12: one worker kind), are refused."""
     dataset_state = copy.deepcopy(cases["mid"].state)
     dataset_state["reads"] = "mixture"
     loader, _ = _mix_loader(mix_cases["paths"], 0)
-    with pytest.raises(errors.StateError, match="arrowstream.worker"):
+    with pytest.raises(errors.StateMismatchError, match=r"taken by a worker of a dataset's loader \(its reads is "
+                                                        r"'dataset'\), this loader reads a mixture"):
         loader.load_state_dict(dataset_state)
     mixture_state = copy.deepcopy(mix_cases["mix-mid"].state)
     mixture_state["reads"] = "dataset"
     loader, _ = make_loader(cases["path"], 0, **OPTIONS)
-    with pytest.raises(errors.StateError, match="expected a state of kind 'arrowstream.worker', got kind "
-                                                "'arrowstream.mixture_worker'"):
+    with pytest.raises(errors.StateMismatchError, match=r"taken by a worker of a mixture's loader \(its reads is "
+                                                        r"'mixture'\), this loader reads a dataset"):
         loader.load_state_dict(mixture_state)
 
 
@@ -491,3 +492,217 @@ def test_a_retired_mixture_kind_of_another_version_is_refused(cases, version):
         loader.load_state_dict(state)
     with pytest.raises(errors.StateVersionError, match="'arrowstream.mixture_checkpoint' has version"):
         loader.load_state_dict({**_retired_mixture_checkpoint(state), "version": version})
+
+
+# -- one worker state kind (v12): a dataset's and a mixture's worker states are "arrowstream.worker", ``reads`` ------
+
+
+def _with_worker(state: dict[str, Any], edit: Any) -> dict[str, Any]:
+    """``state`` (a loader state without workers) with its one worker state edited by ``edit``."""
+    state = copy.deepcopy(state)
+    edit(state["dataloader"]["dataset_state"])
+    return state
+
+
+def _loader_of(cases: dict[str, Any], mix_cases: dict[str, Any], front: str) -> Any:
+    return _mix_loader(mix_cases["paths"], 0)[0] if front == "mixture" else make_loader(cases["path"], 0, **OPTIONS)[0]
+
+
+def _own(cases: dict[str, Any], mix_cases: dict[str, Any], front: str) -> dict[str, Any]:
+    return (mix_cases["mix-mid"] if front == "mixture" else cases["mid"]).state
+
+
+@pytest.mark.parametrize("front", ["dataset", "mixture"])
+def test_both_fronts_write_one_worker_kind_with_one_head(cases, mix_cases, front):
+    """The same kind, version and head under the same names; a mixture keeps its own fields beside it."""
+    from arrowstream._state.worker import STATE_VERSION
+
+    worker = _own(cases, mix_cases, front)["dataloader"]["dataset_state"]
+    assert (worker["kind"], worker["version"], worker["reads"]) == ("arrowstream.worker", STATE_VERSION, front)
+    assert set(worker["slot"]) == {"rank", "world_size", "worker_id", "num_workers"}
+    assert set(worker["counters"]) == {"rows", "batches", "rows_dropped"} and worker["counters"]["batches"] > 0
+    own = {"data", "cursor"} if front == "dataset" else {"history", "sources"}
+    assert set(worker) == {"kind", "version", "reads", "epoch", "slot", "counters", "epoch_complete", "options",
+                           "elastic"} | own
+    assert worker["elastic"] is None   # not re-planned
+
+
+@pytest.mark.parametrize("front", ["dataset", "mixture"])
+@pytest.mark.parametrize("value", ["Dataset", "", "mixtures", None, 1, True, ["dataset"], {}, "missing"])
+def test_a_tampered_worker_reads_is_refused_naming_the_field(cases, mix_cases, front, value):
+    def edit(worker: dict[str, Any]) -> None:
+        if value == "missing":
+            del worker["reads"]
+        else:
+            worker["reads"] = value
+
+    loader = _loader_of(cases, mix_cases, front)
+    field = r"has no 'reads' field" if value == "missing" else r"\.reads is .*, expected what the loader that wrote it"
+    with pytest.raises(errors.StateError, match=field) as refused:
+        loader.load_state_dict(_with_worker(_own(cases, mix_cases, front), edit))
+    assert not isinstance(refused.value, errors.StateMismatchError)
+    loader.load_state_dict(copy.deepcopy(_own(cases, mix_cases, front)))   # refused, it was left as it was
+
+
+@pytest.mark.parametrize("front", ["dataset", "mixture"])
+@pytest.mark.parametrize("key", ["rows", "batches", "rows_dropped"])
+@pytest.mark.parametrize("value", [-1, True, 1.0, "1", None, "missing"])
+def test_tampered_worker_counters_are_refused_naming_the_field(cases, mix_cases, front, key, value):
+    def edit(worker: dict[str, Any]) -> None:
+        if value == "missing":
+            del worker["counters"][key]
+        else:
+            worker["counters"][key] = value
+
+    with pytest.raises(errors.StateError, match=rf"counters(\.{key} is| has no '{key}' field)"):
+        _loader_of(cases, mix_cases, front).load_state_dict(_with_worker(_own(cases, mix_cases, front), edit))
+
+
+@pytest.mark.parametrize("front", ["dataset", "mixture"])
+@pytest.mark.parametrize("counters", ["missing", None, [], "top-level"])
+def test_worker_counters_out_of_their_place_are_refused(cases, mix_cases, front, counters):
+    """v12 keeps a mixture's counters under ``counters``, as a dataset's: at the top (as the retired kind had them)
+    they are not read."""
+    def edit(worker: dict[str, Any]) -> None:
+        moved = worker.pop("counters")
+        if counters == "top-level":
+            worker.update(moved)
+        elif counters != "missing":
+            worker["counters"] = counters
+
+    with pytest.raises(errors.StateError, match=r"counters"):
+        _loader_of(cases, mix_cases, front).load_state_dict(_with_worker(_own(cases, mix_cases, front), edit))
+
+
+@pytest.mark.parametrize("front", ["dataset", "mixture"])
+def test_a_worker_state_of_the_other_front_is_refused_naming_what_it_reads(cases, mix_cases, front):
+    """A mixture's worker state that says it reads a dataset (or the reverse), in its own loader: its loader state
+    reads the loader's front, the worker does not; and a worker state of the other front handed to the dataset or
+    mixture alone (a plain StatefulDataLoader's path)."""
+    other = "dataset" if front == "mixture" else "mixture"
+    flipped = _with_worker(_own(cases, mix_cases, front), lambda worker: worker.update(reads=other))
+    loader = _loader_of(cases, mix_cases, front)
+    match = rf"taken by a worker of a {other}'s loader \(its reads is '{other}'\), this loader reads a {front}"
+    with pytest.raises(errors.StateMismatchError, match=match):
+        loader.load_state_dict(flipped)
+    alone = make_loader(cases["path"], 0, **OPTIONS)[1] if front == "dataset" else _mix_loader(mix_cases["paths"], 0)[1]
+    foreign = _own(cases, mix_cases, other)["dataloader"]["dataset_state"]
+    with pytest.raises(errors.StateMismatchError, match=rf"its reads is '{other}'\), this loader reads a {front}"):
+        alone.load_state_dict(copy.deepcopy(foreign))
+
+
+@pytest.mark.parametrize("version", [12, 5, 0, "4", True, None])
+def test_a_mixture_worker_state_of_the_retired_kind_at_another_version_is_refused(cases, mix_cases, version):
+    """A mixture's worker wrote "arrowstream.mixture_worker" as versions 1 to 4 only: a state of this version with
+    the old kind name (or the old kind at a version it never had) was not written by arrowstream."""
+    state = _with_worker(mix_cases["mix-mid"].state, lambda worker: worker.update(kind="arrowstream.mixture_worker",
+                                                                                    version=version))
+    with pytest.raises(errors.StateVersionError, match=r"'arrowstream.mixture_worker' has version .*, but a mixture's "
+                                                       r"worker wrote that kind as versions 1 to 4 only"):
+        _mix_loader(mix_cases["paths"], 0)[0].load_state_dict(state)
+
+
+def test_a_retired_mixture_worker_state_migrates_to_the_one_kind_and_resumes_exactly(mix_cases):
+    """The mixture's worker state written as the retired kind of version 4 wrote it reads as the same state (the
+    counters moved, ``elastic`` null, ``reads`` added) and resumes the same rows; versions 1 and 2 read with the
+    option defaults they had (their batches permuted, passes in tracks)."""
+    from helpers import as_retired_mixture_worker
+
+    from arrowstream._state.mixture import MixWorkerState
+    from arrowstream._state.worker import upgraded_worker
+    from arrowstream._state.worker_states import read_worker_state
+
+    case = mix_cases["mix-mid"]
+    worker = case.state["dataloader"]["dataset_state"]
+    retired = as_retired_mixture_worker(copy.deepcopy(worker), 4)
+    assert "counters" not in retired and "reads" not in retired and "elastic" not in retired
+    assert upgraded_worker(copy.deepcopy(retired)) == worker
+    assert read_worker_state(copy.deepcopy(retired)) == MixWorkerState.from_dict(copy.deepcopy(worker))
+    batches, mixture = _mix_loaded(mix_cases["paths"], case, _with_worker(case.state, lambda w: (w.clear(),
+                                                                                                 w.update(retired))))
+    assert _mix_rows(batches, mixture, case.epoch) == case.rows
+    old = read_worker_state(as_retired_mixture_worker(copy.deepcopy(worker), 2))
+    assert (old.options["batch_order"], old.options["pass_layout"]) == ("permuted", "tracks")
+
+
+def test_one_entry_point_reads_any_worker_state_by_what_it_reads(cases, mix_cases):
+    """Either front's worker state of any version: a dataset's (this version, and version 1 of the golden files)
+    as a WorkerState, a mixture's (this version, and the retired kind of version 1) as a MixWorkerState; asked for
+    one front, the other's is refused."""
+    from arrowstream._state.mixture import MixWorkerState
+    from arrowstream._state.worker import WorkerState
+    from arrowstream._state.worker_states import read_worker_state
+
+    dataset = cases["mid"].state["dataloader"]["dataset_state"]
+    mixture = mix_cases["mix-mid"].state["dataloader"]["dataset_state"]
+    old_dataset = _golden_state("v1/workers0-ordered-mid.json")["dataloader"]["dataset_state"]
+    old_mixture = _golden_state("mixture-v1/workers0-buffer-mid.json")["dataloader"]["dataset_state"]
+    assert old_mixture["kind"] == "arrowstream.mixture_worker" and old_dataset["version"] == 1
+    for state, parser in ((dataset, WorkerState), (old_dataset, WorkerState), (mixture, MixWorkerState),
+                          (old_mixture, MixWorkerState)):
+        read = read_worker_state(copy.deepcopy(state))
+        assert type(read) is parser and read == parser.from_dict(copy.deepcopy(state))
+        assert read.head.reads == ("dataset" if parser is WorkerState else "mixture")
+    with pytest.raises(errors.StateMismatchError, match=r"its reads is 'mixture'\), this loader reads a dataset"):
+        read_worker_state(copy.deepcopy(old_mixture), reads="dataset")
+    with pytest.raises(errors.StateMismatchError, match=r"its reads is 'dataset'\), this loader reads a mixture"):
+        read_worker_state(copy.deepcopy(dataset), reads="mixture")
+
+
+# -- one elastic head: a dataset's Leftovers and a mixture's MixElastic, parsed, under the same names ---------------
+
+
+def test_both_fronts_parse_elastic_as_one_typed_head(cases, mix_cases):
+    """An epoch re-planned for another topology: a dataset's worker state and a mixture's both parse ``elastic`` into
+    an ``ElasticHead`` (epoch, old world size and num_workers, one cursor entry per old slot, cut), written under the
+    same names; a mixture's entries are its place in each source."""
+    from arrowstream._state.mixture import MixElastic, SourceCursor
+    from arrowstream._state.worker import ElasticHead, Leftovers
+    from arrowstream._state.worker_states import read_worker_state
+
+    dataset = read_worker_state(cases["elastic"].state["dataloader"]["dataset_state"])
+    mixture = read_worker_state(mix_cases["mix-elastic"].state["dataloader"]["dataset_state"])
+    assert isinstance(dataset.elastic, Leftovers) and isinstance(mixture.elastic, MixElastic)
+    for elastic in (dataset.elastic, mixture.elastic):
+        assert isinstance(elastic, ElasticHead) and (elastic.world_size, elastic.num_workers) == (2, 0)
+        assert len(elastic.cursors) == 2 and elastic.cut == "even"
+        assert set(elastic.to_dict()) >= {"epoch", "world_size", "num_workers", "cursors", "cut"}
+    assert all(isinstance(place, SourceCursor) for entry in mixture.elastic.cursors if entry for place in entry.values())
+    assert type(mixture.elastic).from_dict(mixture.elastic.to_dict(), "elastic") == mixture.elastic
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda e: e.update(cut="lpt"), r"elastic\.cut is 'lpt', expected one of \['even'\]"),
+    (lambda e: e.pop("cut"), r"elastic\.cut is None"),
+    (lambda e: e.pop("pass_layout"), r"elastic has no 'pass_layout' field"),
+    (lambda e: e.update(pass_layout="rows"), r"elastic\.pass_layout is 'rows'"),
+    (lambda e: e["cursors"].append(None), r"elastic\.cursors holds 3 entries, expected one per old worker: 2"),
+    (lambda e: e.update(cursors=[0, None]), r"elastic\.cursors\[0\] is 0, expected a dict"),
+], ids=["cut-lpt", "cut-missing", "pass-layout-missing", "pass-layout-other", "cursors-more", "cursor-int"])
+def test_a_tampered_mixture_elastic_is_refused_naming_the_field(mix_cases, edit, match):
+    """A mixture's re-plan cuts the rows left evenly, always: another cut (a dataset's older "lpt") is refused, as is
+    an ``elastic`` without the head's fields or its own ``pass_layout``."""
+    case = mix_cases["mix-elastic"]
+    state = _with_worker(case.state, lambda worker: edit(worker["elastic"]))
+    with pytest.raises(errors.StateError, match=match):
+        _mix_loaded(mix_cases["paths"], case, state)
+
+
+def test_a_retired_mixture_elastic_migrates_to_the_one_head():
+    """The golden mixture state of version 4 inside a re-planned epoch: its ``elastic`` gets the ``cut`` a dataset's
+    names (even: a mixture always cut so) and keeps its ``pass_layout``; one of version 3 or older, which had no
+    ``pass_layout``, reads as tracks."""
+    from arrowstream._loader.torchdata_state import worker_states
+    from arrowstream._state.mixture import MixWorkerState
+    from arrowstream._state.worker import upgraded_worker
+
+    state = _golden_state("mixture-v4/elastic-workers3-from-workers2-mid.json")
+    saved = [w for w in worker_states(state["dataloader"]) if w is not None and "elastic" in w]
+    assert saved and all("cut" not in w["elastic"] for w in saved)
+    for worker in saved:
+        upgraded = upgraded_worker(copy.deepcopy(worker))
+        assert upgraded["elastic"] == {**worker["elastic"], "cut": "even"}
+        assert MixWorkerState.from_dict(copy.deepcopy(worker)).elastic.cut == "even"
+        older = {**copy.deepcopy(worker), "version": 3}
+        del older["elastic"]["pass_layout"]
+        assert upgraded_worker(older)["elastic"]["pass_layout"] == "tracks"

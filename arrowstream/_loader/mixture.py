@@ -13,10 +13,9 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from .._core.fields import MAX_INT, REMEDY, Fields
-from .._mixing.elastic import MixElastic
 from .._mixing.stream import MixSlot
 from .._planning.options import check_int
-from .._state.mixture import MixPosition, MixWorkerState
+from .._state.mixture import MixElastic, MixPosition, MixWorkerState
 from .._state.mixture_position import final_counters
 from .._state.mixture_resume import (
     MixtureView,
@@ -236,8 +235,7 @@ class MixtureDataLoader(StreamLoader):
     def _load_replanned(self, old: list[tuple[MixWorkerState, MixSlot]], states: list[MixWorkerState]) -> None:
         """The rest of a saved epoch, re-planned over this loader's ranks and workers."""
         mixture = self.dataset
-        replanned = [MixElastic.from_dict(s.elastic, "mixture worker state's elastic") for s in states
-                     if s.elastic is not None]   # (well-formed ones: a tampered one is a StateError)
+        replanned = [s.elastic for s in states if s.elastic is not None]   # (parsed: a tampered one was a StateError)
         if replanned:
             # a re-plan is a pure function of one old topology's cursors; this epoch's already depends on two
             _, saved = old[0]

@@ -20,14 +20,13 @@ import pyarrow as pa
 from torch.utils.data import get_worker_info
 
 from .._core.order import Slot
-from .._mixing.elastic import MixElastic
 from .._mixing.layout import MixEpochs
 from .._mixing.quotas import quotas_at
 from .._mixing.schema import caster
 from .._mixing.stream import MixSlot
 from .._planning.auto_buffer import adopted
 from .._sources.mixture import Planned
-from .._state.mixture import MixPosition, MixWorkerState, SourceCursor, SourceEpoch
+from .._state.mixture import MixElastic, MixPosition, MixWorkerState, SourceCursor, SourceEpoch
 from .._state.mixture_resume import check_worker_state, finished_state, followed_history, replanned_from, saved_epoch
 from .._worker.iterator import Opened, SlotIterator
 from .._worker.metrics import Meter
@@ -84,7 +83,7 @@ class MixtureHooks(PlannedMixture):
                                False, self.state_options(), self.history,
                                {name: SourceEpoch(starts[name], quotas.get(name, 0)) for name in starts},
                                {name: SourceCursor(0, None, 0) for name in starts},
-                               {s.name: s.data for s in self._sources}, None if elastic is None else elastic.to_dict())
+                               {s.name: s.data for s in self._sources}, elastic)
         if slot.epoch <= self._finished_epoch:
             state = finished_state(self, state, slot)
         return state

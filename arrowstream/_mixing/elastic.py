@@ -21,56 +21,16 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from .._core.fields import REMEDY, Fields, shorten
+from .._core.fields import REMEDY
 from .._core.interleave import block_size_for
 from .._core.plan_types import Split
 from .._layout.replan import Replay, cut_items, item_part, item_rows, items_left
-from .._state.mixture import SourceCursor
+from .._state.mixture import MixElastic, SourceCursor
 from ..errors import StateError
 from .parts import ComposedParts, ListParts, Part, Parts, SliceParts
-from .quotas import PASS_LAYOUTS, SPANS, TRACKS
+from .quotas import SPANS
 from .stream import MixSlot, source_seeds
-
-
-@dataclass(frozen=True)
-class MixElastic:
-    """An epoch re-planned from the states of another topology: each old slot's place in each source
-    (``None``: that worker was done with the epoch)."""
-
-    epoch: int
-    world_size: int
-    num_workers: int
-    cursors: tuple[dict[str, SourceCursor] | None, ...]
-    pass_layout: str = SPANS   # how the old slots' epoch laid its passes out (see _mix_plan.PASS_LAYOUTS)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "world_size": self.world_size, "num_workers": self.num_workers,
-                "cursors": [None if c is None else {n: v.to_dict() for n, v in c.items()} for c in self.cursors],
-                "pass_layout": self.pass_layout}
-
-    @classmethod
-    def from_dict(cls, value: Any, where: str) -> MixElastic:
-        fields = Fields(value, where)
-        cursors: list[dict[str, SourceCursor] | None] = []
-        for index, entry in enumerate(fields.sequence("cursors")):
-            if entry is None:
-                cursors.append(None)
-                continue
-            if not isinstance(entry, dict):
-                raise StateError(f"the {where}.cursors[{index}] is {shorten(entry)}, expected a dict or null; {REMEDY}")
-            cursors.append({str(n): SourceCursor.from_dict(v, f"{where}.cursors[{index}].{n}") for n, v in entry.items()})
-        pass_layout = fields.value.get("pass_layout", TRACKS)   # absent before mixture state version 4: tracks
-        if pass_layout not in PASS_LAYOUTS:
-            raise StateError(f"the {where}.pass_layout is {shorten(pass_layout)}, expected one of "
-                             f"{list(PASS_LAYOUTS)}; {REMEDY}")
-        parsed = cls(fields.integer("epoch"), fields.integer("world_size", 1), fields.integer("num_workers"),
-                     tuple(cursors), pass_layout)
-        if len(parsed.cursors) != parsed.world_size * max(parsed.num_workers, 1):
-            raise StateError(f"the {where} has {len(parsed.cursors)} old slot(s) for world_size={parsed.world_size}, "
-                             f"num_workers={parsed.num_workers}; {REMEDY}")
-        return parsed
 
 
 @dataclass(frozen=True)

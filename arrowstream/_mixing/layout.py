@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from .._core.order import even_batch_limits
 from .._core.plan_types import SplitTable
-from .elastic import MixElastic, replanned_parts
+from .._state.mixture import MixElastic
+from .elastic import replanned_parts
 from .parts import ListParts, Part, Parts, SpanParts
 from .quotas import (
     SPANS,

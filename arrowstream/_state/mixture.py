@@ -1,6 +1,7 @@
 """A mixture worker's state: where a slot stands in each source of its epoch, as a small JSON dict.
 
-Pure. :class:`MixWorkerState` is what a worker's ``state_dict`` says (docs/state-format.md, "Mixture states");
+Pure. :class:`MixWorkerState` is what a worker's ``state_dict`` says (docs/state-format.md, "Worker states": from
+version 12 the one worker kind, ``reads: "mixture"``, its head read and written as a dataset's is);
 :class:`MixPosition` is the same place, compact, as it travels with every batch of a chunk.
 """
 
@@ -14,12 +15,15 @@ from typing import Any, NamedTuple
 
 from .._core.cursor import Cursor
 from .._core.fields import REMEDY, Fields, shorten
-from .._mixing.quotas import PASS_LAYOUTS, TRACKS
+from .._core.order import Slot
+from .._mixing.quotas import PASS_LAYOUTS, SPANS
 from ..errors import StateError
+from .worker import EVEN as EVEN_CUT
+from .worker import MIXTURE, ElasticHead, WorkerHead, read_head
 
-MIX_WORKER_KIND = "arrowstream.mixture_worker"
-MIX_STATE_VERSION = 4  # 4: options.pass_layout (absent before: "tracks"); 3: options.batch_order (absent before:
-# "permuted"); 2: each source's data may hold its layout (data_identity); older versions load unchanged
+# The retired kind "arrowstream.mixture_worker" (versions 1 to 4) migrates to the one worker kind of version 12
+# (``arrowstream._state.worker.upgraded_worker``): 4 added options.pass_layout (absent before: "tracks"), 3
+# options.batch_order (absent before: "permuted"), 2 each source's data with its layout (data_identity).
 
 EVEN, PERMUTED = "even", "permuted"
 BATCH_ORDERS = (EVEN, PERMUTED)
@@ -58,6 +62,43 @@ class SourceEpoch:
     quota: int
 
 
+@dataclass(frozen=True)
+class MixElastic(ElasticHead):
+    """A mixture epoch re-planned from the states of another topology (its worker states' ``elastic``): the head
+    every ``elastic`` has (``arrowstream._state.worker.ElasticHead``) with each old slot's place in each source
+    (``None``: that worker was done with the epoch), the rows left cut evenly (``cut``: ``"even"``, the only cut a
+    mixture makes), and how the old slots' epoch laid its passes out (``pass_layout``, see
+    ``arrowstream._mixing.quotas.PASS_LAYOUTS``)."""
+
+    cursors: tuple[dict[str, SourceCursor] | None, ...]
+    pass_layout: str = SPANS
+    cut: str = EVEN_CUT
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.head_dict(self.cut), "pass_layout": self.pass_layout,
+                "cursors": [None if c is None else {n: v.to_dict() for n, v in c.items()} for c in self.cursors]}
+
+    @classmethod
+    def from_dict(cls, value: Any, where: str) -> MixElastic:
+        """Parse a mixture worker state's ``elastic`` (typed and bounded; ``StateError`` naming the field if not)."""
+        fields = Fields(value, where)
+        epoch, world_size, num_workers, entries, cut = cls.read(fields, (EVEN_CUT,))
+        cursors: list[dict[str, SourceCursor] | None] = []
+        for index, entry in enumerate(entries):
+            if entry is None:
+                cursors.append(None)
+                continue
+            if not isinstance(entry, dict):
+                raise StateError(f"the state's {where}.cursors[{index}] is {shorten(entry)}, expected a dict (each "
+                                 f"source's place) or null; {REMEDY}")
+            cursors.append({str(n): SourceCursor.from_dict(v, f"{where}.cursors[{index}].{n}") for n, v in entry.items()})
+        pass_layout = fields.get("pass_layout")
+        if pass_layout not in PASS_LAYOUTS:
+            raise StateError(f"the state's {where}.pass_layout is {shorten(pass_layout)}, expected one of "
+                             f"{list(PASS_LAYOUTS)}; {REMEDY}")
+        return cls(epoch, world_size, num_workers, tuple(cursors), pass_layout, cut)
+
+
 CompactCursor = tuple[int, Any, int]
 """A source's place as a :class:`MixPosition` carries it: ``(part, cursor fields or None, taken)`` (a dataset's one
 source, ``arrowstream._state.one_source``: the cursor itself instead of its fields)."""
@@ -92,7 +133,7 @@ class MixWorkerState:
     epochs: dict[str, SourceEpoch]      # every source's start and quota in this epoch
     cursors: dict[str, SourceCursor]    # this slot's place in each source's rows
     data: dict[str, dict[str, Any]]     # each source's data identity
-    elastic: dict[str, Any] | None = None   # an epoch re-planned from another topology: the old cursors
+    elastic: MixElastic | None = None   # an epoch re-planned from another topology: the old cursors
 
     def at(self, position: MixPosition, names: Sequence[str]) -> MixWorkerState:
         """This state, moved to ``position`` (the cursors of sources ``names``, in order)."""
@@ -113,37 +154,33 @@ class MixWorkerState:
         del complete
         return self.at(position, names)
 
+    @property
+    def slot(self) -> Slot:
+        """The (rank, worker) slot this state is of."""
+        return Slot(self.rank, self.world_size, self.worker_id, self.num_workers)
+
+    @property
+    def head(self) -> WorkerHead:
+        """What this state says as every worker state does (see ``arrowstream._state.worker.WorkerHead``)."""
+        return WorkerHead(MIXTURE, self.epoch, self.slot, self.rows, self.batches, self.rows_dropped,
+                          self.epoch_complete, self.options)
+
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": MIX_WORKER_KIND, "version": MIX_STATE_VERSION, "epoch": self.epoch,
-                "slot": {"rank": self.rank, "world_size": self.world_size, "worker_id": self.worker_id,
-                         "num_workers": self.num_workers},
-                "rows": self.rows, "batches": self.batches, "rows_dropped": self.rows_dropped,
-                "epoch_complete": self.epoch_complete, "options": dict(self.options),
+        return {**self.head.to_dict(),
                 "history": [[first, dict(quotas)] for first, quotas in self.history],
                 "sources": {name: {"start": e.start, "quota": e.quota, **self.cursors[name].to_dict(),
                                    "data": self.data[name]} for name, e in self.epochs.items()},
-                **({} if self.elastic is None else {"elastic": self.elastic})}
+                "elastic": None if self.elastic is None else self.elastic.to_dict()}
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "mixture worker state") -> MixWorkerState:
-        fields = Fields(value, where)
-        if fields.value.get("kind") != MIX_WORKER_KIND:
-            raise StateError(f"the {where} has kind {shorten(fields.value.get('kind'))}, expected "
-                             f"{MIX_WORKER_KIND!r}: not a mixture's state (a StructuredDataset's state loads into "
-                             f"its own loader); {REMEDY}")
-        version = fields.integer("version")
-        if not 1 <= version <= MIX_STATE_VERSION:
-            raise StateError(f"the {where} has version {version}; this arrowstream reads mixture states of versions "
-                             f"1 to {MIX_STATE_VERSION}: upgrade arrowstream to load it")
-        slot = fields.mapping("slot")
-        options = dict(fields.mapping("options").value)
-        if version < 3:   # its batches mixed their sources by a seeded permutation each, as a resume goes on to
-            options.setdefault("batch_order", PERMUTED)
+        """Parse a mixture's worker state of any version (the retired kind migrated); ``StateError`` naming the
+        field if not, ``StateMismatchError`` for a dataset's."""
+        fields, head = read_head(value, MIXTURE, where)
+        options = head.options
         if options.get("batch_order") not in BATCH_ORDERS:
             raise StateError(f"the {where}'s options.batch_order is {shorten(options.get('batch_order'))}, expected "
                              f"one of {list(BATCH_ORDERS)}; {REMEDY}")
-        if version < 4:   # its passes were laid out in per-slot tracks (see _mixing.quotas.PASS_LAYOUTS)
-            options.setdefault("pass_layout", TRACKS)
         if options.get("pass_layout") not in PASS_LAYOUTS:
             raise StateError(f"the {where}'s options.pass_layout is {shorten(options.get('pass_layout'))}, expected "
                              f"one of {list(PASS_LAYOUTS)}; {REMEDY}")
@@ -155,10 +192,10 @@ class MixWorkerState:
             epochs[name] = SourceEpoch(entry.integer("start"), entry.integer("quota"))
             cursors[name] = SourceCursor.from_dict(entry.value, f"{where}.sources.{name}")
             data[name] = entry.mapping("data").value
-        return cls(fields.integer("epoch"), slot.integer("rank"), slot.integer("world_size"),
-                   slot.integer("worker_id"), slot.integer("num_workers"), fields.integer("rows"),
-                   fields.integer("batches"), fields.integer("rows_dropped"), fields.boolean("epoch_complete"),
-                   dict(options), history, epochs, cursors, data, fields.value.get("elastic"))
+        slot, elastic = head.slot, fields.get("elastic")
+        return cls(head.epoch, slot.rank, slot.world_size, slot.worker_id, slot.num_workers, head.rows, head.batches,
+                   head.rows_dropped, head.epoch_complete, options, history, epochs, cursors, data,
+                   None if elastic is None else MixElastic.from_dict(elastic, f"{where}.elastic"))
 
 
 def _history(entries: list[Any], where: str) -> list[tuple[int, dict[str, int]]]:

@@ -15,12 +15,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .._core.fields import REMEDY, Fields
 from .._core.interleave import block_size_for
 from .._core.order import even_batch_limits
-from .._mixing.elastic import MixElastic
 from .._mixing.quotas import SPANS, TRACKS, positions, quotas_at
 from .._mixing.stream import MixSlot
 from ..errors import StateError, StateMismatchError
 from .identity import DataIdentity, check_same_data
-from .mixture import MixWorkerState
+from .mixture import MixElastic, MixWorkerState
 from .mixture_position import check_counters, check_source_cursor, final_counters, refuse
 
 if TYPE_CHECKING:
@@ -198,7 +197,8 @@ def replanned_from(mixture: MixtureView, states: list[MixWorkerState]) -> tuple[
     first = replanned[0]
     if any(s.elastic != first.elastic for s in replanned):
         raise StateError(f"the workers' states disagree on the epoch they were re-planned from; {REMEDY}")
-    elastic = MixElastic.from_dict(first.elastic, "mixture worker state's elastic")
+    elastic = first.elastic
+    assert elastic is not None, "a re-planned state"
     if elastic.epoch != first.epoch:
         raise StateError(f"the mixture worker state in epoch {first.epoch} was re-planned from epoch {elastic.epoch}; "
                          f"{REMEDY}")

@@ -13,20 +13,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._core.fields import Fields
 from .._core.order import Slot, SlotGrid
 from .._layout.layout import replanned_leftovers
 from ..errors import StateMismatchError
 from .identity import DataIdentity
 from .position import check_in_plan
 from .worker import (
-    WORKER_KIND,
+    DATASET,
     Leftovers,
     WorkerState,
     check_compatible,
     check_planning,
     check_slot,
-    upgrade,
+    read_head,
 )
 
 if TYPE_CHECKING:
@@ -81,7 +80,7 @@ def follow_planning(dataset: Replans, state_dict: Any, where: str) -> None:
     and its shuffle buffer, when the dataset's size was left to the default (``arrowstream._planning.auto_buffer``).
     The other states of the checkpoint must agree (their options are compared with the dataset's)."""
     if state_dict is not None:
-        options = Fields(upgrade(state_dict, WORKER_KIND), where).mapping("options")
+        options = read_head(state_dict, DATASET, where)[0].mapping("options")   # a mixture's refused first
         dataset.use_planning(check_planning(options))
         dataset.adopt_buffer(options.value)   # shuffle_buffer_size left out: the checkpoint's
 

@@ -9,7 +9,7 @@ paths or credentials are stored. See ``docs/state-format.md``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,14 +20,15 @@ from .._core.plan_types import PLANNING_VERSION, PLANNING_VERSIONS
 from ..errors import StateError, StateMismatchError, StateVersionError
 from .identity import STRICT, DataIdentity, check_same_data
 
-STATE_VERSION = 11
-WORKER_KIND = "arrowstream.worker"
+STATE_VERSION = 12
+WORKER_KIND = "arrowstream.worker"   # a dataset's worker state and a mixture's (from v12): ``reads`` says which
+MIXTURE_WORKER_KIND_V4 = "arrowstream.mixture_worker"   # a mixture's worker state before version 12 (its versions 1-4)
 LOADER_KIND = "arrowstream.loader"   # a dataset's loader state and a mixture's (from v11): ``reads`` says which
 CHECKPOINT_KIND = "arrowstream.checkpoint"  # every rank's loader state, merged
 DATASET, MIXTURE = "dataset", "mixture"
 READS = (DATASET, MIXTURE)
-"""What a loader state's ``reads`` may say: the loader that wrote it read a ``StructuredDataset`` (or an
-``IcebergDataset``) or a ``Mixture`` (from v11; a dataset's older states read a dataset)."""
+"""What a loader state's (from v11) and a worker state's (from v12) ``reads`` may say: the loader that wrote it
+read a ``StructuredDataset`` (or an ``IcebergDataset``) or a ``Mixture`` (a dataset's older states read a dataset)."""
 
 EVEN, LPT = "even", "lpt"
 ELASTIC_CUTS = (EVEN, LPT)
@@ -160,6 +161,45 @@ def _unchanged_in_v11(state: dict[str, Any]) -> dict[str, Any]:
     return dict(state)
 
 
+def _worker_v11_to_v12(state: dict[str, Any]) -> dict[str, Any]:
+    """v12 writes a dataset's worker state and a mixture's as one kind, whose ``reads`` says which it read; every
+    earlier state of this kind is a dataset's (a mixture's, of the retired kind, migrates in one step:
+    :func:`upgraded_worker`)."""
+    return {**state, "reads": DATASET}
+
+
+def _unchanged_in_v12(state: dict[str, Any]) -> dict[str, Any]:
+    """Loader states and the merged checkpoint did not change in v12 (their worker states migrate on their own)."""
+    return dict(state)
+
+
+def _mixture_worker_to_v12(state: dict[str, Any]) -> dict[str, Any]:
+    """A mixture's worker state of the retired kind (versions 1 to 4) as version 12 has it: the one worker kind with
+    ``reads: "mixture"``, its counters under ``counters``, ``elastic`` null where absent (an epoch not re-planned)
+    and otherwise with the ``cut`` a dataset's names (``"even"``: a mixture always cut the rows left into equal
+    stretches) and, before 4, ``pass_layout`` ``"tracks"`` (the layout of its old slots' epoch), and the options it read with filled in where its version had no field for them: ``batch_order`` (before 3:
+    every batch a seeded permutation of its rows, ``"permuted"``) and ``pass_layout`` (before 4: passes read in
+    per-slot tracks, ``"tracks"``). Its sources (``history``, ``sources``) are unchanged."""
+    version = state.get("version")
+    if not is_int(version) or not isinstance(version, int) or not 1 <= version <= 4:
+        raise StateVersionError(
+            f"a state of kind {MIXTURE_WORKER_KIND_V4!r} has version {shorten(version)}, but a mixture's worker "
+            f"wrote that kind as versions 1 to 4 only (from version 12 on it writes {WORKER_KIND!r} with reads "
+            f"{MIXTURE!r}); it was not written by arrowstream")
+    options = Fields(state, "mixture worker state").mapping("options").value
+    defaults = {"batch_order": "permuted"} if version < 3 else {}   # literal: what those versions did, frozen
+    if version < 4:
+        defaults["pass_layout"] = "tracks"
+    elastic = state.get("elastic")
+    if elastic is not None:   # cut evenly over the new slots, as a mixture always re-planned
+        elastic = {**({} if version >= 4 else {"pass_layout": "tracks"}), **Fields(elastic, "elastic").value,
+                   "cut": EVEN}
+    moved = {key: value for key, value in state.items() if key not in ("rows", "batches", "rows_dropped")}
+    return {**moved, "kind": WORKER_KIND, "version": STATE_VERSION, "reads": MIXTURE,
+            "counters": {key: state[key] for key in ("rows", "batches", "rows_dropped") if key in state},
+            "options": {**defaults, **options}, "elastic": elastic}
+
+
 # (kind, n) -> the step from version n to n + 1 of that kind; each takes and returns a plain dict
 MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
     (LOADER_KIND, 1): _loader_v1_to_v2,
@@ -189,6 +229,9 @@ MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = 
     (WORKER_KIND, 10): _unchanged_in_v11,
     (LOADER_KIND, 10): _loader_v10_to_v11,
     (CHECKPOINT_KIND, 10): _unchanged_in_v11,
+    (WORKER_KIND, 11): _worker_v11_to_v12,
+    (LOADER_KIND, 11): _unchanged_in_v12,
+    (CHECKPOINT_KIND, 11): _unchanged_in_v12,
 }
 
 
@@ -208,28 +251,26 @@ def check_planning(options: Fields) -> int:
 
 
 @dataclass(frozen=True)
-class Leftovers:
-    """Where every worker of the old topology stood when an epoch was re-planned for a new one.
-
-    ``cursors`` has one entry per old (rank, worker) slot, in slot order: its cursor in
-    ``epoch``, or ``None`` when it had nothing left. The new workers' share of the rest of the
-    epoch is a pure function of this (see :mod:`arrowstream._layout.elastic`).
-    """
+class ElasticHead:
+    """What every epoch re-planned for another topology says in a worker state's ``elastic``, a dataset's and a
+    mixture's alike (from version 12, under the same names): the re-planned epoch and the old topology, and
+    (``cursors``, ``cut``: each subclass's fields) one entry per old (rank, worker) slot, in slot order, ``None``
+    for a slot that had nothing left, and how the rows left were cut over the new slots (:data:`ELASTIC_CUTS`).
+    What an old slot's entry is differs: a dataset's cursor (:class:`Leftovers`), a mixture's place in each source
+    (``arrowstream._state.mixture.MixElastic``)."""
 
     epoch: int
     world_size: int
     num_workers: int
-    cursors: tuple[Cursor | None, ...]
-    cut: str = EVEN   # how the rows left go to the new workers: see ELASTIC_CUTS
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "world_size": self.world_size, "num_workers": self.num_workers,
-                "cursors": [None if c is None else c.to_dict() for c in self.cursors], "cut": self.cut}
+    def head_dict(self, cut: str) -> dict[str, Any]:
+        return {"epoch": self.epoch, "world_size": self.world_size, "num_workers": self.num_workers, "cut": cut}
 
-    @classmethod
-    def from_dict(cls, source: Any, where: str = "elastic") -> Leftovers:
-        """Parse the ``elastic`` field of a worker state (typed and bounded; ``StateError`` if not)."""
-        fields = Fields(source, where)
+    @staticmethod
+    def read(fields: Fields, cuts: Sequence[str]) -> tuple[int, int, int, list[Any], str]:
+        """The head of an ``elastic`` (its epoch, old world size and num_workers, its old slots' raw entries, one
+        per old slot, and its cut, one of ``cuts``); ``StateError`` naming the field if not."""
+        where = fields.where
         world_size, num_workers = fields.integer("world_size", 1), fields.integer("num_workers")
         cursors = fields.sequence("cursors")
         grid = SlotGrid(world_size, num_workers)
@@ -238,12 +279,105 @@ class Leftovers:
                              f"{grid.num_slots} for world_size={world_size}, "
                              f"num_workers={num_workers}; {REMEDY}")
         cut = fields.value.get("cut")
-        if cut not in ELASTIC_CUTS:
-            raise StateError(f"the state's {where}.cut is {shorten(cut)}, expected one of {list(ELASTIC_CUTS)}; "
-                             f"{REMEDY}")
-        return cls(fields.integer("epoch"), world_size, num_workers,
+        if cut not in cuts:
+            raise StateError(f"the state's {where}.cut is {shorten(cut)}, expected one of {list(cuts)}; {REMEDY}")
+        return fields.integer("epoch"), world_size, num_workers, cursors, str(cut)
+
+
+@dataclass(frozen=True)
+class Leftovers(ElasticHead):
+    """Where every worker of the old topology stood when an epoch was re-planned for a new one.
+
+    ``cursors`` has one entry per old (rank, worker) slot, in slot order: its cursor in
+    ``epoch``, or ``None`` when it had nothing left. The new workers' share of the rest of the
+    epoch is a pure function of this (see :mod:`arrowstream._layout.elastic`).
+    """
+
+    cursors: tuple[Cursor | None, ...]
+    cut: str = EVEN   # how the rows left go to the new workers: see ELASTIC_CUTS
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.head_dict(self.cut), "cursors": [None if c is None else c.to_dict() for c in self.cursors]}
+
+    @classmethod
+    def from_dict(cls, source: Any, where: str = "elastic") -> Leftovers:
+        """Parse the ``elastic`` field of a worker state (typed and bounded; ``StateError`` if not)."""
+        epoch, world_size, num_workers, cursors, cut = cls.read(Fields(source, where), ELASTIC_CUTS)
+        return cls(epoch, world_size, num_workers,
                    tuple(None if c is None else Cursor.from_dict(c, f"{where}.cursors[{i}]")
                          for i, c in enumerate(cursors)), cut)
+
+
+@dataclass(frozen=True)
+class WorkerHead:
+    """What every worker state says under the same names, a dataset's and a mixture's alike (from version 12): what
+    its loader read, its epoch and slot, its counters, whether its epoch is complete, and the options it read with.
+    A worker's own fields come beside it: a dataset's ``data``, ``cursor`` and ``elastic`` (:class:`WorkerState`), a
+    mixture's ``history``, ``sources`` and ``elastic`` (``arrowstream._state.mixture.MixWorkerState``)."""
+
+    reads: str
+    epoch: int
+    slot: Slot
+    rows: int
+    batches: int
+    rows_dropped: int
+    epoch_complete: bool
+    options: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        slot = self.slot
+        return {"kind": WORKER_KIND, "version": STATE_VERSION, "reads": self.reads, "epoch": self.epoch,
+                "slot": {"rank": slot.rank, "world_size": slot.world_size, "worker_id": slot.worker_id,
+                         "num_workers": slot.num_workers},
+                "counters": {"rows": self.rows, "batches": self.batches, "rows_dropped": self.rows_dropped},
+                "epoch_complete": self.epoch_complete, "options": dict(self.options)}
+
+    @classmethod
+    def from_fields(cls, fields: Fields) -> WorkerHead:
+        """The head of a worker state of the current version (:func:`upgraded_worker`), every field typed and in
+        range; ``StateError`` naming the field if not."""
+        reads = fields.get("reads")
+        if reads not in READS:
+            raise StateError(f"the state's {fields.name('reads')} is {shorten(reads)}, expected what the loader "
+                             f"that wrote it reads: {' or '.join(map(repr, READS))}; {REMEDY}")
+        slot, counters = fields.mapping("slot"), fields.mapping("counters")
+        world_size, num_workers = slot.integer("world_size", 1), slot.integer("num_workers")
+        workers_per_rank = SlotGrid(world_size, num_workers).workers_per_rank
+        return cls(reads, fields.integer("epoch"),
+                   Slot(slot.integer("rank", 0, world_size - 1), world_size,
+                        slot.integer("worker_id", 0, workers_per_rank - 1), num_workers),
+                   counters.integer("rows"), counters.integer("batches"), counters.integer("rows_dropped"),
+                   fields.boolean("epoch_complete"), dict(fields.mapping("options").value))
+
+
+def upgraded_worker(state: Any) -> dict[str, Any]:
+    """A worker state of any version, a dataset's or a mixture's (of the retired kind
+    :data:`MIXTURE_WORKER_KIND_V4` too), migrated to :data:`STATE_VERSION` (its fields not checked yet)."""
+    if isinstance(state, dict) and state.get("kind") == MIXTURE_WORKER_KIND_V4:
+        try:
+            return _mixture_worker_to_v12(state)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            if isinstance(exc, StateError):
+                raise
+            raise StateError(f"a state of kind {MIXTURE_WORKER_KIND_V4!r} is malformed: migrating it to version "
+                             f"{STATE_VERSION} failed on {shorten(exc)}; {REMEDY}") from None
+    return upgrade(state, WORKER_KIND)
+
+
+def read_head(state: Any, reads: str, where: str) -> tuple[Fields, WorkerHead]:
+    """A worker state migrated (:func:`upgraded_worker`) and its head read, refused unless its loader read
+    ``reads``: another front's worker state (a mixture's in a dataset's loader, or the reverse) does not resume
+    this one."""
+    fields = Fields(upgraded_worker(state), where)
+    head = WorkerHead.from_fields(fields)
+    if head.reads != reads:
+        build = "Mixture.create_dataloader" if head.reads == MIXTURE else \
+            "StructuredDataset.create_dataloader (IcebergDataset for a table)"
+        raise StateMismatchError(
+            f"the {where} was taken by a worker of a {head.reads}'s loader (its reads is {head.reads!r}), this loader "
+            f"reads a {reads}; a {head.reads}'s state resumes only a {head.reads}: load the checkpoint into the loader "
+            f"of {build}, with the data and options of the run that took it")
+    return fields, head
 
 
 @dataclass(frozen=True)
@@ -261,44 +395,34 @@ class WorkerState:
     epoch_complete: bool
     elastic: Leftovers | None = None  # set in an epoch re-planned for another topology
 
+    @property
+    def head(self) -> WorkerHead:
+        """What this state says as every worker state does (see :class:`WorkerHead`)."""
+        return WorkerHead(DATASET, self.epoch, self.slot, self.rows, self.batches, self.rows_dropped,
+                          self.epoch_complete, self.options)
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": WORKER_KIND,
-            "version": STATE_VERSION,
-            "data": self.data.to_dict(),
-            "options": dict(self.options),
-            "epoch": self.epoch,
-            "slot": {"rank": self.slot.rank, "world_size": self.slot.world_size,
-                     "worker_id": self.slot.worker_id, "num_workers": self.slot.num_workers},
-            "cursor": self.cursor.to_dict(),
-            "counters": {"rows": self.rows, "batches": self.batches, "rows_dropped": self.rows_dropped},
-            "epoch_complete": self.epoch_complete,
-            "elastic": None if self.elastic is None else self.elastic.to_dict(),
-        }
+        return {**self.head.to_dict(), "data": self.data.to_dict(), "cursor": self.cursor.to_dict(),
+                "elastic": None if self.elastic is None else self.elastic.to_dict()}
 
     @classmethod
     def from_dict(cls, state: Any, where: str = "worker state") -> WorkerState:
-        """Parse a worker state: every field of its JSON type (a bool is not an int) and, where that
-        alone decides it, in range; ``StateError`` naming the field if not. The plan decides the rest
-        (see :mod:`arrowstream._state.position`)."""
-        fields = Fields(upgrade(state, WORKER_KIND), where)
-        data, slot, counters = fields.mapping("data"), fields.mapping("slot"), fields.mapping("counters")
-        world_size, num_workers = slot.integer("world_size", 1), slot.integer("num_workers")
-        options = fields.mapping("options")
-        check_planning(options)
+        """Parse a dataset's worker state: every field of its JSON type (a bool is not an int) and, where that
+        alone decides it, in range; ``StateError`` naming the field if not (``StateMismatchError`` for a
+        mixture's). The plan decides the rest (see :mod:`arrowstream._state.position`)."""
+        fields, head = read_head(state, DATASET, where)
+        check_planning(fields.mapping("options"))
         elastic = fields.get("elastic")
         return cls(
-            data=DataIdentity.from_dict(data),
-            options=dict(options.value),
-            epoch=fields.integer("epoch"),
-            slot=Slot(slot.integer("rank", 0, world_size - 1), world_size,
-                      slot.integer("worker_id", 0, SlotGrid(world_size, num_workers).workers_per_rank - 1),
-                      num_workers),
+            data=DataIdentity.from_dict(fields.mapping("data")),
+            options=head.options,
+            epoch=head.epoch,
+            slot=head.slot,
             cursor=Cursor.from_dict(fields.get("cursor"), f"{where}.cursor"),
-            rows=counters.integer("rows"),
-            batches=counters.integer("batches"),
-            rows_dropped=counters.integer("rows_dropped"),
-            epoch_complete=fields.boolean("epoch_complete"),
+            rows=head.rows,
+            batches=head.batches,
+            rows_dropped=head.rows_dropped,
+            epoch_complete=head.epoch_complete,
             elastic=None if elastic is None else Leftovers.from_dict(elastic, f"{where}.elastic"),
         )
 

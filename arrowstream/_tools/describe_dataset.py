@@ -15,6 +15,7 @@ from .._loader.torchdata_state import InnerState
 from .._state.identity import DataIdentity
 from .._state.worker import DATASET as READS_DATASET
 from .._state.worker import WorkerState, check_compatible, check_planning
+from .._state.worker_states import read_worker_state
 from ..errors import StateError, StateMismatchError
 from .describe_kind import GIVE_THE_DATA, REPLANNED, UNKNOWN, Envelope, EpochRows, elastic_summary, read_workers
 
@@ -33,7 +34,9 @@ class DatasetKind:
         states: list[WorkerState | None] = []
         for worker, raw in enumerate(inner.worker_states):
             name = f"rank {outer['rank']} worker {worker} state"  # as load_state_dict names it
-            state = None if raw is None else WorkerState.from_dict(raw, name)
+            parsed = None if raw is None else read_worker_state(raw, name, READS_DATASET)
+            assert parsed is None or isinstance(parsed, WorkerState), "read as a dataset's"
+            state = parsed
             if state is not None:
                 found = (state.slot.rank, state.slot.world_size, state.slot.worker_id, state.slot.num_workers)
                 wanted = (outer["rank"], outer["world_size"], worker, outer["num_workers"])

@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from .._core.fields import Fields
 from .._loader.torchdata_state import InnerState
-from .._mixing.elastic import MixElastic
-from .._state.mixture import MIX_STATE_VERSION, MixWorkerState
+from .._state.mixture import MixWorkerState
 from .._state.worker import MIXTURE as READS_MIXTURE
+from .._state.worker import STATE_VERSION
+from .._state.worker_states import read_worker_state
 from .describe_kind import ONE_RANK_OF_SEVERAL, REPLANNED, Envelope, EpochRows, elastic_summary, read_workers
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ class MixtureKind:
     def worker_states(self, outer: dict[str, Any], where: str) -> tuple[InnerState, list[MixWorkerState | None]]:
         inner = read_workers(Fields(outer, where).mapping("dataloader").value, outer["num_workers"],
                              f"{where}.dataloader", where)
-        states = [None if s is None else MixWorkerState.from_dict(s, f"{where} worker {w}'s mixture state")
+        states = [None if s is None else _mixture_state(s, f"{where} worker {w}'s mixture state")
                   for w, s in enumerate(inner.worker_states)]
         # the version each was saved in (its parser migrates it without saying)
         outer.setdefault("saved_state_versions", []).extend(
@@ -53,13 +54,13 @@ class MixtureKind:
             "source": "mixture", "assignment": "static",
             "options": {} if first is None else dict(first.options),
             "data": None,
-            "elastic": None if elastic is None else elastic_summary(MixElastic.from_dict(elastic, "mixture worker state's elastic")),
+            "elastic": None if elastic is None else elastic_summary(elastic),
             "column_names": None,
             "mixture": {"weights": {n: s["quota"] / epoch_rows for n, s in sources.items()} if epoch_rows else {},
                         "epoch_rows": epoch_rows, "sources": sources,
                         "history": [] if first is None else [[e, dict(q)] for e, q in first.history],
                         "replanned": elastic is not None,
-                        "state_version": MIX_STATE_VERSION, "saved_state_version": min(saved, default=None)},
+                        "state_version": STATE_VERSION, "saved_state_version": min(saved, default=None)},
         }
 
     def epoch_rows(self, description: dict[str, Any], dataset: StructuredDataset | None, states: list[Any]) -> EpochRows:
@@ -70,6 +71,12 @@ class MixtureKind:
         if description["topology"]["world_size"] == 1:
             return EpochRows([total] * len(ranks))
         return EpochRows([None] * len(ranks), total, ONE_RANK_OF_SEVERAL)
+
+
+def _mixture_state(raw: Any, where: str) -> MixWorkerState:
+    state = read_worker_state(raw, where, READS_MIXTURE)
+    assert isinstance(state, MixWorkerState), "read as a mixture's"
+    return state
 
 
 MIXTURE = MixtureKind()

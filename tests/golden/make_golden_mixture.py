@@ -4,7 +4,9 @@ The folder is named by the versions of the states inside: ``mixture-v<N>`` (1 to
 version N in a mixture loader state of the retired kind ``"arrowstream.mixture_loader"`` version 1; from state
 format version 11 on (one loader state kind and one merged checkpoint kind for a dataset and a mixture),
 ``mixture-v<N>-state-v<M>``, worker states of version N in an ``"arrowstream.loader"`` (or
-``"arrowstream.checkpoint"``) of version M.
+``"arrowstream.checkpoint"``) of version M. From state format version 12 on (one worker state kind too: a
+mixture's worker states are ``"arrowstream.worker"`` with ``reads: "mixture"``, of the state's version) they are
+written beside the dataset's, as ``v<M>/mixture-<case>.json``.
 
 The two sources are the fixture folders ``data`` and ``data-cut`` (their recorded modification times make
 the data fingerprint the same on every machine)."""
@@ -107,12 +109,12 @@ def capture(root: str, case: dict) -> dict:
 
 
 def main() -> None:
-    from arrowstream._state.mixture import MIX_STATE_VERSION
     from arrowstream._state.worker import STATE_VERSION
 
-    out_dir = os.path.join(HERE, f"mixture-v{MIX_STATE_VERSION}-state-v{STATE_VERSION}")
-    if os.path.isdir(out_dir) and "--force" not in sys.argv:
-        sys.exit(f"{out_dir} exists; golden files are never rewritten")
+    out_dir = os.path.join(HERE, f"v{STATE_VERSION}")
+    written = [name for name in os.listdir(out_dir) if name.startswith("mixture-")] if os.path.isdir(out_dir) else []
+    if written and "--force" not in sys.argv:
+        sys.exit(f"{out_dir} holds mixture states ({written[0]}, ...); golden files are never rewritten")
     os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as root:
         prepare_copy(os.path.join(root, "data"), "data")
@@ -120,7 +122,7 @@ def main() -> None:
         for case in CASES:
             record = {key: case[key] for key in ("num_workers", "options", "epochs", "layout") if key in case}
             record.update(capture(root, case))
-            with open(os.path.join(out_dir, f"{case['name']}.json"), "w") as f:
+            with open(os.path.join(out_dir, f"mixture-{case['name']}.json"), "w") as f:
                 json.dump(record, f, indent=1, sort_keys=True)
                 f.write("\n")
 
