@@ -247,6 +247,7 @@ def test_a_mutated_dynamic_ledger_is_refused_or_leaves_exactly_the_rest(cases, d
     def check(change):
         _refused_or_exact(case, cases["path"], *change)
 
+    check()
 
 # -- mixtures ---------------------------------------------------------------------------------------------------
 
