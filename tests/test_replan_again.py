@@ -171,6 +171,7 @@ def test_a_twice_replanned_epochs_figures_are_what_its_workers_yield(uneven):
         about = arrowstream.describe_state(inside, dataset=fresh)
         assert (about["elastic"]["old_world_size"], about["elastic"]["old_num_workers"]) == (1, 3)
         assert about["elastic"]["replans"] == 2
+        assert "their epoch itself re-planned 1 time(s) before" in arrowstream.format_state(about)   # state show
         [mine] = about["ranks"]
         assert mine["epoch_rows"] == mine["rows"] + sum(len(b["id"]) for b in rest) == kept
 
@@ -283,3 +284,17 @@ def test_a_mixture_tampered_before_is_a_state_error_naming_it(two_sources):
             loader, _ = arrowstream.Mixture.create_dataloader(sources=two_sources, num_workers=workers, **MIX)
             with pytest.raises(errors.StateError, match=match):
                 loader.load_state_dict(_tampered(twice, edit))
+
+
+def test_a_chain_of_re_plans_reads_iteratively_and_is_bounded():
+    """``before`` is read without recursion, innermost first; deeper than MAX_REPLANS is a StateError naming it."""
+    from arrowstream._state.worker import MAX_REPLANS, Leftovers
+
+    link = {"epoch": 0, "world_size": 1, "num_workers": 1, "cut": "even", "cursors": [None]}
+    chain = link
+    for _ in range(MAX_REPLANS - 1):
+        chain = {**link, "before": chain}
+    parsed = Leftovers.from_dict(chain)
+    assert parsed.depth == MAX_REPLANS and Leftovers.from_dict(parsed.to_dict()) == parsed
+    with pytest.raises(errors.StateError, match=rf"elastic nests more than {MAX_REPLANS} re-plans"):
+        Leftovers.from_dict({**link, "before": chain})

@@ -87,10 +87,11 @@ class MixElastic(ElasticHead):
         """Parse a mixture worker state's ``elastic`` (typed and bounded; ``StateError`` naming the field if not), and
         the ``before`` chain under it (each of the same epoch), iteratively: the innermost re-plan first."""
         chain: list[tuple[Any, str]] = []
+        top = where
         while value is not None:
-            if len(chain) > MAX_REPLANS:
+            if len(chain) >= MAX_REPLANS:
                 raise StateError(
-                    f"the state's {where} nests more than {MAX_REPLANS} re-plans of one epoch under 'before'; "
+                    f"the state's {top} nests more than {MAX_REPLANS} re-plans of one epoch under 'before'; "
                     f"arrowstream writes one per topology change and resumes at most {MAX_REPLANS} in one epoch "
                     f"(each is laid out again on load); {REMEDY}")
             chain.append((value, where))

@@ -317,10 +317,11 @@ class Leftovers(ElasticHead):
         """Parse the ``elastic`` field of a worker state (typed and bounded; ``StateError`` if not), and the
         ``before`` chain under it (each of the same epoch), iteratively: the innermost re-plan first."""
         chain: list[tuple[Any, str]] = []
+        top = where
         while source is not None:
-            if len(chain) > MAX_REPLANS:
+            if len(chain) >= MAX_REPLANS:
                 raise StateError(
-                    f"the state's {where} nests more than {MAX_REPLANS} re-plans of one epoch under 'before'; "
+                    f"the state's {top} nests more than {MAX_REPLANS} re-plans of one epoch under 'before'; "
                     f"arrowstream writes one per topology change and resumes at most {MAX_REPLANS} in one epoch "
                     f"(each is laid out again on load); {REMEDY}")
             chain.append((source, where))
