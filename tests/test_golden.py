@@ -68,10 +68,15 @@ def test_the_worker_states_of_the_current_version_are_one_kind_for_both_fronts()
                 assert ("sources" in worker) == (outer["reads"] == "mixture"), path
                 if worker["elastic"] is not None:   # one elastic head too; a mixture's own pass_layout beside it
                     own = {"pass_layout"} if outer["reads"] == "mixture" else set()
-                    assert set(worker["elastic"]) == {"epoch", "world_size", "num_workers", "cursors", "cut"} | own
+                    twice = {"before"} if "before" in worker["elastic"] else set()   # re-planned again: optional
+                    assert set(worker["elastic"]) == {"epoch", "world_size", "num_workers", "cursors", "cut"} | own | twice
+                    if twice:   # the re-plan it was re-planned from, the same head (its own before only if deeper)
+                        assert {"epoch", "world_size", "num_workers", "cursors", "cut"} | own <= set(
+                            worker["elastic"]["before"]), path
+                        seen.add((outer["reads"], "twice"))
                 seen.add((outer["reads"], worker["elastic"] is not None, "dynamic" in outer))
     assert {("dataset", False, False), ("dataset", True, False), ("dataset", False, True), ("mixture", False, False),
-            ("mixture", True, False)} <= seen
+            ("mixture", True, False), ("dataset", "twice"), ("mixture", "twice")} <= seen
 
 
 @pytest.mark.parametrize("golden_file", FILES, ids=[os.path.relpath(f, GOLDEN) for f in FILES])

@@ -36,7 +36,7 @@ from arrowstream.testing import check_resume
 
 DOORS = ("dataset", "iceberg", "mixture")
 ASSIGNMENTS = ("static", "dynamic")
-FEATURES = ("fresh_process", "elastic_workers", "elastic_ranks", "merge", "skip", "with_row_ids",
+FEATURES = ("fresh_process", "elastic_workers", "elastic_twice", "elastic_ranks", "merge", "skip", "with_row_ids",
             "describe_state", "check_resume", "inspect", "metrics")
 
 ROWS, ROW_GROUP, BATCH, WORKERS, SEED = 320, 40, 16, 2, 1
@@ -219,6 +219,19 @@ def elastic_workers(data: dict[str, str], door: str, assignment: str, tmp_path: 
     assert_once(take(loader), every_id(door), "the next epoch on 3 workers")
 
 
+def elastic_twice(data: dict[str, str], door: str, assignment: str, tmp_path: Path) -> None:
+    """A checkpoint inside an epoch re-planned from 2 workers to 3, resumed by 1: the rest of the epoch once."""
+    seen, state = interrupted(data, door, assignment)
+    loader, dataset = build(data, door, assignment, num_workers=3)
+    loader.load_state_dict(state)
+    dataset.set_epoch(0)
+    seen += take(loader, 3)
+    state = json_state(loader)
+    loader, _ = build(data, door, assignment, num_workers=1)
+    loader.load_state_dict(state)
+    assert_once(seen + take(loader), every_id(door), "the epoch across 2, then 3, then 1 worker(s)")
+
+
 def _ranks_states(data: dict[str, str], door: str, assignment: str, world_size: int,
                   batches: int) -> tuple[list[list[list[int]]], list[Any]]:
     seen, states = [], []
@@ -353,7 +366,8 @@ def metrics(data: dict[str, str], door: str, assignment: str, tmp_path: Path) ->
     assert sum(w["rows"] for w in counted["workers"]) == ROWS
 
 
-CHECKS = {"fresh_process": fresh_process, "elastic_workers": elastic_workers, "elastic_ranks": elastic_ranks,
+CHECKS = {"fresh_process": fresh_process, "elastic_workers": elastic_workers, "elastic_twice": elastic_twice,
+          "elastic_ranks": elastic_ranks,
           "merge": merge, "skip": skip, "with_row_ids": with_row_ids, "describe_state": describe,
           "check_resume": check_resume_cell, "inspect": inspect, "metrics": metrics}
 

@@ -36,8 +36,8 @@ from .._core.interleave import PieceReader, block_size_for
 from .._core.order import Slot, SlotGrid, assign_lpt, assigned_split_ids, window_seed
 from .._core.plan_types import Split, split_rows
 from .._core.stream import open_runs
-from .._state.worker import Leftovers
-from .replan import Replay, cut_items, item_part, item_rows, items_left, split_rest
+from .._state.worker import EVEN, Leftovers
+from .replan import Replay, cut_items, item_part, item_rows, items_left, replay_part, split_rest
 
 if TYPE_CHECKING:
     from .._core.plan_types import PlanView
@@ -68,23 +68,65 @@ def remaining_items(plan: PlanView, leftovers: Leftovers, *, shuffle: bool, seed
     what it left of its splits from its cursor (:func:`~arrowstream._layout.replan.items_left`). An old
     worker's splits are those its epoch's layout gave it: the epoch's order given out by ``assign``, the
     layout's own policy (:func:`~arrowstream._core.order.assigned_split_ids`), so the rows re-planned are
-    the rows it had left.
+    the rows it had left. When the old topology's epoch was itself re-planned (``leftovers.before``), an old
+    worker's rows are its share of that re-plan (:func:`replanned_shares`), from its cursor in it
+    (:func:`share_items_left`): the chain is pure, however deep.
 
     A shuffle window's extent follows from row counts, which a filter makes unknown before
     reading: the loader refuses a leftovers with a worker inside a window and a filter.
     """
     grid = SlotGrid(leftovers.world_size, leftovers.num_workers)
+    block_size = block_size_for(batch_size, interleave)
+    items: list[Replay[Slot] | Split] = []
+    if leftovers.before is not None:   # the old topology read a re-planned epoch: its shares of it
+        shares = replanned_shares(plan, leftovers.before, grid.num_slots, shuffle=shuffle, seed=seed,
+                                  batch_size=batch_size, interleave=interleave, buffer_rows=buffer_rows,
+                                  planning=planning, assign=assign)
+        for index, cursor in enumerate(leftovers.cursors):
+            if cursor is not None:
+                items += share_items_left(shares[index], cursor, grid.slot_at(index), block_size=block_size,
+                                          lanes=interleave, buffer_rows=buffer_rows)
+        return items
     splits = plan.splits_for(grid.num_slots, planning)  # as the old topology read them
     ids = assigned_split_ids(split_rows(splits), grid.num_slots, shuffle=shuffle, seed=seed, epoch=leftovers.epoch,
                              assign=assign)
-    block_size = block_size_for(batch_size, interleave)
-    items: list[Replay[Slot] | Split] = []
     for index, cursor in enumerate(leftovers.cursors):
         if cursor is None:
             continue
         slot = grid.slot_at(index)
         mine = [splits[int(i)] for i in ids[slot.index]]
         items += items_left(mine, cursor, slot, block_size=block_size, lanes=interleave, buffer_rows=buffer_rows)
+    return items
+
+
+def replanned_shares(plan: PlanView, leftovers: Leftovers, num_slots: int, *, shuffle: bool, seed: int,
+                     batch_size: int, interleave: int, buffer_rows: int, planning: int,
+                     assign: Callable[[Sequence[int], int], list[list[int]]]) -> list[Share]:
+    """Each of ``num_slots`` new slots' share of the rest of an epoch the old workers left (``leftovers``):
+    :func:`remaining_items` cut as ``leftovers.cut`` says (:func:`cut_shares`, or :func:`assign_shares` for the
+    ``lpt`` cut of states before version 9)."""
+    items = remaining_items(plan, leftovers, shuffle=shuffle, seed=seed, batch_size=batch_size,
+                            interleave=interleave, buffer_rows=buffer_rows, planning=planning, assign=assign)
+    return cut_shares(items, num_slots) if leftovers.cut == EVEN else assign_shares(items, num_slots, assign)
+
+
+def share_items_left(share: Share, cursor: Cursor, slot: Slot, *, block_size: int | None, lanes: int,
+                     buffer_rows: int) -> list[Replay[Slot] | Split]:
+    """What a worker of a re-planned epoch (``slot``, reading ``share``) left from ``cursor``, in its reading
+    order: the rest of the replay it stood in (moved by its offset into it, as :func:`replay_runs` moves it) and
+    its later replays, each still seeded by its own old slot; then what it left of its ranges
+    (:func:`~arrowstream._layout.replan.items_left`, a window it stood in seeded by ``slot``, as it read them)."""
+    items: list[Replay[Slot] | Split] = []
+    stream = cursor
+    if cursor.replay_index < len(share.replays):
+        at = share.replays[cursor.replay_index]
+        if cursor.replay_offset < at.rows:
+            items.append(replay_part(at, cursor.replay_offset, at.rows))
+        items += share.replays[cursor.replay_index + 1:]
+        stream = Cursor.start(len(share.splits), lanes)   # its ranges not opened yet
+    elif cursor.replay_index or cursor.replay_offset:
+        stream = dataclasses.replace(cursor, replay_index=0, replay_offset=0)
+    items += items_left(share.splits, stream, slot, block_size=block_size, lanes=lanes, buffer_rows=buffer_rows)
     return items
 
 

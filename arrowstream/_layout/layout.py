@@ -32,9 +32,9 @@ from .._core.order import (
     rows_yielded,
 )
 from .._core.plan_types import split_rows
-from .._state.worker import EVEN, Leftovers, WorkerState
+from .._state.worker import Leftovers, WorkerState
 from ..errors import StateMismatchError, UnknownLengthError
-from .elastic import Share, assign_shares, cut_shares, remaining_items
+from .elastic import Share, replanned_shares
 from .share_parts import dataset_start, share_epoch
 from .trims import slot_trim
 
@@ -99,12 +99,10 @@ def lay_out_epoch(plan: PlanView, grid: SlotGrid, epoch: int, options: OrderOpti
                        for owned in assigned_split_ids(splits.num_rows, grid.num_slots, shuffle=options.shuffle,
                                                        seed=options.seed, epoch=epoch, assign=assign))
     else:   # the old slots' splits found by the same policy: the rows they had left
-        items = remaining_items(
-            plan, leftovers, shuffle=options.shuffle, seed=options.seed, batch_size=options.batch_size,
-            interleave=options.interleave, buffer_rows=options.shuffle_buffer_size, planning=options.planning,
-            assign=assign)
-        shares = tuple(cut_shares(items, grid.num_slots) if leftovers.cut == EVEN
-                       else assign_shares(items, grid.num_slots, assign))
+        shares = tuple(replanned_shares(
+            plan, leftovers, grid.num_slots, shuffle=options.shuffle, seed=options.seed,
+            batch_size=options.batch_size, interleave=options.interleave, buffer_rows=options.shuffle_buffer_size,
+            planning=options.planning, assign=assign))
     limits = None
     if even_batches:
         limits = tuple(even_batch_limits([share.num_rows for share in shares], grid.world_size,
@@ -115,7 +113,8 @@ def lay_out_epoch(plan: PlanView, grid: SlotGrid, epoch: int, options: OrderOpti
 def replanned_leftovers(old: EpochLayout, saved: Sequence[tuple[WorkerState, bool]], interleave: int,
                      drops_rows: bool) -> Leftovers:
     """The rest of ``old.epoch`` as the states of every old slot (in slot order, each with whether its
-    loader had finished the epoch) left it: what an epoch re-planned for another topology starts from."""
+    loader had finished the epoch) left it: what an epoch re-planned for another topology starts from. When
+    ``old`` is itself re-planned, its leftovers are the new one's ``before``."""
     epoch = old.epoch
     cursors: list[Cursor | None] = []
     for index, (state, finished) in enumerate(saved):
@@ -133,7 +132,7 @@ def replanned_leftovers(old: EpochLayout, saved: Sequence[tuple[WorkerState, boo
             "with a filter the rows of a window are unknown before reading, so they cannot be re-planned; "
             f"resume with world_size={old.grid.world_size}, num_workers={old.grid.num_workers} until the epoch "
             "ends, then change")
-    return Leftovers(epoch, old.grid.world_size, old.grid.num_workers, tuple(cursors))
+    return Leftovers(epoch, old.grid.world_size, old.grid.num_workers, tuple(cursors), before=old.leftovers)
 
 
 class Layouts:

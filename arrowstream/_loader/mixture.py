@@ -235,24 +235,18 @@ class MixtureDataLoader(StreamLoader):
     def _load_replanned(self, old: list[tuple[MixWorkerState, MixSlot]], states: list[MixWorkerState]) -> None:
         """The rest of a saved epoch, re-planned over this loader's ranks and workers."""
         mixture = self.dataset
-        replanned = [s.elastic for s in states if s.elastic is not None]   # (parsed: a tampered one was a StateError)
-        if replanned:
-            # a re-plan is a pure function of one old topology's cursors; this epoch's already depends on two
-            _, saved = old[0]
-            raise StateMismatchError(
-                f"the checkpoint was taken inside mixture epoch {replanned[0].epoch}, itself re-planned from "
-                f"world_size={replanned[0].world_size}, num_workers={replanned[0].num_workers} to world_size="
-                f"{saved.world_size}, num_workers={saved.num_workers}: that epoch's plan already depends on two "
-                f"topologies; resume it with world_size={saved.world_size}, "
-                f"num_workers={saved.num_workers} and finish the epoch (another topology works again from the next "
-                "epoch's checkpoints)")
+        # inside an epoch itself re-planned (for the old topology): its slots' parts are those of that re-plan, and
+        # the new one is of them (its ``before``), checked like every old cursor
+        mixture.adopt_replanned([s for s in states if s.epoch == max(t.epoch for t in states)])
+        before = mixture.epochs.elastic
         epoch = max(s.epoch for s in states)
         for state, slot in old:
             check_worker_state(mixture, state, slot, elastic=True)
         mixture.follow(states)
         cursors = tuple(None if s.epoch_complete or s.epoch < epoch else dict(s.cursors) for s, _ in old)
         _, first = old[0]
-        elastic = MixElastic(epoch, first.world_size, first.num_workers, cursors, mixture.pass_layout)
+        elastic = MixElastic(epoch, first.world_size, first.num_workers, cursors, mixture.pass_layout,
+                             before=None if before is None else before[0])
         leave_tracks(mixture, epoch, (first.world_size, first.num_workers), (mixture.world_size, self.num_workers))
         mixture.use_replanned((elastic, mixture.world_size, self.num_workers))
         mixture.slot_quotas(self.num_workers, epoch)   # re-planned now: a state that does not add up is refused here

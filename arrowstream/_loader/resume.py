@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .._core.order import Slot, SlotGrid
 from .._state.resume import Replans, follow_planning
 from .._state.worker import WorkerState
-from ..errors import StateError, StateMismatchError
+from ..errors import StateError
 from .torchdata_state import (
     InnerState,
     clear_steps_since_snapshot,
@@ -104,13 +104,6 @@ def elastic_slots(dataset: ChecksStates,
     if len(slots) != old_grid.num_slots:
         raise StateError(f"load_state_dict: the checkpoint holds {len(slots)} worker state(s), expected "
                          f"{old_grid.num_slots} for world_size={old_world}, num_workers={old_workers}")
-    for saved, _ in slots:
-        if saved.elastic is not None:
-            raise StateMismatchError(
-                f"the checkpoint was taken in epoch {saved.epoch}, itself re-planned from world_size="
-                f"{saved.elastic.world_size}, num_workers={saved.elastic.num_workers} to world_size={old_world}, "
-                f"num_workers={old_workers}; resume it with world_size={old_world}, num_workers={old_workers} "
-                "(another topology works again from the next epoch's checkpoints)")
     return old_world, old_workers, slots
 
 

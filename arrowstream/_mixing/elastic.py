@@ -22,13 +22,14 @@ import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from .._core.cursor import Cursor
 from .._core.fields import REMEDY
 from .._core.interleave import block_size_for
 from .._core.plan_types import Split
 from .._layout.replan import Replay, cut_items, item_part, item_rows, items_left
 from .._state.mixture import MixElastic, SourceCursor
 from ..errors import StateError
-from .parts import ComposedParts, ListParts, Part, Parts, SliceParts
+from .parts import ComposedParts, ListParts, Part, Parts, SliceParts, replay_indices
 from .quotas import SPANS
 from .stream import MixSlot, source_seeds
 
@@ -71,16 +72,29 @@ def _left_by(parts: Parts, cursor: SourceCursor, *, batch_size: int, interleave:
     segment = cursor.segment
     if segment < len(parts) and cursor.cursor is not None:
         part = parts[segment]
-        items += items_left(part.splits, cursor.cursor, part.seeds,
-                            block_size=block_size_for(batch_size, interleave), lanes=interleave, buffer_rows=buffer_rows)
+        if part.start is not None:   # a replay of an epoch itself re-planned: the rest of it, still as it was seeded
+            handed = cursor.taken - parts.rows_before(segment)
+            if part.rows > handed:
+                items.append(Replay(part.seeds, part.splits, cursor.cursor, part.rows - handed))
+        else:
+            items += items_left(part.splits, cursor.cursor, part.seeds, block_size=block_size_for(batch_size, interleave),
+                                lanes=interleave, buffer_rows=buffer_rows)
         segment += 1
-    if whole_parts:
-        lo = parts.rows_before(min(segment, len(parts)))
-        if parts.rows > lo:
-            items.append(_Tail(parts, lo, parts.rows))
-        return items
-    for part in parts[segment:]:
-        items += [split for split in part.splits if split.num_rows]
+    # the parts after it; a replay among them (the old slot's epoch was itself re-planned) goes on as it was seeded
+    replays = [index for index in replay_indices(parts) if index >= segment]
+    for index in [*replays, len(parts)]:
+        if whole_parts:
+            lo, hi = parts.rows_before(min(segment, len(parts))), parts.rows_before(index)
+            if hi > lo:
+                items.append(_Tail(parts, lo, hi))
+        else:
+            for part in parts[segment:index]:
+                items += [split for split in part.splits if split.num_rows]
+        if index < len(parts):
+            part = parts[index]
+            items.append(Replay(part.seeds, part.splits, part.start or Cursor.start(len(part.splits), interleave),
+                                part.rows))
+        segment = index + 1
     return items
 
 

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from .._core.order import Slot
 
 History = Sequence[tuple[int, dict[str, int]]]
+_REPLANS_KEPT = 4   # re-planned epochs kept: the one read, and a few of the chain it was re-planned from
 
 
 @dataclass(frozen=True)
@@ -118,15 +119,26 @@ class MixEpochs:
             return self._normal_parts(history, slot)
         return self._replanned_epoch(history, elastic, slot.world_size, slot.num_workers)[slot.index]
 
+    def old_parts(self, history: History, elastic: MixElastic) -> list[dict[str, Parts]]:
+        """Each old slot's parts of every source in the epoch ``elastic`` re-planned, in slot order: as planned, its
+        passes laid out as ``elastic.pass_layout`` says, or, when that epoch was itself re-planned
+        (``elastic.before``), its parts of that re-plan: the chain is pure, however deep."""
+        if elastic.before is not None:
+            return self._replanned_epoch(history, elastic.before, elastic.world_size, elastic.num_workers)
+        return [self._normal_parts(history, old, elastic.pass_layout)
+                for old in self._slots(elastic.epoch, elastic.world_size, elastic.num_workers)]
+
+    @staticmethod
+    def _slots(epoch: int, world_size: int, num_workers: int) -> list[MixSlot]:
+        return [MixSlot(epoch, rank, world_size, worker, num_workers)
+                for rank in range(world_size) for worker in range(max(num_workers, 1))]
+
     def _replanned_epoch(self, history: History, elastic: MixElastic, world_size: int,
                          num_workers: int) -> list[dict[str, Parts]]:
         key = (json.dumps(elastic.to_dict()), world_size, num_workers, json.dumps(list(history)))
         if key not in self._replanned:
-            olds = [MixSlot(elastic.epoch, rank, elastic.world_size, worker, elastic.num_workers)
-                    for rank in range(elastic.world_size) for worker in range(max(elastic.num_workers, 1))]
-            news = [MixSlot(elastic.epoch, rank, world_size, worker, num_workers)
-                    for rank in range(world_size) for worker in range(max(num_workers, 1))]
-            old_parts = [self._normal_parts(history, old, elastic.pass_layout) for old in olds]
+            news = self._slots(elastic.epoch, world_size, num_workers)
+            old_parts = self.old_parts(history, elastic)
             out: list[dict[str, Parts]] = [{} for _ in news]
             for s in self._sources:
                 per_old = [parts[s.name] for parts in old_parts]
@@ -135,7 +147,9 @@ class MixEpochs:
                                           buffer_rows=self._buffer_rows)
                 for index, parts in enumerate(per_new):
                     out[index][s.name] = parts
-            self._replanned = {key: out}   # one re-planned epoch at a time
+            if len(self._replanned) >= _REPLANS_KEPT:   # the re-planned epoch, and those it was re-planned from
+                del self._replanned[next(iter(self._replanned))]
+            self._replanned[key] = out
         return self._replanned[key]
 
     def slot_rows(self, history: History, epoch: int, world_size: int, num_workers: int) -> list[dict[str, int]]:

@@ -263,6 +263,10 @@ class ComposedParts(Parts):
     def __len__(self) -> int:
         return self._firsts[-1]
 
+    def pieces(self) -> list[tuple[int, Parts]]:
+        """Each sequence with the index of its first part among these."""
+        return list(zip(self._firsts, self._pieces, strict=False))
+
     def _locate(self, index: int) -> int:
         return bisect.bisect_right(self._firsts, index) - 1
 
@@ -281,3 +285,14 @@ class ComposedParts(Parts):
             return len(self)
         k = bisect.bisect_right(self._rows, row) - 1
         return self._firsts[k] + self._pieces[k].index_of_row(row - self._rows[k])
+
+
+def replay_indices(parts: Parts) -> list[int]:
+    """The parts of ``parts`` that start inside a window (``start``: the rest of an old worker's window, in an epoch
+    re-planned for another topology), without walking parts that cannot: only a list of items holds them (a span's
+    and an old slot's slice never do)."""
+    if isinstance(parts, ListParts):
+        return [index for index in range(len(parts)) if parts.part(index).start is not None]
+    if isinstance(parts, ComposedParts):
+        return [first + index for first, piece in parts.pieces() for index in replay_indices(piece)]
+    return []

@@ -19,7 +19,7 @@ from .._core.order import Slot
 from .._mixing.quotas import PASS_LAYOUTS, SPANS
 from ..errors import StateError
 from .worker import EVEN as EVEN_CUT
-from .worker import MIXTURE, ElasticHead, WorkerHead, read_head
+from .worker import MAX_REPLANS, MIXTURE, ElasticHead, WorkerHead, read_head
 
 # The retired kind "arrowstream.mixture_worker" (versions 1 to 4) migrates to the one worker kind of version 12
 # (``arrowstream._state.worker.upgraded_worker``): 4 added options.pass_layout (absent before: "tracks"), 3
@@ -73,14 +73,42 @@ class MixElastic(ElasticHead):
     cursors: tuple[dict[str, SourceCursor] | None, ...]
     pass_layout: str = SPANS
     cut: str = EVEN_CUT
+    before: MixElastic | None = None   # the old topology's own epoch was re-planned from this; None: it was planned
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.head_dict(self.cut), "pass_layout": self.pass_layout,
-                "cursors": [None if c is None else {n: v.to_dict() for n, v in c.items()} for c in self.cursors]}
+        out = {**self.head_dict(self.cut), "pass_layout": self.pass_layout,
+               "cursors": [None if c is None else {n: v.to_dict() for n, v in c.items()} for c in self.cursors]}
+        if self.before is not None:   # absent for the rest of a planned epoch (as every state before it wrote)
+            out["before"] = self.before.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, value: Any, where: str) -> MixElastic:
-        """Parse a mixture worker state's ``elastic`` (typed and bounded; ``StateError`` naming the field if not)."""
+        """Parse a mixture worker state's ``elastic`` (typed and bounded; ``StateError`` naming the field if not), and
+        the ``before`` chain under it (each of the same epoch), iteratively: the innermost re-plan first."""
+        chain: list[tuple[Any, str]] = []
+        top = where
+        while value is not None:
+            if len(chain) >= MAX_REPLANS:
+                raise StateError(
+                    f"the state's {top} nests more than {MAX_REPLANS} re-plans of one epoch under 'before'; "
+                    f"arrowstream writes one per topology change and resumes at most {MAX_REPLANS} in one epoch "
+                    f"(each is laid out again on load); {REMEDY}")
+            chain.append((value, where))
+            value = value.get("before") if isinstance(value, dict) else None
+            where = f"{where}.before"
+        parsed: MixElastic | None = None
+        for entry, at in reversed(chain):
+            elastic = cls._one(entry, at, parsed)
+            if parsed is not None and parsed.epoch != elastic.epoch:
+                raise StateError(f"the state's {at}.before.epoch is {parsed.epoch}, but {at}.epoch is {elastic.epoch}: "
+                                 f"the re-plans of one epoch all name that epoch; {REMEDY}")
+            parsed = elastic
+        assert parsed is not None   # chain holds the value itself
+        return parsed
+
+    @classmethod
+    def _one(cls, value: Any, where: str, before: MixElastic | None) -> MixElastic:
         fields = Fields(value, where)
         epoch, world_size, num_workers, entries, cut = cls.read(fields, (EVEN_CUT,))
         cursors: list[dict[str, SourceCursor] | None] = []
@@ -96,7 +124,7 @@ class MixElastic(ElasticHead):
         if pass_layout not in PASS_LAYOUTS:
             raise StateError(f"the state's {where}.pass_layout is {shorten(pass_layout)}, expected one of "
                              f"{list(PASS_LAYOUTS)}; {REMEDY}")
-        return cls(epoch, world_size, num_workers, tuple(cursors), pass_layout, cut)
+        return cls(epoch, world_size, num_workers, tuple(cursors), pass_layout, cut, before)
 
 
 CompactCursor = tuple[int, Any, int]

@@ -214,19 +214,25 @@ def _check_old_cursors(mixture: MixtureView, elastic: MixElastic, state: MixWork
     sources of that epoch and stands where its ``taken`` says in that slot's parts of its source (the re-plan
     reads what each old slot had left from there; a source this mixture lacks, left out at the epoch's end,
     cannot be checked)."""
-    per_rank = max(elastic.num_workers, 1)
-    for index, cursors in enumerate(elastic.cursors):
-        if cursors is None:
-            continue
-        if sorted(cursors) != sorted(state.epochs):
-            raise StateError(f"the mixture worker state's elastic.cursors[{index}] names source(s) {sorted(cursors)}, "
-                             f"its epoch {state.epoch} has {sorted(state.epochs)}; {REMEDY}")
-        old = MixSlot(elastic.epoch, index // per_rank, elastic.world_size, index % per_rank, elastic.num_workers)
-        parts = mixture.epochs.planned_parts(state.history, old, elastic.pass_layout)
-        for name, cursor in cursors.items():
-            if name in parts:
-                check_source_cursor(cursor, parts[name], **_reading(mixture),
-                                    where=f"mixture worker state's elastic.cursors[{index}].{name}")
+    chain: list[MixElastic] = []   # innermost first: each re-plan's old slots read the one before it
+    link: MixElastic | None = elastic
+    while link is not None:
+        chain.append(link)
+        link = link.before
+    for depth, link in enumerate(reversed(chain)):
+        where = "elastic" + ".before" * (len(chain) - 1 - depth)
+        old_parts = mixture.epochs.old_parts(state.history, link)
+        for index, cursors in enumerate(link.cursors):
+            if cursors is None:
+                continue
+            if sorted(cursors) != sorted(state.epochs):
+                raise StateError(f"the mixture worker state's {where}.cursors[{index}] names source(s) "
+                                 f"{sorted(cursors)}, its epoch {state.epoch} has {sorted(state.epochs)}; {REMEDY}")
+            parts = old_parts[index]
+            for name, cursor in cursors.items():
+                if name in parts:
+                    check_source_cursor(cursor, parts[name], **_reading(mixture),
+                                        where=f"mixture worker state's {where}.cursors[{index}].{name}")
 
 
 def _reading(mixture: MixtureView) -> dict[str, Any]:

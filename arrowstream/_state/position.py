@@ -130,6 +130,58 @@ def check_cursor(cursor: Cursor, split_rows: Sequence[int], *, interleave: int, 
     return consumed + cursor.window_offset
 
 
+def check_share_cursor(cursor: Cursor, split_rows: Sequence[int], replay_rows: Sequence[int] | None, *,
+                       interleave: int, block_size: int | None, buffer_rows: int, exact: bool, where: str) -> int:
+    """Check ``cursor`` against a worker's splits and, in a re-planned epoch, the rows of its replays (``None``:
+    an epoch planned for its topology, which has none); return how many rows of its share were handed out
+    (source rows before the filter)."""
+    replays = list(replay_rows or ())
+    if replay_rows is None and (cursor.replay_index or cursor.replay_offset):
+        raise _refuse(where, f"has replay_index={cursor.replay_index}, replay_offset="
+                             f"{cursor.replay_offset} outside an epoch re-planned for another topology")
+    if cursor.replay_index > len(replays):
+        raise _refuse(where, f"has replay_index={cursor.replay_index}, but the worker has {len(replays)} replay(s)")
+    stream = dataclasses.replace(cursor, replay_index=0, replay_offset=0)
+    if cursor.replay_index < len(replays):
+        if cursor.replay_offset >= replays[cursor.replay_index] or stream != Cursor.start(len(split_rows), interleave):
+            raise _refuse(where, f"has replay_index={cursor.replay_index}, replay_offset="
+                                 f"{cursor.replay_offset} (replays of {replays} rows) and its own splits "
+                                 f"at {stream}, not at their start")
+        return sum(replays[:cursor.replay_index]) + cursor.replay_offset
+    if cursor.replay_offset:
+        raise _refuse(where, f"has replay_offset={cursor.replay_offset} past its last replay")
+    return sum(replays) + check_cursor(stream, split_rows, interleave=interleave, block_size=block_size,
+                                       buffer_rows=buffer_rows, exact=exact, where=where)
+
+
+def check_leftovers(epochs: Epochs, checked: set[Leftovers], source: Leftovers, where: str, *, exact: bool,
+                    common: dict[str, Any]) -> None:
+    """Check every old worker's cursor of an elastic ``source`` against what it read of its epoch: its planned
+    splits, or, when that epoch was itself re-planned (``source.before``, checked first, the same way), its share
+    of the re-plan (replays, then ranges). A source already in ``checked`` is not checked again; one found valid
+    is added."""
+    if source in checked:
+        return
+    before = source.before
+    if before is not None:
+        check_leftovers(epochs, checked, before, f"{where}.before", exact=exact, common=common)
+    grid = SlotGrid(source.world_size, source.num_workers)
+    layout = None if before is None else epochs.layouts.layout(source.epoch, grid, before)
+    for index, old in enumerate(source.cursors):
+        if old is None:
+            continue
+        old_slot, at = grid.slot_at(index), f"{where}.cursors[{index}]"
+        if layout is None:
+            if old.replay_index or old.replay_offset:
+                raise _refuse(at, "has replay fields; an old worker's cursor of a planned epoch has none")
+            check_cursor(old, _slot_rows(epochs, old_slot, source.epoch), exact=exact, where=at, **common)
+        else:
+            share = layout.share(old_slot)
+            check_share_cursor(old, rows_of(share.splits).tolist(), [r.rows for r in share.replays], exact=exact,
+                               where=at, **common)
+    checked.add(source)  # every new worker carries the same source: checked once
+
+
 def check_position(saved: WorkerState, split_rows: Sequence[int], replay_rows: Sequence[int] | None, *,
                    batch_size: int, interleave: int, block_size: int | None, buffer_rows: int, drop_last: bool,
                    limit: int | None, exact: bool, where: str) -> bool:
@@ -137,24 +189,8 @@ def check_position(saved: WorkerState, split_rows: Sequence[int], replay_rows: S
     the rows of its replays); return whether the cursor is the end of its epoch."""
     cursor = saved.cursor
     replays = list(replay_rows or ())
-    if replay_rows is None and (cursor.replay_index or cursor.replay_offset):
-        raise _refuse(f"{where}.cursor", f"has replay_index={cursor.replay_index}, replay_offset="
-                                         f"{cursor.replay_offset} outside an epoch re-planned for another topology")
-    if cursor.replay_index > len(replays):
-        raise _refuse(f"{where}.cursor", f"has replay_index={cursor.replay_index}, but the worker has {len(replays)} "
-                                         "replay(s)")
-    stream = dataclasses.replace(cursor, replay_index=0, replay_offset=0)
-    if cursor.replay_index < len(replays):
-        if cursor.replay_offset >= replays[cursor.replay_index] or stream != Cursor.start(len(split_rows), interleave):
-            raise _refuse(f"{where}.cursor", f"has replay_index={cursor.replay_index}, replay_offset="
-                                             f"{cursor.replay_offset} (replays of {replays} rows) and its own splits "
-                                             f"at {stream}, not at their start")
-        handed = sum(replays[:cursor.replay_index]) + cursor.replay_offset
-    else:
-        if cursor.replay_offset:
-            raise _refuse(f"{where}.cursor", f"has replay_offset={cursor.replay_offset} past its last replay")
-        handed = sum(replays) + check_cursor(stream, split_rows, interleave=interleave, block_size=block_size,
-                                             buffer_rows=buffer_rows, exact=exact, where=f"{where}.cursor")
+    handed = check_share_cursor(cursor, split_rows, replay_rows, interleave=interleave, block_size=block_size,
+                                buffer_rows=buffer_rows, exact=exact, where=f"{where}.cursor")
     total = sum(replays) + sum(split_rows)
     at_end = handed == total and cursor.replay_index == len(replays) and not cursor.lanes
     rows, batches = saved.rows, saved.batches
@@ -193,16 +229,9 @@ def check_in_plan(epochs: Epochs, options: OrderOptions, checked: set[Leftovers]
         source = saved.elastic
         if source.epoch != saved.epoch:
             raise _refuse(f"{where}.elastic.epoch", f"is {source.epoch}, but the state is in epoch {saved.epoch}")
-        for index, old in enumerate(source.cursors if source not in checked else ()):
-            if old is None:
-                continue
-            old_slot = SlotGrid(source.world_size, source.num_workers).slot_at(index)
-            if old.replay_index or old.replay_offset:
-                raise _refuse(f"{where}.elastic.cursors[{index}]", "has replay fields; an old worker's cursor has none")
-            check_cursor(old, _slot_rows(epochs, old_slot, source.epoch), exact=exact,
-                         where=f"{where}.elastic.cursors[{index}]", **common)
-        checked.add(source)  # every new worker carries the same source: checked once
-        layout = epochs.layouts.layout(saved.epoch, slot.grid, source)
+        check_leftovers(epochs, checked, source, f"{where}.elastic", exact=exact, common=common)
+        layout = epochs.layouts.layout(saved.epoch, slot.grid, source,  # with the state's even_batches
+                                       even_batches=bool(saved.options.get("even_batches")))
         share, limit = layout.share(slot), layout.limit(slot)
         split_rows, replay_rows = rows_of(share.splits).tolist(), [r.rows for r in share.replays]
     at_end = check_position(saved, split_rows, replay_rows, batch_size=options.batch_size, drop_last=options.drop_last,

@@ -69,8 +69,7 @@ def checked_state(against: Against, saved: WorkerState, elastic: bool, slot: Slo
                 f"{saved.slot.world_size}, num_workers={saved.slot.num_workers}, but stands where the checkpoint "
                 f"keeps rank {slot.rank} worker {slot.worker_id} of world_size={slot.world_size}, num_workers="
                 f"{slot.num_workers}; pass the dict returned by loader.state_dict() (or merge_state_dicts) unchanged")
-        if not (elastic and saved.elastic is not None):  # a re-planned epoch re-planned again is refused
-            check_in_plan(against.epochs, against.options, against.checked, saved, where, done)
+        check_in_plan(against.epochs, against.options, against.checked, saved, where, done)
     return saved
 
 
@@ -124,8 +123,28 @@ def nothing_left(left: int | None, options: OrderOptions, holds: Callable[[int],
 def replanned_epoch(epochs: Epochs, options: OrderOptions, epoch: int, world_size: int, num_workers: int,
                     saved: Sequence[tuple[WorkerState, bool]]) -> Leftovers:
     """The rest of ``epoch`` from the states of every old (rank, worker) slot, in slot order (each with
-    whether its loader had finished the epoch), to be laid out for this topology."""
+    whether its loader had finished the epoch), to be laid out for this topology. When the old topology read
+    that epoch re-planned from yet another (its states' ``elastic``), the rest is of its shares of that re-plan,
+    and the re-plan its ``before``: the chain stays a pure function of the plan and the old workers' cursors."""
+    inside = [state for state, _ in saved if state.epoch == epoch]
+    before = inside[0].elastic if inside else None
+    for state in inside:
+        if state.elastic != before:
+            first = SlotGrid(world_size, num_workers).slot_at(next(i for i, (s, _) in enumerate(saved) if s.epoch == epoch))
+            raise StateMismatchError(
+                f"the checkpoint's rank {state.slot.rank} worker {state.slot.worker_id} state and its rank "
+                f"{first.rank} worker {first.worker_id} state are both in epoch {epoch} but read it laid out "
+                f"differently ({_laid_out(state.elastic)} vs {_laid_out(before)}), so they are not one run's "
+                "checkpoint; pass the dict returned by loader.state_dict() (or gather_state_dict, "
+                "merge_state_dicts) unchanged, every state from one step")
     # the epoch as the old topology read it, with its own even_batches
-    old = epochs.layouts.layout(epoch, SlotGrid(world_size, num_workers),
+    old = epochs.layouts.layout(epoch, SlotGrid(world_size, num_workers), before,
                                 even_batches=bool(saved and saved[0][0].options.get("even_batches")))
     return replanned_leftovers(old, saved, options.interleave, options.drops_rows)
+
+
+def _laid_out(elastic: Leftovers | None) -> str:
+    if elastic is None:
+        return "planned for its topology"
+    return (f"re-planned from world_size={elastic.world_size}, num_workers={elastic.num_workers}"
+            f"{'' if elastic.before is None else f' ({elastic.depth} re-plans deep)'}")

@@ -30,6 +30,9 @@ READS = (DATASET, MIXTURE)
 """What a loader state's (from v11) and a worker state's (from v12) ``reads`` may say: the loader that wrote it
 read a ``StructuredDataset`` (or an ``IcebergDataset``) or a ``Mixture`` (a dataset's older states read a dataset)."""
 
+MAX_REPLANS = 64
+"""The most re-plans of one epoch (``elastic.before`` nested) a worker state may hold: one per topology change."""
+
 EVEN, LPT = "even", "lpt"
 ELASTIC_CUTS = (EVEN, LPT)
 """How an epoch re-planned for another topology gives the rows left to the new workers (``elastic.cut``):
@@ -295,17 +298,46 @@ class Leftovers(ElasticHead):
 
     cursors: tuple[Cursor | None, ...]
     cut: str = EVEN   # how the rows left go to the new workers: see ELASTIC_CUTS
+    before: Leftovers | None = None   # the old topology's own epoch was re-planned from this; None: it was planned
+
+    @property
+    def depth(self) -> int:
+        """How many re-plans the epoch went through: 1 for the rest of a planned epoch, 2 when that was itself
+        re-planned, and so on."""
+        return 1 if self.before is None else 1 + self.before.depth
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.head_dict(self.cut), "cursors": [None if c is None else c.to_dict() for c in self.cursors]}
+        out = {**self.head_dict(self.cut), "cursors": [None if c is None else c.to_dict() for c in self.cursors]}
+        if self.before is not None:   # absent for the rest of a planned epoch (as every state before it wrote)
+            out["before"] = self.before.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, source: Any, where: str = "elastic") -> Leftovers:
-        """Parse the ``elastic`` field of a worker state (typed and bounded; ``StateError`` if not)."""
-        epoch, world_size, num_workers, cursors, cut = cls.read(Fields(source, where), ELASTIC_CUTS)
-        return cls(epoch, world_size, num_workers,
-                   tuple(None if c is None else Cursor.from_dict(c, f"{where}.cursors[{i}]")
-                         for i, c in enumerate(cursors)), cut)
+        """Parse the ``elastic`` field of a worker state (typed and bounded; ``StateError`` if not), and the
+        ``before`` chain under it (each of the same epoch), iteratively: the innermost re-plan first."""
+        chain: list[tuple[Any, str]] = []
+        top = where
+        while source is not None:
+            if len(chain) >= MAX_REPLANS:
+                raise StateError(
+                    f"the state's {top} nests more than {MAX_REPLANS} re-plans of one epoch under 'before'; "
+                    f"arrowstream writes one per topology change and resumes at most {MAX_REPLANS} in one epoch "
+                    f"(each is laid out again on load); {REMEDY}")
+            chain.append((source, where))
+            source = source.get("before") if isinstance(source, dict) else None
+            where = f"{where}.before"
+        parsed: Leftovers | None = None
+        for value, at in reversed(chain):
+            epoch, world_size, num_workers, cursors, cut = cls.read(Fields(value, at), ELASTIC_CUTS)
+            if parsed is not None and parsed.epoch != epoch:
+                raise StateError(f"the state's {at}.before.epoch is {parsed.epoch}, but {at}.epoch is {epoch}: the "
+                                 f"re-plans of one epoch all name that epoch; {REMEDY}")
+            parsed = cls(epoch, world_size, num_workers,
+                         tuple(None if c is None else Cursor.from_dict(c, f"{at}.cursors[{i}]")
+                               for i, c in enumerate(cursors)), cut, parsed)
+        assert parsed is not None   # chain holds the source itself
+        return parsed
 
 
 @dataclass(frozen=True)

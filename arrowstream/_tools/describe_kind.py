@@ -94,8 +94,13 @@ def read_workers(raw: Any, num_workers: int, where: str, owner: str) -> InnerSta
 
 def elastic_summary(elastic: Any) -> dict[str, Any] | None:
     """An epoch re-planned from another topology (a dataset's ``Leftovers``, a mixture's ``MixElastic``:
-    one cursor per old slot, ``None`` for a slot that had nothing left)."""
+    one cursor per old slot, ``None`` for a slot that had nothing left); ``replans``: how many topologies before
+    this one read the epoch (1, or more when the old topology's epoch was itself re-planned: its ``before``)."""
     if elastic is None:
         return None
+    replans, link = 0, elastic
+    while link is not None:
+        replans, link = replans + 1, link.before
     return {"epoch": elastic.epoch, "old_world_size": elastic.world_size, "old_num_workers": elastic.num_workers,
-            "old_workers": len(elastic.cursors), "old_workers_done": sum(c is None for c in elastic.cursors)}
+            "old_workers": len(elastic.cursors), "old_workers_done": sum(c is None for c in elastic.cursors),
+            "replans": replans}

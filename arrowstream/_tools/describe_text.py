@@ -19,6 +19,13 @@ def _count(value: int | None) -> str:
     return "?" if value is None else f"{value:,}"
 
 
+def _earlier_replans(replans: int) -> str:
+    """How many times the old topology's epoch had been re-planned before (none: nothing said)."""
+    if replans <= 1:
+        return ""
+    return f"; their epoch itself re-planned {replans - 1} time(s) before, from other topologies"
+
+
 def format_state(description: dict[str, Any]) -> str:
     """:func:`describe_state`'s dict as text, for people (``arrowstream state show`` prints it).
 
@@ -61,7 +68,7 @@ def format_state(description: dict[str, Any]) -> str:
         e = d["elastic"]
         lines.append(f"elastic: epoch {e['epoch']} re-planned from world_size {e['old_world_size']}, num_workers "
                      f"{e['old_num_workers']} ({e['old_workers_done']} of {e['old_workers']} old workers had "
-                     "nothing left); rows count from the re-plan")
+                     f"nothing left{_earlier_replans(e.get('replans', 1))}); rows count from the re-plan")
     if d.get("mixture"):
         lines += _mixture_lines(d["mixture"])
     for rank in d["ranks"]:

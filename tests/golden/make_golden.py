@@ -54,6 +54,12 @@ CASES = [
     {"name": "elastic-workers3-from-workers2-mid", "num_workers": 3, "elastic_from": (2, 2),
      "options": {"batch_size": 8, "shuffle": True, "seed": 6, "shuffle_buffer_size": 12, "interleave": 2},
      "epochs": [0, 1], "point": ("mid", 0, 2)},
+    # (v12, added with re-planning a re-planned epoch again) a state inside an epoch re-planned from 2 workers to
+    # 3 and, from a checkpoint inside that, again to 1: its elastic's "before" is the first re-plan
+    {"name": "elastic-twice-workers1-from-workers3-from-workers2-mid", "num_workers": 1,
+     "elastic_chain": [(2, 2), (3, 2)],
+     "options": {"batch_size": 8, "shuffle": True, "seed": 6, "shuffle_buffer_size": 12, "interleave": 2},
+     "epochs": [0, 1], "point": ("mid", 0, 2)},
     # from v7 on: dynamic assignment (the ledger of leases); resumed by one process, whose order is fixed
     {"name": "dynamic-workers0-buffer-interleave-mid", "num_workers": 0,
      "options": {"batch_size": 16, "shuffle": True, "seed": 1, "shuffle_buffer_size": 30, "interleave": 2,
@@ -165,6 +171,18 @@ def capture(case: dict, path: str) -> dict:
             if step + 1 == steps:
                 break
         loader.load_state_dict(json.loads(json.dumps(old.state_dict())))
+    if case.get("elastic_chain"):  # from a state of one topology to the next, some batches each, loaded here
+        state = None
+        for workers, steps in case["elastic_chain"]:
+            old, old_dataset = StructuredDataset.create_dataloader(path=path, num_workers=workers, **case["options"])
+            if state is not None:
+                old.load_state_dict(state)
+            old_dataset.set_epoch(0)
+            for step, _ in enumerate(old):
+                if step + 1 == steps:
+                    break
+            state = json.loads(json.dumps(old.state_dict()))
+        loader.load_state_dict(state)
     if case.get("replanned_from"):
         # every rank of another world size after some batches, merged, loaded here: the rest re-planned
         loader.load_state_dict(merged_state_of(case, "replanned_from", path))
@@ -219,12 +237,15 @@ def main() -> None:
     write_cut_data()
     cut = "--cut" in sys.argv
     out_dir = os.path.join(HERE, f"v{STATE_VERSION}")
-    if os.path.isdir(out_dir) and "--force" not in sys.argv and not cut:
+    new = "--new" in sys.argv   # only the cases of this version added since its files were written
+    if os.path.isdir(out_dir) and "--force" not in sys.argv and not (cut or new):
         sys.exit(f"{out_dir} exists; golden files are never rewritten")
     os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         for case in CUT_CASES if cut else CASES + CUT_CASES:
             out = os.path.join(out_dir, f"{case['name']}.json")
+            if new and os.path.exists(out):
+                continue
             if cut and os.path.exists(out):
                 sys.exit(f"{out} exists; golden files are never rewritten")
             data = case.get("data", "data")

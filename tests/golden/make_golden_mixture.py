@@ -45,6 +45,12 @@ CASES = [
     {"name": "elastic-workers3-from-workers2-mid", "num_workers": 3, "elastic_from": (2, 3),
      "options": {"shuffle": True, "shuffle_buffer_size": 16, "epoch_rows": 600, "weights": {"a": 1, "b": 2}},
      "point": ("mid", 0, 2), "epochs": [0, 1]},
+    # (v12, added with re-planning a re-planned epoch again) a state inside an epoch re-planned from 2 workers to
+    # 3 and, from a checkpoint inside that, again to 1: its elastic's "before" is the first re-plan
+    {"name": "elastic-twice-workers1-from-workers3-from-workers2-mid", "num_workers": 1,
+     "elastic_chain": [(2, 3), (3, 2)],
+     "options": {"shuffle": True, "shuffle_buffer_size": 16, "epoch_rows": 600, "weights": {"a": 1, "b": 2}},
+     "point": ("mid", 0, 2), "epochs": [0, 1]},
     # from state version 11 on (a mixture's loader state and merged checkpoint are the dataset's kinds): a merged
     # checkpoint of 2 ranks with workers, at the same step; the recorded continuation is rank 1's
     {"name": "merged-rank1of2-workers2-mid", "num_workers": 2, "merge_ranks": 2,
@@ -94,6 +100,19 @@ def capture(root: str, case: dict) -> dict:
             next(batches)
         loader.load_state_dict(json.loads(json.dumps(old.state_dict())))
         del batches
+    state = None
+    for workers, steps in case.get("elastic_chain", ()):   # from one topology to the next, some batches each
+        old, old_mixture = make(root, {**case, "num_workers": workers})
+        if state is not None:
+            old.load_state_dict(state)
+        old_mixture.set_epoch(0)
+        batches = iter(old)
+        for _ in range(steps):
+            next(batches)
+        state = json.loads(json.dumps(old.state_dict()))
+        del batches
+    if state is not None:
+        loader.load_state_dict(state)
     kind, at_epoch, at_step = case["point"]
     out, state, before = [], None, 0
     for epoch in case["epochs"]:
@@ -113,13 +132,16 @@ def main() -> None:
 
     out_dir = os.path.join(HERE, f"v{STATE_VERSION}")
     written = [name for name in os.listdir(out_dir) if name.startswith("mixture-")] if os.path.isdir(out_dir) else []
-    if written and "--force" not in sys.argv:
+    new = "--new" in sys.argv   # only the cases of this version added since its files were written
+    if written and "--force" not in sys.argv and not new:
         sys.exit(f"{out_dir} holds mixture states ({written[0]}, ...); golden files are never rewritten")
     os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as root:
         prepare_copy(os.path.join(root, "data"), "data")
         prepare_copy(os.path.join(root, "data-cut"), "data-cut")
         for case in CASES:
+            if new and f"mixture-{case['name']}.json" in written:
+                continue
             record = {key: case[key] for key in ("num_workers", "options", "epochs", "layout") if key in case}
             record.update(capture(root, case))
             with open(os.path.join(out_dir, f"mixture-{case['name']}.json"), "w") as f:
