@@ -226,10 +226,14 @@ def import_circles() -> list[list[str]]:
             if len(component) > 1:
                 circles.append(sorted(component))
 
-    sys.setrecursionlimit(10_000)
-    for node in sorted(graph):
-        if node not in index:
-            connect(node)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10_000))
+    try:
+        for node in sorted(graph):
+            if node not in index:
+                connect(node)
+    finally:
+        sys.setrecursionlimit(limit)   # other tests in this process count on the default
     return circles
 
 
