@@ -45,7 +45,7 @@ def test_counts_are_what_the_loop_consumed_mid_epoch_and_after_it(folder, num_wo
     checkpoint = json_roundtrip({"model": {"w": [1.0]}, "loader": loader.state_dict(), "epoch": 0})
     about = describe_state(checkpoint)
     assert (about["path"], about["other_paths"], about["kind"], about["version"]) == (
-        "loader", [], "arrowstream.loader", arrowstream._state.worker.STATE_VERSION)
+        "loader", [], "arrowstream.loader", arrowstream._state.versions.STATE_VERSION)
     assert (about["epoch"], about["rows"], about["batches"]) == (0, rows, 5)
     assert about["epoch_rows"] == dataset.num_rows == 230
     assert about["share"] == pytest.approx(rows / 230)
@@ -327,7 +327,7 @@ def test_every_golden_state_of_every_version_is_described():
     for path in golden:
         case = json.loads(path.read_text())
         about = describe_state(case)   # the state sits at case["state"]
-        assert about["path"] == "state" and about["version"] == arrowstream._state.worker.STATE_VERSION, path
+        assert about["path"] == "state" and about["version"] == arrowstream._state.versions.STATE_VERSION, path
         assert about["saved_version"] == int(path.parent.name[1:]), path
         format_state(about)
         if "next-epoch" in path.name:   # consumed counts the epochs before too
@@ -396,7 +396,7 @@ def test_golden_mixture_states_show_their_epoch_sources_and_workers(path):
     assert (about["epoch"], about["source"], mix["saved_state_version"]) == (case["epoch"], "mixture", version)
     assert (about["kind"], about["reads"], about["version"]) == (
         "arrowstream.checkpoint" if "ranks" in case["state"] else "arrowstream.loader", "mixture",
-        arrowstream._state.worker.STATE_VERSION)
+        arrowstream._state.versions.STATE_VERSION)
     assert (about["saved_kind"], about["saved_version"]) == (
         ("arrowstream.mixture_loader", 1) if retired else (case["state"]["kind"], case["state"]["version"]))
     assert about["topology"]["num_workers"] == case["num_workers"]

@@ -27,7 +27,7 @@ FILES = sorted(f for f in glob.glob(os.path.join(GOLDEN, "v*", "*.json")) if not
 
 
 def test_there_is_a_golden_file_for_the_current_version():
-    from arrowstream._state.worker import STATE_VERSION
+    from arrowstream._state.versions import STATE_VERSION
 
     assert any(f"{os.sep}v{STATE_VERSION}{os.sep}" in f for f in FILES)
 
@@ -35,7 +35,7 @@ def test_there_is_a_golden_file_for_the_current_version():
 def test_there_are_golden_files_of_the_current_version_for_both_fronts():
     """From v11 a dataset's loader and a mixture's write one loader state kind and one merged checkpoint kind: the
     golden files of this version hold both fronts' states of both levels, mid-epoch and with workers."""
-    from arrowstream._state.worker import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION
+    from arrowstream._state.versions import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION
 
     found = set()
     for path in FILES + MIXTURE_FILES:
@@ -52,7 +52,7 @@ def test_the_worker_states_of_the_current_version_are_one_kind_for_both_fronts()
     """From v12 a dataset's worker and a mixture's write one worker state kind: every worker state of this version's
     golden files (static, re-planned, dynamic and mixture cases) is "arrowstream.worker" of this version, reading what
     its loader state reads, with the one head; a mixture's keeps its sources beside it."""
-    from arrowstream._state.worker import CHECKPOINT_KIND, STATE_VERSION
+    from arrowstream._state.versions import CHECKPOINT_KIND, STATE_VERSION
 
     seen = set()
     for path in [f for f in FILES + MIXTURE_FILES if f"{os.sep}v{STATE_VERSION}{os.sep}" in f]:
@@ -113,17 +113,17 @@ def _worker_state(loader_state):
 def test_v1_states_migrate_step_by_step():
     """v2 added batches_per_transfer to the loader state (a v1 loader sent one batch per message);
     v3 turned the worker's (split_index, row_offset) into one lane of the interleaved cursor."""
-    from arrowstream._state import worker as _state
+    from arrowstream._state import versions
 
     with open(os.path.join(GOLDEN, "v1", "workers2-shuffle-mid.json")) as f:
         loader_state = json.load(f)["state"]
-    upgraded = _state.upgrade(loader_state, _state.LOADER_KIND)
-    assert upgraded["version"] == _state.STATE_VERSION
+    upgraded = versions.upgrade(loader_state, versions.LOADER_KIND)
+    assert upgraded["version"] == versions.STATE_VERSION
     assert upgraded["batches_per_transfer"] == 1
     worker = _worker_state(loader_state)
-    v2 = _state.MIGRATIONS[(_state.WORKER_KIND, 1)](worker)
+    v2 = versions.MIGRATIONS[(versions.WORKER_KIND, 1)](worker)
     assert v2["cursor"] == worker["cursor"]
-    v3 = _state.MIGRATIONS[(_state.WORKER_KIND, 2)](v2)
+    v3 = versions.MIGRATIONS[(versions.WORKER_KIND, 2)](v2)
     old = worker["cursor"]
     assert v3["cursor"] == {"lanes": [[old["split_index"], old["row_offset"]]],
                             "next_split_index": old["split_index"] + 1, "turn_index": 0, "block_offset": 0,
@@ -134,7 +134,7 @@ def test_a_v1_mixture_state_migrates_to_the_one_loader_kind():
     """A mixture's loader state of the retired kind (version 1, the first of which lack batches_per_transfer) is
     read as version 11 has it: the dataset's kind, ``reads`` added, its other fields unchanged."""
     from arrowstream._state.loader import read_loader_state
-    from arrowstream._state.worker import LOADER_KIND, STATE_VERSION
+    from arrowstream._state.versions import LOADER_KIND, STATE_VERSION
 
     with open(os.path.join(GOLDEN, "mixture-v1", "workers2-shuffle-interleave-mid.json")) as f:
         saved = json.load(f)["state"]

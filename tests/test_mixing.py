@@ -16,7 +16,7 @@ import pytest
 from helpers import as_retired_mixture_worker, slow_collate
 
 from arrowstream import Mixture, Source, errors
-from arrowstream._state.worker import STATE_VERSION
+from arrowstream._state.versions import STATE_VERSION
 
 WEIGHTS = {"big": 0.6, "small": 0.1, "mid": 0.3}
 BASES = {"big": 0, "small": 100_000, "mid": 200_000}

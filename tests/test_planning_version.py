@@ -16,7 +16,7 @@ from helpers import assert_replanned_continuation, ids_of, make_loader, write_da
 
 from arrowstream._core.plan_types import PLANNING_VERSION
 from arrowstream._loader.torchdata_state import worker_state
-from arrowstream._state.worker import STATE_VERSION
+from arrowstream._state.versions import STATE_VERSION
 from arrowstream.errors import StateError, StateMismatchError, StateVersionError
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")

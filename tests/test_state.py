@@ -15,7 +15,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from arrowstream import StructuredDataset, errors, merge_state_dicts
 from arrowstream._core.cursor import Cursor
 from arrowstream._loader.torchdata_state import iterator_finished, steps_since_snapshot, worker_state
-from arrowstream._state.worker import STATE_VERSION
+from arrowstream._state.versions import STATE_VERSION
 
 
 def _only_json_types(value):
@@ -90,7 +90,7 @@ def test_dataset_in_a_users_own_stateful_dataloader(uneven_dataset):
 
 
 def test_v4_worker_state_migrates_to_v5_without_a_snapshot():
-    from arrowstream._state.worker import MIGRATIONS, WORKER_KIND, upgrade
+    from arrowstream._state.versions import MIGRATIONS, WORKER_KIND, upgrade
 
     v4 = {"kind": WORKER_KIND, "version": 4, "data": {"fingerprint": "f" * 32, "num_files": 2, "num_rows": 10},
           "options": {}, "epoch": 0, "slot": {"rank": 0, "world_size": 1, "worker_id": 0, "num_workers": 0},
@@ -102,7 +102,7 @@ def test_v4_worker_state_migrates_to_v5_without_a_snapshot():
 
 def test_v5_worker_state_migrates_to_v6_on_planning_version_1():
     """Every state before v6 was taken on the splits planning version 1 cut (issue #19, point 3)."""
-    from arrowstream._state.worker import MIGRATIONS, STATE_VERSION, WORKER_KIND, upgrade
+    from arrowstream._state.versions import MIGRATIONS, STATE_VERSION, WORKER_KIND, upgrade
 
     v5 = {"kind": WORKER_KIND, "version": 5, "data": {}, "options": {"batch_size": 4, "even_batches": True},
           "epoch": 0, "slot": {}, "cursor": {}, "counters": {}, "epoch_complete": False, "elastic": None}

@@ -516,7 +516,7 @@ def _own(cases: dict[str, Any], mix_cases: dict[str, Any], front: str) -> dict[s
 @pytest.mark.parametrize("front", ["dataset", "mixture"])
 def test_both_fronts_write_one_worker_kind_with_one_head(cases, mix_cases, front):
     """The same kind, version and head under the same names; a mixture keeps its own fields beside it."""
-    from arrowstream._state.worker import STATE_VERSION
+    from arrowstream._state.versions import STATE_VERSION
 
     worker = _own(cases, mix_cases, front)["dataloader"]["dataset_state"]
     assert (worker["kind"], worker["version"], worker["reads"]) == ("arrowstream.worker", STATE_VERSION, front)
@@ -610,7 +610,7 @@ def test_a_retired_mixture_worker_state_migrates_to_the_one_kind_and_resumes_exa
     from helpers import as_retired_mixture_worker
 
     from arrowstream._state.mixture import MixWorkerState
-    from arrowstream._state.worker import upgraded_worker
+    from arrowstream._state.versions import upgraded_worker
     from arrowstream._state.worker_states import read_worker_state
 
     case = mix_cases["mix-mid"]
@@ -695,7 +695,7 @@ def test_a_retired_mixture_elastic_migrates_to_the_one_head():
     ``pass_layout``, reads as tracks."""
     from arrowstream._loader.torchdata_state import worker_states
     from arrowstream._state.mixture import MixWorkerState
-    from arrowstream._state.worker import upgraded_worker
+    from arrowstream._state.versions import upgraded_worker
 
     state = _golden_state("mixture-v4/elastic-workers3-from-workers2-mid.json")
     saved = [w for w in worker_states(state["dataloader"]) if w is not None and "elastic" in w]

@@ -34,9 +34,11 @@ from .._layout.ledger import (
     work_of,
 )
 from .._layout.replan import Replay
+from .._state.compatible import check_compatible
 from .._state.identity import DataIdentity
 from .._state.ledger_rows import EpochRows, Rank, check_yielded, rows_left, yielded_to_dict
-from .._state.worker import WorkerState, check_compatible, check_planning
+from .._state.versions import check_planning
+from .._state.worker import WorkerState
 from .._worker.metrics import worker_values
 from ..errors import StateError, StateMismatchError
 from .figures import Figure

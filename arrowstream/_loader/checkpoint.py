@@ -16,7 +16,7 @@ from typing import Any
 
 from .._core.fields import MAX_INT, shorten
 from .._state.loader import LOADER_KINDS, read_loader_state
-from .._state.worker import CHECKPOINT_KIND, STATE_VERSION
+from .._state.versions import CHECKPOINT_KIND, STATE_VERSION
 from ..errors import StateError, StateMismatchError, TopologyError
 from .torchdata_state import read_inner
 

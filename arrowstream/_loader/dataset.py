@@ -34,7 +34,8 @@ from .._assignment import loader_in_order
 from .._core.order import SlotGrid
 from .._layout.boundary import check_replanned_epoch_over, later_epoch_starts_whole
 from .._planning.options import check_int
-from .._state.worker import DATASET, WorkerState
+from .._state.versions import DATASET
+from .._state.worker import WorkerState
 from .._storage.credentials import as_provider
 from .._storage.filesystem import logger
 from .._worker.convert import passthrough_collate

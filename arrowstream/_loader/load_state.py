@@ -19,7 +19,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from .._core.fields import REMEDY, shorten
 from .._state.loader import CHECKPOINT_KINDS, LOADER_KINDS, read_checkpoint, read_loader_state
 from .._state.skips import Skip, pending_of, read_skips
-from .._state.worker import CHECKPOINT_KIND, DATASET, LOADER_KIND
+from .._state.versions import CHECKPOINT_KIND, DATASET, LOADER_KIND
 from .._storage.filesystem import logger
 from ..errors import StateError, StateMismatchError
 from .skip import Skipper

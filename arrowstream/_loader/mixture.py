@@ -27,7 +27,7 @@ from .._state.mixture_resume import (
     leave_tracks,
     slot_counts,
 )
-from .._state.worker import MIXTURE as READS_MIXTURE
+from .._state.versions import MIXTURE as READS_MIXTURE
 from .._worker.convert import passthrough_collate
 from .._worker.mixture import COMPACT
 from .._worker.shm import share

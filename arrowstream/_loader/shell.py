@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Protocol
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from .._state.worker import LOADER_KIND, STATE_VERSION
+from .._state.versions import LOADER_KIND, STATE_VERSION
 from .._worker.convert import passthrough_collate
 from .._worker.metrics import Board, flatten, summarize, worker_values
 from .._worker.runtime import Transport

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from .._planning.cache import CacheOutcome, PlanCacheSetting
+from .._state.compatible import check_same_table
 from .._state.identity import DataIdentity, shape_of
-from .._state.worker import check_same_table
 from ..errors import StateMismatchError
 from .files import Origin
 from .iceberg_files import plan_iceberg

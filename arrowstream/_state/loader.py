@@ -3,7 +3,7 @@
 One reader of each level for a dataset's loader and a mixture's: from version 11 both write a loader state of
 kind ``"arrowstream.loader"``, whose ``reads`` says what the loader read (``"dataset"`` or ``"mixture"``), and
 merge into a checkpoint of kind ``"arrowstream.checkpoint"``. A dataset's older states (versions 1 to 10)
-migrate step by step (``arrowstream._state.worker.MIGRATIONS``); a mixture's, of the retired kinds
+migrate step by step (``arrowstream._state.versions.MIGRATIONS``); a mixture's, of the retired kinds
 ``"arrowstream.mixture_loader"`` and ``"arrowstream.mixture_checkpoint"`` (version 1 only), are renamed to
 version 11 in one step.
 
@@ -19,7 +19,7 @@ from typing import Any
 from .._core.fields import REMEDY, Fields, is_int, shorten
 from ..errors import StateError, StateVersionError
 from .skips import read_skips
-from .worker import CHECKPOINT_KIND, DATASET, LOADER_KIND, MIXTURE, READS, STATE_VERSION, upgrade
+from .versions import CHECKPOINT_KIND, DATASET, LOADER_KIND, MIXTURE, READS, STATE_VERSION, upgrade
 
 MIXTURE_LOADER_KIND_V1 = "arrowstream.mixture_loader"   # a mixture's loader state before version 11
 MIXTURE_CHECKPOINT_KIND_V1 = "arrowstream.mixture_checkpoint"   # its merged checkpoint before version 11

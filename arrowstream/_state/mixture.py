@@ -18,11 +18,12 @@ from .._core.fields import REMEDY, Fields, shorten
 from .._core.order import Slot
 from .._mixing.quotas import PASS_LAYOUTS, SPANS
 from ..errors import StateError
+from .versions import MIXTURE
 from .worker import EVEN as EVEN_CUT
-from .worker import MAX_REPLANS, MIXTURE, ElasticHead, WorkerHead, read_head
+from .worker import MAX_REPLANS, ElasticHead, WorkerHead, read_head
 
 # The retired kind "arrowstream.mixture_worker" (versions 1 to 4) migrates to the one worker kind of version 12
-# (``arrowstream._state.worker.upgraded_worker``): 4 added options.pass_layout (absent before: "tracks"), 3
+# (``arrowstream._state.versions.upgraded_worker``): 4 added options.pass_layout (absent before: "tracks"), 3
 # options.batch_order (absent before: "permuted"), 2 each source's data with its layout (data_identity).
 
 EVEN, PERMUTED = "even", "permuted"

@@ -16,17 +16,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .._core.order import Slot, SlotGrid
 from .._layout.layout import replanned_leftovers
 from ..errors import StateMismatchError
+from .compatible import check_compatible, check_slot
 from .identity import DataIdentity
 from .position import check_in_plan
-from .worker import (
-    DATASET,
-    Leftovers,
-    WorkerState,
-    check_compatible,
-    check_planning,
-    check_slot,
-    read_head,
-)
+from .versions import DATASET, check_planning
+from .worker import Leftovers, WorkerState, read_head
 
 if TYPE_CHECKING:
     from .._core.plan_types import OrderOptions

@@ -4,7 +4,7 @@ From version 12 a dataset's worker state and a mixture's are one kind, ``"arrows
 head (:class:`~arrowstream._state.worker.WorkerHead`: ``reads``, ``epoch``, ``slot``, ``counters``,
 ``epoch_complete``, ``options``) and ``elastic``; its ``reads`` says which parser reads the rest. Older states of
 either kind (a dataset's ``"arrowstream.worker"`` 1-11, a mixture's ``"arrowstream.mixture_worker"`` 1-4) are
-migrated first (:func:`~arrowstream._state.worker.upgraded_worker`).
+migrated first (:func:`~arrowstream._state.versions.upgraded_worker`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import Any
 
 from .._core.fields import Fields
 from .mixture import MixWorkerState
-from .worker import MIXTURE, WorkerHead, WorkerState, upgraded_worker
+from .versions import MIXTURE, upgraded_worker
+from .worker import WorkerHead, WorkerState
 
 AnyWorkerState = WorkerState | MixWorkerState
 """A worker state parsed: a dataset's or a mixture's."""

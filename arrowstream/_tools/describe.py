@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .._core.fields import shorten
 from .._state.loader import CHECKPOINT_KINDS, LOADER_KINDS, read_checkpoint, read_loader_state
 from .._state.skips import read_skips
-from .._state.worker import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION
+from .._state.versions import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION
 from ..errors import InvalidArgumentError, StateError
 from .describe_dataset import DATASET
 from .describe_kind import ONE_RANK_OF_SEVERAL, Envelope, StateKind

@@ -12,9 +12,11 @@ from .._core.fields import REMEDY, Fields, check_int, shorten
 from .._core.order import SlotGrid
 from .._layout.ledger import start_cursor
 from .._loader.torchdata_state import InnerState
+from .._state.compatible import check_compatible
 from .._state.identity import DataIdentity
-from .._state.worker import DATASET as READS_DATASET
-from .._state.worker import WorkerState, check_compatible, check_planning
+from .._state.versions import DATASET as READS_DATASET
+from .._state.versions import check_planning
+from .._state.worker import WorkerState
 from .._state.worker_states import read_worker_state
 from ..errors import StateError, StateMismatchError
 from .describe_kind import GIVE_THE_DATA, REPLANNED, UNKNOWN, Envelope, EpochRows, elastic_summary, read_workers

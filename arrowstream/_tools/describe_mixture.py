@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 from .._core.fields import Fields
 from .._loader.torchdata_state import InnerState
 from .._state.mixture import MixWorkerState
-from .._state.worker import MIXTURE as READS_MIXTURE
-from .._state.worker import STATE_VERSION
+from .._state.versions import MIXTURE as READS_MIXTURE
+from .._state.versions import STATE_VERSION
 from .._state.worker_states import read_worker_state
 from .describe_kind import ONE_RANK_OF_SEVERAL, REPLANNED, Envelope, EpochRows, elastic_summary, read_workers
 

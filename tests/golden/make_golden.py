@@ -231,7 +231,7 @@ def capture(case: dict, path: str) -> dict:
 
 
 def main() -> None:
-    from arrowstream._state.worker import STATE_VERSION
+    from arrowstream._state.versions import STATE_VERSION
 
     write_data()
     write_cut_data()

@@ -128,7 +128,7 @@ def capture(root: str, case: dict) -> dict:
 
 
 def main() -> None:
-    from arrowstream._state.worker import STATE_VERSION
+    from arrowstream._state.versions import STATE_VERSION
 
     out_dir = os.path.join(HERE, f"v{STATE_VERSION}")
     written = [name for name in os.listdir(out_dir) if name.startswith("mixture-")] if os.path.isdir(out_dir) else []
