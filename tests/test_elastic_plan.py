@@ -35,7 +35,7 @@ from arrowstream._layout.layout import Layouts
 from arrowstream._layout.replan import item_rows
 from arrowstream._planning.plan import Plan, build_plan
 from arrowstream._state.identity import DataIdentity
-from arrowstream._state.worker import EVEN, LPT, Leftovers, WorkerState
+from arrowstream._state.worker import EVEN_CUT, LPT_CUT, Leftovers, WorkerState
 
 ROWS_PER_FILE = 1_000_000
 DATA = DataIdentity("0" * 32, 1, 0)
@@ -133,7 +133,7 @@ def share_stream(plan: Plan, layout: dict[str, Any], source: Leftovers, shares: 
 
 layouts = st.fixed_dictionaries({
     **replan_layouts(),
-    "cut": st.sampled_from([EVEN, LPT]),   # LPT: how states before version 9 re-planned, still resumed
+    "cut": st.sampled_from([EVEN_CUT, LPT_CUT]),   # LPT: how states before version 9 re-planned, still resumed
     # batches each old worker handed out before the checkpoint (all of them: it finished), and where each
     # new worker's checkpoint inside the re-planned epoch is taken
     "old_cuts": st.lists(st.integers(0, 12), min_size=12, max_size=12),
@@ -159,7 +159,7 @@ def test_the_replanned_epoch_hands_out_every_row_left_exactly_once(layout):
                             batch_size=layout["batch_size"], interleave=layout["interleave"],
                             buffer_rows=layout["buffer_rows"], planning=PLANNING_VERSION)
     new_slots = slots(*layout["new"])
-    if layout["cut"] == EVEN:
+    if layout["cut"] == EVEN_CUT:
         shares = cut_shares(items, len(new_slots))
         rows = [share.num_rows for share in shares]
         assert max(rows) - min(rows) <= 1, "the rows left were not cut into equal stretches"

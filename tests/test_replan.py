@@ -33,7 +33,7 @@ from arrowstream._mixing.source_rows import SourceRows
 from arrowstream._mixing.stream import MixSlot
 from arrowstream._planning.plan import Plan
 from arrowstream._state.mixture import MixElastic, SourceCursor
-from arrowstream._state.worker import EVEN, Leftovers
+from arrowstream._state.worker import EVEN_CUT, Leftovers
 
 NAME = "only"   # the mixture's one source
 
@@ -49,7 +49,7 @@ def old_parts(plan: Plan, layout: dict[str, Any], slot: Slot) -> Parts:
 
 def dataset_rows(plan: Plan, layout: dict[str, Any], cursors: list[Cursor | None]) -> list[Counter[int]]:
     """Each new slot's rows of the dataset's re-plan."""
-    leftovers = Leftovers(layout["epoch"], *layout["old"], tuple(cursors), EVEN)
+    leftovers = Leftovers(layout["epoch"], *layout["old"], tuple(cursors), EVEN_CUT)
     items = remaining_items(plan, leftovers, shuffle=layout["shuffle"], seed=layout["seed"], assign=assign_lpt,
                             batch_size=layout["batch_size"], interleave=layout["interleave"],
                             buffer_rows=layout["buffer_rows"], planning=PLANNING_VERSION)

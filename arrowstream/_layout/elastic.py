@@ -19,7 +19,7 @@ function of the source, so a checkpoint taken in the re-planned epoch resumes ex
 topology.
 
 States of state version 8 and older re-planned by longest processing time
-on whole items (:func:`assign_shares`, the :data:`LPT` cut); a state taken inside such an epoch is
+on whole items (:func:`assign_shares`, the :data:`LPT_CUT` cut); a state taken inside such an epoch is
 resumed with it.
 """
 
@@ -36,7 +36,7 @@ from .._core.interleave import PieceReader, block_size_for
 from .._core.order import Slot, SlotGrid, assign_lpt, assigned_split_ids, window_seed
 from .._core.plan_types import Split, split_rows
 from .._core.stream import open_runs
-from .._state.worker import EVEN, Leftovers
+from .._state.worker import EVEN_CUT, Leftovers
 from .replan import Replay, cut_items, item_part, item_rows, items_left, replay_part, split_rest
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ def replanned_shares(plan: PlanView, leftovers: Leftovers, num_slots: int, *, sh
     ``lpt`` cut of states before version 9)."""
     items = remaining_items(plan, leftovers, shuffle=shuffle, seed=seed, batch_size=batch_size,
                             interleave=interleave, buffer_rows=buffer_rows, planning=planning, assign=assign)
-    return cut_shares(items, num_slots) if leftovers.cut == EVEN else assign_shares(items, num_slots, assign)
+    return cut_shares(items, num_slots) if leftovers.cut == EVEN_CUT else assign_shares(items, num_slots, assign)
 
 
 def share_items_left(share: Share, cursor: Cursor, slot: Slot, *, block_size: int | None, lanes: int,
@@ -144,7 +144,7 @@ def cut_shares(items: Sequence[Replay[Slot] | Split], num_slots: int) -> list[Sh
 def assign_shares(items: Sequence[Replay[Slot] | Split], num_slots: int,
                   assign: Callable[[Sequence[int], int], list[list[int]]] = assign_lpt) -> list[Share]:
     """The items over ``num_slots`` new slots by ``assign`` on rows, whole (LPT by default: deterministic,
-    order kept per slot; ranges halved while there are fewer items than slots): the :data:`LPT` cut of
+    order kept per slot; ranges halved while there are fewer items than slots): the :data:`LPT_CUT` cut of
     states before version 9, which can leave a new slot far more rows than another."""
     replays = [item for item in items if isinstance(item, Replay)]
     ranges = [item for item in items if not isinstance(item, Replay)]

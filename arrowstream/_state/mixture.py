@@ -19,8 +19,7 @@ from .._core.order import Slot
 from .._mixing.quotas import PASS_LAYOUTS, SPANS
 from ..errors import StateError
 from .versions import MIXTURE
-from .worker import EVEN as EVEN_CUT
-from .worker import MAX_REPLANS, ElasticHead, WorkerHead, read_head
+from .worker import EVEN_CUT, MAX_REPLANS, ElasticHead, WorkerHead, read_head
 
 # The retired kind "arrowstream.mixture_worker" (versions 1 to 4) migrates to the one worker kind of version 12
 # (``arrowstream._state.versions.upgraded_worker``): 4 added options.pass_layout (absent before: "tracks"), 3

@@ -26,8 +26,8 @@ from .versions import DATASET, MIXTURE, READS, STATE_VERSION, WORKER_KIND, check
 MAX_REPLANS = 64
 """The most re-plans of one epoch (``elastic.before`` nested) a worker state may hold: one per topology change."""
 
-EVEN, LPT = "even", "lpt"
-ELASTIC_CUTS = (EVEN, LPT)
+EVEN_CUT, LPT_CUT = "even", "lpt"
+ELASTIC_CUTS = (EVEN_CUT, LPT_CUT)
 """How an epoch re-planned for another topology gives the rows left to the new workers (``elastic.cut``):
 ``even`` cuts them into equal stretches, one per new worker (from state version 9 on); ``lpt`` gave whole
 items by longest processing time (earlier versions; a state taken inside such an epoch resumes with it)."""
@@ -77,7 +77,7 @@ class Leftovers(ElasticHead):
     """
 
     cursors: tuple[Cursor | None, ...]
-    cut: str = EVEN   # how the rows left go to the new workers: see ELASTIC_CUTS
+    cut: str = EVEN_CUT   # how the rows left go to the new workers: see ELASTIC_CUTS
     before: Leftovers | None = None   # the old topology's own epoch was re-planned from this; None: it was planned
 
     @property
