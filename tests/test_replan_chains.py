@@ -40,7 +40,9 @@ pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create"),
 
 
 def _chains(max_examples: int) -> settings:
-    return settings(max_examples=int(os.environ.get("CHAINS_EXAMPLES", max_examples)), deadline=None, derandomize=True, print_blob=False,
+    """Few examples, always the same ones (``derandomize``); ``CHAINS_EXAMPLES=200`` hunts longer by hand."""
+    return settings(max_examples=int(os.environ.get("CHAINS_EXAMPLES", max_examples)), deadline=None,
+                    derandomize=True, print_blob=False,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                            HealthCheck.data_too_large])
 
@@ -87,7 +89,8 @@ def folders(tmp_path_factory):
 
 @dataclass
 class Run:
-    """What one hop's ranks read: the ids (each rank's), the merged checkpoint after them, and the loaders."""
+    """What one hop's ranks read: each rank's ids and batches and whether its loop ran out, the merged checkpoint
+    after them, and the loaders."""
 
     ids: list[list[Any]]
     batches: list[int]
@@ -250,7 +253,7 @@ MIX = {"weights": {"a": 2, "b": 1}, "epoch_rows": 360, "source_column": "src", "
 
 @pytest.fixture(scope="module")
 def two_sources(tmp_path_factory):
-    """Source a: ids 0..281 (uneven files), b: ids 10,000..10,089 (read in more than one pass an epoch)."""
+    """Source a: ids 0..281 (uneven files), b: ids 0..89 (read in more than one pass an epoch); rows are (source, id)."""
     root = tmp_path_factory.mktemp("chains-mix")
     return {"a": Source(write_dataset(root / "a", FILES["uneven"])),
             "b": Source(write_dataset(root / "b", [(90, 30)], seed=1))}
