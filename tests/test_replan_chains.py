@@ -341,3 +341,33 @@ def test_a_dynamic_replan_reads_the_rows_even_batches_would_have_trimmed_from_an
     counts = Counter(before + after)
     assert max(counts.values()) == 1 and left == 0
     assert sorted(counts) == list(range(300)), f"{300 - len(counts)} rows lost"
+
+
+def test_a_mixture_loop_that_ended_inside_a_replanned_epoch_loads_on_another_topology(two_sources):
+    """1 worker-less rank reads 20 of its 22 batches; 3 workers take the last 40 rows, 13 or 14 each, and with drop_last
+    yield none: the loop ends at once, its workers' snapshots still those of the start of their re-planned slots. Loaded
+    on another topology, that ended loop was counted to its end in the epoch as planned for 3 workers (21 batches),
+    not as re-planned, and refused as tampered (StateError "its workers have 21 batch(es) left")."""
+    options = {**MIX, "batch_size": BATCH, "drop_last": True, "shuffle": False}
+
+    def make(num_workers: int):
+        return Mixture.create_dataloader(sources=two_sources, num_workers=num_workers, **options)
+
+    loader, mixture = make(0)
+    mixture.set_epoch(0)
+    batches = iter(loader)
+    before = [row for _ in range(20) for row in _mix_rows(next(batches))]
+    state = json_roundtrip(loader.state_dict())
+    loader, mixture = make(3)
+    loader.load_state_dict(state)
+    mixture.set_epoch(0)
+    assert not list(loader)   # every worker's 13 or 14 rows dropped
+    ended = json_roundtrip(loader.state_dict())
+    loader, mixture = make(0)
+    loader.load_state_dict(ended)
+    mixture.set_epoch(0)
+    assert not list(loader) and len(before) == 320
+    mixture.set_epoch(1)
+    fresh, fresh_mixture = make(0)
+    fresh_mixture.set_epoch(1)
+    assert [_mix_rows(b) for b in loader] == [_mix_rows(b) for b in fresh]
