@@ -26,6 +26,7 @@ from .._layout.leases import TAIL_LEASES_PER_WORKER, Leases, PoolLeases, StitchT
 from .._layout.ledger import (
     LeasedShare,
     Replanned,
+    items_after,
     rank_share,
     remaining_work,
     replanned_stretches,
@@ -111,8 +112,8 @@ class DynamicEpochs:
             replanned = self.replanned
             if replanned is not None and replanned.epoch == epoch:
                 work, rows = replanned_work(replanned.rests, self._world_size, self._rank, self._options.batch_size,
-                                            self._options.drop_last, self._even_batches)
-                items = len(replanned_stretches(replanned.rests, self._world_size)[self._rank])
+                                            self._options.drop_last, self._even_batches, replanned.tails)
+                items = len(replanned_stretches(replanned.rests, self._world_size, replanned.tails)[self._rank])
                 laid_out = (work, rows, items)
             else:
                 share, kept = rank_share(self._plan, self._world_size, self._rank, epoch, self._options,
@@ -120,6 +121,19 @@ class DynamicEpochs:
                 laid_out = (work_of(share, kept), int(split_rows(share).sum()), len(share))
             self._fresh[epoch] = laid_out
         return laid_out
+
+    def left_out(self, epoch: int) -> tuple[Replay[Slot] | Split, ...]:
+        """The rank's rows of ``epoch`` past those it yields (``even_batches`` trims them, ``drop_last`` drops them
+        when it ends), in its reading order: what a re-plan for another world size takes on while the rank had rows
+        left (``Replanned.tails``)."""
+        replanned = self.replanned
+        if replanned is not None and replanned.epoch == epoch:
+            stretch = replanned_stretches(replanned.rests, self._world_size, replanned.tails)[self._rank]
+            items = [i for i in stretch if isinstance(i, Replay)] + [i for i in stretch if not isinstance(i, Replay)]
+        else:
+            items = list(rank_share(self._plan, self._world_size, self._rank, epoch, self._options,
+                                    self._even_batches)[0])
+        return items_after(items, self.fresh(epoch).num_rows)
 
     def fresh(self, epoch: int) -> Work:
         """The rank's rows of ``epoch``, cut to the rows it yields."""
@@ -425,19 +439,23 @@ def replanned_from_dict(value: Any, epochs: DynamicEpochs, where: str, depth: in
                          f"{world_size} for world_size={world_size}; {REMEDY}")
     inner = fields.get("replanned")
     source = None if inner is None else replanned_from_dict(inner, epochs, f"{where}.replanned", depth + 1)
-    works, found = [], set()
+    with_tails = fields.boolean("tails") if "tails" in fields.value else False   # written from version 13 on
+    works, found, tails = [], set(), []
     for rank, rest in enumerate(rests):
         name = f"{where}.rests[{rank}]"
         if Fields(rest, name).get("yielded") is None:
             raise StateError(f"the state's {name}.yielded is missing: an old rank's rest names the rows it had yielded; "
                              f"{REMEDY}")
-        epoch, work = work_from_dict(rest, epochs.plan, epochs.checking(world_size, rank, even_batches, source), epochs.options, name)
+        old = epochs.checking(world_size, rank, even_batches, source)
+        epoch, work = work_from_dict(rest, epochs.plan, old, epochs.options, name)
         works.append(work)
         found.add(epoch)
+        tails.append(old.left_out(epoch) if with_tails else ())
     if len(found) != 1 or (source is not None and source.epoch not in found):
         raise StateError(f"the state's {where} holds rests of epochs {sorted(found)}, expected one epoch; {REMEDY}")
-    return Replanned(found.pop(), world_size, tuple(works), {"world_size": world_size, "even_batches": even_batches,
-                                                             "rests": list(rests), "replanned": inner})
+    value = {"world_size": world_size, "even_batches": even_batches, "rests": list(rests), "replanned": inner}
+    return Replanned(found.pop(), world_size, tuple(works), {**value, "tails": True} if with_tails else value,
+                     tuple(tails) if with_tails else ())
 
 
 def _replans(value: Any) -> int:
@@ -470,7 +488,7 @@ def _replanned(epochs: DynamicEpochs, current: _Current, outers: Sequence[dict[s
             f"old rank's ledger (each holds the rows its rank had left), and this state holds rank(s) "
             f"{shorten(ranks)} only. Load the merged checkpoint of every rank (arrowstream.gather_state_dict or "
             "merge_state_dicts)")
-    rests, sources, found = [], [], []
+    rests, sources, found, tails = [], [], [], []
     evens = [_ledger_state(outer).options.get("even_batches") for outer in outers]
     if any(even != evens[0] for even in evens):
         other = next(rank for rank, even in enumerate(evens) if even != evens[0])
@@ -488,6 +506,7 @@ def _replanned(epochs: DynamicEpochs, current: _Current, outers: Sequence[dict[s
         old = _ledger_epochs(outer["dynamic"], epochs.checking(world_size, rank, bool(even_batches)), where)
         epoch, work = work_from_dict(outer["dynamic"], epochs.plan, old, epochs.options, where)
         placed = old.rank(epoch)
+        tails.append(old.left_out(epoch))
         rests.append((work, work_to_dict(epoch, work, yielded_to_dict(placed, rows_left(epochs.plan, work, epoch,
                                                                                            placed, where)))))
         sources.append(Fields(outer["dynamic"], where).get("replanned"))
@@ -509,7 +528,7 @@ def _replanned(epochs: DynamicEpochs, current: _Current, outers: Sequence[dict[s
             f"world_size={world_size} until the epoch ends, then change")
     return Replanned(found[0], world_size, tuple(work for work, _ in rests),
                      {"world_size": world_size, "even_batches": bool(even_batches),
-                      "rests": [value for _, value in rests], "replanned": sources[0]})
+                      "rests": [value for _, value in rests], "replanned": sources[0], "tails": True}, tuple(tails))
 
 
 def _ledger_state(outer: dict[str, Any]) -> WorkerState:

@@ -260,12 +260,17 @@ def fresh_work(plan: PlanView, world_size: int, rank: int, epoch: int, options: 
 class Replanned:
     """A dynamic epoch re-planned for another world size: every old rank's rest of ``epoch`` (``rests``, in old rank
     order, each a :class:`~arrowstream._layout.leases.Work` of that rank, checked), taken on ``world_size`` ranks; ``value``: as the ledger
-    saves it (the old rests and what they were re-planned from in turn, if they were)."""
+    saves it (the old rests and what they were re-planned from in turn, if they were). ``tails``: each old rank's
+    rows of the epoch past those it would have yielded (what its ``even_batches`` trims and ``drop_last`` drops,
+    :meth:`~arrowstream._assignment.dynamic_epoch.DynamicEpochs.left_out`), re-planned with its rest while it had
+    rows left (empty: a ``replanned`` saved without ``"tails": true``, by a version that left them out unread
+    and uncounted, laid out as it was)."""
 
     epoch: int
     world_size: int
     rests: tuple[Work, ...]
     value: dict[str, Any] = dataclasses.field(compare=False, hash=False)
+    tails: tuple[tuple[Replay[Slot] | Split, ...], ...] = ()
 
 
 def rest_items(work: Work) -> list[Replay[Slot] | Split]:
@@ -280,15 +285,34 @@ def rest_items(work: Work) -> list[Replay[Slot] | Split]:
     return items
 
 
-def replanned_stretches(rests: Sequence[Work], world_size: int) -> list[list[Replay[Slot] | Split]]:
+def items_after(items: Sequence[Replay[Slot] | Split], rows: int) -> tuple[Replay[Slot] | Split, ...]:
+    """The rows of ``items`` (one sequence) past their first ``rows``, as items (the first one cut)."""
+    out: list[Replay[Slot] | Split] = []
+    before = 0
+    for item in items:
+        count = item_rows(item)
+        if before + count > rows:
+            out.append(item if before >= rows else item_part(item, rows - before, count))
+        before += count
+    return tuple(out)
+
+
+def replanned_stretches(rests: Sequence[Work], world_size: int,
+                        tails: Sequence[Sequence[Replay[Slot] | Split]] = ()) -> list[list[Replay[Slot] | Split]]:
     """The items of every old rank's rest (``rests``, in old rank order) cut into ``world_size`` stretches of equal
-    rows within one, one per new rank (see :func:`replanned_work`)."""
-    items = [item for rest in rests for item in rest_items(rest)]
+    rows within one, one per new rank (see :func:`replanned_work`). An old rank with rows left adds its ``tails``
+    entry after them: the rows its own ``even_batches`` and ``drop_last`` would have left out when it ended, which it
+    never did (one that handed out all it yields left them out, and its figures count them)."""
+    items = []
+    for index, rest in enumerate(rests):
+        items += rest_items(rest)
+        if tails and rest.num_rows:
+            items += tails[index]
     return cut_items(items, world_size, item_rows, item_part)
 
 
 def replanned_work(rests: Sequence[Work], world_size: int, rank: int, batch_size: int, drop_last: bool,
-                   even_batches: bool) -> tuple[Work, int]:
+                   even_batches: bool, tails: Sequence[Sequence[Replay[Slot] | Split]] = ()) -> tuple[Work, int]:
     """A rank's rows of a dynamic epoch re-planned for ``world_size`` ranks from every old rank's rest (``rests``,
     in old rank order), and its rows before ``even_batches`` and ``drop_last`` cut them.
 
@@ -298,7 +322,7 @@ def replanned_work(rests: Sequence[Work], world_size: int, rank: int, batch_size
     rest of old windows, read again the way the old workers read them), then its splits, as fresh splits of a
     :class:`~arrowstream._layout.leases.Work` (``fresh_from_row`` counts in them). ``even_batches`` then trims
     at most one batch per rank."""
-    stretches = replanned_stretches(rests, world_size)
+    stretches = replanned_stretches(rests, world_size, tails)
     stretch_rows = [sum(map(item_rows, stretch)) for stretch in stretches]
     replays = [item for item in stretches[rank] if isinstance(item, Replay)]
     splits = [item for item in stretches[rank] if not isinstance(item, Replay)]

@@ -198,6 +198,7 @@ class MixtureDataLoader(StreamLoader):
         mixture = self.dataset
         states: list[MixWorkerState] = []
         old: list[tuple[MixWorkerState, MixSlot]] = []
+        read = []
         for outer in outers:
             fields = Fields(outer, f"rank {outer.get('rank')}'s mixture loader state")
             world_size, num_workers = fields.integer("world_size", 1), fields.integer("num_workers")
@@ -211,14 +212,19 @@ class MixtureDataLoader(StreamLoader):
                     "workers' last snapshots (snapshot_every_n_steps > 1): another topology re-plans the rest of the "
                     f"epoch from the snapshots and would yield those batches again; resume with world_size={world_size}, "
                     f"num_workers={num_workers}, or take the checkpoint with snapshot_every_n_steps=1")
+            read.append((rank, world_size, num_workers, inner, parsed, ranks))
+        # its buffer (when left to the default), batch order, and an Iceberg table moved on since the checkpoint: its
+        # snapshot; and, inside an epoch re-planned for the old topology, that re-plan: a loop that had ended is
+        # counted to the end of its slots' rows in it (_finished), as _load_own counts it
+        mixture.adopt_checkpoint(read[0][5][0])
+        latest = max(s.epoch for *_, ranks in read for s in ranks)
+        mixture.adopt_replanned([s for *_, ranks in read for s in ranks if s.epoch == latest])
+        for rank, world_size, num_workers, inner, parsed, ranks in read:
             if parsed.finished:
                 ranks = _finished(inner, parsed, ranks, mixture, rank, world_size, num_workers)
             old += [(s, MixSlot(s.epoch, rank, world_size, worker, num_workers)) for worker, s in enumerate(ranks)]
             states += ranks
         check_epochs(old)
-        # its buffer (when left to the default), batch order, and an Iceberg table moved on since the checkpoint: its
-        # snapshot
-        mixture.adopt_checkpoint(states[0])
         saved = (old[0][1].world_size, old[0][1].num_workers)
         if all(s.epoch_complete for s, _ in old):
             mixture.adopt_replanned(states)   # (an epoch re-planned for the old topology: its slots' rows)
