@@ -439,7 +439,7 @@ def replanned_from_dict(value: Any, epochs: DynamicEpochs, where: str, depth: in
                          f"{world_size} for world_size={world_size}; {REMEDY}")
     inner = fields.get("replanned")
     source = None if inner is None else replanned_from_dict(inner, epochs, f"{where}.replanned", depth + 1)
-    with_tails = fields.boolean("tails") if "tails" in fields.value else False   # written from version 13 on
+    with_tails = fields.boolean("tails") if "tails" in fields.value else False   # written from version 12 on (absent: an older re-plan, laid out as it was)
     works, found, tails = [], set(), []
     for rank, rest in enumerate(rests):
         name = f"{where}.rests[{rank}]"
