@@ -19,7 +19,7 @@ from .._core.order import Slot
 from .._mixing.quotas import PASS_LAYOUTS, SPANS
 from ..errors import StateError
 from .versions import MIXTURE
-from .worker import EVEN_CUT, MAX_REPLANS, ElasticHead, WorkerHead, read_head
+from .worker import EVEN_CUT, ElasticHead, WorkerHead, read_chain, read_head
 
 # The retired kind "arrowstream.mixture_worker" (versions 1 to 4) migrates to the one worker kind of version 12
 # (``arrowstream._state.versions.upgraded_worker``): 4 added options.pass_layout (absent before: "tracks"), 3
@@ -85,27 +85,8 @@ class MixElastic(ElasticHead):
     @classmethod
     def from_dict(cls, value: Any, where: str) -> MixElastic:
         """Parse a mixture worker state's ``elastic`` (typed and bounded; ``StateError`` naming the field if not), and
-        the ``before`` chain under it (each of the same epoch), iteratively: the innermost re-plan first."""
-        chain: list[tuple[Any, str]] = []
-        top = where
-        while value is not None:
-            if len(chain) >= MAX_REPLANS:
-                raise StateError(
-                    f"the state's {top} nests more than {MAX_REPLANS} re-plans of one epoch under 'before'; "
-                    f"arrowstream writes one per topology change and resumes at most {MAX_REPLANS} in one epoch "
-                    f"(each is laid out again on load); {REMEDY}")
-            chain.append((value, where))
-            value = value.get("before") if isinstance(value, dict) else None
-            where = f"{where}.before"
-        parsed: MixElastic | None = None
-        for entry, at in reversed(chain):
-            elastic = cls._one(entry, at, parsed)
-            if parsed is not None and parsed.epoch != elastic.epoch:
-                raise StateError(f"the state's {at}.before.epoch is {parsed.epoch}, but {at}.epoch is {elastic.epoch}: "
-                                 f"the re-plans of one epoch all name that epoch; {REMEDY}")
-            parsed = elastic
-        assert parsed is not None   # chain holds the value itself
-        return parsed
+        the ``before`` chain under it (``arrowstream._state.worker.read_chain``)."""
+        return read_chain(value, where, cls._one)
 
     @classmethod
     def _one(cls, value: Any, where: str, before: MixElastic | None) -> MixElastic:

@@ -12,9 +12,9 @@ See ``docs/state-format.md``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from .._core.cursor import Cursor
 from .._core.fields import REMEDY, Fields, shorten
@@ -95,29 +95,44 @@ class Leftovers(ElasticHead):
     @classmethod
     def from_dict(cls, source: Any, where: str = "elastic") -> Leftovers:
         """Parse the ``elastic`` field of a worker state (typed and bounded; ``StateError`` if not), and the
-        ``before`` chain under it (each of the same epoch), iteratively: the innermost re-plan first."""
-        chain: list[tuple[Any, str]] = []
-        top = where
-        while source is not None:
-            if len(chain) >= MAX_REPLANS:
-                raise StateError(
-                    f"the state's {top} nests more than {MAX_REPLANS} re-plans of one epoch under 'before'; "
-                    f"arrowstream writes one per topology change and resumes at most {MAX_REPLANS} in one epoch "
-                    f"(each is laid out again on load); {REMEDY}")
-            chain.append((source, where))
-            source = source.get("before") if isinstance(source, dict) else None
-            where = f"{where}.before"
-        parsed: Leftovers | None = None
-        for value, at in reversed(chain):
-            epoch, world_size, num_workers, cursors, cut = cls.read(Fields(value, at), ELASTIC_CUTS)
-            if parsed is not None and parsed.epoch != epoch:
-                raise StateError(f"the state's {at}.before.epoch is {parsed.epoch}, but {at}.epoch is {epoch}: the "
-                                 f"re-plans of one epoch all name that epoch; {REMEDY}")
-            parsed = cls(epoch, world_size, num_workers,
-                         tuple(None if c is None else Cursor.from_dict(c, f"{at}.cursors[{i}]")
-                               for i, c in enumerate(cursors)), cut, parsed)
-        assert parsed is not None   # chain holds the source itself
-        return parsed
+        ``before`` chain under it (:func:`read_chain`)."""
+        return read_chain(source, where, cls._one)
+
+    @classmethod
+    def _one(cls, value: Any, where: str, before: Leftovers | None) -> Leftovers:
+        epoch, world_size, num_workers, cursors, cut = cls.read(Fields(value, where), ELASTIC_CUTS)
+        return cls(epoch, world_size, num_workers,
+                   tuple(None if c is None else Cursor.from_dict(c, f"{where}.cursors[{i}]")
+                         for i, c in enumerate(cursors)), cut, before)
+
+
+E = TypeVar("E", bound=ElasticHead)
+
+
+def read_chain(source: Any, where: str, one: Callable[[Any, str, E | None], E]) -> E:
+    """An ``elastic`` and the ``before`` chain under it (each a re-plan of the same epoch), parsed iteratively,
+    the innermost re-plan first, each link by ``one(value, where, the link it was re-planned from)``; at most
+    :data:`MAX_REPLANS` links. ``StateError`` naming the field if not."""
+    chain: list[tuple[Any, str]] = []
+    top = where
+    while source is not None:
+        if len(chain) >= MAX_REPLANS:
+            raise StateError(
+                f"the state's {top} nests more than {MAX_REPLANS} re-plans of one epoch under 'before'; "
+                f"arrowstream writes one per topology change and resumes at most {MAX_REPLANS} in one epoch "
+                f"(each is laid out again on load); {REMEDY}")
+        chain.append((source, where))
+        source = source.get("before") if isinstance(source, dict) else None
+        where = f"{where}.before"
+    parsed: E | None = None
+    for value, at in reversed(chain):
+        link = one(value, at, parsed)
+        if parsed is not None and parsed.epoch != link.epoch:
+            raise StateError(f"the state's {at}.before.epoch is {parsed.epoch}, but {at}.epoch is {link.epoch}: the "
+                             f"re-plans of one epoch all name that epoch; {REMEDY}")
+        parsed = link
+    assert parsed is not None   # the chain holds the source itself
+    return parsed
 
 
 @dataclass(frozen=True)
