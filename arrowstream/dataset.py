@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ._assignment import check_assignment
+from ._assignment import check_assignment, check_order
+from ._layout.canonical import DEFAULT_CANONICAL_SLOTS
 from ._layout.layout import check_known
 from ._loader.dataset_hooks import DatasetHooks
 from ._planning.arguments import check_dataset_arguments
+from ._state.canonical import CanonicalState
 from ._state.identity import check_data_identity
 from ._state.worker import WorkerState
 from ._storage.retry import RetryPolicy
@@ -123,6 +125,15 @@ class StructuredDataset(DatasetHooks):
             modification times, so a checkpoint resumes on a copy of its data elsewhere (``s3://b/data`` to
             ``/nvme/data``); a rewrite in place that keeps every size and row count is then accepted too.
             Reads stay pinned to the files as listed now. See docs/resume.md, "Moving or copying the data".
+        order: ``"topology"`` (default): the epoch is laid out over the (rank, worker) slots that read it, so
+            which rows make a global step depends on how many there are. ``"canonical"``: laid out over
+            ``canonical_slots`` fixed slots instead, so that global batch ``k`` (every rank's ``k``-th batch,
+            ranks in order) holds the same rows in the same order on every ``world_size x num_workers`` that
+            divides ``canonical_slots``, with ``batch_size x world_size`` (the global batch) fixed; a checkpoint
+            resumes on any such topology in that same sequence. Static assignment, no ``filter``. See
+            docs/distributed.md, "The same order on any cluster".
+        canonical_slots: With ``order="canonical"``, the slots the epoch is laid out over (default 64): a
+            multiple of every ``world_size x num_workers`` you will run on, and a divisor of the global batch.
 
     Example:
         >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os
@@ -153,7 +164,8 @@ class StructuredDataset(DatasetHooks):
                  group_size: int = 1, read_ahead: int = 1,
                  credential_provider: Callable[[], dict[str, Any]] | None = None, plan_locally: bool = False,
                  retry: RetryPolicy | None = None, plan_cache: Any = None, assignment: str = "static",
-                 with_row_ids: bool = False, data_identity: str = "strict") -> None:
+                 with_row_ids: bool = False, data_identity: str = "strict", order: str = "topology",
+                 canonical_slots: int = DEFAULT_CANONICAL_SLOTS) -> None:
         arguments = check_dataset_arguments(
             path, format, storage_options=storage_options, credential_provider=credential_provider,
             plan_cache=plan_cache, retry=retry, plan_locally=plan_locally, rank=rank, world_size=world_size,
@@ -164,6 +176,7 @@ class StructuredDataset(DatasetHooks):
             with_row_ids=with_row_ids)
         # how the rank's rows reach its workers (_assignment): asked, never tested by name
         policy = check_assignment(assignment, arguments.options, arguments.topology.group_size)
+        policy = check_order(order, canonical_slots, policy, arguments.options, arguments.topology.group_size)
         super().__init__(arguments, policy, check_data_identity(data_identity))   # planned there
 
     # -- the loader ---------------------------------------------------------------------------
@@ -345,7 +358,7 @@ class StructuredDataset(DatasetHooks):
             return self._active.state().to_dict()
         if self._pending is not None:
             return self._pending.to_dict()
-        return self.epochs.start(self._slot(), self.epoch).to_dict()
+        return dict(self.policy.start_state(self, self._slot()).to_dict())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from a worker state: the next iteration continues right after it.
@@ -354,6 +367,9 @@ class StructuredDataset(DatasetHooks):
         (``ArrowStreamDataLoader.load_state_dict`` has checked it already, in the main process); a refused
         state leaves the dataset reading what it read.
         """
+        if self.policy.topology_free:   # order="canonical": its canonical slots' states
+            self.load_canonical([CanonicalState.from_dict(state_dict)], "worker state")
+            return
         self._load_worker_state(WorkerState.from_dict(state_dict))
 
     def _sizes(self) -> str:

@@ -28,15 +28,16 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from .._core.assignment_names import ASSIGNMENT_NAMES
 from ..errors import ArgumentTypeError, InvalidArgumentError
+from .canonical import CanonicalOrder
 from .dynamic import DynamicAssignment
 from .figures import Figure
 from .static import StaticAssignment
 from .views import PolicyDataset, PolicyLoader
 
-__all__ = ["ASSIGNMENTS", "Assignment", "Figure", "PolicyDataset", "PolicyLoader", "check_assignment", "loader_in_order"]
+__all__ = ["ASSIGNMENTS", "Assignment", "CanonicalOrder", "Figure", "PolicyDataset", "PolicyLoader", "check_assignment",
+           "check_order", "loader_in_order"]
 
 if TYPE_CHECKING:
-    from .._core.cursor import Position
     from .._core.order import Slot
     from .._layout.trims import Trim
     from .._planning.options import Options
@@ -52,6 +53,7 @@ class Assignment(Protocol):
     in_order: ClassVar[bool]   # the loader's default: batches in the workers' round robin (False: as they are ready)
     same_order: ClassVar[bool]   # a resume yields the same batches in the same order (check_resume can compare)
     fixed_slots: ClassVar[bool]   # each (rank, worker) slot reads what the layout gives it (a mixture needs this)
+    topology_free: ClassVar[bool]   # its states resume on other topologies as they stand (order="canonical")
 
     def check(self, options: Options, group_size: int) -> None:
         """Refuse options the policy cannot keep its guarantees with (an ``InvalidArgumentError``)."""
@@ -105,9 +107,15 @@ class Assignment(Protocol):
     # -- iteration -------------------------------------------------------------------------------
 
     def iterate(self, dataset: PolicyDataset, slot: Slot,
-                pending: WorkerState | None) -> SlotIterator[Position, WorkerState]:
+                pending: WorkerState | None) -> SlotIterator[Any, Any]:
         """A worker's (or the trainer's) iterator over its rows of the dataset's epoch; ``pending``: a loaded
-        worker state it resumes from."""
+        worker state it resumes from. Its positions and states are a dataset worker's (``Position``,
+        ``WorkerState``), or under ``order="canonical"`` its canonical slots' (``CanonicalPosition``,
+        ``CanonicalState``)."""
+
+    def start_state(self, dataset: PolicyDataset, slot: Slot) -> Any:
+        """The state of ``slot`` before its next batch when it has not read (a ``WorkerState``, a canonical one):
+        a loaded one, or the start of the dataset's epoch."""
 
     def start_workers(self, loader: PolicyLoader) -> None:
         """Before the loader's workers start on an iteration (they inherit what is made here)."""
@@ -153,6 +161,28 @@ def check_assignment(assignment: Any, options: Options, group_size: int = 1) -> 
     policy = type(registered)()
     policy.check(options, group_size)
     return policy
+
+
+def check_order(order: Any, canonical_slots: Any, policy: Assignment, options: Options,
+                group_size: int = 1) -> Assignment:
+    """The policy for ``order=`` (``"topology"``: ``policy``, the ``assignment=``'s; ``"canonical"``: a
+    :class:`CanonicalOrder` of ``canonical_slots``, refused with ``assignment="dynamic"``)."""
+    from .._layout.canonical import CANONICAL, ORDERS
+
+    if not isinstance(order, str) or order not in ORDERS:
+        raise InvalidArgumentError(f"order: expected one of {list(ORDERS)}, got {order!r}")
+    if isinstance(canonical_slots, bool) or not isinstance(canonical_slots, int) or canonical_slots < 1:
+        raise InvalidArgumentError(f"canonical_slots: expected an int >= 1, got {canonical_slots!r}")
+    if order != CANONICAL:
+        return policy
+    if not policy.fixed_slots or not policy.in_order:
+        raise InvalidArgumentError(
+            f"order='canonical' fixes which rows every global batch holds; assignment={policy.name!r} hands rows to "
+            "whichever worker is free, so the order depends on timing. Use assignment='static' with "
+            "order='canonical', or order='topology'")
+    canonical = CanonicalOrder(canonical_slots)
+    canonical.check(options, group_size)
+    return canonical
 
 
 def loader_in_order(assignment: Any) -> bool:

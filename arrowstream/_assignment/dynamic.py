@@ -53,6 +53,7 @@ class DynamicAssignment:
     in_order: ClassVar[bool] = False   # batches as workers have them: a slow worker holds up no other
     same_order: ClassVar[bool] = False   # the order follows the workers' timing
     fixed_slots: ClassVar[bool] = False   # a slot reads what it leases
+    topology_free: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._epochs: DynamicEpochs | None = None   # made by use_plan, then re-planned in place
@@ -195,6 +196,9 @@ class DynamicAssignment:
 
         self._active = SlotIterator(open_epoch, before=lambda: before, epoch=lambda: epoch)
         return self._active
+
+    def start_state(self, dataset: PolicyDataset, slot: Slot) -> WorkerState:
+        return dataset.epochs.start(slot, dataset.epoch)
 
     def start_workers(self, loader: PolicyLoader) -> None:
         """New pools for new workers, before they start: they inherit them (an abandoned iteration's workers keep

@@ -30,6 +30,7 @@ class StaticAssignment:
     in_order: ClassVar[bool] = True
     same_order: ClassVar[bool] = True
     fixed_slots: ClassVar[bool] = True   # a slot reads its share of the layout
+    topology_free: ClassVar[bool] = False
 
     def check(self, options: Options, group_size: int) -> None:
         return None
@@ -80,6 +81,9 @@ class StaticAssignment:
         return SlotIterator(functools.partial(dataset.open_epoch, slot, pending),
                             before=lambda: pending or dataset.epochs.start(slot, dataset.epoch),
                             epoch=lambda: dataset.epoch)
+
+    def start_state(self, dataset: PolicyDataset, slot: Slot) -> WorkerState:
+        return dataset.epochs.start(slot, dataset.epoch)
 
     def start_workers(self, loader: PolicyLoader) -> None:
         return None

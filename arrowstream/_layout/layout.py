@@ -34,6 +34,7 @@ from .._core.order import (
 from .._core.plan_types import split_rows
 from .._state.worker import Leftovers, WorkerState
 from ..errors import StateMismatchError, UnknownLengthError
+from .canonical import canonical_shares
 from .elastic import Share, replanned_shares
 from .share_parts import dataset_start, share_epoch
 from .trims import slot_trim
@@ -90,10 +91,15 @@ def slot_yields(rows: Sequence[int], limits: Sequence[int] | None, batch_size: i
 
 def lay_out_epoch(plan: PlanView, grid: SlotGrid, epoch: int, options: OrderOptions, *, even_batches: bool,
                   leftovers: Leftovers | None = None,
-                  assign: Assignment = assign_lpt) -> EpochLayout:
+                  assign: Assignment = assign_lpt, even_cut: bool = False) -> EpochLayout:
     """The layout of ``epoch`` for ``grid``: the plan's splits in the epoch's order given out by
-    ``assign``, or, with ``leftovers``, the rest of that epoch of another topology, re-planned."""
-    if leftovers is None:
+    ``assign``, or, with ``leftovers``, the rest of that epoch of another topology, re-planned. ``even_cut``: the
+    splits in the epoch's order cut into equal stretches of rows instead, one per slot (the canonical slots of
+    ``order="canonical"``, :mod:`arrowstream._layout.canonical`)."""
+    if leftovers is None and even_cut:
+        shares = tuple(canonical_shares(plan.splits_for(1, options.planning), grid.num_slots,
+                                        shuffle=options.shuffle, seed=options.seed, epoch=epoch))
+    elif leftovers is None:
         splits = plan.splits_for(grid.num_slots, options.planning)
         shares = tuple(Share((), splits.take(owned))   # columns, no Split objects
                        for owned in assigned_split_ids(splits.num_rows, grid.num_slots, shuffle=options.shuffle,
@@ -143,8 +149,9 @@ class Layouts:
     """
 
     def __init__(self, plan: PlanView, options: OrderOptions, even_batches: bool,
-                 assign: Assignment = assign_lpt) -> None:
+                 assign: Assignment = assign_lpt, even_cut: bool = False) -> None:
         self._plan, self._options, self._even_batches, self._assign = plan, options, even_batches, assign
+        self._even_cut = even_cut
         self._kept: dict[tuple[Any, ...], EpochLayout] = {}
 
     def layout(self, epoch: int, grid: SlotGrid, leftovers: Leftovers | None = None,
@@ -157,7 +164,8 @@ class Layouts:
             if len(self._kept) >= _KEPT:
                 del self._kept[next(iter(self._kept))]
             layout = self._kept[key] = lay_out_epoch(self._plan, grid, epoch, self._options, even_batches=even,
-                                                     leftovers=leftovers, assign=self._assign)
+                                                     leftovers=leftovers, assign=self._assign,
+                                                     even_cut=self._even_cut)
         return layout
 
     def __getstate__(self) -> dict[str, Any]:
@@ -174,9 +182,9 @@ class Epochs:
 
     def __init__(self, plan: PlanView, options: OrderOptions, even_batches: bool, data: DataIdentity,
                  state_options: dict[str, Any], elastic: Leftovers | None = None,
-                 assign: Assignment = assign_lpt) -> None:
+                 assign: Assignment = assign_lpt, even_cut: bool = False) -> None:
         self.plan, self.options, self.data, self.state_options = plan, options, data, state_options
-        self.layouts = Layouts(plan, options, even_batches, assign)
+        self.layouts = Layouts(plan, options, even_batches, assign, even_cut)
         self.elastic = elastic
 
     def layout(self, epoch: int, grid: SlotGrid, leftovers: Leftovers | None = None) -> EpochLayout:

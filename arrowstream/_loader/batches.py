@@ -14,7 +14,10 @@ from time import perf_counter
 from typing import Any
 
 from .._core.cursor import Position
-from .._state.worker import WorkerState
+from .._layout.canonical_stream import CanonicalPosition
+from .._state.canonical import CanonicalState
+from .._state.versions import DATASET
+from .._state.worker import WorkerState, read_head
 from .._worker.stitch import Stitcher, StitchPiece
 from .._worker.transport import Chunk
 from .._worker.watchdog import guard_reads, name_dead_workers, worker_death
@@ -172,7 +175,7 @@ def rewind_into_chunk(inner: dict[str, Any], batches: BatchIterator, num_workers
     state = copy.deepcopy(inner)
     worker_id = batches.chunk.worker_id
     position = batches.chunk.positions[batches.taken - 1]
-    set_worker_state(state, worker_id, _at(WorkerState.from_dict(worker_state(state, worker_id)), position).to_dict())
+    set_worker_state(state, worker_id, _moved(worker_state(state, worker_id), position, f"worker {worker_id} state"))
     set_last_yielded_worker(state, (worker_id - 1) % num_workers)
     return state
 
@@ -193,11 +196,18 @@ def delivered_state(inner: dict[str, Any], batches: BatchIterator, latest: dict[
     assert set(latest) == {worker_key(i) for i in range(num_workers)}, "a state for every worker"
     state = snapshot_now(inner, latest, batches.last_yielded_worker(num_workers))
     for worker_id, position in batches.handed_out().items():
-        assert isinstance(position, Position), "chunks of a StructuredDataset carry Positions"
-        saved = WorkerState.from_dict(worker_state(state, worker_id), f"worker {worker_id} state")
-        if saved.batches != position.batches:  # equal: that batch's state, or the worker's end after it
-            set_worker_state(state, worker_id, _at(saved, position).to_dict())
+        assert isinstance(position, Position | CanonicalPosition), "chunks of a StructuredDataset carry Positions"
+        raw, where = worker_state(state, worker_id), f"worker {worker_id} state"
+        if read_head(raw, DATASET, where)[1].batches != position.batches:  # equal: that batch's state, or the end after
+            set_worker_state(state, worker_id, _moved(raw, position, where))
     return state
+
+
+def _moved(raw: Any, position: Position | CanonicalPosition, where: str) -> dict[str, Any]:
+    """A worker's state (a dict) of this epoch, moved to ``position`` (after a batch: the epoch goes on)."""
+    if isinstance(position, CanonicalPosition):   # order="canonical": each of its canonical slots'
+        return CanonicalState.from_dict(raw, where).moved(position.positions).to_dict()
+    return _at(WorkerState.from_dict(raw, where), position).to_dict()
 
 
 def _at(saved: WorkerState, position: Position) -> WorkerState:

@@ -34,6 +34,7 @@ from .._assignment import loader_in_order
 from .._core.order import SlotGrid
 from .._layout.boundary import check_replanned_epoch_over, later_epoch_starts_whole
 from .._planning.options import check_int
+from .._state.canonical import CanonicalState, is_canonical
 from .._state.versions import DATASET
 from .._state.worker import WorkerState
 from .._storage.credentials import as_provider
@@ -41,8 +42,9 @@ from .._storage.filesystem import logger
 from .._worker.convert import passthrough_collate
 from .._worker.stitch import Stitcher
 from .._worker.transport import MAX_BATCHES_PER_TRANSFER, ROWS_PER_TRANSFER, default_batches_per_transfer  # noqa: F401 (re-exported)
-from ..errors import ArgumentTypeError, StateMismatchError
+from ..errors import ArgumentTypeError, InvalidArgumentError, StateError, StateMismatchError
 from .batches import BatchIterator, delivered_state, rewind_into_chunk
+from .canonical import PartsZip
 from .epoch_watch import dataset_order_varies
 from .options import check_loader_options
 from .plain import stream_kind
@@ -84,6 +86,8 @@ class ArrowStreamDataLoader(StreamLoader):
                                     f"IcebergDataset), got {type(dataset).__name__}; use a plain StatefulDataLoader "
                                     "for other datasets")
         kwargs = _loader_arguments(dataset, args, kwargs)
+        if dataset.policy.topology_free:
+            batches_per_transfer = _canonical_transfer(kwargs, batches_per_transfer)
         self._elastic_loaded = False  # a checkpoint re-planned for this topology, its epoch not started yet
         self._start(dataset, kwargs, batches_per_transfer, dataset.credential_provider)
 
@@ -114,6 +118,8 @@ class ArrowStreamDataLoader(StreamLoader):
         self.dataset.policy.start_workers(self)   # before the workers start: they inherit it (lease pools)
 
     def _later_epoch_starts_whole(self, inner: dict[str, Any]) -> bool:
+        if self.dataset.policy.topology_free:   # its checkpoints resume from the dataset, not torchdata's dict
+            return False
         states = worker_states(inner)
         if any(state is None for state in states):
             return False
@@ -123,7 +129,7 @@ class ArrowStreamDataLoader(StreamLoader):
     def _epoch_start(self, worker_id: int) -> dict[str, Any]:
         dataset = self.dataset
         slot = SlotGrid(dataset.world_size, self.num_workers).slot(dataset.rank, worker_id)
-        return dict(dataset.epochs.start(slot, dataset.epoch).to_dict())
+        return dict(dataset.policy.start_state(dataset, slot).to_dict())
 
     def _handed_out(self, inner: dict[str, Any], batches: BatchIterator) -> dict[str, Any]:
         if not delivers_in_order(self._iterator):  # torchdata's snapshot falls behind
@@ -137,6 +143,9 @@ class ArrowStreamDataLoader(StreamLoader):
         return ledger
 
     def _load_ledger(self, outers: list[dict[str, Any]]) -> bool:
+        if self.dataset.policy.topology_free or _canonical_states(outers):
+            self._load_canonical(outers)
+            return True
         if not any("dynamic" in outer for outer in outers):
             return False
         self._load_dynamic(outers)
@@ -144,6 +153,41 @@ class ArrowStreamDataLoader(StreamLoader):
 
     def _forget_loaded(self) -> None:
         self._elastic_loaded = False
+        self.dataset.forget_loaded()
+
+    def _rank_batches(self, batches: BatchIterator, inner: Any) -> Any:
+        if not self.dataset.policy.topology_free or self.num_workers < 2:
+            return batches
+        pin = None
+        if inner._pin_memory:   # torch pinned each worker's part; the joined batch is pinned again
+            from torch.utils.data._utils.pin_memory import pin_memory
+
+            device = inner._pin_memory_device or None
+            pin = lambda batch: pin_memory(batch, device)  # type: ignore[no-untyped-call]
+        return PartsZip(batches, self.num_workers, pin)
+
+    def _load_canonical(self, outers: list[dict[str, Any]]) -> None:
+        """Resume a checkpoint of ``order="canonical"`` (one rank's, or every rank's merged), of any topology that
+        divides the canonical slots: each canonical slot goes on from its state, whichever worker reads it now."""
+        saved = []
+        for rank, outer in enumerate(outers):
+            parsed = read_inner(outer["dataloader"], max(self.snapshot_every_n_steps, 1))
+            if parsed.steps_since_snapshot:
+                raise StateMismatchError(
+                    f"the checkpoint's rank {rank} was taken {parsed.steps_since_snapshot} batch(es) after its workers' "
+                    "last snapshot (snapshot_every_n_steps > 1), so its canonical slots' states stand before its "
+                    "last batches; order='canonical' needs snapshot_every_n_steps=1")
+            for worker, raw in enumerate(parsed.worker_states):
+                where = f"checkpoint's rank {outer['rank']} worker {worker} state"
+                if raw is None:
+                    raise StateError(f"the {where} is missing; pass loader.state_dict() (or merge_state_dicts) "
+                                     "unchanged")
+                saved.append(CanonicalState.from_dict(raw, where))
+        epoch = self.dataset.load_canonical(saved, "checkpoint")
+        self.dataset.set_epoch(epoch)
+        self._batch_iterator = None
+        self._elastic_loaded = False
+        self._load_torchdata({})
 
     def _load_own(self, outer: dict[str, Any]) -> None:
         inner, per_transfer = outer["dataloader"], outer["batches_per_transfer"]
@@ -220,6 +264,43 @@ class ArrowStreamDataLoader(StreamLoader):
                     self.dataset.world_size, self.num_workers)
         self._batch_iterator = None
         self._load_torchdata({})
+
+
+def _canonical_transfer(kwargs: dict[str, Any], batches_per_transfer: int | None) -> int | None:
+    """``batches_per_transfer`` under ``order="canonical"``: one with several workers (the trainer joins one part of
+    each worker's into a batch); ``snapshot_every_n_steps`` must be 1 with workers (each part carries its state)."""
+    workers = kwargs.get("num_workers", 0)
+    if workers and kwargs.get("snapshot_every_n_steps", 1) != 1:
+        raise InvalidArgumentError(
+            f"order='canonical' with workers needs snapshot_every_n_steps=1 (got "
+            f"{kwargs.get('snapshot_every_n_steps')!r}): a checkpoint is every canonical slot's state after the last "
+            "batch, which each worker sends with its part")
+    if isinstance(workers, int) and workers >= 2:
+        if kwargs.get("in_order") is False:
+            raise InvalidArgumentError(
+                "order='canonical' with several workers needs in_order=True: the trainer joins one part of each "
+                "worker's into a batch, in the workers' round robin; leave in_order out")
+        if batches_per_transfer not in (None, 1):
+            raise InvalidArgumentError(
+                f"order='canonical' with {workers} workers sends one part of a batch per message (the trainer joins "
+                f"one of each worker's); batches_per_transfer={batches_per_transfer!r} is refused: leave it out")
+        return 1
+    return batches_per_transfer
+
+
+def _canonical_states(outers: list[dict[str, Any]]) -> bool:
+    """Whether loader states hold canonical worker states (a checkpoint of ``order="canonical"``)."""
+    for outer in outers:
+        inner = outer.get("dataloader")
+        if not isinstance(inner, dict):
+            continue
+        try:
+            states = worker_states(inner)
+        except (KeyError, TypeError, AttributeError, ValueError):   # a bad torchdata dict: refused where it is read
+            states = []
+        if any(is_canonical(state) for state in states):
+            return True
+    return False
 
 
 _RESERVED = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")

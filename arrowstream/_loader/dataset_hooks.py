@@ -17,18 +17,21 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from torch.utils.data import get_worker_info
 
+from .._assignment.canonical import CanonicalOrder
 from .._core.order import Slot, SlotGrid
 from .._core.row_ids import check_row_id_names
 from .._layout.layout import Epochs
 from .._layout.trims import TrimWatch
 from .._planning.auto_buffer import adopted, resolve_buffer
 from .._planning.collective import collective_world_size, plan_arguments, plan_together
+from .._state.canonical import CanonicalState
 from .._state.resume import Against, checked_state, loaded_state, replanned_epoch
 from .._state.worker import Leftovers, WorkerState
 from .._worker.convert import check_output_columns, resolve_fill_nulls
 from .._worker.runtime import WorkerRuntime, WorkerSide, trainer_convert
 from .._worker.shm import guard_feeder
 from .._worker.slot_epoch import open_slot_epoch
+from ..errors import StateMismatchError
 from .front import FrontDoor
 
 if TYPE_CHECKING:
@@ -326,6 +329,34 @@ class DatasetHooks(FrontDoor):
             self.read_as(before)
             raise
         self._active = None
+
+    def load_canonical(self, saved: list[CanonicalState], where: str) -> int:
+        """Resume from the worker states of a checkpoint of ``order="canonical"`` (any topology that divides the
+        canonical slots: each canonical slot's state, as it stands), following what they were taken on (planning
+        version, buffer, data); returns the saved epoch. A refused checkpoint leaves the dataset reading what it
+        read. For arrowstream's loader (``where`` names the checkpoint in errors)."""
+        policy = self._policy
+        if not isinstance(policy, CanonicalOrder):
+            raise StateMismatchError(
+                f"the {where} was taken with order='canonical' (canonical_slots={saved[0].slots}); this dataset has "
+                f"order='topology'. Build it with order='canonical', canonical_slots={saved[0].slots} to resume")
+        before = self.reading()
+        try:
+            first = saved[0].states[0]
+            self.use_planning(first.options["planning"])
+            self.adopt_buffer(saved[0].head.options)   # shuffle_buffer_size left out: the checkpoint's
+            self.follow_origin(first)
+            epoch = policy.resume(self, saved, where)
+        except BaseException:
+            self.read_as(before)
+            raise
+        self._pending, self._active = None, None
+        return epoch
+
+    def forget_loaded(self) -> None:
+        """An empty state is loaded: under ``order="canonical"``, forget the canonical slots' loaded states."""
+        if isinstance(self._policy, CanonicalOrder):
+            self._policy.forget()
 
     def check_state(self, state_dict: dict[str, Any], elastic: bool = False, *, slot: Slot | None = None,
                     where: str = "worker state", done: str | None = None, followed: bool = False) -> WorkerState:

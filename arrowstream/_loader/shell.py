@@ -137,7 +137,7 @@ class StreamLoader(LoadsState, StatefulDataLoader):  # type: ignore[misc]
             self._batch_iterator = None
             return SkippingIterator(self, self._skipper, inner)
         self._batch_iterator = worker_batches(inner, self._stitcher(inner))
-        return SkippingIterator(self, self._skipper, self._batch_iterator)
+        return SkippingIterator(self, self._skipper, self._rank_batches(self._batch_iterator, inner))
 
     @property
     def last_batch_worker(self) -> int | None:
@@ -341,6 +341,11 @@ class StreamLoader(LoadsState, StatefulDataLoader):  # type: ignore[misc]
     def _stitcher(self, inner: Any) -> Stitcher | None:
         """What makes pieces of the workers' last rows into whole batches; None: no pieces."""
         return None
+
+    def _rank_batches(self, batches: BatchIterator, inner: Any) -> Any:
+        """The rank's batches out of the workers' (``inner``: torch's iterator): as they come, or their parts
+        joined (``order="canonical"``)."""
+        return batches
 
     def _expanded(self, inner: dict[str, Any]) -> dict[str, Any]:
         """torchdata's state with every worker state whole (a worker may send a compact one)."""

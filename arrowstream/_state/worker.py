@@ -225,6 +225,12 @@ class WorkerState:
         alone decides it, in range; ``StateError`` naming the field if not (``StateMismatchError`` for a
         mixture's). The plan decides the rest (see :mod:`arrowstream._state.position`)."""
         fields, head = read_head(state, DATASET, where)
+        if "canonical" in fields.value:
+            slots = fields.value["canonical"].get("slots") if isinstance(fields.value["canonical"], dict) else None
+            raise StateMismatchError(
+                f"the {where} was taken with order='canonical' (canonical_slots={slots}): it holds the cursors of "
+                "canonical slots, which resume only a dataset of that order; build the dataset with "
+                f"order='canonical', canonical_slots={slots}")
         check_planning(fields.mapping("options"))
         elastic = fields.get("elastic")
         return cls(

@@ -92,6 +92,19 @@ class WorkerRuntime:
     meter: Meter
     converters: Converters  # to the output format, ``transform`` applied
     transport: Transport
+    new_readers: Callable[[], list[SplitReader]] | None = None   # another set of ``readers`` (no read-ahead)
+    more: list[list[SplitReader]] = field(default_factory=list, compare=False)   # the sets made so far
+
+    def readers_of(self, index: int) -> list[SplitReader]:
+        """Set ``index`` of this process's readers, for a process that reads several streams at once (the canonical
+        slots of ``order="canonical"``, each with readers of its own): set 0 is :attr:`readers`, the others are made
+        when first asked, without read-ahead."""
+        if index == 0:
+            return self.readers
+        assert self.new_readers is not None, "a runtime of one set of readers"
+        while len(self.more) < index:
+            self.more.append(self.new_readers())
+        return self.more[index - 1]
 
 
 def build_runtime(plan: Plan, storage: Storage, options: Options, fill_nulls: Any, transport: Transport,
@@ -117,7 +130,12 @@ def build_runtime(plan: Plan, storage: Storage, options: Options, fill_nulls: An
                            check=check, row_ids=row_ids) for _ in range(options.interleave)]
     converters = make_converters(output_format, schema, fill_nulls, options.transform,
                                  batches_per_transfer=transport.batches_per_transfer, in_worker=in_worker)
-    return WorkerRuntime(readers, read_ahead, meter, converters, transport)
+
+    def new_readers() -> list[SplitReader]:
+        return [SplitReader(plan, storage, read_rows, use_threads=not in_worker, meter=meter, check=check,
+                            row_ids=row_ids) for _ in range(options.interleave)]
+
+    return WorkerRuntime(readers, read_ahead, meter, converters, transport, new_readers)
 
 
 def read_schema(plan: Plan, options: Options) -> pa.Schema:

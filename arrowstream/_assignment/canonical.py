@@ -1,0 +1,257 @@
+"""``order="canonical"``: the epoch laid out over ``canonical_slots`` fixed slots, read by any topology that divides
+them (:mod:`arrowstream._layout.canonical`). Its rows reach the workers statically (``assignment="static"``): each
+(rank, worker) slot reads whole canonical slots, and a rank's batch is its workers' parts side by side (put together
+in the trainer, ``arrowstream._loader.canonical``). A checkpoint is every canonical slot's cursor, which resumes
+on any such topology as it stands, without a re-plan. See :mod:`arrowstream._assignment` for what a policy answers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from torch.utils.data import get_worker_info
+
+from .._core.order import assign_lpt
+from .._layout.canonical import Canonical, canonical_grid, canonical_slot, check_canonical, check_workers
+from .._layout.layout import Epochs, rows_dropped, slot_yields
+from .._layout.trims import Trim, slot_trim
+from .._planning.auto_buffer import auto_buffer_rows, row_bytes
+from .._state.canonical import CanonicalState
+from .._state.resume import Against, checked_state
+from .._state.versions import DATASET
+from .._state.worker import WorkerHead, WorkerState
+from ..errors import InvalidArgumentError, StateMismatchError
+from .figures import Figure, rank_sums
+
+if TYPE_CHECKING:
+    from .._core.order import Slot
+    from .._layout.canonical_stream import CanonicalPosition
+    from .._planning.options import Options
+    from .._worker.iterator import SlotIterator
+    from .views import PolicyDataset, PolicyLoader
+
+
+class CanonicalOrder:
+    """``order="canonical"`` with ``canonical_slots`` slots (see the module)."""
+
+    name: ClassVar[str] = "static"
+    in_order: ClassVar[bool] = True
+    same_order: ClassVar[bool] = True
+    fixed_slots: ClassVar[bool] = True
+    topology_free: ClassVar[bool] = True   # each canonical slot's state resumes on any topology that divides them
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self._canonical: Canonical | None = None
+        self._epochs: Epochs | None = None
+        self._options: Options | None = None
+        self._resume: dict[int, WorkerState] = {}   # a loaded checkpoint: each canonical slot's state
+        self._resume_epoch = -1
+
+    def check(self, options: Options, group_size: int) -> None:
+        if options.drops_rows:
+            raise InvalidArgumentError(
+                "order='canonical' cuts the epoch's rows into equal stretches, one per canonical slot, so that every "
+                "global batch holds the same rows on any topology; a filter (or bad_rows='skip') makes the rows "
+                "unknown before reading. Filter the data when writing it, or use order='topology'")
+
+    def state_options(self) -> dict[str, Any]:
+        return {"order": "canonical", "canonical_slots": self.slots}
+
+    def use_plan(self, dataset: PolicyDataset) -> None:
+        """The canonical slots' epochs of the dataset's plan: batches of ``chunk`` rows (a global batch over the
+        canonical slots), the default buffer sized per canonical slot."""
+        options = dataset.options
+        canonical = check_canonical(self.slots, options.batch_size, dataset.world_size)
+        buffer = options.shuffle_buffer_size
+        if options.auto_buffer and buffer:   # the default's memory spread over the canonical slots
+            buffer = auto_buffer_rows(row_bytes(dataset.plan) * self.slots, canonical.chunk, windows=self.slots)
+        inner = dataclasses.replace(options, batch_size=canonical.chunk, shuffle_buffer_size=buffer)
+        state_options = {**inner.state_options(), "even_batches": True, **self.state_options()}
+        self._canonical, self._options = canonical, inner
+        self._epochs = Epochs(dataset.plan, inner, True, dataset.identity, state_options, assign=assign_lpt,
+                              even_cut=True)
+
+    @property
+    def canonical(self) -> Canonical:
+        assert self._canonical is not None, "laid out by use_plan"
+        return self._canonical
+
+    @property
+    def epochs(self) -> Epochs:
+        """The canonical slots' epochs."""
+        assert self._epochs is not None, "laid out by use_plan"
+        return self._epochs
+
+    def assign(self, weights: Sequence[int], num_slots: int) -> list[list[int]]:
+        return assign_lpt(weights, num_slots)   # a re-plan of another order's checkpoint is refused: never asked
+
+    # -- facts of an epoch ---------------------------------------------------------------------
+
+    def canonical_yields(self, epoch: int) -> list[tuple[int, int, int]]:
+        """Each canonical slot's (rows, chunks, rows yielded) in ``epoch``."""
+        layout = self.epochs.layout(epoch, canonical_grid(self.slots))
+        options = self.epochs.options
+        return slot_yields([share.num_rows for share in layout.shares], layout.limits, options.batch_size,
+                           options.drop_last)
+
+    def slot_figures(self, dataset: PolicyDataset, num_workers: int) -> list[Figure]:
+        """Each (rank, worker) slot: the sums of the canonical slots it reads; its batches are its parts of
+        global batches (a rank's batches are its workers' parts side by side)."""
+        return self._physical(dataset, num_workers, dataset.epoch)
+
+    def _physical(self, dataset: PolicyDataset, num_workers: int, epoch: int) -> list[Figure]:
+        check_workers(self.canonical, dataset.world_size, num_workers)
+        layout = self.epochs.layout(epoch, canonical_grid(self.slots))
+        yields = self.canonical_yields(epoch)
+        per = self.slots // (dataset.world_size * max(num_workers, 1))
+        out = []
+        for first in range(0, self.slots, per):
+            mine = range(first, first + per)
+            out.append(Figure(sum(yields[c][0] for c in mine), yields[first][1], sum(yields[c][2] for c in mine),
+                              sum(len(layout.shares[c].splits) for c in mine)))
+        return out
+
+    def rank_figures(self, dataset: PolicyDataset, num_workers: int, epoch: int | None = None) -> list[Figure]:
+        figures = self._physical(dataset, num_workers, dataset.epoch if epoch is None else epoch)
+        ranks = rank_sums(figures, dataset.world_size)
+        per_rank = len(figures) // dataset.world_size
+        return [Figure(figure.rows, figures[rank * per_rank].batches, figure.rows_yielded, figure.splits)
+                for rank, figure in enumerate(ranks)]
+
+    def num_batches(self, dataset: PolicyDataset, num_workers: int) -> int:
+        return self.canonical_yields(dataset.epoch)[0][1]
+
+    def _rank_yields(self, dataset: PolicyDataset) -> list[tuple[int, int, int]]:
+        per_rank = self.slots // dataset.world_size
+        return self.canonical_yields(dataset.epoch)[dataset.rank * per_rank:(dataset.rank + 1) * per_rank]
+
+    def rows_dropped(self, dataset: PolicyDataset, num_workers: int) -> int:
+        return rows_dropped(self._rank_yields(dataset), self.epochs.options)
+
+    def rows_trimmed(self, dataset: PolicyDataset, num_workers: int) -> int:
+        return sum(rows - kept for rows, _, kept in self._rank_yields(dataset)) - self.rows_dropped(dataset, 0)
+
+    def trim(self, dataset: PolicyDataset, num_workers: int) -> Trim | None:
+        options = self.epochs.options
+        return slot_trim(self._rank_yields(dataset), options.batch_size, options.drop_last)
+
+    def stitches_last_rows(self, dataset: PolicyDataset, num_workers: int) -> bool:
+        return False
+
+    def replanned_from(self, dataset: PolicyDataset) -> tuple[int, int | None] | None:
+        return None
+
+    # -- iteration -----------------------------------------------------------------------------
+
+    def iterate(self, dataset: PolicyDataset, slot: Slot,
+                pending: Any) -> SlotIterator[CanonicalPosition, CanonicalState]:
+        from .._worker.canonical import open_canonical_epoch
+        from .._worker.iterator import SlotIterator
+
+        info = get_worker_info()
+        check_workers(self.canonical, dataset.world_size, slot.num_workers)
+        if info is not None and info.num_workers > 1 and not dataset.worker_runtime().transport.send_chunks:
+            raise InvalidArgumentError(
+                "order='canonical' with more than one worker needs arrowstream's loader (create_dataloader, or "
+                "ArrowStreamDataLoader): a rank's batch is every worker's part of it, put together in the trainer, "
+                "which a plain StatefulDataLoader does not do. Use num_workers=0 or 1 with a plain loader")
+        resume = functools.partial(self._pending, dataset, slot)
+        return SlotIterator(lambda: open_canonical_epoch(dataset.worker_runtime, self.epochs, self.canonical, slot,
+                                                         dataset.epoch, resume(), self._head_options(dataset)),
+                            before=lambda: self.start_state(dataset, slot), epoch=lambda: dataset.epoch)
+
+    def _head_options(self, dataset: PolicyDataset) -> dict[str, Any]:
+        return dict(dataset.state_options)
+
+    def _pending(self, dataset: PolicyDataset, slot: Slot) -> CanonicalState | None:
+        """The loaded state of ``slot``'s canonical slots in the dataset's epoch (None: the epoch starts whole)."""
+        if self._resume_epoch != dataset.epoch:
+            return None
+        states = tuple(self._resume[c] for c in self.canonical.physical_range(slot))
+        head = WorkerHead(DATASET, dataset.epoch, slot, sum(s.rows for s in states), states[0].batches,
+                          sum(s.rows_dropped for s in states), all(s.epoch_complete for s in states),
+                          self._head_options(dataset))
+        return CanonicalState(head, self.slots, states)
+
+    def start_state(self, dataset: PolicyDataset, slot: Slot) -> CanonicalState:
+        """``slot``'s state before its next batch: the loaded one, or the start of the dataset's epoch."""
+        loaded = self._pending(dataset, slot)
+        if loaded is not None:
+            return loaded
+        states = tuple(self.epochs.start(canonical_slot(c, self.slots), dataset.epoch)
+                       for c in self.canonical.physical_range(slot))
+        head = WorkerHead(DATASET, dataset.epoch, slot, 0, 0, 0, False, self._head_options(dataset))
+        return CanonicalState(head, self.slots, states)
+
+    def start_workers(self, loader: PolicyLoader) -> None:
+        check_workers(self.canonical, loader.dataset.world_size, loader.num_workers)
+
+    def before_iteration(self, loader: PolicyLoader) -> None:
+        return None
+
+    def advance(self, loader: PolicyLoader) -> None:
+        return None
+
+    def started(self, loader: PolicyLoader) -> None:
+        return None
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def state_fields(self, loader: PolicyLoader, inner: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    def load_ledger(self, dataset: PolicyDataset, outers: list[dict[str, Any]]) -> int:
+        raise StateMismatchError(
+            "checkpoint was taken with assignment='dynamic', this dataset has order='canonical': the rest of its "
+            "epoch is a ledger of leases, not canonical slots' cursors. Build the dataset as the run that took it")
+
+    def refuse_without_ledger(self) -> None:
+        return None
+
+    def resume(self, dataset: PolicyDataset, saved: Sequence[CanonicalState], where: str) -> int:
+        """Resume from the worker states of a checkpoint (of any topology that divides the canonical slots): every
+        canonical slot this rank reads must be among them, at one epoch and one global batch; each is checked
+        against the canonical layout. Returns the epoch."""
+        found: dict[int, WorkerState] = {}
+        for state in saved:
+            if state.slots != self.slots:
+                raise StateMismatchError(
+                    f"checkpoint was taken with canonical_slots={state.slots}, this dataset has "
+                    f"canonical_slots={self.slots}: the canonical sequence differs. Build the dataset with "
+                    f"canonical_slots={state.slots}")
+            for inner in state.states:
+                found[inner.slot.rank] = inner
+        if not found:
+            raise StateMismatchError(f"the {where} holds no canonical slot's state; pass loader.state_dict() (or "
+                                     "merge_state_dicts) unchanged")
+        epochs_batches = {(s.epoch, s.batches) for s in found.values()}
+        if len(epochs_batches) != 1:
+            raise StateMismatchError(
+                f"the {where}'s canonical slots stand at different (epoch, global batch): "
+                f"{sorted(epochs_batches)[:4]}; a checkpoint's canonical slots move together. Pass the states of one "
+                "step (loader.state_dict() of every rank at the same step, merged)")
+        per_rank = self.slots // dataset.world_size
+        wanted = range(dataset.rank * per_rank, (dataset.rank + 1) * per_rank)
+        missing = [c for c in wanted if c not in found]
+        if missing:
+            raise StateMismatchError(
+                f"the {where} lacks canonical slots {missing[:8]} that rank {dataset.rank} of {dataset.world_size} "
+                "reads: a rank's own state holds only its canonical slots. Load the checkpoint of every rank "
+                "(arrowstream.gather_state_dict(loader), or merge_state_dicts)")
+        first = found[wanted[0]]
+        against = Against(self.epochs, self.epochs.options, dataset.identity, self.epochs.state_options,
+                          dataset.data_identity, set())
+        for c in wanted:
+            checked_state(against, found[c], False, canonical_slot(c, self.slots),
+                          f"{where}'s canonical slot {c}", None, followed=True)
+        self._resume = {c: found[c] for c in wanted}
+        self._resume_epoch = first.epoch
+        return first.epoch
+
+    def forget(self) -> None:
+        """Forget a loaded checkpoint: the epochs start whole."""
+        self._resume, self._resume_epoch = {}, -1

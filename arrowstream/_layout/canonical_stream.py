@@ -1,0 +1,139 @@
+"""A worker's stream under ``order="canonical"``: the chunks of its canonical slots, side by side.
+
+A (rank, worker) slot reads contiguous canonical slots (:mod:`arrowstream._layout.canonical`), each one stream of its
+own (a dataset slot's stream, :mod:`arrowstream._layout.share_parts`, in batches of ``chunk`` rows). Its batch ``k``
+is chunk ``k`` of each, in canonical order: :class:`CanonicalStream`. Every canonical slot yields the same number
+of chunks, so they end together; one that does not is an error, never a batch short of a slot's rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .._core.cursor import Position
+from .._core.order import Slot
+from .._mixing.stream import MixStream
+from .._state.canonical import CanonicalState
+from .._state.versions import DATASET
+from .._state.worker import WorkerHead, WorkerState
+
+
+@dataclass(frozen=True)
+class CanonicalPosition:
+    """Where a canonical worker stands after a batch: each of its canonical slots' position."""
+
+    positions: tuple[Position, ...]
+
+    @property
+    def batches(self) -> int:
+        return self.positions[0].batches
+
+    @property
+    def rows(self) -> int:
+        return sum(position.rows for position in self.positions)
+
+
+class OutOfStepError(AssertionError):
+    """Canonical slots of one worker that do not end together (never expected: their chunks are evened)."""
+
+
+class CanonicalStream:
+    """The batches of a (rank, worker) slot under ``order="canonical"``: chunk ``k`` of each of its canonical slots'
+    ``streams``, in order. ``slot``: the (rank, worker) slot; ``slots``: the canonical slots there are;
+    ``options``: what its states' head says."""
+
+    def __init__(self, streams: Sequence[MixStream[Position, WorkerState]], slot: Slot, slots: int,
+                 options: dict[str, Any]) -> None:
+        self._streams = list(streams)
+        self._slot, self._slots, self._options = slot, slots, options
+
+    @property
+    def batches(self) -> int:
+        return self._streams[0].batches
+
+    @property
+    def batch_size(self) -> int:
+        return sum(stream.batch_size for stream in self._streams)
+
+    @property
+    def epoch(self) -> int:
+        return self._streams[0].epoch
+
+    def next_record(self) -> pa.RecordBatch:
+        records = []
+        for index, stream in enumerate(self._streams):
+            try:
+                records.append(stream.next_record())
+            except StopIteration:
+                self._end_together(index)
+                raise
+        return records[0] if len(records) == 1 else pa.concat_batches(records)
+
+    def next_span(self, max_batches: int) -> tuple[pa.RecordBatch, list[int], list[CanonicalPosition], None]:
+        spans = []
+        for index, stream in enumerate(self._streams):
+            try:
+                spans.append(stream.next_span(max_batches))
+            except StopIteration:
+                self._end_together(index)
+                raise
+        counts = {len(sizes) for _, sizes, _, _ in spans}
+        if len(counts) != 1:
+            raise OutOfStepError(f"the canonical slots of rank {self._slot.rank} worker {self._slot.worker_id} gave "
+                                 f"{sorted(counts)} chunks at once; they move together")
+        positions = [CanonicalPosition(tuple(at)) for at in zip(*(p for _, _, p, _ in spans), strict=True)]
+        per_batch = [[sizes[i] for _, sizes, _, _ in spans] for i in range(len(positions))]
+        sizes = [sum(parts) for parts in per_batch]
+        if len(spans) == 1:
+            return spans[0][0], sizes, positions, None
+        return _side_by_side([span for span, _, _, _ in spans], per_batch), sizes, positions, None
+
+    def _end_together(self, ended: int) -> None:
+        """Canonical slot ``ended`` has no chunk left: every other must end here too (asked, so that its state says
+        its epoch is complete)."""
+        for index, stream in enumerate(self._streams):
+            if index == ended:
+                continue
+            try:
+                stream.next_record()
+            except StopIteration:
+                continue
+            raise OutOfStepError(f"canonical slot {index} of rank {self._slot.rank} worker {self._slot.worker_id} has "
+                                 f"chunks left where another has none; they move together")
+
+    def next_piece(self) -> None:
+        return None
+
+    def position(self) -> CanonicalPosition:
+        return CanonicalPosition(tuple(stream.position() for stream in self._streams))
+
+    def state(self, position: CanonicalPosition | None = None) -> CanonicalState:
+        if position is None:
+            states = tuple(stream.state() for stream in self._streams)
+        else:
+            states = tuple(stream.state(at) for stream, at in zip(self._streams, position.positions, strict=True))
+        head = WorkerHead(DATASET, self.epoch, self._slot, sum(s.rows for s in states), states[0].batches,
+                          sum(s.rows_dropped for s in states), all(s.epoch_complete for s in states), self._options)
+        return CanonicalState(head, self._slots, states)
+
+
+def _side_by_side(spans: list[pa.RecordBatch], per_batch: list[list[int]]) -> pa.RecordBatch:
+    """Batches of several spans, each batch ``i`` the ``i``-th batch of every span in turn (``per_batch[i]``: its
+    rows in each span), as one record batch: one gather."""
+    starts = np.cumsum([0, *(span.num_rows for span in spans[:-1])])
+    offsets = np.zeros(len(spans), dtype=np.int64)
+    pieces = []
+    for parts in per_batch:
+        for index, rows in enumerate(parts):
+            begin = starts[index] + offsets[index]
+            pieces.append(np.arange(begin, begin + rows, dtype=np.int64))
+            offsets[index] += rows
+    together = pa.Table.from_batches(spans).combine_chunks()
+    out = together.take(pa.array(np.concatenate(pieces)))
+    batches = out.combine_chunks().to_batches()
+    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)

@@ -1,0 +1,93 @@
+"""A worker's state under ``order="canonical"``: the cursors of the canonical slots it reads.
+
+Every worker state says the same head (:class:`~arrowstream._state.worker.WorkerHead`: the (rank, worker) slot that
+wrote it, its epoch, counters, whether its epoch is complete, its options); a canonical one adds ``canonical``: the
+number of canonical slots and the state of each one the worker read, a dataset worker's state of that canonical slot
+(a :class:`~arrowstream._state.worker.WorkerState` of rank ``c`` among ``slots`` ranks without workers, see
+:mod:`arrowstream._layout.canonical`). Those states do not depend on the topology that read them: a checkpoint of
+any topology is the same set of canonical slots' states, which any other topology that divides them resumes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._core.cursor import Position
+from .._core.fields import REMEDY
+from ..errors import StateError, StateMismatchError
+from .versions import DATASET
+from .worker import WorkerHead, WorkerState, read_head
+
+
+@dataclass(frozen=True)
+class CanonicalState:
+    """One worker's state under ``order="canonical"``: its head, and the states of the canonical slots it reads, in
+    order (contiguous canonical slots of ``slots``)."""
+
+    head: WorkerHead
+    slots: int
+    states: tuple[WorkerState, ...]
+
+    @property
+    def epoch(self) -> int:
+        return self.head.epoch
+
+    @property
+    def batches(self) -> int:
+        """Global batches this worker has given its part of (each canonical slot's chunks)."""
+        return self.head.batches
+
+    def moved(self, positions: Sequence[Position]) -> CanonicalState:
+        """This state of the same epoch moved to ``positions`` (each canonical slot's, after one batch: the epoch
+        goes on), as a chunk's batches carry them."""
+        states = tuple(dataclasses.replace(state, cursor=at.cursor, rows=at.rows, batches=at.batches,
+                                           rows_dropped=at.rows_dropped, epoch_complete=False)
+                       for state, at in zip(self.states, positions, strict=True))
+        head = dataclasses.replace(self.head, rows=sum(s.rows for s in states), batches=states[0].batches,
+                                   rows_dropped=sum(s.rows_dropped for s in states), epoch_complete=False)
+        return CanonicalState(head, self.slots, states)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.head.to_dict(), "canonical": {"slots": self.slots,
+                                                     "states": [state.to_dict() for state in self.states]}}
+
+    @classmethod
+    def from_dict(cls, state: Any, where: str = "worker state") -> CanonicalState:
+        """Parse a canonical worker state (``StateMismatchError`` for one of ``order="topology"``, ``StateError``
+        naming the field for a bad one). Each canonical slot's state is parsed as a dataset worker's; they must be
+        of contiguous canonical slots of one epoch, standing at one global batch."""
+        fields, head = read_head(state, DATASET, where)
+        if "canonical" not in fields.value:
+            raise StateMismatchError(
+                f"the {where} was taken with order='topology' (it holds a worker's cursor, not canonical slots'); "
+                "this dataset has order='canonical'. Build it with the order of the run that took the checkpoint")
+        canonical = fields.mapping("canonical")
+        slots = canonical.integer("slots", 1)
+        raw = canonical.sequence("states")
+        if not raw or len(raw) > slots:
+            raise StateError(f"the {where}.canonical.states holds {len(raw)} states, expected 1 to {slots} (the "
+                             f"canonical slots one worker reads); {REMEDY}")
+        states = tuple(WorkerState.from_dict(item, f"{where}.canonical.states[{i}]") for i, item in enumerate(raw))
+        first = states[0].slot.rank
+        for i, inner in enumerate(states):
+            at = f"{where}.canonical.states[{i}]"
+            if (inner.slot.world_size, inner.slot.num_workers, inner.slot.rank) != (slots, 0, first + i):
+                raise StateError(f"the {at}.slot is {inner.slot}, expected canonical slot {first + i} of {slots} "
+                                 f"(rank {first + i} of {slots}, no workers); {REMEDY}")
+            if inner.epoch != head.epoch or inner.batches != head.batches:
+                raise StateError(f"the {at} stands at epoch {inner.epoch}, batch {inner.batches}, the worker at epoch "
+                                 f"{head.epoch}, batch {head.batches}: the canonical slots of a worker move "
+                                 f"together; {REMEDY}")
+        if (sum(s.rows for s in states), sum(s.rows_dropped for s in states)) != (head.rows, head.rows_dropped):
+            raise StateError(f"the {where}.counters say {head.rows} rows ({head.rows_dropped} dropped), its canonical "
+                             f"slots' states {sum(s.rows for s in states)} ({sum(s.rows_dropped for s in states)}); "
+                             f"{REMEDY}")
+        return cls(head, slots, states)
+
+
+def is_canonical(state: Any) -> bool:
+    """Whether a worker state (a dict, of any version) is a canonical one."""
+    return isinstance(state, dict) and "canonical" in state
