@@ -75,8 +75,10 @@ class CanonicalState:
         for i, inner in enumerate(states):
             at = f"{where}.canonical.states[{i}]"
             if (inner.slot.world_size, inner.slot.num_workers, inner.slot.rank) != (slots, 0, first + i):
-                raise StateError(f"the {at}.slot is {inner.slot}, expected canonical slot {first + i} of {slots} "
-                                 f"(rank {first + i} of {slots}, no workers); {REMEDY}")
+                raise StateError(f"the {at}.slot is rank {inner.slot.rank} of world_size={inner.slot.world_size} with "
+                                 f"num_workers={inner.slot.num_workers}, expected canonical slot {first + i} of {slots} "
+                                 f"(rank {first + i} of {slots}, no workers): a worker's canonical slots are "
+                                 f"contiguous; {REMEDY}")
             if inner.epoch != head.epoch or inner.batches != head.batches:
                 raise StateError(f"the {at} stands at epoch {inner.epoch}, batch {inner.batches}, the worker at epoch "
                                  f"{head.epoch}, batch {head.batches}: the canonical slots of a worker move "

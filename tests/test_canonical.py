@@ -1,0 +1,300 @@
+"""``order="canonical"`` (issue 39): one global sequence of rows for every topology that divides ``canonical_slots``.
+
+Global batch ``k`` is every rank's ``k``-th batch, ranks in rank order. Ranks run in this process (explicit ``rank``
+and ``world_size``, one loader each, stepped together); the torchrun test of real ranks is in test_distributed.py.
+Each test would fail with ``order="topology"``: its layout, its seeds and its batch sizes follow the topology.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import warnings
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+import arrowstream
+from arrowstream import StructuredDataset
+from arrowstream.errors import ArgumentTypeError, InvalidArgumentError, StateError, StateMismatchError
+
+SLOTS = 8
+GLOBAL = 64   # rows of a global batch: batch_size x world_size
+ROWS = (137, 60, 301)   # uneven files
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    path = tmp_path_factory.mktemp("canonical")
+    start = 0
+    for index, rows in enumerate(ROWS):
+        ids = np.arange(start, start + rows)
+        pq.write_table(pa.table({"id": ids, "v": ids.astype(np.float32) / 2}), os.path.join(path, f"p{index}.parquet"),
+                       row_group_size=50)
+        start += rows
+    return str(path)
+
+
+def make(folder, world_size, num_workers, rank, **options):
+    options = {"shuffle": True, "seed": 3, "order": "canonical", "canonical_slots": SLOTS, **options}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # torch's "suggested max number of worker" on 2 cores
+        return StructuredDataset.create_dataloader(path=folder, batch_size=GLOBAL // world_size,
+                                                   num_workers=num_workers, rank=rank, world_size=world_size,
+                                                   **options)
+
+
+def ranks(folder, world_size, num_workers, **options):
+    return [make(folder, world_size, num_workers, rank, **options) for rank in range(world_size)]
+
+
+def run(loaders, epochs, *, stop=None):
+    """Every global batch of ``epochs`` (epoch, ids of every rank's batch in rank order), the ranks stepped together;
+    with ``stop=(epoch, k)``: up to global batch k of that epoch, and the merged checkpoint there."""
+    out = []
+    for epoch in epochs:
+        iterators = []
+        for loader, dataset in loaders:
+            dataset.set_epoch(epoch)
+            iterators.append(iter(loader))
+        count = 0
+        while True:
+            parts = []
+            for iterator in iterators:
+                try:
+                    parts.append(next(iterator))
+                except StopIteration:
+                    break
+            if len(parts) < len(iterators):
+                assert not parts, f"ranks ended their epoch {epoch} apart: {len(parts)} of {len(iterators)} went on"
+                break
+            out.append((epoch, [int(x) for part in parts for x in part["id"]]))
+            count += 1
+            if stop == (epoch, count):
+                merged = arrowstream.merge_state_dicts([loader.state_dict() for loader, _ in loaders])
+                return out, json.loads(json.dumps(merged))
+    return out, None
+
+
+@pytest.fixture(scope="module")
+def reference(folder):
+    """The sequence of one process without workers, per option set."""
+    cache = {}
+
+    def of(**options):
+        key = json.dumps(options, sort_keys=True)
+        if key not in cache:
+            cache[key] = run(ranks(folder, 1, 0, **options), (0, 1))[0]
+        return cache[key]
+    return of
+
+
+OPTIONS = [
+    {"shuffle_buffer_size": 20, "interleave": 2},
+    {"shuffle_buffer_size": 0, "drop_last": True},
+    {"shuffle": False},
+]
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=["buffer-interleave", "drop_last", "no-shuffle"])
+def test_global_batches_are_the_same_for_every_world_size(folder, reference, options):
+    ref = reference(**options)
+    total = sum(ROWS)
+    for epoch in (0, 1):
+        ids = [x for e, batch in ref if e == epoch for x in batch]
+        assert len(ids) == len(set(ids)), "a row repeated in an epoch"
+        loader, dataset = make(folder, 1, 0, 0, **options)
+        dataset.set_epoch(epoch)
+        assert len(ids) + dataset.rows_trimmed_per_epoch(0) + dataset.rows_dropped_per_epoch(0) == total
+    assert [len(b) for _, b in ref][:-1].count(GLOBAL) >= len(ref) // 2 - 1
+    if options.get("shuffle", True):
+        assert [b for e, b in ref if e == 0] != [b for e, b in ref if e == 1], "another epoch, another order"
+    for world_size in (2, 4, 8):
+        got = run(ranks(folder, world_size, 0, **options), (0, 1))[0]
+        assert got == ref, f"world_size={world_size} gave another sequence"
+
+
+@pytest.mark.parametrize(("world_size", "num_workers", "options"), [
+    (1, 1, {"shuffle_buffer_size": 20, "interleave": 2}),
+    (1, 2, {"shuffle_buffer_size": 20, "interleave": 2}),
+    (2, 4, {"shuffle_buffer_size": 20, "interleave": 2}),
+    (2, 2, {"shuffle_buffer_size": 0, "drop_last": True}),
+])
+def test_global_batches_are_the_same_for_every_worker_count(folder, reference, world_size, num_workers, options):
+    got = run(ranks(folder, world_size, num_workers, **options), (0, 1))[0]
+    assert got == reference(**options)
+
+
+@pytest.mark.parametrize(("old", "stop", "new"), [
+    ((1, 0), (0, 3), (1, 0)),      # the same topology
+    ((2, 1), (0, 5), (4, 0)),      # more ranks, a smaller batch_size: the same global batch
+    ((4, 0), (1, 1), (1, 2)),      # fewer ranks, in the next epoch
+    ((8, 0), (0, 7), (2, 4)),      # at the last global batch of the epoch (its last state says so)
+    ((1, 2), (0, 4), (8, 1)),
+])
+def test_a_checkpoint_resumes_the_same_sequence_on_any_topology(folder, reference, old, stop, new):
+    options = {"shuffle_buffer_size": 20, "interleave": 2}
+    ref = reference(**options)
+    assert len([1 for e, _ in ref if e == 0]) == 8
+    first, saved = run(ranks(folder, *old, **options), (0, 1), stop=stop)
+    assert saved is not None
+    loaders = ranks(folder, *new, **options)
+    for loader, _ in loaders:
+        loader.load_state_dict(copy.deepcopy(saved))
+        assert loader.dataset.epoch == stop[0]
+    rest = run(loaders, range(stop[0], 2))[0]
+    assert first + rest == ref
+
+
+def test_a_checkpoint_between_epochs_starts_the_next_whole(folder, reference):
+    options = {"shuffle_buffer_size": 20, "interleave": 2}
+    loaders = ranks(folder, 2, 0, **options)
+    run(loaders, (0,))
+    saved = arrowstream.merge_state_dicts([loader.state_dict() for loader, _ in loaders])
+    resumed = ranks(folder, 4, 1, **options)
+    for loader, _ in resumed:
+        loader.load_state_dict(json.loads(json.dumps(saved)))
+    assert run(resumed, (0,))[0] == []
+    assert run(resumed, (1,))[0] == [(e, b) for e, b in reference(**options) if e == 1]
+
+
+def test_len_and_counts_are_exact(folder):
+    for world_size, num_workers in ((1, 0), (2, 2), (8, 0)):
+        loaders = ranks(folder, world_size, num_workers, shuffle_buffer_size=20, drop_last=True)
+        got = run(loaders, (0,))[0]
+        assert all(len(loader) == len(got) for loader, _ in loaders)
+        assert all(len(batch) == GLOBAL for _, batch in got), "drop_last: every global batch whole"
+        rows = sum(len(batch) for _, batch in got)
+        counted = sum(d.rows_dropped_per_epoch(num_workers) + d.rows_trimmed_per_epoch(num_workers) for _, d in loaders)
+        assert rows + counted == sum(ROWS)
+
+
+@pytest.mark.parametrize("output_format", ["numpy", "arrow", "dict"])
+def test_parts_of_every_output_format_are_joined(folder, output_format):
+    def ids(batch):
+        column = batch.column("id") if output_format == "arrow" else batch["id"]
+        return [int(x) for x in (column.to_pylist() if output_format == "arrow" else column)]
+
+    loader, dataset = make(folder, 1, 2, 0, output_format=output_format, shuffle_buffer_size=20)
+    reference, _ = make(folder, 1, 0, 0, shuffle_buffer_size=20)
+    assert [ids(b) for b in loader] == [[int(x) for x in b["id"]] for b in reference]
+
+
+def test_a_transform_whose_parts_cannot_be_joined_is_refused(folder):
+    loader, _ = make(folder, 1, 2, 0, transform=lambda batch: object())
+    with pytest.raises(ArgumentTypeError, match="cannot join"):
+        next(iter(loader))
+
+
+def test_a_plain_loader_reads_the_sequence_with_one_worker_and_refuses_more(folder, reference):
+    dataset = StructuredDataset(folder, batch_size=GLOBAL, shuffle=True, seed=3, order="canonical",
+                                canonical_slots=SLOTS, shuffle_buffer_size=20, interleave=2)
+    ref = [b for e, b in reference(shuffle_buffer_size=20, interleave=2) if e == 0]
+    plain = StatefulDataLoader(dataset, batch_size=None, num_workers=0)
+    iterator = iter(plain)
+    head = [[int(x) for x in next(iterator)["id"]] for _ in range(3)]
+    state = json.loads(json.dumps(plain.state_dict()))
+    again = StatefulDataLoader(StructuredDataset(folder, batch_size=GLOBAL, shuffle=True, seed=3, order="canonical",
+                                                 canonical_slots=SLOTS, shuffle_buffer_size=20, interleave=2),
+                               batch_size=None, num_workers=0)
+    again.load_state_dict(state)
+    assert head + [[int(x) for x in b["id"]] for b in again] == ref
+    with pytest.raises(InvalidArgumentError, match="arrowstream's loader"):
+        list(StatefulDataLoader(dataset, batch_size=None, num_workers=2))
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"world_size": 3, "rank": 0, "batch_size": 64}, "does not divide canonical_slots"),
+    ({"batch_size": 20}, "not a multiple of canonical_slots"),
+    ({"assignment": "dynamic"}, "depends on timing"),
+    ({"filter": [("id", ">", 3)]}, "filter"),
+    ({"order": "by-rank"}, "order: expected"),
+    ({"canonical_slots": 0}, "canonical_slots: expected"),
+])
+def test_arguments_that_break_the_sequence_are_refused(folder, kwargs, match):
+    arguments = {"batch_size": GLOBAL, "order": "canonical", "canonical_slots": SLOTS, **kwargs}
+    with pytest.raises(InvalidArgumentError, match=match):
+        StructuredDataset(folder, **arguments)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"num_workers": 3}, "may be 0 or one of"),
+    ({"num_workers": 2, "in_order": False}, "in_order=True"),
+    ({"num_workers": 2, "batches_per_transfer": 4}, "batches_per_transfer=4"),
+    ({"num_workers": 1, "snapshot_every_n_steps": 2}, "snapshot_every_n_steps=1"),
+])
+def test_loader_options_that_break_the_sequence_are_refused(folder, kwargs, match):
+    with pytest.raises(InvalidArgumentError, match=match):
+        loader, _ = StructuredDataset.create_dataloader(path=folder, batch_size=GLOBAL, order="canonical",
+                                                        canonical_slots=SLOTS, **kwargs)
+        next(iter(loader))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(folder):
+    """A merged checkpoint of 2 ranks with 1 worker each, three global batches in."""
+    return run(ranks(folder, 2, 1, shuffle_buffer_size=20), (0,), stop=(0, 3))[1]
+
+
+def worker_states(merged):
+    for outer in merged["ranks"]:
+        snapshots = outer["dataloader"]["_snapshot"]["_worker_snapshots"]
+        for key in sorted(snapshots):
+            yield snapshots[key]["dataset_state"]
+
+
+def test_a_checkpoint_of_another_order_or_sequence_is_refused(folder, checkpoint):
+    topology, _ = StructuredDataset.create_dataloader(path=folder, batch_size=GLOBAL, shuffle=True, seed=3,
+                                                      shuffle_buffer_size=20)
+    with pytest.raises(StateMismatchError, match="order='topology'"):
+        topology.load_state_dict(copy.deepcopy(checkpoint))
+    plain_state = topology.state_dict()
+    canonical, _ = make(folder, 1, 0, 0, shuffle_buffer_size=20)
+    with pytest.raises(StateMismatchError, match="order='topology'"):
+        canonical.load_state_dict(plain_state)
+    other_slots, _ = make(folder, 1, 0, 0, shuffle_buffer_size=20, canonical_slots=4)
+    with pytest.raises(StateMismatchError, match="canonical_slots=8"):
+        other_slots.load_state_dict(copy.deepcopy(checkpoint))
+    other_global, _ = StructuredDataset.create_dataloader(path=folder, batch_size=32, shuffle=True, seed=3,
+                                                          shuffle_buffer_size=20, order="canonical",
+                                                          canonical_slots=SLOTS)
+    with pytest.raises(StateMismatchError, match="batch_size"):
+        other_global.load_state_dict(copy.deepcopy(checkpoint))
+
+
+def test_a_tampered_checkpoint_is_refused_and_changes_nothing(folder, checkpoint, reference):
+    loader, dataset = make(folder, 1, 0, 0, shuffle_buffer_size=20)
+
+    def refused(edit, error, match):
+        state = copy.deepcopy(checkpoint)
+        edit(state)
+        with pytest.raises(error, match=match):
+            loader.load_state_dict(state)
+
+    def out_of_step(state):
+        inner = next(worker_states(state))["canonical"]["states"][1]
+        inner["counters"]["batches"] += 1
+    refused(out_of_step, StateError, "move together")
+
+    def counters(state):
+        next(worker_states(state))["counters"]["rows"] += 8
+    refused(counters, StateError, "counters")
+
+    def another_slot(state):
+        next(worker_states(state))["canonical"]["states"][0]["slot"]["rank"] = 5
+    refused(another_slot, StateError, "expected canonical slot")
+
+    def cursor_past_the_plan(state):
+        inner = next(worker_states(state))["canonical"]["states"][0]
+        inner["counters"]["rows"] += 1000
+        next(worker_states(state))["counters"]["rows"] += 1000
+    refused(cursor_past_the_plan, StateError, "")
+
+    with pytest.raises(StateMismatchError, match="lacks canonical slots"):   # rank 0's own state: half of them
+        loader.load_state_dict(copy.deepcopy(checkpoint["ranks"][0]))
+    # nothing was loaded: the loader reads the sequence from the start
+    assert [[int(x) for x in b["id"]] for b in loader] == [b for e, b in reference(shuffle_buffer_size=20) if e == 0]
