@@ -15,27 +15,26 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .._core.cursor import Position
 from .._core.order import Slot
 from .._mixing.stream import MixStream
 from .._state.canonical import CanonicalState
 from .._state.versions import DATASET
-from .._state.worker import WorkerHead, WorkerState
+from .._state.worker import WorkerHead
 
 
 @dataclass(frozen=True)
 class CanonicalPosition:
     """Where a canonical worker stands after a batch: each of its canonical slots' position."""
 
-    positions: tuple[Position, ...]
+    positions: tuple[Any, ...]   # a dataset's Position, a mixture's MixPosition
 
     @property
     def batches(self) -> int:
-        return self.positions[0].batches
+        return int(self.positions[0].batches)
 
     @property
     def rows(self) -> int:
-        return sum(position.rows for position in self.positions)
+        return sum(int(position.rows) for position in self.positions)
 
 
 class OutOfStepError(AssertionError):
@@ -45,12 +44,12 @@ class OutOfStepError(AssertionError):
 class CanonicalStream:
     """The batches of a (rank, worker) slot under ``order="canonical"``: chunk ``k`` of each of its canonical slots'
     ``streams``, in order. ``slot``: the (rank, worker) slot; ``slots``: the canonical slots there are;
-    ``options``: what its states' head says."""
+    ``options``: what its states' head says; ``reads``: what its loader reads (a dataset, a mixture)."""
 
-    def __init__(self, streams: Sequence[MixStream[Position, WorkerState]], slot: Slot, slots: int,
-                 options: dict[str, Any]) -> None:
+    def __init__(self, streams: Sequence[MixStream[Any, Any]], slot: Slot, slots: int, options: dict[str, Any],
+                 reads: str = DATASET) -> None:
         self._streams = list(streams)
-        self._slot, self._slots, self._options = slot, slots, options
+        self._slot, self._slots, self._options, self._reads = slot, slots, options, reads
 
     @property
     def batches(self) -> int:
@@ -74,7 +73,8 @@ class CanonicalStream:
                 raise
         return records[0] if len(records) == 1 else pa.concat_batches(records)
 
-    def next_span(self, max_batches: int) -> tuple[pa.RecordBatch, list[int], list[CanonicalPosition], None]:
+    def next_span(self, max_batches: int) -> tuple[pa.RecordBatch, list[int], list[CanonicalPosition],
+                                                   list[int] | None]:
         spans = []
         for index, stream in enumerate(self._streams):
             try:
@@ -89,9 +89,11 @@ class CanonicalStream:
         positions = [CanonicalPosition(tuple(at)) for at in zip(*(p for _, _, p, _ in spans), strict=True)]
         per_batch = [[sizes[i] for _, sizes, _, _ in spans] for i in range(len(positions))]
         sizes = [sum(parts) for parts in per_batch]
+        sources = [counts for _, _, _, counts in spans]   # rows of each source (a mixture's board counts them)
+        per_source = None if any(c is None for c in sources) else [sum(column) for column in zip(*sources, strict=True)]
         if len(spans) == 1:
-            return spans[0][0], sizes, positions, None
-        return _side_by_side([span for span, _, _, _ in spans], per_batch), sizes, positions, None
+            return spans[0][0], sizes, positions, per_source
+        return _side_by_side([span for span, _, _, _ in spans], per_batch), sizes, positions, per_source
 
     def _end_together(self, ended: int) -> None:
         """Canonical slot ``ended`` has no chunk left: every other must end here too (asked, so that its state says
@@ -117,7 +119,7 @@ class CanonicalStream:
             states = tuple(stream.state() for stream in self._streams)
         else:
             states = tuple(stream.state(at) for stream, at in zip(self._streams, position.positions, strict=True))
-        head = WorkerHead(DATASET, self.epoch, self._slot, sum(s.rows for s in states), states[0].batches,
+        head = WorkerHead(self._reads, self.epoch, self._slot, sum(s.rows for s in states), states[0].batches,
                           sum(s.rows_dropped for s in states), all(s.epoch_complete for s in states), self._options)
         return CanonicalState(head, self._slots, states)
 

@@ -2,8 +2,9 @@
 
 Every worker state says the same head (:class:`~arrowstream._state.worker.WorkerHead`: the (rank, worker) slot that
 wrote it, its epoch, counters, whether its epoch is complete, its options); a canonical one adds ``canonical``: the
-number of canonical slots and the state of each one the worker read, a dataset worker's state of that canonical slot
-(a :class:`~arrowstream._state.worker.WorkerState` of rank ``c`` among ``slots`` ranks without workers, see
+number of canonical slots and the state of each one the worker read: the worker state of that canonical slot as its
+front writes one (a dataset's :class:`~arrowstream._state.worker.WorkerState`, a mixture's
+:class:`~arrowstream._state.mixture.MixWorkerState`) for rank ``c`` among ``slots`` ranks without workers (see
 :mod:`arrowstream._layout.canonical`). Those states do not depend on the topology that read them: a checkpoint of
 any topology is the same set of canonical slots' states, which any other topology that divides them resumes.
 """
@@ -15,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._core.cursor import Position
 from .._core.fields import REMEDY
 from ..errors import StateError, StateMismatchError
+from .mixture import MixWorkerState
 from .versions import DATASET
 from .worker import WorkerHead, WorkerState, read_head
 
@@ -29,7 +30,7 @@ class CanonicalState:
 
     head: WorkerHead
     slots: int
-    states: tuple[WorkerState, ...]
+    states: tuple[Any, ...]   # WorkerState (a dataset's), MixWorkerState (a mixture's): as ``head.reads`` says
 
     @property
     def epoch(self) -> int:
@@ -40,10 +41,12 @@ class CanonicalState:
         """Global batches this worker has given its part of (each canonical slot's chunks)."""
         return self.head.batches
 
-    def moved(self, positions: Sequence[Position]) -> CanonicalState:
-        """This state of the same epoch moved to ``positions`` (each canonical slot's, after one batch: the epoch
-        goes on), as a chunk's batches carry them."""
-        states = tuple(dataclasses.replace(state, cursor=at.cursor, rows=at.rows, batches=at.batches,
+    def moved(self, positions: Sequence[Any], names: Sequence[str] = ()) -> CanonicalState:
+        """This state of the same epoch moved to ``positions`` (each canonical slot's, after one batch), as a
+        chunk's batches carry them: a dataset's ``Position`` (the epoch goes on), a mixture's ``MixPosition``
+        (``names``: its sources, in order)."""
+        states = tuple(state.at(at, names) if isinstance(state, MixWorkerState) else
+                       dataclasses.replace(state, cursor=at.cursor, rows=at.rows, batches=at.batches,
                                            rows_dropped=at.rows_dropped, epoch_complete=False)
                        for state, at in zip(self.states, positions, strict=True))
         head = dataclasses.replace(self.head, rows=sum(s.rows for s in states), batches=states[0].batches,
@@ -55,11 +58,12 @@ class CanonicalState:
                                                      "states": [state.to_dict() for state in self.states]}}
 
     @classmethod
-    def from_dict(cls, state: Any, where: str = "worker state") -> CanonicalState:
-        """Parse a canonical worker state (``StateMismatchError`` for one of ``order="topology"``, ``StateError``
-        naming the field for a bad one). Each canonical slot's state is parsed as a dataset worker's; they must be
-        of contiguous canonical slots of one epoch, standing at one global batch."""
-        fields, head = read_head(state, DATASET, where)
+    def from_dict(cls, state: Any, where: str = "worker state", reads: str = DATASET) -> CanonicalState:
+        """Parse a canonical worker state of a loader that reads ``reads`` (``StateMismatchError`` for one of
+        ``order="topology"`` or of the other front, ``StateError`` naming the field for a bad one). Each canonical
+        slot's state is parsed as its front's worker state; they must be of contiguous canonical slots of one epoch,
+        standing at one global batch."""
+        fields, head = read_head(state, reads, where)
         if "canonical" not in fields.value:
             raise StateMismatchError(
                 f"the {where} was taken with order='topology' (it holds a worker's cursor, not canonical slots'); "
@@ -70,7 +74,8 @@ class CanonicalState:
         if not raw or len(raw) > slots:
             raise StateError(f"the {where}.canonical.states holds {len(raw)} states, expected 1 to {slots} (the "
                              f"canonical slots one worker reads); {REMEDY}")
-        states = tuple(WorkerState.from_dict(item, f"{where}.canonical.states[{i}]") for i, item in enumerate(raw))
+        parse = WorkerState.from_dict if reads == DATASET else MixWorkerState.from_dict
+        states = tuple(parse(item, f"{where}.canonical.states[{i}]") for i, item in enumerate(raw))
         first = states[0].slot.rank
         for i, inner in enumerate(states):
             at = f"{where}.canonical.states[{i}]"

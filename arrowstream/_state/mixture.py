@@ -17,7 +17,7 @@ from .._core.cursor import Cursor
 from .._core.fields import REMEDY, Fields, shorten
 from .._core.order import Slot
 from .._mixing.quotas import PASS_LAYOUTS, SPANS
-from ..errors import StateError
+from ..errors import StateError, StateMismatchError
 from .versions import MIXTURE
 from .worker import EVEN_CUT, ElasticHead, WorkerHead, read_chain, read_head
 
@@ -186,6 +186,13 @@ class MixWorkerState:
         """Parse a mixture's worker state of any version (the retired kind migrated); ``StateError`` naming the
         field if not, ``StateMismatchError`` for a dataset's."""
         fields, head = read_head(value, MIXTURE, where)
+        if "canonical" in fields.value:
+            canonical = fields.value["canonical"]
+            slots = canonical.get("slots") if isinstance(canonical, dict) else None
+            raise StateMismatchError(
+                f"the {where} was taken with order='canonical' (canonical_slots={slots}): it holds the cursors of "
+                "canonical slots, which resume only a mixture of that order; build the mixture with "
+                f"order='canonical', canonical_slots={slots}")
         options = head.options
         if options.get("batch_order") not in BATCH_ORDERS:
             raise StateError(f"the {where}'s options.batch_order is {shorten(options.get('batch_order'))}, expected "
