@@ -17,11 +17,14 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from torch.utils.data import get_worker_info
 
-from ._assignment import check_assignment
+from ._assignment import check_assignment, check_order
+from ._layout.canonical import DEFAULT_CANONICAL_SLOTS, check_workers
 from ._loader.mixture_hooks import MixtureHooks
 from ._planning.arguments import check_mixture_arguments
 from ._sources.mixture import IcebergSource, Source
+from ._state.canonical import CanonicalState
 from ._state.mixture import MixPosition, MixWorkerState
+from ._state.versions import MIXTURE
 from ._storage.retry import RetryPolicy
 from ._worker.iterator import SlotIterator
 from ._worker.mixture import COMPACT
@@ -64,6 +67,11 @@ class Mixture(MixtureHooks):
             number inside that file) to every batch, as :class:`~arrowstream.StructuredDataset` does.
         batch_size: Rows per batch; this and every other keyword are those of
             :class:`~arrowstream.StructuredDataset`, shared by every source.
+        order: ``"topology"`` (default) or ``"canonical"``: as for :class:`~arrowstream.StructuredDataset`, the
+            epoch laid out over ``canonical_slots`` fixed slots, each a slot of the mixture with its quotas of
+            every source, so that every global batch holds the same rows of every source on any topology that
+            divides them, and a checkpoint resumes that sequence there. See docs/distributed.md.
+        canonical_slots: With ``order="canonical"``: see :class:`~arrowstream.StructuredDataset`.
         assignment: ``"static"``, the only one a mixture takes: each (rank, worker) slot reads its own stretch
             of every source, which is what gives every batch each source's share. ``"dynamic"`` is refused
             (an :class:`~arrowstream.errors.InvalidArgumentError` saying why); any other value as a dataset
@@ -91,7 +99,8 @@ class Mixture(MixtureHooks):
                  rank: int | None = None, world_size: int | None = None, even_batches: bool = True,
                  group_size: int = 1, read_ahead: int = 1, plan_locally: bool = False,
                  retry: RetryPolicy | None = None, plan_cache: Any = None, with_row_ids: bool = False,
-                 assignment: str = "static") -> None:
+                 assignment: str = "static", order: str = "topology",
+                 canonical_slots: int = DEFAULT_CANONICAL_SLOTS) -> None:
         arguments = check_mixture_arguments(
             sources, weights, epoch_rows, source_column, transform=transform, fill_nulls=fill_nulls, retry=retry,
             read_ahead=read_ahead, plan_locally=plan_locally, rank=rank, world_size=world_size,
@@ -99,7 +108,12 @@ class Mixture(MixtureHooks):
             batch_size=batch_size, shuffle=shuffle, seed=seed, shuffle_buffer_size=shuffle_buffer_size,
             interleave=interleave, output_format=output_format, drop_last=drop_last, with_row_ids=with_row_ids)
         _check_assignment(assignment, arguments.options, arguments.topology.group_size)   # before planning
+        canonical = check_order(order, canonical_slots, check_assignment(assignment, arguments.options,
+                                                                          arguments.topology.group_size),
+                                arguments.options, arguments.topology.group_size).topology_free
         super().__init__(arguments)   # every source planned there
+        if canonical:
+            self.use_canonical(canonical_slots)
 
     @classmethod
     def create_dataloader(cls, sources: Mapping[str, Source | IcebergSource], weights: Mapping[str, float] | None = None,
@@ -165,17 +179,31 @@ class Mixture(MixtureHooks):
                 for s, start in zip(self._sources, self.epoch_starts(epoch).values(), strict=True)}
 
     def slot_quotas(self, num_workers: int = 0, epoch: int | None = None) -> list[dict[str, int]]:
-        """Per (rank, worker) slot of every rank: rows of each source it takes in ``epoch`` (this one)."""
-        return self._epochs.slot_rows(self._stood(), self.epoch if epoch is None else epoch, self._world_size,
-                                      num_workers)
+        """Per (rank, worker) slot of every rank: rows of each source it takes in ``epoch`` (this one); under
+        ``order="canonical"`` the sums of the canonical slots it reads."""
+        epoch = self.epoch if epoch is None else epoch
+        if self._canonical is None:
+            return self._epochs.slot_rows(self._stood(), epoch, self._world_size, num_workers)
+        canonical = self._canonical.canonical
+        check_workers(canonical, self._world_size, num_workers)
+        inner = self.canonical_epochs().slot_rows(self._stood(), epoch, canonical.slots, 0)
+        per = canonical.slots // (self._world_size * max(num_workers, 1))
+        return [{name: sum(inner[c][name] for c in range(first, first + per)) for name in self.names}
+                for first in range(0, canonical.slots, per)]
 
     def batch_limits(self, num_workers: int = 0, epoch: int | None = None) -> list[int]:
-        """Batches each slot yields in ``epoch`` (``even_batches`` and ``drop_last`` applied)."""
-        return self.limits_of(self._stood(), self.epoch if epoch is None else epoch, self._world_size, num_workers,
-                              self._even_batches)
+        """Batches each slot yields in ``epoch`` (``even_batches`` and ``drop_last`` applied); under
+        ``order="canonical"`` its parts of the global batches."""
+        epoch = self.epoch if epoch is None else epoch
+        if self._canonical is None:
+            return self.limits_of(self._stood(), epoch, self._world_size, num_workers, self._even_batches)
+        check_workers(self._canonical.canonical, self._world_size, num_workers)
+        return [self.canonical_chunks(epoch)] * (self._world_size * max(num_workers, 1))
 
     def num_batches(self, num_workers: int = 0) -> int:
         """Exact batches of this epoch on this rank (every rank the same with ``even_batches``)."""
+        if self._canonical is not None:   # a rank's batch is its workers' parts of a global batch
+            return self.canonical_chunks()
         per_rank = max(num_workers, 1)
         return sum(self.batch_limits(num_workers)[self._rank * per_rank:(self._rank + 1) * per_rank])
 
@@ -188,6 +216,10 @@ class Mixture(MixtureHooks):
 
     def state_dict(self) -> dict[str, Any]:
         """This worker's position: a small JSON dict (see docs/mixing.md)."""
+        if self._canonical is not None:   # order="canonical": its canonical slots' states
+            if self._active is not None:
+                return dict(self._active.state().to_dict())
+            return self.canonical_start(self._physical()).to_dict()
         if self._active is not None:
             if self._side.transport.send_chunks and get_worker_info() is not None:
                 # in a MixtureDataLoader's worker: torchdata takes this after every chunk and diffs it key by
@@ -207,6 +239,9 @@ class Mixture(MixtureHooks):
         an Iceberg source whose table moved on since goes back to the checkpoint's snapshot), then checks the state;
         a refused state leaves the mixture as it was (:meth:`reading`, :meth:`read_as`).
         """
+        if self._canonical is not None:   # order="canonical": its canonical slots' states
+            self.load_canonical([CanonicalState.from_dict(state_dict, reads=MIXTURE)], "worker state")
+            return
         self._load_worker_state(MixWorkerState.from_dict(state_dict))
 
     _called = "mixture"   # in the errors of len() and [i] (Streamed)

@@ -19,7 +19,7 @@ from .._layout.canonical import Canonical, canonical_grid, canonical_slot, check
 from .._layout.layout import Epochs, rows_dropped, slot_yields
 from .._layout.trims import Trim, slot_trim
 from .._planning.auto_buffer import auto_buffer_rows, row_bytes
-from .._state.canonical import CanonicalState
+from .._state.canonical import CanonicalState, canonical_states
 from .._state.resume import Against, checked_state
 from .._state.versions import DATASET
 from .._state.worker import WorkerHead, WorkerState
@@ -216,24 +216,7 @@ class CanonicalOrder:
         """Resume from the worker states of a checkpoint (of any topology that divides the canonical slots): every
         canonical slot this rank reads must be among them, at one epoch and one global batch; each is checked
         against the canonical layout. Returns the epoch."""
-        found: dict[int, WorkerState] = {}
-        for state in saved:
-            if state.slots != self.slots:
-                raise StateMismatchError(
-                    f"checkpoint was taken with canonical_slots={state.slots}, this dataset has "
-                    f"canonical_slots={self.slots}: the canonical sequence differs. Build the dataset with "
-                    f"canonical_slots={state.slots}")
-            for inner in state.states:
-                found[inner.slot.rank] = inner
-        if not found:
-            raise StateMismatchError(f"the {where} holds no canonical slot's state; pass loader.state_dict() (or "
-                                     "merge_state_dicts) unchanged")
-        epochs_batches = {(s.epoch, s.batches) for s in found.values()}
-        if len(epochs_batches) != 1:
-            raise StateMismatchError(
-                f"the {where}'s canonical slots stand at different (epoch, global batch): "
-                f"{sorted(epochs_batches)[:4]}; a checkpoint's canonical slots move together. Pass the states of one "
-                "step (loader.state_dict() of every rank at the same step, merged)")
+        found = canonical_states(saved, self.slots, where)
         per_rank = self.slots // dataset.world_size
         wanted = range(dataset.rank * per_rank, (dataset.rank + 1) * per_rank)
         missing = [c for c in wanted if c not in found]
@@ -242,7 +225,7 @@ class CanonicalOrder:
                 f"the {where} lacks canonical slots {missing[:8]} that rank {dataset.rank} of {dataset.world_size} "
                 "reads: a rank's own state holds only its canonical slots. Load the checkpoint of every rank "
                 "(arrowstream.gather_state_dict(loader), or merge_state_dicts)")
-        first = found[wanted[0]]
+        first: WorkerState = found[wanted[0]]
         against = Against(self.epochs, self.epochs.options, dataset.identity, self.epochs.state_options,
                           dataset.data_identity, set())
         for c in wanted:

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from ..errors import ArgumentTypeError
+from ..errors import ArgumentTypeError, InvalidArgumentError
 
 
 def concat_parts(parts: Sequence[Any]) -> Any:
@@ -73,3 +73,41 @@ class PartsZip:
 
     def __len__(self) -> int:
         return len(self._items) // self._workers   # type: ignore[arg-type]
+
+
+def rank_batches(batches: Iterator[Any], inner: Any, num_workers: int) -> Iterator[Any]:
+    """A loader's batches under ``order="canonical"`` (``inner``: torch's iterator): with several workers, one part
+    of each joined (:class:`PartsZip`), pinned again where torch pins."""
+    if num_workers < 2:
+        return batches
+    pin = None
+    if inner._pin_memory:   # torch pinned each worker's part; the joined batch is pinned again
+        from torch.utils.data._utils.pin_memory import pin_memory
+
+        device = inner._pin_memory_device or None
+
+        def pin(batch: Any) -> Any:
+            return pin_memory(batch, device)  # type: ignore[no-untyped-call]
+    return PartsZip(batches, num_workers, pin)
+
+
+def canonical_transfer(kwargs: dict[str, Any], batches_per_transfer: int | None) -> int | None:
+    """``batches_per_transfer`` under ``order="canonical"``: one with several workers (the trainer joins one part of
+    each worker's into a batch); ``snapshot_every_n_steps`` must be 1 with workers (each part carries its state)."""
+    workers = kwargs.get("num_workers", 0)
+    if workers and kwargs.get("snapshot_every_n_steps", 1) != 1:
+        raise InvalidArgumentError(
+            f"order='canonical' with workers needs snapshot_every_n_steps=1 (got "
+            f"{kwargs.get('snapshot_every_n_steps')!r}): a checkpoint is every canonical slot's state after the last "
+            "batch, which each worker sends with its part")
+    if isinstance(workers, int) and workers >= 2:
+        if kwargs.get("in_order") is False:
+            raise InvalidArgumentError(
+                "order='canonical' with several workers needs in_order=True: the trainer joins one part of each "
+                "worker's into a batch, in the workers' round robin; leave in_order out")
+        if batches_per_transfer not in (None, 1):
+            raise InvalidArgumentError(
+                f"order='canonical' with {workers} workers sends one part of a batch per message (the trainer joins "
+                f"one of each worker's); batches_per_transfer={batches_per_transfer!r} is refused: leave it out")
+        return 1
+    return batches_per_transfer

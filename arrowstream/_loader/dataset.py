@@ -42,9 +42,9 @@ from .._storage.filesystem import logger
 from .._worker.convert import passthrough_collate
 from .._worker.stitch import Stitcher
 from .._worker.transport import MAX_BATCHES_PER_TRANSFER, ROWS_PER_TRANSFER, default_batches_per_transfer  # noqa: F401 (re-exported)
-from ..errors import ArgumentTypeError, InvalidArgumentError, StateError, StateMismatchError
+from ..errors import ArgumentTypeError, StateError, StateMismatchError
 from .batches import BatchIterator, delivered_state, rewind_into_chunk
-from .canonical import PartsZip
+from .canonical import canonical_transfer, rank_batches
 from .epoch_watch import dataset_order_varies
 from .options import check_loader_options
 from .plain import stream_kind
@@ -87,7 +87,7 @@ class ArrowStreamDataLoader(StreamLoader):
                                     "for other datasets")
         kwargs = _loader_arguments(dataset, args, kwargs)
         if dataset.policy.topology_free:
-            batches_per_transfer = _canonical_transfer(kwargs, batches_per_transfer)
+            batches_per_transfer = canonical_transfer(kwargs, batches_per_transfer)
         self._elastic_loaded = False  # a checkpoint re-planned for this topology, its epoch not started yet
         self._start(dataset, kwargs, batches_per_transfer, dataset.credential_provider)
 
@@ -156,15 +156,7 @@ class ArrowStreamDataLoader(StreamLoader):
         self.dataset.forget_loaded()
 
     def _rank_batches(self, batches: BatchIterator, inner: Any) -> Any:
-        if not self.dataset.policy.topology_free or self.num_workers < 2:
-            return batches
-        pin = None
-        if inner._pin_memory:   # torch pinned each worker's part; the joined batch is pinned again
-            from torch.utils.data._utils.pin_memory import pin_memory
-
-            device = inner._pin_memory_device or None
-            pin = lambda batch: pin_memory(batch, device)  # type: ignore[no-untyped-call]
-        return PartsZip(batches, self.num_workers, pin)
+        return rank_batches(batches, inner, self.num_workers) if self.dataset.policy.topology_free else batches
 
     def _load_canonical(self, outers: list[dict[str, Any]]) -> None:
         """Resume a checkpoint of ``order="canonical"`` (one rank's, or every rank's merged), of any topology that
@@ -264,28 +256,6 @@ class ArrowStreamDataLoader(StreamLoader):
                     self.dataset.world_size, self.num_workers)
         self._batch_iterator = None
         self._load_torchdata({})
-
-
-def _canonical_transfer(kwargs: dict[str, Any], batches_per_transfer: int | None) -> int | None:
-    """``batches_per_transfer`` under ``order="canonical"``: one with several workers (the trainer joins one part of
-    each worker's into a batch); ``snapshot_every_n_steps`` must be 1 with workers (each part carries its state)."""
-    workers = kwargs.get("num_workers", 0)
-    if workers and kwargs.get("snapshot_every_n_steps", 1) != 1:
-        raise InvalidArgumentError(
-            f"order='canonical' with workers needs snapshot_every_n_steps=1 (got "
-            f"{kwargs.get('snapshot_every_n_steps')!r}): a checkpoint is every canonical slot's state after the last "
-            "batch, which each worker sends with its part")
-    if isinstance(workers, int) and workers >= 2:
-        if kwargs.get("in_order") is False:
-            raise InvalidArgumentError(
-                "order='canonical' with several workers needs in_order=True: the trainer joins one part of each "
-                "worker's into a batch, in the workers' round robin; leave in_order out")
-        if batches_per_transfer not in (None, 1):
-            raise InvalidArgumentError(
-                f"order='canonical' with {workers} workers sends one part of a batch per message (the trainer joins "
-                f"one of each worker's); batches_per_transfer={batches_per_transfer!r} is refused: leave it out")
-        return 1
-    return batches_per_transfer
 
 
 def _canonical_states(outers: list[dict[str, Any]]) -> bool:

@@ -13,8 +13,11 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from .._core.fields import MAX_INT, REMEDY, Fields
+from .._core.order import Slot
+from .._layout.canonical_stream import CanonicalPosition
 from .._mixing.stream import MixSlot
 from .._planning.options import check_int
+from .._state.canonical import CanonicalState
 from .._state.mixture import MixElastic, MixPosition, MixWorkerState
 from .._state.mixture_position import final_counters
 from .._state.mixture_resume import (
@@ -33,6 +36,7 @@ from .._worker.mixture import COMPACT
 from .._worker.shm import share
 from ..errors import ArgumentTypeError, StateError, StateMismatchError
 from .batches import BatchIterator
+from .canonical import canonical_transfer, rank_batches
 from .epoch_watch import mixture_order_varies
 from .options import check_loader_options
 from .plain import stream_kind
@@ -88,6 +92,8 @@ class MixtureDataLoader(StreamLoader):
         kwargs.setdefault("collate_fn", passthrough_collate)
         self._sources_board: torch.Tensor | None = None   # rows per source of each worker (made with the transport)
         self._replanned_epoch: int | None = None   # a checkpoint re-planned for this topology, its epoch not begun
+        if mixture.canonical is not None:
+            batches_per_transfer = canonical_transfer(kwargs, batches_per_transfer)
         self._start(mixture, kwargs, batches_per_transfer)
 
     # -- the hooks of StreamLoader ----------------------------------------------------------------------
@@ -122,12 +128,17 @@ class MixtureDataLoader(StreamLoader):
                 "it would lose its rows)")
 
     def _later_epoch_starts_whole(self, inner: dict[str, Any]) -> bool:
+        if self.dataset.canonical is not None:   # its checkpoints resume from the mixture, not torchdata's dict
+            return False
         states = [None if s is None else MixWorkerState.from_dict(s) for s in worker_states(inner)]
         return all(s is not None and s.epoch_complete and s.epoch < self.dataset.epoch for s in states) \
             and not steps_since_snapshot(inner)
 
     def _epoch_start(self, worker_id: int) -> dict[str, Any]:
         mixture = self.dataset
+        if mixture.canonical is not None:
+            return dict(mixture.canonical_start(Slot(mixture.rank, mixture.world_size, worker_id,
+                                                     self.num_workers)).to_dict())
         slot = MixSlot(mixture.epoch, mixture.rank, mixture.world_size, worker_id, self.num_workers)
         return dict(mixture.start_state(slot).to_dict())
 
@@ -137,8 +148,15 @@ class MixtureDataLoader(StreamLoader):
         assert batches.chunk is not None   # torchdata stands after the whole chunk: step back
         inner = copy.deepcopy(inner)
         worker_id = batches.chunk.worker_id
-        after = MixWorkerState.from_dict(worker_state(inner, worker_id))
         position = batches.chunk.positions[batches.taken - 1]
+        raw = worker_state(inner, worker_id)
+        if isinstance(position, CanonicalPosition):   # order="canonical": each of its canonical slots'
+            moved = CanonicalState.from_dict(raw, f"worker {worker_id} state", reads=READS_MIXTURE).moved(
+                position.positions, self.dataset.names)
+            set_worker_state(inner, worker_id, moved.to_dict())
+            set_last_yielded_worker(inner, (worker_id - 1) % self.num_workers)
+            return inner
+        after = MixWorkerState.from_dict(raw)
         set_worker_state(inner, worker_id, after.at(position, self.dataset.names).to_dict())
         set_last_yielded_worker(inner, (worker_id - 1) % self.num_workers)
         return inner
@@ -158,6 +176,39 @@ class MixtureDataLoader(StreamLoader):
             slot = MixSlot(epoch, mixture.rank, mixture.world_size, worker_id, self.num_workers)
             set_worker_state(inner, worker_id, mixture.start_state(slot).at(position, mixture.names).to_dict())
         return inner
+
+    def _load_ledger(self, outers: list[dict[str, Any]]) -> bool:
+        if self.dataset.canonical is None:
+            return False
+        saved = []
+        for outer in outers:   # order="canonical": every worker's canonical slots, whatever the topology
+            fields = Fields(outer, f"rank {outer.get('rank')}'s mixture loader state")
+            inner = fields.value.get("dataloader")
+            if not isinstance(inner, dict) or not is_inner_state(inner):
+                raise StateError(f"the {fields.where}'s dataloader is not a StatefulDataLoader state; {REMEDY}")
+            parsed = read_inner(inner, MAX_INT, f"{fields.where}'s dataloader")
+            if parsed.steps_since_snapshot:
+                raise StateMismatchError(
+                    f"the {fields.where} was taken {parsed.steps_since_snapshot} batch(es) after its workers' last "
+                    "snapshot (snapshot_every_n_steps > 1), so its canonical slots' states stand before its last "
+                    "batches; order='canonical' needs snapshot_every_n_steps=1")
+            for worker_id, raw in enumerate(parsed.worker_states):
+                if raw is None:
+                    raise StateError(f"the {fields.where} holds no state for worker {worker_id}; {REMEDY}")
+                saved.append(CanonicalState.from_dict(raw, f"{fields.where}'s worker {worker_id} state",
+                                                      reads=READS_MIXTURE))
+        epoch = self.dataset.load_canonical(saved, "checkpoint")
+        self.dataset.set_epoch(epoch)
+        self._batch_iterator = None
+        self._replanned_epoch = None
+        self._load_torchdata({})
+        return True
+
+    def _forget_loaded(self) -> None:
+        self.dataset.forget_loaded()
+
+    def _rank_batches(self, batches: BatchIterator, inner: Any) -> Any:
+        return batches if self.dataset.canonical is None else rank_batches(batches, inner, self.num_workers)
 
     def _load_own(self, outer: dict[str, Any]) -> None:
         mixture = self.dataset

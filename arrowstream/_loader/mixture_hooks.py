@@ -20,18 +20,25 @@ import pyarrow as pa
 from torch.utils.data import get_worker_info
 
 from .._core.order import Slot
+from .._layout.canonical import check_workers
+from .._layout.canonical_stream import CanonicalPosition, CanonicalStream
 from .._mixing.layout import MixEpochs
 from .._mixing.quotas import quotas_at
 from .._mixing.schema import caster
-from .._mixing.stream import MixSlot
+from .._mixing.stream import MixSlot, MixStream
 from .._planning.auto_buffer import adopted
 from .._sources.mixture import Planned
+from .._state.canonical import CanonicalState, canonical_states
 from .._state.mixture import MixElastic, MixPosition, MixWorkerState, SourceCursor, SourceEpoch
 from .._state.mixture_resume import check_worker_state, finished_state, followed_history, replanned_from, saved_epoch
+from .._state.versions import MIXTURE
+from .._state.worker import WorkerHead
 from .._worker.iterator import Opened, SlotIterator
 from .._worker.metrics import Meter
 from .._worker.mixture import MixOutput, MixReading, MixSide, finished_stream, open_stream, opened, start_in_epoch
 from .._worker.shm import guard_feeder
+from ..errors import InvalidArgumentError, StateMismatchError
+from .mixture_canonical import inner_start
 from .mixture_sources import PlannedMixture
 
 if TYPE_CHECKING:
@@ -98,6 +105,9 @@ class MixtureHooks(PlannedMixture):
         pending, self._pending = self._pending, None
         if info is None:   # the trainer's process (a loader with workers warns in its own __iter__)
             self.warn_trims(0)
+        if self._canonical is not None:   # order="canonical": this slot's canonical slots side by side
+            self._active = self._iterate_canonical()   # type: ignore[assignment]
+            return self._active   # type: ignore[return-value]
         self._active = SlotIterator(functools.partial(self._open, pending),
                                     before=lambda: pending or self.start_state(self._slot()), epoch=lambda: self.epoch)
         return self._active
@@ -122,6 +132,115 @@ class MixtureHooks(PlannedMixture):
             fill_nulls=self._fill_nulls,
             epoch=layout.slot_epoch(Slot(slot.rank, slot.world_size, slot.worker_id, slot.num_workers), slot.epoch))
         return opened(self._side, open_stream(reading, start, meter), output, meter)
+
+    # -- order="canonical" ----------------------------------------------------------------------
+
+    def _physical(self) -> Slot:
+        slot = self._slot()
+        return Slot(slot.rank, slot.world_size, slot.worker_id, slot.num_workers)
+
+    def _iterate_canonical(self) -> SlotIterator[CanonicalPosition, CanonicalState]:
+        """This process's iterator over its canonical slots' chunks, side by side (``order="canonical"``)."""
+        assert self._canonical is not None
+        info = get_worker_info()
+        check_workers(self._canonical.canonical, self._world_size, 0 if info is None else info.num_workers)
+        if info is not None and info.num_workers > 1 and not self._side.transport.send_chunks:
+            raise InvalidArgumentError(
+                "order='canonical' with more than one worker needs arrowstream's loader (Mixture.create_dataloader, "
+                "or MixtureDataLoader): a rank's batch is every worker's part of it, put together in the trainer, "
+                "which a plain StatefulDataLoader does not do. Use num_workers=0 or 1 with a plain loader")
+        return SlotIterator(self._open_canonical, before=lambda: self.canonical_start(self._physical()),
+                            epoch=lambda: self.epoch)
+
+    def _canonical_pending(self, slot: Slot) -> CanonicalState | None:
+        """The loaded states of ``slot``'s canonical slots in this epoch (None: the epoch starts whole)."""
+        layout = self._canonical
+        assert layout is not None
+        if layout.resume_epoch != self.epoch:
+            return None
+        states = tuple(layout.resume[c] for c in layout.canonical.physical_range(slot))
+        return _canonical_state(slot, self.epoch, layout.canonical.slots, states, self.state_options())
+
+    def canonical_start(self, slot: Slot) -> CanonicalState:
+        """``slot``'s state before its next batch under ``order="canonical"``: the loaded one, or its canonical slots
+        at the start of the epoch."""
+        layout = self._canonical
+        assert layout is not None
+        loaded = self._canonical_pending(slot)
+        if loaded is not None:
+            return loaded
+        options, history, starts = self.canonical_state_options(), self._stood(), self.epoch_starts(self.epoch)
+        data = {s.name: s.data for s in self._sources}
+        states = tuple(inner_start(MixSlot(self.epoch, c, layout.canonical.slots, 0, 0), options, history, starts, data)
+                       for c in layout.canonical.physical_range(slot))
+        return _canonical_state(slot, self.epoch, layout.canonical.slots, states, self.state_options())
+
+    def _open_canonical(self) -> Opened[CanonicalPosition, CanonicalState]:
+        """This process's canonical slots' streams of the epoch, side by side."""
+        layout = self._canonical
+        assert layout is not None
+        slot = self._physical()
+        start = self.canonical_start(slot)
+        inner = self.canonical_options()
+        output = MixOutput(inner.output_format, self._schema, self._fill_nulls, self._transform)
+        meter = self._side.meter()
+        schemas = self._source_schemas()
+        epochs = self.canonical_epochs().with_history(
+            self._stood(), even_batches=True, drop_last=inner.drop_last,
+            batch_order=self._batch_order if inner.shuffle_buffer_size > 0 else None)
+        casts = {s.name: caster(schemas[s.name], self._schema, s.name, self._source_column) for s in self._sources}
+        streams: list[MixStream[MixPosition, MixWorkerState]] = []
+        for number, state in zip(layout.canonical.physical_range(slot), start.states, strict=True):
+            inner_slot = MixSlot(self.epoch, number, layout.canonical.slots, 0, 0)
+            if state.epoch_complete:
+                streams.append(finished_stream(inner_slot, state, inner.batch_size))
+                continue
+            reading = MixReading(inner, tuple(self._sources), self.file_bases(), casts=casts,
+                                 fill_nulls=self._fill_nulls,
+                                 epoch=epochs.slot_epoch(Slot(number, layout.canonical.slots, 0, 0), self.epoch))
+            streams.append(open_stream(reading, state, meter))
+        stream = CanonicalStream(streams, slot, layout.canonical.slots, self.state_options(), reads=MIXTURE)
+        return opened(self._side, stream, output, meter)   # type: ignore[arg-type, return-value]
+
+    def load_canonical(self, saved: list[CanonicalState], where: str) -> int:
+        """Resume from the worker states of a checkpoint of ``order="canonical"`` (of any topology that divides the
+        canonical slots): each of this rank's canonical slots goes on from its state, checked; returns the epoch. A
+        refused checkpoint leaves the mixture as it was. For arrowstream's loader and :meth:`load_state_dict`."""
+        layout = self._canonical
+        if layout is None:
+            raise StateMismatchError(
+                f"the {where} was taken with order='canonical' (canonical_slots={saved[0].slots}); this mixture has "
+                f"order='topology'. Build it with order='canonical', canonical_slots={saved[0].slots} to resume")
+        before = self.reading()
+        try:
+            found = canonical_states(saved, layout.canonical.slots, where)
+            per_rank = layout.canonical.slots // self._world_size
+            wanted = range(self._rank * per_rank, (self._rank + 1) * per_rank)
+            missing = [c for c in wanted if c not in found]
+            if missing:
+                raise StateMismatchError(
+                    f"the {where} lacks canonical slots {missing[:8]} that rank {self._rank} of {self._world_size} "
+                    "reads: a rank's own state holds only its canonical slots. Load the checkpoint of every rank "
+                    "(arrowstream.gather_state_dict(loader), or merge_state_dicts)")
+            first = found[wanted[0]]
+            self._adopt_saved(saved[0].head.options)   # its buffer (left to the default here), batch order, layout
+            self._follow_sources(first.data)   # an Iceberg table moved on since: the checkpoint's snapshot
+            view = self.canonical_view()
+            for c in wanted:
+                check_worker_state(view, found[c], MixSlot(first.epoch, c, layout.canonical.slots, 0, 0))   # type: ignore[arg-type]
+            epoch = self.follow([found[c] for c in wanted])
+        except BaseException:   # a refused state leaves the mixture reading what it read
+            self.read_as(before)
+            raise
+        layout.resume = {c: found[c] for c in wanted}
+        layout.resume_epoch = epoch
+        self._pending, self._active = None, None
+        return epoch
+
+    def forget_loaded(self) -> None:
+        """An empty state is loaded: under ``order="canonical"``, forget the canonical slots' loaded states."""
+        if self._canonical is not None:
+            self._canonical.forget()
 
     @property
     def worker_side(self) -> MixSide:
@@ -289,3 +408,11 @@ class MixtureHooks(PlannedMixture):
         return {**self.__dict__, "_pending": None, "_active": None,
                 "_sources": [Planned(s.name, s.origin.for_workers(), s.options, s.storage, s.plan, s.data,
                                      s.data_identity) for s in self._sources]}
+
+
+def _canonical_state(slot: Slot, epoch: int, slots: int, states: tuple[MixWorkerState, ...],
+                     options: dict[str, Any]) -> CanonicalState:
+    """A (rank, worker) slot's canonical state of its canonical slots' ``states``."""
+    head = WorkerHead(MIXTURE, epoch, slot, sum(s.rows for s in states), states[0].batches,
+                      sum(s.rows_dropped for s in states), all(s.epoch_complete for s in states), options)
+    return CanonicalState(head, slots, states)

@@ -31,9 +31,11 @@ from .._worker.convert import check_output_columns, resolve_fill_nulls
 from .._worker.followed import FollowedCell
 from ..errors import EmptyDatasetError, StateMismatchError
 from .front import FrontDoor
+from .mixture_canonical import CanonicalLayout, CanonicalView
 
 if TYPE_CHECKING:
     from .._planning.arguments import MixtureArguments
+    from .._planning.options import Options
 
 History = list[tuple[int, dict[str, int]]]
 
@@ -79,6 +81,7 @@ class PlannedMixture(FrontDoor):
         # version 1 or 2 keeps that state's order (adopt_checkpoint)
         self._batch_order = EVEN
         self._trim_watch = TrimWatch("mixture epoch")   # warns when even_batches trims more than a batch of a worker
+        self._canonical: CanonicalLayout | None = None   # order="canonical" (use_canonical)
 
     def _source_schemas(self) -> dict[str, pa.Schema]:
         """Each source's batches' schema as read: its output columns, and the row ids when asked."""
@@ -183,7 +186,7 @@ class PlannedMixture(FrontDoor):
 
     def warn_trims(self, num_workers: int) -> None:
         """Warn (once per epoch) when ``even_batches`` trims more than one batch of a worker this epoch."""
-        if not self._even_batches:
+        if not self._even_batches or self._canonical is not None:   # canonical: at most a row per canonical slot
             return
         per_rank = max(num_workers, 1)
         mine = slice(self._rank * per_rank, (self._rank + 1) * per_rank)
@@ -247,7 +250,48 @@ class PlannedMixture(FrontDoor):
     def state_options(self) -> dict[str, Any]:
         """The options a checkpoint must match to resume inside an epoch."""
         o = self._options
-        return {"batch_size": o.batch_size, "shuffle": o.shuffle, "seed": o.seed,
-                "shuffle_buffer_size": o.shuffle_buffer_size, "interleave": o.interleave, "drop_last": o.drop_last,
-                "even_batches": self._even_batches, "source_column": self._source_column,
-                "batch_order": self._batch_order, "pass_layout": self._pass_layout}
+        options = {"batch_size": o.batch_size, "shuffle": o.shuffle, "seed": o.seed,
+                   "shuffle_buffer_size": o.shuffle_buffer_size, "interleave": o.interleave, "drop_last": o.drop_last,
+                   "even_batches": self._even_batches, "source_column": self._source_column,
+                   "batch_order": self._batch_order, "pass_layout": self._pass_layout}
+        if self._canonical is not None:
+            options.update(self._canonical.canonical.state_options())
+        return options
+
+    # -- order="canonical" ----------------------------------------------------------------------
+
+    def use_canonical(self, slots: int) -> None:
+        """Lay the epochs out over ``slots`` canonical slots (``order="canonical"``; ``arrowstream._layout.canonical``)."""
+        self._canonical = CanonicalLayout.of(slots, self._options.batch_size, self._world_size)
+
+    @property
+    def canonical(self) -> CanonicalLayout | None:
+        """The canonical order (None: ``order="topology"``)."""
+        return self._canonical
+
+    def canonical_options(self) -> Options:
+        """The options a canonical slot reads with (batches of the chunk)."""
+        assert self._canonical is not None
+        return self._canonical.options(self._options, self._sources)
+
+    def canonical_epochs(self) -> MixEpochs:
+        """The canonical slots' epochs."""
+        assert self._canonical is not None
+        return self._canonical.epochs(self._epochs, self._options, self._sources)
+
+    def canonical_state_options(self) -> dict[str, Any]:
+        """What a canonical slot's state must match: the mixture's options, its batches the chunk, evened."""
+        inner = self.canonical_options()
+        return {**self.state_options(), "batch_size": inner.batch_size,
+                "shuffle_buffer_size": inner.shuffle_buffer_size, "even_batches": True}
+
+    def canonical_view(self) -> CanonicalView:
+        """The mixture as the checks of a canonical slot's state see it."""
+        return CanonicalView(self, self.canonical_epochs(), self.canonical_options(),
+                             self.canonical_state_options())
+
+    def canonical_chunks(self, epoch: int | None = None) -> int:
+        """Global batches of ``epoch`` (this one) under ``order="canonical"``: every canonical slot's chunks."""
+        assert self._canonical is not None
+        epoch = self.epoch if epoch is None else epoch
+        return self._canonical.limits(self.canonical_epochs(), self._stood(), epoch, self._options.drop_last)[0]

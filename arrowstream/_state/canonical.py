@@ -95,6 +95,32 @@ class CanonicalState:
         return cls(head, slots, states)
 
 
+def canonical_states(saved: Sequence[CanonicalState], slots: int, where: str) -> dict[int, Any]:
+    """The canonical slots' states of a checkpoint's worker states (``saved``, any topology's), by canonical slot;
+    refused (``StateMismatchError``) when taken with other ``canonical_slots``, when none is there, or when they do
+    not stand at one (epoch, global batch)."""
+    found: dict[int, Any] = {}
+    for state in saved:
+        if state.slots != slots:
+            raise StateMismatchError(
+                f"checkpoint was taken with canonical_slots={state.slots}, this one has canonical_slots={slots}: the "
+                f"canonical sequence differs. Build it with canonical_slots={state.slots}")
+        for inner in state.states:
+            if inner.slot.rank in found:
+                raise StateError(f"the {where} holds canonical slot {inner.slot.rank} twice; {REMEDY}")
+            found[inner.slot.rank] = inner
+    if not found:
+        raise StateMismatchError(f"the {where} holds no canonical slot's state; pass loader.state_dict() (or "
+                                 "merge_state_dicts) unchanged")
+    steps = {(s.epoch, s.batches) for s in found.values()}
+    if len(steps) != 1:
+        raise StateMismatchError(
+            f"the {where}'s canonical slots stand at different (epoch, global batch): {sorted(steps)[:4]}; a "
+            "checkpoint's canonical slots move together. Pass the states of one step (loader.state_dict() of every "
+            "rank at the same step, merged)")
+    return found
+
+
 def is_canonical(state: Any) -> bool:
     """Whether a worker state (a dict, of any version) is a canonical one."""
     return isinstance(state, dict) and "canonical" in state
