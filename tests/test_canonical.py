@@ -107,7 +107,7 @@ def test_global_batches_are_the_same_for_every_world_size(folder, reference, opt
     for epoch in (0, 1):
         ids = [x for e, batch in ref if e == epoch for x in batch]
         assert len(ids) == len(set(ids)), "a row repeated in an epoch"
-        loader, dataset = make(folder, 1, 0, 0, **options)
+        _, dataset = make(folder, 1, 0, 0, **options)
         dataset.set_epoch(epoch)
         assert len(ids) + dataset.rows_trimmed_per_epoch(0) + dataset.rows_dropped_per_epoch(0) == total
     assert [len(b) for _, b in ref][:-1].count(GLOBAL) >= len(ref) // 2 - 1
@@ -179,7 +179,7 @@ def test_parts_of_every_output_format_are_joined(folder, output_format):
         column = batch.column("id") if output_format == "arrow" else batch["id"]
         return [int(x) for x in (column.to_pylist() if output_format == "arrow" else column)]
 
-    loader, dataset = make(folder, 1, 2, 0, output_format=output_format, shuffle_buffer_size=20)
+    loader, _ = make(folder, 1, 2, 0, output_format=output_format, shuffle_buffer_size=20)
     reference, _ = make(folder, 1, 0, 0, shuffle_buffer_size=20)
     assert [ids(b) for b in loader] == [[int(x) for x in b["id"]] for b in reference]
 
@@ -267,7 +267,7 @@ def test_a_checkpoint_of_another_order_or_sequence_is_refused(folder, checkpoint
 
 
 def test_a_tampered_checkpoint_is_refused_and_changes_nothing(folder, checkpoint, reference):
-    loader, dataset = make(folder, 1, 0, 0, shuffle_buffer_size=20)
+    loader, _ = make(folder, 1, 0, 0, shuffle_buffer_size=20)
 
     def refused(edit, error, match):
         state = copy.deepcopy(checkpoint)
@@ -298,3 +298,77 @@ def test_a_tampered_checkpoint_is_refused_and_changes_nothing(folder, checkpoint
         loader.load_state_dict(copy.deepcopy(checkpoint["ranks"][0]))
     # nothing was loaded: the loader reads the sequence from the start
     assert [[int(x) for x in b["id"]] for b in loader] == [b for e, b in reference(shuffle_buffer_size=20) if e == 0]
+
+
+# -- a mixture ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    """Three sources of uneven files (ids 0.., 10000.., 20000..), small enough that passes wrap inside an epoch."""
+    base = tmp_path_factory.mktemp("canonical-mixture")
+    out = {}
+    for name, sizes, start in (("a", (137, 60), 0), ("b", (91,), 10_000), ("c", (33, 20), 20_000)):
+        folder = base / name
+        folder.mkdir()
+        for index, rows in enumerate(sizes):
+            pq.write_table(pa.table({"id": np.arange(start, start + rows)}), folder / f"{index}.parquet",
+                           row_group_size=40)
+            start += rows
+        out[name] = str(folder)
+    return out
+
+
+def mixture_ranks(sources, world_size, num_workers, **options):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return [arrowstream.Mixture.create_dataloader(
+            sources={name: arrowstream.Source(path) for name, path in sources.items()},
+            weights={"a": 0.5, "b": 0.3, "c": 0.2}, epoch_rows=400, batch_size=GLOBAL // world_size,
+            num_workers=num_workers, rank=rank, world_size=world_size, order="canonical", canonical_slots=SLOTS,
+            shuffle=True, seed=5, shuffle_buffer_size=16, interleave=2, **options) for rank in range(world_size)]
+
+
+@pytest.fixture(scope="module")
+def mixture_reference(sources):
+    return run(mixture_ranks(sources, 1, 0), (0, 1))[0]
+
+
+def test_a_mixture_gives_the_same_global_batches_on_every_topology(sources, mixture_reference):
+    ref = mixture_reference
+    ids = [x for e, batch in ref if e == 0 for x in batch]
+    for low, quota, rows in ((0, 200, 197), (10_000, 120, 91), (20_000, 80, 53)):   # each source's quota: a pass
+        mine = [x for x in ids if low <= x < low + 10_000]                       # whole, then the next one's rows
+        assert len(mine) == quota and len(set(mine)) == rows
+    for world_size, num_workers in ((2, 0), (8, 0), (1, 2), (2, 2)):
+        assert run(mixture_ranks(sources, world_size, num_workers), (0, 1))[0] == ref, (world_size, num_workers)
+    loader, _ = mixture_ranks(sources, 2, 2)[0]
+    assert len(loader) == len([1 for e, _ in ref if e == 0])
+
+
+@pytest.mark.parametrize(("old", "stop", "new"), [
+    ((2, 2), (0, 2), (8, 0)),
+    ((4, 0), (1, 2), (1, 1)),
+])
+def test_a_mixture_checkpoint_resumes_the_same_sequence_on_any_topology(sources, mixture_reference, old, stop, new):
+    first, saved = run(mixture_ranks(sources, *old), (0, 1), stop=stop)
+    loaders = mixture_ranks(sources, *new)
+    for loader, _ in loaders:
+        loader.load_state_dict(copy.deepcopy(saved))
+    assert first + run(loaders, range(stop[0], 2))[0] == mixture_reference
+
+
+def test_a_mixture_refuses_a_checkpoint_of_another_order_or_front(sources, folder, checkpoint):
+    (canonical, _), = mixture_ranks(sources, 1, 0)
+    topology, _ = arrowstream.Mixture.create_dataloader(
+        sources={name: arrowstream.Source(path) for name, path in sources.items()},
+        weights={"a": 0.5, "b": 0.3, "c": 0.2}, epoch_rows=400, batch_size=GLOBAL, shuffle=True, seed=5,
+        shuffle_buffer_size=16, interleave=2)
+    next(iter(canonical))
+    with pytest.raises(StateMismatchError, match="order='canonical'"):
+        topology.load_state_dict(canonical.state_dict())
+    next(iter(topology))
+    with pytest.raises(StateMismatchError, match="order='topology'"):
+        canonical.load_state_dict(topology.state_dict())
+    with pytest.raises(StateMismatchError, match="dataset"):
+        canonical.load_state_dict(copy.deepcopy(checkpoint))

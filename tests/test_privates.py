@@ -74,6 +74,8 @@ THIRD_PARTY: dict[tuple[str, str], str] = {
     ("arrowstream._loader.shell", "_shutdown_workers"): _TORCH_WORKERS,
     ("arrowstream._loader.dataset", "_pin_memory"): "torch's iterator: whether (and to which device) it pins batches",
     ("arrowstream._loader.dataset", "_pin_memory_device"): "torch's iterator: whether (and to which device) it pins batches",
+    ("arrowstream._loader.canonical", "_pin_memory"): "torch's iterator: whether it pins the parts a batch is joined from",
+    ("arrowstream._loader.canonical", "_pin_memory_device"): "torch's iterator: the device it pins the parts to",
 }
 
 # Violations left in modules that other parts of issue #38 own right now (B: the loader shell, A:
