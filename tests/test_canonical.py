@@ -417,3 +417,39 @@ def test_skip_passes_over_whole_global_batches(folder, reference):
     for loader, _ in resumed:
         loader.load_state_dict(copy.deepcopy(saved))
     assert [b for _, b in run(resumed, (0,))[0]] == ref[3:]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_loaded_checkpoint_is_the_state_until_the_next_batch_and_only_for_its_epoch(folder, reference, num_workers):
+    options = {"shuffle_buffer_size": 20, "interleave": 2}
+    ref = reference(**options)
+    first, saved = run(ranks(folder, 1, 1, **options), (0, 1), stop=(0, 3))
+    (loader, dataset), = ranks(folder, 1, num_workers, **options)
+    loader.load_state_dict(copy.deepcopy(saved))
+    again = json.loads(json.dumps(loader.state_dict()))   # before iterating: the loaded state
+    iterator = iter(loader)
+    then = json.loads(json.dumps(loader.state_dict()))   # iterating, before the first batch: still it
+    assert [[int(x) for x in b["id"]] for b in iterator] == [b for e, b in ref[3:] if e == 0]
+    for state in (again, then):
+        resumed = ranks(folder, 1, 0, **options)
+        resumed[0][0].load_state_dict(copy.deepcopy(state))
+        assert first + run(resumed, (0, 1))[0] == ref
+    dataset.set_epoch(1)   # the next epoch starts whole
+    assert [[int(x) for x in b["id"]] for b in loader] == [b for e, b in ref if e == 1]
+    (wrong, wrong_dataset), = ranks(folder, 1, num_workers, **options)
+    wrong.load_state_dict(copy.deepcopy(saved))
+    wrong_dataset.set_epoch(1)
+    with pytest.raises(StateMismatchError, match="set_epoch"):
+        next(iter(wrong))
+
+
+def test_a_mixture_checkpoint_is_only_for_its_epoch(sources, mixture_reference):
+    first, saved = run(mixture_ranks(sources, 1, 0), (0, 1), stop=(0, 2))
+    (loader, mixture), = mixture_ranks(sources, 1, 2)
+    loader.load_state_dict(copy.deepcopy(saved))
+    assert first + run([(loader, mixture)], (0, 1))[0] == mixture_reference   # the next epoch starts whole
+    (wrong, wrong_mixture), = mixture_ranks(sources, 1, 0)
+    wrong.load_state_dict(copy.deepcopy(saved))
+    wrong_mixture.set_epoch(1)
+    with pytest.raises(StateMismatchError, match="set_epoch"):
+        next(iter(wrong))

@@ -8,7 +8,6 @@ on any such topology as it stands, without a re-plan. See :mod:`arrowstream._ass
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -159,23 +158,40 @@ class CanonicalOrder:
                 "order='canonical' with more than one worker needs arrowstream's loader (create_dataloader, or "
                 "ArrowStreamDataLoader): a rank's batch is every worker's part of it, put together in the trainer, "
                 "which a plain StatefulDataLoader does not do. Use num_workers=0 or 1 with a plain loader")
-        resume = functools.partial(self._pending, dataset, slot)
+        pending = self._pending(dataset, slot)
+        self._taken(dataset)   # this process has it now (a worker's copy, or the trainer's without workers)
         return SlotIterator(lambda: open_canonical_epoch(dataset.worker_runtime, self.epochs, self.canonical, slot,
-                                                         dataset.epoch, resume(), self._head_options(dataset)),
-                            before=lambda: self.start_state(dataset, slot), epoch=lambda: dataset.epoch)
+                                                         dataset.epoch, pending, self._head_options(dataset)),
+                            before=lambda: pending or self.start_state(dataset, slot), epoch=lambda: dataset.epoch)
 
     def _head_options(self, dataset: PolicyDataset) -> dict[str, Any]:
         return dict(dataset.state_options)
 
     def _pending(self, dataset: PolicyDataset, slot: Slot) -> CanonicalState | None:
-        """The loaded state of ``slot``'s canonical slots in the dataset's epoch (None: the epoch starts whole)."""
+        """The loaded state of ``slot``'s canonical slots in the dataset's epoch (None: the epoch starts whole);
+        refused when the checkpoint stands inside another epoch than the dataset's (its rows would be lost)."""
+        if self._resume_epoch < 0:
+            return None
         if self._resume_epoch != dataset.epoch:
+            left = [c for c, state in self._resume.items()
+                    if self.epochs.batches_left(state, canonical_slot(c, self.slots)) != 0]
+            if left:
+                raise StateMismatchError(
+                    f"the checkpoint is in epoch {self._resume_epoch} (mid-epoch) but the dataset is set to epoch "
+                    f"{dataset.epoch}; call dataset.set_epoch({self._resume_epoch}) before iterating to finish the "
+                    "saved epoch, or start without loading the checkpoint")
             return None
         states = tuple(self._resume[c] for c in self.canonical.physical_range(slot))
         head = WorkerHead(DATASET, dataset.epoch, slot, sum(s.rows for s in states), states[0].batches,
                           sum(s.rows_dropped for s in states), all(s.epoch_complete for s in states),
                           self._head_options(dataset))
         return CanonicalState(head, self.slots, states)
+
+    def _taken(self, dataset: PolicyDataset) -> None:
+        """The loaded states were handed to the iteration of the dataset's epoch (or that epoch is another): forget
+        them, so a later epoch, or the same one iterated again, starts whole."""
+        if self._resume_epoch >= 0:
+            self.forget()
 
     def start_state(self, dataset: PolicyDataset, slot: Slot) -> CanonicalState:
         """``slot``'s state before its next batch: the loaded one, or the start of the dataset's epoch."""
@@ -197,7 +213,7 @@ class CanonicalOrder:
         return None
 
     def started(self, loader: PolicyLoader) -> None:
-        return None
+        self._taken(loader.dataset)   # the workers have their copies of the loaded states
 
     # -- state ---------------------------------------------------------------------------------
 

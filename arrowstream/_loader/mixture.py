@@ -207,6 +207,9 @@ class MixtureDataLoader(StreamLoader):
     def _forget_loaded(self) -> None:
         self.dataset.forget_loaded()
 
+    def _iteration_started(self) -> None:
+        self.dataset.forget_loaded()   # order="canonical": the workers have their copies of the loaded states
+
     def _rank_batches(self, batches: BatchIterator, inner: Any) -> Any:
         return batches if self.dataset.canonical is None else rank_batches(batches, inner, self.num_workers)
 

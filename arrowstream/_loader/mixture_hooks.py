@@ -149,14 +149,25 @@ class MixtureHooks(PlannedMixture):
                 "order='canonical' with more than one worker needs arrowstream's loader (Mixture.create_dataloader, "
                 "or MixtureDataLoader): a rank's batch is every worker's part of it, put together in the trainer, "
                 "which a plain StatefulDataLoader does not do. Use num_workers=0 or 1 with a plain loader")
-        return SlotIterator(self._open_canonical, before=lambda: self.canonical_start(self._physical()),
-                            epoch=lambda: self.epoch)
+        pending = self._canonical_pending(self._physical())
+        self.forget_loaded()   # this process has it now (a worker's copy, or the trainer's without workers)
+        return SlotIterator(functools.partial(self._open_canonical, pending),
+                            before=lambda: pending or self.canonical_start(self._physical()), epoch=lambda: self.epoch)
 
     def _canonical_pending(self, slot: Slot) -> CanonicalState | None:
-        """The loaded states of ``slot``'s canonical slots in this epoch (None: the epoch starts whole)."""
+        """The loaded states of ``slot``'s canonical slots in this epoch (None: the epoch starts whole); refused when
+        the checkpoint stands inside another epoch than the mixture's (its rows would be lost)."""
         layout = self._canonical
         assert layout is not None
+        if layout.resume_epoch < 0:
+            return None
         if layout.resume_epoch != self.epoch:
+            chunks = self.canonical_chunks(layout.resume_epoch)
+            if any(not s.epoch_complete and s.batches < chunks for s in layout.resume.values()):
+                raise StateMismatchError(
+                    f"the checkpoint is in mixture epoch {layout.resume_epoch} (mid-epoch) but the mixture is set to "
+                    f"epoch {self.epoch}; call mixture.set_epoch({layout.resume_epoch}) before iterating to finish "
+                    "the saved epoch, or start without loading the checkpoint")
             return None
         states = tuple(layout.resume[c] for c in layout.canonical.physical_range(slot))
         return _canonical_state(slot, self.epoch, layout.canonical.slots, states, self.state_options())
@@ -175,12 +186,13 @@ class MixtureHooks(PlannedMixture):
                        for c in layout.canonical.physical_range(slot))
         return _canonical_state(slot, self.epoch, layout.canonical.slots, states, self.state_options())
 
-    def _open_canonical(self) -> Opened[CanonicalPosition, CanonicalState]:
-        """This process's canonical slots' streams of the epoch, side by side."""
+    def _open_canonical(self, pending: CanonicalState | None) -> Opened[CanonicalPosition, CanonicalState]:
+        """This process's canonical slots' streams of the epoch, side by side, from ``pending`` (loaded states of
+        this epoch) or the epoch's start."""
         layout = self._canonical
         assert layout is not None
         slot = self._physical()
-        start = self.canonical_start(slot)
+        start = pending if pending is not None and pending.epoch == self.epoch else self.canonical_start(slot)
         inner = self.canonical_options()
         output = MixOutput(inner.output_format, self._schema, self._fill_nulls, self._transform)
         meter = self._side.meter()
@@ -238,7 +250,9 @@ class MixtureHooks(PlannedMixture):
         return epoch
 
     def forget_loaded(self) -> None:
-        """An empty state is loaded: under ``order="canonical"``, forget the canonical slots' loaded states."""
+        """Under ``order="canonical"``, forget the canonical slots' loaded states: an empty state is loaded, or they
+        were handed to the iteration of their epoch (or it is another), so a later epoch, or the same one iterated
+        again, starts whole. For arrowstream's loader too, once its workers have their copies."""
         if self._canonical is not None:
             self._canonical.forget()
 
