@@ -107,7 +107,7 @@ def test_global_batches_are_the_same_for_every_world_size(folder, reference, opt
     for epoch in (0, 1):
         ids = [x for e, batch in ref if e == epoch for x in batch]
         assert len(ids) == len(set(ids)), "a row repeated in an epoch"
-        loader, dataset = make(folder, 1, 0, 0, **options)
+        _, dataset = make(folder, 1, 0, 0, **options)
         dataset.set_epoch(epoch)
         assert len(ids) + dataset.rows_trimmed_per_epoch(0) + dataset.rows_dropped_per_epoch(0) == total
     assert [len(b) for _, b in ref][:-1].count(GLOBAL) >= len(ref) // 2 - 1
@@ -179,7 +179,7 @@ def test_parts_of_every_output_format_are_joined(folder, output_format):
         column = batch.column("id") if output_format == "arrow" else batch["id"]
         return [int(x) for x in (column.to_pylist() if output_format == "arrow" else column)]
 
-    loader, dataset = make(folder, 1, 2, 0, output_format=output_format, shuffle_buffer_size=20)
+    loader, _ = make(folder, 1, 2, 0, output_format=output_format, shuffle_buffer_size=20)
     reference, _ = make(folder, 1, 0, 0, shuffle_buffer_size=20)
     assert [ids(b) for b in loader] == [[int(x) for x in b["id"]] for b in reference]
 
@@ -267,7 +267,7 @@ def test_a_checkpoint_of_another_order_or_sequence_is_refused(folder, checkpoint
 
 
 def test_a_tampered_checkpoint_is_refused_and_changes_nothing(folder, checkpoint, reference):
-    loader, dataset = make(folder, 1, 0, 0, shuffle_buffer_size=20)
+    loader, _ = make(folder, 1, 0, 0, shuffle_buffer_size=20)
 
     def refused(edit, error, match):
         state = copy.deepcopy(checkpoint)
