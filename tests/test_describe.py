@@ -343,8 +343,20 @@ GOLDEN = Path(__file__).parent / "golden"
 
 
 def _dataset_golden() -> list[Path]:
-    """The golden states of a dataset (``v<N>/<case>.json``; from v12 a mixture's are beside them, ``mixture-*``)."""
-    return sorted(p for p in GOLDEN.glob("v*/*.json") if not p.name.startswith("mixture-"))
+    """The golden states of a dataset (``v<N>/<case>.json``; from v12 a mixture's are beside them, ``mixture-*``),
+    but those of ``order="canonical"`` (from v13, ``canonical*``): describe_state does not read canonical worker
+    states (see test_a_canonical_golden_state_is_described)."""
+    return sorted(p for p in GOLDEN.glob("v*/*.json") if not p.name.startswith(("mixture-", "canonical")))
+
+
+@pytest.mark.xfail(strict=True, raises=StateMismatchError,
+                   reason="describe_state reads a worker state as a dataset's or a mixture's, not a canonical one "
+                          "(order='canonical'): when it does, add the canonical goldens to _dataset_golden")
+@pytest.mark.parametrize("path", sorted(GOLDEN.glob("v*/canonical*.json")), ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_a_canonical_golden_state_is_described(path):
+    case = json.loads(path.read_text())
+    about = describe_state(case["state"])
+    assert about["epoch"] == case["epoch"] and about["saved_version"] == int(path.parent.name[1:])
 
 
 @pytest.mark.parametrize("path", _dataset_golden(), ids=lambda p: f"{p.parent.name}/{p.stem}")

@@ -50,9 +50,10 @@ def test_there_are_golden_files_of_the_current_version_for_both_fronts():
 
 def test_the_worker_states_of_the_current_version_are_one_kind_for_both_fronts():
     """From v12 a dataset's worker and a mixture's write one worker state kind: every worker state of this version's
-    golden files (static, re-planned, dynamic and mixture cases) is "arrowstream.worker" of this version, reading what
-    its loader state reads, with the one head; a mixture's keeps its sources beside it."""
-    from arrowstream._state.versions import CHECKPOINT_KIND, STATE_VERSION
+    golden files (static, re-planned, dynamic, canonical and mixture cases) is "arrowstream.worker" of this version,
+    reading what its loader state reads, with the one head; a mixture's keeps its sources beside it, a canonical one
+    (from v13) its canonical slots' states."""
+    from arrowstream._state.versions import CHECKPOINT_KIND, LOADER_KIND, STATE_VERSION
 
     seen = set()
     for path in [f for f in FILES + MIXTURE_FILES if f"{os.sep}v{STATE_VERSION}{os.sep}" in f]:
@@ -64,6 +65,10 @@ def test_the_worker_states_of_the_current_version_are_one_kind_for_both_fronts()
                     continue
                 assert (worker["kind"], worker["version"], worker["reads"]) == (
                     "arrowstream.worker", STATE_VERSION, outer["reads"]), path
+                if "canonical" in worker:   # from v13: the head and the states of the canonical slots it reads
+                    _check_canonical_worker(worker, path)
+                    seen.add((outer["reads"], "canonical", worker["slot"]["num_workers"], state["kind"]))
+                    continue
                 assert {"epoch", "slot", "counters", "epoch_complete", "options", "elastic"} <= set(worker), path
                 assert ("sources" in worker) == (outer["reads"] == "mixture"), path
                 if worker["elastic"] is not None:   # one elastic head too; a mixture's own pass_layout beside it
@@ -77,6 +82,44 @@ def test_the_worker_states_of_the_current_version_are_one_kind_for_both_fronts()
                 seen.add((outer["reads"], worker["elastic"] is not None, "dynamic" in outer))
     assert {("dataset", False, False), ("dataset", True, False), ("dataset", False, True), ("mixture", False, False),
             ("mixture", True, False), ("dataset", "twice"), ("mixture", "twice")} <= seen
+    assert {("dataset", "canonical", 2, LOADER_KIND), ("dataset", "canonical", 1, CHECKPOINT_KIND),
+            ("dataset", "canonical", 0, LOADER_KIND)} <= seen   # order="canonical" (v13): workers, ranks, none
+
+
+def _check_canonical_worker(worker, path):
+    """A canonical worker state (v13) as docs/state-format.md says: the head (no ``elastic``: its canonical slots'
+    states have their own) and ``canonical``; each canonical slot's state a dataset worker state of this version, of
+    rank c among ``slots`` ranks without workers, contiguous, at the worker's epoch and batch, the counters their sums."""
+    from arrowstream._state.versions import STATE_VERSION
+
+    assert set(worker) == {"kind", "version", "reads", "epoch", "slot", "counters", "epoch_complete", "options",
+                           "canonical"}, path
+    slots, states = worker["canonical"]["slots"], worker["canonical"]["states"]
+    assert (worker["options"]["order"], worker["options"]["canonical_slots"]) == ("canonical", slots), path
+    first = states[0]["slot"]["rank"]
+    for c, inner in enumerate(states, first):
+        assert (inner["kind"], inner["version"], inner["reads"]) == ("arrowstream.worker", STATE_VERSION, "dataset")
+        assert inner["slot"] == {"rank": c, "world_size": slots, "worker_id": 0, "num_workers": 0}, path
+        assert (inner["epoch"], inner["counters"]["batches"]) == (worker["epoch"], worker["counters"]["batches"])
+        assert {"data", "cursor", "elastic"} <= set(inner) and "canonical" not in inner, path
+    for counter in ("rows", "rows_dropped"):
+        assert worker["counters"][counter] == sum(inner["counters"][counter] for inner in states), path
+
+
+def test_states_of_version_12_migrate_to_13_unchanged():
+    """v13 added order="canonical" (a canonical worker state, the options order and canonical_slots); a v12 state of
+    every kind (loader, merged checkpoint, each worker state inside) migrates to v13 with only its version changed."""
+    from arrowstream._state import versions
+
+    for path in sorted(glob.glob(os.path.join(GOLDEN, "v12", "*.json"))):
+        with open(path) as f:
+            state = json.load(f)["state"]
+        assert state["version"] == 12, path
+        assert versions.upgrade(json.loads(json.dumps(state)), state["kind"]) == {**state, "version": 13}, path
+        for outer in state["ranks"] if state["kind"] == versions.CHECKPOINT_KIND else [state]:
+            for worker in (w for w in worker_states(outer["dataloader"]) if w is not None):
+                assert worker["version"] == 12 and "canonical" not in worker, path
+                assert versions.upgraded_worker(json.loads(json.dumps(worker))) == {**worker, "version": 13}, path
 
 
 @pytest.mark.parametrize("golden_file", FILES, ids=[os.path.relpath(f, GOLDEN) for f in FILES])

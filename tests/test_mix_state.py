@@ -204,7 +204,7 @@ def test_a_rank_inside_an_earlier_epoch_than_another_is_refused(three):  # noqa:
     (lambda s: s.update(reads=None), errors.StateError, r"loader state\.reads is None"),
     (lambda s: s.update(dynamic={"epoch": 0}), errors.StateError, r"reads a mixture and holds a dynamic ledger"),
     (lambda s: s.update(kind="arrowstream.mixture_loader"), errors.StateVersionError,
-     r"'arrowstream.mixture_loader' has version 12, but a mixture's loader wrote that kind as version 1 only"),
+     r"'arrowstream.mixture_loader' has version 13, but a mixture's loader wrote that kind as version 1 only"),
 ], ids=["reads-other", "reads-missing", "reads-null", "dynamic", "retired-kind"])
 def test_a_tampered_envelope_is_refused_naming_the_field(three, mid, edit, error, match):  # noqa: F811
     """The envelope of a mixture's state is the dataset's (v11): what it reads is checked, and a dynamic ledger

@@ -592,7 +592,7 @@ def test_a_worker_state_of_the_other_front_is_refused_naming_what_it_reads(cases
         alone.load_state_dict(copy.deepcopy(foreign))
 
 
-@pytest.mark.parametrize("version", [12, 5, 0, "4", True, None])
+@pytest.mark.parametrize("version", [13, 12, 5, 0, "4", True, None])
 def test_a_mixture_worker_state_of_the_retired_kind_at_another_version_is_refused(cases, mix_cases, version):
     """A mixture's worker wrote "arrowstream.mixture_worker" as versions 1 to 4 only: a state of this version with
     the old kind name (or the old kind at a version it never had) was not written by arrowstream."""

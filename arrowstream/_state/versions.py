@@ -18,9 +18,10 @@ from .._core.fields import REMEDY, Fields, is_int, shorten
 from .._core.plan_types import PLANNING_VERSION, PLANNING_VERSIONS
 from ..errors import StateError, StateVersionError
 
-STATE_VERSION = 12
+STATE_VERSION = 13
 WORKER_KIND = "arrowstream.worker"   # a dataset's worker state and a mixture's (from v12): ``reads`` says which
 MIXTURE_WORKER_KIND_V4 = "arrowstream.mixture_worker"   # a mixture's worker state before version 12 (its versions 1-4)
+RETIRED_MIXTURE_WORKER_BECOMES = 12   # the version of the one worker kind that kind migrates to (then on step by step)
 LOADER_KIND = "arrowstream.loader"   # a dataset's loader state and a mixture's (from v11): ``reads`` says which
 CHECKPOINT_KIND = "arrowstream.checkpoint"  # every rank's loader state, merged
 DATASET, MIXTURE = "dataset", "mixture"
@@ -165,6 +166,13 @@ def _unchanged_in_v12(state: dict[str, Any]) -> dict[str, Any]:
     return dict(state)
 
 
+def _unchanged_in_v13(state: dict[str, Any]) -> dict[str, Any]:
+    """v13 adds ``order="canonical"`` (datasets): a canonical worker state is the head plus ``canonical`` (the number
+    of canonical slots and each one's dataset worker state) and its options name ``order`` and ``canonical_slots``;
+    every earlier state was taken with ``order="topology"`` (no such keys), unchanged."""
+    return dict(state)
+
+
 def _mixture_worker_to_v12(state: dict[str, Any]) -> dict[str, Any]:
     """A mixture's worker state of the retired kind (versions 1 to 4) as version 12 has it: the one worker kind with
     ``reads: "mixture"``, its counters under ``counters``, ``elastic`` null where absent (an epoch not re-planned)
@@ -187,7 +195,7 @@ def _mixture_worker_to_v12(state: dict[str, Any]) -> dict[str, Any]:
         elastic = {**({} if version >= 4 else {"pass_layout": "tracks"}), **Fields(elastic, "elastic").value,
                    "cut": "even"}   # literal: the cut version 12 names "even", frozen
     moved = {key: value for key, value in state.items() if key not in ("rows", "batches", "rows_dropped")}
-    return {**moved, "kind": WORKER_KIND, "version": STATE_VERSION, "reads": MIXTURE,
+    return {**moved, "kind": WORKER_KIND, "version": RETIRED_MIXTURE_WORKER_BECOMES, "reads": MIXTURE,
             "counters": {key: state[key] for key in ("rows", "batches", "rows_dropped") if key in state},
             "options": {**defaults, **options}, "elastic": elastic}
 
@@ -224,6 +232,9 @@ MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = 
     (WORKER_KIND, 11): _worker_v11_to_v12,
     (LOADER_KIND, 11): _unchanged_in_v12,
     (CHECKPOINT_KIND, 11): _unchanged_in_v12,
+    (WORKER_KIND, 12): _unchanged_in_v13,
+    (LOADER_KIND, 12): _unchanged_in_v13,
+    (CHECKPOINT_KIND, 12): _unchanged_in_v13,
 }
 
 
@@ -262,12 +273,12 @@ def upgraded_worker(state: Any) -> dict[str, Any]:
     :data:`MIXTURE_WORKER_KIND_V4` too), migrated to :data:`STATE_VERSION` (its fields not checked yet)."""
     if isinstance(state, dict) and state.get("kind") == MIXTURE_WORKER_KIND_V4:
         try:
-            return _mixture_worker_to_v12(state)
+            state = _mixture_worker_to_v12(state)   # then on from version 12, as any worker state of that version
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             if isinstance(exc, StateError):
                 raise
             raise StateError(f"a state of kind {MIXTURE_WORKER_KIND_V4!r} is malformed: migrating it to version "
-                             f"{STATE_VERSION} failed on {shorten(exc)}; {REMEDY}") from None
+                             f"{RETIRED_MIXTURE_WORKER_BECOMES} failed on {shorten(exc)}; {REMEDY}") from None
     return upgrade(state, WORKER_KIND)
 
 

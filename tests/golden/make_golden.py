@@ -86,6 +86,20 @@ CASES = [
     {"name": "workers0-layout-mid", "num_workers": 0,
      "options": {"batch_size": 16, "shuffle": True, "seed": 2, "data_identity": "layout"},
      "epochs": [0, 1], "point": ("mid", 0, 3)},
+    # from v13 on: order="canonical" (the epoch laid out over 4 canonical slots, each worker state holding the states
+    # of the canonical slots it reads): 2 workers of one rank (2 canonical slots each, parts joined in the trainer),
+    # a merged checkpoint of 2 ranks of 1 worker (resumed on rank 1 of 2), 0 workers after the loop of epoch 0
+    {"name": "canonical4-workers2-buffer-interleave-mid", "num_workers": 2,
+     "options": {"batch_size": 16, "shuffle": True, "seed": 8, "shuffle_buffer_size": 12, "interleave": 2,
+                 "order": "canonical", "canonical_slots": 4},
+     "epochs": [0, 1], "point": ("mid", 0, 3)},
+    {"name": "canonical4-merged-rank1of2-workers1-mid", "num_workers": 1, "merge_ranks": 2,
+     "options": {"batch_size": 8, "shuffle": True, "seed": 9, "rank": 1, "world_size": 2,
+                 "order": "canonical", "canonical_slots": 4},
+     "epochs": [0, 1], "point": ("mid", 0, 3)},
+    {"name": "canonical4-workers0-after-loop", "num_workers": 0,
+     "options": {"batch_size": 16, "shuffle": True, "seed": 10, "order": "canonical", "canonical_slots": 4},
+     "epochs": [0, 1, 2], "point": ("after", 0, 0)},
 ]
 
 
