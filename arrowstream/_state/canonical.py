@@ -84,6 +84,9 @@ class CanonicalState:
                                  f"num_workers={inner.slot.num_workers}, expected canonical slot {first + i} of {slots} "
                                  f"(rank {first + i} of {slots}, no workers): a worker's canonical slots are "
                                  f"contiguous; {REMEDY}")
+            if inner.elastic is not None:
+                raise StateError(f"the {at}.elastic is set, but a canonical slot's epoch is never re-planned (any "
+                                 f"topology that divides the canonical slots reads them as they are); {REMEDY}")
             if inner.epoch != head.epoch or inner.batches != head.batches:
                 raise StateError(f"the {at} stands at epoch {inner.epoch}, batch {inner.batches}, the worker at epoch "
                                  f"{head.epoch}, batch {head.batches}: the canonical slots of a worker move "
