@@ -10,6 +10,7 @@ loading the checkpoint refuses them.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -149,18 +150,34 @@ def rank_epoch_rows(dataset: StructuredDataset, num_workers: int, rank: int, epo
     return dataset.policy.rank_figures(dataset, num_workers, epoch)[rank].rows_yielded
 
 
-def runs(values: list[int | None]) -> str:
-    """Values by canonical slot in runs of equal ones: ``"0-5: 40, 6: 39, 7-63: 40"`` (``?``: not in the state).
+def runs(values: list[int | None], most: int = 8) -> str:
+    """Values by canonical slot, compactly: in runs of equal ones (``"0-5: 40, 6: 39, 7-63: 40"``; ``?``: not in
+    the state); beyond ``most`` runs, how many slots have each value (``"890 in 24 slots, 891 in 40"``); beyond
+    ``most`` values, their range. Each slot's value is in the JSON (``--json``).
 
     Example:
         >>> runs([4, 4, 4, 3, None, None])
         '0-2: 4, 3: 3, 4-5: ?'
+        >>> print(runs([1, 2] * 8, most=4))
+        1 in 8 slots, 2 in 8 (each slot's: --json)
     """
+    def shown(value: int | None) -> str:
+        return "?" if value is None else f"{value:,}"
+
     parts, start = [], 0
     for index in range(1, len(values) + 1):
         if index == len(values) or values[index] != values[start]:
             span = f"{start}" if index - 1 == start else f"{start}-{index - 1}"
-            value = values[start]
-            parts.append(f"{span}: {'?' if value is None else f'{value:,}'}")
+            parts.append(f"{span}: {shown(values[start])}")
             start = index
-    return ", ".join(parts)
+    if len(parts) <= most:
+        return ", ".join(parts)
+    counts = Counter(values)
+    known = sorted(v for v in counts if v is not None)
+    if len(counts) <= most:
+        ordered = [*known, None] if None in counts else known
+        said = [f"{shown(v)} in {counts[v]} slots" if i == 0 else f"{shown(v)} in {counts[v]}"
+                for i, v in enumerate(ordered)]
+        return f"{', '.join(said)} (each slot's: --json)"
+    unknown = f", {counts[None]} unknown" if None in counts else ""
+    return f"{shown(known[0])} to {shown(known[-1])} over {len(values)} slots{unknown} (each slot's: --json)"
