@@ -58,6 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     inspect.add_argument("--assignment", choices=ASSIGNMENT_NAMES, default=ASSIGNMENT_NAMES[0],
                          help="how workers get their rows: the plan's splits per worker (static, default) or "
                               "leases of the rank's splits taken at run time (dynamic: per-rank figures only)")
+    inspect.add_argument("--order", choices=("topology", "canonical"), default="topology",
+                         help="the epoch laid out over the (rank, worker) slots (topology, default) or over "
+                              "--canonical-slots fixed slots (canonical: the same global batches on any topology "
+                              "that divides them)")
+    inspect.add_argument("--canonical-slots", type=int, default=64,
+                         help="with --order canonical: the canonical slots")
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
     add_mixture_arguments(inspect)
     bench = commands.add_parser("bench", formatter_class=HelpFormatter, help="throughput on this data against the raw pyarrow loop, per-worker "

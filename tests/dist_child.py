@@ -5,6 +5,8 @@ reads whole epochs and records every batch's ids. With ``"ddp": true`` every bat
 DistributedDataParallel model (gloo): an uneven batch count would hang its gradient all-reduce,
 and the process group's timeout turns such a hang into an error. With ``"checkpoint"`` it also
 gathers every rank's state mid-epoch, and a fresh loader resumes from the merged checkpoint.
+``"load_from"`` loads a merged checkpoint first; ``"save_at"`` reads that many batches of epoch 0 and saves
+every rank's state (gathered) in ``"checkpoint_file"``.
 ``"rank_paths"``/``"rank_options"`` give one rank its own path or options (ranks that disagree);
 ``"ranks"`` lists the only ranks that build the scenario's dataset, the others wait at a barrier;
 ``"iceberg"`` (table and catalog_config) builds an IcebergDataset instead of reading ``"path"``.
@@ -57,7 +59,10 @@ def run(scenario: dict) -> dict:
             return {"error": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - started}
         return {"error": None}
     loader, dataset = build(path, scenario["num_workers"], **options)
-    if "save_at" in scenario:  # stop mid-epoch 0 and save every rank's state in one file
+    if "load_from" in scenario:
+        with open(scenario["load_from"]) as f:
+            loader.load_state_dict(json.load(f))
+    if "save_at" in scenario:  # stop mid-epoch 0 (after a resume: save_at batches on) and save every rank's state
         dataset.set_epoch(0)
         before = []
         for step, batch in enumerate(loader):
@@ -69,9 +74,6 @@ def run(scenario: dict) -> dict:
             with open(scenario["checkpoint_file"], "w") as f:
                 json.dump(merged, f)
         return {"before": before}
-    if "load_from" in scenario:
-        with open(scenario["load_from"]) as f:
-            loader.load_state_dict(json.load(f))
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1)) if scenario.get("ddp") else None
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01) if model is not None else None
     checkpoint = scenario.get("checkpoint")

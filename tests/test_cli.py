@@ -136,6 +136,41 @@ def test_inspect_prints_the_same_report_as_text(skewed):
         (s["rank"], s["worker"], s["batches"]) for s in report["slots"]]
 
 
+def test_inspect_shows_who_reads_which_canonical_slots(skewed, capsys):
+    """order="canonical": a range of canonical slots per (rank, worker), the rows each canonical slot gives a global
+    batch, the global batches of an epoch (what a single process reading the same global batch yields), the rows of
+    each canonical slot in runs (64 of them on one line)."""
+    args = ["inspect", skewed, "--order", "canonical", "--canonical-slots", "64", "--world-size", "2",
+            "--num-workers", "2", "--batch-size", "128"]
+    assert cli.main([*args, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    canonical = report["canonical"]
+    assert report["topology"]["order"] == "canonical"
+    assert [(r["rank"], r["worker"], r["canonical_slots"]) for r in canonical["readers"]] == [
+        (0, 0, [0, 15]), (0, 1, [16, 31]), (1, 0, [32, 47]), (1, 1, [48, 63])]
+    assert (canonical["slots"], canonical["chunk"], canonical["global_batch"]) == (64, 4, 256)
+    assert sorted(set(canonical["rows"])) == [890, 891] and sum(canonical["rows"]) == 57000   # an even cut
+    one, _ = arrowstream.StructuredDataset.create_dataloader(path=skewed, batch_size=256, order="canonical",
+                                                             canonical_slots=64, columns=["id"])
+    read = [len(batch["id"]) for batch in one]   # the same global batches in one process
+    assert canonical["batches_per_epoch"] == len(read) == 223 and sum(canonical["rows_yielded"]) == sum(read)
+    assert report["batches_per_rank"] == [223, 223]
+    for rank in range(2):   # what each rank's own dataset says
+        dataset = StructuredDataset(skewed, batch_size=128, rank=rank, world_size=2, order="canonical",
+                                    canonical_slots=64)
+        assert report["ranks"][rank]["batches"] == dataset.num_batches(2) == 223
+    assert cli.main(args) == 0
+    text = capsys.readouterr().out
+    assert ("order=canonical: 64 canonical slots, each gives 4 rows to every global batch of 256 rows (world_size 2 x "
+            "batch_size 128); 223 global batches per epoch\n") in text
+    assert "\n  rank 0 worker 1: canonical slots 16-31\n" in text and "\n  rank 1 worker 1: canonical slots 48-63\n" in text
+    assert (canonical["rows"].count(890), canonical["rows"].count(891)) == (24, 40)   # not in runs: counted
+    assert "\n  rows per canonical slot: 890 in 24 slots, 891 in 40 (each slot's: --json)\n" in text
+    assert cli.main(["inspect", skewed, "--batch-size", "128", "--json"]) == 0   # order="topology": none of it
+    report = json.loads(capsys.readouterr().out)
+    assert report["canonical"] is None and report["topology"]["order"] == "topology"
+
+
 @pytest.mark.parametrize("world_size, num_workers", [(2, 3), (1, 2)])
 def test_inspect_shows_what_dynamic_assignment_fixes_per_rank_and_leaves_to_leases(tmp_path, world_size, num_workers):
     """Under assignment='dynamic' a rank's workers lease its splits at run time: the report has no per-worker lines

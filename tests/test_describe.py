@@ -447,3 +447,140 @@ def test_golden_mixture_states_show_their_epoch_sources_and_workers(path):
     text = format_state(about)
     assert f"epoch {about['epoch']}: {about['rows']:,} rows in {about['batches']:,} batches consumed" in text
     assert all(f"  {name}: weight" in text for name in mix["sources"])
+
+
+CANONICAL = {"order": "canonical", "canonical_slots": 8, "shuffle": True, "seed": 3, "shuffle_buffer_size": 30,
+             "interleave": 2}
+
+
+def canonical_worker_states(state):
+    """Every worker state (a dict) of a loader state or a merged checkpoint, by (rank, worker)."""
+    found = {}
+    for outer in state.get("ranks", [state]):
+        loader = outer["dataloader"]
+        snapshots = loader["_snapshot"]["_worker_snapshots"] if "_snapshot" in loader else {"worker_0": loader}
+        for name, snapshot in snapshots.items():
+            found[outer["rank"], int(name.split("_")[1])] = snapshot["dataset_state"]
+    return found
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_canonical_state_and_checkpoint_show_their_canonical_slots(folder, num_workers, tmp_path, capsys):
+    """order="canonical": the order, the canonical slots (each at the global batch they stand at, their rows in runs),
+    each rank's batches (its workers give a part of each), each worker's canonical slots; with the data, each
+    canonical slot's rows of the epoch. One rank of batch 16 and a merged checkpoint of 2 ranks of batch 8: the same
+    global batches, the same canonical slots' rows."""
+    loader, dataset = StructuredDataset.create_dataloader(path=folder, num_workers=num_workers, batch_size=16,
+                                                          **CANONICAL)
+    batches = iter(loader)
+    rows = take(batches, 3)
+    about = describe_state(json_roundtrip(loader.state_dict()))
+    assert (about["order"], about["epoch"], about["rows"], about["batches"]) == ("canonical", 0, rows, 3) and rows == 48
+    canonical = about["canonical"]
+    assert {k: canonical[k] for k in ("slots", "chunk", "epoch", "global_batch", "slots_in_state")} == {
+        "slots": 8, "chunk": 2, "epoch": 0, "global_batch": 3, "slots_in_state": 8}
+    assert canonical["rows"] == [6] * 8 and canonical["epoch_rows"] is None
+    [rank] = about["ranks"]
+    assert (rank["rows"], rank["batches"]) == (48, 3)
+    per_worker = 8 // max(num_workers, 1)
+    assert [(w["canonical_slots"], w["rows"], w["batches"]) for w in rank["workers"]] == [
+        ([w * per_worker, (w + 1) * per_worker - 1], 6 * per_worker, 3) for w in range(max(num_workers, 1))]
+    assert about["share"] is None and "canonical slots'" in about["share_note"]
+    text = format_state(about)
+    assert ("order: canonical, 8 canonical slots of 2 rows per global batch; they stand at global batch 3 of "
+            "epoch 0 (8 of 8 in this state)") in text
+    assert "  rows consumed per canonical slot: 0-7: 6\n" in text
+    assert f"worker {max(num_workers, 1) - 1}: epoch 0, {6 * per_worker} rows, 3 batches, 0 dropped, canonical slots " \
+           f"{8 - per_worker}-7" in text
+    known = describe_state(loader.state_dict(), dataset=dataset)
+    epoch_rows = known["canonical"]["epoch_rows"]
+    whole = StructuredDataset.create_dataloader(path=folder, batch_size=16, **CANONICAL)[0]   # an epoch, read
+    yielded = sum(len(b["id"]) for b in whole)
+    # 230 rows over 8 canonical slots: 28 or 29 each, 14 chunks of 2 each (even batches): 6 rows trimmed
+    assert sum(epoch_rows) == known["epoch_rows"] == yielded == 224 and epoch_rows == [28] * 8
+    assert known["share"] == pytest.approx(48 / 224)
+    assert "rows of the epoch per canonical slot: " in format_state(known)
+
+    states, datasets = [], []
+    for rank_index in (0, 1):
+        loader, dataset = StructuredDataset.create_dataloader(path=folder, num_workers=num_workers, batch_size=8,
+                                                              rank=rank_index, world_size=2, **CANONICAL)
+        batches = iter(loader)
+        take(batches, 3)
+        states.append(loader.state_dict())
+        datasets.append(dataset)
+    merged = arrowstream.merge_state_dicts(states)
+    about = describe_state(merged)
+    assert about["canonical"]["rows"] == [6] * 8 and about["canonical"]["global_batch"] == 3
+    assert [(r["rank"], r["rows"], r["batches"]) for r in about["ranks"]] == [(0, 24, 3), (1, 24, 3)]
+    assert [w["canonical_slots"][0] for r in about["ranks"] for w in r["workers"]] == list(range(0, 8, per_worker // 2))
+    known = describe_state(merged, dataset=datasets[0])
+    assert known["canonical"]["epoch_rows"] == epoch_rows and known["share"] == pytest.approx(48 / 224)
+    assert [r["epoch_rows"] for r in known["ranks"]] == [sum(epoch_rows[:4]), sum(epoch_rows[4:])]
+    path = tmp_path / "ckpt.pt"
+    torch.save({"loader": merged}, path)
+    assert cli.main(["state", "show", str(path), "--path", folder]) == 0   # built with the run's canonical order
+    text = capsys.readouterr().out
+    assert "epoch 0: 48 rows in 6 batches consumed, 21.4% of 224 rows\n" in text
+    assert "rank 1: epoch 0, 24 rows in 3 batches, 21.4% of 112 rows" in text
+    assert "  rows of the epoch per canonical slot: 0-7: 28\n" in text
+    one_rank = describe_state(states[1])   # one rank's state: its canonical slots, the others unknown
+    assert one_rank["canonical"]["rows"] == [None] * 4 + [6] * 4 and one_rank["canonical"]["slots_in_state"] == 4
+    assert "rows consumed per canonical slot: 0-3: ?, 4-7: 6" in format_state(one_rank)
+    with pytest.raises(StateMismatchError, match="order='canonical', canonical_slots=8, the dataset has "
+                                                 "order='topology'"):
+        describe_state(merged, dataset=loader_of(folder, rank=0, world_size=2)[1])
+
+
+def test_sixty_four_canonical_slots_are_one_line(folder):
+    loader, _ = StructuredDataset.create_dataloader(path=folder, batch_size=64, **{**CANONICAL, "canonical_slots": 64})
+    batches = iter(loader)
+    take(batches, 2)
+    text = format_state(describe_state(loader.state_dict()))
+    assert "rows consumed per canonical slot: 0-63: 2\n" in text and "worker 0: epoch 0, 128 rows, 2 batches" in text
+    assert len(text.splitlines()) < 15
+
+
+def test_tampered_canonical_states_are_refused(folder):
+    """Canonical slots that do not move together, or sit where the topology does not read them: a StateError
+    naming them (loading the checkpoint on rank 1 refuses them too: the last, for the canonical slots it lacks)."""
+    states = []
+    for rank_index in (0, 1):
+        loader, _ = StructuredDataset.create_dataloader(path=folder, num_workers=2, batch_size=8, rank=rank_index,
+                                                        world_size=2, **CANONICAL)
+        batches = iter(loader)
+        take(batches, 3)
+        states.append(loader.state_dict())
+        loader._iterator._shutdown_workers()
+    merged = json_roundtrip(arrowstream.merge_state_dicts(states))
+
+    def changed(edit):
+        copy = json_roundtrip(merged)
+        edit(canonical_worker_states(copy))
+        return copy
+
+    def one_batch_on(workers):   # rank 1 worker 0 a batch further, its head and its canonical slots alike
+        worker = workers[1, 0]
+        for state in (worker, *worker["canonical"]["states"]):
+            state["counters"]["batches"] += 1
+
+    def inner_only(workers):     # one canonical slot of a worker a batch further than the worker
+        workers[0, 1]["canonical"]["states"][0]["counters"]["batches"] += 1
+
+    def moved(workers):          # rank 1 worker 1 holds the canonical slots of rank 1 worker 0
+        workers[1, 1]["canonical"] = json_roundtrip(workers[1, 0]["canonical"])
+
+    cases = [(one_batch_on, ("stand at different (epoch, global batch): rank 0 worker 0, rank 0 worker 1, rank 1 "
+                            "worker 1 at epoch 0, global batch 3; rank 1 worker 0 at epoch 0, global batch 4")),
+             (inner_only, ("rank 0 worker 1 state.canonical.states[0] stands at epoch 0, batch 4, the worker at "
+                          "epoch 0, batch 3")),
+             (moved, ("rank 1 worker 1 state holds canonical slots 4-5 of 8, but its slot (rank 1 of 2, worker 1 of "
+                     "2) reads canonical slots 6-7"))]
+    fresh, _ = StructuredDataset.create_dataloader(path=folder, num_workers=2, batch_size=8, rank=1, world_size=2,
+                                                   **CANONICAL)   # rank 1: it reads the canonical slots moved
+    for edit, named in cases:
+        bad = changed(edit)
+        with pytest.raises(StateError, match=re.escape(named)):
+            describe_state(bad)
+        with pytest.raises(StateError):
+            fresh.load_state_dict(bad)

@@ -374,3 +374,57 @@ def test_elastic_resume_across_world_sizes(tmp_path, old, new):
     counts = [len(r["load"]["epochs"]["0"]) for r in resumed]
     assert len(set(counts)) == 1 and counts[0] == resumed[0]["load"]["lens"]["0"]
     check_epoch(resumed, "load", "1", num_rows)
+
+
+# a few hundred rows in uneven files and row groups
+CANONICAL_FILES = [(130, 40), (75, 25), (110, 50)]
+
+
+def test_canonical_order_is_one_global_sequence_across_world_sizes(tmp_path):
+    """Issue 39: with order="canonical", global batch k (every rank's k-th batch, ranks in rank order) holds the same
+    rows in the same order on any topology that divides canonical_slots, the global batch fixed; a checkpoint of
+    one topology continues that one sequence on another. 2 ranks x 2 workers (batch 16) save mid-epoch; 4 ranks x 1
+    worker (batch 8) resume, read on and save again; 1 rank without workers (batch 32) resumes to the end of the
+    epoch and reads the next: every step equals the single process's, every row once an epoch. (With
+    order="topology" the 2-rank steps already differ from the single process's.)"""
+    path = write_dataset(tmp_path / "data", CANONICAL_FILES)
+    num_rows = sum(rows for rows, _ in CANONICAL_FILES)
+    options = {"order": "canonical", "canonical_slots": 8, "shuffle": True, "seed": 3, "shuffle_buffer_size": 24,
+               "interleave": 2}
+    reference_loader, reference_dataset = make_loader(path, 0, batch_size=32, **options)
+    reference = {}
+    for epoch in (0, 1):
+        reference_dataset.set_epoch(epoch)
+        reference[epoch] = [ids_of(batch) for batch in reference_loader]
+    for epoch, batches in reference.items():
+        assert sorted(i for b in batches for i in b) == list(range(num_rows)), f"epoch {epoch}: not every row once"
+    assert reference[0] != reference[1] and len(reference[0]) >= 8
+
+    def steps(per_rank: list[dict]) -> list[list[int]]:
+        """Each global step: the ranks' batches in rank order."""
+        return [[i for rank in ranks for i in rank] for ranks in zip(*(r["save"]["before"] for r in per_rank),
+                                                                    strict=True)]
+
+    first, second = str(tmp_path / "at-3.json"), str(tmp_path / "at-6.json")
+    saved = torchrun(2, {"scenarios": [{"name": "save", "path": path, "num_workers": 2, "save_at": 3,
+                                        "checkpoint_file": first, "options": {**options, "batch_size": 16}}]},
+                     tmp_path)
+    assert steps(saved) == reference[0][:3], "2 ranks x 2 workers: not the single process's global batches"
+    resaved = torchrun(4, {"scenarios": [{"name": "save", "path": path, "num_workers": 1, "save_at": 3,
+                                          "load_from": first, "checkpoint_file": second,
+                                          "options": {**options, "batch_size": 8}}]}, tmp_path)
+    assert steps(resaved) == reference[0][3:6], "4 ranks resumed from 2: not the single process's global batches"
+    with open(second) as f:
+        checkpoint = json.load(f)
+    assert checkpoint["kind"] == "arrowstream.checkpoint" and checkpoint["world_size"] == 4
+    loader, dataset = make_loader(path, 0, batch_size=32, **options)
+    loader.load_state_dict(checkpoint)
+    resumed = {}
+    for epoch in (0, 1):
+        dataset.set_epoch(epoch)
+        resumed[epoch] = [ids_of(batch) for batch in loader]
+    assert resumed[0] == reference[0][6:], "1 rank resumed from 4: not the rest of the single process's epoch"
+    assert resumed[1] == reference[1], "the next epoch differs"
+    whole = steps(saved) + steps(resaved) + resumed[0]
+    counts = Counter(i for batch in whole for i in batch)
+    assert sorted(counts) == list(range(num_rows)) and max(counts.values()) == 1, "epoch 0 across 3 topologies"

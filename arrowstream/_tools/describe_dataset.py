@@ -1,6 +1,7 @@
 """``describe_state``'s parts for a ``StructuredDataset``'s states (a loader state, a merged checkpoint):
 worker states, the dynamic ledger, the options and data of the workers, and the rows of the epoch from the
-state's counts or from the dataset's plan."""
+state's counts or from the dataset's plan; an ``order="canonical"`` state's canonical slots
+(:mod:`arrowstream._tools.describe_canonical`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from .._core.fields import REMEDY, Fields, check_int, shorten
 from .._core.order import SlotGrid
 from .._layout.ledger import start_cursor
 from .._loader.torchdata_state import InnerState
+from .._state.canonical import is_canonical
 from .._state.compatible import check_compatible
 from .._state.identity import DataIdentity
 from .._state.versions import DATASET as READS_DATASET
@@ -19,6 +21,7 @@ from .._state.versions import check_planning
 from .._state.worker import WorkerState
 from .._state.worker_states import read_worker_state
 from ..errors import StateError, StateMismatchError
+from .describe_canonical import CanonicalWorker, canonical_body, rank_epoch_rows, read_canonical_worker
 from .describe_kind import GIVE_THE_DATA, REPLANNED, UNKNOWN, Envelope, EpochRows, elastic_summary, read_workers
 
 if TYPE_CHECKING:
@@ -30,15 +33,20 @@ class DatasetKind:
 
     reads: str = READS_DATASET
 
-    def worker_states(self, outer: dict[str, Any], where: str) -> tuple[InnerState, list[WorkerState | None]]:
+    def worker_states(self, outer: dict[str, Any],
+                      where: str) -> tuple[InnerState, list[WorkerState | CanonicalWorker | None]]:
         inner = read_workers(outer["dataloader"], outer["num_workers"],
                              "dataloader" if where == "loader state" else f"{where}.dataloader", where)
-        states: list[WorkerState | None] = []
+        states: list[WorkerState | CanonicalWorker | None] = []
         for worker, raw in enumerate(inner.worker_states):
             name = f"rank {outer['rank']} worker {worker} state"  # as load_state_dict names it
-            parsed = None if raw is None else read_worker_state(raw, name, READS_DATASET)
-            assert parsed is None or isinstance(parsed, WorkerState), "read as a dataset's"
-            state = parsed
+            state: WorkerState | CanonicalWorker | None = None
+            if is_canonical(raw):   # order="canonical": its canonical slots' states
+                state = read_canonical_worker(raw, name)
+            elif raw is not None:
+                parsed = read_worker_state(raw, name, READS_DATASET)
+                assert isinstance(parsed, WorkerState), "read as a dataset's"
+                state = parsed
             if state is not None:
                 found = (state.slot.rank, state.slot.world_size, state.slot.worker_id, state.slot.num_workers)
                 wanted = (outer["rank"], outer["world_size"], worker, outer["num_workers"])
@@ -48,23 +56,26 @@ class DatasetKind:
             states.append(state)
         return inner, states
 
-    def worker_fields(self, state: WorkerState | None) -> dict[str, Any]:
-        return {}
+    def worker_fields(self, state: WorkerState | CanonicalWorker | None) -> dict[str, Any]:
+        return state.fields() if isinstance(state, CanonicalWorker) else {}
 
     def rank_fields(self, outer: dict[str, Any], where: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
+        if lines and "canonical_slots" in lines[0]:   # every worker gives its part of each of the rank's batches
+            return {"batches": lines[0]["batches"]}
         if "dynamic" not in outer:
             return {}
         ledger = _ledger(outer["dynamic"], f"{where}.dynamic")
         return {"epoch": ledger["epoch"], "dynamic": {k: v for k, v in ledger.items() if k not in ("data", "options")}}
 
-    def body(self, envelope: Envelope, ranks: list[dict[str, Any]], states: list[WorkerState],
+    def body(self, envelope: Envelope, ranks: list[dict[str, Any]], states: list[WorkerState | CanonicalWorker],
              dataset: StructuredDataset | None) -> dict[str, Any]:
         ledgers = [_ledger(outer["dynamic"], "dynamic") for outer in envelope.outers if "dynamic" in outer]
         first = states[0] if states else None
         options = dict(first.options) if first is not None else dict(ledgers[0]["options"]) if ledgers else {}
         data = first.data if first is not None else ledgers[0]["data"] if ledgers else None
-        if dataset is not None:
-            _check_dataset(dataset, states, ledgers)
+        canonical = [s for s in states if isinstance(s, CanonicalWorker)]
+        if dataset is not None and not canonical:
+            _check_dataset(dataset, [s for s in states if isinstance(s, WorkerState)], ledgers)
         # the state holds a hash of the columns read: the dataset (checked to match it) knows their names
         columns = None if dataset is None else dataset.options.columns
         return {
@@ -75,9 +86,12 @@ class DatasetKind:
             "data": None if data is None else data.to_dict(),
             "elastic": elastic_summary(next((s.elastic for s in states if s.elastic is not None), None)),
             "column_names": None if columns is None or options.get("columns") is None else list(columns),
+            "order": options.get("order", "topology"),
+            "canonical": canonical_body(canonical, dataset) if canonical else None,
         }
 
-    def epoch_rows(self, description: dict[str, Any], dataset: StructuredDataset | None, states: list[WorkerState]) -> EpochRows:
+    def epoch_rows(self, description: dict[str, Any], dataset: StructuredDataset | None,
+                   states: list[WorkerState | CanonicalWorker]) -> EpochRows:
         """The rows each rank yields in the state's epoch, or None each and why not. With the dataset, an epoch
         re-planned from another topology counts the rows of its re-planned shares (from the re-plan, as the
         workers' counters do)."""
@@ -92,8 +106,16 @@ class DatasetKind:
                 f"version {shorten(options.get('planning'))}; pass a dataset built as the checkpoint's run was")
         if any("dynamic" in rank for rank in ranks):   # a rank's ledger: its workers leased its rows
             return _dynamic_rows(description) if dataset is None else _ledger_rows(description, dataset)
+        if description["canonical"] is not None:   # each rank's canonical slots' rows
+            if dataset is None:
+                return EpochRows([None] * len(ranks), note=("each rank's rows of the epoch are its canonical slots', "
+                                                            f"which follow from the plan, {UNKNOWN}: give it with "
+                                                            f"{GIVE_THE_DATA}"))
+            return EpochRows([rank_epoch_rows(dataset, topology["num_workers"], rank["rank"], rank["epoch"])
+                              for rank in ranks])
         if dataset is not None:
-            return EpochRows([_rank_epoch_rows(dataset, topology["num_workers"], rank, states) for rank in ranks])
+            plain = [s for s in states if isinstance(s, WorkerState)]
+            return EpochRows([_rank_epoch_rows(dataset, topology["num_workers"], rank, plain) for rank in ranks])
         if options.get("filter") is not None:
             return EpochRows([None] * len(ranks), note="a filter drops rows that are known only by reading them")
         if topology["world_size"] == 1 and description["data"] is not None and not options.get("drop_last"):

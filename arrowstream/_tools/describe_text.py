@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .describe_canonical import runs
 from .describe_kind import GIVE_THE_DATA
 
 HASHED = ("columns", "filter", "parse_options")   # options a state holds as a hash only, to stay small
@@ -69,6 +70,8 @@ def format_state(description: dict[str, Any]) -> str:
         lines.append(f"elastic: epoch {e['epoch']} re-planned from world_size {e['old_world_size']}, num_workers "
                      f"{e['old_num_workers']} ({e['old_workers_done']} of {e['old_workers']} old workers had "
                      f"nothing left{_earlier_replans(e.get('replans', 1))}); rows count from the re-plan")
+    if d.get("canonical"):
+        lines += _canonical_lines(d["canonical"])
     if d.get("mixture"):
         lines += _mixture_lines(d["mixture"])
     for rank in d["ranks"]:
@@ -88,6 +91,18 @@ def _hashed_lines(description: dict[str, Any]) -> list[str]:
         lines.append(f"filter: hash {options['filter']} (the expression is not stored in the state)")
     if options.get("parse_options") is not None:
         lines.append(f"parse_options: hash {options['parse_options']} (not stored in the state)")
+    return lines
+
+
+def _canonical_lines(canonical: dict[str, Any]) -> list[str]:
+    """``order="canonical"``: its canonical slots, the global batch they stand at, their rows (in runs)."""
+    c = canonical
+    lines = [(f"order: canonical, {c['slots']} canonical slots of {c['chunk']} rows per global batch; they stand at "
+             f"global batch {c['global_batch']:,} of epoch {c['epoch']} ({c['slots_in_state']} of {c['slots']} in "
+             "this state)"),
+             f"  rows consumed per canonical slot: {runs(c['rows'])}"]
+    if c.get("epoch_rows") is not None:
+        lines.append(f"  rows of the epoch per canonical slot: {runs(c['epoch_rows'])}")
     return lines
 
 
@@ -114,6 +129,9 @@ def _rank_lines(rank: dict[str, Any]) -> list[str]:
             continue
         done = ", done" if worker["epoch_complete"] else ""
         sources = "".join(f", {n} {r:,}" for n, r in worker.get("sources", {}).items())
+        if worker.get("canonical_slots"):
+            first, last = worker["canonical_slots"]
+            sources += f", canonical slots {first}-{last}" if last > first else f", canonical slot {first}"
         lines.append(f"  worker {worker['worker']}: epoch {worker['epoch']}, {worker['rows']:,} rows, "
                      f"{worker['batches']:,} batches, {worker['rows_dropped']:,} dropped{sources}{done}")
     if rank.get("dynamic"):

@@ -17,10 +17,13 @@ import json
 import statistics
 from typing import TYPE_CHECKING, Any
 
+from .._assignment.canonical import CanonicalOrder
 from .._core.order import SlotGrid, natural_batches
 from .._formats import unit_format
+from .._layout.canonical import check_workers
 from ..errors import InvalidArgumentError
 from .cli_args import key_values
+from .describe_canonical import runs
 
 if TYPE_CHECKING:
     from .._assignment.figures import Figure
@@ -63,7 +66,8 @@ def describe(dataset: Any, num_workers: int) -> dict[str, Any]:
     (re-planned, when a loaded checkpoint of another topology re-planned it), its slots' and ranks' figures asked of
     the policy. Where the policy has no figures per worker (``"dynamic"`` with workers: they lease the rank's splits at
     run time) ``slots`` is empty, ``workers`` says why, and each rank's line holds its work's splits, rows and
-    batches."""
+    batches. With ``order="canonical"``, ``canonical`` says which (rank, worker) reads which canonical slots
+    (:func:`canonical_report`)."""
     plan, options = dataset.plan, dataset.options
     grid = SlotGrid(dataset.world_size, num_workers)
     world_size, num_slots = grid.world_size, grid.num_slots
@@ -71,6 +75,7 @@ def describe(dataset: Any, num_workers: int) -> dict[str, Any]:
     files = [{"name": f.entry.name, "rows": sum(f.unit_rows), "units": len(f.unit_rows), "bytes": f.entry.size}
              for f in footers]
     policy = dataset.policy
+    canonical = canonical_report(policy, dataset, num_workers) if isinstance(policy, CanonicalOrder) else None
     # splits cut for the slots that read them: each (rank, worker) slot, or each rank whose workers lease
     splits = plan.splits_for(num_slots if policy.fixed_slots else world_size, options.planning)
     split_rows = [s.num_rows for s in splits]
@@ -82,6 +87,10 @@ def describe(dataset: Any, num_workers: int) -> dict[str, Any]:
     loads = [s["rows"] for s in lines]
     mean = sum(loads) / len(loads) if loads else 0
     summary = slots_summary(lines, world_size, ("splits",))
+    if canonical is not None:   # a rank's workers each give a part of every batch of the rank: not a sum
+        for rank, figure in zip(summary["ranks"], policy.rank_figures(dataset, num_workers), strict=True):
+            rank["batches"] = figure.batches
+        summary["batches_per_rank"] = [r["batches"] for r in summary["ranks"]]
     return {
         "source": {"format": options.format, "table": dataset.origin.table_name,
                    "snapshot_id": getattr(dataset, "snapshot_id", None)},
@@ -92,13 +101,31 @@ def describe(dataset: Any, num_workers: int) -> dict[str, Any]:
         "topology": {"world_size": world_size, "num_workers": num_workers, "slots": num_slots,
                      "batch_size": options.batch_size, "drop_last": options.drop_last,
                      "even_batches": dataset.even_batches, "planning": options.planning,
-                     "assignment": dataset.assignment},
+                     "assignment": dataset.assignment, "order": "canonical" if canonical else "topology"},
         "splits": {"count": len(splits), "rows_min": min(split_rows, default=0),
                    "rows_median": statistics.median(split_rows) if split_rows else 0,
                    "rows_max": max(split_rows, default=0)},
         "imbalance": (max(loads) / mean - 1) if mean else 0.0,
-        **summary, "slots": slots, "workers": workers,
+        **summary, "slots": slots, "workers": workers, "canonical": canonical,
     }
+
+
+def canonical_report(policy: CanonicalOrder, dataset: Any, num_workers: int) -> dict[str, Any]:
+    """``order="canonical"``: the canonical slots, the rows each gives a global batch (``chunk``), the global batches
+    of the epoch, each (rank, worker) slot's canonical slots (``[first, last]``), and each canonical slot's rows and
+    rows yielded in the dataset's epoch."""
+    grid = SlotGrid(dataset.world_size, num_workers)
+    check_workers(policy.canonical, dataset.world_size, num_workers)
+    yields = policy.canonical_yields(dataset.epoch)
+    readers = []
+    for index in range(grid.num_slots):
+        mine = policy.canonical.physical_range(grid.slot(index // grid.workers_per_rank,
+                                                         index % grid.workers_per_rank))
+        readers.append({"rank": index // grid.workers_per_rank, "worker": index % grid.workers_per_rank,
+                        "canonical_slots": [mine.start, mine.stop - 1]})
+    return {"slots": policy.slots, "chunk": policy.canonical.chunk,
+            "global_batch": policy.canonical.chunk * policy.slots, "batches_per_epoch": yields[0][1] if yields else 0,
+            "readers": readers, "rows": [rows for rows, _, _ in yields], "rows_yielded": [kept for _, _, kept in yields]}
 
 
 def _lines(figures: list[Figure], per_rank: int, options: Any) -> list[dict[str, Any]]:
@@ -146,6 +173,8 @@ def render(report: dict[str, Any], max_files: int = 20) -> str:
               (f"splits: {splits['count']:,} (planning version {topology['planning']}; rows per split: min {splits['rows_min']:,}, median "
                f"{splits['rows_median']:,.0f}, max {splits['rows_max']:,})"), "",
               ]
+    if report.get("canonical"):
+        lines += _canonical_lines(report["canonical"], topology)
     if report["workers"] is None:
         lines.append("rank  worker  splits        rows   batches  rows trimmed  rows dropped")
         for s in report["slots"]:
@@ -166,6 +195,23 @@ def render(report: dict[str, Any], max_files: int = 20) -> str:
     return "\n".join(lines)
 
 
+def _canonical_lines(canonical: dict[str, Any], topology: dict[str, Any]) -> list[str]:
+    """``order="canonical"``: the canonical slots, who reads which (a range per (rank, worker) slot), their rows."""
+    c = canonical
+    lines = [(f"order=canonical: {c['slots']} canonical slots, each gives {c['chunk']:,} rows to every global batch "
+              f"of {c['global_batch']:,} rows (world_size {topology['world_size']} x batch_size "
+              f"{topology['batch_size']:,}); {c['batches_per_epoch']:,} global batches per epoch")]
+    for reader in c["readers"]:
+        first, last = reader["canonical_slots"]
+        which = f"canonical slots {first}-{last}" if last > first else f"canonical slot {first}"
+        lines.append(f"  rank {reader['rank']} worker {reader['worker']}: {which}")
+    lines.append(f"  rows per canonical slot: {runs(c['rows'])}")
+    if c["rows_yielded"] != c["rows"]:
+        lines.append(f"  rows yielded per canonical slot (even batches over the canonical slots): "
+                     f"{runs(c['rows_yielded'])}")
+    return lines + [""]
+
+
 def run(args: argparse.Namespace) -> int:
     """``arrowstream inspect``: a mixture's report with ``--source``, else a dataset's."""
     if args.source:
@@ -173,7 +219,8 @@ def run(args: argparse.Namespace) -> int:
 
         return _mix_inspect.run(args)
     dataset = open_dataset(args, rank=0, world_size=args.world_size, even_batches=not args.no_even_batches,
-                           drop_last=args.drop_last, assignment=args.assignment)
+                           drop_last=args.drop_last, assignment=args.assignment, order=args.order,
+                           canonical_slots=args.canonical_slots)
     report = describe(dataset, args.num_workers)
     print(json.dumps(report, indent=2) if args.json else render(report))
     return 0

@@ -110,6 +110,8 @@ def dataset_for(description: dict[str, Any], args: Any) -> Any:
     }
     if "assignment" in options:
         kwargs["assignment"] = options["assignment"]
+    if options.get("order") == "canonical":
+        kwargs.update(order="canonical", canonical_slots=options["canonical_slots"])
     digest = options.get("columns")
     columns = args.columns.split(",") if args.columns else None
     if columns is not None and digest is not None and _digest(columns) != digest:
