@@ -344,19 +344,21 @@ GOLDEN = Path(__file__).parent / "golden"
 
 def _dataset_golden() -> list[Path]:
     """The golden states of a dataset (``v<N>/<case>.json``; from v12 a mixture's are beside them, ``mixture-*``),
-    but those of ``order="canonical"`` (from v13, ``canonical*``): describe_state does not read canonical worker
-    states (see test_a_canonical_golden_state_is_described)."""
+    but those of ``order="canonical"`` (from v13, ``canonical*``), whose workers each give a part of every batch
+    (test_a_canonical_golden_state_is_described)."""
     return sorted(p for p in GOLDEN.glob("v*/*.json") if not p.name.startswith(("mixture-", "canonical")))
 
 
-@pytest.mark.xfail(strict=True, raises=StateMismatchError,
-                   reason="describe_state reads a worker state as a dataset's or a mixture's, not a canonical one "
-                          "(order='canonical'): when it does, add the canonical goldens to _dataset_golden")
 @pytest.mark.parametrize("path", sorted(GOLDEN.glob("v*/canonical*.json")), ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_a_canonical_golden_state_is_described(path):
+    """A golden state of order="canonical": its epoch, version, canonical slots and the global batch they stand at
+    (the batches its run had handed out in that epoch)."""
     case = json.loads(path.read_text())
     about = describe_state(case["state"])
     assert about["epoch"] == case["epoch"] and about["saved_version"] == int(path.parent.name[1:])
+    assert about["order"] == "canonical" and about["canonical"]["slots"] == case["options"]["canonical_slots"]
+    if case["consumed"]:
+        assert about["canonical"]["global_batch"] == case["consumed"], path
 
 
 @pytest.mark.parametrize("path", _dataset_golden(), ids=lambda p: f"{p.parent.name}/{p.stem}")
