@@ -379,28 +379,40 @@ def where(key: tuple[str, int, str]) -> str:
     return f"{Path(filename).name}:{line}({name})"
 
 
-def profile_section(table: tables.Table) -> list[str]:
-    files = [str(f) for f in table.files]
-    profiles = {order: profile_epoch(Loader(order, 0, True), files) for order in ("topology", "canonical")}
-    entries = profiles["canonical"].stats   # type: ignore[attr-defined]
-    total = profiles["canonical"].total_tt  # type: ignore[attr-defined]
-    batches = -(-table.spec.rows // BATCH)
+def top_table(stats: pstats.Stats, batches: int) -> list[str]:
+    entries = stats.stats   # type: ignore[attr-defined]
+    total = stats.total_tt  # type: ignore[attr-defined]
     ranked = sorted(entries.items(), key=lambda item: item[1][2], reverse=True)[:PROFILE_TOP]
     rows = [[f"`{where(key)}`", f"{calls:,}", f"{own:.3f}", f"{own / total:.0%}", f"{cumulative:.3f}",
              f"{own / batches * 1e6:,.0f}"] for key, (_, calls, own, cumulative, _) in ranked]
+    return table_lines(["function", "calls", "own s", "share", "cumulative s", "own us / batch"], rows)
+
+
+def profile_section(table: tables.Table) -> list[str]:
+    files = [str(f) for f in table.files]
+    profiles = {(order, workers): profile_epoch(Loader(order, workers, True), files)
+                for workers in WORKERS for order in ("topology", "canonical")}
+    batches = -(-table.spec.rows // BATCH)
     reads = {}
-    for order, stats in profiles.items():
+    for order in ("topology", "canonical"):
+        stats = profiles[order, 0]
         found = [(v[1], v[3]) for k, v in stats.stats.items() if k[2] == "read_units"]   # type: ignore[attr-defined]
         reads[order] = (sum(c for c, _ in found), sum(s for _, s in found), stats.total_tt)  # type: ignore[attr-defined]
-    return [(f"cProfile of one epoch, `num_workers=0`, `shuffle=True`, {table.spec.kind} table, "
-             f'`order="canonical", canonical_slots={SLOTS}`: {total:.2f} s under the profiler, {batches:,} batches; '
-             f"the {PROFILE_TOP} functions with the most own time (cProfile adds its own cost per call, so the "
-             "functions called per chunk weigh more here than in the timed epochs)."), "",
-            *table_lines(["function", "calls", "own s", "share", "cumulative s", "own us / batch"], rows), "",
-            (f"Parquet reads (`read_units`, decoding row groups): topology {reads['topology'][0]:,} calls, "
-             f"{reads['topology'][1]:.2f} s of {reads['topology'][2]:.2f} s; canonical {reads['canonical'][0]:,} "
-             f"calls, {reads['canonical'][1]:.2f} s of {reads['canonical'][2]:.2f} s "
-             f"({table.row_groups} row groups in the table)."), ""]
+    lines = []
+    for workers in WORKERS:
+        canonical, topology = profiles["canonical", workers], profiles["topology", workers]
+        where_ = "the process that reads (no workers)" if workers == 0 else "the trainer's process only (workers unprofiled)"
+        lines += [(f"cProfile of one epoch, `num_workers={workers}`, `shuffle=True`, {table.spec.kind} table, "
+                   f'`order="canonical", canonical_slots={SLOTS}`, {where_}: '
+                   f"{canonical.total_tt:.2f} s under the profiler (topology: {topology.total_tt:.2f} s), "   # type: ignore[attr-defined]
+                   f"{batches:,} batches; the {PROFILE_TOP} functions with the most own time (cProfile adds its own "
+                   "cost per call, so functions called per chunk weigh more here than in the timed epochs; a "
+                   "generator counts a call per item it yields)."), "", *top_table(canonical, batches), ""]
+    lines += [(f"`read_units` (a generator: about two calls per row group read), `num_workers=0`: topology "
+               f"{reads['topology'][0]:,} calls, {reads['topology'][1]:.2f} s of {reads['topology'][2]:.2f} s; "
+               f"canonical {reads['canonical'][0]:,} calls, {reads['canonical'][1]:.2f} s of "
+               f"{reads['canonical'][2]:.2f} s ({table.row_groups} row groups in the table)."), ""]
+    return lines
 
 
 # == report ====================================================================================
