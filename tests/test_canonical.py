@@ -224,7 +224,6 @@ def test_arguments_that_break_the_sequence_are_refused(folder, kwargs, match):
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"num_workers": 3}, "may be 0 or one of"),
     ({"num_workers": 2, "in_order": False}, "in_order=True"),
-    ({"num_workers": 2, "batches_per_transfer": 4}, "batches_per_transfer=4"),
     ({"num_workers": 1, "snapshot_every_n_steps": 2}, "snapshot_every_n_steps=1"),
 ])
 def test_loader_options_that_break_the_sequence_are_refused(folder, kwargs, match):
@@ -453,3 +452,15 @@ def test_a_mixture_checkpoint_is_only_for_its_epoch(sources, mixture_reference):
     wrong_mixture.set_epoch(1)
     with pytest.raises(StateMismatchError, match="set_epoch"):
         next(iter(wrong))
+
+
+def test_chunks_of_parts_resume_from_inside_a_chunk(folder, reference):
+    """With workers, each sends chunks of its parts (batches_per_transfer); a checkpoint between two batches of a
+    chunk has every worker at its part of the last batch handed out, though the trainer holds parts of later ones."""
+    options = {"shuffle_buffer_size": 20, "interleave": 2}
+    ref = reference(**options)
+    for stop in ((0, 4), (0, 6)):
+        first, saved = run(ranks(folder, 2, 2, batches_per_transfer=3, **options), (0, 1), stop=stop)
+        loaders = ranks(folder, 1, 2, batches_per_transfer=2, **options)
+        loaders[0][0].load_state_dict(copy.deepcopy(saved))
+        assert first + run(loaders, (0, 1))[0] == ref, stop

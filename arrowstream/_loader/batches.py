@@ -175,7 +175,7 @@ def rewind_into_chunk(inner: dict[str, Any], batches: BatchIterator, num_workers
     state = copy.deepcopy(inner)
     worker_id = batches.chunk.worker_id
     position = batches.chunk.positions[batches.taken - 1]
-    set_worker_state(state, worker_id, _moved(worker_state(state, worker_id), position, f"worker {worker_id} state"))
+    set_worker_state(state, worker_id, moved_state(worker_state(state, worker_id), position, f"worker {worker_id} state"))
     set_last_yielded_worker(state, (worker_id - 1) % num_workers)
     return state
 
@@ -199,11 +199,11 @@ def delivered_state(inner: dict[str, Any], batches: BatchIterator, latest: dict[
         assert isinstance(position, Position | CanonicalPosition), "chunks of a StructuredDataset carry Positions"
         raw, where = worker_state(state, worker_id), f"worker {worker_id} state"
         if read_head(raw, DATASET, where)[1].batches != position.batches:  # equal: that batch's state, or the end after
-            set_worker_state(state, worker_id, _moved(raw, position, where))
+            set_worker_state(state, worker_id, moved_state(raw, position, where))
     return state
 
 
-def _moved(raw: Any, position: Position | CanonicalPosition, where: str) -> dict[str, Any]:
+def moved_state(raw: Any, position: Position | CanonicalPosition, where: str) -> dict[str, Any]:
     """A worker's state (a dict) of this epoch, moved to ``position`` (after a batch: the epoch goes on)."""
     if isinstance(position, CanonicalPosition):   # order="canonical": each of its canonical slots'
         return CanonicalState.from_dict(raw, where).moved(position.positions).to_dict()

@@ -9,14 +9,18 @@ worker has handed out the same number of parts. :func:`concat_parts` puts parts 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import copy
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from ..errors import ArgumentTypeError, InvalidArgumentError
+from ..errors import ArgumentTypeError, InvalidArgumentError, WorkerError
+from .batches import BatchIterator
+from .torchdata_state import set_last_yielded_worker, set_worker_state, worker_state
 
 
 def concat_parts(parts: Sequence[Any]) -> Any:
@@ -51,31 +55,50 @@ def concat_parts(parts: Sequence[Any]) -> Any:
 
 
 class PartsZip:
-    """A worker loader's items, ``workers`` at a time (one of each, in its round robin), handed out as one batch;
-    ``pin``: pinned again after the join (torch pinned the parts)."""
+    """A worker loader's batches (``batches``: its chunks unpacked one by one, each from its chunk's worker), joined
+    one part of each worker at a time, worker 0's first; ``pin``: pinned again after the join (torch pinned the
+    parts). The workers send chunks of parts (``batches_per_transfer``) in the loader's round robin: the parts of
+    worker 0's chunk come first, so the parts of each worker wait here until every worker's next part is in.
+    :meth:`handed_out` says where each worker stands after its part of the last batch handed out."""
 
-    def __init__(self, items: Iterator[Any], workers: int, pin: Callable[[Any], Any] | None = None) -> None:
-        self._items, self._workers, self._pin = items, workers, pin
+    def __init__(self, batches: BatchIterator, workers: int, pin: Callable[[Any], Any] | None = None) -> None:
+        self._batches, self._workers, self._pin = batches, workers, pin
+        self._waiting: list[deque[tuple[Any, Any]]] = [deque() for _ in range(workers)]
+        self._after: dict[int, Any] = {}   # worker -> its position after its part of the last batch handed out
 
     def __iter__(self) -> PartsZip:
         return self
 
     def __next__(self) -> Any:
-        parts = [next(self._items)]
-        for _ in range(self._workers - 1):
+        while not all(self._waiting):
             try:
-                parts.append(next(self._items))
+                part = next(self._batches)
             except StopIteration:
-                raise AssertionError(f"order='canonical': a worker ended its epoch {len(parts)} part(s) into a "
-                                     f"batch of {self._workers}; the workers' canonical slots end together") from None
+                if any(self._waiting):
+                    raise WorkerError(
+                        f"order='canonical': workers {[w for w, left in enumerate(self._waiting) if left]} have parts "
+                        f"of a batch the others ended their epoch without; the workers' canonical slots end together, "
+                        "so this is a bug: please report it with the loader's arguments") from None
+                raise
+            chunk = self._batches.chunk
+            assert chunk is not None, "a worker loader's batches come in chunks"
+            self._waiting[chunk.worker_id].append((part, chunk.positions[self._batches.taken - 1]))
+        parts = []
+        for worker, waiting in enumerate(self._waiting):
+            part, self._after[worker] = waiting.popleft()
+            parts.append(part)
         batch = concat_parts(parts)
         return batch if self._pin is None else self._pin(batch)
 
+    def handed_out(self) -> dict[int, Any]:
+        """Each worker's position after its part of the last batch handed out (for the workers that handed any)."""
+        return dict(self._after)
+
     def __len__(self) -> int:
-        return len(self._items) // self._workers   # type: ignore[arg-type]
+        return len(self._batches) // self._workers
 
 
-def rank_batches(batches: Iterator[Any], inner: Any, num_workers: int) -> Iterator[Any]:
+def rank_batches(batches: BatchIterator, inner: Any, num_workers: int) -> PartsZip | BatchIterator:
     """A loader's batches under ``order="canonical"`` (``inner``: torch's iterator): with several workers, one part
     of each joined (:class:`PartsZip`), pinned again where torch pins."""
     if num_workers < 2:
@@ -91,23 +114,30 @@ def rank_batches(batches: Iterator[Any], inner: Any, num_workers: int) -> Iterat
     return PartsZip(batches, num_workers, pin)
 
 
+def handed_out_state(inner: dict[str, Any], parts: PartsZip, moved: Callable[[Any, Any, str], dict[str, Any]],
+                     num_workers: int) -> dict[str, Any]:
+    """torchdata's state, each worker moved back to its part of the last batch handed out (torchdata's stands after
+    each worker's last chunk fetched, some of whose parts wait in ``parts``); ``moved(state, position, where)``: a
+    worker's state dict at a position of its epoch."""
+    state = copy.deepcopy(inner)
+    for worker, position in parts.handed_out().items():
+        set_worker_state(state, worker, moved(worker_state(state, worker), position, f"worker {worker} state"))
+    set_last_yielded_worker(state, num_workers - 1)   # the next batch starts with worker 0's part
+    return state
+
+
 def canonical_transfer(kwargs: dict[str, Any], batches_per_transfer: int | None) -> int | None:
-    """``batches_per_transfer`` under ``order="canonical"``: one with several workers (the trainer joins one part of
-    each worker's into a batch); ``snapshot_every_n_steps`` must be 1 with workers (each part carries its state)."""
+    """``batches_per_transfer`` under ``order="canonical"``, checked with the loader's other keywords: with several
+    workers ``in_order`` must stay on (the trainer joins the workers' parts in their round robin), with workers
+    ``snapshot_every_n_steps`` must be 1 (each chunk of parts carries its worker's state)."""
     workers = kwargs.get("num_workers", 0)
     if workers and kwargs.get("snapshot_every_n_steps", 1) != 1:
         raise InvalidArgumentError(
             f"order='canonical' with workers needs snapshot_every_n_steps=1 (got "
             f"{kwargs.get('snapshot_every_n_steps')!r}): a checkpoint is every canonical slot's state after the last "
             "batch, which each worker sends with its part")
-    if isinstance(workers, int) and workers >= 2:
-        if kwargs.get("in_order") is False:
-            raise InvalidArgumentError(
-                "order='canonical' with several workers needs in_order=True: the trainer joins one part of each "
-                "worker's into a batch, in the workers' round robin; leave in_order out")
-        if batches_per_transfer not in (None, 1):
-            raise InvalidArgumentError(
-                f"order='canonical' with {workers} workers sends one part of a batch per message (the trainer joins "
-                f"one of each worker's); batches_per_transfer={batches_per_transfer!r} is refused: leave it out")
-        return 1
+    if isinstance(workers, int) and workers >= 2 and kwargs.get("in_order") is False:
+        raise InvalidArgumentError(
+            "order='canonical' with several workers needs in_order=True: the trainer joins one part of each "
+            "worker's into a batch, in the workers' round robin; leave in_order out")
     return batches_per_transfer

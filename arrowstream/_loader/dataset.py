@@ -43,8 +43,8 @@ from .._worker.convert import passthrough_collate
 from .._worker.stitch import Stitcher
 from .._worker.transport import MAX_BATCHES_PER_TRANSFER, ROWS_PER_TRANSFER, default_batches_per_transfer  # noqa: F401 (re-exported)
 from ..errors import ArgumentTypeError, StateError, StateMismatchError
-from .batches import BatchIterator, delivered_state, rewind_into_chunk
-from .canonical import canonical_transfer, rank_batches
+from .batches import BatchIterator, delivered_state, moved_state, rewind_into_chunk
+from .canonical import PartsZip, canonical_transfer, handed_out_state, rank_batches
 from .epoch_watch import dataset_order_varies
 from .options import check_loader_options
 from .plain import stream_kind
@@ -89,6 +89,7 @@ class ArrowStreamDataLoader(StreamLoader):
         if dataset.policy.topology_free:
             batches_per_transfer = canonical_transfer(kwargs, batches_per_transfer)
         self._elastic_loaded = False  # a checkpoint re-planned for this topology, its epoch not started yet
+        self._parts: PartsZip | None = None   # order="canonical" with workers: their parts joined
         self._start(dataset, kwargs, batches_per_transfer, dataset.credential_provider)
 
     # -- the hooks of StreamLoader ----------------------------------------------------------------------
@@ -132,6 +133,8 @@ class ArrowStreamDataLoader(StreamLoader):
         return dict(dataset.policy.start_state(dataset, slot).to_dict())
 
     def _handed_out(self, inner: dict[str, Any], batches: BatchIterator) -> dict[str, Any]:
+        if self._parts is not None:   # order="canonical": each worker at its part of the last batch handed out
+            return handed_out_state(inner, self._parts, moved_state, self.num_workers)
         if not delivers_in_order(self._iterator):  # torchdata's snapshot falls behind
             return delivered_state(inner, batches, latest_worker_snapshots(self._iterator), self.num_workers)
         if batches.inside_chunk:
@@ -156,7 +159,12 @@ class ArrowStreamDataLoader(StreamLoader):
         self.dataset.forget_loaded()
 
     def _rank_batches(self, batches: BatchIterator, inner: Any) -> Any:
-        return rank_batches(batches, inner, self.num_workers) if self.dataset.policy.topology_free else batches
+        self._parts = None
+        if not self.dataset.policy.topology_free:
+            return batches
+        joined = rank_batches(batches, inner, self.num_workers)
+        self._parts = joined if isinstance(joined, PartsZip) else None
+        return joined
 
     def _load_canonical(self, outers: list[dict[str, Any]]) -> None:
         """Resume a checkpoint of ``order="canonical"`` (one rank's, or every rank's merged), of any topology that

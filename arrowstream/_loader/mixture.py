@@ -36,7 +36,7 @@ from .._worker.mixture import COMPACT
 from .._worker.shm import share
 from ..errors import ArgumentTypeError, StateError, StateMismatchError
 from .batches import BatchIterator
-from .canonical import canonical_transfer, rank_batches
+from .canonical import PartsZip, canonical_transfer, handed_out_state, rank_batches
 from .epoch_watch import mixture_order_varies
 from .options import check_loader_options
 from .plain import stream_kind
@@ -92,6 +92,7 @@ class MixtureDataLoader(StreamLoader):
         kwargs.setdefault("collate_fn", passthrough_collate)
         self._sources_board: torch.Tensor | None = None   # rows per source of each worker (made with the transport)
         self._replanned_epoch: int | None = None   # a checkpoint re-planned for this topology, its epoch not begun
+        self._parts: PartsZip | None = None   # order="canonical" with workers: their parts joined
         if mixture.canonical is not None:
             batches_per_transfer = canonical_transfer(kwargs, batches_per_transfer)
         self._start(mixture, kwargs, batches_per_transfer)
@@ -143,6 +144,8 @@ class MixtureDataLoader(StreamLoader):
         return dict(mixture.start_state(slot).to_dict())
 
     def _handed_out(self, inner: dict[str, Any], batches: BatchIterator) -> dict[str, Any]:
+        if self._parts is not None:   # order="canonical": each worker at its part of the last batch handed out
+            return handed_out_state(inner, self._parts, self._moved, self.num_workers)
         if not batches.inside_chunk:
             return inner
         assert batches.chunk is not None   # torchdata stands after the whole chunk: step back
@@ -151,9 +154,7 @@ class MixtureDataLoader(StreamLoader):
         position = batches.chunk.positions[batches.taken - 1]
         raw = worker_state(inner, worker_id)
         if isinstance(position, CanonicalPosition):   # order="canonical": each of its canonical slots'
-            moved = CanonicalState.from_dict(raw, f"worker {worker_id} state", reads=READS_MIXTURE).moved(
-                position.positions, self.dataset.names)
-            set_worker_state(inner, worker_id, moved.to_dict())
+            set_worker_state(inner, worker_id, self._moved(raw, position, f"worker {worker_id} state"))
             set_last_yielded_worker(inner, (worker_id - 1) % self.num_workers)
             return inner
         after = MixWorkerState.from_dict(raw)
@@ -211,7 +212,17 @@ class MixtureDataLoader(StreamLoader):
         self.dataset.forget_loaded()   # order="canonical": the workers have their copies of the loaded states
 
     def _rank_batches(self, batches: BatchIterator, inner: Any) -> Any:
-        return batches if self.dataset.canonical is None else rank_batches(batches, inner, self.num_workers)
+        self._parts = None
+        if self.dataset.canonical is None:
+            return batches
+        joined = rank_batches(batches, inner, self.num_workers)
+        self._parts = joined if isinstance(joined, PartsZip) else None
+        return joined
+
+    def _moved(self, raw: Any, position: Any, where: str) -> dict[str, Any]:
+        """A canonical worker state (a dict) moved to ``position`` (each of its canonical slots')."""
+        state = CanonicalState.from_dict(raw, where, reads=READS_MIXTURE)
+        return state.moved(position.positions, self.dataset.names).to_dict()
 
     def _load_own(self, outer: dict[str, Any]) -> None:
         mixture = self.dataset

@@ -37,6 +37,7 @@ from .._worker.iterator import Opened, SlotIterator
 from .._worker.metrics import Meter
 from .._worker.mixture import MixOutput, MixReading, MixSide, finished_stream, open_stream, opened, start_in_epoch
 from .._worker.shm import guard_feeder
+from .._worker.transport import default_batches_per_transfer
 from ..errors import InvalidArgumentError, StateMismatchError
 from .mixture_canonical import inner_start
 from .mixture_sources import PlannedMixture
@@ -211,7 +212,8 @@ class MixtureHooks(PlannedMixture):
                                  fill_nulls=self._fill_nulls,
                                  epoch=epochs.slot_epoch(Slot(number, layout.canonical.slots, 0, 0), self.epoch))
             streams.append(open_stream(reading, state, meter))
-        stream = CanonicalStream(streams, slot, layout.canonical.slots, self.state_options(), reads=MIXTURE)
+        stream = CanonicalStream(streams, slot, layout.canonical.slots, self.state_options(), reads=MIXTURE,
+                                 per_fill=default_batches_per_transfer(inner.batch_size * len(streams)))
         return opened(self._side, stream, output, meter)   # type: ignore[arg-type, return-value]
 
     def load_canonical(self, saved: list[CanonicalState], where: str) -> int:

@@ -23,6 +23,7 @@ from .._state.identity import DataIdentity
 from ..errors import StateError, StateMismatchError
 
 if TYPE_CHECKING:
+    from .._state.worker import WorkerState
     from ..dataset import StructuredDataset
 
 
@@ -63,7 +64,8 @@ class CanonicalWorker:
 
     @property
     def data(self) -> DataIdentity:
-        return self.state.states[0].data
+        first: WorkerState = self.state.states[0]   # a dataset's canonical state (describe reads a dataset's)
+        return first.data
 
     @property
     def elastic(self) -> None:
@@ -72,7 +74,7 @@ class CanonicalWorker:
     @property
     def first(self) -> int:
         """The first canonical slot it reads."""
-        return self.state.states[0].slot.rank
+        return int(self.state.states[0].slot.rank)
 
     def fields(self) -> dict[str, Any]:
         """What its worker line adds: the canonical slots it reads and each one's rows."""

@@ -18,6 +18,7 @@ from .._mixing.slot_epoch import SourceReading
 from .._state.one_source import DATASET
 from .iterator import Opened
 from .open_slot import open_slot_stream
+from .transport import default_batches_per_transfer
 
 if TYPE_CHECKING:
     from .._core.order import Slot
@@ -40,5 +41,6 @@ def open_canonical_epoch(runtime: Callable[[], WorkerRuntime], epochs: Epochs, c
         reading = SourceReading(built.readers_of(index + 1), share_where(inner, epoch))
         streams.append(open_slot_stream(epochs.slot_epoch(inner, epoch, state=start), epochs.stream_start(start),
                                         {DATASET: reading}, epochs.options, dataset=True))   # type: ignore[arg-type]
-    return Opened(CanonicalStream(streams, slot, canonical.slots, options), built.converters, built.meter,
-                  built.transport, by_record=True)
+    rows = canonical.chunk * len(streams)   # of each batch of this worker
+    stream = CanonicalStream(streams, slot, canonical.slots, options, per_fill=default_batches_per_transfer(rows))
+    return Opened(stream, built.converters, built.meter, built.transport, by_record=True)

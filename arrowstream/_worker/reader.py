@@ -73,13 +73,38 @@ class ReadAhead:
         self._prefetcher.release((self._token, position))
 
 
+class UnitCache:
+    """Whole units (row groups, stripes) decoded once for the readers of one process that read parts of them at
+    about the same time (the canonical slots of ``order="canonical"``, whose stretches cut units: several of them
+    read one row group's parts in the same few batches), the last few kept, up to ``max_bytes``."""
+
+    def __init__(self, max_bytes: int = 128 * 2**20, max_units: int = 64) -> None:
+        self._kept: dict[tuple[int, int], pa.RecordBatch] = {}
+        self._max_bytes, self._max_units = max_bytes, max_units
+
+    def get(self, key: tuple[int, int]) -> pa.RecordBatch | None:
+        batch = self._kept.pop(key, None)
+        if batch is not None:
+            self._kept[key] = batch   # the most recent last
+        return batch
+
+    def put(self, key: tuple[int, int], batch: pa.RecordBatch) -> None:
+        self._kept[key] = batch
+        while len(self._kept) > 1 and (len(self._kept) > self._max_units
+                                       or sum(b.nbytes for b in self._kept.values()) > self._max_bytes):
+            del self._kept[next(iter(self._kept))]
+
+
 class SplitReader:
-    """Reads splits of one plan for one worker; keeps the current file open between splits."""
+    """Reads splits of one plan for one worker; keeps the current file open between splits. With a ``unit_cache``,
+    a part of one unit is cut from the whole unit decoded once (for readers that share one)."""
 
     def __init__(self, plan: Plan, storage: Storage, read_batch_rows: int, use_threads: bool,
                  read_ahead: ReadAhead | None = None, meter: Meter | None = None,
                  check: Callable[[pa.RecordBatch, str], None] | None = None,
-                 first_read_rows: int | None = None, row_ids: RowIds | None = None) -> None:
+                 first_read_rows: int | None = None, row_ids: RowIds | None = None,
+                 unit_cache: UnitCache | None = None) -> None:
+        self._unit_cache = unit_cache
         self._plan = plan
         self._row_ids = row_ids   # with_row_ids: each piece gets its rows' file and position in it
         self._check = check   # of each piece's values against the output format (errors name the file)
@@ -194,6 +219,10 @@ class SplitReader:
             read_rows = min(read_rows, max(self._first_rows_left, SMALLEST_READ_ROWS))
         if not to_the_end:   # a split that ends inside a unit: decode no further than its end (a lease's first rows)
             read_rows = min(read_rows, end - first_row)
+        if self._unit_cache is not None and len(units) == 1 and not (to_the_end and begin == span_row):
+            # a part of one unit (its rows counted against the plan there): shared with the readers reading its others
+            yield from self._from_unit(split, position, units[0], span_row, begin, end, announced, ids_at)
+            return
         batches = self._file(split.file_index).read_units(units, self._plan.read_columns, read_rows, self.use_threads)
         for batch in batches:
             self._storage.check_unchanged(footer.entry)
@@ -210,6 +239,30 @@ class SplitReader:
                 return
         if span_row != end:
             raise self._miscounted(split, units, announced, span_row - first_row)
+
+    def _from_unit(self, split: Split, position: int, unit: int, span_row: int, begin: int, end: int, announced: int,
+                   ids_at: tuple[int, int] | None) -> Iterator[Piece]:
+        """Rows ``[begin, end)`` (of the split's span of units) of ``unit``, which starts at ``span_row``: cut from the
+        whole unit, decoded once for every reader of the process's unit cache (its rows checked against the plan)."""
+        assert self._unit_cache is not None
+        footer = self._plan.files[split.file_index]
+        key = (split.file_index, unit)
+        whole = self._unit_cache.get(key)
+        if whole is None:
+            batches = list(self._file(split.file_index).read_units([unit], self._plan.read_columns,
+                                                                   max(announced, 1), self.use_threads))
+            rows = sum(batch.num_rows for batch in batches)
+            if rows != announced:
+                raise self._miscounted(split, [unit], announced, rows)
+            whole = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+            self._unit_cache.put(key, whole)
+        self._storage.check_unchanged(footer.entry)
+        lo, hi = begin - span_row, end - span_row
+        self._first_rows_left -= hi - lo
+        piece = self._piece(whole.slice(lo, hi - lo), position, begin - split.row_start, ids_at)
+        if self._check is not None:
+            self._check(piece.batch, self._plan.url(split.file_index))
+        yield piece
 
     def _not_planned(self, split: Split, mismatch: MetadataMismatch) -> Exception:
         """The error for a file whose own metadata is not what the plan holds of it (``mismatch`` says how),

@@ -31,7 +31,7 @@ from .convert import make_converter, make_value_check
 from .converters import Converters, make_converters, with_transform
 from .metrics import Board, Meter
 from .open_slot import open_slot_stream
-from .reader import ReadAhead, SplitReader, row_ids_for
+from .reader import ReadAhead, SplitReader, UnitCache, row_ids_for
 from .watchdog import watch_trainer
 
 if TYPE_CHECKING:
@@ -131,9 +131,11 @@ def build_runtime(plan: Plan, storage: Storage, options: Options, fill_nulls: An
     converters = make_converters(output_format, schema, fill_nulls, options.transform,
                                  batches_per_transfer=transport.batches_per_transfer, in_worker=in_worker)
 
+    units = UnitCache()   # shared by the sets: canonical slots that read parts of one unit decode it once
+
     def new_readers() -> list[SplitReader]:
         return [SplitReader(plan, storage, read_rows, use_threads=not in_worker, meter=meter, check=check,
-                            row_ids=row_ids) for _ in range(options.interleave)]
+                            row_ids=row_ids, unit_cache=units) for _ in range(options.interleave)]
 
     return WorkerRuntime(readers, read_ahead, meter, converters, transport, new_readers)
 
