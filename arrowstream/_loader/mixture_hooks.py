@@ -35,7 +35,16 @@ from .._state.versions import MIXTURE
 from .._state.worker import WorkerHead
 from .._worker.iterator import Opened, SlotIterator
 from .._worker.metrics import Meter
-from .._worker.mixture import MixOutput, MixReading, MixSide, finished_stream, open_stream, opened, start_in_epoch
+from .._worker.mixture import (
+    MixOutput,
+    MixReading,
+    MixSide,
+    SharedReading,
+    finished_stream,
+    open_stream,
+    opened,
+    start_in_epoch,
+)
 from .._worker.shm import guard_feeder
 from .._worker.transport import default_batches_per_transfer
 from ..errors import InvalidArgumentError, StateMismatchError
@@ -203,6 +212,7 @@ class MixtureHooks(PlannedMixture):
             batch_order=self._batch_order if inner.shuffle_buffer_size > 0 else None)
         casts = {s.name: caster(schemas[s.name], self._schema, s.name, self._source_column) for s in self._sources}
         streams: list[MixStream[MixPosition, MixWorkerState]] = []
+        shared = SharedReading()   # small sources held once, parts of one unit decoded once, for all of them
         for number, state in zip(layout.canonical.physical_range(slot), start.states, strict=True):
             inner_slot = MixSlot(self.epoch, number, layout.canonical.slots, 0, 0)
             if state.epoch_complete:
@@ -211,7 +221,7 @@ class MixtureHooks(PlannedMixture):
             reading = MixReading(inner, tuple(self._sources), self.file_bases(), casts=casts,
                                  fill_nulls=self._fill_nulls,
                                  epoch=epochs.slot_epoch(Slot(number, layout.canonical.slots, 0, 0), self.epoch))
-            streams.append(open_stream(reading, state, meter))
+            streams.append(open_stream(reading, state, meter, shared))
         stream = CanonicalStream(streams, slot, layout.canonical.slots, self.state_options(), reads=MIXTURE,
                                  per_fill=default_batches_per_transfer(inner.batch_size * len(streams)))
         return opened(self._side, stream, output, meter)   # type: ignore[arg-type, return-value]

@@ -15,7 +15,7 @@ process it hands a span's batches out one by one.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -31,7 +31,7 @@ from .held import HeldReader, HeldSource, holds
 from .iterator import Opened
 from .metrics import Meter
 from .open_slot import open_slot_stream
-from .reader import ReadAhead, SplitReader, row_ids_for
+from .reader import ReadAhead, SplitReader, UnitCache, row_ids_for
 from .runtime import READ_BATCH_ROWS, Transport, settle_worker
 
 if TYPE_CHECKING:
@@ -136,10 +136,21 @@ def finished_stream(slot: MixSlot, start: MixWorkerState, batch_size: int) -> Mi
                      max_batches=None, batch_order=None, seed=0, slot=slot, start=start)
 
 
-def open_stream(reading: MixReading, start: MixWorkerState, meter: Meter) -> MixStream[MixPosition, MixWorkerState]:
+@dataclass
+class SharedReading:
+    """What the streams of several slots in one process share of each source (the canonical slots of
+    ``order="canonical"``): a small source held once, and whole units decoded once for the parts of them they read."""
+
+    held: dict[str, HeldSource] = field(default_factory=dict)
+    units: dict[str, UnitCache] = field(default_factory=dict)
+
+
+def open_stream(reading: MixReading, start: MixWorkerState, meter: Meter,
+                shared: SharedReading | None = None) -> MixStream[MixPosition, MixWorkerState]:
     """The stream of the slot's epoch that ``reading`` lays out, from ``start``: each source's readers made for this
     epoch (a small source read in many passes held in memory), opened as every slot's stream is
-    (:func:`~arrowstream._worker.open_slot.open_slot_stream`)."""
+    (:func:`~arrowstream._worker.open_slot.open_slot_stream`). ``shared``: what it shares with the other streams of
+    this process (None: nothing)."""
     options, epoch = reading.options, reading.epoch
     in_worker = get_worker_info() is not None
     if in_worker:
@@ -162,13 +173,19 @@ def open_stream(reading: MixReading, start: MixWorkerState, meter: Meter) -> Mix
         first_rows = max(options.batch_size, -(-min(read_rows, first_needs) // options.interleave))
         url = str(s.origin.arguments().get("path", s.name))
         if holds(s.plan, len(parts)):   # a small source read in many passes: read once, held, for every lane
-            held = HeldSource(SplitReader(s.plan, s.storage, read_rows, use_threads=not in_worker, meter=meter,
-                                          check=check, row_ids=row_ids), s.plan)
+            held = None if shared is None else shared.held.get(s.name)
+            if held is None:
+                held = HeldSource(SplitReader(s.plan, s.storage, read_rows, use_threads=not in_worker, meter=meter,
+                                              check=check, row_ids=row_ids), s.plan)
+                if shared is not None:
+                    shared.held[s.name] = held
             by_name[s.name] = SourceReading([HeldReader(held)] * options.interleave, url, held=held)
         else:
+            units = None if shared is None else shared.units.setdefault(s.name, UnitCache())
             by_name[s.name] = SourceReading(
                 [SplitReader(s.plan, s.storage, read_rows, use_threads=not in_worker, read_ahead=read_ahead,
-                             meter=meter, check=check, first_read_rows=first_rows, row_ids=row_ids)
+                             meter=meter, check=check, first_read_rows=first_rows, row_ids=row_ids,
+                             unit_cache=units)
                  for _ in range(options.interleave)], url, read_ahead)
     casts = reading.casts
     return open_slot_stream(epoch, start, by_name, options, cast=lambda name, batch: casts[name](batch))
