@@ -421,8 +421,13 @@ def test_golden_mixture_states_show_their_epoch_sources_and_workers(path):
         assert len(rank["workers"]) == max(case["num_workers"], 1)
         for worker in rank["workers"]:
             assert sum(worker["sources"].values()) == worker["rows"]
+        canonical = case["options"].get("order") == "canonical"   # each worker gives its part of every batch
+        part = 8 // max(case["num_workers"], 1) if canonical else 8
+        if canonical:
+            assert about["canonical"]["slots"] == case["options"]["canonical_slots"]
+            assert rank["batches"] == about["canonical"]["global_batch"] == rank["workers"][0]["batches"]
         for worker in rank["workers"]:   # batch_size 8: whole batches, but for a worker's last of the epoch
-            full = 8 * worker["batches"]
+            full = part * worker["batches"]
             assert worker["rows"] == full if not worker["epoch_complete"] else full - 8 < worker["rows"] <= full
     assert about["rows"] == sum(r["rows"] for r in ranks) == sum(source["rows"] for source in mix["sources"].values())
     assert mix["epoch_rows"] == case["options"].get("epoch_rows", 90)

@@ -66,7 +66,7 @@ def test_the_worker_states_of_the_current_version_are_one_kind_for_both_fronts()
                 assert (worker["kind"], worker["version"], worker["reads"]) == (
                     "arrowstream.worker", STATE_VERSION, outer["reads"]), path
                 if "canonical" in worker:   # from v13: the head and the states of the canonical slots it reads
-                    _check_canonical_worker(worker, path)
+                    _check_canonical_worker(worker, path, outer["reads"])
                     seen.add((outer["reads"], "canonical", worker["slot"]["num_workers"], state["kind"]))
                     continue
                 assert {"epoch", "slot", "counters", "epoch_complete", "options", "elastic"} <= set(worker), path
@@ -83,13 +83,15 @@ def test_the_worker_states_of_the_current_version_are_one_kind_for_both_fronts()
     assert {("dataset", False, False), ("dataset", True, False), ("dataset", False, True), ("mixture", False, False),
             ("mixture", True, False), ("dataset", "twice"), ("mixture", "twice")} <= seen
     assert {("dataset", "canonical", 2, LOADER_KIND), ("dataset", "canonical", 1, CHECKPOINT_KIND),
-            ("dataset", "canonical", 0, LOADER_KIND)} <= seen   # order="canonical" (v13): workers, ranks, none
+            ("dataset", "canonical", 0, LOADER_KIND), ("mixture", "canonical", 2, LOADER_KIND),
+            ("mixture", "canonical", 1, CHECKPOINT_KIND)} <= seen   # order="canonical" (v13): workers, ranks, none
 
 
-def _check_canonical_worker(worker, path):
+def _check_canonical_worker(worker, path, reads):
     """A canonical worker state (v13) as docs/state-format.md says: the head (no ``elastic``: its canonical slots'
-    states have their own) and ``canonical``; each canonical slot's state a dataset worker state of this version, of
-    rank c among ``slots`` ranks without workers, contiguous, at the worker's epoch and batch, the counters their sums."""
+    states have their own) and ``canonical``; each canonical slot's state a worker state of this version of its
+    front (``reads``: a dataset's, a mixture's), of rank c among ``slots`` ranks without workers, contiguous, at the
+    worker's epoch and batch, the counters their sums."""
     from arrowstream._state.versions import STATE_VERSION
 
     assert set(worker) == {"kind", "version", "reads", "epoch", "slot", "counters", "epoch_complete", "options",
@@ -98,10 +100,11 @@ def _check_canonical_worker(worker, path):
     assert (worker["options"]["order"], worker["options"]["canonical_slots"]) == ("canonical", slots), path
     first = states[0]["slot"]["rank"]
     for c, inner in enumerate(states, first):
-        assert (inner["kind"], inner["version"], inner["reads"]) == ("arrowstream.worker", STATE_VERSION, "dataset")
+        assert (inner["kind"], inner["version"], inner["reads"]) == ("arrowstream.worker", STATE_VERSION, reads)
         assert inner["slot"] == {"rank": c, "world_size": slots, "worker_id": 0, "num_workers": 0}, path
         assert (inner["epoch"], inner["counters"]["batches"]) == (worker["epoch"], worker["counters"]["batches"])
-        assert {"data", "cursor", "elastic"} <= set(inner) and "canonical" not in inner, path
+        own = {"data", "cursor"} if reads == "dataset" else {"sources", "history"}
+        assert own | {"elastic"} <= set(inner) and "canonical" not in inner and inner["elastic"] is None, path
     for counter in ("rows", "rows_dropped"):
         assert worker["counters"][counter] == sum(inner["counters"][counter] for inner in states), path
 

@@ -20,6 +20,7 @@ from .._core.order import Slot
 from .._state.canonical import CanonicalState
 from .._state.compatible import check_compatible
 from .._state.identity import DataIdentity
+from .._state.versions import DATASET as READS_DATASET
 from ..errors import StateError, StateMismatchError
 
 if TYPE_CHECKING:
@@ -82,10 +83,11 @@ class CanonicalWorker:
                 "canonical_rows": [s.rows for s in self.state.states]}
 
 
-def read_canonical_worker(raw: Any, name: str) -> CanonicalWorker:
-    """A canonical worker state, parsed as ``load_state_dict`` parses it, and found where its (rank, worker) slot
-    reads: canonical slots ``[p C / P, (p + 1) C / P)`` of the ``P`` physical slots (``StateError`` if not)."""
-    worker = CanonicalWorker(CanonicalState.from_dict(raw, name))
+def read_canonical_worker(raw: Any, name: str, reads: str = READS_DATASET) -> CanonicalWorker:
+    """A canonical worker state of a loader that reads ``reads``, parsed as ``load_state_dict`` parses it, and found
+    where its (rank, worker) slot reads: canonical slots ``[p C / P, (p + 1) C / P)`` of the ``P`` physical slots
+    (``StateError`` if not)."""
+    worker = CanonicalWorker(CanonicalState.from_dict(raw, name, reads))
     slot, slots = worker.slot, worker.state.slots
     per, left = divmod(slots, slot.num_slots)
     if left or (worker.first, len(worker.state.states)) != (slot.index * per, per):

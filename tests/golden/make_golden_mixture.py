@@ -58,14 +58,15 @@ CASES = [
      "point": ("mid", 0, 2), "epochs": [0, 1]},
     # from state version 13 on: order="canonical" (each canonical slot a slot of the mixture, its quotas of every
     # source): 2 workers of one rank (2 canonical slots each, parts joined in the trainer), and a merged checkpoint of
-    # 2 ranks of 1 worker (batch 8 each: the global batch 16, chunks of 4 rows)
+    # 2 ranks of 1 worker (batch 8 each: the global batch 16, chunks of 4 rows); 96 rows an epoch, 24 per canonical
+    # slot, so that evening the canonical slots trims none
     {"name": "canonical4-workers2-mid", "num_workers": 2,
      "options": {"shuffle": True, "shuffle_buffer_size": 16, "interleave": 2, "order": "canonical",
-                 "canonical_slots": 4},
+                 "canonical_slots": 4, "epoch_rows": 96},
      "point": ("mid", 0, 5), "epochs": [0, 1]},
     {"name": "canonical4-merged-rank1of2-workers1-mid", "num_workers": 1, "merge_ranks": 2,
      "options": {"shuffle": True, "shuffle_buffer_size": 16, "rank": 1, "world_size": 2, "order": "canonical",
-                 "canonical_slots": 4},
+                 "canonical_slots": 4, "epoch_rows": 96},
      "point": ("mid", 0, 3), "epochs": [0, 1]},
 ]
 
