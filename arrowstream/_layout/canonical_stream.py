@@ -30,6 +30,9 @@ class CanonicalPosition:
 
     positions: tuple[Any, ...]   # a dataset's Position, a mixture's MixPosition
 
+    def __reduce__(self) -> tuple[type[CanonicalPosition], tuple[Any, ...]]:
+        return CanonicalPosition, (self.positions,)   # it travels with every part of a chunk: plain arguments
+
     @property
     def batches(self) -> int:
         return int(self.positions[0].batches)
