@@ -464,3 +464,17 @@ def test_chunks_of_parts_resume_from_inside_a_chunk(folder, reference):
         loaders = ranks(folder, 1, 2, batches_per_transfer=2, **options)
         loaders[0][0].load_state_dict(copy.deepcopy(saved))
         assert first + run(loaders, (0, 1))[0] == ref, stop
+
+
+def test_check_resume_passes_a_canonical_pipeline_of_workers_and_of_a_mixture(folder, sources):
+    """arrowstream.testing.check_resume, the public helper, on a canonical dataset with 2 workers (chunks of parts)
+    and a canonical mixture."""
+    import functools
+
+    from arrowstream.testing import check_resume
+
+    report = check_resume(functools.partial(make, folder, 2, 2, 1, shuffle_buffer_size=20, batches_per_transfer=2),
+                          points=3, epochs=2)
+    assert len(report.points) >= 4 and report.batches_compared > 0
+    mixture = check_resume(lambda: mixture_ranks(sources, 1, 0)[0], points=2, epochs=2)
+    assert len(mixture.points) >= 3 and mixture.batches_compared > 0
