@@ -29,8 +29,20 @@ if TYPE_CHECKING:
     from .._core.order import Slot
     from .._layout.canonical_stream import CanonicalPosition
     from .._planning.options import Options
-    from .._worker.iterator import SlotIterator
+    from .._worker.iterator import Opened, SlotIterator
     from .views import PolicyDataset, PolicyLoader
+
+
+def refuse_plain_loader(sends_chunks: bool, loaders: str) -> None:
+    """Refuse a worker of a plain ``StatefulDataLoader`` of several workers (one that does not send chunks): a rank's
+    batch under ``order="canonical"`` is every worker's part of it, joined in the trainer by arrowstream's loader
+    (``loaders``: which)."""
+    info = get_worker_info()
+    if info is not None and info.num_workers > 1 and not sends_chunks:
+        raise InvalidArgumentError(
+            f"order='canonical' with more than one worker needs arrowstream's loader ({loaders}): a rank's batch is "
+            "every worker's part of it, put together in the trainer, which a plain StatefulDataLoader does not do. "
+            "Use num_workers=0 or 1 with a plain loader")
 
 
 class CanonicalOrder:
@@ -151,18 +163,19 @@ class CanonicalOrder:
         from .._worker.canonical import open_canonical_epoch
         from .._worker.iterator import SlotIterator
 
-        info = get_worker_info()
         check_workers(self.canonical, dataset.world_size, slot.num_workers)
-        if info is not None and info.num_workers > 1 and not dataset.worker_runtime().transport.send_chunks:
-            raise InvalidArgumentError(
-                "order='canonical' with more than one worker needs arrowstream's loader (create_dataloader, or "
-                "ArrowStreamDataLoader): a rank's batch is every worker's part of it, put together in the trainer, "
-                "which a plain StatefulDataLoader does not do. Use num_workers=0 or 1 with a plain loader")
         pending = self._pending(dataset, slot)
         self._taken(dataset)   # this process has it now (a worker's copy, or the trainer's without workers)
-        return SlotIterator(lambda: open_canonical_epoch(dataset.worker_runtime, self.epochs, self.canonical, slot,
-                                                         dataset.epoch, pending, self._head_options(dataset)),
-                            before=lambda: pending or self.start_state(dataset, slot), epoch=lambda: dataset.epoch)
+
+        def opened() -> Opened[CanonicalPosition, CanonicalState]:
+            # refused at the first batch (a worker's error torch hands over as any batch's, and shuts down cleanly)
+            refuse_plain_loader(dataset.worker_runtime().transport.send_chunks, "create_dataloader, or "
+                                "ArrowStreamDataLoader")
+            return open_canonical_epoch(dataset.worker_runtime, self.epochs, self.canonical, slot, dataset.epoch,
+                                        pending, self._head_options(dataset))
+
+        return SlotIterator(opened, before=lambda: pending or self.start_state(dataset, slot),
+                            epoch=lambda: dataset.epoch)
 
     def _head_options(self, dataset: PolicyDataset) -> dict[str, Any]:
         return dict(dataset.state_options)
@@ -173,19 +186,23 @@ class CanonicalOrder:
         if self._resume_epoch < 0:
             return None
         if self._resume_epoch != dataset.epoch:
-            left = [c for c, state in self._resume.items()
-                    if self.epochs.batches_left(state, canonical_slot(c, self.slots)) != 0]
-            if left:
-                raise StateMismatchError(
-                    f"the checkpoint is in epoch {self._resume_epoch} (mid-epoch) but the dataset is set to epoch "
-                    f"{dataset.epoch}; call dataset.set_epoch({self._resume_epoch}) before iterating to finish the "
-                    "saved epoch, or start without loading the checkpoint")
+            self._check_epoch(dataset)
             return None
         states = tuple(self._resume[c] for c in self.canonical.physical_range(slot))
         head = WorkerHead(DATASET, dataset.epoch, slot, sum(s.rows for s in states), states[0].batches,
                           sum(s.rows_dropped for s in states), all(s.epoch_complete for s in states),
                           self._head_options(dataset))
         return CanonicalState(head, self.slots, states)
+
+    def _check_epoch(self, dataset: PolicyDataset) -> None:
+        """Refuse to iterate another epoch than a loaded mid-epoch checkpoint's (its rows would be lost)."""
+        if self._resume_epoch < 0 or self._resume_epoch == dataset.epoch:
+            return
+        if any(self.epochs.batches_left(state, canonical_slot(c, self.slots)) != 0 for c, state in self._resume.items()):
+            raise StateMismatchError(
+                f"the checkpoint is in epoch {self._resume_epoch} (mid-epoch) but the dataset is set to epoch "
+                f"{dataset.epoch}; call dataset.set_epoch({self._resume_epoch}) before iterating to finish the saved "
+                "epoch, or start without loading the checkpoint")
 
     def _taken(self, dataset: PolicyDataset) -> None:
         """The loaded states were handed to the iteration of the dataset's epoch (or that epoch is another): forget
@@ -207,7 +224,7 @@ class CanonicalOrder:
         check_workers(self.canonical, loader.dataset.world_size, loader.num_workers)
 
     def before_iteration(self, loader: PolicyLoader) -> None:
-        return None
+        self._check_epoch(loader.dataset)   # in the trainer, before any worker starts
 
     def advance(self, loader: PolicyLoader) -> None:
         return None

@@ -120,6 +120,7 @@ class MixtureDataLoader(StreamLoader):
         return mixture_order_varies(self.dataset)
 
     def _before_iteration(self) -> None:
+        self.dataset.check_canonical_epoch()   # order="canonical": in the trainer, before any worker starts
         replanned, self._replanned_epoch = self._replanned_epoch, None
         if replanned is not None and self.dataset.epoch != replanned:
             self._replanned_epoch = replanned

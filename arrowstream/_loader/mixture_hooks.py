@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from torch.utils.data import get_worker_info
 
+from .._assignment.canonical import refuse_plain_loader
 from .._core.order import Slot
 from .._layout.canonical import check_workers
 from .._layout.canonical_stream import CanonicalPosition, CanonicalStream
@@ -47,7 +48,7 @@ from .._worker.mixture import (
 )
 from .._worker.shm import guard_feeder
 from .._worker.transport import default_batches_per_transfer
-from ..errors import InvalidArgumentError, StateMismatchError
+from ..errors import StateMismatchError
 from .mixture_canonical import inner_start
 from .mixture_sources import PlannedMixture
 
@@ -154,11 +155,6 @@ class MixtureHooks(PlannedMixture):
         assert self._canonical is not None
         info = get_worker_info()
         check_workers(self._canonical.canonical, self._world_size, 0 if info is None else info.num_workers)
-        if info is not None and info.num_workers > 1 and not self._side.transport.send_chunks:
-            raise InvalidArgumentError(
-                "order='canonical' with more than one worker needs arrowstream's loader (Mixture.create_dataloader, "
-                "or MixtureDataLoader): a rank's batch is every worker's part of it, put together in the trainer, "
-                "which a plain StatefulDataLoader does not do. Use num_workers=0 or 1 with a plain loader")
         pending = self._canonical_pending(self._physical())
         self.forget_loaded()   # this process has it now (a worker's copy, or the trainer's without workers)
         return SlotIterator(functools.partial(self._open_canonical, pending),
@@ -172,15 +168,23 @@ class MixtureHooks(PlannedMixture):
         if layout.resume_epoch < 0:
             return None
         if layout.resume_epoch != self.epoch:
-            chunks = self.canonical_chunks(layout.resume_epoch)
-            if any(not s.epoch_complete and s.batches < chunks for s in layout.resume.values()):
-                raise StateMismatchError(
-                    f"the checkpoint is in mixture epoch {layout.resume_epoch} (mid-epoch) but the mixture is set to "
-                    f"epoch {self.epoch}; call mixture.set_epoch({layout.resume_epoch}) before iterating to finish "
-                    "the saved epoch, or start without loading the checkpoint")
+            self.check_canonical_epoch()
             return None
         states = tuple(layout.resume[c] for c in layout.canonical.physical_range(slot))
         return _canonical_state(slot, self.epoch, layout.canonical.slots, states, self.state_options())
+
+    def check_canonical_epoch(self) -> None:
+        """Under ``order="canonical"``, refuse to iterate another epoch than a loaded mid-epoch checkpoint's (its rows
+        would be lost). For arrowstream's loader too, before any worker starts."""
+        layout = self._canonical
+        if layout is None or layout.resume_epoch < 0 or layout.resume_epoch == self.epoch:
+            return
+        chunks = self.canonical_chunks(layout.resume_epoch)
+        if any(not s.epoch_complete and s.batches < chunks for s in layout.resume.values()):
+            raise StateMismatchError(
+                f"the checkpoint is in mixture epoch {layout.resume_epoch} (mid-epoch) but the mixture is set to "
+                f"epoch {self.epoch}; call mixture.set_epoch({layout.resume_epoch}) before iterating to finish "
+                "the saved epoch, or start without loading the checkpoint")
 
     def canonical_start(self, slot: Slot) -> CanonicalState:
         """``slot``'s state before its next batch under ``order="canonical"``: the loaded one, or its canonical slots
@@ -201,6 +205,8 @@ class MixtureHooks(PlannedMixture):
         this epoch) or the epoch's start."""
         layout = self._canonical
         assert layout is not None
+        # refused at the first batch (a worker's error torch hands over as any batch's, and shuts down cleanly)
+        refuse_plain_loader(self._side.transport.send_chunks, "Mixture.create_dataloader, or MixtureDataLoader")
         slot = self._physical()
         start = pending if pending is not None and pending.epoch == self.epoch else self.canonical_start(slot)
         inner = self.canonical_options()
