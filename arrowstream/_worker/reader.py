@@ -80,7 +80,17 @@ class UnitCache:
 
     def __init__(self, max_bytes: int = 128 * 2**20, max_units: int = 64) -> None:
         self._kept: dict[tuple[int, int], pa.RecordBatch] = {}
+        self._used: dict[tuple[int, int], int] = {}   # rows of each kept unit cut out so far
         self._max_bytes, self._max_units = max_bytes, max_units
+
+    def used(self, key: tuple[int, int], rows: int) -> None:
+        """``rows`` of a kept unit were cut out: once all of them were, it is let go (its memory reused at once)."""
+        batch = self._kept.get(key)
+        if batch is None:
+            return
+        self._used[key] = self._used.get(key, 0) + rows
+        if self._used[key] >= batch.num_rows:
+            del self._kept[key], self._used[key]
 
     def get(self, key: tuple[int, int]) -> pa.RecordBatch | None:
         batch = self._kept.pop(key, None)
@@ -92,7 +102,9 @@ class UnitCache:
         self._kept[key] = batch
         while len(self._kept) > 1 and (len(self._kept) > self._max_units
                                        or sum(b.nbytes for b in self._kept.values()) > self._max_bytes):
-            del self._kept[next(iter(self._kept))]
+            oldest = next(iter(self._kept))
+            del self._kept[oldest]
+            self._used.pop(oldest, None)
 
 
 class SplitReader:
@@ -259,6 +271,7 @@ class SplitReader:
         self._storage.check_unchanged(footer.entry)
         lo, hi = begin - span_row, end - span_row
         self._first_rows_left -= hi - lo
+        self._unit_cache.used(key, hi - lo)
         piece = self._piece(whole.slice(lo, hi - lo), position, begin - split.row_start, ids_at)
         if self._check is not None:
             self._check(piece.batch, self._plan.url(split.file_index))
