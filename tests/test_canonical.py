@@ -479,3 +479,19 @@ def test_check_resume_passes_a_canonical_pipeline_of_workers_and_of_a_mixture(fo
     assert len(report.points) >= 4 and report.batches_compared > 0
     mixture = check_resume(lambda: mixture_ranks(sources, 1, 0)[0], points=2, epochs=2)
     assert len(mixture.points) >= 3 and mixture.batches_compared > 0
+
+
+@pytest.mark.parametrize("delta", [1, -1])
+def test_a_row_group_with_other_rows_than_announced_is_named_when_canonical_slots_share_it(tmp_path, monkeypatch,
+                                                                                          delta):
+    """Canonical slots that read parts of one row group cut them from the whole group decoded once (the unit cache):
+    a group holding a row more or less than its metadata announced is a CorruptFileError naming the file, never a
+    part cut short or a row lost."""
+    from test_mix_announced import lie_about
+
+    pq.write_table(pa.table({"id": np.arange(1000)}), tmp_path / "f.parquet", row_group_size=500)
+    lie_about(monkeypatch, 1000, 0, delta)
+    loader, _ = StructuredDataset.create_dataloader(path=str(tmp_path), batch_size=64, order="canonical",
+                                                    canonical_slots=8, plan_cache=False)
+    with pytest.raises(arrowstream.errors.CorruptFileError, match="f.parquet"):
+        list(loader)
