@@ -18,10 +18,10 @@ from .._layout.canonical import Canonical, canonical_grid, canonical_slot, check
 from .._layout.layout import Epochs, rows_dropped, slot_yields
 from .._layout.trims import Trim, slot_trim
 from .._planning.auto_buffer import auto_buffer_rows, row_bytes
-from .._state.canonical import CanonicalState, canonical_states
+from .._state.canonical import CanonicalState, rank_states
 from .._state.resume import Against, checked_state
 from .._state.versions import DATASET
-from .._state.worker import WorkerHead, WorkerState
+from .._state.worker import WorkerState
 from ..errors import InvalidArgumentError, StateMismatchError
 from .figures import Figure, rank_sums
 
@@ -90,6 +90,12 @@ class CanonicalOrder:
     def canonical(self) -> Canonical:
         assert self._canonical is not None, "laid out by use_plan"
         return self._canonical
+
+    @property
+    def read_options(self) -> Options:
+        """The options a canonical slot reads with (batches of the chunk, its buffer)."""
+        assert self._options is not None, "laid out by use_plan"
+        return self._options
 
     @property
     def epochs(self) -> Epochs:
@@ -171,8 +177,8 @@ class CanonicalOrder:
             # refused at the first batch (a worker's error torch hands over as any batch's, and shuts down cleanly)
             refuse_plain_loader(dataset.worker_runtime().transport.send_chunks, "create_dataloader, or "
                                 "ArrowStreamDataLoader")
-            return open_canonical_epoch(dataset.worker_runtime, self.epochs, self.canonical, slot, dataset.epoch,
-                                        pending, self._head_options(dataset))
+            return open_canonical_epoch(dataset.worker_runtime, self.epochs, self.read_options, self.canonical, slot,
+                                        dataset.epoch, pending, self._head_options(dataset))
 
         return SlotIterator(opened, before=lambda: pending or self.start_state(dataset, slot),
                             epoch=lambda: dataset.epoch)
@@ -189,10 +195,7 @@ class CanonicalOrder:
             self._check_epoch(dataset)
             return None
         states = tuple(self._resume[c] for c in self.canonical.physical_range(slot))
-        head = WorkerHead(DATASET, dataset.epoch, slot, sum(s.rows for s in states), states[0].batches,
-                          sum(s.rows_dropped for s in states), all(s.epoch_complete for s in states),
-                          self._head_options(dataset))
-        return CanonicalState(head, self.slots, states)
+        return CanonicalState.of(DATASET, dataset.epoch, slot, self.slots, states, self._head_options(dataset))
 
     def _check_epoch(self, dataset: PolicyDataset) -> None:
         """Refuse to iterate another epoch than a loaded mid-epoch checkpoint's (its rows would be lost)."""
@@ -217,8 +220,7 @@ class CanonicalOrder:
             return loaded
         states = tuple(self.epochs.start(canonical_slot(c, self.slots), dataset.epoch)
                        for c in self.canonical.physical_range(slot))
-        head = WorkerHead(DATASET, dataset.epoch, slot, 0, 0, 0, False, self._head_options(dataset))
-        return CanonicalState(head, self.slots, states)
+        return CanonicalState.of(DATASET, dataset.epoch, slot, self.slots, states, self._head_options(dataset))
 
     def start_workers(self, loader: PolicyLoader) -> None:
         check_workers(self.canonical, loader.dataset.world_size, loader.num_workers)
@@ -249,22 +251,15 @@ class CanonicalOrder:
         """Resume from the worker states of a checkpoint (of any topology that divides the canonical slots): every
         canonical slot this rank reads must be among them, at one epoch and one global batch; each is checked
         against the canonical layout. Returns the epoch."""
-        found = canonical_states(saved, self.slots, where)
-        per_rank = self.slots // dataset.world_size
-        wanted = range(dataset.rank * per_rank, (dataset.rank + 1) * per_rank)
-        missing = [c for c in wanted if c not in found]
-        if missing:
-            raise StateMismatchError(
-                f"the {where} lacks canonical slots {missing[:8]} that rank {dataset.rank} of {dataset.world_size} "
-                "reads: a rank's own state holds only its canonical slots. Load the checkpoint of every rank "
-                "(arrowstream.gather_state_dict(loader), or merge_state_dicts)")
+        found = rank_states(saved, self.slots, dataset.rank, dataset.world_size, where)
+        wanted = list(found)
         first: WorkerState = found[wanted[0]]
         against = Against(self.epochs, self.epochs.options, dataset.identity, self.epochs.state_options,
                           dataset.data_identity, set())
         for c in wanted:
             checked_state(against, found[c], False, canonical_slot(c, self.slots),
                           f"{where}'s canonical slot {c}", None, followed=True)
-        self._resume = {c: found[c] for c in wanted}
+        self._resume = found
         self._resume_epoch = first.epoch
         return first.epoch
 

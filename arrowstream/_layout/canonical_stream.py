@@ -20,7 +20,6 @@ from .._core.order import Slot
 from .._mixing.stream import MixStream
 from .._state.canonical import CanonicalState
 from .._state.versions import DATASET
-from .._state.worker import WorkerHead
 from ..errors import WorkerError
 
 
@@ -150,9 +149,7 @@ class CanonicalStream:
             states = tuple(stream.state() for stream in self._streams)
         else:
             states = tuple(stream.state(at) for stream, at in zip(self._streams, position.positions, strict=True))
-        head = WorkerHead(self._reads, self.epoch, self._slot, sum(s.rows for s in states), states[0].batches,
-                          sum(s.rows_dropped for s in states), all(s.epoch_complete for s in states), self._options)
-        return CanonicalState(head, self._slots, states)
+        return CanonicalState.of(self._reads, self.epoch, self._slot, self._slots, states, self._options)
 
 
 def _side_by_side(spans: list[pa.RecordBatch], per_batch: list[list[int]]) -> pa.RecordBatch:

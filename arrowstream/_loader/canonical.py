@@ -18,9 +18,17 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from ..errors import ArgumentTypeError, InvalidArgumentError, WorkerError
+from .._core.fields import MAX_INT, REMEDY, Fields
+from .._state.canonical import CanonicalState
+from ..errors import ArgumentTypeError, InvalidArgumentError, StateError, StateMismatchError, WorkerError
 from .batches import BatchIterator
-from .torchdata_state import set_last_yielded_worker, set_worker_state, worker_state
+from .torchdata_state import (
+    is_inner_state,
+    read_inner,
+    set_last_yielded_worker,
+    set_worker_state,
+    worker_state,
+)
 
 
 def concat_parts(parts: Sequence[Any]) -> Any:
@@ -141,3 +149,28 @@ def canonical_transfer(kwargs: dict[str, Any], batches_per_transfer: int | None)
             "order='canonical' with several workers needs in_order=True: the trainer joins one part of each "
             "worker's into a batch, in the workers' round robin; leave in_order out")
     return batches_per_transfer
+
+
+def canonical_worker_states(outers: list[dict[str, Any]], reads: str) -> list[CanonicalState]:
+    """Every worker's canonical state in loader states (one rank's, or every rank's of a merged checkpoint) of a
+    loader that reads ``reads``: the states an ``order="canonical"`` checkpoint resumes from, whatever its topology.
+    A state taken after batches its workers had not yet snapshot (``snapshot_every_n_steps`` above 1) is refused:
+    its canonical slots would stand before them."""
+    saved = []
+    for outer in outers:
+        fields = Fields(outer, f"rank {outer.get('rank')}'s loader state")
+        inner = fields.value.get("dataloader")
+        if not isinstance(inner, dict) or not is_inner_state(inner):
+            raise StateError(f"the {fields.where}'s dataloader is not a StatefulDataLoader state; {REMEDY}")
+        parsed = read_inner(inner, MAX_INT, f"{fields.where}'s dataloader")
+        if parsed.steps_since_snapshot:
+            raise StateMismatchError(
+                f"the {fields.where} was taken {parsed.steps_since_snapshot} batch(es) after its workers' last "
+                "snapshot (snapshot_every_n_steps > 1), so its canonical slots' states stand before its last "
+                "batches; order='canonical' needs snapshot_every_n_steps=1")
+        for worker, raw in enumerate(parsed.worker_states):
+            where = f"checkpoint's rank {outer.get('rank')} worker {worker} state"
+            if raw is None:
+                raise StateError(f"the {where} is missing; {REMEDY}")
+            saved.append(CanonicalState.from_dict(raw, where, reads))
+    return saved

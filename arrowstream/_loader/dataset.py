@@ -34,7 +34,7 @@ from .._assignment import loader_in_order
 from .._core.order import SlotGrid
 from .._layout.boundary import check_replanned_epoch_over, later_epoch_starts_whole
 from .._planning.options import check_int
-from .._state.canonical import CanonicalState, is_canonical
+from .._state.canonical import is_canonical
 from .._state.versions import DATASET
 from .._state.worker import WorkerState
 from .._storage.credentials import as_provider
@@ -42,9 +42,9 @@ from .._storage.filesystem import logger
 from .._worker.convert import passthrough_collate
 from .._worker.stitch import Stitcher
 from .._worker.transport import MAX_BATCHES_PER_TRANSFER, ROWS_PER_TRANSFER, default_batches_per_transfer  # noqa: F401 (re-exported)
-from ..errors import ArgumentTypeError, StateError, StateMismatchError
+from ..errors import ArgumentTypeError, StateMismatchError
 from .batches import BatchIterator, delivered_state, moved_state, rewind_into_chunk
-from .canonical import PartsZip, canonical_transfer, handed_out_state, rank_batches
+from .canonical import canonical_transfer, canonical_worker_states
 from .epoch_watch import dataset_order_varies
 from .options import check_loader_options
 from .plain import stream_kind
@@ -89,7 +89,6 @@ class ArrowStreamDataLoader(StreamLoader):
         if dataset.policy.topology_free:
             batches_per_transfer = canonical_transfer(kwargs, batches_per_transfer)
         self._elastic_loaded = False  # a checkpoint re-planned for this topology, its epoch not started yet
-        self._parts: PartsZip | None = None   # order="canonical" with workers: their parts joined
         self._start(dataset, kwargs, batches_per_transfer, dataset.credential_provider)
 
     # -- the hooks of StreamLoader ----------------------------------------------------------------------
@@ -133,8 +132,6 @@ class ArrowStreamDataLoader(StreamLoader):
         return dict(dataset.policy.start_state(dataset, slot).to_dict())
 
     def _handed_out(self, inner: dict[str, Any], batches: BatchIterator) -> dict[str, Any]:
-        if self._parts is not None:   # order="canonical": each worker at its part of the last batch handed out
-            return handed_out_state(inner, self._parts, moved_state, self.num_workers)
         if not delivers_in_order(self._iterator):  # torchdata's snapshot falls behind
             return delivered_state(inner, batches, latest_worker_snapshots(self._iterator), self.num_workers)
         if batches.inside_chunk:
@@ -158,31 +155,16 @@ class ArrowStreamDataLoader(StreamLoader):
         self._elastic_loaded = False
         self.dataset.forget_loaded()
 
-    def _rank_batches(self, batches: BatchIterator, inner: Any) -> Any:
-        self._parts = None
-        if not self.dataset.policy.topology_free:
-            return batches
-        joined = rank_batches(batches, inner, self.num_workers)
-        self._parts = joined if isinstance(joined, PartsZip) else None
-        return joined
+    def _joins_parts(self) -> bool:
+        return bool(self.dataset.policy.topology_free)
+
+    def _moved_state(self, raw: Any, position: Any, where: str) -> dict[str, Any]:
+        return moved_state(raw, position, where)
 
     def _load_canonical(self, outers: list[dict[str, Any]]) -> None:
         """Resume a checkpoint of ``order="canonical"`` (one rank's, or every rank's merged), of any topology that
         divides the canonical slots: each canonical slot goes on from its state, whichever worker reads it now."""
-        saved = []
-        for rank, outer in enumerate(outers):
-            parsed = read_inner(outer["dataloader"], max(self.snapshot_every_n_steps, 1))
-            if parsed.steps_since_snapshot:
-                raise StateMismatchError(
-                    f"the checkpoint's rank {rank} was taken {parsed.steps_since_snapshot} batch(es) after its workers' "
-                    "last snapshot (snapshot_every_n_steps > 1), so its canonical slots' states stand before its "
-                    "last batches; order='canonical' needs snapshot_every_n_steps=1")
-            for worker, raw in enumerate(parsed.worker_states):
-                where = f"checkpoint's rank {outer['rank']} worker {worker} state"
-                if raw is None:
-                    raise StateError(f"the {where} is missing; pass loader.state_dict() (or merge_state_dicts) "
-                                     "unchanged")
-                saved.append(CanonicalState.from_dict(raw, where))
+        saved = canonical_worker_states(outers, DATASET)   # every worker's, whatever the topology
         epoch = self.dataset.load_canonical(saved, "checkpoint")
         self.dataset.set_epoch(epoch)
         self._batch_iterator = None

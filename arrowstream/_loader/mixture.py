@@ -36,7 +36,7 @@ from .._worker.mixture import COMPACT
 from .._worker.shm import share
 from ..errors import ArgumentTypeError, StateError, StateMismatchError
 from .batches import BatchIterator
-from .canonical import PartsZip, canonical_transfer, handed_out_state, rank_batches
+from .canonical import canonical_transfer, canonical_worker_states
 from .epoch_watch import mixture_order_varies
 from .options import check_loader_options
 from .plain import stream_kind
@@ -92,7 +92,6 @@ class MixtureDataLoader(StreamLoader):
         kwargs.setdefault("collate_fn", passthrough_collate)
         self._sources_board: torch.Tensor | None = None   # rows per source of each worker (made with the transport)
         self._replanned_epoch: int | None = None   # a checkpoint re-planned for this topology, its epoch not begun
-        self._parts: PartsZip | None = None   # order="canonical" with workers: their parts joined
         if mixture.canonical is not None:
             batches_per_transfer = canonical_transfer(kwargs, batches_per_transfer)
         self._start(mixture, kwargs, batches_per_transfer)
@@ -145,8 +144,6 @@ class MixtureDataLoader(StreamLoader):
         return dict(mixture.start_state(slot).to_dict())
 
     def _handed_out(self, inner: dict[str, Any], batches: BatchIterator) -> dict[str, Any]:
-        if self._parts is not None:   # order="canonical": each worker at its part of the last batch handed out
-            return handed_out_state(inner, self._parts, self._moved, self.num_workers)
         if not batches.inside_chunk:
             return inner
         assert batches.chunk is not None   # torchdata stands after the whole chunk: step back
@@ -155,7 +152,7 @@ class MixtureDataLoader(StreamLoader):
         position = batches.chunk.positions[batches.taken - 1]
         raw = worker_state(inner, worker_id)
         if isinstance(position, CanonicalPosition):   # order="canonical": each of its canonical slots'
-            set_worker_state(inner, worker_id, self._moved(raw, position, f"worker {worker_id} state"))
+            set_worker_state(inner, worker_id, self._moved_state(raw, position, f"worker {worker_id} state"))
             set_last_yielded_worker(inner, (worker_id - 1) % self.num_workers)
             return inner
         after = MixWorkerState.from_dict(raw)
@@ -182,23 +179,7 @@ class MixtureDataLoader(StreamLoader):
     def _load_ledger(self, outers: list[dict[str, Any]]) -> bool:
         if self.dataset.canonical is None:
             return False
-        saved = []
-        for outer in outers:   # order="canonical": every worker's canonical slots, whatever the topology
-            fields = Fields(outer, f"rank {outer.get('rank')}'s mixture loader state")
-            inner = fields.value.get("dataloader")
-            if not isinstance(inner, dict) or not is_inner_state(inner):
-                raise StateError(f"the {fields.where}'s dataloader is not a StatefulDataLoader state; {REMEDY}")
-            parsed = read_inner(inner, MAX_INT, f"{fields.where}'s dataloader")
-            if parsed.steps_since_snapshot:
-                raise StateMismatchError(
-                    f"the {fields.where} was taken {parsed.steps_since_snapshot} batch(es) after its workers' last "
-                    "snapshot (snapshot_every_n_steps > 1), so its canonical slots' states stand before its last "
-                    "batches; order='canonical' needs snapshot_every_n_steps=1")
-            for worker_id, raw in enumerate(parsed.worker_states):
-                if raw is None:
-                    raise StateError(f"the {fields.where} holds no state for worker {worker_id}; {REMEDY}")
-                saved.append(CanonicalState.from_dict(raw, f"{fields.where}'s worker {worker_id} state",
-                                                      reads=READS_MIXTURE))
+        saved = canonical_worker_states(outers, READS_MIXTURE)   # every worker's, whatever the topology
         epoch = self.dataset.load_canonical(saved, "checkpoint")
         self.dataset.set_epoch(epoch)
         self._batch_iterator = None
@@ -212,15 +193,10 @@ class MixtureDataLoader(StreamLoader):
     def _iteration_started(self) -> None:
         self.dataset.forget_loaded()   # order="canonical": the workers have their copies of the loaded states
 
-    def _rank_batches(self, batches: BatchIterator, inner: Any) -> Any:
-        self._parts = None
-        if self.dataset.canonical is None:
-            return batches
-        joined = rank_batches(batches, inner, self.num_workers)
-        self._parts = joined if isinstance(joined, PartsZip) else None
-        return joined
+    def _joins_parts(self) -> bool:
+        return self.dataset.canonical is not None
 
-    def _moved(self, raw: Any, position: Any, where: str) -> dict[str, Any]:
+    def _moved_state(self, raw: Any, position: Any, where: str) -> dict[str, Any]:
         """A canonical worker state (a dict) moved to ``position`` (each of its canonical slots')."""
         state = CanonicalState.from_dict(raw, where, reads=READS_MIXTURE)
         return state.moved(position.positions, self.dataset.names).to_dict()

@@ -29,11 +29,10 @@ from .._mixing.schema import caster
 from .._mixing.stream import MixSlot, MixStream
 from .._planning.auto_buffer import adopted
 from .._sources.mixture import Planned
-from .._state.canonical import CanonicalState, canonical_states
+from .._state.canonical import CanonicalState, rank_states
 from .._state.mixture import MixElastic, MixPosition, MixWorkerState, SourceCursor, SourceEpoch
 from .._state.mixture_resume import check_worker_state, finished_state, followed_history, replanned_from, saved_epoch
 from .._state.versions import MIXTURE
-from .._state.worker import WorkerHead
 from .._worker.iterator import Opened, SlotIterator
 from .._worker.metrics import Meter
 from .._worker.mixture import (
@@ -171,7 +170,7 @@ class MixtureHooks(PlannedMixture):
             self.check_canonical_epoch()
             return None
         states = tuple(layout.resume[c] for c in layout.canonical.physical_range(slot))
-        return _canonical_state(slot, self.epoch, layout.canonical.slots, states, self.state_options())
+        return CanonicalState.of(MIXTURE, self.epoch, slot, layout.canonical.slots, states, self.state_options())
 
     def check_canonical_epoch(self) -> None:
         """Under ``order="canonical"``, refuse to iterate another epoch than a loaded mid-epoch checkpoint's (its rows
@@ -198,7 +197,7 @@ class MixtureHooks(PlannedMixture):
         data = {s.name: s.data for s in self._sources}
         states = tuple(inner_start(MixSlot(self.epoch, c, layout.canonical.slots, 0, 0), options, history, starts, data)
                        for c in layout.canonical.physical_range(slot))
-        return _canonical_state(slot, self.epoch, layout.canonical.slots, states, self.state_options())
+        return CanonicalState.of(MIXTURE, self.epoch, slot, layout.canonical.slots, states, self.state_options())
 
     def _open_canonical(self, pending: CanonicalState | None) -> Opened[CanonicalPosition, CanonicalState]:
         """This process's canonical slots' streams of the epoch, side by side, from ``pending`` (loaded states of
@@ -243,15 +242,8 @@ class MixtureHooks(PlannedMixture):
                 f"order='topology'. Build it with order='canonical', canonical_slots={saved[0].slots} to resume")
         before = self.reading()
         try:
-            found = canonical_states(saved, layout.canonical.slots, where)
-            per_rank = layout.canonical.slots // self._world_size
-            wanted = range(self._rank * per_rank, (self._rank + 1) * per_rank)
-            missing = [c for c in wanted if c not in found]
-            if missing:
-                raise StateMismatchError(
-                    f"the {where} lacks canonical slots {missing[:8]} that rank {self._rank} of {self._world_size} "
-                    "reads: a rank's own state holds only its canonical slots. Load the checkpoint of every rank "
-                    "(arrowstream.gather_state_dict(loader), or merge_state_dicts)")
+            found = rank_states(saved, layout.canonical.slots, self._rank, self._world_size, where)
+            wanted = list(found)
             first = found[wanted[0]]
             self._adopt_saved(saved[0].head.options)   # its buffer (left to the default here), batch order, layout
             self._follow_sources(first.data)   # an Iceberg table moved on since: the checkpoint's snapshot
@@ -262,7 +254,7 @@ class MixtureHooks(PlannedMixture):
         except BaseException:   # a refused state leaves the mixture reading what it read
             self.read_as(before)
             raise
-        layout.resume = {c: found[c] for c in wanted}
+        layout.resume = found
         layout.resume_epoch = epoch
         self._pending, self._active = None, None
         return epoch
@@ -441,10 +433,3 @@ class MixtureHooks(PlannedMixture):
                 "_sources": [Planned(s.name, s.origin.for_workers(), s.options, s.storage, s.plan, s.data,
                                      s.data_identity) for s in self._sources]}
 
-
-def _canonical_state(slot: Slot, epoch: int, slots: int, states: tuple[MixWorkerState, ...],
-                     options: dict[str, Any]) -> CanonicalState:
-    """A (rank, worker) slot's canonical state of its canonical slots' ``states``."""
-    head = WorkerHead(MIXTURE, epoch, slot, sum(s.rows for s in states), states[0].batches,
-                      sum(s.rows_dropped for s in states), all(s.epoch_complete for s in states), options)
-    return CanonicalState(head, slots, states)

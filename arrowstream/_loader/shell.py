@@ -37,6 +37,7 @@ from .._worker.transport import default_batches_per_transfer
 from .._worker.watchdog import raise_death_between_iterations
 from ..errors import InvalidArgumentError
 from .batches import BatchIterator, PerBatchCollate, worker_batches
+from .canonical import PartsZip, handed_out_state, rank_batches
 from .epoch_watch import EpochWatch
 from .load_state import LoadsState
 from .options import check_loader_options
@@ -109,6 +110,7 @@ class StreamLoader(LoadsState, StatefulDataLoader):  # type: ignore[misc]
         self._transport = Transport(batches_per_transfer, send_chunks=self.num_workers > 0,
                                     board=Board(self.num_workers) if self.num_workers > 0 else None)
         self._batch_iterator: BatchIterator | None = None
+        self._parts: PartsZip | None = None   # order="canonical" with workers: their parts joined
         self._skipper = Skipper()  # loader.skip(): the batches to pass over next, and those passed over
         self._set_batches_per_transfer(batches_per_transfer)
 
@@ -293,7 +295,9 @@ class StreamLoader(LoadsState, StatefulDataLoader):  # type: ignore[misc]
 
         with no_in_order_warning():
             inner = self._expanded(super().state_dict())
-        if self._batch_iterator is not None:
+        if self._batch_iterator is not None and self._parts is not None:   # order="canonical", joined parts
+            inner = handed_out_state(inner, self._parts, self._moved_state, self.num_workers)
+        elif self._batch_iterator is not None:
             inner = self._handed_out(inner, self._batch_iterator)
         return {
             "kind": LOADER_KIND,
@@ -343,9 +347,23 @@ class StreamLoader(LoadsState, StatefulDataLoader):  # type: ignore[misc]
         return None
 
     def _rank_batches(self, batches: BatchIterator, inner: Any) -> Any:
-        """The rank's batches out of the workers' (``inner``: torch's iterator): as they come, or their parts
-        joined (``order="canonical"``)."""
-        return batches
+        """The rank's batches out of the workers' (``inner``: torch's iterator): as they come, or under
+        ``order="canonical"`` one part of each worker joined (``arrowstream._loader.canonical``)."""
+        self._parts = None
+        if not self._joins_parts():
+            return batches
+        joined = rank_batches(batches, inner, self.num_workers)
+        self._parts = joined if isinstance(joined, PartsZip) else None
+        return joined
+
+    def _joins_parts(self) -> bool:
+        """Whether a rank's batch is one part of each worker (``order="canonical"``)."""
+        return False
+
+    def _moved_state(self, raw: Any, position: Any, where: str) -> dict[str, Any]:
+        """A worker's state (a dict) of this epoch moved to ``position``, one of its chunks' (``order="canonical"``:
+        where each worker stands after its part of the last batch handed out)."""
+        raise NotImplementedError
 
     def _expanded(self, inner: dict[str, Any]) -> dict[str, Any]:
         """torchdata's state with every worker state whole (a worker may send a compact one)."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._core.fields import REMEDY
+from .._core.order import Slot
 from ..errors import StateError, StateMismatchError
 from .mixture import MixWorkerState
 from .versions import DATASET
@@ -31,6 +32,15 @@ class CanonicalState:
     head: WorkerHead
     slots: int
     states: tuple[Any, ...]   # WorkerState (a dataset's), MixWorkerState (a mixture's): as ``head.reads`` says
+
+    @classmethod
+    def of(cls, reads: str, epoch: int, slot: Slot, slots: int, states: tuple[Any, ...],
+           options: dict[str, Any]) -> CanonicalState:
+        """The state of (rank, worker) ``slot`` in ``epoch`` whose canonical slots stand at ``states`` (of ``slots``):
+        its counters their sums, its epoch complete when all of theirs are; ``options``: what its head says."""
+        head = WorkerHead(reads, epoch, slot, sum(s.rows for s in states), states[0].batches,
+                          sum(s.rows_dropped for s in states), all(s.epoch_complete for s in states), options)
+        return cls(head, slots, states)
 
     @property
     def epoch(self) -> int:
@@ -49,9 +59,8 @@ class CanonicalState:
                        dataclasses.replace(state, cursor=at.cursor, rows=at.rows, batches=at.batches,
                                            rows_dropped=at.rows_dropped, epoch_complete=False)
                        for state, at in zip(self.states, positions, strict=True))
-        head = dataclasses.replace(self.head, rows=sum(s.rows for s in states), batches=states[0].batches,
-                                   rows_dropped=sum(s.rows_dropped for s in states), epoch_complete=False)
-        return CanonicalState(head, self.slots, states)
+        head = self.head
+        return CanonicalState.of(head.reads, head.epoch, head.slot, self.slots, states, head.options)
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.head.to_dict(), "canonical": {"slots": self.slots,
@@ -122,6 +131,23 @@ def canonical_states(saved: Sequence[CanonicalState], slots: int, where: str) ->
             "checkpoint's canonical slots move together. Pass the states of one step (loader.state_dict() of every "
             "rank at the same step, merged)")
     return found
+
+
+def rank_states(saved: Sequence[CanonicalState], slots: int, rank: int, world_size: int,
+                where: str) -> dict[int, Any]:
+    """The states of the canonical slots rank ``rank`` of ``world_size`` reads, by canonical slot, from a checkpoint's
+    worker states (``saved``, any topology's; :func:`canonical_states`); ``StateMismatchError`` when one is not there
+    (one rank's state of another world size holds only that rank's)."""
+    found = canonical_states(saved, slots, where)
+    per_rank = slots // world_size
+    wanted = range(rank * per_rank, (rank + 1) * per_rank)
+    missing = [c for c in wanted if c not in found]
+    if missing:
+        raise StateMismatchError(
+            f"the {where} lacks canonical slots {missing[:8]} that rank {rank} of {world_size} reads: a rank's own "
+            "state holds only its canonical slots. Load the checkpoint of every rank "
+            "(arrowstream.gather_state_dict(loader), or merge_state_dicts)")
+    return {c: found[c] for c in wanted}
 
 
 def is_canonical(state: Any) -> bool:

@@ -13,34 +13,31 @@ from typing import TYPE_CHECKING, Any
 
 from .._layout.canonical import Canonical, canonical_slot
 from .._layout.canonical_stream import CanonicalPosition, CanonicalStream
-from .._layout.share_parts import share_where
-from .._mixing.slot_epoch import SourceReading
-from .._state.one_source import DATASET
 from .iterator import Opened
-from .open_slot import open_slot_stream
+from .runtime import open_stream
 from .transport import default_batches_per_transfer
 
 if TYPE_CHECKING:
     from .._core.order import Slot
     from .._layout.layout import Epochs
+    from .._planning.options import Options
     from .._state.canonical import CanonicalState
     from .runtime import WorkerRuntime
 
 
-def open_canonical_epoch(runtime: Callable[[], WorkerRuntime], epochs: Epochs, canonical: Canonical, slot: Slot,
-                         epoch: int, pending: CanonicalState | None,
+def open_canonical_epoch(runtime: Callable[[], WorkerRuntime], epochs: Epochs, read_options: Options,
+                         canonical: Canonical, slot: Slot, epoch: int, pending: CanonicalState | None,
                          options: dict[str, Any]) -> Opened[CanonicalPosition, CanonicalState]:
     """The stream of (rank, worker) ``slot`` in ``epoch``: the canonical slots it reads (``canonical``), laid out by
-    ``epochs`` (the canonical slots' epochs), each from its state in ``pending`` (a loaded worker state of this
-    epoch) or the epoch's start. ``options``: what its states' head says."""
+    ``epochs`` (the canonical slots' epochs) and read with ``read_options`` (batches of the chunk), each from its
+    state in ``pending`` (a loaded worker state of this epoch) or the epoch's start, with readers of its own.
+    ``options``: what its states' head says."""
     built = runtime()
     streams = []
     for index, number in enumerate(canonical.physical_range(slot)):
         inner = canonical_slot(number, canonical.slots)
         start = pending.states[index] if pending is not None and pending.epoch == epoch else epochs.start(inner, epoch)
-        reading = SourceReading(built.readers_of(index + 1), share_where(inner, epoch))
-        streams.append(open_slot_stream(epochs.slot_epoch(inner, epoch, state=start), epochs.stream_start(start),
-                                        {DATASET: reading}, epochs.options, dataset=True))   # type: ignore[arg-type]
+        streams.append(open_stream(built, epochs, inner, start, read_options, readers=built.readers_of(index + 1)))
     rows = canonical.chunk * len(streams)   # of each batch of this worker
     stream = CanonicalStream(streams, slot, canonical.slots, options, per_fill=default_batches_per_transfer(rows))
     return Opened(stream, built.converters, built.meter, built.transport, by_record=True)

@@ -196,10 +196,12 @@ class WorkerSide:
 
 
 def open_stream(runtime: WorkerRuntime, epochs: Epochs, slot: Slot, start: WorkerState,
-                options: Options) -> MixStream[Position, WorkerState]:
+                options: Options, readers: list[SplitReader] | None = None) -> MixStream[Position, WorkerState]:
     """The stream of ``slot`` in the epoch of worker state ``start``, from it, read by ``runtime``: what the slot
     reads (``epochs.slot_epoch``: its share as one source) opened as every slot's stream is
-    (:func:`~arrowstream._worker.open_slot.open_slot_stream`), its states a dataset's."""
+    (:func:`~arrowstream._worker.open_slot.open_slot_stream`), its states a dataset's. ``readers``: other readers
+    than the runtime's own (one set of :meth:`WorkerRuntime.readers_of`, without read-ahead)."""
     epoch = epochs.slot_epoch(slot, start.epoch, state=start)
-    reading = SourceReading(runtime.readers, share_where(slot, start.epoch), runtime.read_ahead)
+    reading = SourceReading(runtime.readers, share_where(slot, start.epoch), runtime.read_ahead) if readers is None \
+        else SourceReading(readers, share_where(slot, start.epoch))
     return open_slot_stream(epoch, epochs.stream_start(start), {DATASET: reading}, options, dataset=True)
