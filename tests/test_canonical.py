@@ -292,7 +292,7 @@ def test_a_tampered_checkpoint_is_refused_and_changes_nothing(folder, checkpoint
         inner = next(worker_states(state))["canonical"]["states"][0]
         inner["counters"]["rows"] += 1000
         next(worker_states(state))["counters"]["rows"] += 1000
-    refused(cursor_past_the_plan, StateError, "")
+    refused(cursor_past_the_plan, StateError, "is 1024, but the cursor stands after 24 row")
 
     with pytest.raises(StateMismatchError, match="lacks canonical slots"):   # rank 0's own state: half of them
         loader.load_state_dict(copy.deepcopy(checkpoint["ranks"][0]))

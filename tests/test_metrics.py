@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import time
 
 import pytest
@@ -10,6 +11,7 @@ from helpers import ids_of, make_loader, slow_collate, write_dataset
 from test_distributed import torchrun
 
 import arrowstream
+from arrowstream._worker.metrics import Board, Meter
 
 LAYOUT = [(1000, 250), (600, 200), (400, 400)]   # 2,000 rows in 8 row groups
 ROWS, BATCH = 2000, 100
@@ -148,3 +150,31 @@ def test_gather_metrics_merges_every_rank(data, tmp_path):
     assert merged["batches"] == sum(r["batches"] for r in merged["ranks"])
     flat = arrowstream._worker.metrics.flatten(merged)
     assert flat["rank1/rows"] == merged["ranks"][1]["rows"] and "rank1/worker1/rows" in flat
+
+
+def _write_forever(board, stop):
+    meter = Meter(board.row(0), sources=2)
+    while not stop.is_set():
+        meter.batch(10, 1, 0.0, 0.0, 0.0, time.perf_counter(), per_source=(7, 3))
+
+
+def test_a_row_read_while_its_worker_writes_it_is_one_write_whole():
+    """The trainer reads a worker's row while the worker writes it (another process): what it reads belongs
+    together, the rows of each source add up to the rows (a flaky CI failure before the row had a write count:
+    the rows per source were written apart from the rows)."""
+    board = Board(1, sources=2)
+    context = multiprocessing.get_context("fork")
+    stop = context.Event()
+    writer = context.Process(target=_write_forever, args=(board, stop), daemon=True)
+    writer.start()
+    try:
+        seen, deadline = set(), time.monotonic() + 30
+        while len(seen) < 2000 and time.monotonic() < deadline:
+            (line,) = board.read()
+            assert line["rows"] == 10 * line["batches"] and line["per_source"] == [7 * line["batches"],
+                                                                                    3 * line["batches"]]
+            seen.add(line["batches"])
+        assert len(seen) >= 2000   # it read while the worker wrote
+    finally:
+        stop.set()
+        writer.join(timeout=10)

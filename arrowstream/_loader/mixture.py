@@ -9,7 +9,6 @@ import inspect
 import logging
 from typing import Any
 
-import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from .._core.fields import MAX_INT, REMEDY, Fields
@@ -33,7 +32,6 @@ from .._state.mixture_resume import (
 from .._state.versions import MIXTURE as READS_MIXTURE
 from .._worker.convert import passthrough_collate
 from .._worker.mixture import COMPACT
-from .._worker.shm import share
 from ..errors import ArgumentTypeError, StateError, StateMismatchError
 from .batches import BatchIterator
 from .canonical import canonical_transfer, canonical_worker_states
@@ -90,7 +88,6 @@ class MixtureDataLoader(StreamLoader):
             raise ArgumentTypeError(f"dataset: MixtureDataLoader loads an arrowstream Mixture, got {type(mixture).__name__}")
         kwargs.setdefault("batch_size", None)
         kwargs.setdefault("collate_fn", passthrough_collate)
-        self._sources_board: torch.Tensor | None = None   # rows per source of each worker (made with the transport)
         self._replanned_epoch: int | None = None   # a checkpoint re-planned for this topology, its epoch not begun
         if mixture.canonical is not None:
             batches_per_transfer = canonical_transfer(kwargs, batches_per_transfer)
@@ -99,21 +96,21 @@ class MixtureDataLoader(StreamLoader):
     # -- the hooks of StreamLoader ----------------------------------------------------------------------
 
     def _use_transport(self) -> None:
-        if self._sources_board is None:
-            self._sources_board = share(torch.zeros((max(self.num_workers, 1), len(self.dataset.names)),
-                                                    dtype=torch.int64), "MixtureDataLoader: rows per source of its workers")
-        self.dataset.worker_side.use_transport(self._transport, self._sources_board)
+        self.dataset.worker_side.use_transport(self._transport)
+
+    def _counted_sources(self) -> int:
+        return len(self.dataset.names)
 
     def _meter(self) -> Any:
         return self.dataset.worker_side.metered
 
-    def _add_metrics(self, metrics: dict[str, Any]) -> None:
+    def _add_metrics(self, metrics: dict[str, Any], workers: list[dict[str, Any]]) -> None:
         """The rows of each source: ``"rows/NAME"`` in the totals and in each worker's line."""
-        assert self._sources_board is not None
-        names, per_source = self.dataset.names, self._sources_board.numpy()
-        for index, line in enumerate(metrics["workers"]):
-            line.update({f"rows/{name}": int(per_source[index][k]) for k, name in enumerate(names)})
-        metrics.update({f"rows/{name}": int(per_source[:, k].sum()) for k, name in enumerate(names)})
+        names = self.dataset.names
+        counts = [worker["per_source"] or [0] * len(names) for worker in workers]   # [] : a meter not started
+        for line, count in zip(metrics["workers"], counts, strict=True):
+            line.update({f"rows/{name}": count[k] for k, name in enumerate(names)})
+        metrics.update({f"rows/{name}": sum(count[k] for count in counts) for k, name in enumerate(names)})
 
     def _order_varies(self) -> bool:
         return mixture_order_varies(self.dataset)

@@ -81,7 +81,7 @@ class MixtureHooks(PlannedMixture):
         self._finished_epoch = -1   # epochs up to it were finished by a checkpoint loaded with another topology
         self._pending: MixWorkerState | None = None
         self._active: SlotIterator[MixPosition, MixWorkerState] | None = None
-        self._side = MixSide()   # the loader's transport and metrics; this process's meter
+        self._side = MixSide(len(self.names))   # the loader's transport and metrics; this process's meter
 
     # -- a worker's epoch ---------------------------------------------------------------------
 
@@ -268,8 +268,8 @@ class MixtureHooks(PlannedMixture):
 
     @property
     def worker_side(self) -> MixSide:
-        """The mixture's handle on the processes that read it: the loader hands it its transport and board of rows
-        per source before any worker starts, and reads the trainer's meter from it (for arrowstream's loader).
+        """The mixture's handle on the processes that read it: the loader hands it its transport (and metrics
+        board) before any worker starts, and reads the trainer's meter from it (for arrowstream's loader).
 
         Example:
             >>> import arrowstream, pyarrow as pa, pyarrow.parquet as pq, tempfile, os

@@ -108,7 +108,8 @@ class StreamLoader(LoadsState, StatefulDataLoader):  # type: ignore[misc]
             batches_per_transfer = 1
         # how the workers hand batches over, given to the dataset before any worker starts: they inherit it
         self._transport = Transport(batches_per_transfer, send_chunks=self.num_workers > 0,
-                                    board=Board(self.num_workers) if self.num_workers > 0 else None)
+                                    board=Board(self.num_workers, self._counted_sources())
+                                    if self.num_workers > 0 else None)
         self._batch_iterator: BatchIterator | None = None
         self._parts: PartsZip | None = None   # order="canonical" with workers: their parts joined
         self._skipper = Skipper()  # loader.skip(): the batches to pass over next, and those passed over
@@ -277,8 +278,9 @@ class StreamLoader(LoadsState, StatefulDataLoader):  # type: ignore[misc]
             (10, 3, 1, 1)
         """
         board = self._transport.board if self.num_workers > 0 else None
-        metrics = {**summarize(worker_values(board, self._meter()), self.dataset.rank), **self._skipper.metrics()}
-        self._add_metrics(metrics)
+        workers = worker_values(board, self._meter())
+        metrics = {**summarize(workers, self.dataset.rank), **self._skipper.metrics()}
+        self._add_metrics(metrics, workers)
         return flatten(metrics) if flat else metrics
 
     # -- the state ------------------------------------------------------------------------------------
@@ -323,8 +325,12 @@ class StreamLoader(LoadsState, StatefulDataLoader):  # type: ignore[misc]
         """This process's meter (``num_workers=0``: the trainer reads)."""
         raise NotImplementedError
 
-    def _add_metrics(self, metrics: dict[str, Any]) -> None:
-        """Add what only this kind of loader counts to ``metrics``."""
+    def _counted_sources(self) -> int:
+        """A mixture's number of sources, whose rows the metrics count (the board's width)."""
+        return 0
+
+    def _add_metrics(self, metrics: dict[str, Any], workers: list[dict[str, Any]]) -> None:
+        """Add what only this kind of loader counts to ``metrics``, from each worker's counters ``workers``."""
 
     def _order_varies(self) -> bool:
         """Whether another epoch gives another order (the epoch watch warns only then)."""

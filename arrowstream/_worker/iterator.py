@@ -20,7 +20,7 @@ converters, the meter, the files read (error messages), the row of rows per sour
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Generic, Protocol, TypeVar
@@ -78,7 +78,6 @@ class Opened(Generic[P, S]):
         meter: This process's metrics.
         transport: How the loader takes the batches.
         files_between: The files read between two positions (asked only for error messages); None: not told.
-        source_row: This worker's row of rows per source on the loader's board (an ndarray), or None.
         by_record: Outside chunks, one record at a time (else spans, handed out one batch at a time).
     """
 
@@ -87,7 +86,6 @@ class Opened(Generic[P, S]):
     meter: Meter
     transport: Transport
     files_between: Callable[[P, P], list[str]] | None = None
-    source_row: Any = None
     by_record: bool = False
 
 
@@ -150,6 +148,7 @@ class SlotIterator(Generic[P, S]):
         assert opened is not None
         # where a chunk may be made: the position it starts from, for the files it read
         start = stream.position() if self._in_worker and opened.files_between is not None else None
+        per_source: Sequence[int] | None = None   # a mixture's rows of each source (None: not counted)
         try:
             if self._by_record:
                 record = stream.next_record()
@@ -158,9 +157,9 @@ class SlotIterator(Generic[P, S]):
                 if self._sends:   # packed in this thread, see _transport
                     out = Chunk(self._worker_id, [out], [stream.position()], files=self._files(start))
             else:
-                out, rows, batches, read = self._next_chunk(stream, opened)
+                out, rows, batches, read, per_source = self._next_chunk(stream, opened)
                 if self._hands_out:   # the span's batches handed out one by one, the state after the last one
-                    self._metered(opened.meter, rows, batches, entered, read)
+                    self._metered(opened.meter, rows, batches, entered, read, per_source)
                     self._chunk, self._ready = out, deque(zip(out.batches(), out.positions, strict=True))
                     batch, self._position = self._ready.popleft()
                     return out.finish(batch)
@@ -175,21 +174,23 @@ class SlotIterator(Generic[P, S]):
             read = perf_counter()
             out = Chunk(self._worker_id, [StitchPiece(tag, record)], [stream.position()], files=self._files(start))
             rows, batches = record.num_rows, int(tag.first)
-        self._metered(opened.meter, rows, batches, entered, read)
+        self._metered(opened.meter, rows, batches, entered, read, per_source)
         if isinstance(out, Chunk):
             out.on_packed = self._packed
         return out
 
-    def _metered(self, meter: Meter, rows: int, batches: int, entered: float, read: float) -> None:
+    def _metered(self, meter: Meter, rows: int, batches: int, entered: float, read: float,
+                 per_source: Sequence[int] | None = None) -> None:
         done = perf_counter()
         meter.batch(rows, batches, read - entered, done - read, entered - self._left_at if self._left_at else 0.0,
-                    done)
+                    done, per_source)
         self._left_at = done
 
-    def _next_chunk(self, stream: SlotStream[P, S], opened: Opened[P, S]) -> tuple[Chunk, int, int, float]:
+    def _next_chunk(self, stream: SlotStream[P, S],
+                    opened: Opened[P, S]) -> tuple[Chunk, int, int, float, Sequence[int] | None]:
         """Up to ``per_chunk`` batches, ending where the slot's batch count is a multiple of it, so chunk
-        boundaries do not move when a checkpoint falls inside a chunk; with their rows, their number, and when
-        reading ended (converting starts).
+        boundaries do not move when a checkpoint falls inside a chunk; with their rows, their number, when
+        reading ended (converting starts) and a mixture's rows of each source in them (None: not counted).
 
         Without a transform the batches travel as one converted span that the trainer slices: each column is
         converted and packed once per chunk instead of once per batch. With one, each batch is converted (and
@@ -212,11 +213,8 @@ class SlotIterator(Generic[P, S]):
             read = perf_counter()
             batches = [converters.convert(record) for record in records]
             return (Chunk(self._worker_id, batches, positions, numpy_as_torch=converters.numpy_as_torch),
-                    sum(record.num_rows for record in records), len(records), read)
+                    sum(record.num_rows for record in records), len(records), read, None)
         span, sizes, positions, counts = stream.next_span(wanted)
-        source_row = opened.source_row
-        if source_row is not None and counts is not None:
-            source_row += counts
         read = perf_counter()
         if converters.span_convert is not None:
             chunk = Chunk(self._worker_id, [converters.span_convert(span)], positions,
@@ -227,7 +225,7 @@ class SlotIterator(Generic[P, S]):
                 batches.append(convert(span.slice(offset, size)))
                 offset += size
             chunk = Chunk(self._worker_id, batches, positions, numpy_as_torch=converters.numpy_as_torch)
-        return chunk, span.num_rows, len(sizes), read
+        return chunk, span.num_rows, len(sizes), read, counts
 
     def _files(self, start: P | None) -> Callable[[], list[str]] | None:
         """The files read since ``start``, asked only when a chunk cannot be sent."""

@@ -4,8 +4,13 @@ Each process that produces batches (a loader worker, or the trainer itself with
 ``num_workers=0``) counts in one :class:`Meter`. A worker's meter copies its values after each
 item it hands over into its row of a :class:`Board`: a small float64 tensor in shared memory
 that the loader creates before its workers start, so the trainer reads every worker's numbers
-whenever it likes, without a message through the loader's queue. The counters add up over the
-loader's life (all epochs); take differences for a rate over a window.
+whenever it likes, without a message through the loader's queue. A mixture's rows of each source
+are counted in the same row, with the same write. The counters add up over the loader's life (all
+epochs); take differences for a rate over a window.
+
+A row is written while the trainer may read it: its last cell counts the writes, odd while one is
+under way (a sequence lock), and the trainer reads a row again until it reads one write whole, so the
+numbers it sees belong together (the rows of each source add up to the rows).
 
 Times are ``time.perf_counter()`` seconds: on Linux the monotonic clock, one for every process
 of a machine.
@@ -31,19 +36,24 @@ TIMES = ("read_s", "convert_s", "idle_s")
 class Meter:
     """The counters of one worker, written by that worker only."""
 
-    __slots__ = ("_row", "batches", "bytes", "convert_s", "first_s", "idle_s", "last_s", "leases", "read_s", "rows",
-                 "rows_skipped", "splits_done")
+    __slots__ = ("_row", "batches", "bytes", "convert_s", "first_s", "idle_s", "last_s", "leases", "per_source",
+                 "read_s", "rows", "rows_skipped", "splits_done")
 
-    def __init__(self, row: np.ndarray | None = None) -> None:
-        """``row``: this worker's row of a board; a worker restarted for a new epoch goes on from it."""
+    def __init__(self, row: np.ndarray | None = None, sources: int = 0) -> None:
+        """``row``: this worker's row of a board; a worker restarted for a new epoch goes on from it.
+        ``sources``: a mixture's number of sources, whose rows it counts too."""
         self._row = row
-        values: list[float] = [0.0] * len(FIELDS) if row is None else row.tolist()
+        width = len(FIELDS) + sources
+        values: list[float] = [0.0] * width if row is None else row[:width].tolist()
         self.rows, self.batches, self.bytes, self.splits_done = (int(v) for v in values[:4])
         self.read_s, self.convert_s, self.idle_s, self.first_s, self.last_s = (float(v) for v in values[4:9])
         self.rows_skipped, self.leases = int(values[9]), int(values[10])
+        self.per_source = [int(v) for v in values[len(FIELDS):]]
 
-    def batch(self, rows: int, batches: int, read_s: float, convert_s: float, idle_s: float, now: float) -> None:
-        """Count ``batches`` handed over, holding ``rows`` rows."""
+    def batch(self, rows: int, batches: int, read_s: float, convert_s: float, idle_s: float, now: float,
+              per_source: Sequence[int] | None = None) -> None:
+        """Count ``batches`` handed over, holding ``rows`` rows (``per_source`` of each source, where this meter
+        counts a mixture's sources)."""
         self.rows += rows
         self.batches += batches
         self.read_s += read_s
@@ -52,8 +62,13 @@ class Meter:
         if not self.first_s:
             self.first_s = now - read_s - convert_s
         self.last_s = now
-        if self._row is not None:
-            self._row[:] = self.values()
+        if per_source is not None and self.per_source:   # a mixture's meter (a dataset's counts no sources)
+            self.per_source = [int(a + b) for a, b in zip(self.per_source, per_source, strict=True)]
+        row = self._row
+        if row is not None:
+            row[-1] += 1   # odd: a write under way
+            row[:-1] = (*self.values(), *self.per_source)
+            row[-1] += 1
 
     def packed(self, seconds: float, now: float) -> None:
         """Count ``seconds`` of converting after the hand-over: a chunk's batches through a ``collate_fn``
@@ -79,25 +94,44 @@ class Meter:
 
 
 class Board:
-    """One row of counters per worker of a loader, in memory shared with the workers."""
+    """One row of counters per worker of a loader, in memory shared with the workers: :data:`FIELDS`, a
+    mixture's rows of each of its ``sources``, and the count of writes (see the module)."""
 
-    def __init__(self, num_workers: int) -> None:
-        self.tensor = share(torch.zeros((num_workers, len(FIELDS)), dtype=torch.float64),
+    def __init__(self, num_workers: int, sources: int = 0) -> None:
+        self.sources = sources
+        self.tensor = share(torch.zeros((num_workers, len(FIELDS) + sources + 1), dtype=torch.float64),
                             f"ArrowStreamDataLoader: the metrics board of its {num_workers} worker(s)")
 
     def row(self, worker_id: int) -> np.ndarray:
         row: np.ndarray = self.tensor[worker_id].numpy()
         return row
 
-    def read(self) -> list[dict[str, float]]:
-        return [dict(zip(FIELDS, row)) for row in self.tensor.numpy().tolist()]
+    def read(self) -> list[dict[str, Any]]:
+        """Each worker's counters (``"per_source"``: a list), each row as one write left it."""
+        return [_values(_whole(row)) for row in self.tensor.numpy()]
 
 
-def worker_values(board: Board | None, meter: Meter | None) -> list[dict[str, float]]:
+def _whole(row: np.ndarray) -> list[float]:
+    """``row`` as one write left it: read again while a write is under way or one came between (a worker
+    killed inside a write leaves it odd: after many tries, take it as it is)."""
+    for _ in range(10_000):
+        writes = float(row[-1])
+        values: list[float] = row.tolist()
+        if writes == values[-1] and writes % 2 == 0:
+            break
+    return values[:-1]
+
+
+def _values(values: Sequence[float]) -> dict[str, Any]:
+    return {**dict(zip(FIELDS, values)), "per_source": [int(v) for v in values[len(FIELDS):]]}
+
+
+def worker_values(board: Board | None, meter: Meter | None) -> list[dict[str, Any]]:
     """Each worker's counters: the loader's board, or with ``num_workers=0`` this process's meter."""
     if board is not None:
         return board.read()
-    return [dict(zip(FIELDS, (meter or Meter()).values()))]
+    meter = meter or Meter()
+    return [_values((*meter.values(), *meter.per_source))]
 
 
 def _described(raw: dict[str, float]) -> dict[str, Any]:
@@ -112,7 +146,7 @@ def _described(raw: dict[str, float]) -> dict[str, Any]:
     return out
 
 
-def summarize(workers: Sequence[dict[str, float]], rank: int) -> dict[str, Any]:
+def summarize(workers: Sequence[dict[str, Any]], rank: int) -> dict[str, Any]:
     """Totals over the workers of one rank, and each worker's line (see :meth:`metrics`)."""
     lines = []
     for index, raw in enumerate(workers):

@@ -35,7 +35,6 @@ from .reader import ReadAhead, SplitReader, UnitCache, row_ids_for
 from .runtime import READ_BATCH_ROWS, Transport, settle_worker
 
 if TYPE_CHECKING:
-    import torch
 
     from .._mixing.slot_epoch import SlotEpoch
     from .._planning.options import Options
@@ -47,34 +46,28 @@ COMPACT = "arrowstream.mixture_position"
 
 
 class MixSide:
-    """The loader's transport and per-source board, and this process's meter (built on first read)."""
+    """The loader's transport and this process's meter (built on first read), which counts the rows of each of
+    the mixture's ``sources``."""
 
-    def __init__(self) -> None:
+    def __init__(self, sources: int) -> None:
         self.transport = Transport()
-        self.sources_board: torch.Tensor | None = None
+        self.sources = sources
         self._meter: Meter | None = None
 
-    def use_transport(self, transport: Transport, sources_board: torch.Tensor) -> None:
+    def use_transport(self, transport: Transport) -> None:
         """The loader's one call, before its workers start."""
-        self.transport, self.sources_board, self._meter = transport, sources_board, None
+        self.transport, self._meter = transport, None
 
     def meter(self) -> Meter:
         if self._meter is None:
             info = get_worker_info()
             board = self.transport.board
-            self._meter = Meter(board.row(info.id) if info is not None and board is not None else None)
+            self._meter = Meter(board.row(info.id) if info is not None and board is not None else None, self.sources)
         return self._meter
 
     @property
     def metered(self) -> Meter | None:
         return self._meter
-
-    def source_row(self) -> Any:
-        """This worker's row of rows per source (an ndarray in shared memory), or None without a loader."""
-        if self.sources_board is None:
-            return None
-        info = get_worker_info()
-        return self.sources_board[0 if info is None else info.id].numpy()
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_meter": None}
@@ -108,12 +101,12 @@ class MixOutput:
 
 def opened(side: MixSide, stream: MixStream[MixPosition, MixWorkerState], output: MixOutput, meter: Meter) -> Opened[MixPosition, MixWorkerState]:
     """A slot's epoch of a mixture, opened for the worker iterator: its converters, built now for this process and
-    the loader's transport, ``meter`` and the worker's row of rows per source on the loader's board."""
+    the loader's transport and ``meter``."""
     transport = side.transport
     converters = make_converters(output.output_format, output.schema, output.fill_nulls, output.transform,
                                  batches_per_transfer=transport.batches_per_transfer,
                                  in_worker=get_worker_info() is not None)
-    return Opened(stream, converters, meter, transport, source_row=side.source_row())
+    return Opened(stream, converters, meter, transport)
 
 
 def start_in_epoch(pending: MixWorkerState | None, slot: MixSlot) -> MixWorkerState | None:
