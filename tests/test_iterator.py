@@ -12,7 +12,6 @@ import warnings
 from typing import Any
 
 import pytest
-import torch
 from helpers import ids_of, json_roundtrip, write_ids
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -93,10 +92,7 @@ def test_chunks_end_at_multiples_of_batches_per_transfer_from_a_state_inside_one
     assert worker_state.get("counters", worker_state)["batches"] == 2   # a dataset's counters, a mixture's own
     _, dataset = _make(kind, folder, 1, batches_per_transfer=3)
     transport = Transport(batches_per_transfer=3, send_chunks=True)
-    if kind == "dataset":
-        dataset.worker_side.use_transport(transport)
-    else:
-        dataset.worker_side.use_transport(transport, torch.zeros((1, 1), dtype=torch.int64))
+    dataset.worker_side.use_transport(transport)
     # torchdata's plain loader hands the worker its state and yields the chunks as they come (its collate_fn sees
     # them in the worker): the arrowstream loaders unpack them
     with warnings.catch_warnings():

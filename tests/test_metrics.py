@@ -169,12 +169,12 @@ def test_a_row_read_while_its_worker_writes_it_is_one_write_whole():
     writer.start()
     try:
         seen, deadline = set(), time.monotonic() + 30
-        while len(seen) < 2000 and time.monotonic() < deadline:
+        while len(seen) < 1000 and time.monotonic() < deadline:
             (line,) = board.read()
             assert line["rows"] == 10 * line["batches"] and line["per_source"] == [7 * line["batches"],
                                                                                     3 * line["batches"]]
             seen.add(line["batches"])
-        assert len(seen) >= 2000   # it read while the worker wrote
+        assert len(seen) >= 1000   # it read while the worker wrote
     finally:
         stop.set()
         writer.join(timeout=10)

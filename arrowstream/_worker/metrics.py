@@ -18,6 +18,8 @@ of a machine.
 
 from __future__ import annotations
 
+import itertools
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -112,13 +114,21 @@ class Board:
 
 
 def _whole(row: np.ndarray) -> list[float]:
-    """``row`` as one write left it: read again while a write is under way or one came between (a worker
-    killed inside a write leaves it odd: after many tries, take it as it is)."""
-    for _ in range(10_000):
+    """``row`` as one write left it: read again while a write is under way or one came between. A worker taken off
+    the CPU inside a write holds the row odd until it runs again, so after a few tries the reader sleeps between
+    them; a worker killed inside a write leaves it odd for good: after a second, take it as it is."""
+    deadline = None
+    for tries in itertools.count():
         writes = float(row[-1])
         values: list[float] = row.tolist()
         if writes == values[-1] and writes % 2 == 0:
             break
+        if tries >= 100:
+            now = time.monotonic()
+            deadline = deadline or now + 1.0
+            if now > deadline:
+                break
+            time.sleep(0.0001)
     return values[:-1]
 
 
