@@ -242,6 +242,9 @@ def checkpoint(folder):
 
 def worker_states(merged):
     for outer in merged["ranks"]:
+        if "_snapshot" not in outer["dataloader"]:   # num_workers=0: the trainer's
+            yield outer["dataloader"]["dataset_state"]
+            continue
         snapshots = outer["dataloader"]["_snapshot"]["_worker_snapshots"]
         for key in sorted(snapshots):
             yield snapshots[key]["dataset_state"]
@@ -292,7 +295,7 @@ def test_a_tampered_checkpoint_is_refused_and_changes_nothing(folder, checkpoint
         inner = next(worker_states(state))["canonical"]["states"][0]
         inner["counters"]["rows"] += 1000
         next(worker_states(state))["counters"]["rows"] += 1000
-    refused(cursor_past_the_plan, StateError, "is 1024, but the cursor stands after 24 row")
+    refused(cursor_past_the_plan, StateError, r"counters.rows is \d+, but the cursor stands after \d+ row")
 
     with pytest.raises(StateMismatchError, match="lacks canonical slots"):   # rank 0's own state: half of them
         loader.load_state_dict(copy.deepcopy(checkpoint["ranks"][0]))
@@ -495,3 +498,76 @@ def test_a_row_group_with_other_rows_than_announced_is_named_when_canonical_slot
                                                     canonical_slots=8, plan_cache=False)
     with pytest.raises(arrowstream.errors.CorruptFileError, match="f.parquet"):
         list(loader)
+
+
+def test_a_checkpoint_inside_a_span_names_the_batches_past_each_state_and_resumes_after_them(folder, sources, reference,
+                                                                                           mixture_reference):
+    """A dataset's worker reads its canonical slots a span at a time and keeps one position of each per span: a
+    checkpoint after a batch inside a span holds the states where the span started and the batches and rows past them
+    (``canonical.past``), and a resume passes over those again, on any topology. A mixture's keeps a position after
+    every batch (a state past them could not say its rows of each source): no ``past``."""
+    for make_ranks, data, expected in ((ranks, folder, reference(shuffle_buffer_size=20)),
+                                       (mixture_ranks, sources, mixture_reference)):
+        options = {"shuffle_buffer_size": 20} if make_ranks is ranks else {}
+        first, saved = run(make_ranks(data, 1, 0, **options), (0,), stop=(0, 3))
+        (worker,) = worker_states(saved)
+        head, canonical = worker["counters"], worker["canonical"]
+        if make_ranks is ranks:
+            assert [p["batches"] for p in canonical["past"]] == [3] * SLOTS   # inside the first span read
+            assert all(state["counters"]["batches"] == 0 for state in canonical["states"])
+            assert head["rows"] == sum(p["rows"] for p in canonical["past"]) == 3 * GLOBAL
+        else:
+            assert "past" not in canonical and all(s["counters"]["batches"] == 3 for s in canonical["states"])
+        loaders = make_ranks(data, 2, 2, **options)   # another topology passes over them too
+        for loader, _ in loaders:
+            loader.load_state_dict(copy.deepcopy(saved))
+        assert first + run(loaders, (0, 1))[0] == expected
+
+
+def test_a_tampered_past_is_refused(folder):
+    """``canonical.past`` tampered: refused at load where the state says it (its shape, its counters), and at the first
+    batch where only the data can (rows or batches past a state that the data does not hold there); nothing lost."""
+    _, saved = run(ranks(folder, 1, 0, shuffle_buffer_size=20), (0,), stop=(0, 3))
+
+    def edited(edit):
+        state = copy.deepcopy(saved)
+        worker = next(worker_states(state))
+        edit(worker, worker["canonical"]["past"])
+        return state
+
+    def more_rows(worker, past):   # the head says them too: only the data tells
+        past[0]["rows"] += 1
+        worker["counters"]["rows"] += 1
+
+    def more_batches(worker, past):   # every canonical slot and the head one batch further: rows do not match
+        for entry in past:
+            entry["batches"] += 1
+        worker["counters"]["batches"] += 1
+
+    def past_the_epoch(worker, past):   # further than the epoch goes
+        for entry in past:
+            entry["batches"] += 1000
+        worker["counters"]["batches"] += 1000
+
+    for edit in (more_rows, more_batches, past_the_epoch):
+        loader, dataset = make(folder, 1, 0, 0, shuffle_buffer_size=20)
+        loader.load_state_dict(edited(edit))
+        dataset.set_epoch(0)
+        with pytest.raises(StateError, match=r"canonical slot 0 handed out \d+ batch\(es\) of \d+ row\(s\) past its "
+                                             r"state, but the data holds"):
+            next(iter(loader))
+
+    at_load = [
+        (lambda worker, past: past.pop(), r"canonical\.past holds 7 entries, its states 8"),
+        (lambda worker, past: past[1].update(batches=2), (r"canonical\.states\[1\] stands at epoch 0, batch 2, the "
+                                                          r"worker at epoch 0, batch 3")),
+        (lambda worker, past: past[0].update(rows=past[0]["rows"] + 8), r"counters say \d+ rows"),
+        (lambda worker, past: past[0].update(batches=5000), r"past\[0\]\.batches is 5000"),
+        (lambda worker, past: past[0].update(batches=0), r"past\[0\] says 0 batch\(es\) and 24 row\(s\)"),
+        (lambda worker, past: [p.update(batches=0, rows=0) for p in past], (r"stands at epoch 0, batch 0, the worker "
+                                                                            r"at epoch 0, batch 3")),
+    ]
+    for edit, match in at_load:
+        loader, _ = make(folder, 1, 0, 0, shuffle_buffer_size=20)
+        with pytest.raises(StateError, match=match):
+            loader.load_state_dict(edited(edit))

@@ -98,31 +98,64 @@ def _check_canonical_worker(worker, path, reads):
                            "canonical"}, path
     slots, states = worker["canonical"]["slots"], worker["canonical"]["states"]
     assert (worker["options"]["order"], worker["options"]["canonical_slots"]) == ("canonical", slots), path
+    # from v14: the batches and rows each canonical slot handed out past its state (absent: none)
+    past = worker["canonical"].get("past", [{"batches": 0, "rows": 0}] * len(states))
+    assert set(worker["canonical"]) <= {"slots", "states", "past"} and len(past) == len(states), path
     first = states[0]["slot"]["rank"]
-    for c, inner in enumerate(states, first):
+    for c, (inner, passed) in enumerate(zip(states, past, strict=True), first):
         assert (inner["kind"], inner["version"], inner["reads"]) == ("arrowstream.worker", STATE_VERSION, reads)
         assert inner["slot"] == {"rank": c, "world_size": slots, "worker_id": 0, "num_workers": 0}, path
-        assert (inner["epoch"], inner["counters"]["batches"]) == (worker["epoch"], worker["counters"]["batches"])
+        assert (inner["epoch"], inner["counters"]["batches"] + passed["batches"]) == (worker["epoch"],
+                                                                                     worker["counters"]["batches"])
         own = {"data", "cursor"} if reads == "dataset" else {"sources", "history"}
         assert own | {"elastic"} <= set(inner) and "canonical" not in inner and inner["elastic"] is None, path
-    for counter in ("rows", "rows_dropped"):
-        assert worker["counters"][counter] == sum(inner["counters"][counter] for inner in states), path
+    assert worker["counters"]["rows"] == sum(inner["counters"]["rows"] + passed["rows"]
+                                             for inner, passed in zip(states, past, strict=True)), path
+    assert worker["counters"]["rows_dropped"] == sum(inner["counters"]["rows_dropped"] for inner in states), path
 
 
 def test_states_of_version_12_migrate_to_13_unchanged():
     """v13 added order="canonical" (a canonical worker state, the options order and canonical_slots); a v12 state of
-    every kind (loader, merged checkpoint, each worker state inside) migrates to v13 with only its version changed."""
+    every kind (loader, merged checkpoint, each worker state inside) migrates to v13, and on to this version, with only
+    its version changed."""
     from arrowstream._state import versions
 
     for path in sorted(glob.glob(os.path.join(GOLDEN, "v12", "*.json"))):
         with open(path) as f:
             state = json.load(f)["state"]
         assert state["version"] == 12, path
-        assert versions.upgrade(json.loads(json.dumps(state)), state["kind"]) == {**state, "version": 13}, path
+        assert versions.upgrade(json.loads(json.dumps(state)), state["kind"]) == {
+            **state, "version": versions.STATE_VERSION}, path
         for outer in state["ranks"] if state["kind"] == versions.CHECKPOINT_KIND else [state]:
             for worker in (w for w in worker_states(outer["dataloader"]) if w is not None):
                 assert worker["version"] == 12 and "canonical" not in worker, path
-                assert versions.upgraded_worker(json.loads(json.dumps(worker))) == {**worker, "version": 13}, path
+                assert versions.upgraded_worker(json.loads(json.dumps(worker))) == {
+                    **worker, "version": versions.STATE_VERSION}, path
+
+
+def test_states_of_version_13_migrate_to_14_unchanged():
+    """v14 added ``canonical.past`` to a canonical worker state (absent: none); a v13 state of every kind migrates to
+    v14 with only its version changed, and the canonical ones say no batches past their states."""
+    from arrowstream._state import versions
+    from arrowstream._state.canonical import CanonicalState
+
+    canonical = 0
+    for path in sorted(glob.glob(os.path.join(GOLDEN, "v13", "*.json"))):
+        with open(path) as f:
+            state = json.load(f)["state"]
+        assert state["version"] == 13, path
+        assert versions.upgrade(json.loads(json.dumps(state)), state["kind"]) == {
+            **state, "version": versions.STATE_VERSION}, path
+        for outer in state["ranks"] if state["kind"] == versions.CHECKPOINT_KIND else [state]:
+            for worker in (w for w in worker_states(outer["dataloader"]) if w is not None):
+                assert versions.upgraded_worker(json.loads(json.dumps(worker))) == {
+                    **worker, "version": versions.STATE_VERSION}, path
+                if "canonical" in worker:
+                    parsed = CanonicalState.from_dict(json.loads(json.dumps(worker)), path, reads=outer["reads"])
+                    assert parsed.past == () and [parsed.past_of(i) for i in range(len(parsed.states))] == \
+                        [(0, 0)] * len(parsed.states), path
+                    canonical += 1
+    assert canonical >= 5   # the v13 canonical states of both fronts, workers, ranks
 
 
 @pytest.mark.parametrize("golden_file", FILES, ids=[os.path.relpath(f, GOLDEN) for f in FILES])

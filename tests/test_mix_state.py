@@ -14,6 +14,7 @@ from test_mixing import epoch_batches, loader_of, three  # noqa: F401 (the fixtu
 
 import arrowstream
 from arrowstream import errors
+from arrowstream._state.versions import STATE_VERSION
 
 OPTIONS = {"shuffle": True, "shuffle_buffer_size": 40, "interleave": 2, "seed": 5}
 
@@ -204,7 +205,7 @@ def test_a_rank_inside_an_earlier_epoch_than_another_is_refused(three):  # noqa:
     (lambda s: s.update(reads=None), errors.StateError, r"loader state\.reads is None"),
     (lambda s: s.update(dynamic={"epoch": 0}), errors.StateError, r"reads a mixture and holds a dynamic ledger"),
     (lambda s: s.update(kind="arrowstream.mixture_loader"), errors.StateVersionError,
-     r"'arrowstream.mixture_loader' has version 13, but a mixture's loader wrote that kind as version 1 only"),
+     rf"'arrowstream.mixture_loader' has version {STATE_VERSION}, but a mixture's loader wrote that kind as version 1"),
 ], ids=["reads-other", "reads-missing", "reads-null", "dynamic", "retired-kind"])
 def test_a_tampered_envelope_is_refused_naming_the_field(three, mid, edit, error, match):  # noqa: F811
     """The envelope of a mixture's state is the dataset's (v11): what it reads is checked, and a dynamic ledger

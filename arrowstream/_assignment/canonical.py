@@ -18,7 +18,7 @@ from .._layout.canonical import Canonical, canonical_grid, canonical_slot, check
 from .._layout.layout import Epochs, rows_dropped, slot_yields
 from .._layout.trims import Trim, slot_trim
 from .._planning.auto_buffer import auto_buffer_rows, row_bytes
-from .._state.canonical import CanonicalState, rank_states
+from .._state.canonical import CanonicalState, SlotAt, rank_states
 from .._state.resume import Against, checked_state
 from .._state.versions import DATASET
 from .._state.worker import WorkerState
@@ -59,7 +59,7 @@ class CanonicalOrder:
         self._canonical: Canonical | None = None
         self._epochs: Epochs | None = None
         self._options: Options | None = None
-        self._resume: dict[int, WorkerState] = {}   # a loaded checkpoint: each canonical slot's state
+        self._resume: dict[int, SlotAt] = {}   # a loaded checkpoint: where each canonical slot stands
         self._resume_epoch = -1
 
     def check(self, options: Options, group_size: int) -> None:
@@ -194,14 +194,16 @@ class CanonicalOrder:
         if self._resume_epoch != dataset.epoch:
             self._check_epoch(dataset)
             return None
-        states = tuple(self._resume[c] for c in self.canonical.physical_range(slot))
-        return CanonicalState.of(DATASET, dataset.epoch, slot, self.slots, states, self._head_options(dataset))
+        loaded = [self._resume[c] for c in self.canonical.physical_range(slot)]
+        return CanonicalState.of(DATASET, dataset.epoch, slot, self.slots, tuple(at.state for at in loaded),
+                                 self._head_options(dataset), tuple(at.past for at in loaded))
 
     def _check_epoch(self, dataset: PolicyDataset) -> None:
         """Refuse to iterate another epoch than a loaded mid-epoch checkpoint's (its rows would be lost)."""
         if self._resume_epoch < 0 or self._resume_epoch == dataset.epoch:
             return
-        if any(self.epochs.batches_left(state, canonical_slot(c, self.slots)) != 0 for c, state in self._resume.items()):
+        if any(self.epochs.batches_left(at.state, canonical_slot(c, self.slots)) != at.past[0]
+               for c, at in self._resume.items()):
             raise StateMismatchError(
                 f"the checkpoint is in epoch {self._resume_epoch} (mid-epoch) but the dataset is set to epoch "
                 f"{dataset.epoch}; call dataset.set_epoch({self._resume_epoch}) before iterating to finish the saved "
@@ -253,11 +255,11 @@ class CanonicalOrder:
         against the canonical layout. Returns the epoch."""
         found = rank_states(saved, self.slots, dataset.rank, dataset.world_size, where)
         wanted = list(found)
-        first: WorkerState = found[wanted[0]]
+        first: WorkerState = found[wanted[0]].state
         against = Against(self.epochs, self.epochs.options, dataset.identity, self.epochs.state_options,
                           dataset.data_identity, set())
         for c in wanted:
-            checked_state(against, found[c], False, canonical_slot(c, self.slots),
+            checked_state(against, found[c].state, False, canonical_slot(c, self.slots),
                           f"{where}'s canonical slot {c}", None, followed=True)
         self._resume = found
         self._resume_epoch = first.epoch

@@ -8,7 +8,6 @@ of chunks, so they end together; one that does not is an error, never a batch sh
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,29 +15,50 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from .._core.fields import REMEDY
 from .._core.order import Slot
 from .._mixing.stream import MixStream
 from .._state.canonical import CanonicalState
 from .._state.versions import DATASET
-from ..errors import WorkerError
+from ..errors import StateError, WorkerError
 
 
 @dataclass(frozen=True)
 class CanonicalPosition:
-    """Where a canonical worker stands after a batch: each of its canonical slots' position."""
+    """Where a canonical worker stands after a batch: each of its canonical slots' position, and the batches it handed
+    out past them (the same for every canonical slot), with each canonical slot's rows in them.
+
+    A dataset's worker reads its canonical slots a span of batches at a time; the position after each batch inside a
+    span is the positions where the span started and the batches past them (a resume passes over those again), so a
+    span costs one position of each canonical slot, not one per batch (a canonical slot's batches are a few rows). A
+    mixture's has a position after every batch: a state past them could not say its rows of each source."""
 
     positions: tuple[Any, ...]   # a dataset's Position, a mixture's MixPosition
+    past: int = 0
+    past_rows: tuple[int, ...] = ()
 
     def __reduce__(self) -> tuple[type[CanonicalPosition], tuple[Any, ...]]:
-        return CanonicalPosition, (self.positions,)   # it travels with every part of a chunk: plain arguments
+        # it travels with every part of a chunk: plain arguments (the positions where a span starts, shared by the
+        # span's batches, pickled once per chunk)
+        return CanonicalPosition, (self.positions, self.past, self.past_rows)
 
     @property
     def batches(self) -> int:
-        return int(self.positions[0].batches)
+        return int(self.positions[0].batches) + self.past
 
     @property
     def rows(self) -> int:
-        return sum(int(position.rows) for position in self.positions)
+        return sum(int(position.rows) for position in self.positions) + sum(self.past_rows)
+
+
+FILL_ROWS = 65_536
+"""Rows a canonical worker reads at once when its batches are asked one at a time (:meth:`CanonicalStream.next_record`):
+each canonical slot's part of them is one span, and a span costs a call of every canonical slot's stream."""
+
+
+def fill_batches(batch_rows: int) -> int:
+    """Batches of ``batch_rows`` rows read at once (:data:`FILL_ROWS`, 1 to 64)."""
+    return max(1, min(64, FILL_ROWS // max(batch_rows, 1)))
 
 
 class OutOfStepError(WorkerError):
@@ -59,15 +79,26 @@ class CanonicalStream:
     def __init__(self, streams: Sequence[MixStream[Any, Any]], slot: Slot, slots: int, options: dict[str, Any],
                  reads: str = DATASET, per_fill: int = 1) -> None:
         self._streams = list(streams)
+        # a mixture's: a position after every batch (a state past them could not say its rows of each source)
+        self._every = reads != DATASET
         self._slot, self._slots, self._options, self._reads = slot, slots, options, reads
         self._per_fill = max(per_fill, 1)
-        self._ready: deque[tuple[pa.RecordBatch, CanonicalPosition]] = deque()   # read, not handed out yet
+        self._fill: pa.RecordBatch | None = None   # batches read by next_record, not all handed out yet
+        self._bounds: list[int] = []   # where each of its batches starts, and its end
+        self._at: list[CanonicalPosition] = []   # the position after each
+        self._next = 0   # its next batch to hand out
         self._last: CanonicalPosition | None = None   # after the last batch handed out of them
+        self._base: tuple[Any, ...] | None = None   # where the canonical slots stood before the last span read
+
+    @property
+    def _ready(self) -> int:
+        """Batches read, not handed out yet."""
+        return len(self._at) - self._next
 
     @property
     def batches(self) -> int:
         """Batches handed out (read ahead ones not counted)."""
-        return self._streams[0].batches - len(self._ready)
+        return self._streams[0].batches - self._ready
 
     @property
     def batch_size(self) -> int:
@@ -79,30 +110,37 @@ class CanonicalStream:
 
     def next_record(self) -> pa.RecordBatch:
         if not self._ready:
-            span, sizes, positions, _ = self._read(self._per_fill)
-            offset = 0
-            for size, position in zip(sizes, positions, strict=True):
-                self._ready.append((span.slice(offset, size), position))
-                offset += size
-        record, self._last = self._ready.popleft()
-        return record
+            self._fill, sizes, self._at, _ = self._read(self._per_fill)
+            self._bounds = np.cumsum([0, *sizes]).tolist()
+            self._next = 0
+        return self._hand_out(1)[0]
 
     def next_span(self, max_batches: int) -> tuple[pa.RecordBatch, list[int], list[CanonicalPosition],
                                                    list[int] | None]:
-        if self._ready:   # batches read ahead first
-            taken = [self._ready.popleft() for _ in range(min(max(max_batches, 1), len(self._ready)))]
-            self._last = taken[-1][1]
-            records = [record for record, _ in taken]
-            span = records[0] if len(records) == 1 else pa.concat_batches(records)
-            return span, [record.num_rows for record in records], [at for _, at in taken], None
+        if self._ready:   # batches read ahead first (their rows of each source are not counted apart)
+            return (*self._hand_out(max(max_batches, 1)), None)
         return self._read(max_batches)
+
+    def _hand_out(self, wanted: int) -> tuple[pa.RecordBatch, list[int], list[CanonicalPosition]]:
+        """Up to ``wanted`` batches read ahead, as one slice of the fill (no copy), their rows and the position after
+        each."""
+        assert self._fill is not None
+        first, last, bounds = self._next, min(self._next + wanted, len(self._at)), self._bounds
+        self._next = last
+        positions = self._at[first:last]
+        self._last = positions[-1]
+        span = self._fill.slice(bounds[first], bounds[last] - bounds[first])
+        return span, [bounds[i + 1] - bounds[i] for i in range(first, last)], positions
 
     def _read(self, max_batches: int) -> tuple[pa.RecordBatch, list[int], list[CanonicalPosition], list[int] | None]:
         """Up to ``max_batches`` next batches of every canonical slot, side by side."""
+        base = self._base
+        if base is None and not self._every:
+            base = tuple(stream.position() for stream in self._streams)
         spans = []
         for index, stream in enumerate(self._streams):
             try:
-                spans.append(stream.next_span(max_batches))
+                spans.append(stream.next_span(max_batches, every=self._every))
             except StopIteration:
                 self._end_together(index)
                 raise
@@ -110,15 +148,24 @@ class CanonicalStream:
         if len(counts) != 1:
             raise OutOfStepError(f"the canonical slots of rank {self._slot.rank} worker {self._slot.worker_id} gave "
                                  f"{sorted(counts)} chunks at once; they move together")
-        positions = [CanonicalPosition(tuple(at)) for at in zip(*(p for _, _, p, _ in spans), strict=True)]
-        per_batch = [[sizes[i] for _, sizes, _, _ in spans] for i in range(len(positions))]
-        sizes = [sum(parts) for parts in per_batch]
-        sources = [counts for _, _, _, counts in spans]   # rows of each source (a mixture's board counts them)
+        per_batch = np.asarray([sizes for _, sizes, _, _ in spans], dtype=np.int64).T   # batch i, canonical slot j
+        # inside the span: where it started and the batches past it; after its last batch: where each slot stands
+        end = tuple(at[-1] for _, _, at, _ in spans)
+        if self._every:
+            positions = [CanonicalPosition(tuple(at)) for at in zip(*(at for _, _, at, _ in spans), strict=True)]
+        else:
+            assert base is not None
+            past_rows = np.cumsum(per_batch, axis=0).tolist()
+            positions = [CanonicalPosition(base, i + 1, tuple(past_rows[i])) for i in range(len(per_batch) - 1)]
+            positions.append(CanonicalPosition(end))
+        self._base = end
+        sizes = per_batch.sum(axis=1).tolist()
+        sources = [counts for _, _, _, counts in spans]   # rows of each source (a mixture's metrics count them)
         per_source = None if any(c is None for c in sources) else [sum(column) for column in zip(*sources, strict=True)]
         self._last = None
         if len(spans) == 1:
             return spans[0][0], sizes, positions, per_source
-        return _side_by_side([span for span, _, _, _ in spans], per_batch), sizes, positions, per_source
+        return _side_by_side([span for span, _, _, _ in spans], per_batch.tolist()), sizes, positions, per_source
 
     def _end_together(self, ended: int) -> None:
         """Canonical slot ``ended`` has no chunk left: every other must end here too (asked, so that its state says
@@ -147,9 +194,28 @@ class CanonicalStream:
             position = self._last
         if position is None:
             states = tuple(stream.state() for stream in self._streams)
+            past: tuple[tuple[int, int], ...] = ()
         else:
             states = tuple(stream.state(at) for stream, at in zip(self._streams, position.positions, strict=True))
-        return CanonicalState.of(self._reads, self.epoch, self._slot, self._slots, states, self._options)
+            past = tuple((position.past, rows) for rows in position.past_rows)
+        return CanonicalState.of(self._reads, self.epoch, self._slot, self._slots, states, self._options, past)
+
+
+def pass_over(stream: MixStream[Any, Any], past: tuple[int, int], number: int) -> None:
+    """Canonical slot ``number``'s ``stream``, opened at its state in a checkpoint, moved past the batches and rows
+    the checkpoint says it handed out past that state (``past``); a ``StateError`` if it holds other rows there."""
+    batches, rows = past
+    passed, seen = 0, 0
+    while passed < batches:
+        try:
+            _, sizes, _, _ = stream.next_span(batches - passed, every=False)
+        except StopIteration:
+            break
+        passed, seen = passed + len(sizes), seen + sum(sizes)
+    if (passed, seen) != (batches, rows):
+        raise StateError(f"the checkpoint says canonical slot {number} handed out {batches} batch(es) of {rows} row(s) "
+                         f"past its state, but the data holds {passed} of {seen} row(s) there; it is not a position this "
+                         f"plan reaches, so resuming from it would lose or repeat rows. {REMEDY}")
 
 
 def _side_by_side(spans: list[pa.RecordBatch], per_batch: list[list[int]]) -> pa.RecordBatch:

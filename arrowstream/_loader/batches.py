@@ -206,7 +206,7 @@ def delivered_state(inner: dict[str, Any], batches: BatchIterator, latest: dict[
 def moved_state(raw: Any, position: Position | CanonicalPosition, where: str) -> dict[str, Any]:
     """A worker's state (a dict) of this epoch, moved to ``position`` (after a batch: the epoch goes on)."""
     if isinstance(position, CanonicalPosition):   # order="canonical": each of its canonical slots'
-        return CanonicalState.from_dict(raw, where).moved(position.positions).to_dict()
+        return CanonicalState.from_dict(raw, where).moved(position.positions, (), position.past, position.past_rows).to_dict()
     return _at(WorkerState.from_dict(raw, where), position).to_dict()
 
 

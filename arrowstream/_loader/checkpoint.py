@@ -2,7 +2,7 @@
 
 The loader states of a dataset and those of a mixture merge alike (one function, one kind for both; each
 state's ``reads`` says which it read, and all must read the same). A merged checkpoint is a dict of JSON types:
-``{"kind": "arrowstream.checkpoint", "version": 13, "world_size": N, "num_workers": W, "ranks": [state of rank 0,
+``{"kind": "arrowstream.checkpoint", "version": 14, "world_size": N, "num_workers": W, "ranks": [state of rank 0,
 ..., state of rank N-1]}``, its version ``STATE_VERSION`` like the loader states it holds (merged checkpoints
 exist from version 4 on; a mixture's were of kind ``"arrowstream.mixture_checkpoint"`` before version 11); each
 entry is the state ``loader.state_dict()`` returned on that rank, migrated to the current version. Ranks of one

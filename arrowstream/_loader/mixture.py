@@ -196,7 +196,7 @@ class MixtureDataLoader(StreamLoader):
     def _moved_state(self, raw: Any, position: Any, where: str) -> dict[str, Any]:
         """A canonical worker state (a dict) moved to ``position`` (each of its canonical slots')."""
         state = CanonicalState.from_dict(raw, where, reads=READS_MIXTURE)
-        return state.moved(position.positions, self.dataset.names).to_dict()
+        return state.moved(position.positions, self.dataset.names, position.past, position.past_rows).to_dict()
 
     def _load_own(self, outer: dict[str, Any]) -> None:
         mixture = self.dataset

@@ -25,6 +25,7 @@ from .._state.mixture import MixWorkerState, SourceCursor, SourceEpoch
 if TYPE_CHECKING:
     from .._planning.options import Options
     from .._sources.mixture import Planned
+    from .._state.canonical import SlotAt
     from .._state.mixture_resume import MixtureView
 
 
@@ -34,7 +35,7 @@ class CanonicalLayout:
     own layout is), and a loaded checkpoint's canonical slots' states (``resume``, of epoch ``resume_epoch``)."""
 
     canonical: Canonical
-    resume: dict[int, MixWorkerState] = dataclasses.field(default_factory=dict)
+    resume: dict[int, SlotAt] = dataclasses.field(default_factory=dict)
     resume_epoch: int = -1
     _made_for: Any = None
     _epochs: MixEpochs | None = None

@@ -22,7 +22,7 @@ from torch.utils.data import get_worker_info
 from .._assignment.canonical import refuse_plain_loader
 from .._core.order import Slot
 from .._layout.canonical import check_workers
-from .._layout.canonical_stream import CanonicalPosition, CanonicalStream
+from .._layout.canonical_stream import CanonicalPosition, CanonicalStream, pass_over
 from .._mixing.layout import MixEpochs
 from .._mixing.quotas import quotas_at
 from .._mixing.schema import caster
@@ -169,8 +169,9 @@ class MixtureHooks(PlannedMixture):
         if layout.resume_epoch != self.epoch:
             self.check_canonical_epoch()
             return None
-        states = tuple(layout.resume[c] for c in layout.canonical.physical_range(slot))
-        return CanonicalState.of(MIXTURE, self.epoch, slot, layout.canonical.slots, states, self.state_options())
+        loaded = [layout.resume[c] for c in layout.canonical.physical_range(slot)]
+        return CanonicalState.of(MIXTURE, self.epoch, slot, layout.canonical.slots, tuple(at.state for at in loaded),
+                                 self.state_options(), tuple(at.past for at in loaded))
 
     def check_canonical_epoch(self) -> None:
         """Under ``order="canonical"``, refuse to iterate another epoch than a loaded mid-epoch checkpoint's (its rows
@@ -179,7 +180,7 @@ class MixtureHooks(PlannedMixture):
         if layout is None or layout.resume_epoch < 0 or layout.resume_epoch == self.epoch:
             return
         chunks = self.canonical_chunks(layout.resume_epoch)
-        if any(not s.epoch_complete and s.batches < chunks for s in layout.resume.values()):
+        if any(not at.state.epoch_complete and at.batches < chunks for at in layout.resume.values()):
             raise StateMismatchError(
                 f"the checkpoint is in mixture epoch {layout.resume_epoch} (mid-epoch) but the mixture is set to "
                 f"epoch {self.epoch}; call mixture.set_epoch({layout.resume_epoch}) before iterating to finish "
@@ -218,7 +219,7 @@ class MixtureHooks(PlannedMixture):
         casts = {s.name: caster(schemas[s.name], self._schema, s.name, self._source_column) for s in self._sources}
         streams: list[MixStream[MixPosition, MixWorkerState]] = []
         shared = SharedReading()   # small sources held once, parts of one unit decoded once, for all of them
-        for number, state in zip(layout.canonical.physical_range(slot), start.states, strict=True):
+        for index, (number, state) in enumerate(zip(layout.canonical.physical_range(slot), start.states, strict=True)):
             inner_slot = MixSlot(self.epoch, number, layout.canonical.slots, 0, 0)
             if state.epoch_complete:
                 streams.append(finished_stream(inner_slot, state, inner.batch_size))
@@ -226,7 +227,9 @@ class MixtureHooks(PlannedMixture):
             reading = MixReading(inner, tuple(self._sources), self.file_bases(), casts=casts,
                                  fill_nulls=self._fill_nulls,
                                  epoch=epochs.slot_epoch(Slot(number, layout.canonical.slots, 0, 0), self.epoch))
-            streams.append(open_stream(reading, state, meter, shared))
+            opened_stream = open_stream(reading, state, meter, shared)
+            pass_over(opened_stream, start.past_of(index), number)
+            streams.append(opened_stream)
         stream = CanonicalStream(streams, slot, layout.canonical.slots, self.state_options(), reads=MIXTURE,
                                  per_fill=default_batches_per_transfer(inner.batch_size * len(streams)))
         return opened(self._side, stream, output, meter)   # type: ignore[arg-type, return-value]
@@ -244,13 +247,13 @@ class MixtureHooks(PlannedMixture):
         try:
             found = rank_states(saved, layout.canonical.slots, self._rank, self._world_size, where)
             wanted = list(found)
-            first = found[wanted[0]]
+            first = found[wanted[0]].state
             self._adopt_saved(saved[0].head.options)   # its buffer (left to the default here), batch order, layout
             self._follow_sources(first.data)   # an Iceberg table moved on since: the checkpoint's snapshot
             view = self.canonical_view()
             for c in wanted:
-                check_worker_state(view, found[c], MixSlot(first.epoch, c, layout.canonical.slots, 0, 0))   # type: ignore[arg-type]
-            epoch = self.follow([found[c] for c in wanted])
+                check_worker_state(view, found[c].state, MixSlot(first.epoch, c, layout.canonical.slots, 0, 0))   # type: ignore[arg-type]
+            epoch = self.follow([found[c].state for c in wanted])
         except BaseException:   # a refused state leaves the mixture reading what it read
             self.read_as(before)
             raise

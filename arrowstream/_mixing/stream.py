@@ -288,13 +288,15 @@ class MixStream(Generic[P, S]):
         self.batches += 1
         return tag, batch
 
-    def next_span(self, max_batches: int) -> tuple[pa.RecordBatch, list[int], list[P], list[int]]:
+    def next_span(self, max_batches: int, every: bool = True) -> tuple[pa.RecordBatch, list[int], list[P], list[int]]:
         """Up to ``max_batches`` next batches as one record batch (one concatenation), with each batch's
         rows, the position after each, and the rows of each source among them; the batches are those
         ``next()`` would give, one after another.
 
         The batches are planned first (each source's share of each), then each source's rows of the whole
-        span are taken in one pass, with its cursor after each batch's share."""
+        span are taken in one pass, with its cursor after each batch's share. ``every=False``: the position after
+        the last batch only (a list of one), which costs one cursor instead of one per batch (a canonical slot's
+        batches are a few rows each, see :mod:`arrowstream._layout.canonical_stream`)."""
         if self._last_pieces is not None:   # a dynamic worker's: batch by batch, its last rows as pieces
             return self._record_span(max_batches)
         if max_batches <= 1 and self._ends_when_asked and self._one is not None:   # a dataset's one batch
@@ -308,7 +310,7 @@ class MixStream(Generic[P, S]):
             self._finish()
             raise StopIteration
         if self._one is not None:
-            return self._one_span(self._one, plan, ends)
+            return self._one_span(self._one, plan, ends, every)
         sources = self._sources
         before = [source.taken for source in sources]
         if self._reading:   # one source: every row of the batches is its
@@ -319,14 +321,15 @@ class MixStream(Generic[P, S]):
         pieces, cursors = [], []
         cast = self._cast
         for source, source_marks in zip(sources, marks, strict=True):
-            taken, after = source.take_marked(source_marks)
+            taken, after = source.take_marked(source_marks if every else source_marks[-1:])
             pieces.append(taken if cast is None else [cast(source.name, piece) for piece in taken])
             cursors.append(after)
         first, dropped = self.batches, self.rows_dropped
         sizes = [plan[0] - sum(before), *(now - then for then, now in itertools.pairwise(plan))]
-        place_of = self._start.place
-        positions = [place_of(rows, batch, dropped, False, place)
-                     for batch, rows, place in zip(range(first + 1, first + 1 + len(plan)), plan, zip(*cursors, strict=True), strict=True)]
+        place_of, ends_at = self._start.place, plan if every else plan[-1:]
+        placed = [place_of(rows, batch, dropped, False, place)
+                  for batch, rows, place in zip(range(first + 1 + len(plan) - len(ends_at), first + 1 + len(plan)),
+                                                ends_at, zip(*cursors, strict=True), strict=True)]
         counts = [source_marks[-1] for source_marks in marks]
         giving = sum(1 for count in counts if count)   # sources that give rows to the span
         if self._batch_order == EVEN and giving > 1:
@@ -342,7 +345,7 @@ class MixStream(Generic[P, S]):
         self.batches += len(plan)
         if ends:
             self._finish()
-        return span, sizes, positions, counts
+        return span, sizes, placed, counts
 
     def _record_span(self, max_batches: int) -> tuple[pa.RecordBatch, list[int], list[P], list[int]]:
         """:meth:`next_span` as :meth:`next_record` one after another (up to a piece that is stitched)."""
@@ -359,27 +362,30 @@ class MixStream(Generic[P, S]):
         span = records[0] if len(records) == 1 else pa.concat_batches(records)
         return span, [record.num_rows for record in records], positions, [span.num_rows]
 
-    def _one_span(self, source: SourceRows, plan: list[int], ends: bool) -> tuple[pa.RecordBatch, list[int], list[P],
-                                                                                   list[int]]:
+    def _one_span(self, source: SourceRows, plan: list[int], ends: bool,
+                  every: bool = True) -> tuple[pa.RecordBatch, list[int], list[P], list[int]]:
         """:meth:`next_span`'s batches of one source taken in order: the marks are the plan's, the span its pieces."""
         before = source.taken
         marks = [row - before for row in plan]
-        taken, places = source.take_marked(marks)
+        taken, places = source.take_marked(marks if every else marks[-1:])
         if self._cast is not None:
             taken = [self._cast(source.name, piece) for piece in taken]
         span = taken[0] if len(taken) == 1 else pa.concat_batches(taken)
         first, dropped, place = self.batches, self.rows_dropped, self._start.place
-        if len(plan) == 1:
-            sizes, positions = [marks[0]], [place(plan[0], first + 1, dropped, False, (places[0],))]
+        if not every:
+            sizes = [marks[0], *(now - then for then, now in itertools.pairwise(plan))]
+            placed = [place(plan[-1], first + len(plan), dropped, False, (places[-1],))]
+        elif len(plan) == 1:
+            sizes, placed = [marks[0]], [place(plan[0], first + 1, dropped, False, (places[0],))]
         else:
             sizes = [marks[0], *(now - then for then, now in itertools.pairwise(plan))]
-            positions = [place(rows, batch, dropped, False, (where,))
-                         for batch, rows, where in zip(range(first + 1, first + 1 + len(plan)), plan, places, strict=True)]
+            placed = [place(rows, batch, dropped, False, (where,))
+                      for batch, rows, where in zip(range(first + 1, first + 1 + len(plan)), plan, places, strict=True)]
         self.rows = plan[-1]
         self.batches += len(plan)
         if ends:
             self._finish()
-        return span, sizes, positions, [marks[-1]]
+        return span, sizes, placed, [marks[-1]]
 
     def position(self) -> P:
         """Where the stream stands: after the last batch it gave."""

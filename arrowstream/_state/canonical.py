@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._core.fields import REMEDY
+from .._core.fields import REMEDY, Fields
 from .._core.order import Slot
 from ..errors import StateError, StateMismatchError
 from .mixture import MixWorkerState
@@ -32,15 +32,24 @@ class CanonicalState:
     head: WorkerHead
     slots: int
     states: tuple[Any, ...]   # WorkerState (a dataset's), MixWorkerState (a mixture's): as ``head.reads`` says
+    past: tuple[tuple[int, int], ...] = ()   # each one's (batches, rows) handed out past its state; (): none
 
     @classmethod
     def of(cls, reads: str, epoch: int, slot: Slot, slots: int, states: tuple[Any, ...],
-           options: dict[str, Any]) -> CanonicalState:
-        """The state of (rank, worker) ``slot`` in ``epoch`` whose canonical slots stand at ``states`` (of ``slots``):
-        its counters their sums, its epoch complete when all of theirs are; ``options``: what its head says."""
-        head = WorkerHead(reads, epoch, slot, sum(s.rows for s in states), states[0].batches,
-                          sum(s.rows_dropped for s in states), all(s.epoch_complete for s in states), options)
-        return cls(head, slots, states)
+           options: dict[str, Any], past: tuple[tuple[int, int], ...] = ()) -> CanonicalState:
+        """The state of (rank, worker) ``slot`` in ``epoch`` whose canonical slots stand at ``states`` (of ``slots``)
+        and handed out ``past`` batches and rows past them (each one's; a worker reads a span of batches at a time,
+        and a resume passes over those again): its counters their sums, its epoch complete when all of theirs are;
+        ``options``: what its head says."""
+        past = past if any(batches for batches, _ in past) else ()
+        head = WorkerHead(reads, epoch, slot, sum(s.rows for s in states) + sum(rows for _, rows in past),
+                          states[0].batches + (past[0][0] if past else 0), sum(s.rows_dropped for s in states),
+                          all(s.epoch_complete for s in states), options)
+        return cls(head, slots, states, past)
+
+    def past_of(self, index: int) -> tuple[int, int]:
+        """The batches and rows canonical slot ``index`` (of this worker's, from 0) handed out past its state."""
+        return self.past[index] if self.past else (0, 0)
 
     @property
     def epoch(self) -> int:
@@ -51,20 +60,24 @@ class CanonicalState:
         """Global batches this worker has given its part of (each canonical slot's chunks)."""
         return self.head.batches
 
-    def moved(self, positions: Sequence[Any], names: Sequence[str] = ()) -> CanonicalState:
-        """This state of the same epoch moved to ``positions`` (each canonical slot's, after one batch), as a
-        chunk's batches carry them: a dataset's ``Position`` (the epoch goes on), a mixture's ``MixPosition``
-        (``names``: its sources, in order)."""
+    def moved(self, positions: Sequence[Any], names: Sequence[str] = (), past: int = 0,
+              past_rows: Sequence[int] = ()) -> CanonicalState:
+        """This state of the same epoch moved to ``positions`` (each canonical slot's) and ``past`` batches past them
+        (``past_rows``: each one's rows in them), as a chunk's batches carry them: a dataset's ``Position`` (the epoch
+        goes on), a mixture's ``MixPosition`` (``names``: its sources, in order)."""
         states = tuple(state.at(at, names) if isinstance(state, MixWorkerState) else
                        dataclasses.replace(state, cursor=at.cursor, rows=at.rows, batches=at.batches,
                                            rows_dropped=at.rows_dropped, epoch_complete=False)
                        for state, at in zip(self.states, positions, strict=True))
         head = self.head
-        return CanonicalState.of(head.reads, head.epoch, head.slot, self.slots, states, head.options)
+        return CanonicalState.of(head.reads, head.epoch, head.slot, self.slots, states, head.options,
+                                 tuple((past, rows) for rows in past_rows))
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.head.to_dict(), "canonical": {"slots": self.slots,
-                                                     "states": [state.to_dict() for state in self.states]}}
+        canonical: dict[str, Any] = {"slots": self.slots, "states": [state.to_dict() for state in self.states]}
+        if self.past:
+            canonical["past"] = [{"batches": batches, "rows": rows} for batches, rows in self.past]
+        return {**self.head.to_dict(), "canonical": canonical}
 
     @classmethod
     def from_dict(cls, state: Any, where: str = "worker state", reads: str = DATASET) -> CanonicalState:
@@ -85,6 +98,7 @@ class CanonicalState:
                              f"canonical slots one worker reads); {REMEDY}")
         parse = WorkerState.from_dict if reads == DATASET else MixWorkerState.from_dict
         states = tuple(parse(item, f"{where}.canonical.states[{i}]") for i, item in enumerate(raw))
+        past = _past(canonical, len(states))
         first = states[0].slot.rank
         for i, inner in enumerate(states):
             at = f"{where}.canonical.states[{i}]"
@@ -96,35 +110,74 @@ class CanonicalState:
             if inner.elastic is not None:
                 raise StateError(f"the {at}.elastic is set, but a canonical slot's epoch is never re-planned (any "
                                  f"topology that divides the canonical slots reads them as they are); {REMEDY}")
-            if inner.epoch != head.epoch or inner.batches != head.batches:
-                raise StateError(f"the {at} stands at epoch {inner.epoch}, batch {inner.batches}, the worker at epoch "
-                                 f"{head.epoch}, batch {head.batches}: the canonical slots of a worker move "
-                                 f"together; {REMEDY}")
-        if (sum(s.rows for s in states), sum(s.rows_dropped for s in states)) != (head.rows, head.rows_dropped):
+            passed, _ = past[i] if past else (0, 0)
+            if inner.epoch != head.epoch or inner.batches + passed != head.batches:
+                raise StateError(f"the {at} stands at epoch {inner.epoch}, batch {inner.batches + passed}, the worker "
+                                 f"at epoch {head.epoch}, batch {head.batches}: the canonical slots of a worker move "
+                                 f"together{f' ({passed} of its batches past its cursor)' if passed else ''}; {REMEDY}")
+            if passed and inner.epoch_complete:
+                raise StateError(f"the {at} says its epoch is complete, but {where}.canonical.past[{i}] has batches "
+                                 f"handed out past it; {REMEDY}")
+        rows = sum(s.rows for s in states) + sum(r for _, r in past)
+        if (rows, sum(s.rows_dropped for s in states)) != (head.rows, head.rows_dropped):
             raise StateError(f"the {where}.counters say {head.rows} rows ({head.rows_dropped} dropped), its canonical "
-                             f"slots' states {sum(s.rows for s in states)} ({sum(s.rows_dropped for s in states)}); "
-                             f"{REMEDY}")
-        return cls(head, slots, states)
+                             f"slots' states {rows} ({sum(s.rows_dropped for s in states)}); {REMEDY}")
+        return cls(head, slots, states, past)
 
 
-def canonical_states(saved: Sequence[CanonicalState], slots: int, where: str) -> dict[int, Any]:
-    """The canonical slots' states of a checkpoint's worker states (``saved``, any topology's), by canonical slot;
-    refused (``StateMismatchError``) when taken with other ``canonical_slots``, when none is there, or when they do
-    not stand at one (epoch, global batch)."""
-    found: dict[int, Any] = {}
+MAX_PAST = 4096
+"""The most batches a canonical slot's state says were handed out past it (a span read at once is far fewer)."""
+
+
+def _past(canonical: Fields, count: int) -> tuple[tuple[int, int], ...]:
+    """``canonical.past`` of a canonical state's fields (format v14; absent: none), one per state."""
+    if "past" not in canonical.value:
+        return ()
+    raw = canonical.sequence("past")
+    if len(raw) != count:
+        raise StateError(f"the state's {canonical.where}.past holds {len(raw)} entries, its states {count}: one per canonical slot; "
+                         f"{REMEDY}")
+    past = []
+    for i, item in enumerate(raw):
+        entry = Fields(item, f"{canonical.where}.past[{i}]")
+        batches, rows = entry.integer("batches", 0, MAX_PAST), entry.integer("rows", 0)
+        if rows and not batches:
+            raise StateError(f"the state's {entry.where} says {batches} batch(es) and {rows} row(s) handed out past the "
+                             f"canonical slot's state, expected 0 to {MAX_PAST} batches holding their rows; {REMEDY}")
+        past.append((batches, rows))
+    return tuple(past) if any(batches for batches, _ in past) else ()
+
+
+@dataclass(frozen=True)
+class SlotAt:
+    """Where one canonical slot stands in a checkpoint: its state, and the batches and rows it handed out past it."""
+
+    state: Any   # WorkerState (a dataset's), MixWorkerState (a mixture's)
+    past: tuple[int, int] = (0, 0)
+
+    @property
+    def batches(self) -> int:
+        return int(self.state.batches) + self.past[0]
+
+
+def canonical_states(saved: Sequence[CanonicalState], slots: int, where: str) -> dict[int, SlotAt]:
+    """The canonical slots of a checkpoint's worker states (``saved``, any topology's), by canonical slot; refused
+    (``StateMismatchError``) when taken with other ``canonical_slots``, when none is there, or when they do not stand
+    at one (epoch, global batch)."""
+    found: dict[int, SlotAt] = {}
     for state in saved:
         if state.slots != slots:
             raise StateMismatchError(
                 f"checkpoint was taken with canonical_slots={state.slots}, this one has canonical_slots={slots}: the "
                 f"canonical sequence differs. Build it with canonical_slots={state.slots}")
-        for inner in state.states:
+        for index, inner in enumerate(state.states):
             if inner.slot.rank in found:
                 raise StateError(f"the {where} holds canonical slot {inner.slot.rank} twice; {REMEDY}")
-            found[inner.slot.rank] = inner
+            found[inner.slot.rank] = SlotAt(inner, state.past_of(index))
     if not found:
         raise StateMismatchError(f"the {where} holds no canonical slot's state; pass loader.state_dict() (or "
                                  "merge_state_dicts) unchanged")
-    steps = {(s.epoch, s.batches) for s in found.values()}
+    steps = {(s.state.epoch, s.batches) for s in found.values()}
     if len(steps) != 1:
         raise StateMismatchError(
             f"the {where}'s canonical slots stand at different (epoch, global batch): {sorted(steps)[:4]}; a "
@@ -134,7 +187,7 @@ def canonical_states(saved: Sequence[CanonicalState], slots: int, where: str) ->
 
 
 def rank_states(saved: Sequence[CanonicalState], slots: int, rank: int, world_size: int,
-                where: str) -> dict[int, Any]:
+                where: str) -> dict[int, SlotAt]:
     """The states of the canonical slots rank ``rank`` of ``world_size`` reads, by canonical slot, from a checkpoint's
     worker states (``saved``, any topology's; :func:`canonical_states`); ``StateMismatchError`` when one is not there
     (one rank's state of another world size holds only that rank's)."""

@@ -18,7 +18,7 @@ from .._core.fields import REMEDY, Fields, is_int, shorten
 from .._core.plan_types import PLANNING_VERSION, PLANNING_VERSIONS
 from ..errors import StateError, StateVersionError
 
-STATE_VERSION = 13
+STATE_VERSION = 14
 WORKER_KIND = "arrowstream.worker"   # a dataset's worker state and a mixture's (from v12): ``reads`` says which
 MIXTURE_WORKER_KIND_V4 = "arrowstream.mixture_worker"   # a mixture's worker state before version 12 (its versions 1-4)
 RETIRED_MIXTURE_WORKER_BECOMES = 12   # the version of the one worker kind that kind migrates to (then on step by step)
@@ -173,6 +173,12 @@ def _unchanged_in_v13(state: dict[str, Any]) -> dict[str, Any]:
     return dict(state)
 
 
+def _unchanged_in_v14(state: dict[str, Any]) -> dict[str, Any]:
+    """v14 adds ``canonical.past`` to a canonical worker state (the batches and rows each canonical slot handed out
+    past its state, which a resume passes over again); a v13 state has none (absent: none), unchanged."""
+    return dict(state)
+
+
 def _mixture_worker_to_v12(state: dict[str, Any]) -> dict[str, Any]:
     """A mixture's worker state of the retired kind (versions 1 to 4) as version 12 has it: the one worker kind with
     ``reads: "mixture"``, its counters under ``counters``, ``elastic`` null where absent (an epoch not re-planned)
@@ -235,6 +241,9 @@ MIGRATIONS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = 
     (WORKER_KIND, 12): _unchanged_in_v13,
     (LOADER_KIND, 12): _unchanged_in_v13,
     (CHECKPOINT_KIND, 12): _unchanged_in_v13,
+    (WORKER_KIND, 13): _unchanged_in_v14,
+    (LOADER_KIND, 13): _unchanged_in_v14,
+    (CHECKPOINT_KIND, 13): _unchanged_in_v14,
 }
 
 

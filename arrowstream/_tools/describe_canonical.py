@@ -80,7 +80,11 @@ class CanonicalWorker:
     def fields(self) -> dict[str, Any]:
         """What its worker line adds: the canonical slots it reads and each one's rows."""
         return {"canonical_slots": [self.first, self.first + len(self.state.states) - 1],
-                "canonical_rows": [s.rows for s in self.state.states]}
+                "canonical_rows": self.rows_of_slots()}
+
+    def rows_of_slots(self) -> list[int]:
+        """Each of its canonical slots' rows handed out (its state's, and those past it)."""
+        return [s.rows + self.state.past_of(i)[1] for i, s in enumerate(self.state.states)]
 
 
 def read_canonical_worker(raw: Any, name: str, reads: str = READS_DATASET) -> CanonicalWorker:
@@ -118,11 +122,11 @@ def canonical_body(workers: list[CanonicalWorker], dataset: StructuredDataset | 
         if worker.state.slots != slots:
             raise StateError(f"the state's workers read {slots} and {worker.state.slots} canonical slots; {REMEDY}")
         at.setdefault((worker.epoch, worker.batches), []).append(_name(worker))
-        for inner in worker.state.states:
+        for inner, handed in zip(worker.state.states, worker.rows_of_slots(), strict=True):
             if rows[inner.slot.rank] is not None:
                 raise StateError(f"the state holds canonical slot {inner.slot.rank} twice (again in {_name(worker)}); "
                                  f"{REMEDY}")
-            rows[inner.slot.rank] = inner.rows
+            rows[inner.slot.rank] = handed
     if len(at) > 1:
         said = "; ".join(f"{', '.join(names)} at epoch {e}, global batch {k}" for (e, k), names in sorted(at.items()))
         raise StateError(f"the state's canonical slots stand at different (epoch, global batch): {said}; a "

@@ -36,7 +36,7 @@ def format_state(description: dict[str, Any]) -> str:
         >>> pq.write_table(pa.table({"x": list(range(10))}), os.path.join(folder, "part.parquet"))
         >>> loader, dataset = arrowstream.StructuredDataset.create_dataloader(path=folder, batch_size=4)
         >>> print(arrowstream.format_state(arrowstream.describe_state(loader.state_dict())).splitlines()[0])
-        arrowstream.loader of a dataset, format version 13 (written by arrowstream 0.2.0)
+        arrowstream.loader of a dataset, format version 14 (written by arrowstream 0.2.0)
     """
     d, topology = description, description["topology"]
     written = f" (written by arrowstream {d['arrowstream_version']})" if d.get("arrowstream_version") else ""

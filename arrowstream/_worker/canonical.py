@@ -12,10 +12,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._layout.canonical import Canonical, canonical_slot
-from .._layout.canonical_stream import CanonicalPosition, CanonicalStream
+from .._layout.canonical_stream import CanonicalPosition, CanonicalStream, fill_batches, pass_over
 from .iterator import Opened
 from .runtime import open_stream
-from .transport import default_batches_per_transfer
 
 if TYPE_CHECKING:
     from .._core.order import Slot
@@ -36,8 +35,12 @@ def open_canonical_epoch(runtime: Callable[[], WorkerRuntime], epochs: Epochs, r
     streams = []
     for index, number in enumerate(canonical.physical_range(slot)):
         inner = canonical_slot(number, canonical.slots)
-        start = pending.states[index] if pending is not None and pending.epoch == epoch else epochs.start(inner, epoch)
-        streams.append(open_stream(built, epochs, inner, start, read_options, readers=built.readers_of(index + 1)))
+        loaded = pending if pending is not None and pending.epoch == epoch else None
+        start = loaded.states[index] if loaded is not None else epochs.start(inner, epoch)
+        opened = open_stream(built, epochs, inner, start, read_options, readers=built.readers_of(index + 1))
+        if loaded is not None:
+            pass_over(opened, loaded.past_of(index), number)
+        streams.append(opened)
     rows = canonical.chunk * len(streams)   # of each batch of this worker
-    stream = CanonicalStream(streams, slot, canonical.slots, options, per_fill=default_batches_per_transfer(rows))
+    stream = CanonicalStream(streams, slot, canonical.slots, options, per_fill=fill_batches(rows))
     return Opened(stream, built.converters, built.meter, built.transport, by_record=True)
