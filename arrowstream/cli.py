@@ -20,6 +20,7 @@ import sys
 from ._core.assignment_names import ASSIGNMENT_NAMES
 from ._tools.cli_args import (
     HelpFormatter,
+    add_cache_arguments,
     add_mixture_arguments,
     add_plan_arguments,
     add_source_arguments,
@@ -87,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
                                "read every footer), and print what it holds")
     add_plan_arguments(plan)
     add_state_arguments(commands.add_parser("state", formatter_class=HelpFormatter, help="look inside a checkpoint"))
+    add_cache_arguments(commands.add_parser("cache", formatter_class=HelpFormatter,
+                                            help="a local cache of remote data (cache=): show it or clear it"))
     _add_traceback_option(parser, commands)
     args = parser.parse_args(argv)
     try:
@@ -127,6 +130,10 @@ def _run(args: argparse.Namespace) -> int:
         from ._tools import state_show as _state_show
 
         return _state_show.run_show(args)
+    if args.command == "cache":
+        from ._storage.cache import run_cache_command
+
+        return run_cache_command(args.cache_command, args.dir, args.json)
     if args.command == "inspect":
         from ._tools import inspect as _inspect
 

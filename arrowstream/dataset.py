@@ -93,6 +93,15 @@ class StructuredDataset(DatasetHooks):
             fetches in the background (coalesced byte ranges, concurrently); ``0`` turns
             read-ahead off. Memory: about that many splits' compressed bytes per worker, plus
             the splits being read. Local files are read directly.
+        cache: A folder on local disk that keeps the byte ranges read from an object store (data and
+            footers), so that later epochs, and later runs, read them from disk: each entry is one
+            range of one version of one object (a changed object's entries are never served), checked
+            on every read (a damaged one is fetched again), written atomically; every process that
+            shares the folder holds ``cache_limit``. A folder that cannot be written turns it off with
+            one warning. ``None`` (the default): no cache. Local files are never cached. See
+            docs/storage.md "Local cache".
+        cache_limit: The most bytes the cache folder holds, an int or a string such as ``"200GB"``;
+            needed with ``cache``.
         plan_locally: Plan in this process, with no collective. By default, under an initialised
             ``torch.distributed`` with several ranks, building a dataset is a collective: every rank
             must build the same one (same path and options, compared with rank 0's; a difference is
@@ -165,11 +174,13 @@ class StructuredDataset(DatasetHooks):
                  credential_provider: Callable[[], dict[str, Any]] | None = None, plan_locally: bool = False,
                  retry: RetryPolicy | None = None, plan_cache: Any = None, assignment: str = "static",
                  with_row_ids: bool = False, data_identity: str = "strict", order: str = "topology",
-                 canonical_slots: int = DEFAULT_CANONICAL_SLOTS) -> None:
+                 canonical_slots: int = DEFAULT_CANONICAL_SLOTS, cache: str | os.PathLike[str] | None = None,
+                 cache_limit: int | str | None = None) -> None:
         arguments = check_dataset_arguments(
             path, format, storage_options=storage_options, credential_provider=credential_provider,
             plan_cache=plan_cache, retry=retry, plan_locally=plan_locally, rank=rank, world_size=world_size,
             accelerator=accelerator, group_size=group_size, even_batches=even_batches, read_ahead=read_ahead,
+            cache=cache, cache_limit=cache_limit,
             batch_size=batch_size, shuffle=shuffle, seed=seed, shuffle_buffer_size=shuffle_buffer_size,
             interleave=interleave, columns=columns, filter=filter, output_format=output_format, transform=transform,
             drop_last=drop_last, split_bytes=split_bytes, fill_nulls=fill_nulls, parse_options=parse_options,

@@ -71,6 +71,7 @@ class DatasetHooks(FrontDoor):
         self._topology = topology = arguments.topology
         self._rank, self._world_size = topology.data_rank, topology.data_world_size
         self._even_batches, self._read_ahead_depth = arguments.even_batches, arguments.read_ahead
+        self._cache = arguments.cache   # the local cache of remote data (None: none)
         self._policy, self._assignment = policy, policy.name   # how the rank's rows reach its workers (_assignment)
         self._data_identity = data_identity   # what a checkpoint must match (_state.identity)
         self._pending: WorkerState | None = None
@@ -109,7 +110,8 @@ class DatasetHooks(FrontDoor):
     def _use_plan(self, storage: Storage, plan: Plan, *, replanned: Leftovers | None) -> None:
         """Read ``plan`` from now on; ``replanned``: the epoch re-planned for a loaded checkpoint of another
         topology, which stays (``None``: none)."""
-        self._storage, self._plan = storage.reading(self._read_ahead_depth, self._options.interleave), plan
+        self._storage, self._plan = storage.reading(self._read_ahead_depth, self._options.interleave,
+                                                    self._cache), plan
         check_output_columns(self._options.output_format, plan.schema)
         if self._options.with_row_ids:
             check_row_id_names(plan.schema)

@@ -17,6 +17,7 @@ from typing import Any
 from .._mixing.quotas import MAX_EPOCH_ROWS
 from .._sources.files import FileOrigin, Origin, check_file_format
 from .._sources.mixture import IcebergSource, Source, check_weights
+from .._storage.cache import DataCache
 from .._storage.credentials import as_provider
 from .._storage.retry import RetryPolicy, check_retry
 from ..errors import ArgumentTypeError, InvalidArgumentError
@@ -37,12 +38,13 @@ class DatasetArguments:
     plan_locally: bool
     even_batches: bool   # as resolved: off with one reader of distinct data
     read_ahead: int
+    cache: DataCache | None   # the local cache of remote data (None: none)
 
 
 def check_dataset_arguments(path: Any, format: str, *, storage_options: Any, credential_provider: Any,
                             plan_cache: Any, retry: Any, plan_locally: Any, rank: Any, world_size: Any,
                             accelerator: Any, group_size: Any, even_batches: Any, read_ahead: Any,
-                            **options: Any) -> DatasetArguments:
+                            cache: Any = None, cache_limit: Any = None, **options: Any) -> DatasetArguments:
     """The dataset's arguments checked; ``path`` may be an :class:`Origin` (a front door such as
     ``IcebergDataset`` made it), else the files of ``format`` under it; ``options``: the keywords of
     :func:`~arrowstream._planning.options.validate_options` but ``format``."""
@@ -60,7 +62,7 @@ def check_dataset_arguments(path: Any, format: str, *, storage_options: Any, cre
     # with one reader of distinct data there is nothing to even out
     even = check_even_batches(even_batches, topology.data_world_size, checked)
     return DatasetArguments(origin, checked, provider, checked_retry, topology, plan_locally, even,
-                            check_int("read_ahead", read_ahead, 0))
+                            check_int("read_ahead", read_ahead, 0), DataCache.of(cache, cache_limit))
 
 
 @dataclass(frozen=True, eq=False)

@@ -33,6 +33,7 @@ from .._formats import FileFooter, UnitFile, get_format, register_format
 from .._formats.footers import FooterTable, handle_budget
 from .._planning.cache import CacheOutcome, PlanCacheSetting
 from .._planning.plan import MAX_PLANNING_THREADS, Plan, build_plan, read_footer
+from .._storage.cache import CachedFile
 from .._storage.failures import is_missing
 from .._storage.filesystem import Storage
 from .._storage.retry import RetryPolicy
@@ -76,8 +77,14 @@ class IcebergStorage(Storage):
         return self._io
 
     def open_input(self, entry: FileEntry, memory_map: bool = False) -> pa.NativeFile:
+        """A data or delete file, through the table's FileIO; on an object store with a data cache, its reads through
+        the cache (an Iceberg data file is never rewritten in place: its path and size are its version)."""
         handle: pa.NativeFile = self._file_io().new_input(entry.path).open()
-        return handle
+        scheme = entry.path.split("://", 1)[0] if "://" in entry.path else "file"
+        if self.cache is None or scheme == "file" or entry.size <= 0:
+            return handle
+        cached = CachedFile(handle, self.cache, f"iceberg+{scheme}", entry.path, f"size {entry.size}", entry.size)
+        return pa.PythonFile(cached, mode="r")
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,7 @@ from .._planning.options import Options, check_storage_arguments, validate_optio
 from .._planning.plan import Plan
 from .._planning.topology import Topology
 from .._state.identity import DataIdentity, check_data_identity
+from .._storage.cache import DataCache
 from .._storage.credentials import as_provider
 from .._storage.filesystem import Storage
 from .._storage.retry import RetryPolicy
@@ -50,6 +52,8 @@ class Source:
     credential_provider: Callable[[], dict[str, Any]] | None = None
     split_bytes: int | None = None
     data_identity: str = "strict"   # what a loaded checkpoint must match of this source's data (see below)
+    cache: str | os.PathLike[str] | None = None   # this source's local cache of remote data (see StructuredDataset)
+    cache_limit: int | str | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,8 @@ class IcebergSource:
     selected_fields: Sequence[str] | None = None
     row_filter: Any = None
     data_identity: str = "strict"   # accepted; an Iceberg table's identity holds no modification tags either way
+    cache: str | os.PathLike[str] | None = None   # this table's local cache of remote data (see IcebergDataset)
+    cache_limit: int | str | None = None
 
 
 @dataclass
@@ -136,6 +142,10 @@ def _plan_source(where: str, name: str, spec: Source | IcebergSource, shared: di
                  even_batches: bool, topology: Topology, retry: RetryPolicy, read_ahead: int,
                  collective: bool) -> Planned:
     data_identity = check_data_identity(spec.data_identity, f"{where}.data_identity")
+    try:
+        cache = DataCache.of(spec.cache, spec.cache_limit)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"{where}.{exc}") from exc
     if isinstance(spec, Source):
         fmt = check_file_format(spec.format)
         check_storage_arguments(spec.storage_options, spec.credential_provider)
@@ -159,7 +169,7 @@ def _plan_source(where: str, name: str, spec: Source | IcebergSource, shared: di
     arguments = {**plan_arguments(source.arguments(), options, even_batches, topology.world_size,
                                   topology.group_size), "mixture_source": name}
     storage, plan = plan_together(source, options, retry, arguments, collective=collective)
-    return Planned(name, source, options, storage.reading(read_ahead, options.interleave), plan,
+    return Planned(name, source, options, storage.reading(read_ahead, options.interleave, cache), plan,
                    source.identity(plan).to_dict(), data_identity)
 
 def followed_source(planned: Planned, saved: Any, retry: RetryPolicy, read_ahead: int) -> Planned | None:
@@ -173,5 +183,6 @@ def followed_source(planned: Planned, saved: Any, retry: RetryPolicy, read_ahead
     if followed is None:
         return None
     storage, plan = followed.plan(planned.options, retry)
-    return Planned(planned.name, followed, planned.options, storage.reading(read_ahead, planned.options.interleave), plan,
-                   followed.identity(plan).to_dict(), planned.data_identity)
+    reading = storage.reading(read_ahead, planned.options.interleave, planned.storage.cache)
+    return Planned(planned.name, followed, planned.options, reading, plan, followed.identity(plan).to_dict(),
+                   planned.data_identity)

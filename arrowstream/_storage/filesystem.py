@@ -20,6 +20,7 @@ import pyarrow as pa
 from .._core.install import install_hint
 from ..errors import MissingDependencyError
 from .backends import backend_options, single_attempt
+from .cache import DataCache
 from .credentials import CredentialProvider, as_provider
 from .failures import is_expired_credentials
 from .pinned import Pin, check_in_process
@@ -74,6 +75,7 @@ class Storage:
         self._pid = -1 if filesystem is None else os.getpid()
         self.read_ahead = 0        # splits fetched ahead by each worker (remote storage): see reading()
         self.read_lanes = 1        # splits read at once (interleave): see reading()
+        self.cache: DataCache | None = None   # the local cache of remote data: see reading()
         self._prefetcher: Prefetcher | None = None
         self._prefetcher_pid = -1
 
@@ -149,15 +151,17 @@ class Storage:
         if self.is_local:
             return pa.memory_map(entry.path) if memory_map else pa.OSFile(entry.path)
         if entry.size > 0:
-            return pa.PythonFile(PartsFile(self.fs, self.pin(entry), self.prefetcher), mode="r")
+            return pa.PythonFile(PartsFile(self.fs, self.pin(entry), self.prefetcher, self.cache), mode="r")
         return pa.PythonFile(self.fs.open(entry.path, "rb"), mode="r")
 
-    def reading(self, read_ahead: int, read_lanes: int) -> Storage:
+    def reading(self, read_ahead: int, read_lanes: int, cache: DataCache | None = None) -> Storage:
         """This storage for readers that fetch ``read_ahead`` splits ahead of the ``read_lanes`` splits they
-        read at once (a copy: the filesystem already open is shared, the prefetcher is its own)."""
+        read at once, through ``cache`` (remote storage only; a copy: the filesystem already open is shared, the
+        prefetcher is its own)."""
         storage = object.__new__(type(self))  # not copy.copy: __getstate__ would drop the open filesystem
         storage.__dict__.update(self.__dict__)
         storage.read_ahead, storage.read_lanes = read_ahead, read_lanes
+        storage.cache = None if self.is_local else cache
         return storage._without_prefetcher()
 
     def _without_prefetcher(self) -> Storage:
@@ -171,7 +175,7 @@ class Storage:
         if self.is_local or self.read_ahead == 0:
             return None
         if self._prefetcher is None or self._prefetcher_pid != os.getpid():
-            self._prefetcher = Prefetcher(self.fs, self.read_ahead + self.read_lanes)
+            self._prefetcher = Prefetcher(self.fs, self.read_ahead + self.read_lanes, self.cache)
             self._prefetcher_pid = os.getpid()
         return self._prefetcher
 

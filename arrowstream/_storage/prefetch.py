@@ -24,7 +24,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ..errors import FileChangedError
-from .pinned import Pin, read_ranges
+from .cache import DataCache, read_through
+from .pinned import Pin
 
 logger = logging.getLogger("arrowstream")
 
@@ -63,8 +64,8 @@ class _Fetch:
 class Prefetcher:
     """Background fetches of split byte ranges for one process; see the module docstring."""
 
-    def __init__(self, fs: Any, depth: int) -> None:
-        self._fs = fs
+    def __init__(self, fs: Any, depth: int, cache: DataCache | None = None) -> None:
+        self._fs, self._cache = fs, cache
         self.depth = depth
         # one thread per split that may be in flight: the splits ahead are fetched at the same time; made with
         # the first fetch, ended once no split is held (see _idle)
@@ -95,7 +96,7 @@ class Prefetcher:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=max(self.depth, 1),
                                                 thread_name_prefix="arrowstream-read-ahead")
-            future = self._pool.submit(read_ranges, self._fs, pin, merged)
+            future = self._pool.submit(read_through, self._cache, self._fs, pin, merged)
             self._running.add(future)
             future.add_done_callback(self._running.discard)
             self._fetches[key] = _Fetch(pin, merged, future)
@@ -160,9 +161,9 @@ def _end(pool: ThreadPoolExecutor | None) -> None:
 class PartsFile(io.RawIOBase):
     """A remote file read through a :class:`Prefetcher`; every other read is one ranged request."""
 
-    def __init__(self, fs: Any, pin: Pin, prefetcher: Prefetcher | None) -> None:
+    def __init__(self, fs: Any, pin: Pin, prefetcher: Prefetcher | None, cache: DataCache | None = None) -> None:
         super().__init__()
-        self._fs, self._pin, self._prefetcher = fs, pin, prefetcher
+        self._fs, self._pin, self._prefetcher, self._cache = fs, pin, prefetcher, cache
         self._path, self._size = pin.path, pin.size
         self._position = 0
         self._block: tuple[int, bytes] | None = None   # the last small-read block
@@ -204,7 +205,7 @@ class PartsFile(io.RawIOBase):
             hi = min(self._size, lo + SMALL_READ)
         if self._prefetcher is not None:
             self._prefetcher.direct_requests += 1
-        data = read_ranges(self._fs, self._pin, [(lo, hi)])[0]
+        data = read_through(self._cache, self._fs, self._pin, [(lo, hi)])[0]
         if hi - lo <= SMALL_READ:
             self._block = (lo, data)
         return data[start - lo:end - lo]

@@ -70,6 +70,20 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
+def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
+    """``arrowstream cache show|clear DIR``: a local cache of remote data (``cache=``)."""
+    commands = parser.add_subparsers(dest="cache_command", required=True)
+    show = commands.add_parser("show", formatter_class=HelpFormatter,
+                               help="what a cache folder holds: entries, bytes, entries hit since written")
+    clear = commands.add_parser("clear", formatter_class=HelpFormatter,
+                                help="delete every entry of a cache folder (a run using it goes on from the store)")
+    for command in (show, clear):
+        command.add_argument("dir", metavar="DIR", help="the folder given as cache=")
+        command.add_argument("--json", action="store_true", help="print the result as JSON")
+        command.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS,
+                             help="on an error, print the traceback instead of one line")
+
+
 def add_state_arguments(parser: argparse.ArgumentParser) -> None:
     """``arrowstream state show CKPT``: what a checkpoint says (arrowstream._tools.describe)."""
     show = parser.add_subparsers(dest="state_command", required=True).add_parser(

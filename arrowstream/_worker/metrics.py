@@ -26,20 +26,24 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._storage.cache import PROCESS_COUNTS
 from .shm import share
 
 # a board row, in this order
 FIELDS = ("rows", "batches", "bytes", "splits_done", "read_s", "convert_s", "idle_s", "first_s", "last_s",
-          "rows_skipped", "leases")
-COUNTS = ("rows", "batches", "bytes", "splits_done", "rows_skipped", "leases")
+          "rows_skipped", "leases", "cache_hits", "cache_misses", "cache_bytes", "store_bytes", "cache_evictions")
+COUNTS = ("rows", "batches", "bytes", "splits_done", "rows_skipped", "leases", "cache_hits", "cache_misses",
+          "cache_bytes", "store_bytes", "cache_evictions")
+_CACHE_COUNTS = ("hits", "misses", "bytes_from_cache", "bytes_from_store", "evictions")   # FIELDS[11:16], as CacheCounts
+#                                                                                        names them
 TIMES = ("read_s", "convert_s", "idle_s")
 
 
 class Meter:
     """The counters of one worker, written by that worker only."""
 
-    __slots__ = ("_row", "batches", "bytes", "convert_s", "first_s", "idle_s", "last_s", "leases", "per_source",
-                 "read_s", "rows", "rows_skipped", "splits_done")
+    __slots__ = ("_cache_from", "_row", "batches", "bytes", "convert_s", "first_s", "idle_s", "last_s", "leases",
+                 "per_source", "read_s", "rows", "rows_skipped", "splits_done")
 
     def __init__(self, row: np.ndarray | None = None, sources: int = 0) -> None:
         """``row``: this worker's row of a board; a worker restarted for a new epoch goes on from it.
@@ -51,6 +55,8 @@ class Meter:
         self.read_s, self.convert_s, self.idle_s, self.first_s, self.last_s = (float(v) for v in values[4:9])
         self.rows_skipped, self.leases = int(values[9]), int(values[10])
         self.per_source = [int(v) for v in values[len(FIELDS):]]
+        # the data cache's counts: this process's from now on, over the row's (a restarted worker goes on from them)
+        self._cache_from = [int(v) - n for v, n in zip(values[11:16], _process_cache(), strict=True)]
 
     def batch(self, rows: int, batches: int, read_s: float, convert_s: float, idle_s: float, now: float,
               per_source: Sequence[int] | None = None) -> None:
@@ -91,8 +97,14 @@ class Meter:
         self.rows_skipped += rows
 
     def values(self) -> tuple[float, ...]:
+        cache = [base + n for base, n in zip(self._cache_from, _process_cache(), strict=True)]
         return (self.rows, self.batches, self.bytes, self.splits_done, self.read_s, self.convert_s, self.idle_s,
-                self.first_s, self.last_s, self.rows_skipped, self.leases)
+                self.first_s, self.last_s, self.rows_skipped, self.leases, *cache)
+
+
+def _process_cache() -> list[int]:
+    """What this process's data caches did so far (``_storage/cache.py``), in the order of ``FIELDS[11:16]``."""
+    return [getattr(PROCESS_COUNTS, name) for name in _CACHE_COUNTS]
 
 
 class Board:
