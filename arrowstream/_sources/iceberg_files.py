@@ -33,9 +33,11 @@ from .._formats import FileFooter, UnitFile, get_format, register_format
 from .._formats.footers import FooterTable, handle_budget
 from .._planning.cache import CacheOutcome, PlanCacheSetting
 from .._planning.plan import MAX_PLANNING_THREADS, Plan, build_plan, read_footer
-from .._storage.cache import CachedFile
+from .._storage.cache import HandleStore
 from .._storage.failures import is_missing
 from .._storage.filesystem import Storage
+from .._storage.pinned import Pin
+from .._storage.prefetch import PartsFile
 from .._storage.retry import RetryPolicy
 from ..errors import (
     EmptyDatasetError,
@@ -83,8 +85,9 @@ class IcebergStorage(Storage):
         scheme = entry.path.split("://", 1)[0] if "://" in entry.path else "file"
         if self.cache is None or scheme == "file" or entry.size <= 0:
             return handle
-        cached = CachedFile(handle, self.cache, f"iceberg+{scheme}", entry.path, f"size {entry.size}", entry.size)
-        return pa.PythonFile(cached, mode="r")
+        pin = Pin(entry.path, entry.path, entry.size, f"size {entry.size}", f"iceberg+{scheme}")
+        parts = PartsFile(None, pin, None, self.cache, store=HandleStore(handle, entry.path))
+        return pa.PythonFile(parts, mode="r")
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()

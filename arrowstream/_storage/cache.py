@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import io
 import logging
 import os
 import random
@@ -53,7 +52,6 @@ HOT_INSERT = 32   # one new entry in this many is inserted as just hit (bimodal 
 EVICT_TO = 0.9    # an eviction frees the folder down to this share of the limit (scans are amortized)
 LARGEST = 0.25    # an entry larger than this share of the limit is not kept
 STALE_WRITE_S = 3600.0   # a temporary file this old is a write that died (its process killed): deleted
-SMALL_READ = 64 << 10   # a smaller read of a file another library opened takes a block this large around it
 COLD_BEFORE = 3.0e9   # an entry never hit has the modification time COLD_BEFORE - now: before any hit's (now >
 #                       1.5e9 s, so until 2065), and the earlier the later it was written (the newest evicted first)
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -320,73 +318,35 @@ class DataCache:
         return [part for part in parts if part is not None]
 
 
-def read_through(cache: DataCache | None, fs: Any, pin: Pin, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-    """The bytes of each range of the pinned file: through ``cache`` where there is one, else from the store."""
+def read_through(cache: DataCache | None, fs: Any, pin: Pin, ranges: Sequence[tuple[int, int]],
+                 store: Callable[[Sequence[tuple[int, int]]], list[bytes]] | None = None) -> list[bytes]:
+    """The bytes of each range of the pinned file: through ``cache`` where there is one, else from the store
+    (``store``; default: pinned ranged requests of ``fs``)."""
+    fetch = store if store is not None else lambda missing: read_ranges(fs, pin, missing)
     if cache is None:
-        return read_ranges(fs, pin, ranges)
-    return cache.read(pin.protocol, pin.path, pin.version, ranges, lambda missing: read_ranges(fs, pin, missing))
+        return fetch(ranges)
+    return cache.read(pin.protocol, pin.path, pin.version, ranges, fetch)
 
 
-class CachedFile(io.RawIOBase):
-    """A remote file another library opened (``handle``: a pyarrow ``NativeFile``, such as pyiceberg's FileIO gives),
-    read through ``cache`` as the entries of ``path`` at ``version`` on store ``protocol`` (``size`` bytes). A small
-    read takes a block around it (the tail, for the last bytes), as a read of arrowstream's own does."""
+class HandleStore:
+    """How the ranges of a file another library opened are fetched (``handle``: a pyarrow ``NativeFile``, such as
+    pyiceberg's FileIO gives; ``url`` names it in errors); closing it closes the handle."""
 
-    def __init__(self, handle: Any, cache: DataCache, protocol: str, path: str, version: str, size: int) -> None:
-        super().__init__()
-        self._handle, self._cache = handle, cache
-        self._protocol, self._path, self._version, self._size = protocol, path, version, size
-        self._position = 0
-        self._block: tuple[int, bytes] | None = None
+    def __init__(self, handle: Any, url: str) -> None:
+        self._handle, self._url = handle, url
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._position
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._size}[whence]
-        self._position = max(0, base + offset)
-        return self._position
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        start, end = self._position, min(self._position + len(view), self._size)
-        if end <= start:
-            return 0
-        block = self._block
-        if block is not None and block[0] <= start and end <= block[0] + len(block[1]):
-            data = block[1][start - block[0]:end - block[0]]
-        else:
-            lo, hi = start, end
-            if end - start < SMALL_READ:
-                lo = start if start < self._size - SMALL_READ else max(0, self._size - SMALL_READ)
-                hi = min(self._size, lo + SMALL_READ)
-            read = self._cache.read(self._protocol, self._path, self._version, [(lo, hi)], self._fetch)[0]
-            if hi - lo <= SMALL_READ:
-                self._block = (lo, read)
-            data = read[start - lo:end - lo]
-        view[:len(data)] = data
-        self._position = start + len(data)
-        return len(data)
-
-    def _fetch(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+    def __call__(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         out = []
         for start, end in ranges:
             read = self._handle.read_at(end - start, start)
             data = read if isinstance(read, bytes) else read.to_pybytes()
             if len(data) != end - start:
-                raise ConnectionResetError(f"short read of {self._path} [{start}, {end}): got {len(data)} bytes")
+                raise ConnectionResetError(f"short read of {self._url} [{start}, {end}): got {len(data)} bytes")
             out.append(data)
         return out
 
     def close(self) -> None:
         self._handle.close()
-        super().close()
 
 
 def cache_summary(folder: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import io
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -159,11 +159,14 @@ def _end(pool: ThreadPoolExecutor | None) -> None:
 
 
 class PartsFile(io.RawIOBase):
-    """A remote file read through a :class:`Prefetcher`; every other read is one ranged request."""
+    """A remote file read through a :class:`Prefetcher`; every other read is one ranged request, through ``cache``
+    where there is one. ``store``: how a range is fetched (default: a pinned ranged request of ``fs``; a file another
+    library opened gives its own, see :class:`~arrowstream._storage.cache.HandleStore`, closed with this file)."""
 
-    def __init__(self, fs: Any, pin: Pin, prefetcher: Prefetcher | None, cache: DataCache | None = None) -> None:
+    def __init__(self, fs: Any, pin: Pin, prefetcher: Prefetcher | None, cache: DataCache | None = None,
+                 store: Callable[[Sequence[tuple[int, int]]], list[bytes]] | None = None) -> None:
         super().__init__()
-        self._fs, self._pin, self._prefetcher, self._cache = fs, pin, prefetcher, cache
+        self._fs, self._pin, self._prefetcher, self._cache, self._store = fs, pin, prefetcher, cache, store
         self._path, self._size = pin.path, pin.size
         self._position = 0
         self._block: tuple[int, bytes] | None = None   # the last small-read block
@@ -176,6 +179,12 @@ class PartsFile(io.RawIOBase):
 
     def tell(self) -> int:
         return self._position
+
+    def close(self) -> None:
+        closing = getattr(self._store, "close", None)
+        if closing is not None and not self.closed:
+            closing()
+        super().close()
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._size}[whence]
@@ -205,7 +214,7 @@ class PartsFile(io.RawIOBase):
             hi = min(self._size, lo + SMALL_READ)
         if self._prefetcher is not None:
             self._prefetcher.direct_requests += 1
-        data = read_through(self._cache, self._fs, self._pin, [(lo, hi)])[0]
+        data = read_through(self._cache, self._fs, self._pin, [(lo, hi)], self._store)[0]
         if hi - lo <= SMALL_READ:
             self._block = (lo, data)
         return data[start - lo:end - lo]
