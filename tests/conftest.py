@@ -103,18 +103,3 @@ def _plan_cache_per_test(tmp_path_factory, monkeypatch):
     """Each test its own plan cache folder (child processes inherit it): none uses ~/.cache, none sees
     another's entries."""
     monkeypatch.setenv("ARROWSTREAM_CACHE_DIR", str(tmp_path_factory.mktemp("plan-cache")))
-
-
-# the suite's longest tests (tens of seconds: torchrun ranks, a venv per framework recipe, killed workers, the
-# demos), started first: with xdist's worksteal the other worker takes the short tests meanwhile, so the run does
-# not end waiting for one long test (measured with --durations; a test missing here only runs in collection order)
-LONG_FIRST = ("tests/test_docs.py::test_each_recipe_runs_after_exactly_its_install_line",
-              "tests/test_distributed.py", "tests/test_mixing_ranks.py", "tests/test_hangs.py",
-              "tests/test_transport.py::test_a_killed_worker_is_a_worker_error_within_seconds", "tests/test_cli.py::test_demo",
-              "tests/test_processes.py", "tests/test_object_stores.py::test_only_rank_zero",
-              "tests/test_replan_chains.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    """Start the longest tests first (:data:`LONG_FIRST`), the rest in collection order."""
-    items.sort(key=lambda item: not item.nodeid.startswith(LONG_FIRST))
