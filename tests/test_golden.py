@@ -118,43 +118,41 @@ def test_states_of_version_12_migrate_to_13_unchanged():
     """v13 added order="canonical" (a canonical worker state, the options order and canonical_slots); a v12 state of
     every kind (loader, merged checkpoint, each worker state inside) migrates to v13, and on to this version, with only
     its version changed."""
+    for path, _, worker in migrated_unchanged(12):
+        assert "canonical" not in worker, path
+
+
+def migrated_unchanged(version):
+    """Every golden state of ``version``, checked to migrate to this version with only its version changed, and each
+    worker state inside it, checked so too: (path, the loader state holding it, the worker state)."""
     from arrowstream._state import versions
 
-    for path in sorted(glob.glob(os.path.join(GOLDEN, "v12", "*.json"))):
+    for path in sorted(glob.glob(os.path.join(GOLDEN, f"v{version}", "*.json"))):
         with open(path) as f:
             state = json.load(f)["state"]
-        assert state["version"] == 12, path
+        assert state["version"] == version, path
         assert versions.upgrade(json.loads(json.dumps(state)), state["kind"]) == {
             **state, "version": versions.STATE_VERSION}, path
         for outer in state["ranks"] if state["kind"] == versions.CHECKPOINT_KIND else [state]:
             for worker in (w for w in worker_states(outer["dataloader"]) if w is not None):
-                assert worker["version"] == 12 and "canonical" not in worker, path
+                assert worker["version"] == version, path
                 assert versions.upgraded_worker(json.loads(json.dumps(worker))) == {
                     **worker, "version": versions.STATE_VERSION}, path
+                yield path, outer, worker
 
 
 def test_states_of_version_13_migrate_to_14_unchanged():
     """v14 added ``canonical.past`` to a canonical worker state (absent: none); a v13 state of every kind migrates to
     v14 with only its version changed, and the canonical ones say no batches past their states."""
-    from arrowstream._state import versions
     from arrowstream._state.canonical import CanonicalState
 
     canonical = 0
-    for path in sorted(glob.glob(os.path.join(GOLDEN, "v13", "*.json"))):
-        with open(path) as f:
-            state = json.load(f)["state"]
-        assert state["version"] == 13, path
-        assert versions.upgrade(json.loads(json.dumps(state)), state["kind"]) == {
-            **state, "version": versions.STATE_VERSION}, path
-        for outer in state["ranks"] if state["kind"] == versions.CHECKPOINT_KIND else [state]:
-            for worker in (w for w in worker_states(outer["dataloader"]) if w is not None):
-                assert versions.upgraded_worker(json.loads(json.dumps(worker))) == {
-                    **worker, "version": versions.STATE_VERSION}, path
-                if "canonical" in worker:
-                    parsed = CanonicalState.from_dict(json.loads(json.dumps(worker)), path, reads=outer["reads"])
-                    assert parsed.past == () and [parsed.past_of(i) for i in range(len(parsed.states))] == \
-                        [(0, 0)] * len(parsed.states), path
-                    canonical += 1
+    for path, outer, worker in migrated_unchanged(13):
+        if "canonical" in worker:
+            parsed = CanonicalState.from_dict(json.loads(json.dumps(worker)), path, reads=outer["reads"])
+            assert parsed.past == () and [parsed.past_of(i) for i in range(len(parsed.states))] == \
+                [(0, 0)] * len(parsed.states), path
+            canonical += 1
     assert canonical >= 5   # the v13 canonical states of both fronts, workers, ranks
 
 

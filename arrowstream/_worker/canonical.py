@@ -33,9 +33,9 @@ def open_canonical_epoch(runtime: Callable[[], WorkerRuntime], epochs: Epochs, r
     ``options``: what its states' head says."""
     built = runtime()
     streams = []
+    loaded = pending if pending is not None and pending.epoch == epoch else None
     for index, number in enumerate(canonical.physical_range(slot)):
         inner = canonical_slot(number, canonical.slots)
-        loaded = pending if pending is not None and pending.epoch == epoch else None
         start = loaded.states[index] if loaded is not None else epochs.start(inner, epoch)
         opened = open_stream(built, epochs, inner, start, read_options, readers=built.readers_of(index + 1))
         if loaded is not None:

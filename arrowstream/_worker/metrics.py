@@ -34,8 +34,8 @@ FIELDS = ("rows", "batches", "bytes", "splits_done", "read_s", "convert_s", "idl
           "rows_skipped", "leases", "cache_hits", "cache_misses", "cache_bytes", "store_bytes", "cache_evictions")
 COUNTS = ("rows", "batches", "bytes", "splits_done", "rows_skipped", "leases", "cache_hits", "cache_misses",
           "cache_bytes", "store_bytes", "cache_evictions")
-_CACHE_COUNTS = ("hits", "misses", "bytes_from_cache", "bytes_from_store", "evictions")   # FIELDS[11:16], as CacheCounts
-#                                                                                        names them
+_CACHE_AT = slice(FIELDS.index("cache_hits"), FIELDS.index("cache_evictions") + 1)   # the data cache's counts
+_CACHE_COUNTS = ("hits", "misses", "bytes_from_cache", "bytes_from_store", "evictions")   # as CacheCounts names them
 TIMES = ("read_s", "convert_s", "idle_s")
 
 
@@ -56,7 +56,7 @@ class Meter:
         self.rows_skipped, self.leases = int(values[9]), int(values[10])
         self.per_source = [int(v) for v in values[len(FIELDS):]]
         # the data cache's counts: this process's from now on, over the row's (a restarted worker goes on from them)
-        self._cache_from = [int(v) - n for v, n in zip(values[11:16], _process_cache(), strict=True)]
+        self._cache_from = [int(v) - n for v, n in zip(values[_CACHE_AT], _process_cache(), strict=True)]
 
     def batch(self, rows: int, batches: int, read_s: float, convert_s: float, idle_s: float, now: float,
               per_source: Sequence[int] | None = None) -> None:
@@ -103,7 +103,7 @@ class Meter:
 
 
 def _process_cache() -> list[int]:
-    """What this process's data caches did so far (``_storage/cache.py``), in the order of ``FIELDS[11:16]``."""
+    """What this process's data caches did so far (``_storage/cache.py``), in the order of :data:`FIELDS`."""
     return [getattr(PROCESS_COUNTS, name) for name in _CACHE_COUNTS]
 
 
